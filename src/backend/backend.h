@@ -1,0 +1,150 @@
+// The Backend interface: every op the two model families need, forward and backward.
+// The CPU reference (fp32, or f64 for the tests' reference runs) and the CUDA backend
+// implement the same ops; one table (LLMTRAIN_BACKEND_OPS) drives the op enum, the
+// profiler's names and support queries.
+//
+// Conventions, for every op:
+//  - Tensors are views; outputs come first. Shapes are checked and a mismatch is a shape
+//    error naming the op and the tensor.
+//  - Activation gradients (dx, dqkv, dlogits) are overwritten; parameter gradients (dw, db,
+//    dwte, dwpe) are accumulated (+=), so micro-batches add into the same gradient buffer.
+//  - An optional tensor is passed as an empty Tensor() when absent.
+//  - Rows of 2-D activations are tokens, ordered batch-major: row n is sequence n / T,
+//    position n % T.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace llmtrain {
+
+#define LLMTRAIN_BACKEND_OPS(X)                                                      \
+    X(embedding_fwd) X(embedding_bwd) X(layernorm_fwd) X(layernorm_bwd)              \
+    X(rmsnorm_fwd) X(rmsnorm_bwd) X(matmul_fwd) X(matmul_bwd) X(attention_fwd)       \
+    X(attention_bwd) X(rope_fwd) X(rope_bwd) X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd)   \
+    X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(adamw) X(sum_squares) X(fill_zero)
+
+enum class Op {
+#define LLMTRAIN_OP_ENUM(name) name,
+    LLMTRAIN_BACKEND_OPS(LLMTRAIN_OP_ENUM)
+#undef LLMTRAIN_OP_ENUM
+};
+constexpr int op_count = 0
+#define LLMTRAIN_OP_COUNT(name) +1
+    LLMTRAIN_BACKEND_OPS(LLMTRAIN_OP_COUNT)
+#undef LLMTRAIN_OP_COUNT
+    ;
+const char* op_name(Op op);
+// The matrix multiplications (GEMMs): the ops a profile reports as "time in GEMMs".
+bool op_is_gemm(Op op);
+
+// Causal self-attention over a packed QKV activation [B*T, (H + 2*Hkv) * D]: columns
+// [0, H*D) are the query heads, then Hkv key heads, then Hkv value heads. Query head h
+// attends with key/value head h / (H / Hkv) (grouped-query attention; Hkv = H is MHA).
+struct AttentionShape {
+    int64_t batch = 0;
+    int64_t seq_len = 0;
+    int64_t n_heads = 0;
+    int64_t n_kv_heads = 0;
+    int64_t head_dim = 0;
+    int64_t rows() const { return batch * seq_len; }
+    int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
+    int64_t out_width() const { return n_heads * head_dim; }
+};
+
+// One AdamW update with decoupled weight decay (Loshchilov & Hutter):
+//   g = grad * grad_scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//   p -= lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * p )
+struct AdamWStep {
+    double lr = 0;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0;
+    double grad_scale = 1;  // gradient clipping folds in here
+    int64_t step = 1;       // t, 1-based
+};
+
+// Seconds and calls per op, accumulated since the last reset.
+struct OpProfile {
+    std::array<double, op_count> seconds{};
+    std::array<int64_t, op_count> calls{};
+    double total_seconds() const;
+    double gemm_seconds() const;
+    void reset() { *this = OpProfile{}; }
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+    virtual bool supports(Op op, DType dtype) const = 0;
+
+    // out[n] = wte[tokens[n]] + wpe[n % seq_len] (wpe optional).
+    virtual void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len) = 0;
+    virtual void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len) = 0;
+
+    // out = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps), per row; saves mean, rstd [N].
+    virtual void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) = 0;
+    virtual void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) = 0;
+    // out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), per row; saves rstd [N].
+    virtual void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) = 0;
+    virtual void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd) = 0;
+
+    // out[N, OC] = x[N, IC] w[OC, IC]^T + bias[OC] (the weight layout of torch.nn.Linear).
+    virtual void matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) = 0;
+    // dx = dout w (overwritten; skipped if dx is empty); dw += dout^T x; dbias += column sums of dout.
+    virtual void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) = 0;
+
+    // out[B*T, H*D] = softmax(q k^T / sqrt(D) + causal mask) v. `saved` holds what backward
+    // needs; its shape is the backend's choice (attention_saved_shape).
+    virtual Shape attention_saved_shape(const AttentionShape& shape) const = 0;
+    virtual void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) = 0;
+    virtual void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& saved, const AttentionShape& shape) = 0;
+
+    // Rotary position embedding, in place, on the first n_heads heads of each row of x
+    // [B*T, W] (heads at columns [h*D, (h+1)*D)). Pairs are (i, i + D/2) as in Hugging Face
+    // Llama: x_i' = x_i cos - x_{i+D/2} sin, x_{i+D/2}' = x_{i+D/2} cos + x_i sin, with angle
+    // pos * theta^(-2i/D) read from table [max_seq_len, D] (cos in [0, D/2), sin in [D/2, D)).
+    virtual void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) = 0;
+    // The inverse rotation, in place on the gradient.
+    virtual void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) = 0;
+
+    // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    virtual void gelu_fwd(const Tensor& out, const Tensor& x) = 0;
+    virtual void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+    // out[N, F] = silu(x[:, :F]) * x[:, F:], x is [N, 2F] (gate, then up).
+    virtual void swiglu_fwd(const Tensor& out, const Tensor& x) = 0;
+    virtual void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+
+    // out = a + b (out may alias a or b).
+    virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+
+    // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].
+    virtual void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) = 0;
+    // dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * dloss; dlogits may alias logits.
+    virtual void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double dloss) = 0;
+
+    virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& step) = 0;
+    // Sum of squares of every element, accumulated in double.
+    virtual double sum_squares(const Tensor& x) = 0;
+    virtual void fill_zero(const Tensor& x) = 0;
+
+    OpProfile& profile() { return profile_; }
+
+protected:
+    OpProfile profile_;
+};
+
+// The rotary table [max_seq_len, head_dim] for base theta (computed in double).
+void fill_rope_table(const Tensor& table, double theta);
+
+// The CPU reference backend: f32 and f64, BLAS GEMMs, OpenMP over rows. threads <= 0
+// means every core.
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+}  // namespace llmtrain

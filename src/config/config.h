@@ -1,0 +1,116 @@
+// The run configuration: one TOML file -> typed structs, every key validated with its
+// allowed range before anything is allocated. Errors name the file, the key path and what
+// is allowed. `--set key.path=value` overrides pass through the very same checks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llmtrain {
+
+enum class ModelFamily { gpt2, llama };
+const char* family_name(ModelFamily family);
+
+struct ModelConfig {
+    ModelFamily family = ModelFamily::gpt2;
+    int64_t n_layers = 0;
+    int64_t d_model = 0;
+    int64_t n_heads = 0;
+    int64_t n_kv_heads = 0;        // defaults to n_heads; llama may use fewer (GQA)
+    int64_t d_ff = 0;              // defaults: gpt2 4*d_model; llama 8/3*d_model rounded up to 64
+    int64_t vocab_size = 0;
+    int64_t max_seq_len = 0;
+    double norm_eps = 1e-5;
+    double rope_theta = 10000.0;   // llama only
+    bool qkv_bias = false;         // llama only (Qwen2 style); gpt2 always has biases
+    bool tied_embeddings = true;   // default: true for gpt2, false for llama
+    double init_std = 0.02;
+    int64_t head_dim() const { return d_model / n_heads; }
+};
+
+enum class DataFormat { text, tokens };
+
+struct DataConfig {
+    DataFormat format = DataFormat::text;  // text: bytes, vocab 256 + EOS (id 256)
+    std::string train_path;
+    std::string val_path;                  // empty: the last val_fraction of train_path
+    double val_fraction = 0.05;
+    std::string token_dtype = "u16";       // tokens format: "u16" or "i32"
+    std::string document_separator;        // text format: each occurrence becomes an EOS token
+};
+
+struct TrainConfig {
+    uint64_t seed = 1337;
+    int64_t steps = 0;
+    int64_t batch_size = 0;                // sequences per micro-batch
+    int64_t seq_len = 0;
+    int64_t grad_accum = 1;                // micro-batches per optimizer step
+    int64_t eval_every = 0;                // 0: evaluate only after the last step
+    int64_t eval_batches = 8;
+    int64_t log_every = 1;
+    int64_t threads = 0;                   // 0: all cores
+    int64_t sample_tokens = 200;           // generated after training; 0: none
+    std::string sample_prompt;
+    double sample_temperature = 0.8;
+};
+
+enum class LrDecay { cosine, linear, constant };
+
+struct OptimizerConfig {
+    double lr = 0.0;
+    double min_lr_ratio = 0.1;             // floor of the decay, as a fraction of lr
+    int64_t warmup_steps = 0;
+    LrDecay decay = LrDecay::cosine;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0.1;             // decoupled; applied to matrices only
+    double grad_clip = 1.0;                // max global gradient norm; 0: no clipping
+};
+
+struct ParallelConfig {
+    int64_t tp = 1;
+    int64_t pp = 1;
+    int64_t dp = 1;
+};
+
+struct CheckpointConfig {
+    std::string dir = "checkpoints";
+    int64_t every_steps = 0;               // 0: no checkpoints
+    int64_t keep_last = 3;
+};
+
+enum class NonFinitePolicy { abort, skip };
+
+struct MonitorConfig {
+    NonFinitePolicy on_nonfinite = NonFinitePolicy::abort;
+};
+
+struct MetricsConfig {
+    bool jsonl = true;                     // write <run_dir>/log.jsonl
+};
+
+struct Config {
+    ModelConfig model;
+    DataConfig data;
+    TrainConfig train;
+    OptimizerConfig optimizer;
+    ParallelConfig parallel;
+    CheckpointConfig checkpoint;
+    MonitorConfig monitor;
+    MetricsConfig metrics;
+    std::string source_path;               // the file it was read from
+};
+
+// Reads, overrides and validates. Throws Error(ErrorKind::config) with a one-line message
+// "<file>: <key.path>: <problem> (allowed: ...)" on the first problem found; a missing data
+// file is an Error(ErrorKind::data) naming the key and the path.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from TOML text (source_name stands in for the file name in messages).
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+// The effective config (defaults filled in) as TOML that parse_config accepts again.
+std::string dump_config(const Config& config);
+
+}  // namespace llmtrain

@@ -1,0 +1,21 @@
+// The logger: the one global of the project. Lines go to stderr with a level and, once
+// known, the rank; the step log line itself goes to stdout through log_info.
+#pragma once
+
+#include <string>
+
+#include "core/error.h"
+
+namespace llmtrain {
+
+enum class LogLevel { debug = 0, info = 1, warn = 2, error = 3 };
+
+void set_log_level(LogLevel level);
+void set_log_rank(int rank);  // -1: single process, no rank prefix
+void log_line(LogLevel level, const std::string& text);
+
+template <class... Args> void log_info(Args&&... args) { log_line(LogLevel::info, cat(std::forward<Args>(args)...)); }
+template <class... Args> void log_warn(Args&&... args) { log_line(LogLevel::warn, cat(std::forward<Args>(args)...)); }
+template <class... Args> void log_debug(Args&&... args) { log_line(LogLevel::debug, cat(std::forward<Args>(args)...)); }
+
+}  // namespace llmtrain

@@ -1,0 +1,105 @@
+// Tensor: a non-owning, typed, shaped view of contiguous memory on one device.
+// Memory is owned by a Buffer or an Arena; ops receive views and check shapes themselves.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace llmtrain {
+
+// Row-major shape of up to 4 dimensions.
+struct Shape {
+    static constexpr int max_rank = 4;
+    std::array<int64_t, max_rank> dims{};
+    int rank = 0;
+
+    Shape() = default;
+    Shape(std::initializer_list<int64_t> list);
+
+    int64_t operator[](int axis) const { return dims[static_cast<size_t>(axis)]; }
+    int64_t numel() const;
+    // Product of every dimension but the last: the number of rows of a [..., C] tensor.
+    int64_t rows() const { return rank == 0 ? 1 : numel() / dims[static_cast<size_t>(rank - 1)]; }
+    int64_t cols() const { return rank == 0 ? 1 : dims[static_cast<size_t>(rank - 1)]; }
+    bool operator==(const Shape& other) const;
+    bool operator!=(const Shape& other) const { return !(*this == other); }
+    std::string str() const;  // "[4, 128]"
+};
+
+class Tensor {
+public:
+    Tensor() = default;
+    Tensor(void* data, DType dtype, Shape shape, Device device = Device::cpu)
+        : data_(data), dtype_(dtype), device_(device), shape_(shape) {}
+
+    void* raw() const { return data_; }
+    DType dtype() const { return dtype_; }
+    Device device() const { return device_; }
+    const Shape& shape() const { return shape_; }
+    int rank() const { return shape_.rank; }
+    int64_t dim(int axis) const { return shape_[axis]; }
+    int64_t numel() const { return shape_.numel(); }
+    int64_t rows() const { return shape_.rows(); }
+    int64_t cols() const { return shape_.cols(); }
+    size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+    bool empty() const { return data_ == nullptr; }
+
+    // Typed pointer; throws a shape error if T is not this tensor's element type.
+    template <class T>
+    T* data() const {
+        if (dtype_of<T>() != dtype_) fail(ErrorKind::shape, "tensor of ", dtype_name(dtype_), " accessed as ", dtype_name(dtype_of<T>()));
+        return static_cast<T*>(data_);
+    }
+
+    // Same memory, another shape with the same element count.
+    Tensor reshape(Shape shape) const;
+    // Rows [begin, begin + count) along the first axis.
+    Tensor slice_rows(int64_t begin, int64_t count) const;
+
+private:
+    void* data_ = nullptr;
+    DType dtype_ = DType::f32;
+    Device device_ = Device::cpu;
+    Shape shape_;
+};
+
+// Owning, 64-byte aligned, zero-initialized host memory.
+class HostBuffer {
+public:
+    HostBuffer() = default;
+    explicit HostBuffer(size_t bytes);
+    void* data() const { return data_.get(); }
+    size_t bytes() const { return bytes_; }
+
+private:
+    struct FreeDeleter { void operator()(void* p) const; };
+    std::unique_ptr<void, FreeDeleter> data_;
+    size_t bytes_ = 0;
+};
+
+// A tensor that owns its host memory (parameters, optimizer state, test data).
+class OwnedTensor {
+public:
+    OwnedTensor() = default;
+    OwnedTensor(DType dtype, Shape shape) : buffer_(static_cast<size_t>(shape.numel()) * dtype_size(dtype)), view_(buffer_.data(), dtype, shape) {}
+    const Tensor& view() const { return view_; }
+    operator const Tensor&() const { return view_; }
+    template <class T> T* data() const { return view_.data<T>(); }
+    int64_t numel() const { return view_.numel(); }
+
+private:
+    HostBuffer buffer_;
+    Tensor view_;
+};
+
+// Throws a shape error naming the op and the tensor when shapes differ.
+void expect_shape(const char* op, const char* tensor_name, const Tensor& tensor, const Shape& expected);
+void expect_dtype(const char* op, const char* tensor_name, const Tensor& tensor, DType expected);
+
+}  // namespace llmtrain
