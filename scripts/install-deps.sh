@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs every Debian/Ubuntu package llmtrain needs to build, test and run its bundled
+# default. Idempotent: packages already present are left as they are.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
+  fortunes  # the quickstart's corpus
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds (Release, incremental in build/), and runs every test
+# through CTest. Labels: unit, ops, e2e (and gpu, mpi as those backends arrive).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$(nproc)"
+ctest --test-dir build --output-on-failure -j "$(nproc)" "$@"

@@ -1,0 +1,16 @@
+// Subcommands: each file under src/cli/ registers one on the CLI11 app. A registered
+// command stores its callback; main() runs it and turns a thrown Error into one line on
+// stderr and a non-zero exit.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace llmtrain {
+
+using CommandAction = std::function<int()>;
+
+// `llmtrain train CONFIG [--set key=value ...] [--run-dir DIR]`
+void register_train_command(CLI::App& app, CommandAction& action);
+
+}  // namespace llmtrain

@@ -1,0 +1,16 @@
+// Autoregressive sampling from a Transformer: each new token is drawn from
+// softmax(logits / temperature) of the last position, over a window of at most
+// model.max_seq_len() tokens. Draws come from the Philox stream (seed, "sample"), so a
+// sample is reproducible.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/transformer.h"
+
+namespace llmtrain {
+
+std::vector<int32_t> generate_tokens(Transformer& model, std::vector<int32_t> context, int64_t new_tokens, double temperature, uint64_t seed);
+
+}  // namespace llmtrain

@@ -1,0 +1,192 @@
+// The transformer: whole-model gradients against central finite differences in double
+// precision, parameter names and shapes, layout-independent initialization, f32 vs f64.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/backend.h"
+#include "model/generate.h"
+#include "model/transformer.h"
+
+using namespace llmtrain;
+
+namespace {
+
+ModelConfig tiny_gpt2() {
+    ModelConfig m;
+    m.family = ModelFamily::gpt2;
+    m.n_layers = 2;
+    m.d_model = 8;
+    m.n_heads = 2;
+    m.n_kv_heads = 2;
+    m.d_ff = 12;
+    m.vocab_size = 11;
+    m.max_seq_len = 6;
+    m.tied_embeddings = true;
+    m.init_std = 0.3;  // large enough that every gradient is well above rounding noise
+    return m;
+}
+
+ModelConfig tiny_llama() {
+    ModelConfig m;
+    m.family = ModelFamily::llama;
+    m.n_layers = 2;
+    m.d_model = 16;
+    m.n_heads = 4;
+    m.n_kv_heads = 2;  // grouped-query attention
+    m.d_ff = 10;
+    m.vocab_size = 13;
+    m.max_seq_len = 7;
+    m.rope_theta = 100.0;
+    m.qkv_bias = true;
+    m.tied_embeddings = false;
+    m.init_std = 0.3;
+    return m;
+}
+
+struct Batch {
+    OwnedTensor tokens, targets;
+    Batch(int64_t n, int64_t vocab, uint32_t seed) : tokens(DType::i32, {n}), targets(DType::i32, {n}) {
+        std::mt19937 rng(seed);
+        for (int64_t i = 0; i < n; ++i) {
+            tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+            targets.data<int32_t>()[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+        }
+    }
+};
+
+// Checks d(loss)/d(theta) for a spread of elements of every parameter.
+void expect_model_gradients_match_finite_differences(const ModelConfig& config) {
+    const int64_t B = 2, T = config.max_seq_len - 1;
+    auto backend = make_cpu_backend(1);
+    Transformer model(config, *backend, DType::f64, B, T);
+    model.initialize(5);
+    Batch batch(B * T, config.vocab_size, 11);
+    Parameters& p = model.parameters();
+    model.forward(batch.tokens, batch.targets, B, T);
+    model.backward(1.0);
+    for (size_t i = 0; i < p.count(); ++i) {
+        double* values = p.value(i).data<double>();
+        const double* grads = p.grad(i).data<double>();
+        const int64_t n = p.value(i).numel();
+        for (int64_t k = 0; k < n; k += std::max<int64_t>(1, n / 7)) {
+            const double saved = values[k], h = 1e-5;
+            values[k] = saved + h;
+            const double up = model.forward(batch.tokens, batch.targets, B, T);
+            values[k] = saved - h;
+            const double down = model.forward(batch.tokens, batch.targets, B, T);
+            values[k] = saved;
+            const double numeric = (up - down) / (2 * h);
+            const double scale = std::max({std::abs(numeric), std::abs(grads[k]), 1e-4});
+            EXPECT_LT(std::abs(numeric - grads[k]) / scale, 1e-5)
+                << p.info(i).name << "[" << k << "]: analytic " << grads[k] << ", numeric " << numeric;
+        }
+    }
+}
+
+}  // namespace
+
+TEST(Transformer, Gpt2Gradients_MatchFiniteDifferences) { expect_model_gradients_match_finite_differences(tiny_gpt2()); }
+
+TEST(Transformer, LlamaGqaGradients_MatchFiniteDifferences) { expect_model_gradients_match_finite_differences(tiny_llama()); }
+
+TEST(Transformer, LlamaTiedEmbeddingGradients_MatchFiniteDifferences) {
+    ModelConfig m = tiny_llama();
+    m.tied_embeddings = true;
+    m.qkv_bias = false;
+    m.n_kv_heads = 1;  // multi-query attention
+    expect_model_gradients_match_finite_differences(m);
+}
+
+TEST(Transformer, ParameterNamesFollowHuggingFace) {
+    auto backend = make_cpu_backend(1);
+    Transformer gpt2(tiny_gpt2(), *backend, DType::f32, 1, 4);
+    const Parameters& g = gpt2.parameters();
+    EXPECT_EQ(g.info(g.index_of("transformer.h.1.attn.c_attn.weight")).shape, (Shape{24, 8}));
+    EXPECT_EQ(g.info(g.index_of("transformer.wpe.weight")).shape, (Shape{6, 8}));
+    EXPECT_THROW(g.index_of("lm_head.weight"), Error);  // tied to transformer.wte.weight
+
+    Transformer llama(tiny_llama(), *backend, DType::f32, 1, 4);
+    const Parameters& l = llama.parameters();
+    EXPECT_EQ(l.info(l.index_of("model.layers.1.self_attn.k_proj.weight")).shape, (Shape{8, 16}));
+    EXPECT_EQ(l.info(l.index_of("model.layers.0.self_attn.q_proj.bias")).shape, (Shape{16}));
+    EXPECT_EQ(l.info(l.index_of("model.layers.0.mlp.gate_proj.weight")).shape, (Shape{10, 16}));
+    EXPECT_EQ(l.info(l.index_of("lm_head.weight")).shape, (Shape{13, 16}));
+    EXPECT_FALSE(l.info(l.index_of("model.norm.weight")).weight_decay);
+    EXPECT_TRUE(l.info(l.index_of("model.layers.0.mlp.down_proj.weight")).weight_decay);
+}
+
+TEST(Transformer, InitializationDependsOnlyOnSeedAndName) {
+    // Another depth and an extra bias change every parameter's position in the flat
+    // buffer, not its initial values.
+    ModelConfig other = tiny_llama();
+    other.n_layers = 3;
+    other.qkv_bias = false;
+    auto backend = make_cpu_backend(1);
+    Transformer a(tiny_llama(), *backend, DType::f32, 1, 4), b(other, *backend, DType::f32, 1, 4);
+    a.initialize(9);
+    b.initialize(9);
+    for (const char* name : {"model.layers.0.self_attn.v_proj.weight", "model.layers.1.mlp.up_proj.weight", "model.embed_tokens.weight"}) {
+        const Tensor va = a.parameters().value(a.parameters().index_of(name));
+        const Tensor vb = b.parameters().value(b.parameters().index_of(name));
+        ASSERT_EQ(va.numel(), vb.numel());
+        EXPECT_EQ(0, std::memcmp(va.raw(), vb.raw(), va.bytes())) << name;
+    }
+}
+
+TEST(Transformer, F32LossMatchesF64Reference) {
+    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
+        auto backend = make_cpu_backend(1);
+        Transformer f32(config, *backend, DType::f32, 2, 5), f64(config, *backend, DType::f64, 2, 5);
+        f32.initialize(3);
+        f64.initialize(3);
+        Batch batch(10, config.vocab_size, 4);
+        const double a = f32.forward(batch.tokens, batch.targets, 2, 5), b = f64.forward(batch.tokens, batch.targets, 2, 5);
+        EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << family_name(config.family);
+    }
+}
+
+TEST(Transformer, ShorterForwardUsesAPrefixOfThePlannedActivations) {
+    // A forward over fewer positions gives the same logits as the first positions of a
+    // longer one: attention is causal and positions start at 0 in both.
+    auto backend = make_cpu_backend(1);
+    Transformer model(tiny_llama(), *backend, DType::f64, 1, 6);
+    model.initialize(1);
+    Batch batch(6, 13, 2);
+    model.forward(batch.tokens, Tensor(), 1, 6);
+    std::vector<double> full(model.logits().data<double>(), model.logits().data<double>() + 4 * 13);
+    model.forward(batch.tokens.view().slice_rows(0, 4), Tensor(), 1, 4);
+    for (size_t i = 0; i < full.size(); ++i) EXPECT_NEAR(model.logits().data<double>()[i], full[i], 1e-12);
+}
+
+TEST(Transformer, TwoHalfBatchesAccumulated_EqualOneFullBatch) {
+    // Gradient accumulation: backward(1/2) over each half of a batch adds up to the
+    // gradient of the mean loss over the whole batch.
+    auto backend = make_cpu_backend(1);
+    const ModelConfig config = tiny_llama();
+    Transformer model(config, *backend, DType::f64, 4, 5);
+    model.initialize(8);
+    Batch batch(20, config.vocab_size, 9);
+    model.forward(batch.tokens, batch.targets, 4, 5);
+    model.backward(1.0);
+    const Tensor g = model.parameters().all_grads();
+    const std::vector<double> full(g.data<double>(), g.data<double>() + g.numel());
+    backend->fill_zero(g);
+    for (int64_t half = 0; half < 2; ++half) {
+        model.forward(batch.tokens.view().slice_rows(half * 10, 10), batch.targets.view().slice_rows(half * 10, 10), 2, 5);
+        model.backward(0.5);
+    }
+    for (int64_t i = 0; i < g.numel(); ++i) EXPECT_NEAR(g.data<double>()[i], full[static_cast<size_t>(i)], 1e-12) << i;
+}
+
+TEST(Generate, IsReproducibleAndStaysInTheVocabulary) {
+    auto backend = make_cpu_backend(1);
+    Transformer model(tiny_gpt2(), *backend, DType::f32, 1, 6);
+    model.initialize(2);
+    const auto a = generate_tokens(model, {1, 2}, 12, 1.0, 77);
+    const auto b = generate_tokens(model, {1, 2}, 12, 1.0, 77);
+    EXPECT_EQ(a, b);
+    ASSERT_EQ(a.size(), 12u);
+    for (int32_t t : a) EXPECT_TRUE(t >= 0 && t < 11);
+}
