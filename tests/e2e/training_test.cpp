@@ -17,7 +17,7 @@ TrainResult train_quietly(const Config& config) {
 }
 
 Config small_run(const std::string& family) {
-    return load_config("configs/tiny.toml", {"model.family=\"" + family + "\"", "model.n_layers=2", "model.d_model=32", "train.steps=6",
+    return load_config("configs/tiny.toml", {"model.family=\"" + family + "\"", "model.n_layers=2", "model.d_model=32", "train.steps=6", "optimizer.warmup_steps=2",
                                              "train.batch_size=4", "train.seq_len=32", "train.grad_accum=2", "train.eval_batches=2",
                                              "train.sample_tokens=16", "train.threads=2"});
 }

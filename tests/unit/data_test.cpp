@@ -73,7 +73,9 @@ TEST(BatchWindows, TargetsAreInputsShiftedByOne) {
         for (int64_t t = 0; t < 16; ++t) {
             const int32_t in = b.inputs.data<int32_t>()[row * 16 + t];
             EXPECT_EQ(b.targets.data<int32_t>()[row * 16 + t], in + 1);
-            if (t > 0) EXPECT_EQ(in, b.inputs.data<int32_t>()[row * 16 + t - 1] + 1);
+            if (t > 0) {
+                EXPECT_EQ(in, b.inputs.data<int32_t>()[row * 16 + t - 1] + 1);
+            }
         }
 }
 

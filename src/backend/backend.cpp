@@ -1,0 +1,62 @@
+// Backend-independent pieces of the op interface: op names from the X-macro table, which
+// ops are GEMMs, profile totals, and the rotary table shared by every backend.
+#include "backend/backend.h"
+
+#include <cmath>
+
+namespace llmtrain {
+
+const char* op_name(Op op) {
+    switch (op) {
+#define LLMTRAIN_OP_NAME(name) \
+    case Op::name: return #name;
+        LLMTRAIN_BACKEND_OPS(LLMTRAIN_OP_NAME)
+#undef LLMTRAIN_OP_NAME
+    }
+    return "?";
+}
+
+bool op_is_gemm(Op op) { return op == Op::matmul_fwd || op == Op::matmul_bwd; }
+
+double OpProfile::total_seconds() const {
+    double total = 0;
+    for (double s : seconds) total += s;
+    return total;
+}
+
+double OpProfile::gemm_seconds() const {
+    double total = 0;
+    for (int i = 0; i < op_count; ++i)
+        if (op_is_gemm(static_cast<Op>(i))) total += seconds[static_cast<size_t>(i)];
+    return total;
+}
+
+namespace {
+// angle(pos, i) = pos * theta^(-2i/D), i < D/2; row pos holds cos of the D/2 angles, then sin.
+template <class T>
+void fill_rope_rows(T* table, int64_t rows, int64_t head_dim, double theta) {
+    const int64_t half = head_dim / 2;
+    for (int64_t pos = 0; pos < rows; ++pos) {
+        T* row = table + pos * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+            const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+            const double angle = static_cast<double>(pos) * inv_freq;
+            row[i] = static_cast<T>(std::cos(angle));
+            row[half + i] = static_cast<T>(std::sin(angle));
+        }
+    }
+}
+}  // namespace
+
+void fill_rope_table(const Tensor& table, double theta) {
+    if (table.rank() != 2) fail(ErrorKind::shape, "fill_rope_table: table has shape ", table.shape().str(), ", expected [max_seq_len, head_dim]");
+    if (table.dim(1) % 2 != 0) fail(ErrorKind::shape, "fill_rope_table: head_dim ", table.dim(1), " is odd; rotary pairs need an even head_dim");
+    if (table.device() != Device::cpu) fail(ErrorKind::unsupported, "fill_rope_table: table is on ", device_name(table.device()), ", expected host memory");
+    switch (table.dtype()) {
+        case DType::f32: fill_rope_rows(table.data<float>(), table.dim(0), table.dim(1), theta); return;
+        case DType::f64: fill_rope_rows(table.data<double>(), table.dim(0), table.dim(1), theta); return;
+        default: fail(ErrorKind::unsupported, "fill_rope_table: table has dtype ", dtype_name(table.dtype()), ", expected f32 or f64");
+    }
+}
+
+}  // namespace llmtrain

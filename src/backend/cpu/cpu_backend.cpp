@@ -1,0 +1,22 @@
+// The CPU backend's construction, identity and support table; the ops live in the
+// cpu_<family>.cpp files.
+#include "backend/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace llmtrain {
+
+CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {
+    openblas_set_num_threads(threads_);
+}
+
+std::string CpuBackend::name() const { return "cpu"; }
+
+// Every op of the table is implemented for both float types and nothing else.
+bool CpuBackend::supports(Op /*op*/, DType dtype) const { return dtype == DType::f32 || dtype == DType::f64; }
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace llmtrain

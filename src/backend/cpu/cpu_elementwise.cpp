@@ -1,0 +1,142 @@
+// Elementwise ops on the CPU: GELU, SwiGLU, add, fill_zero.
+//   GELU (tanh form): y = x/2 (1 + tanh u), u = k (x + 0.044715 x^3), k = sqrt(2/pi);
+//     dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) k (1 + 3 * 0.044715 x^2).
+//   SwiGLU: for gate g and up u, y = silu(g) u, silu(g) = g sigmoid(g);
+//     dy/dg = u sigmoid(g) (1 + g (1 - sigmoid(g))),  dy/du = silu(g).
+// GELU and add may run in place: each output element depends on its own inputs only.
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_util.h"
+
+namespace llmtrain {
+
+namespace {
+
+constexpr double gelu_k = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double gelu_c = 0.044715;
+
+template <class T>
+void gelu_fwd_elems(T* out, const T* x, int64_t count, int threads) {
+    const T k = static_cast<T>(gelu_k), c = static_cast<T>(gelu_c);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+        const T v = x[i];
+        out[i] = T(0.5) * v * (T(1) + std::tanh(k * (v + c * v * v * v)));
+    }
+}
+
+template <class T>
+void gelu_bwd_elems(T* dx, const T* dout, const T* x, int64_t count, int threads) {
+    const T k = static_cast<T>(gelu_k), c = static_cast<T>(gelu_c);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+        const T v = x[i];
+        const T th = std::tanh(k * (v + c * v * v * v));
+        const T dudx = k * (T(1) + T(3) * c * v * v);
+        dx[i] = dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * v * (T(1) - th * th) * dudx);
+    }
+}
+
+template <class T>
+T sigmoid(T v) {
+    return T(1) / (T(1) + std::exp(-v));
+}
+
+template <class T>
+void swiglu_fwd_rows(T* out, const T* x, int64_t rows, int64_t F, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < rows; ++n) {
+        const T* gate = x + n * 2 * F;
+        const T* up = gate + F;
+        for (int64_t f = 0; f < F; ++f) out[n * F + f] = gate[f] * sigmoid(gate[f]) * up[f];
+    }
+}
+
+template <class T>
+void swiglu_bwd_rows(T* dx, const T* dout, const T* x, int64_t rows, int64_t F, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < rows; ++n) {
+        const T* gate = x + n * 2 * F;
+        const T* up = gate + F;
+        T* dgate = dx + n * 2 * F;
+        T* dup = dgate + F;
+        for (int64_t f = 0; f < F; ++f) {
+            const T g = gate[f], u = up[f], d = dout[n * F + f], sg = sigmoid(g);
+            dgate[f] = d * u * sg * (T(1) + g * (T(1) - sg));
+            dup[f] = d * g * sg;
+        }
+    }
+}
+
+template <class T>
+void add_elems(T* out, const T* a, const T* b, int64_t count, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+}
+
+}  // namespace
+
+void CpuBackend::gelu_fwd(const Tensor& out, const Tensor& x) {
+    cpu::OpTimer timer(profile_, Op::gelu_fwd);
+    const char* op = timer.name();
+    cpu::dispatch_float(op, "x", x, [&]<class T>() {
+        cpu::expect_tensor(op, "out", out, x.shape(), x.dtype());
+        gelu_fwd_elems(out.data<T>(), x.data<T>(), x.numel(), threads_);
+    });
+}
+
+void CpuBackend::gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+    cpu::OpTimer timer(profile_, Op::gelu_bwd);
+    const char* op = timer.name();
+    cpu::dispatch_float(op, "x", x, [&]<class T>() {
+        cpu::expect_tensor(op, "dx", dx, x.shape(), x.dtype());
+        cpu::expect_tensor(op, "dout", dout, x.shape(), x.dtype());
+        gelu_bwd_elems(dx.data<T>(), dout.data<T>(), x.data<T>(), x.numel(), threads_);
+    });
+}
+
+void CpuBackend::swiglu_fwd(const Tensor& out, const Tensor& x) {
+    cpu::OpTimer timer(profile_, Op::swiglu_fwd);
+    const char* op = timer.name();
+    cpu::expect_rank(op, "x", x, 2);
+    if (x.dim(1) % 2 != 0) fail(ErrorKind::shape, op, ": x has shape ", x.shape().str(), "; its width must be even (gate, then up)");
+    const int64_t N = x.dim(0), F = x.dim(1) / 2;
+    cpu::dispatch_float(op, "x", x, [&]<class T>() {
+        cpu::expect_tensor(op, "out", out, {N, F}, x.dtype());
+        swiglu_fwd_rows(out.data<T>(), x.data<T>(), N, F, threads_);
+    });
+}
+
+void CpuBackend::swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+    cpu::OpTimer timer(profile_, Op::swiglu_bwd);
+    const char* op = timer.name();
+    cpu::expect_rank(op, "x", x, 2);
+    if (x.dim(1) % 2 != 0) fail(ErrorKind::shape, op, ": x has shape ", x.shape().str(), "; its width must be even (gate, then up)");
+    const int64_t N = x.dim(0), F = x.dim(1) / 2;
+    cpu::dispatch_float(op, "x", x, [&]<class T>() {
+        cpu::expect_tensor(op, "dx", dx, x.shape(), x.dtype());
+        cpu::expect_tensor(op, "dout", dout, {N, F}, x.dtype());
+        swiglu_bwd_rows(dx.data<T>(), dout.data<T>(), x.data<T>(), N, F, threads_);
+    });
+}
+
+void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+    cpu::OpTimer timer(profile_, Op::add);
+    const char* op = timer.name();
+    cpu::dispatch_float(op, "a", a, [&]<class T>() {
+        cpu::expect_tensor(op, "b", b, a.shape(), a.dtype());
+        cpu::expect_tensor(op, "out", out, a.shape(), a.dtype());
+        add_elems(out.data<T>(), a.data<T>(), b.data<T>(), a.numel(), threads_);
+    });
+}
+
+void CpuBackend::fill_zero(const Tensor& x) {
+    cpu::OpTimer timer(profile_, Op::fill_zero);
+    cpu::dispatch_float(timer.name(), "x", x, [&]<class T>() {
+        if (x.numel() > 0) std::memset(x.raw(), 0, x.bytes());
+    });
+}
+
+}  // namespace llmtrain

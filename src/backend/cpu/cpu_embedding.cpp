@@ -1,0 +1,98 @@
+// Token and position embedding on the CPU.
+//   forward:  out[n] = wte[tokens[n]] + wpe[n % T]
+//   backward: dwte[tokens[n]] += dout[n];  dwpe[n % T] += dout[n]
+// The backward scatters rows into shared gradient rows, so it runs over column blocks:
+// each gradient element is summed by one thread in row order (deterministic).
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_util.h"
+
+namespace llmtrain {
+
+namespace {
+
+void expect_tokens_in_vocab(const char* op, const int32_t* tokens, int64_t rows, int64_t vocab) {
+    for (int64_t n = 0; n < rows; ++n)
+        if (tokens[n] < 0 || tokens[n] >= vocab)
+            fail(ErrorKind::data, op, ": token id ", tokens[n], " at row ", n, " is outside the vocabulary [0, ", vocab, ")");
+}
+
+void expect_positions(const char* op, const char* tensor_name, const Tensor& table, int64_t seq_len) {
+    if (seq_len < 1) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " must be positive");
+    if (!table.empty() && table.dim(0) < seq_len)
+        fail(ErrorKind::shape, op, ": ", tensor_name, " has ", table.dim(0), " positions, fewer than seq_len ", seq_len);
+}
+
+template <class T>
+void embedding_fwd_rows(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t rows, int64_t C, int64_t seq_len, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < rows; ++n) {
+        const T* e = wte + tokens[n] * C;
+        T* o = out + n * C;
+        if (wpe) {
+            const T* p = wpe + (n % seq_len) * C;
+            for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+        } else {
+            for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+        }
+    }
+}
+
+template <class T>
+void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t rows, int64_t C, int64_t seq_len, int threads) {
+    const int64_t blocks = cpu::column_block_count(C);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t block = 0; block < blocks; ++block) {
+        const int64_t c0 = block * cpu::column_block, c1 = cpu::column_block_end(block, C);
+        for (int64_t n = 0; n < rows; ++n) {
+            const T* d = dout + n * C;
+            T* g = dwte + tokens[n] * C;
+            for (int64_t c = c0; c < c1; ++c) g[c] += d[c];
+            if (dwpe) {
+                T* p = dwpe + (n % seq_len) * C;
+                for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void CpuBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len) {
+    cpu::OpTimer timer(profile_, Op::embedding_fwd);
+    const char* op = timer.name();
+    cpu::expect_rank(op, "wte", wte, 2);
+    cpu::expect_rank(op, "tokens", tokens, 1);
+    const int64_t N = tokens.dim(0), V = wte.dim(0), C = wte.dim(1);
+    cpu::dispatch_float(op, "wte", wte, [&]<class T>() {
+        cpu::expect_tensor(op, "tokens", tokens, {N}, DType::i32);
+        cpu::expect_tensor(op, "out", out, {N, C}, wte.dtype());
+        if (!wpe.empty()) {
+            cpu::expect_rank(op, "wpe", wpe, 2);
+            cpu::expect_tensor(op, "wpe", wpe, {wpe.dim(0), C}, wte.dtype());
+        }
+        expect_positions(op, "wpe", wpe, seq_len);
+        expect_tokens_in_vocab(op, tokens.data<int32_t>(), N, V);
+        embedding_fwd_rows(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), cpu::data_or_null<T>(wpe), N, C, seq_len, threads_);
+    });
+}
+
+void CpuBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len) {
+    cpu::OpTimer timer(profile_, Op::embedding_bwd);
+    const char* op = timer.name();
+    cpu::expect_rank(op, "dwte", dwte, 2);
+    cpu::expect_rank(op, "tokens", tokens, 1);
+    const int64_t N = tokens.dim(0), V = dwte.dim(0), C = dwte.dim(1);
+    cpu::dispatch_float(op, "dwte", dwte, [&]<class T>() {
+        cpu::expect_tensor(op, "tokens", tokens, {N}, DType::i32);
+        cpu::expect_tensor(op, "dout", dout, {N, C}, dwte.dtype());
+        if (!dwpe.empty()) {
+            cpu::expect_rank(op, "dwpe", dwpe, 2);
+            cpu::expect_tensor(op, "dwpe", dwpe, {dwpe.dim(0), C}, dwte.dtype());
+        }
+        expect_positions(op, "dwpe", dwpe, seq_len);
+        expect_tokens_in_vocab(op, tokens.data<int32_t>(), N, V);
+        embedding_bwd_columns(dwte.data<T>(), cpu::data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), N, C, seq_len, threads_);
+    });
+}
+
+}  // namespace llmtrain

@@ -1,0 +1,72 @@
+// Helpers shared by the CPU op files: the per-op wall-clock timer, the f32/f64 dispatch,
+// tensor checks, and the fixed column blocks that keep reductions over rows deterministic.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace llmtrain::cpu {
+
+// Adds the wall time of one op call to the profile when the scope ends.
+class OpTimer {
+public:
+    OpTimer(OpProfile& profile, Op op) : profile_(profile), op_(op), start_(std::chrono::steady_clock::now()) {}
+    ~OpTimer() {
+        const auto index = static_cast<size_t>(op_);
+        profile_.seconds[index] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        profile_.calls[index] += 1;
+    }
+    OpTimer(const OpTimer&) = delete;
+    OpTimer& operator=(const OpTimer&) = delete;
+    const char* name() const { return op_name(op_); }
+
+private:
+    OpProfile& profile_;
+    Op op_;
+    std::chrono::steady_clock::time_point start_;
+};
+
+inline void expect_host(const char* op, const char* tensor_name, const Tensor& t) {
+    if (t.device() != Device::cpu)
+        fail(ErrorKind::unsupported, op, ": ", tensor_name, " is in ", device_name(t.device()), " memory; the CPU backend needs host tensors");
+}
+
+inline void expect_rank(const char* op, const char* tensor_name, const Tensor& t, int rank) {
+    if (t.rank() != rank) fail(ErrorKind::shape, op, ": ", tensor_name, " has shape ", t.shape().str(), ", expected rank ", rank);
+}
+
+// Shape, dtype and host memory in one check.
+inline void expect_tensor(const char* op, const char* tensor_name, const Tensor& t, const Shape& shape, DType dtype) {
+    expect_shape(op, tensor_name, t, shape);
+    expect_dtype(op, tensor_name, t, dtype);
+    expect_host(op, tensor_name, t);
+}
+
+// Runs fn.template operator()<float>() or <double>() for the element type of t.
+template <class Fn>
+void dispatch_float(const char* op, const char* tensor_name, const Tensor& t, Fn&& fn) {
+    expect_host(op, tensor_name, t);
+    switch (t.dtype()) {
+        case DType::f32: fn.template operator()<float>(); return;
+        case DType::f64: fn.template operator()<double>(); return;
+        default: fail(ErrorKind::unsupported, op, ": ", tensor_name, " has dtype ", dtype_name(t.dtype()), "; the CPU backend computes in f32 or f64");
+    }
+}
+
+// The typed data of an optional tensor, or nullptr when it is absent.
+template <class T>
+T* data_or_null(const Tensor& t) {
+    return t.empty() ? nullptr : t.data<T>();
+}
+
+// Parameter-gradient reductions over rows run over blocks of this many columns. The width
+// does not depend on the thread count, so every output element is summed by one thread, in
+// row order, through the same code path: the result is the same for any thread count.
+constexpr int64_t column_block = 64;
+inline int64_t column_block_count(int64_t cols) { return (cols + column_block - 1) / column_block; }
+inline int64_t column_block_end(int64_t block, int64_t cols) { return std::min(cols, (block + 1) * column_block); }
+
+}  // namespace llmtrain::cpu

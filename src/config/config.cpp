@@ -1,0 +1,686 @@
+// The run configuration. One schema table (key path, rule with the allowed values, how the
+// default arises, accessor into Config, description) drives parsing, unknown-key detection,
+// range checks and dump_config, so each key is declared exactly once. The checks run in a
+// fixed order and the first problem is thrown: syntax, --set syntax and keys, unknown keys,
+// each key in schema order (missing, type, range), impossible combinations, data files.
+#include "config/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <sstream>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+
+#include "core/error.h"
+
+namespace llmtrain {
+
+namespace {
+
+// ---- Enum names, indexed by the enum's value ----
+
+constexpr const char* kFamilyNames[] = {"gpt2", "llama"};
+constexpr const char* kFormatNames[] = {"text", "tokens"};
+constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
+constexpr const char* kNonFiniteNames[] = {"abort", "skip"};
+constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
+
+using Names = std::span<const char* const>;
+Names names_of(ModelFamily) { return kFamilyNames; }
+Names names_of(DataFormat) { return kFormatNames; }
+Names names_of(LrDecay) { return kDecayNames; }
+Names names_of(NonFinitePolicy) { return kNonFiniteNames; }
+
+// ---- Values and the rules they must satisfy ----
+
+// A key's value as TOML holds it; enums travel as their names.
+using Value = std::variant<int64_t, double, bool, std::string>;
+
+struct Bound {
+    double value;
+    bool open;
+};
+Bound incl(double value) { return {value, false}; }
+Bound excl(double value) { return {value, true}; }
+
+struct IntRule { int64_t lo, hi; };
+struct NumberRule { Bound lo, hi; };   // a TOML float, or an integer taken as one
+struct BoolRule {};
+struct StringRule {};
+struct ChoiceRule { Names names; };
+struct FileRule { bool may_be_empty; };  // an input file; checked to exist after all else
+using Rule = std::variant<IntRule, NumberRule, BoolRule, StringRule, ChoiceRule, FileRule>;
+
+template <class... F>
+struct Overloaded : F... { using F::operator()...; };
+
+constexpr int64_t kTrillion = 1'000'000'000'000;
+constexpr int64_t kMillion = 1'000'000;
+
+// Shortest text that reads back as the same double: plain digits for everyday magnitudes
+// (500000, 0.0006), an exponent for the rest (1e-08).
+std::string number_text(double value) {
+    const double magnitude = std::fabs(value);
+    const bool plain = magnitude == 0 || (magnitude >= 1e-4 && magnitude < 1e15);
+    char buf[64];
+    const auto result = plain ? std::to_chars(buf, buf + sizeof buf, value, std::chars_format::fixed)
+                              : std::to_chars(buf, buf + sizeof buf, value);
+    return std::string(buf, result.ptr);
+}
+
+// TOML floats need a '.' or an exponent.
+std::string float_literal(double value) {
+    std::string text = number_text(value);
+    if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+    return text;
+}
+
+std::string quoted_names(Names names) {
+    std::string text;
+    for (const char* name : names) text += cat(text.empty() ? "" : ", ", '"', name, '"');
+    return text;
+}
+
+// What a rule allows, e.g. "integer in [1, 1024]".
+std::string describe(const Rule& rule) {
+    return std::visit(Overloaded{
+        [](const IntRule& r) { return cat("integer in [", r.lo, ", ", r.hi, "]"); },
+        [](const NumberRule& r) {
+            return cat("number in ", r.lo.open ? "(" : "[", number_text(r.lo.value), ", ",
+                       number_text(r.hi.value), r.hi.open ? ")" : "]");
+        },
+        [](const BoolRule&) { return std::string("true or false"); },
+        [](const StringRule&) { return std::string("a string"); },
+        [](const ChoiceRule& r) { return cat("one of ", quoted_names(r.names)); },
+        [](const FileRule& r) { return std::string(r.may_be_empty ? "path of a readable file, or \"\"" : "path of a readable file"); },
+    }, rule);
+}
+
+std::string type_phrase(const toml::node& node) {
+    switch (node.type()) {
+        case toml::node_type::string: return "a string";
+        case toml::node_type::integer: return "an integer";
+        case toml::node_type::floating_point: return "a float";
+        case toml::node_type::boolean: return "a boolean";
+        case toml::node_type::table: return "a table";
+        case toml::node_type::array: return "an array";
+        case toml::node_type::date: return "a date";
+        case toml::node_type::time: return "a time";
+        case toml::node_type::date_time: return "a date-time";
+        default: return "nothing";
+    }
+}
+
+// ---- Accessors between Value and the Config members ----
+
+template <class T>
+Value to_value(const T& member) {
+    if constexpr (std::is_enum_v<T>) return std::string(names_of(member)[static_cast<size_t>(member)]);
+    else if constexpr (std::is_same_v<T, uint64_t>) return static_cast<int64_t>(member);
+    else return member;
+}
+
+template <class T>
+void from_value(const Value& value, T& member) {
+    if constexpr (std::is_enum_v<T>) {
+        const Names names = names_of(T{});
+        const std::string& name = std::get<std::string>(value);
+        member = static_cast<T>(std::find(names.begin(), names.end(), name) - names.begin());
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+        member = static_cast<uint64_t>(std::get<int64_t>(value));
+    } else {
+        member = std::get<T>(value);
+    }
+}
+
+// ---- The schema ----
+
+struct Field {
+    std::string_view path;  // "section.key"
+    Value (*load)(const Config&) = nullptr;
+    void (*store)(Config&, const Value&) = nullptr;
+    Rule rule = StringRule{};
+    bool is_required = false;
+    void (*derive)(Config&) = nullptr;      // default computed from keys above it in the schema
+    std::optional<ModelFamily> only_for;    // the key means something for this family only
+    std::string_view doc;
+
+    template <auto Section, auto Member>
+    static Field of(std::string_view path) {
+        Field f{};
+        f.path = path;
+        f.load = [](const Config& c) { return to_value((c.*Section).*Member); };
+        f.store = [](Config& c, const Value& v) { from_value(v, (c.*Section).*Member); };
+        return f;
+    }
+    Field integer(int64_t lo, int64_t hi) const { return with_rule(IntRule{lo, hi}); }
+    Field number(Bound lo, Bound hi) const { return with_rule(NumberRule{lo, hi}); }
+    Field boolean() const { return with_rule(BoolRule{}); }
+    Field string() const { return with_rule(StringRule{}); }
+    Field choice(Names names) const { return with_rule(ChoiceRule{names}); }
+    Field file(bool may_be_empty) const { return with_rule(FileRule{may_be_empty}); }
+    Field required() const { Field f = *this; f.is_required = true; return f; }
+    Field derived(void (*fn)(Config&)) const { Field f = *this; f.derive = fn; return f; }
+    Field family_only(ModelFamily family) const { Field f = *this; f.only_for = family; return f; }
+    Field describe(std::string_view text) const { Field f = *this; f.doc = text; return f; }
+    Field with_rule(Rule r) const { Field f = *this; f.rule = r; return f; }
+
+    std::string_view section() const { return path.substr(0, path.find('.')); }
+    std::string_view key() const { return path.substr(path.find('.') + 1); }
+};
+
+void default_n_kv_heads(Config& c) { c.model.n_kv_heads = c.model.n_heads; }
+
+// gpt2: 4 * d_model. llama: the SwiGLU MLP has three matrices instead of two, so 2/3 of
+// 4 * d_model keeps the parameter count; rounded up to a multiple of 64 for the GEMMs.
+void default_d_ff(Config& c) {
+    const int64_t d = c.model.d_model;
+    if (c.model.family == ModelFamily::gpt2) { c.model.d_ff = 4 * d; return; }
+    const int64_t two_thirds_of_4d = (8 * d + 2) / 3;
+    c.model.d_ff = (two_thirds_of_4d + 63) / 64 * 64;
+}
+
+void default_tied_embeddings(Config& c) { c.model.tied_embeddings = c.model.family == ModelFamily::gpt2; }
+
+// CONFIG_KEY(model, n_heads): accessors of config.model.n_heads under the key "model.n_heads",
+// so a key's name cannot drift from its member's.
+#define CONFIG_KEY(section, key) \
+    Field::of<&Config::section, &decltype(Config::section)::key>(#section "." #key)
+
+const std::vector<Field>& schema() {
+    static const std::vector<Field> fields = {
+        CONFIG_KEY(model, family).choice(kFamilyNames).required()
+            .describe("gpt2: LayerNorm, GELU, learned positions; llama: RMSNorm, SwiGLU, RoPE"),
+        CONFIG_KEY(model, n_layers).integer(1, 1024).required().describe("transformer blocks"),
+        CONFIG_KEY(model, d_model).integer(1, 65536).required().describe("width of the residual stream"),
+        CONFIG_KEY(model, n_heads).integer(1, 1024).required().describe("query heads; divides d_model"),
+        CONFIG_KEY(model, n_kv_heads).integer(1, 1024).derived(default_n_kv_heads)
+            .describe("key/value heads, fewer than n_heads for grouped-query attention (llama); default n_heads"),
+        CONFIG_KEY(model, d_ff).integer(1, 1048576).derived(default_d_ff)
+            .describe("MLP hidden width; default gpt2 4*d_model, llama 8/3*d_model rounded up to 64"),
+        CONFIG_KEY(model, vocab_size).integer(2, 2147483647).required().describe("token ids are 0 .. vocab_size-1"),
+        CONFIG_KEY(model, max_seq_len).integer(1, 1048576).required().describe("longest sequence the model accepts"),
+        CONFIG_KEY(model, norm_eps).number(excl(0), excl(1)).describe("epsilon of LayerNorm / RMSNorm"),
+        CONFIG_KEY(model, rope_theta).number(excl(0), incl(1e9)).family_only(ModelFamily::llama)
+            .describe("RoPE base frequency"),
+        CONFIG_KEY(model, qkv_bias).boolean().family_only(ModelFamily::llama)
+            .describe("biases on the q, k, v projections (Qwen2 style)"),
+        CONFIG_KEY(model, tied_embeddings).boolean().derived(default_tied_embeddings)
+            .describe("output projection shares the token embedding; default true for gpt2, false for llama"),
+        CONFIG_KEY(model, init_std).number(excl(0), incl(1)).describe("standard deviation of the initial weights"),
+
+        CONFIG_KEY(data, format).choice(kFormatNames)
+            .describe("text: bytes, vocabulary 256 + end-of-document; tokens: a flat file of token ids"),
+        CONFIG_KEY(data, train_path).file(false).required().describe("training data"),
+        CONFIG_KEY(data, val_path).file(true).describe("held-out data; empty: the last val_fraction of train_path"),
+        CONFIG_KEY(data, val_fraction).number(incl(0), incl(0.5)).describe("share of train_path held out when val_path is empty"),
+        CONFIG_KEY(data, token_dtype).choice(kTokenDtypeNames).describe("element type of a tokens file"),
+        CONFIG_KEY(data, document_separator).string().describe("text format: each occurrence becomes an end-of-document token"),
+
+        CONFIG_KEY(train, seed).integer(0, std::numeric_limits<int64_t>::max())
+            .describe("seed of initialization, data order and sampling"),
+        CONFIG_KEY(train, steps).integer(1, kTrillion).required().describe("optimizer steps"),
+        CONFIG_KEY(train, batch_size).integer(1, 65536).required().describe("sequences per micro-batch"),
+        CONFIG_KEY(train, seq_len).integer(1, 1048576).required().describe("tokens per sequence"),
+        CONFIG_KEY(train, grad_accum).integer(1, 65536).describe("micro-batches per optimizer step"),
+        CONFIG_KEY(train, eval_every).integer(0, kTrillion).describe("steps between evaluations; 0: only after the last step"),
+        CONFIG_KEY(train, eval_batches).integer(1, kMillion).describe("batches per evaluation"),
+        CONFIG_KEY(train, log_every).integer(1, kTrillion).describe("steps between log lines"),
+        CONFIG_KEY(train, threads).integer(0, 4096).describe("CPU threads; 0: all cores"),
+        CONFIG_KEY(train, sample_tokens).integer(0, kMillion).describe("tokens generated after training; 0: none"),
+        CONFIG_KEY(train, sample_prompt).string().describe("text the sample continues"),
+        CONFIG_KEY(train, sample_temperature).number(excl(0), incl(10)).describe("sampling temperature"),
+
+        CONFIG_KEY(optimizer, lr).number(excl(0), incl(10)).required().describe("peak learning rate"),
+        CONFIG_KEY(optimizer, min_lr_ratio).number(incl(0), incl(1)).describe("floor of the decay, as a fraction of lr"),
+        CONFIG_KEY(optimizer, warmup_steps).integer(0, kTrillion).describe("steps of linear warmup to lr"),
+        CONFIG_KEY(optimizer, decay).choice(kDecayNames).describe("learning-rate schedule after warmup"),
+        CONFIG_KEY(optimizer, beta1).number(incl(0), excl(1)).describe("AdamW decay of the first moment"),
+        CONFIG_KEY(optimizer, beta2).number(incl(0), excl(1)).describe("AdamW decay of the second moment"),
+        CONFIG_KEY(optimizer, eps).number(excl(0), excl(1)).describe("AdamW epsilon"),
+        CONFIG_KEY(optimizer, weight_decay).number(incl(0), incl(10)).describe("decoupled weight decay, on matrices only"),
+        CONFIG_KEY(optimizer, grad_clip).number(incl(0), incl(1e6)).describe("max global gradient norm; 0: no clipping"),
+
+        CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks"),
+        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages"),
+        CONFIG_KEY(parallel, dp).integer(1, 65536).describe("data-parallel replicas"),
+
+        CONFIG_KEY(checkpoint, dir).string().describe("directory of checkpoints"),
+        CONFIG_KEY(checkpoint, every_steps).integer(0, kTrillion).describe("steps between checkpoints; 0: none"),
+        CONFIG_KEY(checkpoint, keep_last).integer(1, kMillion).describe("checkpoints kept on disk"),
+
+        CONFIG_KEY(monitor, on_nonfinite).choice(kNonFiniteNames)
+            .describe("on a NaN or Inf loss or gradient: abort the run or skip the step"),
+
+        CONFIG_KEY(metrics, jsonl).boolean().describe("write <run_dir>/log.jsonl"),
+    };
+    return fields;
+}
+
+#undef CONFIG_KEY
+
+const Field* find_field(std::string_view path) {
+    for (const Field& field : schema())
+        if (field.path == path) return &field;
+    return nullptr;
+}
+
+std::vector<std::string_view> section_names() {
+    std::vector<std::string_view> names;
+    for (const Field& field : schema())
+        if (names.empty() || names.back() != field.section()) names.push_back(field.section());
+    return names;
+}
+
+bool is_section(std::string_view name) {
+    const auto names = section_names();
+    return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// ---- Unknown names and suggestions ----
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diagonal = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+            diagonal = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+        }
+    }
+    return row[b.size()];
+}
+
+// The candidate nearest to `word`, if one is within two edits.
+std::optional<std::string_view> closest(std::string_view word, const std::vector<std::string_view>& candidates) {
+    std::optional<std::string_view> best;
+    size_t best_distance = 3;
+    for (std::string_view candidate : candidates) {
+        const size_t distance = edit_distance(word, candidate);
+        if (distance < best_distance) best = candidate, best_distance = distance;
+    }
+    return best;
+}
+
+std::string joined(const std::vector<std::string_view>& names) {
+    std::string text;
+    for (std::string_view name : names) text += cat(text.empty() ? "" : ", ", name);
+    return text;
+}
+
+// The field elsewhere whose key is within two edits of `key`, e.g. "steps" -> train.steps.
+std::optional<std::string_view> closest_field_by_key(std::string_view key) {
+    std::vector<std::string_view> keys;
+    for (const Field& field : schema()) keys.push_back(field.key());
+    const auto best = closest(key, keys);
+    if (!best) return std::nullopt;
+    for (const Field& field : schema())
+        if (field.key() == *best) return field.path;
+    return std::nullopt;
+}
+
+std::string did_you_mean(std::optional<std::string_view> suggestion) {
+    return suggestion ? cat("; did you mean ", *suggestion, "?") : std::string();
+}
+
+struct Problem {
+    std::string where;  // the key path (or section) the problem is about
+    std::string text;
+};
+
+// Why `path` names no config key, with the known names around it and the nearest one.
+// A top-level name is an unknown section when it holds a table, else a key outside sections.
+Problem unknown_name(std::string_view path, bool holds_table) {
+    const auto sections = section_names();
+    const size_t dot = path.find('.');
+    const std::string_view section = path.substr(0, dot);
+    if (dot == std::string_view::npos && !holds_table) {
+        const std::string what = is_section(path) ? "is a section, not a key" : "unknown key outside any section";
+        return {std::string(path), cat(what, " (known sections: ", joined(sections), ")", did_you_mean(closest_field_by_key(path)))};
+    }
+    if (!is_section(section)) {
+        const auto best = closest(section, sections);
+        return {std::string(section), cat("unknown section (known sections: ", joined(sections), ")",
+                                          best ? cat("; did you mean [", *best, "]?") : std::string())};
+    }
+    std::vector<std::string_view> keys;
+    for (const Field& field : schema())
+        if (field.section() == section) keys.push_back(field.key());
+    const std::string_view key = path.substr(dot + 1);
+    const auto near = closest(key, keys);
+    const auto suggestion = near ? std::optional<std::string_view>(find_field(cat(section, ".", *near))->path) : closest_field_by_key(key);
+    return {std::string(path), cat("unknown key (known keys in [", section, "]: ", joined(keys), ")", did_you_mean(suggestion))};
+}
+
+// ---- Where problems are reported ----
+
+// The file and, for keys set by --set, the override that set them last.
+struct Origin {
+    std::string source;
+    std::map<std::string, std::string, std::less<>> overrides;  // key path -> "key.path=value"
+
+    [[noreturn]] void fail_at(const Problem& problem, ErrorKind kind = ErrorKind::config) const {
+        const auto it = overrides.find(problem.where);
+        const std::string via = it == overrides.end() ? std::string() : cat("--set ", it->second, ": ");
+        fail(kind, source, ": ", via, problem.where, ": ", problem.text);
+    }
+};
+
+// ---- Parsing ----
+
+toml::table parse_toml(const std::string& text, const std::string& source) {
+    try {
+        return toml::parse(std::string_view(text), std::string_view(source));
+    } catch (const toml::parse_error& e) {
+        std::string description(e.description());
+        std::replace(description.begin(), description.end(), '\n', ' ');
+        fail(ErrorKind::config, source, ":", e.source().begin.line, ":", e.source().begin.column, ": ", description);
+    }
+}
+
+std::string trimmed(std::string_view text) {
+    const size_t begin = text.find_first_not_of(" \t");
+    if (begin == std::string_view::npos) return {};
+    return std::string(text.substr(begin, text.find_last_not_of(" \t") - begin + 1));
+}
+
+// The value of one --set: TOML if it parses as a TOML value, else the text as a string
+// (so paths need no quotes). A string key keeps the text even where it reads as TOML
+// (--set data.train_path=2024).
+void assign_override(toml::table& section, const Field& field, const std::string& text) {
+    const bool wants_string = std::holds_alternative<StringRule>(field.rule) || std::holds_alternative<ChoiceRule>(field.rule) ||
+                              std::holds_alternative<FileRule>(field.rule);
+    try {
+        const std::string document = "v = " + text;
+        toml::table parsed = toml::parse(std::string_view(document));
+        toml::node* value = parsed.get("v");
+        if (parsed.size() == 1 && value && (value->is_string() || !wants_string)) {
+            value->visit([&](auto&& node) { section.insert_or_assign(field.key(), std::move(node)); });
+            return;
+        }
+    } catch (const toml::parse_error&) {
+    }
+    section.insert_or_assign(field.key(), text);
+}
+
+// Applies each "key.path=value" onto the parsed file, so overrides meet the file's checks.
+void apply_overrides(toml::table& root, const std::vector<std::string>& overrides, Origin& origin) {
+    for (const std::string& text : overrides) {
+        const size_t eq = text.find('=');
+        const std::string path = trimmed(std::string_view(text).substr(0, eq));
+        if (eq == std::string::npos || path.empty())
+            fail(ErrorKind::config, origin.source, ": --set '", text, "': expected key.path=value");
+        const Field* field = find_field(path);
+        if (!field) {
+            const Problem problem = unknown_name(path, false);
+            fail(ErrorKind::config, origin.source, ": --set ", text, ": ", problem.where, ": ", problem.text);
+        }
+        origin.overrides[path] = text;
+        if (!root.contains(field->section())) root.insert(field->section(), toml::table{});
+        // A section that is no table in the file is reported when the keys are read.
+        if (toml::table* section = root.get_as<toml::table>(field->section()))
+            assign_override(*section, *field, text.substr(eq + 1));
+    }
+}
+
+// Unknown keys come first: a misspelt key would otherwise surface as a missing one.
+void reject_unknown_keys(const toml::table& root, const Origin& origin) {
+    for (std::string_view section : section_names()) {
+        const toml::table* table = root.get_as<toml::table>(section);
+        if (!table) continue;
+        for (auto&& [key, node] : *table) {
+            const std::string path = cat(section, ".", key.str());
+            if (!find_field(path)) origin.fail_at(unknown_name(path, node.is_table()));
+        }
+    }
+    for (auto&& [name, node] : root)
+        if (!is_section(name.str())) origin.fail_at(unknown_name(name.str(), node.is_table()));
+}
+
+// ---- Each key on its own: type and range ----
+
+struct KeyReader {
+    const Field& field;
+    const Origin& origin;
+
+    [[noreturn]] void reject(const std::string& problem) const { origin.fail_at({std::string(field.path), problem}); }
+    [[noreturn]] void wrong_type(const char* expected, const toml::node& node) const {
+        reject(cat("expected ", expected, ", got ", type_phrase(node), " (allowed: ", describe(field.rule), ")"));
+    }
+    [[noreturn]] void out_of_range(const std::string& value) const {
+        reject(cat(value, " is out of range (allowed: ", describe(field.rule), ")"));
+    }
+
+    Value operator()(const IntRule& rule, const toml::node& node) const {
+        if (!node.is_integer()) wrong_type("an integer", node);
+        const int64_t value = node.as_integer()->get();
+        if (value < rule.lo || value > rule.hi) out_of_range(cat(value));
+        return value;
+    }
+    Value operator()(const NumberRule& rule, const toml::node& node) const {
+        if (!node.is_number()) wrong_type("a number", node);
+        const double value = node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
+        // Written so that NaN fails both comparisons.
+        const bool above = rule.lo.open ? value > rule.lo.value : value >= rule.lo.value;
+        const bool below = rule.hi.open ? value < rule.hi.value : value <= rule.hi.value;
+        if (!above || !below) out_of_range(number_text(value));
+        return value;
+    }
+    Value operator()(const BoolRule&, const toml::node& node) const {
+        if (!node.is_boolean()) wrong_type("a boolean", node);
+        return node.as_boolean()->get();
+    }
+    Value operator()(const StringRule&, const toml::node& node) const { return string_of(node); }
+    Value operator()(const FileRule&, const toml::node& node) const { return string_of(node); }
+    Value operator()(const ChoiceRule& rule, const toml::node& node) const {
+        const std::string value = string_of(node);
+        if (std::find(rule.names.begin(), rule.names.end(), value) == rule.names.end())
+            reject(cat('"', value, "\" is not a known value (allowed: ", describe(field.rule), ")"));
+        return value;
+    }
+    std::string string_of(const toml::node& node) const {
+        if (!node.is_string()) wrong_type("a string", node);
+        return node.as_string()->get();
+    }
+};
+
+// The key's checked value; nullopt where neither the file nor --set gives it.
+std::optional<Value> read_key(const toml::table& root, const Field& field, const Origin& origin) {
+    const toml::node* section = root.get(field.section());
+    if (!section) return std::nullopt;
+    if (!section->is_table())
+        origin.fail_at({std::string(field.section()), cat("expected a table [", field.section(), "], got ", type_phrase(*section))});
+    const toml::node* node = section->as_table()->get(field.key());
+    if (!node) return std::nullopt;
+    const KeyReader reader{field, origin};
+    return std::visit([&](const auto& rule) { return reader(rule, *node); }, field.rule);
+}
+
+using GivenKeys = std::set<std::string_view>;
+
+// Reads every key in schema order; a key not given takes its derived or struct default.
+GivenKeys read_keys(const toml::table& root, const Origin& origin, Config& config) {
+    GivenKeys given;
+    for (const Field& field : schema()) {
+        if (const auto value = read_key(root, field, origin)) {
+            field.store(config, *value);
+            given.insert(field.path);
+        } else if (field.is_required) {
+            origin.fail_at({std::string(field.path), cat("required key is missing (", describe(field.rule), ")")});
+        } else if (field.derive) {
+            field.derive(config);
+        }
+    }
+    return given;
+}
+
+// ---- Impossible combinations ----
+
+using Check = std::optional<Problem> (*)(const Config&);
+
+// In the order of the key each one names.
+constexpr Check kChecks[] = {
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.model.d_model % c.model.n_heads == 0) return std::nullopt;
+        return Problem{"model.n_heads", cat("must divide model.d_model = ", c.model.d_model, " (got ", c.model.n_heads, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        // RoPE rotates pairs of dimensions within each head.
+        if (c.model.family != ModelFamily::llama || c.model.head_dim() % 2 == 0) return std::nullopt;
+        return Problem{"model.n_heads", cat("gives an odd head dimension model.d_model / model.n_heads = ", c.model.head_dim(),
+                                            "; family = \"llama\" needs it even for RoPE (got ", c.model.n_heads, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.model.family != ModelFamily::gpt2 || c.model.n_kv_heads == c.model.n_heads) return std::nullopt;
+        return Problem{"model.n_kv_heads", cat("grouped-query attention needs family = \"llama\"; gpt2 requires model.n_kv_heads = "
+                                               "model.n_heads = ", c.model.n_heads, " (got ", c.model.n_kv_heads, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.model.n_heads % c.model.n_kv_heads == 0) return std::nullopt;
+        return Problem{"model.n_kv_heads", cat("must divide model.n_heads = ", c.model.n_heads, " (got ", c.model.n_kv_heads, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.data.format != DataFormat::text || c.model.vocab_size >= 257) return std::nullopt;
+        return Problem{"model.vocab_size", cat("data.format = \"text\" needs at least 257 token ids, 256 byte values + "
+                                               "end-of-document (got ", c.model.vocab_size, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.data.format != DataFormat::tokens || c.data.token_dtype != "u16" || c.model.vocab_size <= 65536) return std::nullopt;
+        return Problem{"data.token_dtype", cat("\"u16\" holds token ids below 65536 but model.vocab_size = ", c.model.vocab_size,
+                                               " (allowed: \"i32\")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (!c.data.val_path.empty() || c.data.val_fraction > 0) return std::nullopt;
+        return Problem{"data.val_fraction", "evaluation needs held-out data: set data.val_path or a val_fraction > 0 (got 0)"};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.train.seq_len <= c.model.max_seq_len) return std::nullopt;
+        return Problem{"train.seq_len", cat("must be <= model.max_seq_len = ", c.model.max_seq_len, " (got ", c.train.seq_len, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.optimizer.warmup_steps <= c.train.steps) return std::nullopt;
+        return Problem{"optimizer.warmup_steps", cat("must be <= train.steps = ", c.train.steps, " (got ", c.optimizer.warmup_steps, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        const int64_t processes = c.parallel.tp * c.parallel.pp * c.parallel.dp;
+        if (processes == 1) return std::nullopt;
+        const char* key = c.parallel.tp > 1 ? "parallel.tp" : c.parallel.pp > 1 ? "parallel.pp" : "parallel.dp";
+        return Problem{key, cat("this version trains on one process: tp * pp * dp must be 1 (got ", processes, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.checkpoint.every_steps == 0) return std::nullopt;
+        return Problem{"checkpoint.every_steps", cat("this version writes no checkpoints (allowed: 0; got ", c.checkpoint.every_steps, ")")};
+    },
+};
+
+void reject_impossible_combinations(const Config& config, const GivenKeys& given, const Origin& origin) {
+    for (const Field& field : schema()) {
+        if (!field.only_for || !given.count(field.path) || config.model.family == *field.only_for) continue;
+        origin.fail_at({std::string(field.path), cat("applies to family = \"", family_name(*field.only_for), "\" only (model.family = \"",
+                                                     family_name(config.model.family), "\")")});
+    }
+    for (const Check check : kChecks)
+        if (auto problem = check(config)) origin.fail_at(*problem);
+}
+
+// ---- Data files ----
+
+void require_readable_file(const Field& field, const std::string& path, const Origin& origin) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status status = fs::status(path, ec);
+    const std::string where(field.path);
+    if (!fs::exists(status)) origin.fail_at({where, cat("no such file '", path, "'")}, ErrorKind::data);
+    if (!fs::is_regular_file(status)) origin.fail_at({where, cat("'", path, "' is not a regular file")}, ErrorKind::data);
+    if (!std::ifstream(path, std::ios::binary)) origin.fail_at({where, cat("cannot read '", path, "'")}, ErrorKind::data);
+}
+
+void require_data_files(const Config& config, const Origin& origin) {
+    for (const Field& field : schema()) {
+        const auto* rule = std::get_if<FileRule>(&field.rule);
+        if (!rule) continue;
+        const std::string path = std::get<std::string>(field.load(config));
+        if (!(path.empty() && rule->may_be_empty)) require_readable_file(field, path, origin);
+    }
+}
+
+// ---- Dump ----
+
+std::string toml_literal(const Value& value) {
+    return std::visit(Overloaded{
+        [](int64_t v) { return std::to_string(v); },
+        [](double v) { return float_literal(v); },
+        [](bool v) { return std::string(v ? "true" : "false"); },
+        [](const std::string& v) {
+            // Basic strings with escapes, never multi-line ones: one key per line.
+            std::ostringstream out;
+            out << toml::toml_formatter{toml::value<std::string>(v), toml::format_flags::allow_unicode_strings};
+            return out.str();
+        },
+    }, value);
+}
+
+}  // namespace
+
+const char* family_name(ModelFamily family) { return kFamilyNames[static_cast<size_t>(family)]; }
+
+Config parse_config(const std::string& toml_text, const std::string& source_name, const std::vector<std::string>& overrides) {
+    toml::table root = parse_toml(toml_text, source_name);
+    Origin origin{source_name, {}};
+    apply_overrides(root, overrides, origin);
+    reject_unknown_keys(root, origin);
+    Config config;
+    const GivenKeys given = read_keys(root, origin, config);
+    reject_impossible_combinations(config, given, origin);
+    require_data_files(config, origin);
+    return config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::exists(path, ec)) fail(ErrorKind::io, "cannot read config file '", path, "': no such file");
+    if (fs::is_directory(path, ec)) fail(ErrorKind::io, "cannot read config file '", path, "': it is a directory");
+    std::ifstream in(path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.is_open() || in.bad()) fail(ErrorKind::io, "cannot read config file '", path, "'");
+    Config config = parse_config(text, path, overrides);
+    config.source_path = path;
+    return config;
+}
+
+// Keys in schema order, one per line with its description; keys that do not apply to the
+// model family are left out, since setting them is an error.
+std::string dump_config(const Config& config) {
+    std::ostringstream out;
+    std::string_view section;
+    for (const Field& field : schema()) {
+        if (field.only_for && *field.only_for != config.model.family) continue;
+        if (field.section() != section) {
+            out << (section.empty() ? "" : "\n") << "[" << field.section() << "]\n";
+            section = field.section();
+        }
+        std::string line = cat(field.key(), " = ", toml_literal(field.load(config)));
+        line.resize(std::max<size_t>(line.size() + 2, 40), ' ');
+        out << line << "# " << field.doc << "\n";
+    }
+    return out.str();
+}
+
+}  // namespace llmtrain

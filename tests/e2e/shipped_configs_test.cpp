@@ -1,0 +1,36 @@
+// The configs we ship are valid. The GPU-sized ones point at token files that only exist
+// on a prepared machine, so the bundled corpus stands in for them here.
+#include <gtest/gtest.h>
+
+#include "config/config.h"
+#include "core/error.h"
+
+using namespace llmtrain;
+
+TEST(ShippedConfigs, TinyIsValidAsShipped) {
+    const Config c = load_config("configs/tiny.toml");
+    EXPECT_EQ(c.model.family, ModelFamily::gpt2);
+    EXPECT_EQ(c.model.vocab_size, 257);
+}
+
+TEST(ShippedConfigs, Gpt2_124mIsValidWithDataPresent) {
+    const Config c = load_config("configs/gpt2-124m.toml", {"data.train_path=data/fortunes.txt", "data.val_path=data/fortunes.txt"});
+    EXPECT_EQ(c.model.d_ff, 3072);
+    EXPECT_TRUE(c.model.tied_embeddings);
+}
+
+TEST(ShippedConfigs, Llama1bIsValidWithDataPresent) {
+    const Config c = load_config("configs/llama-1b.toml", {"data.train_path=data/fortunes.txt", "data.val_path=data/fortunes.txt"});
+    EXPECT_EQ(c.model.n_kv_heads, 8);
+    EXPECT_EQ(c.model.head_dim(), 64);
+}
+
+TEST(ShippedConfigs, Gpt2_124mWithoutItsTokenFiles_NamesTheMissingFile) {
+    try {
+        load_config("configs/gpt2-124m.toml");
+        FAIL() << "expected a data error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::data);
+        EXPECT_NE(std::string(e.what()).find("data/gpt2/train.bin"), std::string::npos) << e.what();
+    }
+}

@@ -1,0 +1,455 @@
+// The CPU backend beyond gradients: f32 forwards agree with f64, AdamW and sum_squares give
+// hand-computed values, results are bitwise reproducible across runs and thread counts, bad
+// shapes and token ids raise typed errors, and the ops' special cases (in-place cross-entropy,
+// rope round trip, one-token attention) hold.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "op_test_util.h"
+
+using namespace llmtrain;
+using namespace llmtrain::test;
+
+namespace {
+
+constexpr DType f64 = DType::f64;
+constexpr DType f32 = DType::f32;
+
+std::unique_ptr<Backend> cpu_backend(int threads = 1) { return make_cpu_backend(threads); }
+
+// Runs `run` once on the f64 inputs and once on f32 copies of them, each time into fresh
+// outputs of the given shapes; every f32 output must match its f64 twin within rtol.
+using OpRun = std::function<void(Backend&, const std::vector<Tensor>& in, const std::vector<Tensor>& out)>;
+
+void expect_f32_matches_f64(const std::vector<const OwnedTensor*>& inputs_f64, const std::vector<Shape>& output_shapes, const OpRun& run,
+                            double rtol = 1e-5) {
+    auto be = cpu_backend();
+    std::vector<OwnedTensor> owned;
+    std::vector<Tensor> in64, in32, out64, out32;
+    for (const OwnedTensor* t : inputs_f64) {
+        in64.push_back(*t);
+        owned.push_back(converted(*t, f32));
+        in32.push_back(owned.back());
+    }
+    for (const Shape& shape : output_shapes) {
+        owned.emplace_back(f64, shape);
+        out64.push_back(owned.back());
+        owned.emplace_back(f32, shape);
+        out32.push_back(owned.back());
+    }
+    run(*be, in64, out64);
+    run(*be, in32, out32);
+    for (size_t i = 0; i < out64.size(); ++i) expect_close(("output " + std::to_string(i)).c_str(), out32[i], out64[i], rtol);
+}
+
+// `call` must throw an llmtrain::Error of `kind` whose message contains each of `words`.
+void expect_error(ErrorKind kind, const std::vector<std::string>& words, const std::function<void()>& call) {
+    try {
+        call();
+        ADD_FAILURE() << "no error thrown; expected one mentioning " << words.front();
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), kind) << e.what();
+        for (const std::string& word : words) EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
+
+// ---- f32 forwards against f64 ----
+
+TEST(F32Forward, Embedding_MatchesF64) {
+    const OwnedTensor tokens = random_tokens(14, 11, 1), wte = random_tensor(f64, {11, 13}, 2), wpe = random_tensor(f64, {9, 13}, 3);
+    expect_f32_matches_f64({&tokens, &wte, &wpe}, {{14, 13}}, [](Backend& be, const auto& in, const auto& out) {
+        be.embedding_fwd(out[0], in[0], in[1], in[2], 7);
+    });
+}
+
+TEST(F32Forward, LayerNorm_MatchesF64) {
+    const OwnedTensor x = random_tensor(f64, {7, 13}, 4, -2, 3), w = random_tensor(f64, {13}, 5), b = random_tensor(f64, {13}, 6);
+    expect_f32_matches_f64({&x, &w, &b}, {{7, 13}, {7}, {7}}, [](Backend& be, const auto& in, const auto& out) {
+        be.layernorm_fwd(out[0], out[1], out[2], in[0], in[1], in[2], 1e-5);
+    });
+}
+
+TEST(F32Forward, RmsNorm_MatchesF64) {
+    const OwnedTensor x = random_tensor(f64, {7, 13}, 7, -2, 3), w = random_tensor(f64, {13}, 8);
+    expect_f32_matches_f64({&x, &w}, {{7, 13}, {7}}, [](Backend& be, const auto& in, const auto& out) {
+        be.rmsnorm_fwd(out[0], out[1], in[0], in[1], 1e-5);
+    });
+}
+
+TEST(F32Forward, Matmul_MatchesF64) {
+    const OwnedTensor x = random_tensor(f64, {7, 13}, 9), w = random_tensor(f64, {6, 13}, 10), bias = random_tensor(f64, {6}, 11);
+    expect_f32_matches_f64({&x, &w, &bias}, {{7, 6}}, [](Backend& be, const auto& in, const auto& out) {
+        be.matmul_fwd(out[0], in[0], in[1], in[2]);
+    });
+}
+
+TEST(F32Forward, Attention_MatchesF64) {
+    const AttentionShape s{2, 7, 4, 2, 6};
+    const OwnedTensor qkv = random_tensor(f64, {s.rows(), s.qkv_width()}, 12);
+    const Shape saved = cpu_backend()->attention_saved_shape(s);
+    expect_f32_matches_f64({&qkv}, {{s.rows(), s.out_width()}, saved}, [&](Backend& be, const auto& in, const auto& out) {
+        be.attention_fwd(out[0], out[1], in[0], s);
+    });
+}
+
+TEST(F32Forward, Rope_MatchesF64) {
+    const OwnedTensor x = random_tensor(f64, {10, 20}, 13), table(f64, {6, 6});
+    fill_rope_table(table, 10000.0);
+    expect_f32_matches_f64({&x, &table}, {{10, 20}}, [](Backend& be, const auto& in, const auto& out) {
+        copy_into(out[0], in[0]);
+        be.rope_fwd(out[0], in[1], 5, 3, 6);
+    });
+}
+
+TEST(F32Forward, GeluSwigluAdd_MatchF64) {
+    const OwnedTensor x = random_tensor(f64, {7, 10}, 14, -4, 4), y = random_tensor(f64, {7, 10}, 15);
+    expect_f32_matches_f64({&x, &y}, {{7, 10}, {7, 5}, {7, 10}}, [](Backend& be, const auto& in, const auto& out) {
+        be.gelu_fwd(out[0], in[0]);
+        be.swiglu_fwd(out[1], in[0]);
+        be.add(out[2], in[0], in[1]);
+    });
+}
+
+TEST(F32Forward, CrossEntropy_MatchesF64) {
+    const OwnedTensor logits = random_tensor(f64, {7, 11}, 16, -5, 5), targets = random_tokens(7, 11, 17);
+    expect_f32_matches_f64({&logits, &targets}, {{7}, {7, 11}}, [](Backend& be, const auto& in, const auto& out) {
+        be.xent_fwd(out[0], in[0], in[1]);
+        be.xent_bwd(out[1], in[0], in[1], 0.5);
+    });
+}
+
+// ---- values computed by hand ----
+
+TEST(AdamW, TwoStepsMatchHandComputedUpdate) {
+    auto be = cpu_backend();
+    const OwnedTensor param = filled(f64, {3}, 1.0), grad(f64, {3}), m(f64, {3}), v(f64, {3});
+    AdamWStep s;
+    s.lr = 0.1;
+    s.beta1 = 0.9;
+    s.beta2 = 0.95;
+    s.eps = 1e-8;
+    s.weight_decay = 0.01;
+    // Step 1, g = 0.5 (grad 0.25 scaled by 2): m = 0.05, v = 0.0125, m_hat = 0.5, v_hat = 0.25,
+    // so p = 1 - 0.1 (0.5 / (0.5 + 1e-8) + 0.01 * 1).
+    for (int i = 0; i < 3; ++i) grad.data<double>()[i] = 0.25;
+    s.grad_scale = 2.0;
+    s.step = 1;
+    be->adamw(param, grad, m, v, s);
+    const double p1 = 1.0 - 0.1 * (0.5 / (0.5 + 1e-8) + 0.01);
+    EXPECT_NEAR(m.data<double>()[0], 0.05, 1e-15);
+    EXPECT_NEAR(v.data<double>()[0], 0.0125, 1e-15);
+    EXPECT_NEAR(param.data<double>()[0], p1, 1e-15);
+    // Step 2, g = -0.25: m = 0.045 - 0.025 = 0.02, v = 0.011875 + 0.003125 = 0.015,
+    // m_hat = 0.02 / (1 - 0.81), v_hat = 0.015 / (1 - 0.9025).
+    for (int i = 0; i < 3; ++i) grad.data<double>()[i] = -0.25;
+    s.grad_scale = 1.0;
+    s.step = 2;
+    be->adamw(param, grad, m, v, s);
+    const double p2 = p1 - 0.1 * ((0.02 / 0.19) / (std::sqrt(0.015 / 0.0975) + 1e-8) + 0.01 * p1);
+    for (int i = 0; i < 3; ++i) {
+        EXPECT_NEAR(m.data<double>()[i], 0.02, 1e-15);
+        EXPECT_NEAR(v.data<double>()[i], 0.015, 1e-15);
+        EXPECT_NEAR(param.data<double>()[i], p2, 1e-14);
+    }
+}
+
+TEST(AdamW, F32MatchesF64) {
+    const OwnedTensor p = random_tensor(f64, {37}, 20), g = random_tensor(f64, {37}, 21), m = random_tensor(f64, {37}, 22, -0.1, 0.1),
+                      v = random_tensor(f64, {37}, 23, 0.0, 0.1);
+    AdamWStep s;
+    s.lr = 1e-2;
+    s.weight_decay = 0.1;
+    s.step = 3;
+    expect_f32_matches_f64({&p, &g, &m, &v}, {{37}, {37}, {37}}, [&](Backend& be, const auto& in, const auto& out) {
+        for (size_t i = 0; i < 3; ++i) copy_into(out[i], i == 0 ? in[0] : in[i + 1]);
+        be.adamw(out[0], in[1], out[1], out[2], s);
+    });
+}
+
+TEST(SumSquares, IsExactOnSmallIntegersAcrossChunkBoundaries) {
+    const int64_t count = 100003;  // several chunks and a partial one
+    double expected = 0;
+    for (int64_t i = 0; i < count; ++i) expected += 0.25 * static_cast<double>((i % 7 - 3) * (i % 7 - 3));
+    for (DType dt : {f32, f64}) {
+        OwnedTensor x(dt, {count});
+        for (int64_t i = 0; i < count; ++i) set(x, i, 0.5 * static_cast<double>(i % 7 - 3));
+        EXPECT_EQ(cpu_backend()->sum_squares(x), expected);
+    }
+}
+
+TEST(SumSquares, IsBitwiseIdenticalForOneAndTwoThreads) {
+    const OwnedTensor x = random_tensor(f32, {70001}, 30);
+    const double one = cpu_backend(1)->sum_squares(x), two = cpu_backend(2)->sum_squares(x);
+    EXPECT_EQ(one, two);
+}
+
+TEST(FillZero, ZeroesEveryElement) {
+    const OwnedTensor x = random_tensor(f32, {5, 7}, 31);
+    cpu_backend()->fill_zero(x);
+    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(get(x, i), 0.0);
+}
+
+TEST(RopeTable, HoldsCosThenSinOfPositionTimesInverseFrequency) {
+    const OwnedTensor table(f64, {5, 6});
+    fill_rope_table(table, 10000.0);
+    for (int64_t pos = 0; pos < 5; ++pos)
+        for (int64_t i = 0; i < 3; ++i) {
+            const double angle = static_cast<double>(pos) * std::pow(10000.0, -2.0 * static_cast<double>(i) / 6.0);
+            EXPECT_DOUBLE_EQ(get(table, pos * 6 + i), std::cos(angle));
+            EXPECT_DOUBLE_EQ(get(table, pos * 6 + 3 + i), std::sin(angle));
+        }
+}
+
+// ---- special cases of single ops ----
+
+TEST(CrossEntropyBackward, InPlaceOnLogitsEqualsSeparateOutput) {
+    auto be = cpu_backend();
+    const OwnedTensor logits = random_tensor(f32, {9, 11}, 40, -4, 4), targets = random_tokens(9, 11, 41), separate(f32, {9, 11});
+    be->xent_bwd(separate, logits, targets, 0.25);
+    be->xent_bwd(logits, logits, targets, 0.25);
+    EXPECT_TRUE(bitwise_equal(logits, separate));
+}
+
+TEST(CrossEntropyForward, OneHotLogitsGiveKnownLoss) {
+    // Row logits (2, 0, 0) with target 0: loss = log(e^2 + 2) - 2.
+    const OwnedTensor logits(f64, {1, 3}), targets(DType::i32, {1}), losses(f64, {1});
+    set(logits, 0, 2.0);
+    cpu_backend()->xent_fwd(losses, logits, targets);
+    EXPECT_NEAR(get(losses, 0), std::log(std::exp(2.0) + 2.0) - 2.0, 1e-15);
+}
+
+TEST(Rope, ForwardThenBackwardIsIdentity) {
+    auto be = cpu_backend();
+    const OwnedTensor table(f64, {8, 4});
+    fill_rope_table(table, 10000.0);
+    const OwnedTensor x = random_tensor(f64, {14, 13}, 42), work = copy_of(x);
+    be->rope_fwd(work, table, 7, 3, 4);
+    be->rope_bwd(work, table, 7, 3, 4);
+    expect_close("x", work, x, 1e-14);
+}
+
+TEST(Rope, LeavesColumnsPastTheRotatedHeadsAndPositionZeroUnchanged) {
+    auto be = cpu_backend();
+    const OwnedTensor table(f64, {8, 4});
+    fill_rope_table(table, 10000.0);
+    const OwnedTensor x = random_tensor(f64, {14, 13}, 43), work = copy_of(x);
+    be->rope_fwd(work, table, 7, 2, 4);
+    for (int64_t n = 0; n < 14; ++n)
+        for (int64_t c = 0; c < 13; ++c)
+            if (c >= 8 || n % 7 == 0) {
+                ASSERT_EQ(get(work, n * 13 + c), get(x, n * 13 + c)) << "row " << n << " column " << c;
+            }
+}
+
+TEST(Attention, OneTokenOutputEqualsItsValueHead) {
+    auto be = cpu_backend();
+    const AttentionShape s{3, 1, 4, 2, 5};
+    const OwnedTensor qkv = random_tensor(f64, {s.rows(), s.qkv_width()}, 44), out(f64, {s.rows(), s.out_width()});
+    const OwnedTensor saved(f64, be->attention_saved_shape(s));
+    be->attention_fwd(out, saved, qkv, s);
+    for (int64_t n = 0; n < s.rows(); ++n)
+        for (int64_t h = 0; h < 4; ++h)
+            for (int64_t d = 0; d < 5; ++d) {
+                const int64_t v_col = (4 + 2 + h / 2) * 5 + d;  // value head h / (H / Hkv)
+                ASSERT_EQ(get(out, n * s.out_width() + h * 5 + d), get(qkv, n * s.qkv_width() + v_col));
+            }
+}
+
+TEST(Attention, SavedProbabilitiesAreCausalAndSumToOne) {
+    auto be = cpu_backend();
+    const AttentionShape s{2, 6, 4, 1, 3};
+    const Shape saved_shape = be->attention_saved_shape(s);
+    ASSERT_EQ(saved_shape, Shape({2, 4, 6, 6}));
+    const OwnedTensor qkv = random_tensor(f64, {s.rows(), s.qkv_width()}, 45), out(f64, {s.rows(), s.out_width()}), saved(f64, saved_shape);
+    be->attention_fwd(out, saved, qkv, s);
+    for (int64_t row = 0; row < 2 * 4 * 6; ++row) {
+        const int64_t t = row % 6;
+        double sum = 0;
+        for (int64_t j = 0; j < 6; ++j) {
+            const double p = get(saved, row * 6 + j);
+            if (j > t) {
+                EXPECT_EQ(p, 0.0);
+            }
+            sum += p;
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-14);
+    }
+}
+
+TEST(Embedding, WithoutPositionsCopiesTokenRows) {
+    const OwnedTensor tokens = random_tokens(6, 5, 46), wte = random_tensor(f32, {5, 3}, 47), out(f32, {6, 3});
+    cpu_backend()->embedding_fwd(out, tokens, wte, Tensor(), 3);
+    for (int64_t n = 0; n < 6; ++n)
+        for (int64_t c = 0; c < 3; ++c) ASSERT_EQ(get(out, n * 3 + c), get(wte, tokens.data<int32_t>()[n] * 3 + c));
+}
+
+TEST(MatmulBackward, EmptyDxStillAccumulatesDwAndDbias) {
+    auto be = cpu_backend();
+    const OwnedTensor x = random_tensor(f64, {5, 4}, 48), w = random_tensor(f64, {3, 4}, 49), dout = random_tensor(f64, {5, 3}, 50);
+    const OwnedTensor dx(f64, {5, 4}), dw1(f64, {3, 4}), db1(f64, {3}), dw2(f64, {3, 4}), db2(f64, {3});
+    be->matmul_bwd(dx, dw1, db1, dout, x, w);
+    be->matmul_bwd(Tensor(), dw2, db2, dout, x, w);
+    EXPECT_TRUE(bitwise_equal(dw1, dw2));
+    EXPECT_TRUE(bitwise_equal(db1, db2));
+}
+
+TEST(Add, MayWriteIntoAnInput) {
+    auto be = cpu_backend();
+    const OwnedTensor a = random_tensor(f32, {4, 5}, 51), b = random_tensor(f32, {4, 5}, 52), expected(f32, {4, 5});
+    be->add(expected, a, b);
+    be->add(a, a, b);
+    EXPECT_TRUE(bitwise_equal(a, expected));
+}
+
+// ---- determinism ----
+
+namespace {
+
+// Runs `backward` into fresh gradient buffers with the backend and returns them.
+using BackwardRun = std::function<std::vector<OwnedTensor>(Backend&)>;
+
+void expect_bitwise_reproducible(const BackwardRun& backward, bool across_thread_counts) {
+    auto two = cpu_backend(2);
+    const std::vector<OwnedTensor> first = backward(*two), second = backward(*two);
+    for (size_t i = 0; i < first.size(); ++i) EXPECT_TRUE(bitwise_equal(first[i], second[i])) << "output " << i << ", two runs with 2 threads";
+    if (!across_thread_counts) return;
+    auto one = cpu_backend(1);
+    const std::vector<OwnedTensor> single = backward(*one);
+    for (size_t i = 0; i < first.size(); ++i) EXPECT_TRUE(bitwise_equal(first[i], single[i])) << "output " << i << ", 1 thread against 2";
+}
+
+}  // namespace
+
+TEST(Determinism, MatmulBackward_TwoRunsAreBitwiseEqual) {
+    const OwnedTensor x = random_tensor(f32, {96, 80}, 60), w = random_tensor(f32, {200, 80}, 61), dout = random_tensor(f32, {96, 200}, 62);
+    expect_bitwise_reproducible(
+        [&](Backend& be) {
+            std::vector<OwnedTensor> g;
+            g.emplace_back(f32, Shape{96, 80});
+            g.push_back(filled(f32, {200, 80}, 0.5));
+            g.push_back(filled(f32, {200}, 0.5));
+            be.matmul_bwd(g[0], g[1], g[2], dout, x, w);
+            return g;
+        },
+        false);  // BLAS may split its sums by thread count; same count, same result
+}
+
+TEST(Determinism, LayerNormBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
+    const OwnedTensor x = random_tensor(f32, {67, 200}, 63), w = random_tensor(f32, {200}, 64), b = random_tensor(f32, {200}, 65);
+    const OwnedTensor out(f32, {67, 200}), mean(f32, {67}), rstd(f32, {67}), dout = random_tensor(f32, {67, 200}, 66);
+    cpu_backend()->layernorm_fwd(out, mean, rstd, x, w, b, 1e-5);
+    expect_bitwise_reproducible(
+        [&](Backend& be) {
+            std::vector<OwnedTensor> g;
+            g.emplace_back(f32, Shape{67, 200});
+            g.push_back(filled(f32, {200}, 0.5));
+            g.push_back(filled(f32, {200}, 0.5));
+            be.layernorm_bwd(g[0], g[1], g[2], dout, x, w, mean, rstd);
+            return g;
+        },
+        true);
+}
+
+TEST(Determinism, EmbeddingBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
+    const OwnedTensor tokens = random_tokens(160, 17, 67), dout = random_tensor(f32, {160, 150}, 68);
+    expect_bitwise_reproducible(
+        [&](Backend& be) {
+            std::vector<OwnedTensor> g;
+            g.push_back(filled(f32, {17, 150}, 0.5));
+            g.push_back(filled(f32, {20, 150}, 0.5));
+            be.embedding_bwd(g[0], g[1], dout, tokens, 16);
+            return g;
+        },
+        true);
+}
+
+TEST(Determinism, AttentionBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
+    const AttentionShape s{3, 16, 4, 2, 8};
+    const OwnedTensor qkv = random_tensor(f32, {s.rows(), s.qkv_width()}, 69), out(f32, {s.rows(), s.out_width()});
+    const OwnedTensor saved(f32, cpu_backend()->attention_saved_shape(s)), dout = random_tensor(f32, {s.rows(), s.out_width()}, 70);
+    cpu_backend()->attention_fwd(out, saved, qkv, s);
+    expect_bitwise_reproducible(
+        [&](Backend& be) {
+            std::vector<OwnedTensor> g;
+            g.emplace_back(f32, Shape{s.rows(), s.qkv_width()});
+            be.attention_bwd(g[0], dout, qkv, saved, s);
+            return g;
+        },
+        true);
+}
+
+// ---- errors ----
+
+TEST(ShapeErrors, NameTheOpAndTheTensor) {
+    auto be = cpu_backend();
+    const OwnedTensor x(f32, {4, 6}), w(f32, {6}), w_bad(f32, {7}), out(f32, {4, 6}), stats(f32, {4}), stats_bad(f32, {5});
+    expect_error(ErrorKind::shape, {"layernorm_fwd", "w"}, [&] { be->layernorm_fwd(out, stats, stats, x, w_bad, Tensor(), 1e-5); });
+    expect_error(ErrorKind::shape, {"rmsnorm_fwd", "rstd"}, [&] { be->rmsnorm_fwd(out, stats_bad, x, w, 1e-5); });
+    const OwnedTensor mw(f32, {3, 6}), mout_bad(f32, {4, 4}), mdout(f32, {4, 3});
+    expect_error(ErrorKind::shape, {"matmul_fwd", "out"}, [&] { be->matmul_fwd(mout_bad, x, mw, Tensor()); });
+    expect_error(ErrorKind::shape, {"matmul_bwd", "dw"}, [&] { be->matmul_bwd(Tensor(), w_bad, Tensor(), mdout, x, mw); });
+    const AttentionShape s{1, 4, 2, 1, 3};
+    const OwnedTensor qkv_bad(f32, {4, 9}), att_out(f32, {4, 6}), saved(f32, be->attention_saved_shape(s));
+    expect_error(ErrorKind::shape, {"attention_fwd", "qkv"}, [&] { be->attention_fwd(att_out, saved, qkv_bad, s); });
+    expect_error(ErrorKind::shape, {"attention_fwd", "n_kv_heads"}, [&] { be->attention_fwd(att_out, saved, qkv_bad, {1, 4, 3, 2, 2}); });
+    const OwnedTensor sw_out_bad(f32, {4, 6});
+    expect_error(ErrorKind::shape, {"swiglu_fwd", "out"}, [&] { be->swiglu_fwd(sw_out_bad, x); });
+    const OwnedTensor logits(f32, {4, 6}), targets_bad(DType::i32, {3}), losses(f32, {4});
+    expect_error(ErrorKind::shape, {"xent_fwd", "targets"}, [&] { be->xent_fwd(losses, logits, targets_bad); });
+    const OwnedTensor x64(f64, {4, 6});
+    expect_error(ErrorKind::shape, {"add", "b", "f64"}, [&] { be->add(out, x, x64); });
+    const OwnedTensor table(f32, {3, 4});
+    expect_error(ErrorKind::shape, {"rope_fwd", "seq_len"}, [&] { be->rope_fwd(x, table, 4, 1, 4); });
+}
+
+TEST(DataErrors, TokenOrTargetOutsideTheVocabularyIsReported) {
+    auto be = cpu_backend();
+    const OwnedTensor tokens(DType::i32, {4}), wte(f32, {5, 3}), out(f32, {4, 3});
+    tokens.data<int32_t>()[2] = 5;
+    expect_error(ErrorKind::data, {"embedding_fwd: token id 5 at row 2 is outside the vocabulary [0, 5)"},
+                 [&] { be->embedding_fwd(out, tokens, wte, Tensor(), 4); });
+    expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] { be->embedding_bwd(wte, Tensor(), out, tokens, 4); });
+    const OwnedTensor logits(f32, {4, 5}), losses(f32, {4});
+    tokens.data<int32_t>()[2] = -1;
+    expect_error(ErrorKind::data, {"xent_fwd", "target -1 at row 2"}, [&] { be->xent_fwd(losses, logits, tokens); });
+    expect_error(ErrorKind::data, {"xent_bwd", "target -1"}, [&] { be->xent_bwd(logits, logits, tokens, 1.0); });
+}
+
+TEST(Support, OnlyF32AndF64AreSupportedAndOthersThrowUnsupported) {
+    auto be = cpu_backend();
+    EXPECT_EQ(be->name(), "cpu");
+    for (int i = 0; i < op_count; ++i) {
+        const Op op = static_cast<Op>(i);
+        EXPECT_TRUE(be->supports(op, f32) && be->supports(op, f64)) << op_name(op);
+        EXPECT_FALSE(be->supports(op, DType::bf16) || be->supports(op, DType::f16) || be->supports(op, DType::i32)) << op_name(op);
+    }
+    const OwnedTensor x(DType::bf16, {2, 2});
+    expect_error(ErrorKind::unsupported, {"gelu_fwd", "bf16"}, [&] { be->gelu_fwd(x, x); });
+}
+
+TEST(Profile, CountsCallsPerOpAndSplitsOutGemmTime) {
+    EXPECT_STREQ(op_name(Op::embedding_fwd), "embedding_fwd");
+    EXPECT_STREQ(op_name(Op::fill_zero), "fill_zero");
+    EXPECT_TRUE(op_is_gemm(Op::matmul_fwd) && op_is_gemm(Op::matmul_bwd));
+    EXPECT_FALSE(op_is_gemm(Op::attention_fwd));
+    auto be = cpu_backend();
+    const OwnedTensor x = random_tensor(f32, {64, 64}, 80), w = random_tensor(f32, {64, 64}, 81), out(f32, {64, 64});
+    be->matmul_fwd(out, x, w, Tensor());
+    be->matmul_fwd(out, x, w, Tensor());
+    be->gelu_fwd(out, x);
+    const OpProfile& p = be->profile();
+    EXPECT_EQ(p.calls[static_cast<size_t>(Op::matmul_fwd)], 2);
+    EXPECT_EQ(p.calls[static_cast<size_t>(Op::gelu_fwd)], 1);
+    EXPECT_EQ(p.calls[static_cast<size_t>(Op::add)], 0);
+    EXPECT_GT(p.gemm_seconds(), 0.0);
+    EXPECT_NEAR(p.total_seconds(), p.gemm_seconds() + p.seconds[static_cast<size_t>(Op::gelu_fwd)], 1e-12);
+    be->profile().reset();
+    EXPECT_EQ(be->profile().total_seconds(), 0.0);
+}

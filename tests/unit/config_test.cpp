@@ -1,0 +1,620 @@
+// Config: valid files get the documented defaults; every kind of bad input (syntax, unknown
+// key or section, wrong type, out of range, missing key, impossible combination, missing data
+// file, bad --set) is one Error naming the file and the key; dump_config parses back equal.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/error.h"
+
+using namespace llmtrain;
+
+namespace {
+
+std::string write_temp_file(const std::string& name, const std::string& content) {
+    const std::string path = testing::TempDir() + name;
+    std::ofstream(path, std::ios::binary) << content;
+    return path;
+}
+
+const std::string& train_file() {
+    static const std::string path = write_temp_file("config_test_train.txt", "some training text\n");
+    return path;
+}
+
+const std::string& val_file() {
+    static const std::string path = write_temp_file("config_test_val.txt", "some held-out text\n");
+    return path;
+}
+
+std::string literal(const std::string& text) { return "'" + text + "'"; }
+
+// A config as sections of `key = value` lines (values as TOML text), starting from the
+// smallest valid run of a family.
+class TomlText {
+public:
+    static TomlText gpt2() {
+        TomlText t;
+        t.set("model.family", "\"gpt2\"").set("model.n_layers", "2").set("model.d_model", "64").set("model.n_heads", "4");
+        t.set("model.vocab_size", "257").set("model.max_seq_len", "32");
+        t.set("data.train_path", literal(train_file()));
+        t.set("train.steps", "10").set("train.batch_size", "2").set("train.seq_len", "16");
+        t.set("optimizer.lr", "1e-3");
+        return t;
+    }
+    static TomlText llama() { return gpt2().set("model.family", "\"llama\""); }
+
+    TomlText& set(const std::string& path, const std::string& value) {
+        const size_t dot = path.find('.');
+        sections_[path.substr(0, dot)][path.substr(dot + 1)] = value;
+        return *this;
+    }
+    TomlText& erase(const std::string& path) {
+        const size_t dot = path.find('.');
+        sections_[path.substr(0, dot)].erase(path.substr(dot + 1));
+        return *this;
+    }
+    TomlText& erase_section(const std::string& section) {
+        sections_.erase(section);
+        return *this;
+    }
+    std::string str() const {
+        std::string text;
+        for (const auto& [section, keys] : sections_) {
+            text += "[" + section + "]\n";
+            for (const auto& [key, value] : keys) text += key + " = " + value + "\n";
+        }
+        return text;
+    }
+
+private:
+    std::map<std::string, std::map<std::string, std::string>> sections_;
+};
+
+Config parse(const TomlText& toml, const std::vector<std::string>& overrides = {}) {
+    return parse_config(toml.str(), "run.toml", overrides);
+}
+
+// The message of the Error that parsing throws; checks its kind and that it is one line.
+std::string error_of(const std::string& toml, const std::vector<std::string>& overrides = {},
+                     ErrorKind kind = ErrorKind::config) {
+    try {
+        parse_config(toml, "run.toml", overrides);
+    } catch (const Error& e) {
+        const std::string message = e.what();
+        EXPECT_EQ(e.kind(), kind) << message;
+        EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+        return message;
+    }
+    ADD_FAILURE() << "expected an Error";
+    return "";
+}
+
+std::string error_of(const TomlText& toml, const std::vector<std::string>& overrides = {},
+                     ErrorKind kind = ErrorKind::config) {
+    return error_of(toml.str(), overrides, kind);
+}
+
+testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+    if (text.find(part) != std::string::npos) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
+void expect_same(const Config& a, const Config& b) {
+    EXPECT_EQ(a.model.family, b.model.family);
+    EXPECT_EQ(a.model.n_layers, b.model.n_layers);
+    EXPECT_EQ(a.model.d_model, b.model.d_model);
+    EXPECT_EQ(a.model.n_heads, b.model.n_heads);
+    EXPECT_EQ(a.model.n_kv_heads, b.model.n_kv_heads);
+    EXPECT_EQ(a.model.d_ff, b.model.d_ff);
+    EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+    EXPECT_EQ(a.model.max_seq_len, b.model.max_seq_len);
+    EXPECT_EQ(a.model.norm_eps, b.model.norm_eps);
+    EXPECT_EQ(a.model.rope_theta, b.model.rope_theta);
+    EXPECT_EQ(a.model.qkv_bias, b.model.qkv_bias);
+    EXPECT_EQ(a.model.tied_embeddings, b.model.tied_embeddings);
+    EXPECT_EQ(a.model.init_std, b.model.init_std);
+    EXPECT_EQ(a.data.format, b.data.format);
+    EXPECT_EQ(a.data.train_path, b.data.train_path);
+    EXPECT_EQ(a.data.val_path, b.data.val_path);
+    EXPECT_EQ(a.data.val_fraction, b.data.val_fraction);
+    EXPECT_EQ(a.data.token_dtype, b.data.token_dtype);
+    EXPECT_EQ(a.data.document_separator, b.data.document_separator);
+    EXPECT_EQ(a.train.seed, b.train.seed);
+    EXPECT_EQ(a.train.steps, b.train.steps);
+    EXPECT_EQ(a.train.batch_size, b.train.batch_size);
+    EXPECT_EQ(a.train.seq_len, b.train.seq_len);
+    EXPECT_EQ(a.train.grad_accum, b.train.grad_accum);
+    EXPECT_EQ(a.train.eval_every, b.train.eval_every);
+    EXPECT_EQ(a.train.eval_batches, b.train.eval_batches);
+    EXPECT_EQ(a.train.log_every, b.train.log_every);
+    EXPECT_EQ(a.train.threads, b.train.threads);
+    EXPECT_EQ(a.train.sample_tokens, b.train.sample_tokens);
+    EXPECT_EQ(a.train.sample_prompt, b.train.sample_prompt);
+    EXPECT_EQ(a.train.sample_temperature, b.train.sample_temperature);
+    EXPECT_EQ(a.optimizer.lr, b.optimizer.lr);
+    EXPECT_EQ(a.optimizer.min_lr_ratio, b.optimizer.min_lr_ratio);
+    EXPECT_EQ(a.optimizer.warmup_steps, b.optimizer.warmup_steps);
+    EXPECT_EQ(a.optimizer.decay, b.optimizer.decay);
+    EXPECT_EQ(a.optimizer.beta1, b.optimizer.beta1);
+    EXPECT_EQ(a.optimizer.beta2, b.optimizer.beta2);
+    EXPECT_EQ(a.optimizer.eps, b.optimizer.eps);
+    EXPECT_EQ(a.optimizer.weight_decay, b.optimizer.weight_decay);
+    EXPECT_EQ(a.optimizer.grad_clip, b.optimizer.grad_clip);
+    EXPECT_EQ(a.parallel.tp, b.parallel.tp);
+    EXPECT_EQ(a.parallel.pp, b.parallel.pp);
+    EXPECT_EQ(a.parallel.dp, b.parallel.dp);
+    EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
+    EXPECT_EQ(a.checkpoint.every_steps, b.checkpoint.every_steps);
+    EXPECT_EQ(a.checkpoint.keep_last, b.checkpoint.keep_last);
+    EXPECT_EQ(a.monitor.on_nonfinite, b.monitor.on_nonfinite);
+    EXPECT_EQ(a.metrics.jsonl, b.metrics.jsonl);
+}
+
+}  // namespace
+
+// ---- Valid configs and defaults ----
+
+TEST(Config, MinimalGpt2_ParsesWithDocumentedDefaults) {
+    const Config c = parse(TomlText::gpt2());
+    EXPECT_EQ(c.model.family, ModelFamily::gpt2);
+    EXPECT_EQ(c.model.n_kv_heads, 4);
+    EXPECT_EQ(c.model.d_ff, 4 * 64);
+    EXPECT_TRUE(c.model.tied_embeddings);
+    EXPECT_FALSE(c.model.qkv_bias);
+    EXPECT_EQ(c.model.head_dim(), 16);
+    EXPECT_EQ(c.model.norm_eps, 1e-5);
+    EXPECT_EQ(c.data.format, DataFormat::text);
+    EXPECT_EQ(c.data.train_path, train_file());
+    EXPECT_EQ(c.data.val_path, "");
+    EXPECT_EQ(c.data.val_fraction, 0.05);
+    EXPECT_EQ(c.train.seed, 1337u);
+    EXPECT_EQ(c.train.grad_accum, 1);
+    EXPECT_EQ(c.train.eval_batches, 8);
+    EXPECT_EQ(c.optimizer.lr, 1e-3);
+    EXPECT_EQ(c.optimizer.decay, LrDecay::cosine);
+    EXPECT_EQ(c.optimizer.grad_clip, 1.0);
+    EXPECT_EQ(c.parallel.tp * c.parallel.pp * c.parallel.dp, 1);
+    EXPECT_EQ(c.checkpoint.every_steps, 0);
+    EXPECT_EQ(c.monitor.on_nonfinite, NonFinitePolicy::abort);
+    EXPECT_TRUE(c.metrics.jsonl);
+    EXPECT_EQ(c.source_path, "");
+}
+
+TEST(Config, MinimalLlama_ParsesWithLlamaDefaults) {
+    const Config c = parse(TomlText::llama());
+    EXPECT_EQ(c.model.family, ModelFamily::llama);
+    EXPECT_EQ(c.model.n_kv_heads, 4);
+    EXPECT_EQ(c.model.d_ff, 192);  // 8/3 * 64 = 170.7, rounded up to a multiple of 64
+    EXPECT_FALSE(c.model.tied_embeddings);
+    EXPECT_EQ(c.model.rope_theta, 10000.0);
+}
+
+TEST(Config, LlamaDff_Is8Thirds_RoundedUpTo64) {
+    EXPECT_EQ(parse(TomlText::llama().set("model.d_model", "2048").set("model.n_heads", "32")).model.d_ff, 5504);
+    EXPECT_EQ(parse(TomlText::llama().set("model.d_model", "96").set("model.n_heads", "4")).model.d_ff, 256);
+}
+
+TEST(Config, LlamaGroupedQueryAttention_IsAccepted) {
+    const Config c = parse(TomlText::llama()
+                               .set("model.n_heads", "8")
+                               .set("model.n_kv_heads", "2")
+                               .set("model.rope_theta", "500000.0")
+                               .set("model.qkv_bias", "true")
+                               .set("model.tied_embeddings", "true"));
+    EXPECT_EQ(c.model.n_kv_heads, 2);
+    EXPECT_EQ(c.model.rope_theta, 500000.0);
+    EXPECT_TRUE(c.model.qkv_bias);
+    EXPECT_TRUE(c.model.tied_embeddings);
+}
+
+TEST(Config, Gpt2ExplicitKvHeadsEqualToHeads_IsAccepted) {
+    EXPECT_EQ(parse(TomlText::gpt2().set("model.n_kv_heads", "4")).model.n_kv_heads, 4);
+}
+
+TEST(Config, ExplicitValues_ReplaceFamilyDefaults) {
+    const Config c = parse(TomlText::gpt2().set("model.d_ff", "100").set("model.tied_embeddings", "false"));
+    EXPECT_EQ(c.model.d_ff, 100);
+    EXPECT_FALSE(c.model.tied_embeddings);
+}
+
+TEST(Config, IntegerForFloatKey_IsAccepted) {
+    const Config c = parse(TomlText::llama().set("optimizer.lr", "1").set("model.rope_theta", "500000").set("optimizer.grad_clip", "0"));
+    EXPECT_EQ(c.optimizer.lr, 1.0);
+    EXPECT_EQ(c.model.rope_theta, 500000.0);
+    EXPECT_EQ(c.optimizer.grad_clip, 0.0);
+}
+
+TEST(Config, EnumsAndStrings_AreReadByName) {
+    const Config c = parse(TomlText::gpt2()
+                               .set("data.format", "\"tokens\"")
+                               .set("data.token_dtype", "\"i32\"")
+                               .set("data.document_separator", "\"\\n%\\n\"")
+                               .set("optimizer.decay", "\"linear\"")
+                               .set("monitor.on_nonfinite", "\"skip\""));
+    EXPECT_EQ(c.data.format, DataFormat::tokens);
+    EXPECT_EQ(c.data.token_dtype, "i32");
+    EXPECT_EQ(c.data.document_separator, "\n%\n");
+    EXPECT_EQ(c.optimizer.decay, LrDecay::linear);
+    EXPECT_EQ(c.monitor.on_nonfinite, NonFinitePolicy::skip);
+}
+
+TEST(Config, InclusiveBounds_AreAccepted) {
+    const Config c = parse(TomlText::gpt2()
+                               .set("model.n_layers", "1024")
+                               .set("optimizer.lr", "10")
+                               .set("optimizer.beta1", "0")
+                               .set("optimizer.min_lr_ratio", "1")
+                               .set("data.val_fraction", "0.5")
+                               .set("train.seed", "9223372036854775807")
+                               .set("optimizer.warmup_steps", "10"));
+    EXPECT_EQ(c.model.n_layers, 1024);
+    EXPECT_EQ(c.train.seed, 9223372036854775807u);
+}
+
+TEST(Config, FamilyName_NamesEachFamily) {
+    EXPECT_STREQ(family_name(ModelFamily::gpt2), "gpt2");
+    EXPECT_STREQ(family_name(ModelFamily::llama), "llama");
+}
+
+// ---- Syntax, unknown names, types, ranges, missing keys ----
+
+TEST(Config, TomlSyntaxError_NamesFileLineAndColumn) {
+    const std::string message = error_of("[model]\nfamily = \"gpt2\"\nn_layers = = 2\n");
+    EXPECT_TRUE(Contains(message, "run.toml:3:12: ")) << message;
+}
+
+TEST(Config, UnknownKey_IsRejectedWithSuggestion) {
+    const std::string message = error_of(TomlText::gpt2().erase("model.n_heads").set("model.n_head", "4"));
+    EXPECT_TRUE(Contains(message, "run.toml: model.n_head: unknown key (known keys in [model]: family, n_layers, d_model, n_heads"));
+    EXPECT_TRUE(Contains(message, "; did you mean model.n_heads?"));
+}
+
+TEST(Config, UnknownKeyBelongingElsewhere_SuggestsItsSection) {
+    const std::string message = error_of(TomlText::gpt2().set("model.lr", "1e-3"));
+    EXPECT_TRUE(Contains(message, "run.toml: model.lr: unknown key"));
+    EXPECT_TRUE(Contains(message, "did you mean optimizer.lr?"));
+}
+
+TEST(Config, UnknownKeyFarFromAnyKnown_HasNoSuggestion) {
+    const std::string message = error_of(TomlText::gpt2().set("model.colour_scheme", "1"));
+    EXPECT_TRUE(Contains(message, "run.toml: model.colour_scheme: unknown key"));
+    EXPECT_FALSE(Contains(message, "did you mean"));
+}
+
+TEST(Config, UnknownKey_IsReportedBeforeTheMissingKeyItMisspells) {
+    const std::string message = error_of(TomlText::gpt2().erase("train.steps").set("train.stpes", "10"));
+    EXPECT_TRUE(Contains(message, "run.toml: train.stpes: unknown key"));
+}
+
+TEST(Config, UnknownSection_IsRejectedWithSuggestion) {
+    const std::string message = error_of(TomlText::gpt2().set("trainer.steps", "3"));
+    EXPECT_TRUE(Contains(message, "run.toml: trainer: unknown section (known sections: model, data, train, optimizer, parallel, "
+                                  "checkpoint, monitor, metrics); did you mean [train]?"));
+}
+
+TEST(Config, KeyOutsideAnySection_IsRejectedWithSuggestion) {
+    const std::string message = error_of("steps = 3\n" + TomlText::gpt2().str());
+    EXPECT_TRUE(Contains(message, "run.toml: steps: unknown key outside any section"));
+    EXPECT_TRUE(Contains(message, "did you mean train.steps?"));
+}
+
+TEST(Config, SectionThatIsNoTable_IsRejected) {
+    const std::string message = error_of("metrics = 3\n" + TomlText::gpt2().str());
+    EXPECT_TRUE(Contains(message, "run.toml: metrics: expected a table [metrics], got an integer"));
+}
+
+TEST(Config, StringForIntegerKey_IsATypeError) {
+    const std::string message = error_of(TomlText::gpt2().set("model.d_model", "\"64\""));
+    EXPECT_TRUE(Contains(message, "run.toml: model.d_model: expected an integer, got a string (allowed: integer in [1, 65536])"));
+}
+
+TEST(Config, FloatForIntegerKey_IsATypeError) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.n_layers", "2.0")), "run.toml: model.n_layers: expected an integer, got a float"));
+}
+
+TEST(Config, StringForFloatKey_IsATypeError) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("optimizer.lr", "\"fast\"")), "run.toml: optimizer.lr: expected a number, got a string"));
+}
+
+TEST(Config, IntegerForBooleanKey_IsATypeError) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("metrics.jsonl", "1")), "run.toml: metrics.jsonl: expected a boolean, got an integer"));
+}
+
+TEST(Config, NumberForEnumKey_IsATypeError) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.family", "2")), "run.toml: model.family: expected a string, got an integer"));
+}
+
+TEST(Config, UnknownEnumValue_ListsTheAllowedNames) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.family", "\"gpt3\"")),
+                         "run.toml: model.family: \"gpt3\" is not a known value (allowed: one of \"gpt2\", \"llama\")"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("data.token_dtype", "\"u8\"")), "run.toml: data.token_dtype: \"u8\" is not a known value"));
+}
+
+TEST(Config, OutOfRangeLowAndHigh_NameKeyValueAndAllowedRange) {
+    struct Case {
+        const char* key;
+        const char* value;
+        const char* expected;
+    };
+    const Case cases[] = {
+        {"model.n_layers", "0", "model.n_layers: 0 is out of range (allowed: integer in [1, 1024])"},
+        {"model.n_layers", "1025", "model.n_layers: 1025 is out of range (allowed: integer in [1, 1024])"},
+        {"model.vocab_size", "1", "model.vocab_size: 1 is out of range (allowed: integer in [2, 2147483647])"},
+        {"model.norm_eps", "0", "model.norm_eps: 0 is out of range (allowed: number in (0, 1))"},
+        {"model.norm_eps", "1.0", "model.norm_eps: 1 is out of range (allowed: number in (0, 1))"},
+        {"model.init_std", "1.5", "model.init_std: 1.5 is out of range (allowed: number in (0, 1])"},
+        {"data.val_fraction", "0.6", "data.val_fraction: 0.6 is out of range (allowed: number in [0, 0.5])"},
+        {"train.seed", "-1", "train.seed: -1 is out of range (allowed: integer in [0, 9223372036854775807])"},
+        {"train.steps", "0", "train.steps: 0 is out of range (allowed: integer in [1, 1000000000000])"},
+        {"train.batch_size", "65537", "train.batch_size: 65537 is out of range"},
+        {"train.threads", "4097", "train.threads: 4097 is out of range"},
+        {"train.sample_temperature", "0.0", "train.sample_temperature: 0 is out of range (allowed: number in (0, 10])"},
+        {"optimizer.lr", "0", "optimizer.lr: 0 is out of range (allowed: number in (0, 10])"},
+        {"optimizer.lr", "50.0", "optimizer.lr: 50 is out of range (allowed: number in (0, 10])"},
+        {"optimizer.lr", "nan", "optimizer.lr: nan is out of range"},
+        {"model.rope_theta", "2e9", "model.rope_theta: 2000000000 is out of range (allowed: number in (0, 1000000000])"},
+        {"optimizer.beta2", "1.0", "optimizer.beta2: 1 is out of range (allowed: number in [0, 1))"},
+        {"optimizer.weight_decay", "-0.1", "optimizer.weight_decay: -0.1 is out of range (allowed: number in [0, 10])"},
+        {"parallel.tp", "0", "parallel.tp: 0 is out of range (allowed: integer in [1, 65536])"},
+        {"checkpoint.keep_last", "0", "checkpoint.keep_last: 0 is out of range (allowed: integer in [1, 1000000])"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.key);
+        EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set(c.key, c.value)), std::string("run.toml: ") + c.expected));
+    }
+}
+
+TEST(Config, MissingRequiredKey_NamesKeyAndAllowedValues) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().erase("model.n_layers")),
+                         "run.toml: model.n_layers: required key is missing (integer in [1, 1024])"));
+    for (const char* key : {"model.family", "model.d_model", "model.n_heads", "model.vocab_size", "model.max_seq_len",
+                            "data.train_path", "train.steps", "train.batch_size", "train.seq_len", "optimizer.lr"}) {
+        SCOPED_TRACE(key);
+        EXPECT_TRUE(Contains(error_of(TomlText::gpt2().erase(key)), std::string("run.toml: ") + key + ": required key is missing ("));
+    }
+}
+
+TEST(Config, MissingSection_ReportsItsFirstRequiredKey) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().erase_section("optimizer")), "run.toml: optimizer.lr: required key is missing"));
+}
+
+// ---- Impossible combinations ----
+
+TEST(Config, HeadsNotDividingDModel_IsRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.n_heads", "3")), "run.toml: model.n_heads: must divide model.d_model = 64 (got 3)"));
+}
+
+TEST(Config, LlamaOddHeadDimension_IsRejected) {
+    const std::string message = error_of(TomlText::llama().set("model.d_model", "36"));  // 36 / 4 heads = 9
+    EXPECT_TRUE(Contains(message, "run.toml: model.n_heads: gives an odd head dimension model.d_model / model.n_heads = 9"));
+    EXPECT_NO_THROW(parse(TomlText::gpt2().set("model.d_model", "36")));
+}
+
+TEST(Config, Gpt2WithFewerKvHeads_NeedsLlama) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.n_kv_heads", "2")),
+                         "run.toml: model.n_kv_heads: grouped-query attention needs family = \"llama\""));
+}
+
+TEST(Config, KvHeadsNotDividingHeads_IsRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::llama().set("model.n_heads", "8").set("model.n_kv_heads", "3")),
+                         "run.toml: model.n_kv_heads: must divide model.n_heads = 8 (got 3)"));
+}
+
+TEST(Config, LlamaOnlyKeysWithGpt2_AreRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.rope_theta", "10000.0")),
+                         "run.toml: model.rope_theta: applies to family = \"llama\" only (model.family = \"gpt2\")"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.qkv_bias", "false")),
+                         "run.toml: model.qkv_bias: applies to family = \"llama\" only"));
+}
+
+TEST(Config, SeqLenAboveMaxSeqLen_IsRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("train.seq_len", "64")),
+                         "run.toml: train.seq_len: must be <= model.max_seq_len = 32 (got 64)"));
+}
+
+TEST(Config, TextFormatWithVocabBelow257_IsRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.vocab_size", "256")),
+                         "run.toml: model.vocab_size: data.format = \"text\" needs at least 257 token ids"));
+    EXPECT_NO_THROW(parse(TomlText::gpt2().set("model.vocab_size", "256").set("data.format", "\"tokens\"")));
+}
+
+TEST(Config, U16TokensWithVocabAbove65536_IsRejected) {
+    const TomlText toml = TomlText::gpt2().set("data.format", "\"tokens\"").set("model.vocab_size", "128256");
+    EXPECT_TRUE(Contains(error_of(toml), "run.toml: data.token_dtype: \"u16\" holds token ids below 65536"));
+    EXPECT_NO_THROW(parse(toml, {"data.token_dtype=i32"}));
+}
+
+TEST(Config, WarmupLongerThanTraining_IsRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("optimizer.warmup_steps", "11")),
+                         "run.toml: optimizer.warmup_steps: must be <= train.steps = 10 (got 11)"));
+}
+
+TEST(Config, NoHeldOutData_IsRejectedOnValFraction) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("data.val_fraction", "0")),
+                         "run.toml: data.val_fraction: evaluation needs held-out data: set data.val_path or a val_fraction > 0"));
+    EXPECT_NO_THROW(parse(TomlText::gpt2().set("data.val_fraction", "0").set("data.val_path", literal(val_file()))));
+}
+
+TEST(Config, MoreThanOneProcess_IsRejectedOnTheFirstParallelKeyAboveOne) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp", "4")),
+                         "run.toml: parallel.tp: this version trains on one process: tp * pp * dp must be 1 (got 4)"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.pp", "2").set("parallel.dp", "2")),
+                         "run.toml: parallel.pp: this version trains on one process: tp * pp * dp must be 1 (got 4)"));
+}
+
+TEST(Config, CheckpointsRequested_AreRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("checkpoint.every_steps", "100")),
+                         "run.toml: checkpoint.every_steps: this version writes no checkpoints (allowed: 0"));
+}
+
+// ---- Data files ----
+
+TEST(Config, MissingTrainFile_IsADataErrorNamingKeyAndPath) {
+    const std::string message = error_of(TomlText::gpt2().set("data.train_path", "'no-such-corpus.txt'"), {}, ErrorKind::data);
+    EXPECT_TRUE(Contains(message, "run.toml: data.train_path: no such file 'no-such-corpus.txt'"));
+}
+
+TEST(Config, MissingValFile_IsADataError) {
+    const std::string message = error_of(TomlText::gpt2().set("data.val_path", "'no-such-val.txt'"), {}, ErrorKind::data);
+    EXPECT_TRUE(Contains(message, "run.toml: data.val_path: no such file 'no-such-val.txt'"));
+}
+
+TEST(Config, DirectoryAsTrainFile_IsADataError) {
+    const std::string message = error_of(TomlText::gpt2().set("data.train_path", literal(testing::TempDir())), {}, ErrorKind::data);
+    EXPECT_TRUE(Contains(message, "run.toml: data.train_path: '" + testing::TempDir() + "' is not a regular file"));
+}
+
+TEST(Config, DataFiles_AreCheckedAfterEverythingElse) {
+    const std::string message = error_of(TomlText::gpt2().set("data.train_path", "'no-such-corpus.txt'").set("optimizer.lr", "50.0"));
+    EXPECT_TRUE(Contains(message, "run.toml: optimizer.lr: 50 is out of range"));
+}
+
+// ---- Overrides ----
+
+TEST(Config, Overrides_ChangeValues) {
+    const Config c = parse(TomlText::gpt2(), {"train.steps=20", "optimizer.lr=3e-4", "model.family=llama", "metrics.jsonl=false",
+                                              "data.token_dtype=\"i32\"", "optimizer.decay = 'linear'"});
+    EXPECT_EQ(c.train.steps, 20);
+    EXPECT_EQ(c.optimizer.lr, 3e-4);
+    EXPECT_EQ(c.model.family, ModelFamily::llama);
+    EXPECT_FALSE(c.model.tied_embeddings);  // defaults follow the overridden family
+    EXPECT_FALSE(c.metrics.jsonl);
+    EXPECT_EQ(c.data.token_dtype, "i32");
+    EXPECT_EQ(c.optimizer.decay, LrDecay::linear);
+}
+
+TEST(Config, OverrideValueThatIsNoToml_IsTakenAsAString) {
+    const Config c = parse(TomlText::gpt2(), {"data.val_path=" + val_file(), "train.sample_prompt=Once upon a time"});
+    EXPECT_EQ(c.data.val_path, val_file());
+    EXPECT_EQ(c.train.sample_prompt, "Once upon a time");
+}
+
+TEST(Config, OverrideOfStringKeyWithNumericText_StaysAString) {
+    EXPECT_EQ(parse(TomlText::gpt2(), {"train.sample_prompt=2024"}).train.sample_prompt, "2024");
+}
+
+TEST(Config, Override_CanSupplyARequiredKey) {
+    EXPECT_EQ(parse(TomlText::gpt2().erase("optimizer.lr"), {"optimizer.lr=0.01"}).optimizer.lr, 0.01);
+}
+
+TEST(Config, LaterOverride_Wins) {
+    EXPECT_EQ(parse(TomlText::gpt2(), {"train.steps=20", "train.steps=30"}).train.steps, 30);
+}
+
+TEST(Config, MalformedOverride_IsRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"steps"}), "run.toml: --set 'steps': expected key.path=value"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"=3"}), "run.toml: --set '=3': expected key.path=value"));
+}
+
+TEST(Config, OverrideOfUnknownKey_IsRejectedWithTheSetPrefix) {
+    const std::string message = error_of(TomlText::gpt2(), {"model.widht=3"});
+    EXPECT_TRUE(Contains(message, "run.toml: --set model.widht=3: model.widht: unknown key (known keys in [model]: family"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"model.n_head=3"}), "did you mean model.n_heads?"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"trainer.steps=3"}), "run.toml: --set trainer.steps=3: trainer: unknown section"));
+}
+
+TEST(Config, OverrideOutOfRange_GetsTheSameChecksAsTheFile) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"model.n_layers=0"}),
+                         "run.toml: --set model.n_layers=0: model.n_layers: 0 is out of range (allowed: integer in [1, 1024])"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"train.seq_len=4096"}),
+                         "run.toml: --set train.seq_len=4096: train.seq_len: must be <= model.max_seq_len = 32 (got 4096)"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"model.d_model=abc"}),
+                         "run.toml: --set model.d_model=abc: model.d_model: expected an integer, got a string"));
+}
+
+TEST(Config, OverrideOfMissingDataFile_IsADataError) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"data.train_path=foo.txt"}, ErrorKind::data),
+                         "run.toml: --set data.train_path=foo.txt: data.train_path: no such file 'foo.txt'"));
+}
+
+// ---- Dump and load ----
+
+TEST(Config, DumpThenParse_Gpt2Defaults_YieldsEqualConfig) {
+    const Config original = parse(TomlText::gpt2());
+    const std::string dumped = dump_config(original);
+    EXPECT_FALSE(Contains(dumped, "rope_theta")) << dumped;  // llama-only keys would be rejected for gpt2
+    const Config again = parse_config(dumped, "dumped.toml");
+    expect_same(original, again);
+    EXPECT_EQ(dump_config(again), dumped);
+}
+
+TEST(Config, DumpThenParse_EveryKeyChanged_YieldsEqualConfig) {
+    const TomlText toml = TomlText::llama()
+                              .set("model.n_layers", "3").set("model.d_model", "96").set("model.n_heads", "8")
+                              .set("model.n_kv_heads", "2").set("model.d_ff", "300").set("model.vocab_size", "70000")
+                              .set("model.max_seq_len", "64").set("model.norm_eps", "1e-6").set("model.rope_theta", "500000.0")
+                              .set("model.qkv_bias", "true").set("model.tied_embeddings", "true").set("model.init_std", "0.1")
+                              .set("data.format", "\"tokens\"").set("data.val_path", literal(val_file()))
+                              .set("data.val_fraction", "0.0").set("data.token_dtype", "\"i32\"")
+                              .set("data.document_separator", "\"\\n%\\n 'quoted' \\\"double\\\" \\\\ \\t é\"")
+                              .set("train.seed", "42").set("train.steps", "1000").set("train.batch_size", "3")
+                              .set("train.seq_len", "48").set("train.grad_accum", "5").set("train.eval_every", "7")
+                              .set("train.eval_batches", "9").set("train.log_every", "11").set("train.threads", "2")
+                              .set("train.sample_tokens", "13").set("train.sample_prompt", "'The '")
+                              .set("train.sample_temperature", "0.7")
+                              .set("optimizer.lr", "0.1").set("optimizer.min_lr_ratio", "0.3")
+                              .set("optimizer.warmup_steps", "17").set("optimizer.decay", "\"constant\"")
+                              .set("optimizer.beta1", "0.8").set("optimizer.beta2", "0.999").set("optimizer.eps", "1e-10")
+                              .set("optimizer.weight_decay", "0.01").set("optimizer.grad_clip", "0.0")
+                              .set("checkpoint.dir", "'ckpt dir'").set("checkpoint.keep_last", "2")
+                              .set("monitor.on_nonfinite", "\"skip\"").set("metrics.jsonl", "false");
+    const Config original = parse(toml);
+    EXPECT_EQ(original.model.d_ff, 300);
+    EXPECT_EQ(original.data.document_separator, "\n%\n 'quoted' \"double\" \\ \t é");
+    const std::string dumped = dump_config(original);
+    const Config again = parse_config(dumped, "dumped.toml");
+    expect_same(original, again);
+}
+
+TEST(Config, Dump_GroupsKeysInSectionsWithEffectiveValues) {
+    const std::string dumped = dump_config(parse(TomlText::gpt2()));
+    for (const char* section : {"[model]", "[data]", "[train]", "[optimizer]", "[parallel]", "[checkpoint]", "[monitor]", "[metrics]"})
+        EXPECT_TRUE(Contains(dumped, section));
+    EXPECT_TRUE(Contains(dumped, "family = \"gpt2\""));
+    EXPECT_TRUE(Contains(dumped, "d_ff = 256"));
+    EXPECT_TRUE(Contains(dumped, "norm_eps = 1e-05"));
+    EXPECT_TRUE(Contains(dumped, "grad_clip = 1.0"));
+    EXPECT_TRUE(Contains(dumped, "on_nonfinite = \"abort\""));
+}
+
+TEST(Config, Dump_WritesEverydayNumbersWithoutExponent) {
+    const std::string dumped = dump_config(parse(TomlText::llama().set("model.rope_theta", "500000").set("optimizer.lr", "6e-4")));
+    EXPECT_TRUE(Contains(dumped, "rope_theta = 500000.0"));
+    EXPECT_TRUE(Contains(dumped, "lr = 0.0006"));
+    EXPECT_TRUE(Contains(dumped, "eps = 1e-08"));
+}
+
+TEST(Config, LoadConfig_ReadsFileSetsSourcePathAndAppliesOverrides) {
+    const std::string path = write_temp_file("config_test_run.toml", TomlText::gpt2().str());
+    const Config c = load_config(path, {"train.steps=7"});
+    EXPECT_EQ(c.source_path, path);
+    EXPECT_EQ(c.train.steps, 7);
+}
+
+TEST(Config, LoadConfig_ErrorsNameTheFilePath) {
+    const std::string path = write_temp_file("config_test_bad.toml", TomlText::gpt2().set("model.n_heads", "3").str());
+    try {
+        load_config(path);
+        FAIL() << "expected an Error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::config);
+        EXPECT_TRUE(Contains(e.what(), path + ": model.n_heads: must divide"));
+    }
+}
+
+TEST(Config, LoadConfig_MissingFile_IsAnIoError) {
+    try {
+        load_config(testing::TempDir() + "config_test_does_not_exist.toml");
+        FAIL() << "expected an Error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::io);
+        EXPECT_TRUE(Contains(e.what(), "cannot read config file '" + testing::TempDir() + "config_test_does_not_exist.toml'"));
+    }
+}
