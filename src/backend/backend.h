@@ -26,7 +26,8 @@ namespace llmtrain {
     X(embedding_fwd) X(embedding_bwd) X(layernorm_fwd) X(layernorm_bwd)              \
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(matmul_fwd) X(matmul_bwd) X(attention_fwd)       \
     X(attention_bwd) X(rope_fwd) X(rope_bwd) X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd)   \
-    X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(adamw) X(sum_squares) X(fill_zero)
+    X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(logits_row_max) X(xent_partial)   \
+    X(xent_combine) X(adamw) X(sum_squares) X(fill_zero)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -54,6 +55,15 @@ struct AttentionShape {
     int64_t rows() const { return batch * seq_len; }
     int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
     int64_t out_width() const { return n_heads * head_dim; }
+};
+
+// Which rows of the full vocabulary a table (embedding) or a logits block holds: rows
+// [begin, begin + local rows) of `total`. Tensor parallelism splits the vocabulary across
+// ranks this way (Megatron's vocab-parallel embedding and cross-entropy); total = 0 means
+// the tensor holds the whole vocabulary.
+struct VocabShard {
+    int64_t begin = 0;
+    int64_t total = 0;
 };
 
 // One AdamW update with decoupled weight decay (Loshchilov & Hutter):
@@ -84,9 +94,14 @@ public:
     virtual std::string name() const = 0;
     virtual bool supports(Op op, DType dtype) const = 0;
 
-    // out[n] = wte[tokens[n]] + wpe[n % seq_len] (wpe optional).
-    virtual void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len) = 0;
-    virtual void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len) = 0;
+    // out[n] = wte[tokens[n]] + wpe[n % seq_len] (wpe optional). With a vocabulary shard, wte
+    // holds rows [shard.begin, shard.begin + rows) and tokens outside them give zero rows: the
+    // sum over the shards' outputs is the full embedding. Every token must be below the full
+    // vocabulary size (a data error otherwise).
+    virtual void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len,
+                               VocabShard shard) = 0;
+    virtual void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len,
+                               VocabShard shard) = 0;
 
     // out = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps), per row; saves mean, rstd [N].
     virtual void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) = 0;
@@ -127,7 +142,19 @@ public:
     // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].
     virtual void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) = 0;
     // dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * dloss; dlogits may alias logits.
-    virtual void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double dloss) = 0;
+    // With lse [N] given (the full rows' logsumexp) the rows may be a vocabulary shard:
+    // softmax_v = exp(logits[n, v] - lse[n]) and the one-hot is 1 only where this shard holds
+    // the target. With lse empty the rows are whole and lse is computed here.
+    virtual void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard,
+                          double dloss) = 0;
+    // Vocabulary-parallel cross-entropy, forward, in three local steps around two reductions
+    // across the shards: m = max over shards of logits_row_max; partial = xent_partial(m),
+    // summed over shards; xent_combine gives lse = m + log(sum exp) and loss = lse - target logit.
+    virtual void logits_row_max(const Tensor& row_max, const Tensor& logits) = 0;
+    // partial[n] = (sum_v exp(logits[n, v] - row_max[n]), logits[n, target - shard.begin] if
+    // this shard holds the target, else 0).
+    virtual void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) = 0;
+    virtual void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) = 0;
 
     virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& step) = 0;
     // Sum of squares of every element, accumulated in double.

@@ -11,6 +11,8 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/log.h"
+#include "parallel/context.h"
+#include "parallel/mpi_comm.h"
 #include "train/trainer.h"
 
 namespace llmtrain {
@@ -61,14 +63,51 @@ void report(const TrainResult& result, const Config& config) {
         log_info("val loss: ", result.evals.front().val_loss, " at step 0 -> ", result.evals.back().val_loss, " at step ", result.evals.back().step);
 }
 
-int run_train(const TrainArgs& args) {
-    const Config config = load_config(args.config_path, args.overrides);
+int train_single_process(const TrainArgs& args, const Config& config) {
+    const int64_t ranks = config.parallel.tp * config.parallel.pp * std::max<int64_t>(1, config.parallel.dp);
+    if (ranks > 1)
+        fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp, ", pp ", config.parallel.pp,
+             ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     prepare_run_dir(run_dir, config);
     log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", args.config_path, " | run directory ", run_dir);
     Trainer trainer(config, TrainerOptions{run_dir, DType::f32, false});
     report(trainer.run(), config);
     return 0;
+}
+
+// Under MPI every rank runs this. Rank 0 owns the run directory and the output; an error on
+// any rank is printed with the rank's place in the mesh and ends the whole job, so that no
+// rank is left waiting for a peer that is gone.
+int train_under_mpi(const TrainArgs& args, const Config& config) {
+    MpiSession mpi;
+    const int world_rank = mpi.world_rank();
+    std::string where = cat("rank ", world_rank);
+    try {
+        ParallelContext ctx = make_mpi_context(config.parallel);
+        where = cat("rank ", world_rank, " (", ctx.mesh.describe(world_rank), ")");
+        const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
+        if (world_rank == 0) {
+            prepare_run_dir(run_dir, config);
+            log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", args.config_path, " | run directory ", run_dir, " | ", mpi.world_size(), " ranks");
+        }
+        Trainer trainer(config, TrainerOptions{world_rank == 0 ? run_dir : "", DType::f32, world_rank != 0}, ctx);
+        const TrainResult result = trainer.run();
+        if (world_rank == 0) report(result, config);
+        ctx.world->barrier();
+        return 0;
+    } catch (const Error& e) {
+        if (mpi.world_size() == 1) throw;
+        std::fprintf(stderr, "llmtrain: %s: %s: %s\n", where.c_str(), error_kind_name(e.kind()), e.what());
+        std::fflush(stderr);
+        const bool bad_input = e.kind() == ErrorKind::config || e.kind() == ErrorKind::data;
+        MpiSession::abort_job(bad_input ? 2 : 1);
+    }
+}
+
+int run_train(const TrainArgs& args) {
+    const Config config = load_config(args.config_path, args.overrides);
+    return launched_by_mpi() ? train_under_mpi(args, config) : train_single_process(args, config);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ constexpr const char* kFormatNames[] = {"text", "tokens"};
 constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
 constexpr const char* kNonFiniteNames[] = {"abort", "skip"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
+constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
 using Names = std::span<const char* const>;
 Names names_of(ModelFamily) { return kFamilyNames; }
@@ -254,9 +255,15 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(optimizer, weight_decay).number(incl(0), incl(10)).describe("decoupled weight decay, on matrices only"),
         CONFIG_KEY(optimizer, grad_clip).number(incl(0), incl(1e6)).describe("max global gradient norm; 0: no clipping"),
 
-        CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks"),
-        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages"),
-        CONFIG_KEY(parallel, dp).integer(1, 65536).describe("data-parallel replicas"),
+        CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads, d_ff and vocab_size"),
+        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers, at most grad_accum"),
+        CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
+        CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
+        CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1)"),
+        CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),
+        CONFIG_KEY(parallel, stage_layers).string().describe("layers per pipeline stage, e.g. \"3,3,2\"; empty: balanced"),
+        CONFIG_KEY(parallel, timeout_seconds).number(excl(0), incl(86400))
+            .describe("a collective or transfer that takes longer ends the whole job with a message naming the rank"),
 
         CONFIG_KEY(checkpoint, dir).string().describe("directory of checkpoints"),
         CONFIG_KEY(checkpoint, every_steps).integer(0, kTrillion).describe("steps between checkpoints; 0: none"),
@@ -578,10 +585,31 @@ constexpr Check kChecks[] = {
         return Problem{"optimizer.warmup_steps", cat("must be <= train.steps = ", c.train.steps, " (got ", c.optimizer.warmup_steps, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        const int64_t processes = c.parallel.tp * c.parallel.pp * c.parallel.dp;
-        if (processes == 1) return std::nullopt;
-        const char* key = c.parallel.tp > 1 ? "parallel.tp" : c.parallel.pp > 1 ? "parallel.pp" : "parallel.dp";
-        return Problem{key, cat("this version trains on one process: tp * pp * dp must be 1 (got ", processes, ")")};
+        const int64_t tp = c.parallel.tp;
+        const ModelConfig& m = c.model;
+        if (m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0 && m.vocab_size % tp == 0) return std::nullopt;
+        return Problem{"parallel.tp", cat("must divide model.n_heads = ", m.n_heads, ", model.n_kv_heads = ", m.n_kv_heads, ", model.d_ff = ",
+                                          m.d_ff, " and model.vocab_size = ", m.vocab_size, " (got ", tp, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.parallel.pp <= c.model.n_layers) return std::nullopt;
+        return Problem{"parallel.pp", cat("more pipeline stages than model.n_layers = ", c.model.n_layers, " (got ", c.parallel.pp, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.parallel.pp <= c.train.grad_accum) return std::nullopt;
+        return Problem{"parallel.pp", cat("1F1B needs at least as many micro-batches as stages: train.grad_accum = ", c.train.grad_accum,
+                                          " < ", c.parallel.pp, " stages")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.parallel.stage_layers.empty()) return std::nullopt;
+        std::string why;
+        try {
+            const std::vector<int64_t> layers = parse_stage_layers(c.parallel.stage_layers, c.parallel.pp, c.model.n_layers);
+        } catch (const Error& e) {
+            why = e.what();
+        }
+        if (why.empty()) return std::nullopt;
+        return Problem{"parallel.stage_layers", why};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.checkpoint.every_steps == 0) return std::nullopt;
@@ -639,6 +667,31 @@ std::string toml_literal(const Value& value) {
 }  // namespace
 
 const char* family_name(ModelFamily family) { return kFamilyNames[static_cast<size_t>(family)]; }
+
+std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers) {
+    std::vector<int64_t> layers;
+    if (text.empty()) {
+        // Balanced: the first n_layers % stages stages take one layer more.
+        for (int64_t s = 0; s < stages; ++s) layers.push_back(n_layers / stages + (s < n_layers % stages ? 1 : 0));
+        return layers;
+    }
+    std::istringstream in(text);
+    std::string item;
+    int64_t total = 0;
+    while (std::getline(in, item, ',')) {
+        const std::string digits = trimmed(item);
+        int64_t value = 0;
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+        if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || value < 1)
+            fail(ErrorKind::config, "\"", text, "\" is not a comma-separated list of positive layer counts");
+        layers.push_back(value);
+        total += value;
+    }
+    if (static_cast<int64_t>(layers.size()) != stages || total != n_layers)
+        fail(ErrorKind::config, "\"", text, "\" gives ", layers.size(), " stages with ", total, " layers; expected parallel.pp = ", stages,
+             " stages with model.n_layers = ", n_layers, " layers in all");
+    return layers;
+}
 
 Config parse_config(const std::string& toml_text, const std::string& source_name, const std::vector<std::string>& overrides) {
     toml::table root = parse_toml(toml_text, source_name);

@@ -72,7 +72,12 @@ struct OptimizerConfig {
 struct ParallelConfig {
     int64_t tp = 1;
     int64_t pp = 1;
-    int64_t dp = 1;
+    int64_t dp = 0;                        // 0: world size / (tp * pp)
+    std::string order = "tp-dp-pp";        // mesh dims, fastest first
+    bool zero1 = true;                     // shard AdamW state across the dp group (ZeRO-1)
+    double bucket_mb = 25;                 // gradient bucket size for the overlapped dp reduction
+    std::string stage_layers;              // e.g. "3,3,2": layers per pipeline stage; empty: balanced
+    double timeout_seconds = 300;          // a collective or transfer that takes longer ends the job
 };
 
 struct CheckpointConfig {
@@ -110,6 +115,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Same, from TOML text (source_name stands in for the file name in messages).
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
+// Layers per pipeline stage from parallel.stage_layers ("3,3,2"; empty: balanced, the
+// first stages taking one more when stages do not divide n_layers). Throws a config error.
+std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers);
+
 // The effective config (defaults filled in) as TOML that parse_config accepts again.
 std::string dump_config(const Config& config);
 

@@ -6,23 +6,53 @@
 
 namespace llmtrain {
 
-size_t Parameters::add(std::string name, Shape shape, ParamInit init, bool weight_decay) {
+Shape Parameters::local_shape(const std::string& name, const Shape& global, TensorSplit split) const {
+    Shape local = global;
+    if (split.kind == TpSplit::none || tp_size_ == 1) return local;
+    const int axis = split.kind == TpSplit::rows ? 0 : 1;
+    if (axis >= global.rank) fail(ErrorKind::shape, "parameter '", name, "' of shape ", global.str(), " has no axis ", axis, " to split");
+    const int64_t parts = (split.kind == TpSplit::rows ? split.blocks : 1) * tp_size_;
+    if (global[axis] % parts != 0)
+        fail(ErrorKind::config, "parameter '", name, "' of shape ", global.str(), ": axis ", axis, " does not split into ", parts, " equal parts for tp = ", tp_size_);
+    local.dims[static_cast<size_t>(axis)] = global[axis] / tp_size_;
+    return local;
+}
+
+size_t Parameters::add(std::string name, Shape global_shape, ParamInit init, bool weight_decay, TensorSplit split) {
     if (!values_.view().empty()) fail(ErrorKind::runtime, "parameter '", name, "' registered after allocation");
     for (const ParamInfo& existing : infos_)
         if (existing.name == name) fail(ErrorKind::runtime, "parameter '", name, "' registered twice");
-    infos_.push_back({std::move(name), shape, init, weight_decay, total_numel_});
+    const Shape shape = local_shape(name, global_shape, split);
+    infos_.push_back({std::move(name), shape, global_shape, split, init, weight_decay, total_numel_});
     total_numel_ += shape.numel();
     return infos_.size() - 1;
 }
 
-void Parameters::allocate(DType dtype) {
-    values_ = OwnedTensor(dtype, Shape{total_numel_});
-    grads_ = OwnedTensor(dtype, Shape{total_numel_});
+void Parameters::allocate(DType dtype, int64_t pad_multiple) {
+    const int64_t padded = (total_numel_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+    values_ = OwnedTensor(dtype, Shape{padded});
+    grads_ = OwnedTensor(dtype, Shape{padded});
+}
+
+// rows: local row lr lies in block b = lr / block_rows of the local rows; globally that
+// block starts at b * block_rows * tp and this rank's part of it at tp_rank * block_rows.
+// cols: local column lc is global column tp_rank * local_cols + lc.
+int64_t Parameters::global_index(size_t index, int64_t local) const {
+    const ParamInfo& p = infos_[index];
+    if (p.replicated() || tp_size_ == 1) return local;
+    const int64_t cols = p.shape.rank >= 2 ? p.shape.cols() : 1;
+    const int64_t row = local / cols, col = local % cols;
+    if (p.split.kind == TpSplit::cols) return row * p.global_shape.cols() + static_cast<int64_t>(tp_rank_) * cols + col;
+    const int64_t block_rows = p.shape[0] / p.split.blocks;
+    const int64_t block = row / block_rows, within = row % block_rows;
+    const int64_t global_row = block * block_rows * tp_size_ + static_cast<int64_t>(tp_rank_) * block_rows + within;
+    return global_row * cols + col;
 }
 
 namespace {
 template <class T>
-void fill_param(T* out, const ParamInfo& info, uint64_t seed, double std) {
+void fill_param(T* out, const Parameters& params, size_t index, uint64_t seed, double std) {
+    const ParamInfo& info = params.info(index);
     const int64_t n = info.shape.numel();
     if (info.init == ParamInit::ones || info.init == ParamInit::zeros) {
         const T value = info.init == ParamInit::ones ? T(1) : T(0);
@@ -30,7 +60,7 @@ void fill_param(T* out, const ParamInfo& info, uint64_t seed, double std) {
         return;
     }
     const PhiloxStream stream(seed, fnv1a64(info.name));
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(std * stream.normal(static_cast<uint64_t>(i)));
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(std * stream.normal(static_cast<uint64_t>(params.global_index(index, i))));
 }
 }  // namespace
 
@@ -40,8 +70,8 @@ void Parameters::initialize(uint64_t seed, double std, int64_t n_layers) {
         const ParamInfo& p = infos_[i];
         const double s = p.init == ParamInit::normal_residual ? residual_std : std;
         const Tensor v = value(i);
-        if (v.dtype() == DType::f32) fill_param(v.data<float>(), p, seed, s);
-        else fill_param(v.data<double>(), p, seed, s);
+        if (v.dtype() == DType::f32) fill_param(v.data<float>(), *this, i, seed, s);
+        else fill_param(v.data<double>(), *this, i, seed, s);
     }
 }
 

@@ -5,8 +5,16 @@
 // the global gradient norm each see one contiguous tensor.
 //
 // Initialization draws element i of parameter "name" from the Philox stream
-// (seed, fnv1a64(name)) at index i: the initial weights do not depend on registration
-// order, on other parameters, or on how a tensor is later split across ranks.
+// (seed, fnv1a64(name)) at index i of the *global* (unsplit) tensor: the initial weights
+// do not depend on registration order, on other parameters, or on how a tensor is split
+// across tensor-parallel ranks.
+//
+// Tensor parallelism (Megatron): a parameter may be split across the tp ranks.
+//  - rows: the output rows of a [out, in] weight (column-parallel linear, vocab-parallel
+//    embedding) or a bias; `blocks` > 1 splits each of that many equal row blocks on its own
+//    (GPT-2's fused c_attn holds q, k, v blocks: rank r keeps its heads of each).
+//  - cols: the input columns of a [out, in] weight (row-parallel linear).
+//  - none: every rank holds the whole tensor (norms, row-parallel biases, positions).
 #pragma once
 
 #include <cstdint>
@@ -24,20 +32,36 @@ enum class ParamInit {
     zeros,
 };
 
+enum class TpSplit { none, rows, cols };
+
+struct TensorSplit {
+    TpSplit kind = TpSplit::none;
+    int64_t blocks = 1;  // rows only: equal row blocks, each split on its own
+};
+
 struct ParamInfo {
     std::string name;
-    Shape shape;
+    Shape shape;            // this rank's part
+    Shape global_shape;     // the whole tensor
+    TensorSplit split;
     ParamInit init;
     bool weight_decay;      // matrices decay; norms and biases do not
     int64_t offset = 0;     // elements from the start of the flat buffer
+    bool replicated() const { return split.kind == TpSplit::none; }
 };
 
 class Parameters {
 public:
-    // Registration (before allocate()). Returns the parameter's index.
-    size_t add(std::string name, Shape shape, ParamInit init, bool weight_decay);
-    // Allocates the parameter and gradient buffers (zeroed) in dtype.
-    void allocate(DType dtype);
+    // tp_rank of tp_size: which part of split parameters this registry holds.
+    explicit Parameters(int tp_rank = 0, int tp_size = 1) : tp_rank_(tp_rank), tp_size_(tp_size) {}
+
+    // Registration (before allocate()). global_shape is the unsplit tensor's; a split
+    // dimension must divide evenly. Returns the parameter's index.
+    size_t add(std::string name, Shape global_shape, ParamInit init, bool weight_decay, TensorSplit split = {});
+    // Allocates the parameter and gradient buffers (zeroed) in dtype; their length is
+    // total_numel() rounded up to a multiple of pad_multiple (data-parallel sharding splits
+    // the flat buffers into equal pieces), the padding zero and unused.
+    void allocate(DType dtype, int64_t pad_multiple = 1);
     // Fills every parameter from its Philox stream.
     void initialize(uint64_t seed, double std, int64_t n_layers);
 
@@ -47,6 +71,11 @@ public:
     // Index of the parameter with this name; throws if absent.
     size_t index_of(const std::string& name) const;
     int64_t total_numel() const { return total_numel_; }
+    int64_t padded_numel() const { return values_.numel(); }
+    int tp_rank() const { return tp_rank_; }
+    int tp_size() const { return tp_size_; }
+    // Flat index in the global tensor of element `local` of parameter `index`.
+    int64_t global_index(size_t index, int64_t local) const;
     DType dtype() const { return all_values().dtype(); }
 
     Tensor value(size_t index) const { return view_of(values_, index, index); }
@@ -60,6 +89,8 @@ public:
 
 private:
     Tensor view_of(const OwnedTensor& buffer, size_t first, size_t last) const;
+    Shape local_shape(const std::string& name, const Shape& global_shape, TensorSplit split) const;
+    int tp_rank_, tp_size_;
     std::vector<ParamInfo> infos_;
     int64_t total_numel_ = 0;
     OwnedTensor values_;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 namespace llmtrain {
 
@@ -17,51 +18,80 @@ double sum_as_double(const Tensor& t) {
         for (int64_t i = 0; i < t.numel(); ++i) total += t.data<double>()[i];
     return total;
 }
+
+constexpr TensorSplit kRows{TpSplit::rows, 1};
+constexpr TensorSplit kCols{TpSplit::cols, 1};
 }  // namespace
 
-Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len)
-    : config_(config), backend_(backend), dtype_(dtype), max_batch_(max_batch), max_seq_len_(max_seq_len) {
+Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
+                         ModelPartition partition, Comm* tp)
+    : config_(config), backend_(backend), dtype_(dtype), max_batch_(max_batch), max_seq_len_(max_seq_len), part_(partition),
+      tp_(tp && tp->size() > 1 ? tp : nullptr), params_(tp_rank(), tp_size()) {
     if (max_seq_len > config.max_seq_len)
         fail(ErrorKind::config, "sequence length ", max_seq_len, " exceeds model.max_seq_len = ", config.max_seq_len);
+    if (part_.last_layer < 0) part_.last_layer = config.n_layers;
+    if (part_.first_layer < 0 || part_.first_layer > part_.last_layer || part_.last_layer > config.n_layers || part_.activation_sets < 1)
+        fail(ErrorKind::runtime, "model partition: layers [", part_.first_layer, ", ", part_.last_layer, ") of ", config.n_layers, ", ",
+             part_.activation_sets, " activation sets");
+    if (config.n_heads % tp_size() || config.n_kv_heads % tp_size() || config.vocab_size % tp_size())
+        fail(ErrorKind::config, "tp = ", tp_size(), " must divide model.n_heads = ", config.n_heads, ", model.n_kv_heads = ", config.n_kv_heads,
+             " and model.vocab_size = ", config.vocab_size);
+    n_heads_ = config.n_heads / tp_size();
+    n_kv_heads_ = config.n_kv_heads / tp_size();
     if (is_llama()) register_llama_params();
     else register_gpt2_params();
-    params_.allocate(dtype);
+    params_.allocate(dtype, part_.param_pad_multiple);
     plan_activations();
     arena_.allocate();
     if (is_llama()) fill_rope_table(arena_.tensor(rope_table_), config_.rope_theta);
 }
 
-Transformer::ParamSpan Transformer::add(const std::string& name, Shape shape, ParamInit init, bool decay) {
-    const size_t index = params_.add(name, shape, init, decay);
+Transformer::ParamSpan Transformer::add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split) {
+    const size_t index = params_.add(name, shape, init, decay, split);
     return {index, index, true};
+}
+
+std::optional<size_t> Transformer::embedding_param() const {
+    if (part_.has_embedding) return wte_.first;
+    if (config_.tied_embeddings && part_.has_head) return head_w_.first;
+    return std::nullopt;
 }
 
 // Names follow Hugging Face GPT-2. Note: HF stores these Linear weights as Conv1D [in, out];
 // ours are [out, in] like torch.nn.Linear, so an export transposes them.
 void Transformer::register_gpt2_params() {
     const int64_t C = config_.d_model, F = config_.d_ff, V = config_.vocab_size;
-    wte_ = add("transformer.wte.weight", {V, C}, ParamInit::normal, true);
-    wpe_ = add("transformer.wpe.weight", {config_.max_seq_len, C}, ParamInit::normal, true);
+    if (part_.has_embedding) {
+        wte_ = add("transformer.wte.weight", {V, C}, ParamInit::normal, true, kRows);
+        wpe_ = add("transformer.wpe.weight", {config_.max_seq_len, C}, ParamInit::normal, true);
+    }
     const char* h = "transformer.h.";
-    for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const TensorSplit qkv_rows{TpSplit::rows, 3};  // q, k and v blocks, each split by heads
+    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
         LayerParams p;
+        p.begin = params_.count();
         p.norm1_w = add(layer_name(h, l, "ln_1.weight"), {C}, ParamInit::ones, false);
         p.norm1_b = add(layer_name(h, l, "ln_1.bias"), {C}, ParamInit::zeros, false);
-        p.qkv_w = add(layer_name(h, l, "attn.c_attn.weight"), {3 * C, C}, ParamInit::normal, true);
-        p.qkv_b = add(layer_name(h, l, "attn.c_attn.bias"), {3 * C}, ParamInit::zeros, false);
-        p.attn_out_w = add(layer_name(h, l, "attn.c_proj.weight"), {C, C}, ParamInit::normal_residual, true);
+        p.qkv_w = add(layer_name(h, l, "attn.c_attn.weight"), {3 * C, C}, ParamInit::normal, true, qkv_rows);
+        p.qkv_b = add(layer_name(h, l, "attn.c_attn.bias"), {3 * C}, ParamInit::zeros, false, qkv_rows);
+        p.attn_out_w = add(layer_name(h, l, "attn.c_proj.weight"), {C, C}, ParamInit::normal_residual, true, kCols);
         p.attn_out_b = add(layer_name(h, l, "attn.c_proj.bias"), {C}, ParamInit::zeros, false);
         p.norm2_w = add(layer_name(h, l, "ln_2.weight"), {C}, ParamInit::ones, false);
         p.norm2_b = add(layer_name(h, l, "ln_2.bias"), {C}, ParamInit::zeros, false);
-        p.mlp_up_w = add(layer_name(h, l, "mlp.c_fc.weight"), {F, C}, ParamInit::normal, true);
-        p.mlp_up_b = add(layer_name(h, l, "mlp.c_fc.bias"), {F}, ParamInit::zeros, false);
-        p.mlp_down_w = add(layer_name(h, l, "mlp.c_proj.weight"), {C, F}, ParamInit::normal_residual, true);
+        p.mlp_up_w = add(layer_name(h, l, "mlp.c_fc.weight"), {F, C}, ParamInit::normal, true, kRows);
+        p.mlp_up_b = add(layer_name(h, l, "mlp.c_fc.bias"), {F}, ParamInit::zeros, false, kRows);
+        p.mlp_down_w = add(layer_name(h, l, "mlp.c_proj.weight"), {C, F}, ParamInit::normal_residual, true, kCols);
         p.mlp_down_b = add(layer_name(h, l, "mlp.c_proj.bias"), {C}, ParamInit::zeros, false);
+        p.end = params_.count();
         layer_params_.push_back(p);
     }
+    if (!part_.has_head) return;
+    head_begin_ = params_.count();
     norm_f_w_ = add("transformer.ln_f.weight", {C}, ParamInit::ones, false);
     norm_f_b_ = add("transformer.ln_f.bias", {C}, ParamInit::zeros, false);
-    head_w_ = config_.tied_embeddings ? wte_ : add("lm_head.weight", {V, C}, ParamInit::normal, true);
+    if (!config_.tied_embeddings) head_w_ = add("lm_head.weight", {V, C}, ParamInit::normal, true, kRows);
+    else if (part_.has_embedding) head_w_ = wte_;
+    else head_w_ = add("transformer.wte.weight", {V, C}, ParamInit::normal, true, kRows);  // the last stage's copy
 }
 
 // Names follow Hugging Face Llama / Qwen2. q, k, v (and gate, up) are registered back to
@@ -69,31 +99,37 @@ void Transformer::register_gpt2_params() {
 void Transformer::register_llama_params() {
     const int64_t C = config_.d_model, F = config_.d_ff, V = config_.vocab_size, D = config_.head_dim();
     const int64_t q_width = config_.n_heads * D, kv_width = config_.n_kv_heads * D;
-    wte_ = add("model.embed_tokens.weight", {V, C}, ParamInit::normal, true);
+    if (part_.has_embedding) wte_ = add("model.embed_tokens.weight", {V, C}, ParamInit::normal, true, kRows);
     const char* m = "model.layers.";
-    for (int64_t l = 0; l < config_.n_layers; ++l) {
+    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
         LayerParams p;
+        p.begin = params_.count();
         p.norm1_w = add(layer_name(m, l, "input_layernorm.weight"), {C}, ParamInit::ones, false);
-        const ParamSpan q = add(layer_name(m, l, "self_attn.q_proj.weight"), {q_width, C}, ParamInit::normal, true);
-        add(layer_name(m, l, "self_attn.k_proj.weight"), {kv_width, C}, ParamInit::normal, true);
-        const ParamSpan v = add(layer_name(m, l, "self_attn.v_proj.weight"), {kv_width, C}, ParamInit::normal, true);
+        const ParamSpan q = add(layer_name(m, l, "self_attn.q_proj.weight"), {q_width, C}, ParamInit::normal, true, kRows);
+        add(layer_name(m, l, "self_attn.k_proj.weight"), {kv_width, C}, ParamInit::normal, true, kRows);
+        const ParamSpan v = add(layer_name(m, l, "self_attn.v_proj.weight"), {kv_width, C}, ParamInit::normal, true, kRows);
         p.qkv_w = join(q, v);
         if (config_.qkv_bias) {
-            const ParamSpan qb = add(layer_name(m, l, "self_attn.q_proj.bias"), {q_width}, ParamInit::zeros, false);
-            add(layer_name(m, l, "self_attn.k_proj.bias"), {kv_width}, ParamInit::zeros, false);
-            const ParamSpan vb = add(layer_name(m, l, "self_attn.v_proj.bias"), {kv_width}, ParamInit::zeros, false);
+            const ParamSpan qb = add(layer_name(m, l, "self_attn.q_proj.bias"), {q_width}, ParamInit::zeros, false, kRows);
+            add(layer_name(m, l, "self_attn.k_proj.bias"), {kv_width}, ParamInit::zeros, false, kRows);
+            const ParamSpan vb = add(layer_name(m, l, "self_attn.v_proj.bias"), {kv_width}, ParamInit::zeros, false, kRows);
             p.qkv_b = join(qb, vb);
         }
-        p.attn_out_w = add(layer_name(m, l, "self_attn.o_proj.weight"), {C, q_width}, ParamInit::normal_residual, true);
+        p.attn_out_w = add(layer_name(m, l, "self_attn.o_proj.weight"), {C, q_width}, ParamInit::normal_residual, true, kCols);
         p.norm2_w = add(layer_name(m, l, "post_attention_layernorm.weight"), {C}, ParamInit::ones, false);
-        const ParamSpan gate = add(layer_name(m, l, "mlp.gate_proj.weight"), {F, C}, ParamInit::normal, true);
-        const ParamSpan up = add(layer_name(m, l, "mlp.up_proj.weight"), {F, C}, ParamInit::normal, true);
+        const ParamSpan gate = add(layer_name(m, l, "mlp.gate_proj.weight"), {F, C}, ParamInit::normal, true, kRows);
+        const ParamSpan up = add(layer_name(m, l, "mlp.up_proj.weight"), {F, C}, ParamInit::normal, true, kRows);
         p.mlp_up_w = join(gate, up);
-        p.mlp_down_w = add(layer_name(m, l, "mlp.down_proj.weight"), {C, F}, ParamInit::normal_residual, true);
+        p.mlp_down_w = add(layer_name(m, l, "mlp.down_proj.weight"), {C, F}, ParamInit::normal_residual, true, kCols);
+        p.end = params_.count();
         layer_params_.push_back(p);
     }
+    if (!part_.has_head) return;
+    head_begin_ = params_.count();
     norm_f_w_ = add("model.norm.weight", {C}, ParamInit::ones, false);
-    head_w_ = config_.tied_embeddings ? wte_ : add("lm_head.weight", {V, C}, ParamInit::normal, true);
+    if (!config_.tied_embeddings) head_w_ = add("lm_head.weight", {V, C}, ParamInit::normal, true, kRows);
+    else if (part_.has_embedding) head_w_ = wte_;
+    else head_w_ = add("model.embed_tokens.weight", {V, C}, ParamInit::normal, true, kRows);  // the last stage's copy
 }
 
 Transformer::NormSlots Transformer::reserve_norm(const std::string& prefix) {
@@ -106,30 +142,45 @@ Transformer::NormSlots Transformer::reserve_norm(const std::string& prefix) {
     return s;
 }
 
-void Transformer::plan_activations() {
-    const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff;
+Transformer::ActivationSet Transformer::reserve_set(int64_t set) {
+    const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
     const int64_t up_width = is_llama() ? 2 * F : F;
-    AttentionShape full{max_batch_, max_seq_len_, config_.n_heads, config_.n_kv_heads, config_.head_dim()};
-    tokens_ = arena_.reserve("tokens", DType::i32, {N});
-    targets_ = arena_.reserve("targets", DType::i32, {N});
-    rope_table_ = arena_.reserve("rope_table", dtype_, {config_.max_seq_len, config_.head_dim()});
-    for (int64_t l = 0; l <= config_.n_layers; ++l) residual_.push_back(arena_.reserve(cat("residual.", l), dtype_, {N, C}));
-    for (int64_t l = 0; l < config_.n_layers; ++l) {
-        const std::string p = cat("layer.", l);
-        LayerSlots s;
-        s.norm1 = reserve_norm(p + ".norm1");
-        s.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
-        s.att_saved = arena_.reserve(p + ".att_saved", dtype_, backend_.attention_saved_shape(full));
-        s.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
-        s.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {N, C});
-        s.norm2 = reserve_norm(p + ".norm2");
-        s.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, up_width});
-        s.mlp_act = arena_.reserve(p + ".mlp_act", dtype_, {N, F});
-        layer_slots_.push_back(s);
+    const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
+    const std::string s = cat("set.", set, ".");
+    ActivationSet a;
+    a.tokens = arena_.reserve(s + "tokens", DType::i32, {N});
+    a.targets = arena_.reserve(s + "targets", DType::i32, {N});
+    for (int64_t l = part_.first_layer; l <= part_.last_layer; ++l) a.residual.push_back(arena_.reserve(cat(s, "residual.", l), dtype_, {N, C}));
+    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
+        const std::string p = cat(s, "layer.", l);
+        LayerSlots ls;
+        ls.norm1 = reserve_norm(p + ".norm1");
+        ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
+        ls.att_saved = arena_.reserve(p + ".att_saved", dtype_, backend_.attention_saved_shape(full));
+        ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
+        ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {N, C});
+        ls.norm2 = reserve_norm(p + ".norm2");
+        ls.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, up_width});
+        ls.mlp_act = arena_.reserve(p + ".mlp_act", dtype_, {N, F});
+        a.layers.push_back(ls);
     }
-    norm_f_ = reserve_norm("norm_f");
-    logits_ = arena_.reserve("logits", dtype_, {N, config_.vocab_size});
-    losses_ = arena_.reserve("losses", dtype_, {N});
+    if (part_.has_head) {
+        a.norm_f = reserve_norm(s + "norm_f");
+        a.logits = arena_.reserve(s + "logits", dtype_, {N, config_.vocab_size / tp_size()});
+        a.losses = arena_.reserve(s + "losses", dtype_, {N});
+        a.lse = arena_.reserve(s + "lse", dtype_, {N});
+        a.row_max = arena_.reserve(s + "row_max", dtype_, {N});
+        a.xent_partial = arena_.reserve(s + "xent_partial", dtype_, {N, 2});
+    }
+    return a;
+}
+
+void Transformer::plan_activations() {
+    const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
+    const int64_t up_width = is_llama() ? 2 * F : F;
+    const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
+    rope_table_ = arena_.reserve("rope_table", dtype_, {config_.max_seq_len, config_.head_dim()});
+    for (int64_t set = 0; set < part_.activation_sets; ++set) sets_.push_back(reserve_set(set));
     proj_out_ = arena_.reserve("proj_out", dtype_, {N, C});
     d_resid_ = arena_.reserve("grad.resid", dtype_, {N, C});
     d_tmp_ = arena_.reserve("grad.tmp", dtype_, {N, C});
@@ -149,11 +200,39 @@ Tensor Transformer::att_saved(Arena::Slot slot) const {
     return Tensor(full.raw(), full.dtype(), shape);
 }
 
-AttentionShape Transformer::attention_shape() const {
-    return {batch_, seq_len_, config_.n_heads, config_.n_kv_heads, config_.head_dim()};
+AttentionShape Transformer::attention_shape() const { return {batch_, seq_len_, n_heads_, n_kv_heads_, config_.head_dim()}; }
+
+void Transformer::tp_all_reduce(const Tensor& t) const {
+    if (tp_) tp_->all_reduce(t, ReduceOp::sum);
 }
 
-Tensor Transformer::logits() const { return rows(logits_); }
+void Transformer::ready(size_t begin, size_t end) const {
+    if (grads_ready_ && begin < end) grads_ready_(begin, end);
+}
+
+VocabShard Transformer::vocab_shard() const {
+    const int64_t local = config_.vocab_size / tp_size();
+    return {tp_rank() * local, config_.vocab_size};
+}
+
+Transformer::ActivationSet& Transformer::use_set(int64_t set) {
+    if (set < 0 || set >= part_.activation_sets) fail(ErrorKind::runtime, "activation set ", set, " of ", part_.activation_sets);
+    ActivationSet& a = sets_[static_cast<size_t>(set)];
+    batch_ = a.batch;
+    seq_len_ = a.seq_len;
+    return a;
+}
+
+Tensor Transformer::hidden_in(int64_t set, int64_t batch, int64_t seq_len) const {
+    return arena_.tensor(sets_.at(static_cast<size_t>(set)).residual.front()).slice_rows(0, batch * seq_len);
+}
+Tensor Transformer::hidden_out(int64_t set) const {
+    const ActivationSet& a = sets_.at(static_cast<size_t>(set));
+    return arena_.tensor(a.residual.back()).slice_rows(0, a.batch * a.seq_len);
+}
+Tensor Transformer::grad_output(int64_t batch, int64_t seq_len) const { return arena_.tensor(d_resid_).slice_rows(0, batch * seq_len); }
+Tensor Transformer::grad_input() const { return rows(d_resid_); }
+Tensor Transformer::logits() const { return rows(sets_.front().logits); }
 
 void Transformer::norm_fwd(const NormSlots& s, const Tensor& x, ParamSpan w, ParamSpan b) {
     if (is_llama()) backend_.rmsnorm_fwd(rows(s.out), rows(s.rstd), x, value(w), config_.norm_eps);
@@ -165,36 +244,60 @@ void Transformer::norm_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x
     else backend_.layernorm_bwd(dx, grad(w), grad(b), dout, x, value(w), rows(s.mean), rows(s.rstd));
 }
 
-double Transformer::forward(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
+double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
     if (batch < 1 || batch > max_batch_ || seq_len < 1 || seq_len > max_seq_len_)
         fail(ErrorKind::shape, "forward: batch ", batch, " x seq_len ", seq_len, " outside the planned ", max_batch_, " x ", max_seq_len_);
-    batch_ = batch;
-    seq_len_ = seq_len;
+    ActivationSet& a = sets_.at(static_cast<size_t>(set));
+    a.batch = batch;
+    a.seq_len = seq_len;
+    use_set(set);
     const int64_t N = batch * seq_len;
-    expect_shape("forward", "tokens", tokens, {N});
-    expect_dtype("forward", "tokens", tokens, DType::i32);
-    std::memcpy(rows(tokens_).raw(), tokens.raw(), tokens.bytes());
-    has_targets_ = !targets.empty();
-    if (has_targets_) {
+    if (part_.has_embedding) {
+        expect_shape("forward", "tokens", tokens, {N});
+        expect_dtype("forward", "tokens", tokens, DType::i32);
+        std::memcpy(rows(a.tokens).raw(), tokens.raw(), tokens.bytes());
+        embed(a);
+    }
+    for (int64_t l = 0; l < local_layers(); ++l) layer_fwd(a, l);
+    if (!part_.has_head) return std::numeric_limits<double>::quiet_NaN();
+    a.has_targets = !targets.empty();
+    if (a.has_targets) {
         expect_shape("forward", "targets", targets, {N});
         expect_dtype("forward", "targets", targets, DType::i32);
-        std::memcpy(rows(targets_).raw(), targets.raw(), targets.bytes());
+        std::memcpy(rows(a.targets).raw(), targets.raw(), targets.bytes());
     }
-
-    backend_.embedding_fwd(rows(residual_[0]), rows(tokens_), value(wte_), value(wpe_), seq_len);
-    for (int64_t l = 0; l < config_.n_layers; ++l) layer_fwd(l);
-    norm_fwd(norm_f_, rows(residual_.back()), norm_f_w_, norm_f_b_);
-    backend_.matmul_fwd(rows(logits_), rows(norm_f_.out), value(head_w_), Tensor());
-    if (!has_targets_) return std::numeric_limits<double>::quiet_NaN();
-    backend_.xent_fwd(rows(losses_), rows(logits_), rows(targets_));
-    return sum_as_double(rows(losses_)) / static_cast<double>(N);
+    return head_and_loss(a);
 }
 
-void Transformer::layer_fwd(int64_t l) {
+// Each tp rank embeds the tokens of its vocabulary slice (zero rows for the others) and
+// rank 0 adds the positions: the sum over ranks is the embedding.
+void Transformer::embed(const ActivationSet& a) {
+    const Tensor wpe = tp_rank() == 0 ? value(wpe_) : Tensor();
+    backend_.embedding_fwd(rows(a.residual.front()), rows(a.tokens), value(wte_), wpe, seq_len_, vocab_shard());
+    tp_all_reduce(rows(a.residual.front()));
+}
+
+double Transformer::head_and_loss(ActivationSet& a) {
+    norm_fwd(a.norm_f, rows(a.residual.back()), norm_f_w_, norm_f_b_);
+    backend_.matmul_fwd(rows(a.logits), rows(a.norm_f.out), value(head_w_), Tensor());
+    if (!a.has_targets) return std::numeric_limits<double>::quiet_NaN();
+    if (!tp_) {
+        backend_.xent_fwd(rows(a.losses), rows(a.logits), rows(a.targets));
+    } else {
+        backend_.logits_row_max(rows(a.row_max), rows(a.logits));
+        tp_->all_reduce(rows(a.row_max), ReduceOp::max);
+        backend_.xent_partial(rows(a.xent_partial), rows(a.logits), rows(a.targets), rows(a.row_max), vocab_shard());
+        tp_->all_reduce(rows(a.xent_partial), ReduceOp::sum);
+        backend_.xent_combine(rows(a.losses), rows(a.lse), rows(a.xent_partial), rows(a.row_max));
+    }
+    return sum_as_double(rows(a.losses)) / static_cast<double>(batch_ * seq_len_);
+}
+
+void Transformer::layer_fwd(const ActivationSet& a, int64_t l) {
     const LayerParams& p = layer_params_[static_cast<size_t>(l)];
-    const LayerSlots& s = layer_slots_[static_cast<size_t>(l)];
+    const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     const AttentionShape shape = attention_shape();
-    const Tensor x = rows(residual_[static_cast<size_t>(l)]);
+    const Tensor x = rows(a.residual[static_cast<size_t>(l)]);
     const Tensor proj = rows(proj_out_);
 
     norm_fwd(s.norm1, x, p.norm1_w, p.norm1_b);
@@ -202,40 +305,64 @@ void Transformer::layer_fwd(int64_t l) {
     // q and k heads are adjacent in the packed QKV rows: one rotation covers both.
     if (is_llama()) backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
     backend_.attention_fwd(rows(s.att_out), att_saved(s.att_saved), rows(s.qkv), shape);
-    backend_.matmul_fwd(proj, rows(s.att_out), value(p.attn_out_w), value(p.attn_out_b));
+    backend_.matmul_fwd(proj, rows(s.att_out), value(p.attn_out_w), row_parallel_bias(p.attn_out_b));
+    tp_all_reduce(proj);
     backend_.add(rows(s.resid_mid), x, proj);
 
     norm_fwd(s.norm2, rows(s.resid_mid), p.norm2_w, p.norm2_b);
     backend_.matmul_fwd(rows(s.mlp_up), rows(s.norm2.out), value(p.mlp_up_w), value(p.mlp_up_b));
     if (is_llama()) backend_.swiglu_fwd(rows(s.mlp_act), rows(s.mlp_up));
     else backend_.gelu_fwd(rows(s.mlp_act), rows(s.mlp_up));
-    backend_.matmul_fwd(proj, rows(s.mlp_act), value(p.mlp_down_w), value(p.mlp_down_b));
-    backend_.add(rows(residual_[static_cast<size_t>(l + 1)]), rows(s.resid_mid), proj);
+    backend_.matmul_fwd(proj, rows(s.mlp_act), value(p.mlp_down_w), row_parallel_bias(p.mlp_down_b));
+    tp_all_reduce(proj);
+    backend_.add(rows(a.residual[static_cast<size_t>(l + 1)]), rows(s.resid_mid), proj);
 }
 
-void Transformer::backward(double loss_scale) {
-    if (!has_targets_) fail(ErrorKind::runtime, "backward called after a forward without targets");
-    const Tensor d_resid = rows(d_resid_), d_norm = rows(d_norm_);
-    // d(mean loss)/d(loss_n) = 1 / N for every token.
+void Transformer::backward(int64_t set, double loss_scale) {
+    const ActivationSet& a = use_set(set);
+    if (part_.has_head) {
+        if (!a.has_targets) fail(ErrorKind::runtime, "backward called after a forward without targets");
+        head_backward(a, loss_scale);
+    }
+    const Tensor d_resid = rows(d_resid_);
+    for (int64_t l = local_layers() - 1; l >= 0; --l) {
+        layer_bwd(a, l, d_resid);
+        ready(layer_params_[static_cast<size_t>(l)].begin, layer_params_[static_cast<size_t>(l)].end);
+    }
+    if (part_.has_embedding) {
+        backend_.embedding_bwd(grad(wte_), grad(wpe_), d_resid, rows(a.tokens), seq_len_, vocab_shard());
+        ready(0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin);
+    }
+}
+
+// d(mean loss)/d(loss_n) = 1 / N for every token; the head is column-parallel over the
+// vocabulary, so the gradient of its (whole) input is summed over the tp ranks.
+void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
+    const Tensor d_norm = rows(d_norm_);
     const double dloss = loss_scale / static_cast<double>(batch_ * seq_len_);
-    backend_.xent_bwd(rows(logits_), rows(logits_), rows(targets_), dloss);
-    backend_.matmul_bwd(d_norm, grad(head_w_), Tensor(), rows(logits_), rows(norm_f_.out), value(head_w_));
-    norm_bwd(d_resid, d_norm, rows(residual_.back()), norm_f_, norm_f_w_, norm_f_b_);
-    for (int64_t l = config_.n_layers - 1; l >= 0; --l) layer_bwd(l, d_resid);
-    backend_.embedding_bwd(grad(wte_), grad(wpe_), d_resid, rows(tokens_), seq_len_);
+    const Tensor lse = tp_ ? rows(a.lse) : Tensor();
+    backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), lse, vocab_shard(), dloss);
+    backend_.matmul_bwd(d_norm, grad(head_w_), Tensor(), rows(a.logits), rows(a.norm_f.out), value(head_w_));
+    tp_all_reduce(d_norm);
+    norm_bwd(rows(d_resid_), d_norm, rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
+    // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.
+    ready(head_begin_, params_.count());
 }
 
-void Transformer::layer_bwd(int64_t l, const Tensor& d_resid) {
+void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_resid) {
     const LayerParams& p = layer_params_[static_cast<size_t>(l)];
-    const LayerSlots& s = layer_slots_[static_cast<size_t>(l)];
+    const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     const AttentionShape shape = attention_shape();
     const Tensor d_tmp = rows(d_tmp_), d_norm = rows(d_norm_);
 
-    // MLP block: out = resid_mid + down(act(up(norm2(resid_mid)))).
+    // MLP block: out = resid_mid + down(act(up(norm2(resid_mid)))). down is row-parallel:
+    // its output gradient d_resid is whole on every rank; up is column-parallel: the gradient
+    // of its input is a partial sum per rank.
     backend_.matmul_bwd(rows(d_mlp_act_), grad(p.mlp_down_w), grad(p.mlp_down_b), d_resid, rows(s.mlp_act), value(p.mlp_down_w));
     if (is_llama()) backend_.swiglu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
     else backend_.gelu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
     backend_.matmul_bwd(d_norm, grad(p.mlp_up_w), grad(p.mlp_up_b), rows(d_mlp_up_), rows(s.norm2.out), value(p.mlp_up_w));
+    tp_all_reduce(d_norm);
     norm_bwd(d_tmp, d_norm, rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
     backend_.add(d_resid, d_resid, d_tmp);
 
@@ -244,7 +371,8 @@ void Transformer::layer_bwd(int64_t l, const Tensor& d_resid) {
     backend_.attention_bwd(rows(d_qkv_), rows(d_att_out_), rows(s.qkv), att_saved(s.att_saved), shape);
     if (is_llama()) backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
     backend_.matmul_bwd(d_norm, grad(p.qkv_w), grad(p.qkv_b), rows(d_qkv_), rows(s.norm1.out), value(p.qkv_w));
-    norm_bwd(d_tmp, d_norm, rows(residual_[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
+    tp_all_reduce(d_norm);
+    norm_bwd(d_tmp, d_norm, rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
     backend_.add(d_resid, d_resid, d_tmp);
 }
 

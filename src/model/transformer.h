@@ -7,42 +7,92 @@
 //          RMSNorm, RoPE, SwiGLU, grouped-query attention, optional QKV bias (Qwen2), no other biases.
 //   both:  logits = head(norm(x)), head = wte when embeddings are tied; loss = mean cross-entropy.
 //
-// The model knows nothing of ranks or communication; it owns its parameters and activations.
+// A Transformer may hold only part of the model (ModelPartition):
+//  - Pipeline parallel: the layers [first_layer, last_layer); the first stage embeds, the
+//    last one holds the final norm, the head and the loss. A stage's input and output are the
+//    residual stream [B*T, d_model] (hidden_in / hidden_out, grad_output / grad_input).
+//  - Tensor parallel (Megatron-LM, Shoeybi et al. 2019): the heads and the MLP hidden units
+//    are split across the tp ranks. QKV and MLP-up are column-parallel (their weight rows are
+//    split, the input is whole: the input gradient is all-reduced in backward); attention-out
+//    and MLP-down are row-parallel (their weight columns are split: the output is all-reduced
+//    in forward). The embedding and the head are vocab-parallel: each rank holds a slice of
+//    the vocabulary, the embedding output is all-reduced, and the cross-entropy reduces its
+//    row max and sum of exponentials across ranks, so the full logits never exist anywhere.
+//  - Several activation sets: a pipeline stage keeps the activations of every micro-batch in
+//    flight between its forward and its backward.
+//
+// The model knows nothing of MPI: it is handed the tp group's Comm.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
 #include "config/config.h"
 #include "core/arena.h"
 #include "model/parameters.h"
+#include "parallel/comm.h"
 
 namespace llmtrain {
+
+struct ModelPartition {
+    int64_t first_layer = 0;
+    int64_t last_layer = -1;       // exclusive; -1: n_layers
+    bool has_embedding = true;     // the first pipeline stage
+    bool has_head = true;          // the last pipeline stage
+    int64_t activation_sets = 1;   // micro-batches whose activations are kept at once
+    int64_t param_pad_multiple = 1;  // the flat parameter buffer's length is a multiple of this (dp)
+};
 
 class Transformer {
 public:
     // Activations are planned for micro-batches of up to max_batch sequences of up to
-    // max_seq_len tokens (<= config.max_seq_len).
-    Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len);
+    // max_seq_len tokens (<= config.max_seq_len). tp: the tensor-parallel group (null: none).
+    Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
+                ModelPartition partition = {}, Comm* tp = nullptr);
 
     const ModelConfig& config() const { return config_; }
+    const ModelPartition& partition() const { return part_; }
     Parameters& parameters() { return params_; }
     const Parameters& parameters() const { return params_; }
     void initialize(uint64_t seed) { params_.initialize(seed, config_.init_std, config_.n_layers); }
+    // The index of the token embedding (shared with the head when tied), if this part has it.
+    std::optional<size_t> embedding_param() const;
 
-    // tokens and targets: i32 [batch * seq_len], sequences back to back. targets may be an
-    // empty Tensor (inference: logits only). Returns the mean loss over all tokens, or NaN.
-    double forward(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len);
-    // Accumulates d(loss_scale * mean loss)/d(parameters) of the last forward into the
-    // parameter gradients. Overwrites the logits.
-    void backward(double loss_scale);
-    // Logits [batch * seq_len, vocab] of the last forward.
+    // Runs this part of the model on activation set `set`. tokens (i32 [batch * seq_len],
+    // sequences back to back) are read by the first stage, targets by the last one (empty:
+    // logits only). A stage without the embedding reads hidden_in(set). Returns the mean loss
+    // on the last stage with targets, NaN otherwise.
+    double forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len);
+    // Accumulates d(loss_scale * mean loss)/d(parameters) of set's last forward into the
+    // parameter gradients. A stage without the head first reads grad_output(); a stage
+    // without the embedding leaves d(loss)/d(input) in grad_input(). Overwrites the logits.
+    void backward(int64_t set, double loss_scale);
+
+    // One micro-batch, set 0: the whole-model interface.
+    double forward(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) { return forward(0, tokens, targets, batch, seq_len); }
+    void backward(double loss_scale) { backward(0, loss_scale); }
+
+    // A non-first stage's input [batch * seq_len, d_model], filled before forward(set).
+    Tensor hidden_in(int64_t set, int64_t batch, int64_t seq_len) const;
+    Tensor hidden_out(int64_t set) const;  // a non-last stage's output, after forward(set)
+    // d(loss)/d(hidden_out) of the micro-batch to run backward on, filled before backward.
+    Tensor grad_output(int64_t batch, int64_t seq_len) const;
+    Tensor grad_input() const;             // d(loss)/d(hidden_in), after backward
+    // Logits [batch * seq_len, vocab / tp] of set 0's last forward (this rank's vocab slice).
     Tensor logits() const;
+    VocabShard vocab_shard() const;
+
+    // Called during backward with [begin, end) parameter indices whose gradients are final
+    // for this backward: data parallelism starts reducing them while backward goes on.
+    void set_grads_ready_hook(std::function<void(size_t begin, size_t end)> hook) { grads_ready_ = std::move(hook); }
 
     size_t activation_bytes() const { return arena_.total_bytes(); }
     int64_t max_batch() const { return max_batch_; }
     int64_t max_seq_len() const { return max_seq_len_; }
+    int64_t local_layers() const { return part_.last_layer - part_.first_layer; }
 
 private:
     // A parameter, or several registered back to back and used as one (fused QKV, gate+up).
@@ -53,6 +103,7 @@ private:
     struct LayerParams {
         ParamSpan norm1_w, norm1_b, qkv_w, qkv_b, attn_out_w, attn_out_b;
         ParamSpan norm2_w, norm2_b, mlp_up_w, mlp_up_b, mlp_down_w, mlp_down_b;
+        size_t begin = 0, end = 0;  // the layer's parameter indices
     };
     struct NormSlots {
         Arena::Slot out, mean, rstd;
@@ -61,44 +112,68 @@ private:
         NormSlots norm1, norm2;
         Arena::Slot qkv, att_saved, att_out, resid_mid, mlp_up, mlp_act;
     };
+    // What one micro-batch keeps between its forward and its backward.
+    struct ActivationSet {
+        Arena::Slot tokens, targets;
+        std::vector<Arena::Slot> residual;  // entering each local layer; the last is the stage output
+        std::vector<LayerSlots> layers;
+        NormSlots norm_f;
+        Arena::Slot logits, losses, lse, row_max, xent_partial;
+        int64_t batch = 0, seq_len = 0;
+        bool has_targets = false;
+    };
 
     void register_gpt2_params();
     void register_llama_params();
-    ParamSpan add(const std::string& name, Shape shape, ParamInit init, bool decay);
+    ParamSpan add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split = {});
     ParamSpan join(ParamSpan first, ParamSpan last) const { return {first.first, last.last, true}; }
     Tensor value(ParamSpan p) const { return p.present ? params_.value_span(p.first, p.last) : Tensor(); }
     Tensor grad(ParamSpan p) const { return p.present ? params_.grad_span(p.first, p.last) : Tensor(); }
+    // Row-parallel biases are added once: by tp rank 0, before the output's all-reduce.
+    Tensor row_parallel_bias(ParamSpan p) const { return tp_rank() == 0 ? value(p) : Tensor(); }
 
     void plan_activations();
+    ActivationSet reserve_set(int64_t set);
     NormSlots reserve_norm(const std::string& prefix);
     Tensor rows(Arena::Slot slot) const;  // the first batch * seq_len rows of a slot
     Tensor att_saved(Arena::Slot slot) const;
     AttentionShape attention_shape() const;
     bool is_llama() const { return config_.family == ModelFamily::llama; }
+    int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+    int tp_size() const { return tp_ ? tp_->size() : 1; }
+    // Sum over the tp group, in place (Megatron's g in forward, f in backward).
+    void tp_all_reduce(const Tensor& t) const;
+    ActivationSet& use_set(int64_t set);
+    void ready(size_t begin, size_t end) const;
 
+    void embed(const ActivationSet& a);
+    double head_and_loss(ActivationSet& a);
+    void head_backward(const ActivationSet& a, double loss_scale);
     void norm_fwd(const NormSlots& slots, const Tensor& x, ParamSpan w, ParamSpan b);
     // dx = d(norm)/dx^T dout; accumulates the norm's parameter gradients.
     void norm_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, const NormSlots& slots, ParamSpan w, ParamSpan b);
-    void layer_fwd(int64_t layer);
+    void layer_fwd(const ActivationSet& a, int64_t local);
     // d_resid: on entry the gradient w.r.t. the layer's output, on exit w.r.t. its input.
-    void layer_bwd(int64_t layer, const Tensor& d_resid);
+    void layer_bwd(const ActivationSet& a, int64_t local, const Tensor& d_resid);
 
     ModelConfig config_;
     Backend& backend_;
     DType dtype_;
     int64_t max_batch_, max_seq_len_;
+    ModelPartition part_;
+    Comm* tp_;
+    int64_t n_heads_, n_kv_heads_;  // this rank's heads
     int64_t batch_ = 0, seq_len_ = 0;
-    bool has_targets_ = false;
+    std::function<void(size_t, size_t)> grads_ready_;
 
     Parameters params_;
     ParamSpan wte_, wpe_, norm_f_w_, norm_f_b_, head_w_;
+    size_t head_begin_ = 0;  // first parameter index of the final norm and head
     std::vector<LayerParams> layer_params_;
 
     Arena arena_;
-    Arena::Slot tokens_, targets_, rope_table_, logits_, losses_;
-    std::vector<Arena::Slot> residual_;  // residual stream entering layer l; [n_layers] is the last output
-    std::vector<LayerSlots> layer_slots_;
-    NormSlots norm_f_;
+    Arena::Slot rope_table_;
+    std::vector<ActivationSet> sets_;
     Arena::Slot proj_out_, d_resid_, d_tmp_, d_norm_, d_att_out_, d_qkv_, d_mlp_act_, d_mlp_up_;
 };
 

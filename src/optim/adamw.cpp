@@ -4,35 +4,46 @@
 
 namespace llmtrain {
 
-double global_grad_norm(Backend& backend, const Parameters& params) {
-    return std::sqrt(backend.sum_squares(params.all_grads()));
-}
-
 double clip_scale(double grad_norm, double max_norm) {
     if (max_norm <= 0 || !(grad_norm > max_norm)) return 1.0;
     return max_norm / (grad_norm + 1e-6);
 }
 
-AdamW::AdamW(const OptimizerConfig& config, Parameters& params)
-    : config_(config), params_(params), m_(params.dtype(), {params.total_numel()}), v_(params.dtype(), {params.total_numel()}) {}
+namespace {
+std::vector<OwnedPiece> everything(const Parameters& params) { return {{0, params.all_grads().numel(), params.all_grads()}}; }
+
+int64_t total_length(const std::vector<OwnedPiece>& pieces) {
+    int64_t n = 0;
+    for (const OwnedPiece& p : pieces) n += p.end - p.begin;
+    return n;
+}
+}  // namespace
+
+AdamW::AdamW(const OptimizerConfig& config, Parameters& params) : AdamW(config, params, everything(params)) {}
+
+AdamW::AdamW(const OptimizerConfig& config, Parameters& params, std::vector<OwnedPiece> pieces)
+    : config_(config), params_(params), pieces_(std::move(pieces)), m_(params.dtype(), {total_length(pieces_)}),
+      v_(params.dtype(), {total_length(pieces_)}) {}
 
 void AdamW::step(Backend& backend, double lr, double grad_scale) {
     ++steps_taken_;
-    const size_t elem = dtype_size(params_.dtype());
-    for (size_t i = 0; i < params_.count(); ++i) {
-        const ParamInfo& info = params_.info(i);
-        const size_t byte_offset = static_cast<size_t>(info.offset) * elem;
-        const Tensor m(static_cast<char*>(m_.view().raw()) + byte_offset, params_.dtype(), info.shape);
-        const Tensor v(static_cast<char*>(v_.view().raw()) + byte_offset, params_.dtype(), info.shape);
-        AdamWStep s;
-        s.lr = lr;
-        s.beta1 = config_.beta1;
-        s.beta2 = config_.beta2;
-        s.eps = config_.eps;
-        s.weight_decay = info.weight_decay ? config_.weight_decay : 0.0;
-        s.grad_scale = grad_scale;
-        s.step = steps_taken_;
-        backend.adamw(params_.value(i), params_.grad(i), m, v, s);
+    const Tensor values = params_.all_values();
+    int64_t state_offset = 0;  // where the current piece's moments start
+    for (const OwnedPiece& piece : pieces_) {
+        for_each_param_in(params_, piece, [&](size_t index, int64_t begin, int64_t end) {
+            AdamWStep s;
+            s.lr = lr;
+            s.beta1 = config_.beta1;
+            s.beta2 = config_.beta2;
+            s.eps = config_.eps;
+            s.weight_decay = params_.info(index).weight_decay ? config_.weight_decay : 0.0;
+            s.grad_scale = grad_scale;
+            s.step = steps_taken_;
+            const int64_t in_piece = begin - piece.begin, count = end - begin;
+            backend.adamw(values.slice_rows(begin, count), piece.grads.slice_rows(in_piece, count),
+                          m_.view().slice_rows(state_offset + in_piece, count), v_.view().slice_rows(state_offset + in_piece, count), s);
+        });
+        state_offset += piece.end - piece.begin;
     }
 }
 

@@ -1,34 +1,66 @@
-// AdamW over a Parameters registry: moments m and v in one flat buffer each, laid out like
-// the parameters. Weight decay is decoupled and applies only to parameters registered with
-// weight_decay (matrices and embeddings, not norms or biases).
+// AdamW over the parts of a Parameters registry this rank updates. Each part is a range of
+// the flat parameter buffer with its reduced gradients (OwnedPiece): one range covering
+// everything on a single process or under plain data parallelism, this rank's pieces under
+// ZeRO-1. Moments m and v are kept for those ranges only, so the optimizer state per rank
+// is 1/dp of the whole under ZeRO-1. Weight decay is decoupled and applies only to
+// parameters registered with weight_decay (matrices and embeddings, not norms or biases).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 #include "config/config.h"
 #include "model/parameters.h"
+#include "parallel/grad_buckets.h"
 
 namespace llmtrain {
 
-// sqrt(sum of squares of every gradient): the global gradient norm.
-double global_grad_norm(Backend& backend, const Parameters& params);
 // The factor that brings the gradient norm down to max_norm (1 when within it or max_norm = 0).
 double clip_scale(double grad_norm, double max_norm);
 
+// Sum of squares of the gradients in `pieces`, over the parameters for which counts(index)
+// holds (a parameter replicated on several ranks is counted on one of them only).
+template <class Counts>
+double square_sum(Backend& backend, const Parameters& params, const std::vector<OwnedPiece>& pieces, Counts&& counts);
+
 class AdamW {
 public:
+    // Every parameter, with the gradients in place (a single process).
     AdamW(const OptimizerConfig& config, Parameters& params);
+    AdamW(const OptimizerConfig& config, Parameters& params, std::vector<OwnedPiece> pieces);
     // One update with learning rate lr and the gradient multiplied by grad_scale.
     void step(Backend& backend, double lr, double grad_scale);
     int64_t steps_taken() const { return steps_taken_; }
     size_t state_bytes() const { return 2 * m_.view().bytes(); }
+    const std::vector<OwnedPiece>& pieces() const { return pieces_; }
 
 private:
     OptimizerConfig config_;
     Parameters& params_;
+    std::vector<OwnedPiece> pieces_;
     OwnedTensor m_, v_;
     int64_t steps_taken_ = 0;
 };
+
+// For each parameter overlapping the piece: fn(parameter index, first flat element, end).
+template <class Fn>
+void for_each_param_in(const Parameters& params, const OwnedPiece& piece, Fn&& fn) {
+    for (size_t i = 0; i < params.count(); ++i) {
+        const ParamInfo& p = params.info(i);
+        const int64_t begin = std::max(piece.begin, p.offset), end = std::min(piece.end, p.offset + p.shape.numel());
+        if (begin < end) fn(i, begin, end);
+    }
+}
+
+template <class Counts>
+double square_sum(Backend& backend, const Parameters& params, const std::vector<OwnedPiece>& pieces, Counts&& counts) {
+    double total = 0;
+    for (const OwnedPiece& piece : pieces)
+        for_each_param_in(params, piece, [&](size_t index, int64_t begin, int64_t end) {
+            if (counts(index)) total += backend.sum_squares(piece.grads.slice_rows(begin - piece.begin, end - begin));
+        });
+    return total;
+}
 
 }  // namespace llmtrain

@@ -1,15 +1,17 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/log.h"
 #include "core/timer.h"
-#include "data/batch_windows.h"
 #include "model/generate.h"
 #include "optim/lr_schedule.h"
+#include "train/fault_injection.h"
 
 namespace llmtrain {
 
@@ -45,33 +47,89 @@ std::string printable(const std::vector<int32_t>& tokens, DataFormat format) {
     }
     return out;
 }
+
+// Threads per rank: as configured, or the node's cores shared among its ranks.
+int threads_per_rank(const TrainConfig& train, const ParallelContext& ctx) {
+    if (train.threads > 0) return static_cast<int>(train.threads);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return std::max(1, cores / std::max(1, ctx.local_size));
+}
+
+// This rank's pipeline stage: its layers, whether it embeds or holds the head, and how
+// many micro-batches it keeps in flight.
+ModelPartition stage_partition(const Config& config, const ParallelContext& ctx) {
+    const int64_t pp = ctx.mesh.pp(), stage = ctx.coord().pp;
+    const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, pp, config.model.n_layers);
+    ModelPartition part;
+    for (int64_t s = 0; s < stage; ++s) part.first_layer += layers[static_cast<size_t>(s)];
+    part.last_layer = part.first_layer + layers[static_cast<size_t>(stage)];
+    part.has_embedding = stage == 0;
+    part.has_head = stage == pp - 1;
+    part.activation_sets = one_f_one_b_in_flight(pp, stage, config.train.grad_accum);
+    part.param_pad_multiple = ctx.mesh.dp();
+    return part;
+}
 }  // namespace
 
-Trainer::Trainer(const Config& config, TrainerOptions options) : config_(config), options_(std::move(options)) {
-    backend_ = make_cpu_backend(static_cast<int>(config_.train.threads));
+Trainer::Trainer(const Config& config, TrainerOptions options) : Trainer(config, std::move(options), nullptr) {}
+
+Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext& ctx) : Trainer(config, std::move(options), &ctx) {}
+
+Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx)
+    : config_(config), options_(std::move(options)),
+      own_ctx_(shared_ctx ? nullptr : std::make_unique<ParallelContext>(make_single_process_context())),
+      ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len) {
+    const ParallelContext& ctx = *ctx_;
+    if (!is_logger()) options_.quiet = true;
+    backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
     data_ = load_token_splits(config_.data, config_.model.vocab_size, config_.train.seq_len);
-    model_ = std::make_unique<Transformer>(config_.model, *backend_, options_.dtype, config_.train.batch_size, config_.train.seq_len);
+    model_ = std::make_unique<Transformer>(config_.model, *backend_, options_.dtype, config_.train.batch_size, config_.train.seq_len,
+                                           stage_partition(config_, ctx), ctx_->tp.get());
     model_->initialize(config_.train.seed);
-    optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters());
-    if (!options_.run_dir.empty() && config_.metrics.jsonl) {
+    const auto bucket_bytes = static_cast<int64_t>(config_.parallel.bucket_mb * 1e6);
+    buckets_ = std::make_unique<GradBuckets>(model_->parameters(), *ctx_->dp, config_.parallel.zero1, bucket_bytes);
+    optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters(), buckets_->owned());
+    pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, config_.train.grad_accum);
+    if (!options_.run_dir.empty() && config_.metrics.jsonl && is_logger()) {
         const std::string path = (std::filesystem::path(options_.run_dir) / "log.jsonl").string();
         jsonl_.open(path, std::ios::out | std::ios::trunc);
         if (!jsonl_) fail(ErrorKind::io, "cannot write '", path, "'");
     }
 }
 
+Trainer::~Trainer() = default;
+
+RankMemory Trainer::memory() const {
+    const Parameters& p = model_->parameters();
+    return {p.all_values().bytes(), p.all_grads().bytes() + buckets_->sharded_grad_bytes(), optimizer_->state_bytes(), model_->activation_bytes()};
+}
+
 void Trainer::log_startup() const {
-    if (options_.quiet) return;
     const ModelConfig& m = config_.model;
     const TrainConfig& t = config_.train;
-    const Parameters& p = model_->parameters();
+    const Mesh& mesh = ctx_->mesh;
+    const ModelPartition& part = model_->partition();
+    // Per-rank figures differ between pipeline stages: the largest over the ranks is what
+    // decides whether a layout fits.
+    const RankMemory mine = memory();
+    const auto max_over_ranks = [&](size_t bytes) { return ctx_->world->all_reduce_scalar(static_cast<double>(bytes), ReduceOp::max); };
+    const double params_max = max_over_ranks(mine.parameter_bytes), grads_max = max_over_ranks(mine.gradient_bytes);
+    const double optim_max = max_over_ranks(mine.optimizer_bytes), act_max = max_over_ranks(mine.activation_bytes);
+    const double total_params = ctx_->world->all_reduce_scalar(
+        ctx_->coord().dp == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
+    if (options_.quiet) return;
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
-             " kv), d_ff ", m.d_ff, ", vocab ", m.vocab_size, " | ", fixed(static_cast<double>(p.total_numel()) / 1e6, 3), "M parameters");
-    log_info("memory: parameters ", megabytes(static_cast<double>(p.all_values().bytes())), ", gradients ", megabytes(static_cast<double>(p.all_grads().bytes())),
-             ", optimizer ", megabytes(static_cast<double>(optimizer_->state_bytes())), ", activations ", megabytes(static_cast<double>(model_->activation_bytes())),
-             " (planned) | backend ", backend_->name(), " ", dtype_name(options_.dtype));
-    log_info("data: ", data_.train.size(), " training and ", data_.val.size(), " validation tokens | batch ", t.batch_size, " x ", t.seq_len, " x ",
-             t.grad_accum, " micro-batches = ", t.batch_size * t.seq_len * t.grad_accum, " tokens per step");
+             " kv), d_ff ", m.d_ff, ", vocab ", m.vocab_size, " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
+    log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
+             ") | ZeRO-1 ", buckets_->zero1() ? "on" : "off", " | ", buckets_->bucket_count(), " gradient buckets | rank 0 holds layers [",
+             part.first_layer, ", ", part.last_layer, ")");
+    log_info("memory per rank (rank 0 / largest): parameters ", megabytes(static_cast<double>(mine.parameter_bytes)), " / ", megabytes(params_max),
+             ", gradients ", megabytes(static_cast<double>(mine.gradient_bytes)), " / ", megabytes(grads_max), ", optimizer ",
+             megabytes(static_cast<double>(mine.optimizer_bytes)), " / ", megabytes(optim_max), ", activations ",
+             megabytes(static_cast<double>(mine.activation_bytes)), " / ", megabytes(act_max), " (planned) | backend ", backend_->name(), " ",
+             dtype_name(options_.dtype));
+    log_info("data: ", data_.train.size(), " training and ", data_.val.size(), " validation tokens | batch ", t.batch_size, " x ", t.seq_len,
+             " x ", t.grad_accum, " micro-batches x dp ", mesh.dp(), " = ", t.batch_size * t.seq_len * t.grad_accum * mesh.dp(), " tokens per step");
 }
 
 TrainResult Trainer::run() {
@@ -79,6 +137,7 @@ TrainResult Trainer::run() {
     record_eval(0, evaluate());
     const int64_t steps = config_.train.steps;
     for (int64_t step = 0; step < steps; ++step) {
+        inject_fault_if_requested(ctx_->world_rank, step + 1);
         const OpProfile before = backend_->profile();
         const StepRecord s = train_step(step);
         add_profile_difference(result_.step_profile, before, backend_->profile());
@@ -91,7 +150,7 @@ TrainResult Trainer::run() {
     double timed_seconds = 0;
     for (size_t i = steps > 1 ? 1 : 0; i < result_.steps.size(); ++i) timed_seconds += result_.steps[i].step_seconds;
     const int64_t timed_steps = steps > 1 ? steps - 1 : steps;
-    const double tokens_per_step = static_cast<double>(config_.train.batch_size * config_.train.seq_len * config_.train.grad_accum);
+    const double tokens_per_step = static_cast<double>(config_.train.batch_size * config_.train.seq_len * config_.train.grad_accum * ctx_->mesh.dp());
     result_.tokens_per_second = tokens_per_step * static_cast<double>(timed_steps) / timed_seconds;
     result_.sample = sample_text();
     return result_;
@@ -100,48 +159,103 @@ TrainResult Trainer::run() {
 StepRecord Trainer::train_step(int64_t step) {
     const TrainConfig& t = config_.train;
     Stopwatch clock;
-    Parameters& params = model_->parameters();
-    backend_->fill_zero(params.all_grads());
-    BatchBuffers batch(t.batch_size, t.seq_len);
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-        fill_train_batch(batch, data_.train, t.seed, step, micro, t.grad_accum, t.batch_size, t.seq_len);
-        loss_sum += model_->forward(batch.inputs, batch.targets, t.batch_size, t.seq_len);
-        // Each micro-batch contributes 1/grad_accum of the step's mean loss.
-        model_->backward(1.0 / static_cast<double>(t.grad_accum));
-    }
     StepRecord s;
     s.step = step + 1;
-    s.loss = loss_sum / static_cast<double>(t.grad_accum);
-    s.grad_norm = global_grad_norm(*backend_, params);
+    s.loss = forward_backward(step);
+    s.grad_norm = global_grad_norm();
     s.lr = learning_rate_at(config_.optimizer, step, t.steps);
+    // Loss and norm are reduced over the whole job: every rank takes the same decision.
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
         if (config_.monitor.on_nonfinite == NonFinitePolicy::abort)
-            fail(ErrorKind::runtime, "step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss, ", grad norm ",
-                 s.grad_norm, "); aborting as monitor.on_nonfinite = \"abort\" (\"skip\" skips such updates)");
+            fail(ErrorKind::runtime, "step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss,
+                 ", grad norm ", s.grad_norm, "); aborting as monitor.on_nonfinite = \"abort\" (\"skip\" skips such updates)");
         s.skipped = true;
     } else {
         optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip));
+        buckets_->gather_parameters();
     }
     s.step_seconds = clock.seconds();
-    s.tokens_per_second = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum) / s.step_seconds;
+    s.tokens_per_second = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp()) / s.step_seconds;
     return s;
 }
 
+// Global micro-batch g = dp_rank * M + m of the step (M = grad_accum): each dp rank trains
+// on its contiguous slice of the global batch, and a single process with M * dp
+// micro-batches sees the very same windows.
+double Trainer::forward_backward(int64_t step) {
+    const TrainConfig& t = config_.train;
+    const int64_t M = t.grad_accum, dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
+    Parameters& params = model_->parameters();
+    const std::optional<size_t> embedding = model_->embedding_param();
+    const bool tied_across_stages = config_.model.tied_embeddings && ctx_->mesh.pp() > 1;
+    backend_->fill_zero(params.all_grads());
+    buckets_->begin_step();
+
+    bool reducing = false;  // only the last micro-batch's backward produces final gradients
+    model_->set_grads_ready_hook([&](size_t begin, size_t end) {
+        if (!reducing) return;
+        for (size_t i = begin; i < end; ++i)
+            if (!(tied_across_stages && embedding && i == *embedding)) buckets_->mark_ready(i, i + 1);
+    });
+    const auto batch_of = [&](int64_t m) {
+        fill_train_batch(batch_, data_.train, t.seed, step, dp_rank * M + m, M * dp, t.batch_size, t.seq_len);
+        return MicroBatch{batch_.inputs, batch_.targets};
+    };
+    const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, 1.0 / static_cast<double>(M * dp),
+                                                    [&](int64_t m) { reducing = m == M - 1; });
+    model_->set_grads_ready_hook(nullptr);
+    if (tied_across_stages && embedding) {
+        sync_tied_embedding();
+        buckets_->mark_ready(*embedding, *embedding + 1);
+    }
+    buckets_->finish();
+    const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
+    return ctx_->world->all_reduce_scalar(reports_loss ? local_loss : 0.0, ReduceOp::sum) / static_cast<double>(M * dp);
+}
+
+// The first stage's embedding and the last stage's head are one tied tensor held twice:
+// their gradients are summed so that both copies take the same update.
+void Trainer::sync_tied_embedding() {
+    if (!ctx_->embedding) return;
+    ctx_->embedding->all_reduce(model_->parameters().grad(*model_->embedding_param()), ReduceOp::sum);
+}
+
+// A parameter counts once in the norm: a tensor replicated over tp on tp rank 0 only, the
+// tied embedding on the first stage only; under plain dp every rank holds every reduced
+// gradient, so dp rank 0 alone counts them.
+bool Trainer::counts_in_norm(size_t param) const {
+    const ParamInfo& info = model_->parameters().info(param);
+    if (info.replicated() && ctx_->coord().tp != 0) return false;
+    const bool tied_copy = config_.model.tied_embeddings && !ctx_->first_stage() && model_->embedding_param() == param;
+    return !tied_copy;
+}
+
+double Trainer::global_grad_norm() {
+    double local = square_sum(*backend_, model_->parameters(), buckets_->owned(), [this](size_t i) { return counts_in_norm(i); });
+    if (!buckets_->zero1() && ctx_->coord().dp != 0) local = 0;
+    return std::sqrt(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
+}
+
+// Eval batch i runs on dp rank i % dp; the mean is over all of them.
 double Trainer::evaluate() {
     const TrainConfig& t = config_.train;
-    BatchBuffers batch(t.batch_size, t.seq_len);
+    const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
     double total = 0;
-    for (int64_t i = 0; i < t.eval_batches; ++i) {
-        fill_eval_batch(batch, data_.val, i, t.batch_size, t.seq_len);
-        total += model_->forward(batch.inputs, batch.targets, t.batch_size, t.seq_len);
+    for (int64_t i = dp_rank; i < t.eval_batches; i += dp) {
+        fill_eval_batch(batch_, data_.val, i, t.batch_size, t.seq_len);
+        total += pipeline_->forward_only({batch_.inputs, batch_.targets}, t.batch_size, t.seq_len);
     }
-    return total / static_cast<double>(t.eval_batches);
+    const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
+    return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_batches);
 }
 
 std::string Trainer::sample_text() {
     const TrainConfig& t = config_.train;
-    if (t.sample_tokens == 0) return "";
+    if (t.sample_tokens == 0 || !is_logger()) return "";
+    if (ctx_->mesh.tp() > 1 || ctx_->mesh.pp() > 1) {
+        if (!options_.quiet) log_info("sample: not generated; sampling runs on a model held whole by one rank (tp = pp = 1)");
+        return "";
+    }
     std::vector<int32_t> context;
     if (config_.data.format == DataFormat::text) {
         context = bytes_to_tokens(t.sample_prompt, "");
@@ -157,10 +271,10 @@ std::string Trainer::sample_text() {
 
 void Trainer::record(const StepRecord& s) {
     result_.steps.push_back(s);
-    if (s.skipped) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
+    if (s.skipped && !options_.quiet) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
     if (!options_.quiet && (s.step % config_.train.log_every == 0 || s.step == config_.train.steps))
-        log_info("step ", s.step, "/", config_.train.steps, " | loss ", fixed(s.loss, 4), " | lr ", scientific(s.lr), " | grad norm ", fixed(s.grad_norm, 4), " | ",
-                 std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms");
+        log_info("step ", s.step, "/", config_.train.steps, " | loss ", fixed(s.loss, 4), " | lr ", scientific(s.lr), " | grad norm ",
+                 fixed(s.grad_norm, 4), " | ", std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms");
     nlohmann::json line = {{"event", "step"},     {"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
                            {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second}, {"skipped", s.skipped}};
     write_json_line(line.dump());

@@ -1,6 +1,13 @@
-// The Trainer wires the layers for one process: data windows -> model forward/backward
-// over micro-batches -> global gradient norm and clipping -> AdamW with the LR schedule ->
-// non-finite guard -> log line and JSONL record; evaluation on the held-out split.
+// The Trainer wires the layers for one rank: data windows -> this rank's part of the model
+// (pipeline stage, tensor-parallel slice) over micro-batches in 1F1B order -> gradient
+// reduction over the dp group in buckets, overlapped with backward (ZeRO-1: reduce-scatter)
+// -> the true global gradient norm and clipping -> AdamW on this rank's part -> parameter
+// all-gather (ZeRO-1) -> non-finite guard -> log line and JSONL record (rank 0);
+// evaluation on the held-out split.
+//
+// Every layout computes the same run: the global batch of a step is dp * grad_accum
+// micro-batches of batch_size sequences, numbered the same way whatever the layout, and the
+// loss is the mean over all of them.
 #pragma once
 
 #include <cstdint>
@@ -11,17 +18,21 @@
 
 #include "backend/backend.h"
 #include "config/config.h"
+#include "data/batch_windows.h"
 #include "data/token_source.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "parallel/context.h"
+#include "parallel/grad_buckets.h"
+#include "train/pipeline_runner.h"
 
 namespace llmtrain {
 
 struct StepRecord {
     int64_t step = 0;        // 1-based: the number of optimizer steps taken after it
-    double loss = 0;         // mean over the step's micro-batches
+    double loss = 0;         // mean over the step's micro-batches (all dp ranks)
     double lr = 0;
-    double grad_norm = 0;    // before clipping
+    double grad_norm = 0;    // before clipping, over every parameter of every rank
     double step_seconds = 0;
     double tokens_per_second = 0;
     bool skipped = false;    // update skipped by the non-finite policy
@@ -37,8 +48,8 @@ struct TrainResult {
     std::vector<EvalRecord> evals;
     double tokens_per_second = 0;   // over all steps but the first (warm-up)
     double train_seconds = 0;       // wall time of the steps
-    double gemm_fraction = 0;       // share of step time spent in GEMMs
-    OpProfile step_profile;         // op times over the steps
+    double gemm_fraction = 0;       // share of step time spent in GEMMs (this rank)
+    OpProfile step_profile;         // op times over the steps (this rank)
     std::string sample;             // generated text (or token ids) after training
 };
 
@@ -48,27 +59,49 @@ struct TrainerOptions {
     bool quiet = false;             // no log lines (tests)
 };
 
+// What this rank holds, for the start-up report and the tests.
+struct RankMemory {
+    size_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+};
+
 class Trainer {
 public:
+    // A single process.
     Trainer(const Config& config, TrainerOptions options);
+    // One rank of a parallel run; ctx outlives the trainer.
+    Trainer(const Config& config, TrainerOptions options, ParallelContext& ctx);
+    ~Trainer();
     TrainResult run();
     Transformer& model() { return *model_; }
+    RankMemory memory() const;
 
 private:
+    Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
     void log_startup() const;
     StepRecord train_step(int64_t step);
+    // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.
+    double forward_backward(int64_t step);
+    void sync_tied_embedding();
+    double global_grad_norm();
     double evaluate();
     std::string sample_text();
     void record(const StepRecord& s);
     void record_eval(int64_t step, double val_loss);
     void write_json_line(const std::string& line);
+    bool counts_in_norm(size_t param) const;
+    bool is_logger() const { return ctx_->world_rank == 0; }
 
     Config config_;
     TrainerOptions options_;
+    std::unique_ptr<ParallelContext> own_ctx_;  // a single process's context
+    ParallelContext* ctx_;
     std::unique_ptr<Backend> backend_;
     TokenSplits data_;
     std::unique_ptr<Transformer> model_;
+    std::unique_ptr<GradBuckets> buckets_;
     std::unique_ptr<AdamW> optimizer_;
+    std::unique_ptr<PipelineRunner> pipeline_;
+    BatchBuffers batch_;
     std::ofstream jsonl_;
     TrainResult result_;
 };

@@ -27,12 +27,12 @@ void check_embedding(int64_t B, int64_t T, int64_t C, int64_t V, bool positions)
     const OwnedTensor wpe = positions ? random_tensor(f64, {T + 2, C}, 3) : OwnedTensor();
     const OwnedTensor out(f64, {N, C}), R = random_tensor(f64, {N, C}, 4);
     auto loss = [&] {
-        be->embedding_fwd(out, tokens, wte, wpe, T);
+        be->embedding_fwd(out, tokens, wte, wpe, T, {});
         return weighted_sum(out, R);
     };
     const OwnedTensor dwte = filled(f64, {V, C}, prefill);
     const OwnedTensor dwpe = positions ? filled(f64, {T + 2, C}, prefill) : OwnedTensor();
-    be->embedding_bwd(dwte, dwpe, R, tokens, T);
+    be->embedding_bwd(dwte, dwpe, R, tokens, T, {});
     expect_gradient_matches("dwte", wte, dwte, loss, prefill);
     if (positions) expect_gradient_matches("dwpe", wpe, dwpe, loss, prefill);
 }
@@ -224,7 +224,7 @@ TEST(CrossEntropyBackward, MatchesFiniteDifferences) {
                 return weighted_sum(losses, ones);
             };
             const OwnedTensor dlogits = filled(f64, {N, V}, garbage);
-            be->xent_bwd(dlogits, logits, targets, dloss);
+            be->xent_bwd(dlogits, logits, targets, Tensor(), {}, dloss);
             expect_gradient_matches("dlogits", logits, dlogits, loss);
         }
 }

@@ -65,7 +65,7 @@ void expect_error(ErrorKind kind, const std::vector<std::string>& words, const s
 TEST(F32Forward, Embedding_MatchesF64) {
     const OwnedTensor tokens = random_tokens(14, 11, 1), wte = random_tensor(f64, {11, 13}, 2), wpe = random_tensor(f64, {9, 13}, 3);
     expect_f32_matches_f64({&tokens, &wte, &wpe}, {{14, 13}}, [](Backend& be, const auto& in, const auto& out) {
-        be.embedding_fwd(out[0], in[0], in[1], in[2], 7);
+        be.embedding_fwd(out[0], in[0], in[1], in[2], 7, {});
     });
 }
 
@@ -121,7 +121,7 @@ TEST(F32Forward, CrossEntropy_MatchesF64) {
     const OwnedTensor logits = random_tensor(f64, {7, 11}, 16, -5, 5), targets = random_tokens(7, 11, 17);
     expect_f32_matches_f64({&logits, &targets}, {{7}, {7, 11}}, [](Backend& be, const auto& in, const auto& out) {
         be.xent_fwd(out[0], in[0], in[1]);
-        be.xent_bwd(out[1], in[0], in[1], 0.5);
+        be.xent_bwd(out[1], in[0], in[1], Tensor(), {}, 0.5);
     });
 }
 
@@ -212,8 +212,8 @@ TEST(RopeTable, HoldsCosThenSinOfPositionTimesInverseFrequency) {
 TEST(CrossEntropyBackward, InPlaceOnLogitsEqualsSeparateOutput) {
     auto be = cpu_backend();
     const OwnedTensor logits = random_tensor(f32, {9, 11}, 40, -4, 4), targets = random_tokens(9, 11, 41), separate(f32, {9, 11});
-    be->xent_bwd(separate, logits, targets, 0.25);
-    be->xent_bwd(logits, logits, targets, 0.25);
+    be->xent_bwd(separate, logits, targets, Tensor(), {}, 0.25);
+    be->xent_bwd(logits, logits, targets, Tensor(), {}, 0.25);
     EXPECT_TRUE(bitwise_equal(logits, separate));
 }
 
@@ -285,7 +285,7 @@ TEST(Attention, SavedProbabilitiesAreCausalAndSumToOne) {
 
 TEST(Embedding, WithoutPositionsCopiesTokenRows) {
     const OwnedTensor tokens = random_tokens(6, 5, 46), wte = random_tensor(f32, {5, 3}, 47), out(f32, {6, 3});
-    cpu_backend()->embedding_fwd(out, tokens, wte, Tensor(), 3);
+    cpu_backend()->embedding_fwd(out, tokens, wte, Tensor(), 3, {});
     for (int64_t n = 0; n < 6; ++n)
         for (int64_t c = 0; c < 3; ++c) ASSERT_EQ(get(out, n * 3 + c), get(wte, tokens.data<int32_t>()[n] * 3 + c));
 }
@@ -364,7 +364,7 @@ TEST(Determinism, EmbeddingBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
             std::vector<OwnedTensor> g;
             g.push_back(filled(f32, {17, 150}, 0.5));
             g.push_back(filled(f32, {20, 150}, 0.5));
-            be.embedding_bwd(g[0], g[1], dout, tokens, 16);
+            be.embedding_bwd(g[0], g[1], dout, tokens, 16, {});
             return g;
         },
         true);
@@ -414,12 +414,12 @@ TEST(DataErrors, TokenOrTargetOutsideTheVocabularyIsReported) {
     const OwnedTensor tokens(DType::i32, {4}), wte(f32, {5, 3}), out(f32, {4, 3});
     tokens.data<int32_t>()[2] = 5;
     expect_error(ErrorKind::data, {"embedding_fwd: token id 5 at row 2 is outside the vocabulary [0, 5)"},
-                 [&] { be->embedding_fwd(out, tokens, wte, Tensor(), 4); });
-    expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] { be->embedding_bwd(wte, Tensor(), out, tokens, 4); });
+                 [&] { be->embedding_fwd(out, tokens, wte, Tensor(), 4, {}); });
+    expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] { be->embedding_bwd(wte, Tensor(), out, tokens, 4, {}); });
     const OwnedTensor logits(f32, {4, 5}), losses(f32, {4});
     tokens.data<int32_t>()[2] = -1;
     expect_error(ErrorKind::data, {"xent_fwd", "target -1 at row 2"}, [&] { be->xent_fwd(losses, logits, tokens); });
-    expect_error(ErrorKind::data, {"xent_bwd", "target -1"}, [&] { be->xent_bwd(logits, logits, tokens, 1.0); });
+    expect_error(ErrorKind::data, {"xent_bwd", "target -1"}, [&] { be->xent_bwd(logits, logits, tokens, Tensor(), {}, 1.0); });
 }
 
 TEST(Support, OnlyF32AndF64AreSupportedAndOthersThrowUnsupported) {

@@ -180,7 +180,10 @@ TEST(Config, MinimalGpt2_ParsesWithDocumentedDefaults) {
     EXPECT_EQ(c.optimizer.lr, 1e-3);
     EXPECT_EQ(c.optimizer.decay, LrDecay::cosine);
     EXPECT_EQ(c.optimizer.grad_clip, 1.0);
-    EXPECT_EQ(c.parallel.tp * c.parallel.pp * c.parallel.dp, 1);
+    EXPECT_EQ(c.parallel.tp * c.parallel.pp, 1);
+    EXPECT_EQ(c.parallel.dp, 0);  // derived from the world size at launch
+    EXPECT_TRUE(c.parallel.zero1);
+    EXPECT_EQ(c.parallel.order, "tp-dp-pp");
     EXPECT_EQ(c.checkpoint.every_steps, 0);
     EXPECT_EQ(c.monitor.on_nonfinite, NonFinitePolicy::abort);
     EXPECT_TRUE(c.metrics.jsonl);
@@ -442,11 +445,32 @@ TEST(Config, NoHeldOutData_IsRejectedOnValFraction) {
     EXPECT_NO_THROW(parse(TomlText::gpt2().set("data.val_fraction", "0").set("data.val_path", literal(val_file()))));
 }
 
-TEST(Config, MoreThanOneProcess_IsRejectedOnTheFirstParallelKeyAboveOne) {
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp", "4")),
-                         "run.toml: parallel.tp: this version trains on one process: tp * pp * dp must be 1 (got 4)"));
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.pp", "2").set("parallel.dp", "2")),
-                         "run.toml: parallel.pp: this version trains on one process: tp * pp * dp must be 1 (got 4)"));
+TEST(Config, TensorParallelNotDividingHeadsOrVocab_IsRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp", "3")), "run.toml: parallel.tp: must divide model.n_heads = 4"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp", "2").set("model.vocab_size", "301")),
+                         "model.vocab_size = 301 (got 2)"));
+}
+
+TEST(Config, MoreStagesThanLayersOrMicroBatches_IsRejected) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.pp", "9").set("train.grad_accum", "9")),
+                         "run.toml: parallel.pp: more pipeline stages than model.n_layers"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.pp", "2")),
+                         "run.toml: parallel.pp: 1F1B needs at least as many micro-batches as stages: train.grad_accum = 1 < 2 stages"));
+}
+
+TEST(Config, StageLayersThatDoNotAddUp_AreRejected) {
+    const TomlText two_stages = TomlText::gpt2().set("parallel.pp", "2").set("train.grad_accum", "2");
+    EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.stage_layers", "'1,5'")), "run.toml: parallel.stage_layers: \"1,5\" gives 2 stages with 6 layers"));
+    EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.stage_layers", "'1,x'")), "is not a comma-separated list of positive layer counts"));
+}
+
+TEST(Config, StageLayers_DefaultToBalancedWithTheRemainderFirst) {
+    EXPECT_EQ(parse_stage_layers("", 3, 8), (std::vector<int64_t>{3, 3, 2}));
+    EXPECT_EQ(parse_stage_layers(" 1, 3 ", 2, 4), (std::vector<int64_t>{1, 3}));
+}
+
+TEST(Config, UnknownMeshOrder_ListsTheAllowedOrders) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.order", "'tp-tp-dp'")), "parallel.order: \"tp-tp-dp\" is not a known value"));
 }
 
 TEST(Config, CheckpointsRequested_AreRejected) {

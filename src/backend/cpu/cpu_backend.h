@@ -19,8 +19,8 @@ public:
     bool supports(Op op, DType dtype) const override;
     int threads() const { return threads_; }
 
-    void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len) override;
-    void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len) override;
+    void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) override;
+    void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) override;
 
     void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) override;
     void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) override;
@@ -44,7 +44,10 @@ public:
     void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
 
     void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) override;
-    void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double dloss) override;
+    void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) override;
+    void logits_row_max(const Tensor& row_max, const Tensor& logits) override;
+    void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) override;
+    void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) override;
 
     void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& step) override;
     double sum_squares(const Tensor& x) override;

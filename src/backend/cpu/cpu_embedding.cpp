@@ -1,6 +1,8 @@
 // Token and position embedding on the CPU.
 //   forward:  out[n] = wte[tokens[n]] + wpe[n % T]
 //   backward: dwte[tokens[n]] += dout[n];  dwpe[n % T] += dout[n]
+// With a vocabulary shard, wte holds rows [begin, begin + V_local): a token outside them
+// contributes a zero row and no gradient.
 // The backward scatters rows into shared gradient rows, so it runs over column blocks:
 // each gradient element is summed by one thread in row order (deterministic).
 #include "backend/cpu/cpu_backend.h"
@@ -23,30 +25,30 @@ void expect_positions(const char* op, const char* tensor_name, const Tensor& tab
 }
 
 template <class T>
-void embedding_fwd_rows(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t rows, int64_t C, int64_t seq_len, int threads) {
+void embedding_fwd_rows(T* out, const int32_t* tokens, const T* wte, const T* wpe, cpu::VocabRows local, int64_t rows, int64_t C, int64_t seq_len,
+                        int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
-        const T* e = wte + tokens[n] * C;
+        const T* e = local.holds(tokens[n]) ? wte + (tokens[n] - local.begin) * C : nullptr;
+        const T* p = wpe ? wpe + (n % seq_len) * C : nullptr;
         T* o = out + n * C;
-        if (wpe) {
-            const T* p = wpe + (n % seq_len) * C;
-            for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
-        } else {
-            for (int64_t c = 0; c < C; ++c) o[c] = e[c];
-        }
+        for (int64_t c = 0; c < C; ++c) o[c] = (e ? e[c] : T(0)) + (p ? p[c] : T(0));
     }
 }
 
 template <class T>
-void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t rows, int64_t C, int64_t seq_len, int threads) {
+void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, cpu::VocabRows local, int64_t rows, int64_t C, int64_t seq_len,
+                           int threads) {
     const int64_t blocks = cpu::column_block_count(C);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t block = 0; block < blocks; ++block) {
         const int64_t c0 = block * cpu::column_block, c1 = cpu::column_block_end(block, C);
         for (int64_t n = 0; n < rows; ++n) {
             const T* d = dout + n * C;
-            T* g = dwte + tokens[n] * C;
-            for (int64_t c = c0; c < c1; ++c) g[c] += d[c];
+            if (local.holds(tokens[n])) {
+                T* g = dwte + (tokens[n] - local.begin) * C;
+                for (int64_t c = c0; c < c1; ++c) g[c] += d[c];
+            }
             if (dwpe) {
                 T* p = dwpe + (n % seq_len) * C;
                 for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
@@ -57,7 +59,7 @@ void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* token
 
 }  // namespace
 
-void CpuBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len) {
+void CpuBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) {
     cpu::OpTimer timer(profile_, Op::embedding_fwd);
     const char* op = timer.name();
     cpu::expect_rank(op, "wte", wte, 2);
@@ -71,12 +73,14 @@ void CpuBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Te
             cpu::expect_tensor(op, "wpe", wpe, {wpe.dim(0), C}, wte.dtype());
         }
         expect_positions(op, "wpe", wpe, seq_len);
-        expect_tokens_in_vocab(op, tokens.data<int32_t>(), N, V);
-        embedding_fwd_rows(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), cpu::data_or_null<T>(wpe), N, C, seq_len, threads_);
+        const cpu::VocabRows local(shard, V);
+        cpu::expect_vocab_rows(op, local);
+        expect_tokens_in_vocab(op, tokens.data<int32_t>(), N, local.total);
+        embedding_fwd_rows(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), cpu::data_or_null<T>(wpe), local, N, C, seq_len, threads_);
     });
 }
 
-void CpuBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len) {
+void CpuBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) {
     cpu::OpTimer timer(profile_, Op::embedding_bwd);
     const char* op = timer.name();
     cpu::expect_rank(op, "dwte", dwte, 2);
@@ -90,8 +94,10 @@ void CpuBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Ten
             cpu::expect_tensor(op, "dwpe", dwpe, {dwpe.dim(0), C}, dwte.dtype());
         }
         expect_positions(op, "dwpe", dwpe, seq_len);
-        expect_tokens_in_vocab(op, tokens.data<int32_t>(), N, V);
-        embedding_bwd_columns(dwte.data<T>(), cpu::data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), N, C, seq_len, threads_);
+        const cpu::VocabRows local(shard, V);
+        cpu::expect_vocab_rows(op, local);
+        expect_tokens_in_vocab(op, tokens.data<int32_t>(), N, local.total);
+        embedding_bwd_columns(dwte.data<T>(), cpu::data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), local, N, C, seq_len, threads_);
     });
 }
 

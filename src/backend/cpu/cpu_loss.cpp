@@ -2,6 +2,10 @@
 //   forward:  loss[n] = logsumexp(logits[n]) - logits[n, t],  t = targets[n]
 //   backward: dlogits[n] = (softmax(logits[n]) - onehot(t)) dloss
 // The backward takes the row's max and sum before it writes, so dlogits may alias logits.
+//
+// Vocabulary-parallel form (each rank holds the logits of a slice of the vocabulary):
+// m = max_v logits (reduced with max over ranks), S = sum_v exp(logits - m) and the target's
+// logit (reduced with sum over ranks), then lse = m + log S and loss = lse - logit[t].
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -17,17 +21,24 @@ void expect_targets_in_vocab(const char* op, const int32_t* targets, int64_t row
             fail(ErrorKind::data, op, ": target ", targets[n], " at row ", n, " is outside the vocabulary [0, ", vocab, ")");
 }
 
-struct RowSoftmax {
-    double max, sum;  // softmax(x)_v = exp(x_v - max) / sum
-};
-
 template <class T>
-RowSoftmax row_softmax(const T* row, int64_t V) {
+double row_max_of(const T* row, int64_t V) {
     double mx = static_cast<double>(row[0]);
     for (int64_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
+    return mx;
+}
+
+template <class T>
+double row_sum_exp(const T* row, int64_t V, double shift) {
     double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
-    return {mx, sum};
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - shift);
+    return sum;
+}
+
+template <class T>
+double row_logsumexp(const T* row, int64_t V) {
+    const double mx = row_max_of(row, V);
+    return mx + std::log(row_sum_exp(row, V, mx));
 }
 
 template <class T>
@@ -35,21 +46,24 @@ void xent_fwd_rows(T* losses, const T* logits, const int32_t* targets, int64_t r
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
         const T* row = logits + n * V;
-        const RowSoftmax sm = row_softmax(row, V);
-        losses[n] = static_cast<T>(sm.max + std::log(sm.sum) - static_cast<double>(row[targets[n]]));
+        losses[n] = static_cast<T>(row_logsumexp(row, V) - static_cast<double>(row[targets[n]]));
     }
 }
 
+// lse may be null: the rows are whole and their logsumexp is computed here.
 template <class T>
-void xent_bwd_rows(T* dlogits, const T* logits, const int32_t* targets, double dloss, int64_t rows, int64_t V, int threads) {
+void xent_bwd_rows(T* dlogits, const T* logits, const int32_t* targets, const T* lse, cpu::VocabRows local, double dloss, int64_t rows,
+                   int threads) {
+    const int64_t V = local.count;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
         const T* row = logits + n * V;
-        const RowSoftmax sm = row_softmax(row, V);
+        const double row_lse = lse ? static_cast<double>(lse[n]) : row_logsumexp(row, V);
+        const int64_t target = local.holds(targets[n]) ? targets[n] - local.begin : -1;
         T* d = dlogits + n * V;
         for (int64_t v = 0; v < V; ++v) {
-            const double p = std::exp(static_cast<double>(row[v]) - sm.max) / sm.sum;
-            d[v] = static_cast<T>((p - (v == targets[n] ? 1.0 : 0.0)) * dloss);
+            const double p = std::exp(static_cast<double>(row[v]) - row_lse);
+            d[v] = static_cast<T>((p - (v == target ? 1.0 : 0.0)) * dloss);
         }
     }
 }
@@ -58,11 +72,12 @@ struct XentDims {
     int64_t rows, vocab;
 };
 
-XentDims expect_xent_inputs(const char* op, const Tensor& logits, const Tensor& targets) {
+XentDims expect_xent_inputs(const char* op, const Tensor& logits, const Tensor& targets, const cpu::VocabRows& local) {
     cpu::expect_rank(op, "logits", logits, 2);
     if (logits.dim(1) < 1) fail(ErrorKind::shape, op, ": logits has shape ", logits.shape().str(), ", expected at least one class");
     cpu::expect_tensor(op, "targets", targets, {logits.dim(0)}, DType::i32);
-    expect_targets_in_vocab(op, targets.data<int32_t>(), logits.dim(0), logits.dim(1));
+    cpu::expect_vocab_rows(op, local);
+    expect_targets_in_vocab(op, targets.data<int32_t>(), logits.dim(0), local.total);
     return {logits.dim(0), logits.dim(1)};
 }
 
@@ -72,19 +87,82 @@ void CpuBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tens
     cpu::OpTimer timer(profile_, Op::xent_fwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
-        const auto [N, V] = expect_xent_inputs(op, logits, targets);
+        const auto [N, V] = expect_xent_inputs(op, logits, targets, cpu::VocabRows({}, logits.dim(1)));
         cpu::expect_tensor(op, "losses", losses, {N}, logits.dtype());
         xent_fwd_rows(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(), N, V, threads_);
     });
 }
 
-void CpuBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double dloss) {
+void CpuBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) {
     cpu::OpTimer timer(profile_, Op::xent_bwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
-        const auto [N, V] = expect_xent_inputs(op, logits, targets);
+        cpu::expect_rank(op, "logits", logits, 2);
+        const cpu::VocabRows local(shard, logits.dim(1));
+        if (lse.empty() && local.count != local.total)
+            fail(ErrorKind::shape, op, ": logits hold a vocabulary shard; the rows' logsumexp (lse) must be given");
+        const auto [N, V] = expect_xent_inputs(op, logits, targets, local);
         cpu::expect_tensor(op, "dlogits", dlogits, {N, V}, logits.dtype());
-        xent_bwd_rows(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(), dloss, N, V, threads_);
+        if (!lse.empty()) cpu::expect_tensor(op, "lse", lse, {N}, logits.dtype());
+        xent_bwd_rows(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(), cpu::data_or_null<T>(lse), local, dloss, N, threads_);
+    });
+}
+
+void CpuBackend::logits_row_max(const Tensor& row_max, const Tensor& logits) {
+    cpu::OpTimer timer(profile_, Op::logits_row_max);
+    const char* op = timer.name();
+    cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
+        cpu::expect_rank(op, "logits", logits, 2);
+        const int64_t N = logits.dim(0), V = logits.dim(1);
+        cpu::expect_tensor(op, "row_max", row_max, {N}, logits.dtype());
+        T* out = row_max.data<T>();
+        const T* in = logits.data<T>();
+#pragma omp parallel for num_threads(threads_) schedule(static)
+        for (int64_t n = 0; n < N; ++n) out[n] = static_cast<T>(row_max_of(in + n * V, V));
+    });
+}
+
+void CpuBackend::xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) {
+    cpu::OpTimer timer(profile_, Op::xent_partial);
+    const char* op = timer.name();
+    cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
+        cpu::expect_rank(op, "logits", logits, 2);
+        const cpu::VocabRows local(shard, logits.dim(1));
+        const auto [N, V] = expect_xent_inputs(op, logits, targets, local);
+        cpu::expect_tensor(op, "row_max", row_max, {N}, logits.dtype());
+        cpu::expect_tensor(op, "partial", partial, {N, 2}, logits.dtype());
+        const T* in = logits.data<T>();
+        const T* mx = row_max.data<T>();
+        const int32_t* t = targets.data<int32_t>();
+        T* out = partial.data<T>();
+#pragma omp parallel for num_threads(threads_) schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            const T* row = in + n * V;
+            out[2 * n] = static_cast<T>(row_sum_exp(row, V, static_cast<double>(mx[n])));
+            out[2 * n + 1] = local.holds(t[n]) ? row[t[n] - local.begin] : T(0);
+        }
+    });
+}
+
+void CpuBackend::xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) {
+    cpu::OpTimer timer(profile_, Op::xent_combine);
+    const char* op = timer.name();
+    cpu::dispatch_float(op, "partial", partial, [&]<class T>() {
+        cpu::expect_rank(op, "partial", partial, 2);
+        const int64_t N = partial.dim(0);
+        cpu::expect_tensor(op, "partial", partial, {N, 2}, partial.dtype());
+        cpu::expect_tensor(op, "row_max", row_max, {N}, partial.dtype());
+        cpu::expect_tensor(op, "losses", losses, {N}, partial.dtype());
+        cpu::expect_tensor(op, "lse", lse, {N}, partial.dtype());
+        const T* p = partial.data<T>();
+        const T* mx = row_max.data<T>();
+        T* loss = losses.data<T>();
+        T* l = lse.data<T>();
+        for (int64_t n = 0; n < N; ++n) {
+            const double value = static_cast<double>(mx[n]) + std::log(static_cast<double>(p[2 * n]));
+            l[n] = static_cast<T>(value);
+            loss[n] = static_cast<T>(value - static_cast<double>(p[2 * n + 1]));
+        }
     });
 }
 

@@ -62,6 +62,18 @@ T* data_or_null(const Tensor& t) {
     return t.empty() ? nullptr : t.data<T>();
 }
 
+// The rows of the full vocabulary that an embedding table or a block of logits holds.
+struct VocabRows {
+    int64_t begin, count, total;
+    VocabRows(VocabShard shard, int64_t rows) : begin(shard.begin), count(rows), total(shard.total ? shard.total : rows) {}
+    bool holds(int32_t token) const { return token >= begin && token < begin + count; }
+};
+
+inline void expect_vocab_rows(const char* op, const VocabRows& rows) {
+    if (rows.begin < 0 || rows.begin + rows.count > rows.total)
+        fail(ErrorKind::shape, op, ": vocabulary shard [", rows.begin, ", ", rows.begin + rows.count, ") lies outside [0, ", rows.total, ")");
+}
+
 // Parameter-gradient reductions over rows run over blocks of this many columns. The width
 // does not depend on the thread count, so every output element is summed by one thread, in
 // row order, through the same code path: the result is the same for any thread count.

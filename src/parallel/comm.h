@@ -1,0 +1,79 @@
+// Comm: collectives and point-to-point transfers within one group of ranks (the world, or
+// the tp, pp or dp group of a Mesh). Implementations: SelfComm (a group of one: every
+// collective is the identity), MpiComm (host memory, over MPI). Ranks are numbered within
+// the group; world_rank() maps them back for messages.
+//
+// Every operation is bounded in time: a collective or transfer that does not complete
+// within the group's timeout throws an Error naming this rank, the operation and the peers,
+// so a dead or hung rank ends the job with a message instead of a silent hang.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace llmtrain {
+
+enum class ReduceOp { sum, max };
+
+// A pending asynchronous operation. wait() blocks until it completes (or times out); a
+// handle that is destroyed unwaited waits in its destructor, so buffers outlive transfers.
+class CommRequest {
+public:
+    virtual ~CommRequest() = default;
+    virtual void wait() = 0;
+};
+
+class CommHandle {
+public:
+    CommHandle() = default;
+    explicit CommHandle(std::unique_ptr<CommRequest> request) : request_(std::move(request)) {}
+    CommHandle(CommHandle&&) = default;
+    CommHandle& operator=(CommHandle&& other) noexcept;
+    ~CommHandle();
+    void wait();
+    bool pending() const { return request_ != nullptr; }
+
+private:
+    std::unique_ptr<CommRequest> request_;
+};
+
+class Comm {
+public:
+    virtual ~Comm() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    // The world rank of group rank `rank`.
+    virtual int world_rank(int rank) const = 0;
+    // "dp", "tp", "pp", "world", ...: names the group in messages.
+    virtual const std::string& name() const = 0;
+
+    // In place: every rank ends with the elementwise reduction of every rank's tensor.
+    virtual CommHandle all_reduce_async(const Tensor& data, ReduceOp op) = 0;
+    // out (n elements) = the sum over ranks of in[rank * n, (rank + 1) * n).
+    virtual CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) = 0;
+    // In place: data holds size() chunks; this rank's chunk is at position rank() and every
+    // rank ends with every chunk.
+    virtual CommHandle all_gather_async(const Tensor& data) = 0;
+    virtual CommHandle send_async(const Tensor& data, int peer) = 0;
+    virtual void recv(const Tensor& data, int peer) = 0;
+    virtual void broadcast(const Tensor& data, int root) = 0;
+    virtual void barrier() = 0;
+
+    void all_reduce(const Tensor& data, ReduceOp op) { all_reduce_async(data, op).wait(); }
+    void reduce_scatter(const Tensor& out, const Tensor& in) { reduce_scatter_async(out, in).wait(); }
+    void all_gather(const Tensor& data) { all_gather_async(data).wait(); }
+    void send(const Tensor& data, int peer) { send_async(data, peer).wait(); }
+    // Sum (or max) of one number over the group.
+    double all_reduce_scalar(double value, ReduceOp op);
+    // "dp group (world ranks 2, 3)"
+    std::string describe() const;
+};
+
+// A group of one rank: reductions and gathers leave the data as it is.
+std::unique_ptr<Comm> make_self_comm(const std::string& name);
+
+}  // namespace llmtrain

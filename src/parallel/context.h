@@ -1,0 +1,42 @@
+// ParallelContext: this rank's place in the Mesh and the Comm of each of its groups.
+// Made once at start-up (single process: groups of one; under MPI: split from the world)
+// and passed explicitly to everything that communicates.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config/config.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
+
+namespace llmtrain {
+
+struct ParallelContext {
+    Mesh mesh{1, 1, 1, 1};
+    int world_rank = 0;
+    int local_rank = 0;               // rank among the processes of this node
+    int local_size = 1;               // processes on this node
+    std::unique_ptr<Comm> world, tp, dp, pp;
+    // The first and the last pipeline stage of this (tp, dp) column, which both hold the
+    // tied token embedding; null on other stages and when pp = 1.
+    std::unique_ptr<Comm> embedding;
+
+    MeshCoord coord() const { return mesh.coord(world_rank); }
+    bool first_stage() const { return coord().pp == 0; }
+    bool last_stage() const { return coord().pp == mesh.pp() - 1; }
+    bool is_single_process() const { return mesh.world_size() == 1; }
+};
+
+// The mesh of a world of world_size ranks; dp = 0 is derived. Config errors name the keys.
+Mesh make_mesh(const ParallelConfig& parallel, int world_size);
+
+// A run of one process: every group is that process alone.
+ParallelContext make_single_process_context();
+
+// The groups of a run under MPI (MPI must be initialized). dp = 0 in the config is derived
+// as world / (tp * pp). A layout that does not fit the world is a config error naming the
+// keys; every operation gives up after timeout_seconds.
+ParallelContext make_mpi_context(const ParallelConfig& parallel);
+
+}  // namespace llmtrain

@@ -1,0 +1,71 @@
+// Data-parallel gradient reduction in buckets, overlapped with backward, and the ZeRO-1
+// ownership of the flat parameter buffer (Rajbhandari et al., "ZeRO", SC'20).
+//
+// The flat gradient buffer (padded to a multiple of dp) is cut into buckets of about
+// bucket_bytes, from its end backwards, since backward produces the last parameters'
+// gradients first. Every bucket's length is a multiple of dp. As backward reports
+// parameters ready, each bucket whose parameters are all ready starts its reduction at once
+// (asynchronously) while backward goes on:
+//   plain dp: all-reduce (sum) of the bucket, in place; every rank updates everything.
+//   ZeRO-1:   reduce-scatter of the bucket; rank r receives the sum of piece r (length/dp) and
+//             owns it: it keeps AdamW moments for its pieces only and updates them, then the
+//             updated parameters are all-gathered per bucket.
+// Every rank of the dp group starts the same reductions in the same order (the model's
+// backward reports readiness identically on each), as collectives require.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/parameters.h"
+#include "parallel/comm.h"
+
+namespace llmtrain {
+
+// A range [begin, end) of the flat parameter buffer this rank updates, and where its
+// reduced gradients are (a view of end - begin elements).
+struct OwnedPiece {
+    int64_t begin = 0, end = 0;
+    Tensor grads;
+};
+
+class GradBuckets {
+public:
+    GradBuckets(Parameters& params, Comm& dp, bool zero1, int64_t bucket_bytes);
+
+    // Forget readiness: call before the backward whose gradients are to be reduced.
+    void begin_step();
+    // Parameters [begin, end) have their final gradients; starts every bucket that is ready.
+    void mark_ready(size_t begin, size_t end);
+    // Starts what is left and waits for every reduction. Afterwards owned() holds the summed
+    // gradients over the dp group.
+    void finish();
+    // ZeRO-1: all-gathers the updated parameters of every bucket (no-op otherwise).
+    void gather_parameters();
+
+    const std::vector<OwnedPiece>& owned() const { return owned_; }
+    bool zero1() const { return zero1_; }
+    size_t bucket_count() const { return buckets_.size(); }
+    size_t sharded_grad_bytes() const { return shard_grads_.view().bytes(); }
+
+private:
+    struct Bucket {
+        int64_t begin, end;          // flat range, length a multiple of dp
+        int waiting = 0;             // parameters not yet ready
+        int params = 0;              // parameters overlapping it
+        bool started = false;
+        CommHandle handle;
+    };
+    void start(size_t index);
+
+    Parameters& params_;
+    Comm& dp_;
+    bool zero1_;
+    std::vector<Bucket> buckets_;             // from the end of the buffer to its start
+    std::vector<std::vector<size_t>> buckets_of_param_;
+    std::vector<bool> param_ready_;
+    OwnedTensor shard_grads_;                 // ZeRO-1: this rank's reduced pieces, bucket by bucket
+    std::vector<OwnedPiece> owned_;
+};
+
+}  // namespace llmtrain

@@ -1,0 +1,237 @@
+// MpiComm: the Comm interface over MPI, on host memory. Every operation is started
+// non-blocking and then waited for with a deadline (wait_bounded): MPI's own blocking calls
+// would wait forever on a dead or hung peer. While waiting, the rank polls MPI_Test and
+// yields the core (ranks may outnumber cores), sleeping between polls once a wait is long.
+#include "parallel/mpi_comm.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "core/log.h"
+#include "parallel/context.h"
+
+namespace llmtrain {
+
+namespace {
+
+MPI_Datatype mpi_type(DType dtype) {
+    switch (dtype) {
+        case DType::f32: return MPI_FLOAT;
+        case DType::f64: return MPI_DOUBLE;
+        case DType::i32: return MPI_INT32_T;
+        case DType::bf16:
+        case DType::f16:
+        case DType::u16: return MPI_UINT16_T;
+    }
+    return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+    if (dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::u16)
+        fail(ErrorKind::unsupported, "MPI reductions of ", dtype_name(dtype), " tensors: reduce in f32 or f64");
+    return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+}
+
+int count_of(const Tensor& t) {
+    if (t.numel() > std::numeric_limits<int>::max()) fail(ErrorKind::unsupported, "MPI transfer of ", t.numel(), " elements exceeds 2^31 - 1");
+    return static_cast<int>(t.numel());
+}
+
+class MpiComm;
+
+class MpiRequest final : public CommRequest {
+public:
+    MpiRequest(const MpiComm& comm, MPI_Request request, std::string op) : comm_(comm), request_(request), op_(std::move(op)) {}
+    void wait() override;
+
+private:
+    const MpiComm& comm_;
+    MPI_Request request_;
+    std::string op_;
+};
+
+class MpiComm final : public Comm {
+public:
+    MpiComm(MPI_Comm comm, std::string name, std::vector<int> world_ranks, double timeout_seconds)
+        : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)), timeout_seconds_(timeout_seconds) {
+        MPI_Comm_rank(comm_, &rank_);
+        MPI_Comm_size(comm_, &size_);
+    }
+    ~MpiComm() override {
+        if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    }
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    int world_rank(int rank) const override { return world_ranks_.at(static_cast<size_t>(rank)); }
+    const std::string& name() const override { return name_; }
+
+    CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override {
+        if (size_ == 1) return {};
+        MPI_Request r;
+        check(MPI_Iallreduce(MPI_IN_PLACE, data.raw(), count_of(data), mpi_type(data.dtype()), mpi_op(op, data.dtype()), comm_, &r), "all_reduce");
+        return handle(r, "all_reduce");
+    }
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
+        if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype())
+            fail(ErrorKind::shape, "reduce_scatter in the ", describe(), ": input ", in.shape().str(), " is not ", size_, " x output ", out.shape().str());
+        MPI_Request r;
+        check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count_of(out), mpi_type(in.dtype()), mpi_op(ReduceOp::sum, in.dtype()), comm_, &r),
+              "reduce_scatter");
+        return handle(r, "reduce_scatter");
+    }
+    CommHandle all_gather_async(const Tensor& data) override {
+        if (size_ == 1) return {};
+        if (data.numel() % size_ != 0) fail(ErrorKind::shape, "all_gather in the ", describe(), ": ", data.numel(), " elements do not split into ", size_, " chunks");
+        MPI_Request r;
+        const int chunk = static_cast<int>(data.numel() / size_);
+        check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.raw(), chunk, mpi_type(data.dtype()), comm_, &r), "all_gather");
+        return handle(r, "all_gather");
+    }
+    CommHandle send_async(const Tensor& data, int peer) override {
+        MPI_Request r;
+        check(MPI_Isend(data.raw(), count_of(data), mpi_type(data.dtype()), peer, 0, comm_, &r), "send");
+        return handle(r, cat("send to world rank ", world_rank(peer)));
+    }
+    void recv(const Tensor& data, int peer) override {
+        MPI_Request r;
+        check(MPI_Irecv(data.raw(), count_of(data), mpi_type(data.dtype()), peer, 0, comm_, &r), "recv");
+        wait_bounded(r, cat("recv from world rank ", world_rank(peer)));
+    }
+    void broadcast(const Tensor& data, int root) override {
+        MPI_Request r;
+        check(MPI_Ibcast(data.raw(), count_of(data), mpi_type(data.dtype()), root, comm_, &r), "broadcast");
+        wait_bounded(r, "broadcast");
+    }
+    void barrier() override {
+        MPI_Request r;
+        check(MPI_Ibarrier(comm_, &r), "barrier");
+        wait_bounded(r, "barrier");
+    }
+
+    // Polls until the request completes; throws naming this rank, the op and the group once
+    // the timeout has passed.
+    void wait_bounded(MPI_Request& request, const std::string& op) const {
+        using clock = std::chrono::steady_clock;
+        const auto start = clock::now();
+        for (int polls = 0;; ++polls) {
+            int done = 0;
+            check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), op);
+            if (done) return;
+            if (polls < 2000) {
+                std::this_thread::yield();
+                continue;
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            const double waited = std::chrono::duration<double>(clock::now() - start).count();
+            if (waited > timeout_seconds_)
+                fail(ErrorKind::runtime, op, " in the ", describe(), " did not complete within ", timeout_seconds_,
+                     " s (parallel.timeout_seconds): a rank of this group has died or hangs");
+        }
+    }
+
+private:
+    CommHandle handle(MPI_Request r, std::string op) { return CommHandle(std::make_unique<MpiRequest>(*this, r, std::move(op))); }
+    void check(int code, const std::string& op) const {
+        if (code == MPI_SUCCESS) return;
+        char text[MPI_MAX_ERROR_STRING];
+        int length = 0;
+        MPI_Error_string(code, text, &length);
+        fail(ErrorKind::runtime, op, " in the ", describe(), " failed: ", std::string(text, static_cast<size_t>(length)));
+    }
+
+    MPI_Comm comm_;
+    std::string name_;
+    std::vector<int> world_ranks_;
+    double timeout_seconds_;
+    int rank_ = 0, size_ = 1;
+};
+
+void MpiRequest::wait() { comm_.wait_bounded(request_, op_); }
+
+// The sub-communicator of `ranks` (world ranks, in group order) that contains this rank;
+// ranks outside any group pass an empty list.
+std::unique_ptr<Comm> split_group(const std::vector<int>& ranks, const std::string& name, double timeout_seconds) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    const int color = ranks.empty() ? MPI_UNDEFINED : ranks.front();
+    int key = 0;
+    for (size_t i = 0; i < ranks.size(); ++i)
+        if (ranks[i] == world_rank) key = static_cast<int>(i);
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm);
+    if (ranks.empty()) return nullptr;
+    return std::make_unique<MpiComm>(comm, name, ranks, timeout_seconds);
+}
+
+bool env_set(const char* name) { return std::getenv(name) != nullptr; }
+
+}  // namespace
+
+bool launched_by_mpi() {
+    return env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMI_SIZE") || env_set("PMIX_RANK") || env_set("PMI_RANK") || env_set("MPI_LOCALNRANKS");
+}
+
+MpiSession::MpiSession() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    owns_ = true;
+}
+
+MpiSession::~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+}
+
+int MpiSession::world_rank() const {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
+}
+
+int MpiSession::world_size() const {
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    return size;
+}
+
+void MpiSession::abort_job(int exit_code) {
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+    std::exit(exit_code);
+}
+
+ParallelContext make_mpi_context(const ParallelConfig& parallel) {
+    int world_rank = 0, world_size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    ParallelContext ctx;
+    ctx.mesh = make_mesh(parallel, world_size);
+    ctx.world_rank = world_rank;
+    const double timeout = parallel.timeout_seconds;
+
+    std::vector<int> all(static_cast<size_t>(world_size));
+    for (int r = 0; r < world_size; ++r) all[static_cast<size_t>(r)] = r;
+    ctx.world = split_group(all, "world", timeout);
+    ctx.tp = split_group(ctx.mesh.group(MeshDim::tp, world_rank), "tp", timeout);
+    ctx.dp = split_group(ctx.mesh.group(MeshDim::dp, world_rank), "dp", timeout);
+    ctx.pp = split_group(ctx.mesh.group(MeshDim::pp, world_rank), "pp", timeout);
+    const std::vector<int> column = ctx.mesh.group(MeshDim::pp, world_rank);
+    const bool ends = ctx.mesh.pp() > 1 && (ctx.first_stage() || ctx.last_stage());
+    ctx.embedding = split_group(ends ? std::vector<int>{column.front(), column.back()} : std::vector<int>{}, "embedding", timeout);
+
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &ctx.local_rank);
+    MPI_Comm_size(node, &ctx.local_size);
+    MPI_Comm_free(&node);
+    return ctx;
+}
+
+}  // namespace llmtrain

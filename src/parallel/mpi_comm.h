@@ -1,0 +1,33 @@
+// MPI: the process-wide session and the ParallelContext of a run launched by mpirun/srun.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config/config.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
+
+namespace llmtrain {
+
+// Whether this process was started by an MPI launcher (mpirun, srun with PMI/PMIx).
+// Without one, llmtrain runs as a single process and never initializes MPI.
+bool launched_by_mpi();
+
+// MPI_Init_thread on construction (if not initialized yet), MPI_Finalize on destruction.
+class MpiSession {
+public:
+    MpiSession();
+    ~MpiSession();
+    MpiSession(const MpiSession&) = delete;
+    MpiSession& operator=(const MpiSession&) = delete;
+    int world_rank() const;
+    int world_size() const;
+    // Ends every rank of the job (MPI_Abort): one failed rank must not leave others waiting.
+    [[noreturn]] static void abort_job(int exit_code);
+
+private:
+    bool owns_ = false;
+};
+
+}  // namespace llmtrain
