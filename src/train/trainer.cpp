@@ -80,6 +80,9 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
       own_ctx_(shared_ctx ? nullptr : std::make_unique<ParallelContext>(make_single_process_context())),
       ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len) {
     const ParallelContext& ctx = *ctx_;
+    if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
+        fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
+             ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
     if (!is_logger()) options_.quiet = true;
     backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
     data_ = load_token_splits(config_.data, config_.model.vocab_size, config_.train.seq_len);

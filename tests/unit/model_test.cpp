@@ -190,3 +190,29 @@ TEST(Generate, IsReproducibleAndStaysInTheVocabulary) {
     ASSERT_EQ(a.size(), 12u);
     for (int32_t t : a) EXPECT_TRUE(t >= 0 && t < 11);
 }
+
+// Tensor-parallel parts hold exactly the slices of the whole tensors that the global
+// indices say, so the initialization is the same for every tp size.
+TEST(Transformer, TensorParallelShardsInitializeAsSlicesOfTheWholeTensors) {
+    ModelConfig m = tiny_gpt2();
+    m.vocab_size = 12;
+    auto backend = make_cpu_backend(1);
+    Transformer whole(m, *backend, DType::f64, 1, 4);
+    whole.initialize(3);
+    for (int rank = 0; rank < 2; ++rank) {
+        Parameters part(rank, 2);
+        part.add("transformer.h.0.attn.c_attn.weight", {3 * 8, 8}, ParamInit::normal, true, {TpSplit::rows, 3});
+        part.add("transformer.h.0.attn.c_proj.weight", {8, 8}, ParamInit::normal_residual, true, {TpSplit::cols, 1});
+        part.allocate(DType::f64);
+        part.initialize(3, m.init_std, m.n_layers);
+        for (size_t i = 0; i < part.count(); ++i) {
+            const Tensor full = whole.parameters().value(whole.parameters().index_of(part.info(i).name));
+            for (int64_t k = 0; k < part.value(i).numel(); ++k)
+                EXPECT_EQ(part.value(i).data<double>()[k], full.data<double>()[part.global_index(i, k)]) << part.info(i).name << "[" << k << "]";
+        }
+        // Rank 1's first q row is global row 4 (q rows 0-7: rank 0 has 0-3, rank 1 has 4-7);
+        // its first k row is global row 8 + 4 = 12.
+        EXPECT_EQ(part.global_index(0, 0), 4 * 8 * rank);
+        EXPECT_EQ(part.global_index(0, 4 * 8), (8 + 4 * rank) * 8);
+    }
+}

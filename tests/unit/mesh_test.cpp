@@ -1,0 +1,84 @@
+// The process mesh against tables written out by hand, and the 1F1B schedule as data.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/error.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline_schedule.h"
+
+using namespace llmtrain;
+
+TEST(Mesh, DefaultOrderPutsTensorParallelFastestThenDataThenPipeline) {
+    const Mesh mesh(8, 2, 2, 2);
+    // world rank -> (tp, dp, pp)
+    const std::vector<MeshCoord> table = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}, {0, 0, 1}, {1, 0, 1}, {0, 1, 1}, {1, 1, 1}};
+    for (int r = 0; r < 8; ++r) {
+        EXPECT_EQ(mesh.coord(r), table[static_cast<size_t>(r)]) << "rank " << r;
+        EXPECT_EQ(mesh.world_rank(table[static_cast<size_t>(r)]), r);
+    }
+}
+
+TEST(Mesh, GroupsOfEachDimensionForTp2Dp3Pp2) {
+    const Mesh mesh(12, 2, 3, 2);
+    EXPECT_EQ(mesh.group(MeshDim::tp, 7), (std::vector<int>{6, 7}));
+    EXPECT_EQ(mesh.group(MeshDim::dp, 7), (std::vector<int>{7, 9, 11}));
+    EXPECT_EQ(mesh.group(MeshDim::pp, 7), (std::vector<int>{1, 7}));
+    EXPECT_EQ(mesh.group(MeshDim::dp, 0), (std::vector<int>{0, 2, 4}));
+    EXPECT_EQ(mesh.describe(7), "tp 1, dp 0, pp 1");
+}
+
+TEST(Mesh, PipelineFastestOrder) {
+    const Mesh mesh(8, 2, 2, 2, "pp-tp-dp");
+    EXPECT_EQ(mesh.coord(1), (MeshCoord{0, 0, 1}));
+    EXPECT_EQ(mesh.coord(2), (MeshCoord{1, 0, 0}));
+    EXPECT_EQ(mesh.coord(4), (MeshCoord{0, 1, 0}));
+    EXPECT_EQ(mesh.group(MeshDim::pp, 2), (std::vector<int>{2, 3}));
+    EXPECT_EQ(mesh.group(MeshDim::dp, 3), (std::vector<int>{3, 7}));
+}
+
+TEST(Mesh, EveryRankIsInExactlyOneGroupOfEachDimension) {
+    const Mesh mesh(24, 2, 3, 4, "dp-pp-tp");
+    for (MeshDim dim : {MeshDim::tp, MeshDim::dp, MeshDim::pp}) {
+        std::vector<int> seen(24, 0);
+        for (int r = 0; r < 24; ++r)
+            if (mesh.group(dim, r).front() == r)
+                for (int member : mesh.group(dim, r)) ++seen[static_cast<size_t>(member)];
+        for (int r = 0; r < 24; ++r) EXPECT_EQ(seen[static_cast<size_t>(r)], 1) << mesh_dim_name(dim) << " rank " << r;
+    }
+}
+
+TEST(Mesh, WorldSizeNotTheProduct_IsAConfigError) {
+    try {
+        Mesh(6, 2, 2, 2);
+        FAIL() << "expected a config error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::config);
+        EXPECT_STREQ(e.what(), "world size 6 is not tp * dp * pp = 2 * 2 * 2 = 8");
+    }
+    EXPECT_THROW(Mesh(8, 2, 2, 2, "tp-dp-dp"), Error);
+    EXPECT_THROW(Mesh(8, 2, 2, 2, "tp,dp,pp"), Error);
+}
+
+TEST(PipelineSchedule, OneFOneBForFourStagesAndSixMicroBatches) {
+    EXPECT_EQ(schedule_text(one_f_one_b_schedule(4, 0, 6)), "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
+    EXPECT_EQ(schedule_text(one_f_one_b_schedule(4, 1, 6)), "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
+    EXPECT_EQ(schedule_text(one_f_one_b_schedule(4, 3, 6)), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
+}
+
+TEST(PipelineSchedule, InFlightMicroBatchesAreAtMostStagesMinusStage) {
+    for (int64_t stage = 0; stage < 4; ++stage) {
+        int64_t in_flight = 0, most = 0;
+        for (const PipeAction& a : one_f_one_b_schedule(4, stage, 7)) {
+            in_flight += a.op == PipeOp::forward ? 1 : -1;
+            most = std::max(most, in_flight);
+        }
+        EXPECT_EQ(in_flight, 0);
+        EXPECT_EQ(most, one_f_one_b_in_flight(4, stage, 7)) << "stage " << stage;
+        EXPECT_EQ(most, 4 - stage);
+    }
+}
+
+TEST(PipelineSchedule, OneStageAlternatesForwardAndBackward) {
+    EXPECT_EQ(schedule_text(one_f_one_b_schedule(1, 0, 3)), "F0 B0 F1 B1 F2 B2");
+}
