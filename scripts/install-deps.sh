@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
+  libopenmpi-dev openmpi-bin  # MPI: parallel runs, and the tests of every layout
   fortunes  # the quickstart's corpus
 )
 missing=()

@@ -12,5 +12,7 @@ using CommandAction = std::function<int()>;
 
 // `llmtrain train CONFIG [--set key=value ...] [--run-dir DIR]`
 void register_train_command(CLI::App& app, CommandAction& action);
+// `llmtrain bench comm [--backend mpi|nccl] [--op ...] [--min-bytes N] [--max-bytes N]`
+void register_bench_command(CLI::App& app, CommandAction& action);
 
 }  // namespace llmtrain

@@ -12,6 +12,7 @@
 
 #include "core/log.h"
 #include "parallel/context.h"
+#include "parallel/device_staging.h"
 
 namespace llmtrain {
 
@@ -40,17 +41,39 @@ int count_of(const Tensor& t) {
     return static_cast<int>(t.numel());
 }
 
+// A tensor as MPI sees it: host memory as it is, GPU memory through a host copy that is
+// filled before the operation (when the operation reads it) and copied back after it.
+class Staged {
+public:
+    Staged(const Tensor& t, bool read) : tensor_(t) {
+        if (t.device() == Device::cpu) return;
+        host_ = HostBuffer(t.bytes());
+        if (read) copy_device_to_host(host_.data(), t.raw(), t.bytes());
+    }
+    void* data() const { return tensor_.device() == Device::cpu ? tensor_.raw() : host_.data(); }
+    void write_back() const {
+        if (tensor_.device() != Device::cpu) copy_host_to_device(tensor_.raw(), host_.data(), tensor_.bytes());
+    }
+
+private:
+    Tensor tensor_;
+    HostBuffer host_;
+};
+
 class MpiComm;
 
 class MpiRequest final : public CommRequest {
 public:
-    MpiRequest(const MpiComm& comm, MPI_Request request, std::string op) : comm_(comm), request_(request), op_(std::move(op)) {}
+    MpiRequest(const MpiComm& comm, MPI_Request request, std::string op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input)
+        : comm_(comm), request_(request), op_(std::move(op)), result_(std::move(result)), input_(std::move(input)) {}
     void wait() override;
 
 private:
     const MpiComm& comm_;
     MPI_Request request_;
     std::string op_;
+    std::unique_ptr<Staged> result_;  // written back to GPU memory once complete
+    std::unique_ptr<Staged> input_;   // a host copy MPI reads until completion
 };
 
 class MpiComm final : public Comm {
@@ -71,40 +94,50 @@ public:
 
     CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override {
         if (size_ == 1) return {};
+        auto staged = std::make_unique<Staged>(data, true);
         MPI_Request r;
-        check(MPI_Iallreduce(MPI_IN_PLACE, data.raw(), count_of(data), mpi_type(data.dtype()), mpi_op(op, data.dtype()), comm_, &r), "all_reduce");
-        return handle(r, "all_reduce");
+        check(MPI_Iallreduce(MPI_IN_PLACE, staged->data(), count_of(data), mpi_type(data.dtype()), mpi_op(op, data.dtype()), comm_, &r), "all_reduce");
+        return handle(r, "all_reduce", std::move(staged));
     }
     CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
         if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype())
             fail(ErrorKind::shape, "reduce_scatter in the ", describe(), ": input ", in.shape().str(), " is not ", size_, " x output ", out.shape().str());
+        auto staged_out = std::make_unique<Staged>(out, false);
+        auto staged_in = std::make_unique<Staged>(in, true);
         MPI_Request r;
-        check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count_of(out), mpi_type(in.dtype()), mpi_op(ReduceOp::sum, in.dtype()), comm_, &r),
+        check(MPI_Ireduce_scatter_block(staged_in->data(), staged_out->data(), count_of(out), mpi_type(in.dtype()), mpi_op(ReduceOp::sum, in.dtype()),
+                                        comm_, &r),
               "reduce_scatter");
-        return handle(r, "reduce_scatter");
+        return handle(r, "reduce_scatter", std::move(staged_out), std::move(staged_in));
     }
     CommHandle all_gather_async(const Tensor& data) override {
         if (size_ == 1) return {};
         if (data.numel() % size_ != 0) fail(ErrorKind::shape, "all_gather in the ", describe(), ": ", data.numel(), " elements do not split into ", size_, " chunks");
+        auto staged = std::make_unique<Staged>(data, true);
         MPI_Request r;
         const int chunk = static_cast<int>(data.numel() / size_);
-        check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.raw(), chunk, mpi_type(data.dtype()), comm_, &r), "all_gather");
-        return handle(r, "all_gather");
+        check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, staged->data(), chunk, mpi_type(data.dtype()), comm_, &r), "all_gather");
+        return handle(r, "all_gather", std::move(staged));
     }
     CommHandle send_async(const Tensor& data, int peer) override {
+        auto staged = std::make_unique<Staged>(data, true);
         MPI_Request r;
-        check(MPI_Isend(data.raw(), count_of(data), mpi_type(data.dtype()), peer, 0, comm_, &r), "send");
-        return handle(r, cat("send to world rank ", world_rank(peer)));
+        check(MPI_Isend(staged->data(), count_of(data), mpi_type(data.dtype()), peer, 0, comm_, &r), "send");
+        return handle(r, cat("send to world rank ", world_rank(peer)), nullptr, std::move(staged));
     }
     void recv(const Tensor& data, int peer) override {
+        const Staged staged(data, false);
         MPI_Request r;
-        check(MPI_Irecv(data.raw(), count_of(data), mpi_type(data.dtype()), peer, 0, comm_, &r), "recv");
+        check(MPI_Irecv(staged.data(), count_of(data), mpi_type(data.dtype()), peer, 0, comm_, &r), "recv");
         wait_bounded(r, cat("recv from world rank ", world_rank(peer)));
+        staged.write_back();
     }
     void broadcast(const Tensor& data, int root) override {
+        const Staged staged(data, true);
         MPI_Request r;
-        check(MPI_Ibcast(data.raw(), count_of(data), mpi_type(data.dtype()), root, comm_, &r), "broadcast");
+        check(MPI_Ibcast(staged.data(), count_of(data), mpi_type(data.dtype()), root, comm_, &r), "broadcast");
         wait_bounded(r, "broadcast");
+        staged.write_back();
     }
     void barrier() override {
         MPI_Request r;
@@ -134,7 +167,9 @@ public:
     }
 
 private:
-    CommHandle handle(MPI_Request r, std::string op) { return CommHandle(std::make_unique<MpiRequest>(*this, r, std::move(op))); }
+    CommHandle handle(MPI_Request r, std::string op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input = nullptr) {
+        return CommHandle(std::make_unique<MpiRequest>(*this, r, std::move(op), std::move(result), std::move(input)));
+    }
     void check(int code, const std::string& op) const {
         if (code == MPI_SUCCESS) return;
         char text[MPI_MAX_ERROR_STRING];
@@ -150,7 +185,10 @@ private:
     int rank_ = 0, size_ = 1;
 };
 
-void MpiRequest::wait() { comm_.wait_bounded(request_, op_); }
+void MpiRequest::wait() {
+    comm_.wait_bounded(request_, op_);
+    if (result_) result_->write_back();
+}
 
 // The sub-communicator of `ranks` (world ranks, in group order) that contains this rank;
 // ranks outside any group pass an empty list.
@@ -170,6 +208,14 @@ std::unique_ptr<Comm> split_group(const std::vector<int>& ranks, const std::stri
 bool env_set(const char* name) { return std::getenv(name) != nullptr; }
 
 }  // namespace
+
+std::string mpi_library_version() {
+    char text[MPI_MAX_LIBRARY_VERSION_STRING];
+    int length = 0;
+    MPI_Get_library_version(text, &length);
+    const std::string version(text, static_cast<size_t>(length));
+    return version.substr(0, version.find_first_of(",\n"));
+}
 
 bool launched_by_mpi() {
     return env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMI_SIZE") || env_set("PMIX_RANK") || env_set("PMI_RANK") || env_set("MPI_LOCALNRANKS");

@@ -10,6 +10,9 @@
 
 namespace llmtrain {
 
+// "Open MPI v4.1.4, ..." as the library reports itself (first line).
+std::string mpi_library_version();
+
 // Whether this process was started by an MPI launcher (mpirun, srun with PMI/PMIx).
 // Without one, llmtrain runs as a single process and never initializes MPI.
 bool launched_by_mpi();

@@ -2,7 +2,9 @@
 # expect_job_failure.sh SECONDS REGEX COMMAND...: passes when COMMAND ends by itself within
 # SECONDS with a non-zero exit status and its output (stdout and stderr) matches REGEX
 # (extended grep syntax). A job still running after SECONDS is a hang: the test fails.
+# With --fresh DIR first, DIR (the job's run directory) is removed before the job starts.
 set -u
+if [ "$1" = "--fresh" ]; then rm -rf "$2"; shift 2; fi
 limit=$1 regex=$2
 shift 2
 output=$(mktemp)

@@ -1,0 +1,197 @@
+// NcclComm (see nccl_comm.h). NCCL calls are issued on a non-blocking communicator
+// (ncclConfig_t.blocking = 0), so that even initialization and a stuck enqueue can be
+// bounded in time: ncclInProgress is polled with ncclCommGetAsyncError against the deadline.
+#include "parallel/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <thread>
+
+namespace llmtrain {
+
+namespace {
+
+void check_cuda(cudaError_t code, const std::string& what) {
+    if (code != cudaSuccess) fail(ErrorKind::runtime, what, ": ", cudaGetErrorString(code));
+}
+
+ncclDataType_t nccl_type(DType dtype, bool reduction) {
+    switch (dtype) {
+        case DType::f32: return ncclFloat32;
+        case DType::f64: return ncclFloat64;
+        case DType::bf16: return ncclBfloat16;
+        case DType::f16: return ncclFloat16;
+        case DType::i32: return ncclInt32;
+        case DType::u16:
+            if (reduction) fail(ErrorKind::unsupported, "NCCL reductions of u16 tensors");
+            return ncclFloat16;  // moved as 2-byte words, never added
+    }
+    return ncclUint8;
+}
+
+class NcclComm;
+
+class NcclRequest final : public CommRequest {
+public:
+    NcclRequest(const NcclComm& comm, cudaEvent_t event, std::string op) : comm_(comm), event_(event), op_(std::move(op)) {}
+    ~NcclRequest() override { cudaEventDestroy(event_); }
+    void wait() override;
+
+private:
+    const NcclComm& comm_;
+    cudaEvent_t event_;
+    std::string op_;
+};
+
+class NcclComm final : public Comm {
+public:
+    NcclComm(Comm& bootstrap, int device, double timeout_seconds) : name_(bootstrap.name()), timeout_seconds_(timeout_seconds) {
+        for (int r = 0; r < bootstrap.size(); ++r) world_ranks_.push_back(bootstrap.world_rank(r));
+        rank_ = bootstrap.rank();
+        size_ = bootstrap.size();
+        check_cuda(cudaSetDevice(device), cat("cudaSetDevice(", device, ")"));
+        check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+        check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+        ncclUniqueId id{};
+        if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        bootstrap.broadcast(Tensor(&id, DType::u16, {static_cast<int64_t>(sizeof id / 2)}), 0);
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        settle(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRank");
+    }
+    ~NcclComm() override {
+        if (comm_) ncclCommDestroy(comm_);
+        if (scratch_) cudaFree(scratch_);
+        if (stream_) cudaStreamDestroy(stream_);
+    }
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    int world_rank(int rank) const override { return world_ranks_.at(static_cast<size_t>(rank)); }
+    const std::string& name() const override { return name_; }
+
+    CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override {
+        expect_device("all_reduce", data);
+        settle(ncclAllReduce(data.raw(), data.raw(), count(data), nccl_type(data.dtype(), true), op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
+                             stream_),
+               "all_reduce");
+        return record("all_reduce");
+    }
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
+        expect_device("reduce_scatter", out);
+        expect_device("reduce_scatter", in);
+        if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype())
+            fail(ErrorKind::shape, "reduce_scatter in the ", describe(), ": input ", in.shape().str(), " is not ", size_, " x output ", out.shape().str());
+        settle(ncclReduceScatter(in.raw(), out.raw(), count(out), nccl_type(in.dtype(), true), ncclSum, comm_, stream_), "reduce_scatter");
+        return record("reduce_scatter");
+    }
+    CommHandle all_gather_async(const Tensor& data) override {
+        expect_device("all_gather", data);
+        if (data.numel() % size_ != 0) fail(ErrorKind::shape, "all_gather in the ", describe(), ": ", data.numel(), " elements do not split into ", size_, " chunks");
+        const size_t chunk = static_cast<size_t>(data.numel() / size_);
+        // In place: this rank's chunk already sits at its position in the output.
+        const void* mine = static_cast<const char*>(data.raw()) + chunk * dtype_size(data.dtype()) * static_cast<size_t>(rank_);
+        settle(ncclAllGather(mine, data.raw(), chunk, nccl_type(data.dtype(), false), comm_, stream_), "all_gather");
+        return record("all_gather");
+    }
+    CommHandle send_async(const Tensor& data, int peer) override {
+        expect_device("send", data);
+        settle(ncclSend(data.raw(), count(data), nccl_type(data.dtype(), false), peer, comm_, stream_), "send");
+        return record(cat("send to world rank ", world_rank(peer)));
+    }
+    void recv(const Tensor& data, int peer) override {
+        expect_device("recv", data);
+        settle(ncclRecv(data.raw(), count(data), nccl_type(data.dtype(), false), peer, comm_, stream_), "recv");
+        record(cat("recv from world rank ", world_rank(peer))).wait();
+    }
+    void broadcast(const Tensor& data, int root) override {
+        expect_device("broadcast", data);
+        settle(ncclBroadcast(data.raw(), data.raw(), count(data), nccl_type(data.dtype(), false), root, comm_, stream_), "broadcast");
+        record("broadcast").wait();
+    }
+    void barrier() override { all_reduce(Tensor(scratch_, DType::f32, {1}, Device::cuda), ReduceOp::sum); }
+
+    // Polls the event; NCCL's asynchronous error or the deadline abort the communicator.
+    void wait_event(cudaEvent_t event, const std::string& op) const {
+        const auto start = std::chrono::steady_clock::now();
+        for (int polls = 0;; ++polls) {
+            const cudaError_t state = cudaEventQuery(event);
+            if (state == cudaSuccess) return;
+            if (state != cudaErrorNotReady) check_cuda(state, cat(op, " in the ", describe()));
+            ncclResult_t async = ncclSuccess;
+            ncclCommGetAsyncError(comm_, &async);
+            if (async != ncclSuccess && async != ncclInProgress) abort_with(op, ncclGetErrorString(async));
+            if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_seconds_)
+                abort_with(op, cat("did not complete within ", timeout_seconds_, " s: a rank of this group has died or hangs"));
+        }
+    }
+
+private:
+    [[noreturn]] void abort_with(const std::string& op, const std::string& why) const {
+        ncclCommAbort(comm_);
+        fail(ErrorKind::runtime, op, " in the ", describe(), " (NCCL): ", why);
+    }
+    void check(ncclResult_t result, const std::string& op) const {
+        if (result != ncclSuccess) fail(ErrorKind::runtime, op, " in the ", describe(), " (NCCL): ", ncclGetErrorString(result));
+    }
+    // A call on a non-blocking communicator may return ncclInProgress: wait until it settles.
+    void settle(ncclResult_t result, const std::string& op) {
+        const auto start = std::chrono::steady_clock::now();
+        while (result == ncclInProgress) {
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+            if (comm_) ncclCommGetAsyncError(comm_, &result);
+            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_seconds_)
+                abort_with(op, cat("did not start within ", timeout_seconds_, " s"));
+        }
+        check(result, op);
+    }
+    void expect_device(const char* op, const Tensor& t) const {
+        if (t.device() != Device::cuda) fail(ErrorKind::unsupported, op, " in the ", describe(), " (NCCL): the tensor is in host memory; NCCL needs GPU memory");
+    }
+    static size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }
+    CommHandle record(const std::string& op) {
+        cudaEvent_t event = nullptr;
+        check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+        check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord");
+        return CommHandle(std::make_unique<NcclRequest>(*this, event, op));
+    }
+
+    std::string name_;
+    std::vector<int> world_ranks_;
+    double timeout_seconds_;
+    int rank_ = 0, size_ = 1;
+    cudaStream_t stream_ = nullptr;
+    ncclComm_t comm_ = nullptr;
+    void* scratch_ = nullptr;
+};
+
+void NcclRequest::wait() { comm_.wait_event(event_, op_); }
+
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap, int local_rank, double timeout_seconds) {
+    int devices = 0;
+    const cudaError_t code = cudaGetDeviceCount(&devices);
+    if (code != cudaSuccess || devices == 0)
+        fail(ErrorKind::unsupported, "NCCL needs a GPU, and this machine has none usable (", code == cudaSuccess ? "no CUDA device" : cudaGetErrorString(code), ")");
+    return std::make_unique<NcclComm>(bootstrap, local_rank % devices, timeout_seconds);
+}
+
+std::string nccl_library_version() {
+    int version = 0;
+    ncclGetVersion(&version);
+    return cat("NCCL ", version / 10000, ".", version / 100 % 100, ".", version % 100);
+}
+
+BenchAllocator cuda_bench_allocator() {
+    return [](size_t bytes) {
+        void* p = nullptr;
+        check_cuda(cudaMalloc(&p, bytes), cat("cudaMalloc(", bytes, " bytes)"));
+        return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    };
+}
+
+}  // namespace llmtrain
