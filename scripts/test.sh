@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds (Release, incremental in build/), and runs every test
-# through CTest. Labels: unit, ops, e2e (and gpu, mpi as those backends arrive).
+# through CTest. Labels: unit, ops, mpi (parallel layouts under mpirun), e2e, gpu (skipped
+# without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
