@@ -27,7 +27,7 @@ namespace llmtrain {
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(matmul_fwd) X(matmul_bwd) X(attention_fwd)       \
     X(attention_bwd) X(rope_fwd) X(rope_bwd) X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd)   \
     X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(logits_row_max) X(xent_partial)   \
-    X(xent_combine) X(adamw) X(sum_squares) X(fill_zero)
+    X(xent_combine) X(adamw) X(sum_squares) X(fill_zero) X(copy)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -160,6 +160,8 @@ public:
     // Sum of squares of every element, accumulated in double.
     virtual double sum_squares(const Tensor& x) = 0;
     virtual void fill_zero(const Tensor& x) = 0;
+    // out = in (same shape and dtype; they must not overlap).
+    virtual void copy(const Tensor& out, const Tensor& in) = 0;
 
     OpProfile& profile() { return profile_; }
 

@@ -260,6 +260,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1)"),
+        CONFIG_KEY(parallel, sequence_parallel).boolean()
+            .describe("with tp > 1: norms and residuals hold 1/tp of the tokens per rank (batch_size * seq_len divisible by tp)"),
         CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),
         CONFIG_KEY(parallel, stage_layers).string().describe("layers per pipeline stage, e.g. \"3,3,2\"; empty: balanced"),
         CONFIG_KEY(parallel, timeout_seconds).number(excl(0), incl(86400))
@@ -590,6 +592,12 @@ constexpr Check kChecks[] = {
         if (m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0 && m.vocab_size % tp == 0) return std::nullopt;
         return Problem{"parallel.tp", cat("must divide model.n_heads = ", m.n_heads, ", model.n_kv_heads = ", m.n_kv_heads, ", model.d_ff = ",
                                           m.d_ff, " and model.vocab_size = ", m.vocab_size, " (got ", tp, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        const int64_t tokens = c.train.batch_size * c.train.seq_len;
+        if (!c.parallel.sequence_parallel || tokens % c.parallel.tp == 0) return std::nullopt;
+        return Problem{"parallel.sequence_parallel", cat("splits the train.batch_size * train.seq_len = ", tokens,
+                                                         " tokens of a micro-batch across parallel.tp = ", c.parallel.tp, " ranks: they must divide evenly")};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.pp <= c.model.n_layers) return std::nullopt;

@@ -23,7 +23,7 @@ size_t Parameters::add(std::string name, Shape global_shape, ParamInit init, boo
     for (const ParamInfo& existing : infos_)
         if (existing.name == name) fail(ErrorKind::runtime, "parameter '", name, "' registered twice");
     const Shape shape = local_shape(name, global_shape, split);
-    infos_.push_back({std::move(name), shape, global_shape, split, init, weight_decay, total_numel_});
+    infos_.push_back({std::move(name), shape, global_shape, split, init, weight_decay, total_numel_, false});
     total_numel_ += shape.numel();
     return infos_.size() - 1;
 }

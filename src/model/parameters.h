@@ -47,6 +47,7 @@ struct ParamInfo {
     ParamInit init;
     bool weight_decay;      // matrices decay; norms and biases do not
     int64_t offset = 0;     // elements from the start of the flat buffer
+    bool grad_partial_over_tp = false;  // each tp rank's gradient is a partial sum (sequence parallel norms)
     bool replicated() const { return split.kind == TpSplit::none; }
 };
 
@@ -58,6 +59,7 @@ public:
     // Registration (before allocate()). global_shape is the unsplit tensor's; a split
     // dimension must divide evenly. Returns the parameter's index.
     size_t add(std::string name, Shape global_shape, ParamInit init, bool weight_decay, TensorSplit split = {});
+    void mark_grad_partial_over_tp(size_t index) { infos_.at(index).grad_partial_over_tp = true; }
     // Allocates the parameter and gradient buffers (zeroed) in dtype; their length is
     // total_numel() rounded up to a multiple of pad_multiple (data-parallel sharding splits
     // the flat buffers into equal pieces), the padding zero and unused.

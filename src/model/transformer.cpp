@@ -26,7 +26,7 @@ constexpr TensorSplit kCols{TpSplit::cols, 1};
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
                          ModelPartition partition, Comm* tp)
     : config_(config), backend_(backend), dtype_(dtype), max_batch_(max_batch), max_seq_len_(max_seq_len), part_(partition),
-      tp_(tp && tp->size() > 1 ? tp : nullptr), params_(tp_rank(), tp_size()) {
+      tp_(tp && tp->size() > 1 ? tp : nullptr), sp_(partition.sequence_parallel && tp_), params_(tp_rank(), tp_size()) {
     if (max_seq_len > config.max_seq_len)
         fail(ErrorKind::config, "sequence length ", max_seq_len, " exceeds model.max_seq_len = ", config.max_seq_len);
     if (part_.last_layer < 0) part_.last_layer = config.n_layers;
@@ -36,6 +36,9 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
     if (config.n_heads % tp_size() || config.n_kv_heads % tp_size() || config.vocab_size % tp_size())
         fail(ErrorKind::config, "tp = ", tp_size(), " must divide model.n_heads = ", config.n_heads, ", model.n_kv_heads = ", config.n_kv_heads,
              " and model.vocab_size = ", config.vocab_size);
+    if (sp_ && (max_batch * max_seq_len) % tp_size() != 0)
+        fail(ErrorKind::config, "sequence parallelism splits the ", max_batch * max_seq_len, " tokens of a micro-batch into tp = ", tp_size(),
+             " equal parts: batch_size * seq_len must be a multiple of tp");
     n_heads_ = config.n_heads / tp_size();
     n_kv_heads_ = config.n_kv_heads / tp_size();
     if (is_llama()) register_llama_params();
@@ -49,6 +52,12 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
 Transformer::ParamSpan Transformer::add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split) {
     const size_t index = params_.add(name, shape, init, decay, split);
     return {index, index, true};
+}
+
+Transformer::ParamSpan Transformer::add_norm(const std::string& name, ParamInit init) {
+    const ParamSpan p = add(name, {config_.d_model}, init, false);
+    if (sp_) params_.mark_grad_partial_over_tp(p.first);
+    return p;
 }
 
 std::optional<size_t> Transformer::embedding_param() const {
@@ -70,14 +79,14 @@ void Transformer::register_gpt2_params() {
     for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
         LayerParams p;
         p.begin = params_.count();
-        p.norm1_w = add(layer_name(h, l, "ln_1.weight"), {C}, ParamInit::ones, false);
-        p.norm1_b = add(layer_name(h, l, "ln_1.bias"), {C}, ParamInit::zeros, false);
+        p.norm1_w = add_norm(layer_name(h, l, "ln_1.weight"), ParamInit::ones);
+        p.norm1_b = add_norm(layer_name(h, l, "ln_1.bias"), ParamInit::zeros);
         p.qkv_w = add(layer_name(h, l, "attn.c_attn.weight"), {3 * C, C}, ParamInit::normal, true, qkv_rows);
         p.qkv_b = add(layer_name(h, l, "attn.c_attn.bias"), {3 * C}, ParamInit::zeros, false, qkv_rows);
         p.attn_out_w = add(layer_name(h, l, "attn.c_proj.weight"), {C, C}, ParamInit::normal_residual, true, kCols);
         p.attn_out_b = add(layer_name(h, l, "attn.c_proj.bias"), {C}, ParamInit::zeros, false);
-        p.norm2_w = add(layer_name(h, l, "ln_2.weight"), {C}, ParamInit::ones, false);
-        p.norm2_b = add(layer_name(h, l, "ln_2.bias"), {C}, ParamInit::zeros, false);
+        p.norm2_w = add_norm(layer_name(h, l, "ln_2.weight"), ParamInit::ones);
+        p.norm2_b = add_norm(layer_name(h, l, "ln_2.bias"), ParamInit::zeros);
         p.mlp_up_w = add(layer_name(h, l, "mlp.c_fc.weight"), {F, C}, ParamInit::normal, true, kRows);
         p.mlp_up_b = add(layer_name(h, l, "mlp.c_fc.bias"), {F}, ParamInit::zeros, false, kRows);
         p.mlp_down_w = add(layer_name(h, l, "mlp.c_proj.weight"), {C, F}, ParamInit::normal_residual, true, kCols);
@@ -87,8 +96,8 @@ void Transformer::register_gpt2_params() {
     }
     if (!part_.has_head) return;
     head_begin_ = params_.count();
-    norm_f_w_ = add("transformer.ln_f.weight", {C}, ParamInit::ones, false);
-    norm_f_b_ = add("transformer.ln_f.bias", {C}, ParamInit::zeros, false);
+    norm_f_w_ = add_norm("transformer.ln_f.weight", ParamInit::ones);
+    norm_f_b_ = add_norm("transformer.ln_f.bias", ParamInit::zeros);
     if (!config_.tied_embeddings) head_w_ = add("lm_head.weight", {V, C}, ParamInit::normal, true, kRows);
     else if (part_.has_embedding) head_w_ = wte_;
     else head_w_ = add("transformer.wte.weight", {V, C}, ParamInit::normal, true, kRows);  // the last stage's copy
@@ -104,7 +113,7 @@ void Transformer::register_llama_params() {
     for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
         LayerParams p;
         p.begin = params_.count();
-        p.norm1_w = add(layer_name(m, l, "input_layernorm.weight"), {C}, ParamInit::ones, false);
+        p.norm1_w = add_norm(layer_name(m, l, "input_layernorm.weight"), ParamInit::ones);
         const ParamSpan q = add(layer_name(m, l, "self_attn.q_proj.weight"), {q_width, C}, ParamInit::normal, true, kRows);
         add(layer_name(m, l, "self_attn.k_proj.weight"), {kv_width, C}, ParamInit::normal, true, kRows);
         const ParamSpan v = add(layer_name(m, l, "self_attn.v_proj.weight"), {kv_width, C}, ParamInit::normal, true, kRows);
@@ -116,7 +125,7 @@ void Transformer::register_llama_params() {
             p.qkv_b = join(qb, vb);
         }
         p.attn_out_w = add(layer_name(m, l, "self_attn.o_proj.weight"), {C, q_width}, ParamInit::normal_residual, true, kCols);
-        p.norm2_w = add(layer_name(m, l, "post_attention_layernorm.weight"), {C}, ParamInit::ones, false);
+        p.norm2_w = add_norm(layer_name(m, l, "post_attention_layernorm.weight"), ParamInit::ones);
         const ParamSpan gate = add(layer_name(m, l, "mlp.gate_proj.weight"), {F, C}, ParamInit::normal, true, kRows);
         const ParamSpan up = add(layer_name(m, l, "mlp.up_proj.weight"), {F, C}, ParamInit::normal, true, kRows);
         p.mlp_up_w = join(gate, up);
@@ -126,14 +135,14 @@ void Transformer::register_llama_params() {
     }
     if (!part_.has_head) return;
     head_begin_ = params_.count();
-    norm_f_w_ = add("model.norm.weight", {C}, ParamInit::ones, false);
+    norm_f_w_ = add_norm("model.norm.weight", ParamInit::ones);
     if (!config_.tied_embeddings) head_w_ = add("lm_head.weight", {V, C}, ParamInit::normal, true, kRows);
     else if (part_.has_embedding) head_w_ = wte_;
     else head_w_ = add("model.embed_tokens.weight", {V, C}, ParamInit::normal, true, kRows);  // the last stage's copy
 }
 
 Transformer::NormSlots Transformer::reserve_norm(const std::string& prefix) {
-    const int64_t N = max_batch_ * max_seq_len_;
+    const int64_t N = local_tokens(max_batch_, max_seq_len_);
     NormSlots s;
     s.out = arena_.reserve(prefix + ".out", dtype_, {N, config_.d_model});
     // RMSNorm has no mean; the slot is reserved anyway (one row of N values) to keep one layout.
@@ -150,7 +159,8 @@ Transformer::ActivationSet Transformer::reserve_set(int64_t set) {
     ActivationSet a;
     a.tokens = arena_.reserve(s + "tokens", DType::i32, {N});
     a.targets = arena_.reserve(s + "targets", DType::i32, {N});
-    for (int64_t l = part_.first_layer; l <= part_.last_layer; ++l) a.residual.push_back(arena_.reserve(cat(s, "residual.", l), dtype_, {N, C}));
+    const int64_t local = local_tokens(max_batch_, max_seq_len_);
+    for (int64_t l = part_.first_layer; l <= part_.last_layer; ++l) a.residual.push_back(arena_.reserve(cat(s, "residual.", l), dtype_, {local, C}));
     for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
         const std::string p = cat(s, "layer.", l);
         LayerSlots ls;
@@ -158,7 +168,7 @@ Transformer::ActivationSet Transformer::reserve_set(int64_t set) {
         ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
         ls.att_saved = arena_.reserve(p + ".att_saved", dtype_, backend_.attention_saved_shape(full));
         ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
-        ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {N, C});
+        ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local, C});
         ls.norm2 = reserve_norm(p + ".norm2");
         ls.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, up_width});
         ls.mlp_act = arena_.reserve(p + ".mlp_act", dtype_, {N, F});
@@ -181,10 +191,16 @@ void Transformer::plan_activations() {
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
     rope_table_ = arena_.reserve("rope_table", dtype_, {config_.max_seq_len, config_.head_dim()});
     for (int64_t set = 0; set < part_.activation_sets; ++set) sets_.push_back(reserve_set(set));
+    const int64_t local = local_tokens(max_batch_, max_seq_len_);
+    const int64_t gathered = sp_ ? N : 0;  // the scratch rows of sequence parallelism
     proj_out_ = arena_.reserve("proj_out", dtype_, {N, C});
-    d_resid_ = arena_.reserve("grad.resid", dtype_, {N, C});
-    d_tmp_ = arena_.reserve("grad.tmp", dtype_, {N, C});
+    proj_local_ = arena_.reserve("proj_local", dtype_, {sp_ ? local : 0, C});
+    gathered_ = arena_.reserve("gathered", dtype_, {gathered, C});
+    d_resid_ = arena_.reserve("grad.resid", dtype_, {local, C});
+    d_tmp_ = arena_.reserve("grad.tmp", dtype_, {local, C});
     d_norm_ = arena_.reserve("grad.norm", dtype_, {N, C});
+    d_norm_local_ = arena_.reserve("grad.norm_local", dtype_, {sp_ ? local : 0, C});
+    d_gathered_ = arena_.reserve("grad.gathered", dtype_, {gathered, C});
     d_att_out_ = arena_.reserve("grad.att_out", dtype_, {N, full.out_width()});
     d_qkv_ = arena_.reserve("grad.qkv", dtype_, {N, full.qkv_width()});
     d_mlp_act_ = arena_.reserve("grad.mlp_act", dtype_, {N, F});
@@ -192,6 +208,27 @@ void Transformer::plan_activations() {
 }
 
 Tensor Transformer::rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, batch_ * seq_len_); }
+Tensor Transformer::local_rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, local_tokens(batch_, seq_len_)); }
+int64_t Transformer::local_tokens(int64_t batch, int64_t seq_len) const { return sp_ ? batch * seq_len / tp_size() : batch * seq_len; }
+
+Tensor Transformer::gather_rows(const Tensor& local, Arena::Slot scratch) {
+    if (!sp_) return local;
+    const Tensor whole = rows(scratch);
+    backend_.copy(whole.slice_rows(tp_rank() * local.dim(0), local.dim(0)), local);
+    tp_->all_gather(whole);
+    return whole;
+}
+
+Tensor Transformer::reduce_rows(const Tensor& partial, Arena::Slot local) {
+    if (!tp_) return partial;
+    if (!sp_) {
+        tp_->all_reduce(partial, ReduceOp::sum);
+        return partial;
+    }
+    const Tensor mine = local_rows(local);
+    tp_->reduce_scatter(mine, partial);
+    return mine;
+}
 
 Tensor Transformer::att_saved(Arena::Slot slot) const {
     // The saved shape for a smaller batch or sequence is a prefix of the planned one.
@@ -201,10 +238,6 @@ Tensor Transformer::att_saved(Arena::Slot slot) const {
 }
 
 AttentionShape Transformer::attention_shape() const { return {batch_, seq_len_, n_heads_, n_kv_heads_, config_.head_dim()}; }
-
-void Transformer::tp_all_reduce(const Tensor& t) const {
-    if (tp_) tp_->all_reduce(t, ReduceOp::sum);
-}
 
 void Transformer::ready(size_t begin, size_t end) const {
     if (grads_ready_ && begin < end) grads_ready_(begin, end);
@@ -224,24 +257,24 @@ Transformer::ActivationSet& Transformer::use_set(int64_t set) {
 }
 
 Tensor Transformer::hidden_in(int64_t set, int64_t batch, int64_t seq_len) const {
-    return arena_.tensor(sets_.at(static_cast<size_t>(set)).residual.front()).slice_rows(0, batch * seq_len);
+    return arena_.tensor(sets_.at(static_cast<size_t>(set)).residual.front()).slice_rows(0, local_tokens(batch, seq_len));
 }
 Tensor Transformer::hidden_out(int64_t set) const {
     const ActivationSet& a = sets_.at(static_cast<size_t>(set));
-    return arena_.tensor(a.residual.back()).slice_rows(0, a.batch * a.seq_len);
+    return arena_.tensor(a.residual.back()).slice_rows(0, local_tokens(a.batch, a.seq_len));
 }
-Tensor Transformer::grad_output(int64_t batch, int64_t seq_len) const { return arena_.tensor(d_resid_).slice_rows(0, batch * seq_len); }
-Tensor Transformer::grad_input() const { return rows(d_resid_); }
+Tensor Transformer::grad_output(int64_t batch, int64_t seq_len) const { return arena_.tensor(d_resid_).slice_rows(0, local_tokens(batch, seq_len)); }
+Tensor Transformer::grad_input() const { return local_rows(d_resid_); }
 Tensor Transformer::logits() const { return rows(sets_.front().logits); }
 
 void Transformer::norm_fwd(const NormSlots& s, const Tensor& x, ParamSpan w, ParamSpan b) {
-    if (is_llama()) backend_.rmsnorm_fwd(rows(s.out), rows(s.rstd), x, value(w), config_.norm_eps);
-    else backend_.layernorm_fwd(rows(s.out), rows(s.mean), rows(s.rstd), x, value(w), value(b), config_.norm_eps);
+    if (is_llama()) backend_.rmsnorm_fwd(local_rows(s.out), local_rows(s.rstd), x, value(w), config_.norm_eps);
+    else backend_.layernorm_fwd(local_rows(s.out), local_rows(s.mean), local_rows(s.rstd), x, value(w), value(b), config_.norm_eps);
 }
 
 void Transformer::norm_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, const NormSlots& s, ParamSpan w, ParamSpan b) {
-    if (is_llama()) backend_.rmsnorm_bwd(dx, grad(w), dout, x, value(w), rows(s.rstd));
-    else backend_.layernorm_bwd(dx, grad(w), grad(b), dout, x, value(w), rows(s.mean), rows(s.rstd));
+    if (is_llama()) backend_.rmsnorm_bwd(dx, grad(w), dout, x, value(w), local_rows(s.rstd));
+    else backend_.layernorm_bwd(dx, grad(w), grad(b), dout, x, value(w), local_rows(s.mean), local_rows(s.rstd));
 }
 
 double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
@@ -273,13 +306,14 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
 // rank 0 adds the positions: the sum over ranks is the embedding.
 void Transformer::embed(const ActivationSet& a) {
     const Tensor wpe = tp_rank() == 0 ? value(wpe_) : Tensor();
-    backend_.embedding_fwd(rows(a.residual.front()), rows(a.tokens), value(wte_), wpe, seq_len_, vocab_shard());
-    tp_all_reduce(rows(a.residual.front()));
+    const Tensor partial = sp_ ? rows(proj_out_) : rows(a.residual.front());
+    backend_.embedding_fwd(partial, rows(a.tokens), value(wte_), wpe, seq_len_, vocab_shard());
+    reduce_rows(partial, a.residual.front());
 }
 
 double Transformer::head_and_loss(ActivationSet& a) {
-    norm_fwd(a.norm_f, rows(a.residual.back()), norm_f_w_, norm_f_b_);
-    backend_.matmul_fwd(rows(a.logits), rows(a.norm_f.out), value(head_w_), Tensor());
+    norm_fwd(a.norm_f, local_rows(a.residual.back()), norm_f_w_, norm_f_b_);
+    backend_.matmul_fwd(rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_), Tensor());
     if (!a.has_targets) return std::numeric_limits<double>::quiet_NaN();
     if (!tp_) {
         backend_.xent_fwd(rows(a.losses), rows(a.logits), rows(a.targets));
@@ -297,25 +331,22 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l) {
     const LayerParams& p = layer_params_[static_cast<size_t>(l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     const AttentionShape shape = attention_shape();
-    const Tensor x = rows(a.residual[static_cast<size_t>(l)]);
-    const Tensor proj = rows(proj_out_);
+    const Tensor x = local_rows(a.residual[static_cast<size_t>(l)]);
 
     norm_fwd(s.norm1, x, p.norm1_w, p.norm1_b);
-    backend_.matmul_fwd(rows(s.qkv), rows(s.norm1.out), value(p.qkv_w), value(p.qkv_b));
+    backend_.matmul_fwd(rows(s.qkv), gather_rows(local_rows(s.norm1.out), gathered_), value(p.qkv_w), value(p.qkv_b));
     // q and k heads are adjacent in the packed QKV rows: one rotation covers both.
     if (is_llama()) backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
     backend_.attention_fwd(rows(s.att_out), att_saved(s.att_saved), rows(s.qkv), shape);
-    backend_.matmul_fwd(proj, rows(s.att_out), value(p.attn_out_w), row_parallel_bias(p.attn_out_b));
-    tp_all_reduce(proj);
-    backend_.add(rows(s.resid_mid), x, proj);
+    backend_.matmul_fwd(rows(proj_out_), rows(s.att_out), value(p.attn_out_w), row_parallel_bias(p.attn_out_b));
+    backend_.add(local_rows(s.resid_mid), x, reduce_rows(rows(proj_out_), proj_local_));
 
-    norm_fwd(s.norm2, rows(s.resid_mid), p.norm2_w, p.norm2_b);
-    backend_.matmul_fwd(rows(s.mlp_up), rows(s.norm2.out), value(p.mlp_up_w), value(p.mlp_up_b));
+    norm_fwd(s.norm2, local_rows(s.resid_mid), p.norm2_w, p.norm2_b);
+    backend_.matmul_fwd(rows(s.mlp_up), gather_rows(local_rows(s.norm2.out), gathered_), value(p.mlp_up_w), value(p.mlp_up_b));
     if (is_llama()) backend_.swiglu_fwd(rows(s.mlp_act), rows(s.mlp_up));
     else backend_.gelu_fwd(rows(s.mlp_act), rows(s.mlp_up));
-    backend_.matmul_fwd(proj, rows(s.mlp_act), value(p.mlp_down_w), row_parallel_bias(p.mlp_down_b));
-    tp_all_reduce(proj);
-    backend_.add(rows(a.residual[static_cast<size_t>(l + 1)]), rows(s.resid_mid), proj);
+    backend_.matmul_fwd(rows(proj_out_), rows(s.mlp_act), value(p.mlp_down_w), row_parallel_bias(p.mlp_down_b));
+    backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), reduce_rows(rows(proj_out_), proj_local_));
 }
 
 void Transformer::backward(int64_t set, double loss_scale) {
@@ -324,13 +355,13 @@ void Transformer::backward(int64_t set, double loss_scale) {
         if (!a.has_targets) fail(ErrorKind::runtime, "backward called after a forward without targets");
         head_backward(a, loss_scale);
     }
-    const Tensor d_resid = rows(d_resid_);
+    const Tensor d_resid = local_rows(d_resid_);
     for (int64_t l = local_layers() - 1; l >= 0; --l) {
         layer_bwd(a, l, d_resid);
         ready(layer_params_[static_cast<size_t>(l)].begin, layer_params_[static_cast<size_t>(l)].end);
     }
     if (part_.has_embedding) {
-        backend_.embedding_bwd(grad(wte_), grad(wpe_), d_resid, rows(a.tokens), seq_len_, vocab_shard());
+        backend_.embedding_bwd(grad(wte_), grad(wpe_), gather_rows(d_resid, d_gathered_), rows(a.tokens), seq_len_, vocab_shard());
         ready(0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin);
     }
 }
@@ -338,41 +369,42 @@ void Transformer::backward(int64_t set, double loss_scale) {
 // d(mean loss)/d(loss_n) = 1 / N for every token; the head is column-parallel over the
 // vocabulary, so the gradient of its (whole) input is summed over the tp ranks.
 void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
-    const Tensor d_norm = rows(d_norm_);
     const double dloss = loss_scale / static_cast<double>(batch_ * seq_len_);
     const Tensor lse = tp_ ? rows(a.lse) : Tensor();
     backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), lse, vocab_shard(), dloss);
-    backend_.matmul_bwd(d_norm, grad(head_w_), Tensor(), rows(a.logits), rows(a.norm_f.out), value(head_w_));
-    tp_all_reduce(d_norm);
-    norm_bwd(rows(d_resid_), d_norm, rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
+    backend_.matmul_bwd(rows(d_norm_), grad(head_w_), Tensor(), rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_));
+    norm_bwd(local_rows(d_resid_), reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.
     ready(head_begin_, params_.count());
 }
 
+// Under sequence parallelism d_resid holds this rank's tokens: the row-parallel matmuls'
+// backward needs the whole rows (gathered), and the gradients of the column-parallel
+// matmuls' inputs are reduce-scattered back to this rank's tokens.
 void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_resid) {
     const LayerParams& p = layer_params_[static_cast<size_t>(l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     const AttentionShape shape = attention_shape();
-    const Tensor d_tmp = rows(d_tmp_), d_norm = rows(d_norm_);
+    const Tensor d_tmp = local_rows(d_tmp_), d_norm = rows(d_norm_);
 
     // MLP block: out = resid_mid + down(act(up(norm2(resid_mid)))). down is row-parallel:
     // its output gradient d_resid is whole on every rank; up is column-parallel: the gradient
     // of its input is a partial sum per rank.
-    backend_.matmul_bwd(rows(d_mlp_act_), grad(p.mlp_down_w), grad(p.mlp_down_b), d_resid, rows(s.mlp_act), value(p.mlp_down_w));
+    backend_.matmul_bwd(rows(d_mlp_act_), grad(p.mlp_down_w), grad(p.mlp_down_b), gather_rows(d_resid, d_gathered_), rows(s.mlp_act),
+                        value(p.mlp_down_w));
     if (is_llama()) backend_.swiglu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
     else backend_.gelu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
-    backend_.matmul_bwd(d_norm, grad(p.mlp_up_w), grad(p.mlp_up_b), rows(d_mlp_up_), rows(s.norm2.out), value(p.mlp_up_w));
-    tp_all_reduce(d_norm);
-    norm_bwd(d_tmp, d_norm, rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
+    backend_.matmul_bwd(d_norm, grad(p.mlp_up_w), grad(p.mlp_up_b), rows(d_mlp_up_), gather_rows(local_rows(s.norm2.out), gathered_), value(p.mlp_up_w));
+    norm_bwd(d_tmp, reduce_rows(d_norm, d_norm_local_), local_rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
     backend_.add(d_resid, d_resid, d_tmp);
 
     // Attention block: resid_mid = x + o(attn(rope(qkv(norm1(x))))).
-    backend_.matmul_bwd(rows(d_att_out_), grad(p.attn_out_w), grad(p.attn_out_b), d_resid, rows(s.att_out), value(p.attn_out_w));
+    backend_.matmul_bwd(rows(d_att_out_), grad(p.attn_out_w), grad(p.attn_out_b), gather_rows(d_resid, d_gathered_), rows(s.att_out),
+                        value(p.attn_out_w));
     backend_.attention_bwd(rows(d_qkv_), rows(d_att_out_), rows(s.qkv), att_saved(s.att_saved), shape);
     if (is_llama()) backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
-    backend_.matmul_bwd(d_norm, grad(p.qkv_w), grad(p.qkv_b), rows(d_qkv_), rows(s.norm1.out), value(p.qkv_w));
-    tp_all_reduce(d_norm);
-    norm_bwd(d_tmp, d_norm, rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
+    backend_.matmul_bwd(d_norm, grad(p.qkv_w), grad(p.qkv_b), rows(d_qkv_), gather_rows(local_rows(s.norm1.out), gathered_), value(p.qkv_w));
+    norm_bwd(d_tmp, reduce_rows(d_norm, d_norm_local_), local_rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
     backend_.add(d_resid, d_resid, d_tmp);
 }
 

@@ -18,6 +18,12 @@
 //    in forward). The embedding and the head are vocab-parallel: each rank holds a slice of
 //    the vocabulary, the embedding output is all-reduced, and the cross-entropy reduces its
 //    row max and sum of exponentials across ranks, so the full logits never exist anywhere.
+//  - Sequence parallel (Korthikanti et al. 2022), an option of tensor parallelism: outside
+//    the tensor-parallel matmuls (norms, residual adds) each tp rank holds only its 1/tp of
+//    the tokens. The whole rows are all-gathered before a column-parallel matmul (and again
+//    in its backward), and a row-parallel output is reduce-scattered instead of all-reduced.
+//    The norms' parameter gradients are then partial sums over the tp ranks (flagged in the
+//    registry: the trainer sums them). Stage inputs and outputs are this rank's tokens.
 //  - Several activation sets: a pipeline stage keeps the activations of every micro-batch in
 //    flight between its forward and its backward.
 //
@@ -44,6 +50,7 @@ struct ModelPartition {
     bool has_head = true;          // the last pipeline stage
     int64_t activation_sets = 1;   // micro-batches whose activations are kept at once
     int64_t param_pad_multiple = 1;  // the flat parameter buffer's length is a multiple of this (dp)
+    bool sequence_parallel = false;  // with tp > 1: split the tokens outside the tp matmuls
 };
 
 class Transformer {
@@ -75,7 +82,8 @@ public:
     double forward(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) { return forward(0, tokens, targets, batch, seq_len); }
     void backward(double loss_scale) { backward(0, loss_scale); }
 
-    // A non-first stage's input [batch * seq_len, d_model], filled before forward(set).
+    // A non-first stage's input [tokens, d_model] (tokens: batch * seq_len, or this rank's
+    // share of them under sequence parallelism), filled before forward(set).
     Tensor hidden_in(int64_t set, int64_t batch, int64_t seq_len) const;
     Tensor hidden_out(int64_t set) const;  // a non-last stage's output, after forward(set)
     // d(loss)/d(hidden_out) of the micro-batch to run backward on, filled before backward.
@@ -126,6 +134,8 @@ private:
     void register_gpt2_params();
     void register_llama_params();
     ParamSpan add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split = {});
+    // A norm's weight or bias: replicated, no decay; partial gradients under sequence parallelism.
+    ParamSpan add_norm(const std::string& name, ParamInit init);
     ParamSpan join(ParamSpan first, ParamSpan last) const { return {first.first, last.last, true}; }
     Tensor value(ParamSpan p) const { return p.present ? params_.value_span(p.first, p.last) : Tensor(); }
     Tensor grad(ParamSpan p) const { return p.present ? params_.grad_span(p.first, p.last) : Tensor(); }
@@ -135,14 +145,20 @@ private:
     void plan_activations();
     ActivationSet reserve_set(int64_t set);
     NormSlots reserve_norm(const std::string& prefix);
-    Tensor rows(Arena::Slot slot) const;  // the first batch * seq_len rows of a slot
+    Tensor rows(Arena::Slot slot) const;        // the first batch * seq_len rows of a slot
+    Tensor local_rows(Arena::Slot slot) const;  // the first local_tokens() rows of a slot
+    int64_t local_tokens(int64_t batch, int64_t seq_len) const;
+    // Whole rows for a column-parallel matmul from this rank's rows (sequence parallel:
+    // all-gathered into `scratch`; otherwise the rows are whole already).
+    Tensor gather_rows(const Tensor& local, Arena::Slot scratch);
+    // The sum over the tp ranks of a row-parallel output: this rank's rows of it (sequence
+    // parallel: reduce-scattered into `local`; otherwise all-reduced in place).
+    Tensor reduce_rows(const Tensor& partial, Arena::Slot local);
     Tensor att_saved(Arena::Slot slot) const;
     AttentionShape attention_shape() const;
     bool is_llama() const { return config_.family == ModelFamily::llama; }
     int tp_rank() const { return tp_ ? tp_->rank() : 0; }
     int tp_size() const { return tp_ ? tp_->size() : 1; }
-    // Sum over the tp group, in place (Megatron's g in forward, f in backward).
-    void tp_all_reduce(const Tensor& t) const;
     ActivationSet& use_set(int64_t set);
     void ready(size_t begin, size_t end) const;
 
@@ -162,6 +178,7 @@ private:
     int64_t max_batch_, max_seq_len_;
     ModelPartition part_;
     Comm* tp_;
+    bool sp_;                       // sequence parallel
     int64_t n_heads_, n_kv_heads_;  // this rank's heads
     int64_t batch_ = 0, seq_len_ = 0;
     std::function<void(size_t, size_t)> grads_ready_;
@@ -174,7 +191,8 @@ private:
     Arena arena_;
     Arena::Slot rope_table_;
     std::vector<ActivationSet> sets_;
-    Arena::Slot proj_out_, d_resid_, d_tmp_, d_norm_, d_att_out_, d_qkv_, d_mlp_act_, d_mlp_up_;
+    Arena::Slot proj_out_, proj_local_, gathered_, d_resid_, d_tmp_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
+        d_mlp_up_;
 };
 
 }  // namespace llmtrain

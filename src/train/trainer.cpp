@@ -67,6 +67,7 @@ ModelPartition stage_partition(const Config& config, const ParallelContext& ctx)
     part.has_head = stage == pp - 1;
     part.activation_sets = one_f_one_b_in_flight(pp, stage, config.train.grad_accum);
     part.param_pad_multiple = ctx.mesh.dp();
+    part.sequence_parallel = config.parallel.sequence_parallel;
     return part;
 }
 }  // namespace
@@ -197,8 +198,11 @@ double Trainer::forward_backward(int64_t step) {
     bool reducing = false;  // only the last micro-batch's backward produces final gradients
     model_->set_grads_ready_hook([&](size_t begin, size_t end) {
         if (!reducing) return;
-        for (size_t i = begin; i < end; ++i)
+        for (size_t i = begin; i < end; ++i) {
+            // Sequence-parallel norms saw only this rank's tokens: sum over the tp group first.
+            if (params.info(i).grad_partial_over_tp) ctx_->tp->all_reduce(params.grad(i), ReduceOp::sum);
             if (!(tied_across_stages && embedding && i == *embedding)) buckets_->mark_ready(i, i + 1);
+        }
     });
     const auto batch_of = [&](int64_t m) {
         fill_train_batch(batch_, data_.train, t.seed, step, dp_rank * M + m, M * dp, t.batch_size, t.seq_len);

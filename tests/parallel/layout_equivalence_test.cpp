@@ -87,6 +87,12 @@ TEST(World2, LlamaDataParallelZero1SmallBuckets_MatchesSingleProcess) {
 }
 TEST(World2, Gpt2TensorParallel_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2"}); }
 TEST(World2, LlamaGqaTensorParallel_MatchesSingleProcess) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
+TEST(World2, Gpt2SequenceParallel_MatchesSingleProcess) {
+    expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"});
+}
+TEST(World2, LlamaSequenceParallel_MatchesSingleProcess) {
+    expect_layout_matches_single_process("llama", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"});
+}
 TEST(World2, Gpt2PipelineTiedEmbeddings_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
 TEST(World2, LlamaPipelineUnevenStages_MatchesSingleProcess) {
     expect_layout_matches_single_process("llama", 3, {"parallel.pp=2", "parallel.stage_layers=\"3,1\""});
@@ -115,6 +121,9 @@ TEST(World4, Zero1OptimizerState_IsAQuarterOfPlainDataParallel) {
 
 TEST(World8, Gpt2TensorPipelineData_MatchesSingleProcess) {
     expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.pp=2"});
+}
+TEST(World8, Gpt2SequenceParallelPipelineData_MatchesSingleProcess) {
+    expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"});
 }
 TEST(World8, LlamaTensorPipelineDataPipelineOutermost_MatchesSingleProcess) {
     expect_layout_matches_single_process("llama", 2, {"parallel.tp=2", "parallel.pp=2", "parallel.order=\"tp-pp-dp\""});

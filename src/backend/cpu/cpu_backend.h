@@ -52,6 +52,7 @@ public:
     void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& step) override;
     double sum_squares(const Tensor& x) override;
     void fill_zero(const Tensor& x) override;
+    void copy(const Tensor& out, const Tensor& in) override;
 
 private:
     int threads_;

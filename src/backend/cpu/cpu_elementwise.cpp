@@ -1,4 +1,4 @@
-// Elementwise ops on the CPU: GELU, SwiGLU, add, fill_zero.
+// Elementwise ops on the CPU: GELU, SwiGLU, add, fill_zero, copy.
 //   GELU (tanh form): y = x/2 (1 + tanh u), u = k (x + 0.044715 x^3), k = sqrt(2/pi);
 //     dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) k (1 + 3 * 0.044715 x^2).
 //   SwiGLU: for gate g and up u, y = silu(g) u, silu(g) = g sigmoid(g);
@@ -136,6 +136,15 @@ void CpuBackend::fill_zero(const Tensor& x) {
     cpu::OpTimer timer(profile_, Op::fill_zero);
     cpu::dispatch_float(timer.name(), "x", x, [&]<class T>() {
         if (x.numel() > 0) std::memset(x.raw(), 0, x.bytes());
+    });
+}
+
+void CpuBackend::copy(const Tensor& out, const Tensor& in) {
+    cpu::OpTimer timer(profile_, Op::copy);
+    const char* op = timer.name();
+    cpu::dispatch_float(op, "in", in, [&]<class T>() {
+        cpu::expect_tensor(op, "out", out, in.shape(), in.dtype());
+        if (in.numel() > 0) std::memcpy(out.raw(), in.raw(), in.bytes());
     });
 }
 
