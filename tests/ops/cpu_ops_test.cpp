@@ -453,3 +453,11 @@ TEST(Profile, CountsCallsPerOpAndSplitsOutGemmTime) {
     be->profile().reset();
     EXPECT_EQ(be->profile().total_seconds(), 0.0);
 }
+
+TEST(Copy, CopiesEveryElementAndChecksTheShape) {
+    auto be = cpu_backend();
+    const OwnedTensor in = random_tensor(f32, {5, 3}, 9), out(f32, {5, 3}), wrong(f32, {3, 5});
+    be->copy(out, in);
+    EXPECT_TRUE(bitwise_equal(out, in));
+    expect_error(ErrorKind::shape, {"copy", "out"}, [&] { be->copy(wrong, in); });
+}
