@@ -53,13 +53,23 @@ void for_each_param_in(const Parameters& params, const OwnedPiece& piece, Fn&& f
     }
 }
 
+// Consecutive counted parameters are summed in one call (on one process: all of them).
 template <class Counts>
 double square_sum(Backend& backend, const Parameters& params, const std::vector<OwnedPiece>& pieces, Counts&& counts) {
     double total = 0;
-    for (const OwnedPiece& piece : pieces)
+    for (const OwnedPiece& piece : pieces) {
+        int64_t run_begin = 0, run_end = 0;  // the run of counted elements not summed yet
+        const auto flush = [&] {
+            if (run_end > run_begin) total += backend.sum_squares(piece.grads.slice_rows(run_begin - piece.begin, run_end - run_begin));
+            run_begin = run_end = 0;
+        };
         for_each_param_in(params, piece, [&](size_t index, int64_t begin, int64_t end) {
-            if (counts(index)) total += backend.sum_squares(piece.grads.slice_rows(begin - piece.begin, end - begin));
+            if (!counts(index)) return flush();
+            if (run_end != begin) flush(), run_begin = begin;
+            run_end = end;
         });
+        flush();
+    }
     return total;
 }
 

@@ -16,12 +16,15 @@ namespace llmtrain {
 namespace {
 
 constexpr int64_t sum_chunk = 1 << 14;
+// Below this many elements a parallel region costs more than it saves (parameters are
+// updated tensor by tensor, many of them small).
+constexpr int64_t parallel_min_elems = 1 << 15;
 
 template <class T>
 void adamw_elems(T* param, const T* grad, T* m, T* v, int64_t count, const AdamWStep& s, int threads) {
     const double t = static_cast<double>(s.step);
     const double bias1 = 1.0 - std::pow(s.beta1, t), bias2 = 1.0 - std::pow(s.beta2, t);
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (count >= parallel_min_elems)
     for (int64_t i = 0; i < count; ++i) {
         const double g = static_cast<double>(grad[i]) * s.grad_scale;
         const double mi = s.beta1 * static_cast<double>(m[i]) + (1.0 - s.beta1) * g;
@@ -38,7 +41,7 @@ template <class T>
 double sum_squares_chunked(const T* x, int64_t count, int threads) {
     const int64_t chunks = (count + sum_chunk - 1) / sum_chunk;
     std::vector<double> partial(static_cast<size_t>(chunks));
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (chunks > 1)
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
         const int64_t end = std::min(count, (chunk + 1) * sum_chunk);
         double acc = 0;
