@@ -5,6 +5,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
+  libopenmpi-dev openmpi-bin  # MPI: multi-process training and `prepare`
+  libpcre2-dev libzstd-dev libxxhash-dev  # tokenizer regex, token shards, checksums
   fortunes  # the quickstart's corpus
 )
 missing=()

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     llmtrain::CommandAction action;
     llmtrain::register_train_command(app, action);
+    llmtrain::register_tokenizer_command(app, action);
     try {
         app.parse(argc, argv);
         return action ? action() : 0;

@@ -12,5 +12,7 @@ using CommandAction = std::function<int()>;
 
 // `llmtrain train CONFIG [--set key=value ...] [--run-dir DIR]`
 void register_train_command(CLI::App& app, CommandAction& action);
+// `llmtrain tokenizer train|encode|decode ...`
+void register_tokenizer_command(CLI::App& app, CommandAction& action);
 
 }  // namespace llmtrain
