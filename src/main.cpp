@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
     llmtrain::CommandAction action;
     llmtrain::register_train_command(app, action);
     llmtrain::register_tokenizer_command(app, action);
+    llmtrain::register_prepare_command(app, action);
     try {
         app.parse(argc, argv);
         return action ? action() : 0;

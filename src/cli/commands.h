@@ -14,5 +14,7 @@ using CommandAction = std::function<int()>;
 void register_train_command(CLI::App& app, CommandAction& action);
 // `llmtrain tokenizer train|encode|decode ...`
 void register_tokenizer_command(CLI::App& app, CommandAction& action);
+// `llmtrain prepare --tokenizer T --input FILES --output DIR ...`
+void register_prepare_command(CLI::App& app, CommandAction& action);
 
 }  // namespace llmtrain

@@ -40,13 +40,15 @@ std::string widen_whitespace(std::string_view p) {
     return out;
 }
 
-// Per-call PCRE2 state, freed on every path out of a split.
+// PCRE2 match state, one per thread: creating it (the JIT stack above all) costs more than
+// matching a short document. One ovector pair suffices: only the whole match is used, and
+// pcre2_match fills it even when the pattern has more groups (it then returns 0).
 struct MatchState {
     pcre2_match_data* match;
     pcre2_match_context* context;
     pcre2_jit_stack* stack;
-    explicit MatchState(const pcre2_code* code)
-        : match(pcre2_match_data_create_from_pattern(code, nullptr)), context(pcre2_match_context_create(nullptr)),
+    MatchState()
+        : match(pcre2_match_data_create(1, nullptr)), context(pcre2_match_context_create(nullptr)),
           stack(pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr)) {
         if (!match || !context || !stack) fail(ErrorKind::runtime, "pre-tokenizer: out of memory for PCRE2 match state");
         pcre2_jit_stack_assign(context, nullptr, stack);
@@ -100,7 +102,7 @@ void Pretokenizer::split(std::string_view text, const std::function<void(std::st
 // piece too, as in Hugging Face's Split with behavior "Isolated".
 void Pretokenizer::split_valid_utf8(std::string_view text, const std::function<void(std::string_view)>& piece) const {
     if (text.empty()) return;
-    const MatchState state(compiled_->code);
+    thread_local const MatchState state;
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t emitted = 0, search = 0;
     while (search < text.size()) {

@@ -20,7 +20,7 @@ constexpr size_t kMaxCacheEntries = size_t{1} << 20;
 }  // namespace
 
 const std::vector<int32_t>* EncodeCache::find(std::string_view piece) const {
-    const auto it = entries_.find(std::string(piece));
+    const auto it = entries_.find(piece);
     return it == entries_.end() ? nullptr : &it->second;
 }
 

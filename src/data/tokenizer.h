@@ -41,7 +41,12 @@ public:
     void insert(std::string_view piece, const std::vector<int32_t>& ids);
 
 private:
-    std::unordered_map<std::string, std::vector<int32_t>> entries_;
+    // Transparent hashing: a lookup by string_view allocates nothing.
+    struct Hash {
+        using is_transparent = void;
+        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    };
+    std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> entries_;
 };
 
 class Tokenizer {
