@@ -36,20 +36,11 @@ void add_profile_difference(OpProfile& total, const OpProfile& before, const OpP
     }
 }
 
-std::string printable(const std::vector<int32_t>& tokens, DataFormat format) {
-    std::string out;
-    for (int32_t t : tokens) {
-        if (format == DataFormat::tokens) out += cat(out.empty() ? "" : " ", t);
-        else if (t == byte_eos_token) out += "\n<|eos|>\n";
-        else out += static_cast<char>(t);
-    }
-    return out;
-}
 }  // namespace
 
 Trainer::Trainer(const Config& config, TrainerOptions options) : config_(config), options_(std::move(options)) {
     backend_ = make_cpu_backend(static_cast<int>(config_.train.threads));
-    data_ = load_token_splits(config_.data, config_.model.vocab_size, config_.train.seq_len);
+    data_ = make_batch_source(config_);
     model_ = std::make_unique<Transformer>(config_.model, *backend_, options_.dtype, config_.train.batch_size, config_.train.seq_len);
     model_->initialize(config_.train.seed);
     optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters());
@@ -70,7 +61,7 @@ void Trainer::log_startup() const {
     log_info("memory: parameters ", megabytes(static_cast<double>(p.all_values().bytes())), ", gradients ", megabytes(static_cast<double>(p.all_grads().bytes())),
              ", optimizer ", megabytes(static_cast<double>(optimizer_->state_bytes())), ", activations ", megabytes(static_cast<double>(model_->activation_bytes())),
              " (planned) | backend ", backend_->name(), " ", dtype_name(options_.dtype));
-    log_info("data: ", data_.train.size(), " training and ", data_.val.size(), " validation tokens | batch ", t.batch_size, " x ", t.seq_len, " x ",
+    log_info("data: ", data_->describe(), " | batch ", t.batch_size, " x ", t.seq_len, " x ",
              t.grad_accum, " micro-batches = ", t.batch_size * t.seq_len * t.grad_accum, " tokens per step");
 }
 
@@ -105,7 +96,7 @@ StepRecord Trainer::train_step(int64_t step) {
     BatchBuffers batch(t.batch_size, t.seq_len);
     double loss_sum = 0;
     for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-        fill_train_batch(batch, data_.train, t.seed, step, micro, t.grad_accum, t.batch_size, t.seq_len);
+        data_->fill_train(batch, step, micro, /*dp_rank=*/0, /*dp_size=*/1);
         loss_sum += model_->forward(batch.inputs, batch.targets, t.batch_size, t.seq_len);
         // Each micro-batch contributes 1/grad_accum of the step's mean loss.
         model_->backward(1.0 / static_cast<double>(t.grad_accum));
@@ -133,7 +124,7 @@ double Trainer::evaluate() {
     BatchBuffers batch(t.batch_size, t.seq_len);
     double total = 0;
     for (int64_t i = 0; i < t.eval_batches; ++i) {
-        fill_eval_batch(batch, data_.val, i, t.batch_size, t.seq_len);
+        data_->fill_eval(batch, i);
         total += model_->forward(batch.inputs, batch.targets, t.batch_size, t.seq_len);
     }
     return total / static_cast<double>(t.eval_batches);
@@ -142,15 +133,9 @@ double Trainer::evaluate() {
 std::string Trainer::sample_text() {
     const TrainConfig& t = config_.train;
     if (t.sample_tokens == 0) return "";
-    std::vector<int32_t> context;
-    if (config_.data.format == DataFormat::text) {
-        context = bytes_to_tokens(t.sample_prompt, "");
-        context.insert(context.begin(), byte_eos_token);  // start as at a document boundary
-    } else {
-        context.push_back(data_.val.front());
-    }
+    const std::vector<int32_t> context = data_->prompt_tokens(t.sample_prompt);
     const std::vector<int32_t> generated = generate_tokens(*model_, context, t.sample_tokens, t.sample_temperature, t.seed);
-    const std::string text = printable(generated, config_.data.format);
+    const std::string text = data_->printable(generated);
     if (!options_.quiet) log_info("sample (", t.sample_tokens, " tokens, temperature ", t.sample_temperature, "):\n", t.sample_prompt, text);
     return t.sample_prompt + text;
 }

@@ -11,7 +11,7 @@
 
 #include "backend/backend.h"
 #include "config/config.h"
-#include "data/token_source.h"
+#include "data/batch_source.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 
@@ -66,7 +66,7 @@ private:
     Config config_;
     TrainerOptions options_;
     std::unique_ptr<Backend> backend_;
-    TokenSplits data_;
+    std::unique_ptr<BatchSource> data_;
     std::unique_ptr<Transformer> model_;
     std::unique_ptr<AdamW> optimizer_;
     std::ofstream jsonl_;
