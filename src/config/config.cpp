@@ -583,7 +583,7 @@ constexpr Check kChecks[] = {
             for (const WeightedPath& source : training_sources(c.data))
                 if (!std::filesystem::is_regular_file(source.path)) return Problem{"data.blend", cat("no such file '", source.path, "'")};
         } catch (const Error& e) {
-            return Problem{"data.blend", e.what()};
+            return Problem{"data.blend", std::string(e.what()).substr(std::string_view("data.blend: ").size())};
         }
         return std::nullopt;
     },
