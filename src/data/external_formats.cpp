@@ -135,8 +135,11 @@ MegatronIndex parse_megatron_index(const std::string& name, const std::string& b
     idx.lengths.resize(sequences);
     idx.pointers.resize(sequences);
     idx.document_indices.resize(documents);
-    std::memcpy(idx.lengths.data(), b.data() + kMegatronHeaderBytes, sequences * 4);
-    std::memcpy(idx.pointers.data(), b.data() + kMegatronHeaderBytes + sequences * 4, sequences * 8);
+    // An index of zero sequences is valid; memcpy must not see its null data() (UB).
+    if (sequences > 0) {
+        std::memcpy(idx.lengths.data(), b.data() + kMegatronHeaderBytes, sequences * 4);
+        std::memcpy(idx.pointers.data(), b.data() + kMegatronHeaderBytes + sequences * 4, sequences * 8);
+    }
     std::memcpy(idx.document_indices.data(), b.data() + kMegatronHeaderBytes + sequences * 12, documents * 8);
     for (uint64_t s = 0; s < sequences; ++s) {
         const int32_t length = idx.lengths[s];

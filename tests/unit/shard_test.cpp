@@ -198,3 +198,16 @@ TEST(NanoGpt, OddByteCountIsTruncation) {
     source->read(0, 2, out.data());
     EXPECT_EQ(out, (std::vector<int32_t>{1, 2}));
 }
+
+// Found by fuzzing: an index of zero sequences (one document index, 0) is valid and must not
+// hand memcpy the null data() of its empty arrays.
+TEST(Megatron, IndexOfZeroSequencesIsValid) {
+    std::string idx("MMIDIDX\0\0", 9);
+    const uint64_t version = 1, sequences = 0, documents = 1, first = 0;
+    idx.append(reinterpret_cast<const char*>(&version), 8);
+    idx += static_cast<char>(8);
+    idx.append(reinterpret_cast<const char*>(&sequences), 8);
+    idx.append(reinterpret_cast<const char*>(&documents), 8);
+    idx.append(reinterpret_cast<const char*>(&first), 8);
+    EXPECT_NO_THROW(check_megatron_index("empty.idx", idx, 0));
+}
