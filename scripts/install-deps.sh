@@ -7,6 +7,7 @@ packages=(
   libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
   libopenmpi-dev openmpi-bin  # MPI: multi-process training and `prepare`
   libpcre2-dev libzstd-dev libxxhash-dev  # tokenizer regex, token shards, checksums
+  libonig-dev  # tests: the regex engine of Hugging Face's tokenizers, for split parity
   fortunes  # the quickstart's corpus
 )
 missing=()

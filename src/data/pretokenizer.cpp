@@ -14,8 +14,10 @@ const char* const kCl100kPattern =
 
 namespace {
 
-// \s -> [\s\x{85}] and \S -> [^\s\x{85}] (inside a class: \s -> \s\x{85}), so whitespace is
-// Unicode White_Space as in Oniguruma.
+// \s and \S become explicit classes of Unicode White_Space, the set Oniguruma uses.
+// PCRE2's own \s differs by version (10.42 lacks U+0085 and holds U+180E).
+constexpr const char* kWhiteSpace = R"(\t\n\x{0b}\f\r \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000})";
+
 std::string widen_whitespace(std::string_view p) {
     std::string out;
     bool in_class = false;
@@ -23,8 +25,8 @@ std::string widen_whitespace(std::string_view p) {
         const char c = p[i];
         if (c == '\\' && i + 1 < p.size()) {
             const char d = p[++i];
-            if (d == 's') out += in_class ? R"(\s\x{85})" : R"([\s\x{85}])";
-            else if (d == 'S' && !in_class) out += R"([^\s\x{85}])";
+            if (d == 's') out += in_class ? std::string(kWhiteSpace) : cat("[", kWhiteSpace, "]");
+            else if (d == 'S' && !in_class) out += cat("[^", kWhiteSpace, "]");
             else { out += c; out += d; }
             continue;
         }

@@ -2,9 +2,9 @@
 // numbers, punctuation runs, whitespace) and BPE merges never cross a piece boundary. The
 // pattern is Unicode-aware (\p{L}, \p{N}), so it runs on PCRE2 with JIT in UTF + UCP mode.
 //
-// Hugging Face's tokenizers run the pattern with Oniguruma, whose \s is Unicode White_Space;
-// PCRE2's \s lacks U+0085 (NEL), so the pattern is widened to include it (U+FEFF stays
-// outside, as in Oniguruma).
+// Hugging Face's tokenizers run the pattern with Oniguruma, whose \s is Unicode White_Space
+// (U+0085 in, U+180E and U+FEFF out); PCRE2's \s is not quite that set, so \s and \S are
+// rewritten as explicit classes of it.
 // Text need not be valid UTF-8: each maximal valid run is split by the pattern and every
 // invalid byte becomes a piece of its own, so any byte string has a tokenization.
 #pragma once

@@ -81,9 +81,10 @@ TEST(Pretokenizer, Cl100kPatternGroupsDigitsByThreeAndFoldsContractionCase) {
 
 TEST(Pretokenizer, WhitespaceIsUnicodeWhiteSpaceAsInOniguruma) {
     const Pretokenizer p(kGpt2Pattern);
-    // U+0085 (NEL) is whitespace, so "a" and "," stay apart; U+FEFF is not, so it joins ",".
+    // U+0085 (NEL) is whitespace, so "a" and "," stay apart; U+FEFF and U+180E are not, so they join ",".
     EXPECT_EQ(pieces(p, "a\xC2\x85,"), (std::vector<std::string>{"a", "\xC2\x85", ","}));
     EXPECT_EQ(pieces(p, "a\xEF\xBB\xBF,"), (std::vector<std::string>{"a", "\xEF\xBB\xBF,"}));
+    EXPECT_EQ(pieces(p, "a\xE1\xA0\x8E,"), (std::vector<std::string>{"a", "\xE1\xA0\x8E,"}));  // U+180E: not since Unicode 6.3
 }
 
 TEST(Pretokenizer, InvalidUtf8BytesBecomeSinglePiecesAndNothingIsLost) {
