@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -43,6 +44,13 @@ std::string unescape(const std::string& text) {
         out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == '0' ? '\0' : c;
     }
     return out;
+}
+
+// Ranks on this node, so that the default thread count shares the cores among them.
+int local_ranks() {
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+        if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
+    return 1;
 }
 
 bool launched_by_mpi() {
@@ -94,7 +102,8 @@ PrepareOptions options_from(const PrepareArgs& args) {
                                                         : OutputFormat::shards;
     o.val_fraction = args.val_fraction;
     o.seed = args.seed;
-    o.threads = args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    o.threads = args.threads > 0 ? args.threads : std::max(1, cores / (launched_by_mpi() ? local_ranks() : 1));
     o.unit_bytes = static_cast<uint64_t>(args.unit_mb * 1e6);
     o.block_tokens = args.block_tokens;
     o.zstd_level = args.zstd_level;
@@ -141,7 +150,7 @@ void register_prepare_command(CLI::App& app, CommandAction& action) {
         ->check(CLI::IsMember({"shards", "megatron", "llmc", "nanogpt"}))->capture_default_str();
     cmd->add_option("--val-fraction", args->val_fraction, "Share of documents held out for validation")->check(CLI::Range(0.0, 0.5))->capture_default_str();
     cmd->add_option("--seed", args->seed, "Seed of the train/validation split")->capture_default_str();
-    cmd->add_option("--threads", args->threads, "Threads per process (0: all cores)")->capture_default_str();
+    cmd->add_option("--threads", args->threads, "Threads per process (0: the cores, shared among the ranks of a node)")->capture_default_str();
     cmd->add_option("--unit-mb", args->unit_mb, "Input MB per work unit and shard")->check(CLI::Range(0.001, 65536.0))->capture_default_str();
     cmd->add_option("--block-tokens", args->block_tokens, "Tokens per compressed block (random-access granularity)")->check(CLI::Range(256u, 16u << 20))->capture_default_str();
     cmd->add_option("--zstd-level", args->zstd_level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str();

@@ -63,6 +63,8 @@ std::string DataLoader::describe() const {
 }
 
 LoaderState DataLoader::state_at(int64_t step, int dp_size) const {
+    if (step < 0 || static_cast<uint64_t>(step) < options_.resume.step)
+        fail(ErrorKind::runtime, "data loader: step ", step, " lies before the resumed step ", options_.resume.step);
     const auto global_batch = static_cast<uint64_t>(options_.batch_size * options_.grad_accum * dp_size);
     return {static_cast<uint64_t>(step), options_.resume.cursor + (static_cast<uint64_t>(step) - options_.resume.step) * global_batch, options_.seed};
 }

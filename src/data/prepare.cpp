@@ -1,6 +1,5 @@
 #include "data/prepare.h"
 
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <atomic>
@@ -105,10 +104,13 @@ struct UnitOutput {
     ShardContents split[2];
 };
 
-// Tokenizes one unit and writes its shard(s); returns its row of statistics.
-std::vector<uint64_t> process_unit(size_t index, const Unit& unit, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o, EncodeCache& cache) {
+// Tokenizes one unit and writes its shard(s); returns its row of statistics. progress()
+// hears of the input bytes as documents are done.
+std::vector<uint64_t> process_unit(size_t index, const Unit& unit, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o, EncodeCache& cache,
+                                   const std::function<void(uint64_t)>& progress) {
     UnitOutput out;
     size_t document = 0;
+    uint64_t reported = 0;
     for (const Segment& s : unit.segments) {
         const std::string& path = o.inputs[s.file];
         for (const std::string& text : split_documents(read_range(path, s.begin, s.end), o, path, s.begin)) {
@@ -116,8 +118,11 @@ std::vector<uint64_t> process_unit(size_t index, const Unit& unit, const Tokeniz
             tokenizer.encode_append(text, c.tokens, &cache);
             c.tokens.push_back(eos);
             c.document_starts.push_back(c.tokens.size());
+            progress(text.size());
+            reported += text.size();
         }
     }
+    progress(unit.bytes - std::min(reported, unit.bytes));  // separators and JSON syntax
     std::vector<uint64_t> row(stat_count, 0);
     row[input_bytes] = unit.bytes;
     const ShardWriteOptions write{tokenizer.vocab_size() <= 65536 ? 2u : 4u, static_cast<uint64_t>(tokenizer.vocab_size()), o.block_tokens, o.zstd_level};
@@ -189,14 +194,13 @@ std::vector<uint64_t> run_rank_units(const std::vector<Unit>& units, const Token
         for (size_t i; (i = next++) < mine.size();) {
             const size_t u = mine[i];
             try {
-                const std::vector<uint64_t> row = process_unit(u, units[u], tokenizer, eos, o, cache);
+                const std::vector<uint64_t> row = process_unit(u, units[u], tokenizer, eos, o, cache, [&](uint64_t bytes) { progress.add(bytes); });
                 std::copy(row.begin(), row.end(), stats.begin() + static_cast<std::ptrdiff_t>(u * stat_count));
             } catch (...) {
                 std::lock_guard<std::mutex> lock(error_mutex);
                 if (!error) error = std::current_exception();
                 stats[u * stat_count + failed] = 1;
             }
-            progress.add(units[u].bytes);
         }
     };
     std::vector<std::thread> threads;
