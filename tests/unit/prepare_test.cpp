@@ -150,7 +150,7 @@ TEST(Prepare, EmptyInputIsAnError) {
     }
 }
 
-TEST(Prepare, MegatronOutputHoldsTheSameTokensAsTheShards) {
+TEST(Prepare, MegatronLlmcAndNanoGptOutputsHoldTheSameTokensAsTheShards) {
     const std::string in = temp_dir("mega_in");
     std::string corpus;
     for (int i = 0; i < 50; ++i) corpus += long_document(static_cast<char>(i), 300) + "\n%\n";
@@ -172,6 +172,15 @@ TEST(Prepare, MegatronOutputHoldsTheSameTokensAsTheShards) {
     EXPECT_EQ(a, b);
     EXPECT_EQ(megatron_document_starts(o.output_dir + "/train", 600).size(), 51u);
     EXPECT_FALSE(fs::exists(o.output_dir + "/train-00000.ltshard"));
+    for (const OutputFormat format : {OutputFormat::llmc, OutputFormat::nanogpt}) {
+        o.output_dir = temp_dir(format == OutputFormat::llmc ? "llmc_out" : "nanogpt_out");
+        o.output_format = format;
+        prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+        auto flat = format == OutputFormat::llmc ? open_llmc(o.output_dir + "/train.bin", 600) : open_nanogpt(o.output_dir + "/train.bin", 600);
+        std::vector<int32_t> c(flat->token_count());
+        flat->read(0, c.size(), c.data());
+        EXPECT_EQ(c, a) << flat->describe();
+    }
 }
 
 TEST(ShardDataset, ShardShorterThanTheManifestSaysIsAnError) {
