@@ -31,7 +31,7 @@ struct PrepareArgs {
     uint64_t seed = 1234;
     int threads = 0;
     double unit_mb = 16;
-    uint32_t block_tokens = 64 * 1024;
+    uint32_t block_tokens = kDefaultBlockTokens;
     int zstd_level = 3;
 };
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "data/token_shard.h"
 #include "data/tokenizer.h"
 
 namespace llmtrain {
@@ -33,7 +34,7 @@ struct PrepareOptions {
     uint64_t seed = 1234;
     uint64_t unit_bytes = 16u << 20;        // input bytes per work unit (one shard each)
     int threads = 1;                        // per rank
-    uint32_t block_tokens = 64 * 1024;
+    uint32_t block_tokens = kDefaultBlockTokens;
     int zstd_level = 3;
     bool progress = false;                  // a progress line on stderr (rank 0)
 };

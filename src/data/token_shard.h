@@ -21,7 +21,10 @@
 namespace llmtrain {
 
 constexpr uint32_t kShardVersion = 1;
-constexpr uint32_t kDefaultBlockTokens = 64 * 1024;
+// Training reads random samples of ~1-8k tokens: a block much larger than a sample is
+// decompressed for little use (64k-token blocks gave 2.1M tokens/s of random samples, 4k ones
+// 17.9M/s on one core), while 4k-token blocks cost only ~2% more bytes than 64k ones.
+constexpr uint32_t kDefaultBlockTokens = 4096;
 
 struct ShardContents {
     std::vector<int32_t> tokens;
