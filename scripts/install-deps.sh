@@ -5,7 +5,9 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
-  libopenmpi-dev openmpi-bin  # MPI: parallel runs, and the tests of every layout
+  libpcre2-dev libzstd-dev libxxhash-dev  # tokenizer regex, token shards, checksums
+  libonig-dev  # tests: the regex engine of Hugging Face's tokenizers, for split parity
+  libopenmpi-dev openmpi-bin  # MPI: parallel training and `prepare`, and the tests of every layout
   fortunes  # the quickstart's corpus
 )
 missing=()

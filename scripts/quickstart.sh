@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, makes the bundled corpus and trains configs/tiny.toml.
+# Installs what is missing, builds, makes the bundled corpus, trains a BPE tokenizer on it,
+# prepares the token shards and trains configs/tiny-bpe.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$(nproc)" --target llmtrain
 scripts/make-tiny-corpus.sh
-build/llmtrain train configs/tiny.toml "$@"
+scripts/make-tiny-bpe-dataset.sh build/llmtrain
+build/llmtrain train configs/tiny-bpe.toml "$@"

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     llmtrain::CommandAction action;
     llmtrain::register_train_command(app, action);
+    llmtrain::register_tokenizer_command(app, action);
+    llmtrain::register_prepare_command(app, action);
     llmtrain::register_bench_command(app, action);
     try {
         app.parse(argc, argv);

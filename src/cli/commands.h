@@ -12,6 +12,10 @@ using CommandAction = std::function<int()>;
 
 // `llmtrain train CONFIG [--set key=value ...] [--run-dir DIR]`
 void register_train_command(CLI::App& app, CommandAction& action);
+// `llmtrain tokenizer train|encode|decode ...`
+void register_tokenizer_command(CLI::App& app, CommandAction& action);
+// `llmtrain prepare --tokenizer T --input FILES --output DIR ...`
+void register_prepare_command(CLI::App& app, CommandAction& action);
 // `llmtrain bench comm [--backend mpi|nccl] [--op ...] [--min-bytes N] [--max-bytes N]`
 void register_bench_command(CLI::App& app, CommandAction& action);
 

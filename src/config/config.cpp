@@ -33,7 +33,7 @@ namespace {
 // ---- Enum names, indexed by the enum's value ----
 
 constexpr const char* kFamilyNames[] = {"gpt2", "llama"};
-constexpr const char* kFormatNames[] = {"text", "tokens"};
+constexpr const char* kFormatNames[] = {"text", "tokens", "shards", "megatron", "llmc", "nanogpt"};
 constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
 constexpr const char* kNonFiniteNames[] = {"abort", "skip"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
@@ -230,6 +230,10 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(data, val_fraction).number(incl(0), incl(0.5)).describe("share of train_path held out when val_path is empty"),
         CONFIG_KEY(data, token_dtype).choice(kTokenDtypeNames).describe("element type of a tokens file"),
         CONFIG_KEY(data, document_separator).string().describe("text format: each occurrence becomes an end-of-document token"),
+        CONFIG_KEY(data, train_weight).number(excl(0), incl(1e6)).describe("train_path's blending weight against the data.blend sources"),
+        CONFIG_KEY(data, blend).string().describe("more training sources of the same format: \"PATH=WEIGHT, PATH=WEIGHT\""),
+        CONFIG_KEY(data, tokenizer).file(true).describe("tokenizer.json to print samples as text; empty: the dataset's own (shards)"),
+        CONFIG_KEY(data, prefetch).integer(0, 64).describe("micro-batches the loader thread prepares ahead (shards, megatron, llmc, nanogpt)"),
 
         CONFIG_KEY(train, seed).integer(0, std::numeric_limits<int64_t>::max())
             .describe("seed of initialization, data order and sampling"),
@@ -570,13 +574,27 @@ constexpr Check kChecks[] = {
                                                "end-of-document (got ", c.model.vocab_size, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (c.data.format != DataFormat::tokens || c.data.token_dtype != "u16" || c.model.vocab_size <= 65536) return std::nullopt;
+        if ((c.data.format != DataFormat::tokens && c.data.format != DataFormat::nanogpt) || c.data.token_dtype != "u16" || c.model.vocab_size <= 65536)
+            return std::nullopt;
         return Problem{"data.token_dtype", cat("\"u16\" holds token ids below 65536 but model.vocab_size = ", c.model.vocab_size,
                                                " (allowed: \"i32\")")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (!c.data.val_path.empty() || c.data.val_fraction > 0) return std::nullopt;
+        if (!c.data.val_path.empty() || c.data.val_fraction > 0 || c.data.format == DataFormat::shards) return std::nullopt;
         return Problem{"data.val_fraction", "evaluation needs held-out data: set data.val_path or a val_fraction > 0 (got 0)"};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.data.blend.empty()) return std::nullopt;
+        if (c.data.format == DataFormat::text || c.data.format == DataFormat::tokens)
+            return Problem{"data.blend", cat("blending needs a loader format (allowed with data.format = \"shards\", \"megatron\", \"llmc\", \"nanogpt\"; got \"",
+                                             kFormatNames[static_cast<size_t>(c.data.format)], "\")")};
+        try {
+            for (const WeightedPath& source : training_sources(c.data))
+                if (!std::filesystem::is_regular_file(source.path)) return Problem{"data.blend", cat("no such file '", source.path, "'")};
+        } catch (const Error& e) {
+            return Problem{"data.blend", std::string(e.what()).substr(std::string_view("data.blend: ").size())};
+        }
+        return std::nullopt;
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.train.seq_len <= c.model.max_seq_len) return std::nullopt;
@@ -675,6 +693,24 @@ std::string toml_literal(const Value& value) {
 }  // namespace
 
 const char* family_name(ModelFamily family) { return kFamilyNames[static_cast<size_t>(family)]; }
+
+std::vector<WeightedPath> training_sources(const DataConfig& data) {
+    std::vector<WeightedPath> sources{{data.train_path, data.train_weight}};
+    std::string_view rest = data.blend;
+    while (!rest.empty()) {
+        const size_t comma = rest.find(',');
+        const std::string entry = trimmed(rest.substr(0, comma));
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        const size_t eq = entry.rfind('=');
+        double weight = 0;
+        const std::string weight_text = eq == std::string::npos ? "" : trimmed(std::string_view(entry).substr(eq + 1));
+        const auto parsed = std::from_chars(weight_text.data(), weight_text.data() + weight_text.size(), weight);
+        if (eq == std::string::npos || eq == 0 || parsed.ec != std::errc() || parsed.ptr != weight_text.data() + weight_text.size() || !(weight > 0))
+            fail(ErrorKind::config, "data.blend: entry '", entry, "' is not PATH=WEIGHT with a weight > 0");
+        sources.push_back({trimmed(std::string_view(entry).substr(0, eq)), weight});
+    }
+    return sources;
+}
 
 std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers) {
     std::vector<int64_t> layers;

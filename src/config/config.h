@@ -29,16 +29,31 @@ struct ModelConfig {
     int64_t head_dim() const { return d_model / n_heads; }
 };
 
-enum class DataFormat { text, tokens };
+// text, tokens: the whole file in memory, random windows (batch_windows.h).
+// shards (llmtrain prepare), megatron, llmc, nanogpt: the data loader (loader.h).
+enum class DataFormat { text, tokens, shards, megatron, llmc, nanogpt };
 
 struct DataConfig {
     DataFormat format = DataFormat::text;  // text: bytes, vocab 256 + EOS (id 256)
-    std::string train_path;
-    std::string val_path;                  // empty: the last val_fraction of train_path
+    std::string train_path;                // shards: dataset.json; megatron: the .bin or .idx
+    std::string val_path;                  // empty: the dataset's val split (shards) or the last val_fraction of train_path
     double val_fraction = 0.05;
     std::string token_dtype = "u16";       // tokens format: "u16" or "i32"
     std::string document_separator;        // text format: each occurrence becomes an EOS token
+    double train_weight = 1.0;             // train_path's share when blended with data.blend
+    std::string blend;                     // more training sources: "PATH=WEIGHT, PATH=WEIGHT" (same format)
+    std::string tokenizer;                 // tokenizer.json to print samples; shards default: the dataset's
+    int64_t prefetch = 4;                  // micro-batches the loader thread prepares ahead
 };
+
+// A training source and its blending weight.
+struct WeightedPath {
+    std::string path;
+    double weight = 1.0;
+};
+// train_path with train_weight, then each data.blend entry. Throws Error(config) naming
+// data.blend on a malformed entry or a weight that is not > 0.
+std::vector<WeightedPath> training_sources(const DataConfig& data);
 
 struct TrainConfig {
     uint64_t seed = 1337;

@@ -1,6 +1,6 @@
-// Training data until the tokenizer and shard formats arrive: raw text read as bytes
-// (vocabulary of 256 byte values + EOS = 256) or a flat file of token ids (u16 or i32).
-// The data is split into a training and a validation stream of token ids.
+// The in-memory data formats: raw text read as bytes (vocabulary of 256 byte values +
+// EOS = 256) or a flat file of token ids (u16 or i32), split into a training and a
+// validation stream of token ids. The tokenized formats go through loader.h instead.
 #pragma once
 
 #include <cstdint>

@@ -38,16 +38,6 @@ void add_profile_difference(OpProfile& total, const OpProfile& before, const OpP
     }
 }
 
-std::string printable(const std::vector<int32_t>& tokens, DataFormat format) {
-    std::string out;
-    for (int32_t t : tokens) {
-        if (format == DataFormat::tokens) out += cat(out.empty() ? "" : " ", t);
-        else if (t == byte_eos_token) out += "\n<|eos|>\n";
-        else out += static_cast<char>(t);
-    }
-    return out;
-}
-
 // Threads per rank: as configured, or the node's cores shared among its ranks.
 int threads_per_rank(const TrainConfig& train, const ParallelContext& ctx) {
     if (train.threads > 0) return static_cast<int>(train.threads);
@@ -86,7 +76,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
     if (!is_logger()) options_.quiet = true;
     backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
-    data_ = load_token_splits(config_.data, config_.model.vocab_size, config_.train.seq_len);
+    data_ = make_batch_source(config_);
     model_ = std::make_unique<Transformer>(config_.model, *backend_, options_.dtype, config_.train.batch_size, config_.train.seq_len,
                                            stage_partition(config_, ctx), ctx_->tp.get());
     model_->initialize(config_.train.seed);
@@ -132,7 +122,7 @@ void Trainer::log_startup() const {
              megabytes(static_cast<double>(mine.optimizer_bytes)), " / ", megabytes(optim_max), ", activations ",
              megabytes(static_cast<double>(mine.activation_bytes)), " / ", megabytes(act_max), " (planned) | backend ", backend_->name(), " ",
              dtype_name(options_.dtype));
-    log_info("data: ", data_.train.size(), " training and ", data_.val.size(), " validation tokens | batch ", t.batch_size, " x ", t.seq_len,
+    log_info("data: ", data_->describe(), " | batch ", t.batch_size, " x ", t.seq_len,
              " x ", t.grad_accum, " micro-batches x dp ", mesh.dp(), " = ", t.batch_size * t.seq_len * t.grad_accum * mesh.dp(), " tokens per step");
 }
 
@@ -205,7 +195,7 @@ double Trainer::forward_backward(int64_t step) {
         }
     });
     const auto batch_of = [&](int64_t m) {
-        fill_train_batch(batch_, data_.train, t.seed, step, dp_rank * M + m, M * dp, t.batch_size, t.seq_len);
+        data_->fill_train(batch_, step, m, static_cast<int>(dp_rank), static_cast<int>(dp));
         return MicroBatch{batch_.inputs, batch_.targets};
     };
     const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, 1.0 / static_cast<double>(M * dp),
@@ -249,7 +239,7 @@ double Trainer::evaluate() {
     const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
     double total = 0;
     for (int64_t i = dp_rank; i < t.eval_batches; i += dp) {
-        fill_eval_batch(batch_, data_.val, i, t.batch_size, t.seq_len);
+        data_->fill_eval(batch_, i);
         total += pipeline_->forward_only({batch_.inputs, batch_.targets}, t.batch_size, t.seq_len);
     }
     const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
@@ -263,15 +253,9 @@ std::string Trainer::sample_text() {
         if (!options_.quiet) log_info("sample: not generated; sampling runs on a model held whole by one rank (tp = pp = 1)");
         return "";
     }
-    std::vector<int32_t> context;
-    if (config_.data.format == DataFormat::text) {
-        context = bytes_to_tokens(t.sample_prompt, "");
-        context.insert(context.begin(), byte_eos_token);  // start as at a document boundary
-    } else {
-        context.push_back(data_.val.front());
-    }
+    const std::vector<int32_t> context = data_->prompt_tokens(t.sample_prompt);
     const std::vector<int32_t> generated = generate_tokens(*model_, context, t.sample_tokens, t.sample_temperature, t.seed);
-    const std::string text = printable(generated, config_.data.format);
+    const std::string text = data_->printable(generated);
     if (!options_.quiet) log_info("sample (", t.sample_tokens, " tokens, temperature ", t.sample_temperature, "):\n", t.sample_prompt, text);
     return t.sample_prompt + text;
 }

@@ -18,8 +18,7 @@
 
 #include "backend/backend.h"
 #include "config/config.h"
-#include "data/batch_windows.h"
-#include "data/token_source.h"
+#include "data/batch_source.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/context.h"
@@ -96,7 +95,7 @@ private:
     std::unique_ptr<ParallelContext> own_ctx_;  // a single process's context
     ParallelContext* ctx_;
     std::unique_ptr<Backend> backend_;
-    TokenSplits data_;
+    std::unique_ptr<BatchSource> data_;
     std::unique_ptr<Transformer> model_;
     std::unique_ptr<GradBuckets> buckets_;
     std::unique_ptr<AdamW> optimizer_;

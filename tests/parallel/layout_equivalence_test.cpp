@@ -22,14 +22,19 @@ constexpr double kTolerance = 1e-5;
 
 // A tiny model on the bundled corpus: 4 layers so that 4 stages have one each; vocab 258
 // (257 byte tokens, padded) and heads divisible by 2 for tensor parallelism.
-Config tiny(const std::string& family, int64_t micro_batches, const std::vector<std::string>& extra = {}) {
+Config tiny_from(const std::string& path, const std::string& family, int64_t micro_batches, const std::vector<std::string>& extra) {
     std::vector<std::string> overrides = {"model.family=\"" + family + "\"", "model.n_layers=4", "model.d_model=32", "model.n_heads=4",
-                                          "model.vocab_size=258", "model.max_seq_len=32", "train.steps=10", "optimizer.warmup_steps=2",
+                                          "model.max_seq_len=32", "train.steps=10", "optimizer.warmup_steps=2",
                                           "train.batch_size=2", "train.seq_len=16", "train.eval_every=5", "train.eval_batches=4",
                                           "train.sample_tokens=0", "train.threads=1", "train.grad_accum=" + std::to_string(micro_batches)};
     if (family == "llama") overrides.insert(overrides.end(), {"model.n_kv_heads=2", "model.qkv_bias=true"});
     overrides.insert(overrides.end(), extra.begin(), extra.end());
-    return load_config("configs/tiny.toml", overrides);
+    return load_config(path, overrides);
+}
+
+Config tiny(const std::string& family, int64_t micro_batches, std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), "model.vocab_size=258");
+    return tiny_from("configs/tiny.toml", family, micro_batches, extra);
 }
 
 TrainResult run_single_process(Config config, int64_t dp) {
@@ -69,10 +74,13 @@ void expect_same_run(const TrainResult& parallel, const TrainResult& single) {
 }
 
 // layout: "parallel.tp=2", ...; micro_batches per dp rank.
-void expect_layout_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout) {
-    const Config config = tiny(family, micro_batches, layout);
+void expect_same_run_as_single_process(const Config& config) {
     const int64_t dp = make_mesh(config.parallel, MpiSession().world_size()).dp();
     expect_same_run(run_parallel(config).result, run_single_process(config, dp));
+}
+
+void expect_layout_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout) {
+    expect_same_run_as_single_process(tiny(family, micro_batches, layout));
 }
 
 }  // namespace
@@ -111,6 +119,10 @@ TEST(World2, Zero1OptimizerState_IsHalfOfPlainDataParallel) {
 TEST(World4, Gpt2FourStagesEightMicroBatches_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 8, {"parallel.pp=4"}); }
 TEST(World4, LlamaTensorTimesData_MatchesSingleProcess) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
 TEST(World4, Gpt2PipelineTimesDataZero1_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
+TEST(World4, LlamaOnBpeTokenShardsTensorTimesData_MatchesSingleProcess) {
+    // The shard loader's global cursor hands each dp rank its slice of every global batch.
+    expect_same_run_as_single_process(tiny_from("configs/tiny-bpe.toml", "llama", 2, {"parallel.tp=2"}));
+}
 TEST(World4, Zero1OptimizerState_IsAQuarterOfPlainDataParallel) {
     const RankMemory plain = run_parallel(tiny("llama", 1, {"parallel.zero1=false", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
     const RankMemory sharded = run_parallel(tiny("llama", 1, {"parallel.zero1=true", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;

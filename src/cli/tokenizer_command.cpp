@@ -1,0 +1,109 @@
+// `llmtrain tokenizer train|encode|decode`: train a byte-level BPE on files, and look at how a
+// tokenizer (tokenizer.json or GPT-2's encoder.json + vocab.bpe) cuts text.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "data/bpe_trainer.h"
+#include "data/input_files.h"
+#include "data/tokenizer.h"
+
+namespace llmtrain {
+
+namespace {
+
+struct TokenizerArgs {
+    int64_t vocab_size = 0;
+    std::vector<std::string> inputs;
+    std::string output;
+    std::string pattern = "gpt2";
+    std::vector<std::string> special_tokens = {"<|endoftext|>"};
+    int64_t min_frequency = 2;
+    std::string tokenizer;
+    std::string text;
+    bool per_line = false;
+    std::vector<int32_t> ids;
+};
+
+int run_train(const TokenizerArgs& args) {
+    BpeTrainOptions options;
+    options.vocab_size = args.vocab_size;
+    options.pattern = args.pattern == "cl100k" ? kCl100kPattern : kGpt2Pattern;
+    options.special_tokens = args.special_tokens;
+    options.min_frequency = args.min_frequency;
+    BpeTrainer trainer(options);
+    const std::vector<std::string> files = expand_inputs(args.inputs);
+    for (const std::string& file : files) trainer.add_text(read_whole_file(file));
+    const Tokenizer tokenizer = trainer.train(args.output);
+    std::ofstream out(args.output, std::ios::binary);
+    out << tokenizer.to_hf_json();
+    if (!out) fail(ErrorKind::io, "cannot write '", args.output, "'");
+    if (tokenizer.vocab_size() < args.vocab_size)
+        log_warn("tokenizer: no pair occurs ", args.min_frequency, " times any more; the vocabulary stops at ", tokenizer.vocab_size(), " of ", args.vocab_size, " tokens");
+    log_info("tokenizer: ", tokenizer.vocab_size(), " tokens (", tokenizer.spec().merges.size(), " merges) from ", trainer.distinct_pieces(),
+             " distinct pieces of ", files.size(), " file(s) -> ", args.output);
+    return 0;
+}
+
+std::string ids_line(const std::vector<int32_t>& ids) {
+    std::string line;
+    for (size_t i = 0; i < ids.size(); ++i) line += cat(i ? " " : "", ids[i]);
+    return line;
+}
+
+// Text from --text, else stdin; with --lines each line (without its newline) is one text.
+int run_encode(const TokenizerArgs& args) {
+    const Tokenizer tokenizer = Tokenizer::load(args.tokenizer);
+    std::string input = args.text;
+    if (input.empty()) input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    EncodeCache cache;
+    if (!args.per_line) {
+        std::printf("%s\n", ids_line(tokenizer.encode(input, &cache)).c_str());
+        return 0;
+    }
+    std::istringstream lines(input);
+    for (std::string line; std::getline(lines, line);) std::printf("%s\n", ids_line(tokenizer.encode(line, &cache)).c_str());
+    return 0;
+}
+
+// Ids from the command line, else whitespace-separated from stdin; raw bytes to stdout.
+int run_decode(const TokenizerArgs& args) {
+    const Tokenizer tokenizer = Tokenizer::load(args.tokenizer);
+    std::vector<int32_t> ids = args.ids;
+    if (ids.empty())
+        for (int64_t id; std::cin >> id;) ids.push_back(static_cast<int32_t>(id));
+    const std::string bytes = tokenizer.decode(ids);
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    return 0;
+}
+
+}  // namespace
+
+void register_tokenizer_command(CLI::App& app, CommandAction& action) {
+    auto args = std::make_shared<TokenizerArgs>();
+    CLI::App* cmd = app.add_subcommand("tokenizer", "Train a byte-level BPE tokenizer, or encode / decode with one");
+    cmd->require_subcommand(1);
+    CLI::App* train = cmd->add_subcommand("train", "Train a byte-level BPE on text files and write tokenizer.json");
+    train->add_option("--vocab-size", args->vocab_size, "Tokens in all: 256 bytes + merges + special tokens")->required();
+    train->add_option("--input", args->inputs, "Text files or glob patterns")->required();
+    train->add_option("--output", args->output, "tokenizer.json to write")->required();
+    train->add_option("--pattern", args->pattern, "Pre-tokenizer split pattern")->check(CLI::IsMember({"gpt2", "cl100k"}))->capture_default_str();
+    train->add_option("--special", args->special_tokens, "Special tokens, given the last ids")->capture_default_str();
+    train->add_option("--min-frequency", args->min_frequency, "Stop merging below this pair count")->capture_default_str();
+    train->callback([args, &action] { action = [args] { return run_train(*args); }; });
+    CLI::App* encode = cmd->add_subcommand("encode", "Print the token ids of --text (or of stdin)");
+    encode->add_option("--tokenizer", args->tokenizer, "tokenizer.json, or a directory with it or with encoder.json + vocab.bpe")->required();
+    encode->add_option("--text", args->text, "Text to encode (default: stdin)");
+    encode->add_flag("--lines", args->per_line, "Encode each input line on its own; one line of ids per line");
+    encode->callback([args, &action] { action = [args] { return run_encode(*args); }; });
+    CLI::App* decode = cmd->add_subcommand("decode", "Write the bytes of token ids (arguments, or stdin) to stdout");
+    decode->add_option("--tokenizer", args->tokenizer, "tokenizer.json, or a directory with it or with encoder.json + vocab.bpe")->required();
+    decode->add_option("ids", args->ids, "Token ids");
+    decode->callback([args, &action] { action = [args] { return run_decode(*args); }; });
+}
+
+}  // namespace llmtrain

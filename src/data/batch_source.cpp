@@ -1,0 +1,159 @@
+#include "data/batch_source.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/token_source.h"
+#include "data/tokenizer.h"
+
+namespace llmtrain {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// text / tokens: as before the loader existed, so runs on them stay bit for bit the same.
+class WindowBatchSource : public BatchSource {
+public:
+    explicit WindowBatchSource(const Config& config) : config_(config), splits_(load_token_splits(config.data, config.model.vocab_size, config.train.seq_len)) {}
+
+    // Ranks interleave as extra micro-batches: dp_size = 1 draws exactly the old windows.
+    void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) override {
+        const TrainConfig& t = config_.train;
+        fill_train_batch(out, splits_.train, t.seed, step, dp_rank * t.grad_accum + micro_batch, t.grad_accum * dp_size, t.batch_size, t.seq_len);
+    }
+    void fill_eval(BatchBuffers& out, int64_t batch_index) override {
+        fill_eval_batch(out, splits_.val, batch_index, config_.train.batch_size, config_.train.seq_len);
+    }
+    std::string describe() const override { return cat(splits_.train.size(), " training and ", splits_.val.size(), " validation tokens"); }
+    std::vector<int32_t> prompt_tokens(const std::string& prompt) const override {
+        if (config_.data.format == DataFormat::tokens) return {splits_.val.front()};
+        std::vector<int32_t> context = bytes_to_tokens(prompt, "");
+        context.insert(context.begin(), byte_eos_token);  // start as at a document boundary
+        return context;
+    }
+    std::string printable(const std::vector<int32_t>& tokens) const override {
+        std::string out;
+        for (int32_t t : tokens) {
+            if (config_.data.format == DataFormat::tokens) out += cat(out.empty() ? "" : " ", t);
+            else if (t == byte_eos_token) out += "\n<|eos|>\n";
+            else out += static_cast<char>(t);
+        }
+        return out;
+    }
+    std::optional<LoaderState> state_at(int64_t, int) const override { return std::nullopt; }
+
+private:
+    Config config_;
+    TokenSplits splits_;
+};
+
+std::unique_ptr<TokenSource> open_source(DataFormat format, const std::string& path, const std::string& split, uint64_t vocab) {
+    switch (format) {
+        case DataFormat::shards: return open_shard_dataset(path, split, vocab);
+        case DataFormat::megatron: return open_megatron(path, vocab);
+        case DataFormat::llmc: return open_llmc(path, vocab);
+        case DataFormat::nanogpt: return open_nanogpt(path, vocab);
+        default: fail(ErrorKind::runtime, "the data loader does not read the text and tokens formats");
+    }
+}
+
+struct TrainVal {
+    std::unique_ptr<TokenSource> train;
+    std::unique_ptr<TokenSource> val;
+};
+
+// Validation: data.val_path, else the dataset's val split (shards), else the last
+// val_fraction of the training source's tokens, which training then leaves out.
+TrainVal open_train_and_val(const DataConfig& d, const std::string& train_path, bool first, uint64_t vocab) {
+    TrainVal tv;
+    tv.train = open_source(d.format, train_path, "train", vocab);
+    if (!first) return tv;
+    if (!d.val_path.empty()) {
+        tv.val = open_source(d.format, d.val_path, "val", vocab);
+        return tv;
+    }
+    if (d.format == DataFormat::shards) {
+        auto val = open_source(d.format, train_path, "val", vocab);
+        if (val->token_count() > 0) {
+            tv.val = std::move(val);
+            return tv;
+        }
+    }
+    if (!(d.val_fraction > 0)) fail(ErrorKind::data, "data.val_fraction: '", train_path, "' has no validation split; set data.val_path or a val_fraction > 0");
+    std::shared_ptr<TokenSource> whole(std::move(tv.train));
+    const uint64_t tokens = whole->token_count();
+    const auto held_out = static_cast<uint64_t>(static_cast<double>(tokens) * d.val_fraction);
+    tv.train = slice_source(whole, 0, tokens - held_out);
+    tv.val = slice_source(whole, tokens - held_out, tokens);
+    return tv;
+}
+
+std::optional<Tokenizer> sample_tokenizer(const Config& config) {
+    std::string path = config.data.tokenizer;
+    if (path.empty() && config.data.format == DataFormat::shards) {
+        const fs::path own = fs::path(config.data.train_path).parent_path() / "tokenizer.json";
+        if (fs::exists(own)) path = own.string();
+    }
+    if (path.empty()) return std::nullopt;
+    return Tokenizer::load(path);
+}
+
+class LoaderBatchSource : public BatchSource {
+public:
+    explicit LoaderBatchSource(const Config& config) : config_(config), tokenizer_(sample_tokenizer(config)) {
+        const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
+        std::vector<std::unique_ptr<TokenSource>> sources;
+        std::vector<double> weights;
+        for (const WeightedPath& source : training_sources(config.data)) {
+            TrainVal tv = open_train_and_val(config.data, source.path, sources.empty(), vocab);
+            if (tv.val) eval_ = std::make_unique<EvalWindows>(std::move(tv.val), config.train.seq_len);
+            sources.push_back(std::move(tv.train));
+            weights.push_back(source.weight);
+        }
+        const TrainConfig& t = config.train;
+        loader_ = std::make_unique<DataLoader>(std::move(sources), weights,
+                                               LoaderOptions{t.seq_len, t.batch_size, t.grad_accum, t.seed, static_cast<size_t>(config.data.prefetch), {}});
+    }
+    void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) override {
+        loader_->fill(out, step, micro_batch, dp_rank, dp_size);
+    }
+    void fill_eval(BatchBuffers& out, int64_t batch_index) override { eval_->fill(out, batch_index, config_.train.batch_size); }
+    std::string describe() const override { return cat(loader_->describe(), " | validation ", eval_->token_count(), " tokens"); }
+    std::vector<int32_t> prompt_tokens(const std::string& prompt) const override {
+        std::vector<int32_t> context;
+        if (tokenizer_ && tokenizer_->end_of_text_id()) context.push_back(*tokenizer_->end_of_text_id());
+        if (tokenizer_) tokenizer_->encode_append(prompt, context);
+        if (context.empty()) {
+            context.resize(1);
+            eval_->source().read(0, 1, context.data());
+        }
+        return context;
+    }
+    // Ids the tokenizer lacks (a model vocabulary padded beyond it) print as <|id|>.
+    std::string printable(const std::vector<int32_t>& tokens) const override {
+        std::string out;
+        for (int32_t t : tokens) {
+            if (!tokenizer_) out += cat(out.empty() ? "" : " ", t);
+            else if (t < tokenizer_->vocab_size() && !tokenizer_->spec().token_bytes[static_cast<size_t>(t)].empty()) out += tokenizer_->decode(&t, 1);
+            else out += cat("<|", t, "|>");
+        }
+        return out;
+    }
+    std::optional<LoaderState> state_at(int64_t step, int dp_size) const override { return loader_->state_at(step, dp_size); }
+
+private:
+    Config config_;
+    std::optional<Tokenizer> tokenizer_;
+    std::unique_ptr<DataLoader> loader_;
+    std::unique_ptr<EvalWindows> eval_;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchSource> make_batch_source(const Config& config) {
+    if (config.data.format == DataFormat::text || config.data.format == DataFormat::tokens) return std::make_unique<WindowBatchSource>(config);
+    return std::make_unique<LoaderBatchSource>(config);
+}
+
+}  // namespace llmtrain

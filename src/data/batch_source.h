@@ -1,0 +1,38 @@
+// What the trainer asks of its data: fill the (inputs, targets) of a training micro-batch for
+// (step, micro-batch, dp_rank, dp_size), fill an evaluation batch, and turn token ids into
+// printable text for samples. Two implementations behind one interface:
+//  - text / tokens: the whole file in memory, windows at random offsets (batch_windows.h);
+//  - shards / megatron / llmc / nanogpt: the data loader (loader.h) over one or more
+//    blended sources, with the dataset's tokenizer (if any) to print samples.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "data/batch_windows.h"
+#include "data/loader.h"
+
+namespace llmtrain {
+
+class BatchSource {
+public:
+    virtual ~BatchSource() = default;
+    virtual void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) = 0;
+    virtual void fill_eval(BatchBuffers& out, int64_t batch_index) = 0;
+    // One line for the startup log: sources and token counts.
+    virtual std::string describe() const = 0;
+    // Tokens to start generation from: the prompt after an end-of-document token.
+    virtual std::vector<int32_t> prompt_tokens(const std::string& prompt) const = 0;
+    virtual std::string printable(const std::vector<int32_t>& tokens) const = 0;
+    // Where the data stands before step `step` (for checkpoints); nullopt for the
+    // stateless random windows of text / tokens.
+    virtual std::optional<LoaderState> state_at(int64_t step, int dp_size) const = 0;
+};
+
+// Opens the configured data; errors name the key and the file.
+std::unique_ptr<BatchSource> make_batch_source(const Config& config);
+
+}  // namespace llmtrain

@@ -1,0 +1,55 @@
+// Token files of other trainers, read and written:
+//  - Megatron-LM indexed dataset: PREFIX.bin (the ids, back to back) and PREFIX.idx:
+//    "MMIDIDX\0\0", u64 version = 1, u8 dtype code (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 8 u16),
+//    u64 sequence count, u64 document count (= documents + 1), then i32 sequence lengths,
+//    i64 sequence byte offsets into .bin, i64 document indices (first sequence of each
+//    document, then the sequence count).
+//  - llm.c shard: 256 x i32 header (magic 20240520, version 1, token count) + u16 ids, or
+//    (magic 20240801, version 7, token count) + u32 ids.
+//  - nanoGPT: a headerless array of u16 ids (train.bin, val.bin).
+// Every reader checks the header against the file size before trusting it and every id
+// against the vocabulary when it is read; errors name the file and the offset.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace llmtrain {
+
+// A random-access stream of token ids (documents back to back).
+class TokenSource {
+public:
+    virtual ~TokenSource() = default;
+    virtual uint64_t token_count() const = 0;
+    // Tokens [start, start + count); each id is checked against the vocabulary.
+    virtual void read(uint64_t start, uint64_t count, int32_t* out) = 0;
+    virtual std::string describe() const = 0;
+};
+
+class TokenStreamWriter {
+public:
+    virtual ~TokenStreamWriter() = default;
+    virtual void add_document(const int32_t* tokens, size_t count) = 0;
+    virtual void finish() = 0;  // writes the file(s)
+};
+
+std::unique_ptr<TokenStreamWriter> make_megatron_writer(const std::string& prefix, uint64_t vocab_size);
+std::unique_ptr<TokenStreamWriter> make_llmc_writer(const std::string& path, uint64_t vocab_size);
+std::unique_ptr<TokenStreamWriter> make_nanogpt_writer(const std::string& path, uint64_t vocab_size);
+
+// prefix: the path without .bin/.idx (a path ending in .bin or .idx is taken as its prefix).
+std::unique_ptr<TokenSource> open_megatron(const std::string& prefix, uint64_t vocab_size);
+std::unique_ptr<TokenSource> open_llmc(const std::string& path, uint64_t vocab_size);
+std::unique_ptr<TokenSource> open_nanogpt(const std::string& path, uint64_t vocab_size);
+// One split ("train" | "val") of an llmtrain dataset, given its dataset.json.
+std::unique_ptr<TokenSource> open_shard_dataset(const std::string& manifest_path, const std::string& split, uint64_t vocab_size);
+
+// Document boundaries of a Megatron pair, as token offsets (one per document plus the total).
+std::vector<uint64_t> megatron_document_starts(const std::string& prefix, uint64_t vocab_size);
+
+// Megatron .idx parsing from bytes (for fuzzing): throws Error(data) on anything malformed.
+void check_megatron_index(const std::string& name, const std::string& idx_bytes, uint64_t bin_bytes);
+
+}  // namespace llmtrain

@@ -1,0 +1,166 @@
+#include "data/loader.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace llmtrain {
+
+namespace {
+
+uint64_t sample_count(const TokenSource& s, int64_t seq_len) {
+    if (s.token_count() < static_cast<uint64_t>(seq_len) + 1)
+        fail(ErrorKind::data, s.describe(), " holds ", s.token_count(), " tokens; one sequence needs train.seq_len + 1 = ", seq_len + 1);
+    return (s.token_count() - 1) / static_cast<uint64_t>(seq_len);
+}
+
+void split_windows(BatchBuffers& out, const std::vector<int32_t>& windows, int64_t rows, int64_t seq_len) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const int32_t* w = windows.data() + r * (seq_len + 1);
+        std::memcpy(out.inputs.data<int32_t>() + r * seq_len, w, static_cast<size_t>(seq_len) * sizeof(int32_t));
+        std::memcpy(out.targets.data<int32_t>() + r * seq_len, w + 1, static_cast<size_t>(seq_len) * sizeof(int32_t));
+    }
+}
+
+class SliceSource : public TokenSource {
+public:
+    SliceSource(std::shared_ptr<TokenSource> source, uint64_t begin, uint64_t end) : source_(std::move(source)), begin_(begin), end_(end) {}
+    uint64_t token_count() const override { return end_ - begin_; }
+    void read(uint64_t start, uint64_t count, int32_t* out) override { source_->read(begin_ + start, count, out); }
+    std::string describe() const override { return cat(source_->describe(), " tokens [", begin_, ", ", end_, ")"); }
+
+private:
+    std::shared_ptr<TokenSource> source_;
+    uint64_t begin_, end_;
+};
+
+}  // namespace
+
+std::unique_ptr<TokenSource> slice_source(std::shared_ptr<TokenSource> source, uint64_t begin, uint64_t end) {
+    return std::make_unique<SliceSource>(std::move(source), begin, end);
+}
+
+DataLoader::DataLoader(std::vector<std::unique_ptr<TokenSource>> sources, const std::vector<double>& weights, LoaderOptions options)
+    : sources_(std::move(sources)), options_(options) {
+    for (const auto& s : sources_) samples_.push_back(sample_count(*s, options_.seq_len));
+    order_ = std::make_unique<GlobalSampleOrder>(samples_, weights, options_.seed);
+    if (options_.prefetch > 0) thread_ = std::thread([this] { prefetch_loop(); });
+}
+
+DataLoader::~DataLoader() {
+    {
+        std::lock_guard<std::mutex> lock(queue_mutex_);
+        stopping_ = true;
+    }
+    queue_changed_.notify_all();
+    if (thread_.joinable()) thread_.join();
+}
+
+std::string DataLoader::describe() const {
+    std::string text;
+    for (size_t i = 0; i < sources_.size(); ++i) text += cat(i ? "; " : "", sources_[i]->describe(), ": ", sources_[i]->token_count(), " tokens, ", samples_[i], " samples");
+    return text;
+}
+
+LoaderState DataLoader::state_at(int64_t step, int dp_size) const {
+    if (step < 0 || static_cast<uint64_t>(step) < options_.resume.step)
+        fail(ErrorKind::runtime, "data loader: step ", step, " lies before the resumed step ", options_.resume.step);
+    const auto global_batch = static_cast<uint64_t>(options_.batch_size * options_.grad_accum * dp_size);
+    return {static_cast<uint64_t>(step), options_.resume.cursor + (static_cast<uint64_t>(step) - options_.resume.step) * global_batch, options_.seed};
+}
+
+uint64_t DataLoader::global_sample(int64_t step, int64_t micro_batch, int dp_rank, int dp_size, int64_t row) const {
+    const uint64_t per_rank = static_cast<uint64_t>(options_.batch_size * options_.grad_accum);
+    return state_at(step, dp_size).cursor + static_cast<uint64_t>(dp_rank) * per_rank + static_cast<uint64_t>(micro_batch * options_.batch_size + row);
+}
+
+// Reads the micro-batch's windows, sample by sample.
+std::vector<int32_t> DataLoader::build(const Request& r) {
+    const int64_t width = options_.seq_len + 1;
+    std::vector<int32_t> windows(static_cast<size_t>(options_.batch_size * width));
+    std::lock_guard<std::mutex> lock(read_mutex_);
+    for (int64_t row = 0; row < options_.batch_size; ++row) {
+        const SampleRef ref = order_->at(global_sample(r.step, r.micro_batch, r.dp_rank, r.dp_size, row));
+        sources_[ref.source]->read(ref.sample * static_cast<uint64_t>(options_.seq_len), static_cast<uint64_t>(width), windows.data() + row * width);
+    }
+    return windows;
+}
+
+DataLoader::Request DataLoader::next_request(const Request& r) const {
+    if (r.micro_batch + 1 < options_.grad_accum) return {r.step, r.micro_batch + 1, r.dp_rank, r.dp_size};
+    return {r.step + 1, 0, r.dp_rank, r.dp_size};
+}
+
+// The queue's head is handed out when it is what was asked for, or awaited when the prefetch
+// thread is building it; anything else is a jump (first call, resume, another rank): build it
+// here and prefetch on from there.
+void DataLoader::fill(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) {
+    if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) fail(ErrorKind::runtime, "data loader: dp_rank ", dp_rank, " is outside dp_size ", dp_size);
+    const Request wanted{step, micro_batch, dp_rank, dp_size};
+    std::vector<int32_t> windows;
+    bool hit = false;
+    {
+        std::unique_lock<std::mutex> lock(queue_mutex_);
+        while (true) {
+            if (!queue_.empty() && queue_.front().request == wanted) {
+                windows = std::move(queue_.front().windows);
+                queue_.pop_front();
+                hit = true;
+                break;
+            }
+            if (queue_.empty() && in_flight_ && *in_flight_ == wanted) {
+                queue_changed_.wait(lock);
+                continue;
+            }
+            queue_.clear();
+            ++generation_;
+            next_ = next_request(wanted);
+            have_next_ = true;
+            break;
+        }
+    }
+    queue_changed_.notify_all();
+    if (!hit) windows = build(wanted);
+    split_windows(out, windows, options_.batch_size, options_.seq_len);
+}
+
+void DataLoader::prefetch_loop() {
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    while (true) {
+        queue_changed_.wait(lock, [&] { return stopping_ || (have_next_ && queue_.size() < options_.prefetch); });
+        if (stopping_) return;
+        const Request request = next_;
+        const uint64_t generation = generation_;
+        in_flight_ = request;
+        next_ = next_request(request);
+        lock.unlock();
+        std::vector<int32_t> windows;
+        bool failed = false;
+        try {
+            windows = build(request);
+        } catch (const std::exception&) {
+            failed = true;  // the caller meets the same error when it builds this batch itself
+        }
+        lock.lock();
+        in_flight_.reset();
+        if (generation == generation_) {
+            if (failed) have_next_ = false;
+            else queue_.push_back({request, std::move(windows)});
+        }
+        queue_changed_.notify_all();
+    }
+}
+
+EvalWindows::EvalWindows(std::unique_ptr<TokenSource> source, int64_t seq_len) : source_(std::move(source)), seq_len_(seq_len), samples_(sample_count(*source_, seq_len)) {}
+
+void EvalWindows::fill(BatchBuffers& out, int64_t batch_index, int64_t batch_size) {
+    const int64_t width = seq_len_ + 1;
+    std::vector<int32_t> windows(static_cast<size_t>(batch_size * width));
+    for (int64_t row = 0; row < batch_size; ++row) {
+        const uint64_t sample = static_cast<uint64_t>(batch_index * batch_size + row) % samples_;
+        source_->read(sample * static_cast<uint64_t>(seq_len_), static_cast<uint64_t>(width), windows.data() + row * width);
+    }
+    split_windows(out, windows, batch_size, seq_len_);
+}
+
+}  // namespace llmtrain

@@ -1,0 +1,111 @@
+// The training data loader: fills the micro-batches of one data-parallel rank from the
+// global sample order (sampler.h), with a prefetch thread and a bounded queue.
+//
+// Step s consumes the global samples [cursor(s), cursor(s) + B), B = batch_size *
+// grad_accum * dp_size (the global batch), cursor(s) = resume.cursor + (s - resume.step) * B.
+// DP rank r owns the contiguous slice [r * B / dp_size, (r + 1) * B / dp_size) of it and
+// micro-batch m the m-th batch_size samples of that slice. The cursor is global, not per
+// rank: a run resumed with another dp_size (and the same B) sees the same global order.
+// Nothing here knows about MPI: dp_rank and dp_size are plain integers.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/batch_windows.h"
+#include "data/external_formats.h"
+#include "data/sampler.h"
+
+namespace llmtrain {
+
+// Where a run is in the data: what a checkpoint stores to resume exactly.
+struct LoaderState {
+    uint64_t step = 0;    // the optimizer step the cursor belongs to
+    uint64_t cursor = 0;  // global index of that step's first sample
+    uint64_t seed = 0;    // the sample order's only randomness
+};
+
+struct LoaderOptions {
+    int64_t seq_len = 0;
+    int64_t batch_size = 0;   // samples per micro-batch on one rank
+    int64_t grad_accum = 1;   // micro-batches per step
+    uint64_t seed = 0;
+    size_t prefetch = 4;      // micro-batches queued ahead; 0: no prefetch thread
+    LoaderState resume{};     // default: step 0 at cursor 0
+};
+
+class DataLoader {
+public:
+    // weights: one per source. Each source must hold at least seq_len + 1 tokens.
+    DataLoader(std::vector<std::unique_ptr<TokenSource>> sources, const std::vector<double>& weights, LoaderOptions options);
+    ~DataLoader();
+    DataLoader(const DataLoader&) = delete;
+    DataLoader& operator=(const DataLoader&) = delete;
+
+    // Micro-batch `micro_batch` of step `step` for DP rank dp_rank of dp_size.
+    void fill(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size);
+    // The state to checkpoint before step `step` runs (with this dp_size).
+    LoaderState state_at(int64_t step, int dp_size) const;
+    // Global index of row `row` of that micro-batch, and which sample it is.
+    uint64_t global_sample(int64_t step, int64_t micro_batch, int dp_rank, int dp_size, int64_t row) const;
+    SampleRef sample_at(uint64_t global_index) const { return order_->at(global_index); }
+    uint64_t source_samples(size_t source) const { return samples_[source]; }
+    std::string describe() const;
+
+private:
+    struct Request {
+        int64_t step, micro_batch;
+        int dp_rank, dp_size;
+        bool operator==(const Request&) const = default;
+    };
+    struct Ready {
+        Request request;
+        std::vector<int32_t> windows;  // batch_size x (seq_len + 1)
+    };
+    Request next_request(const Request& r) const;
+    std::vector<int32_t> build(const Request& r);
+    void prefetch_loop();
+
+    std::vector<std::unique_ptr<TokenSource>> sources_;
+    std::vector<uint64_t> samples_;
+    LoaderOptions options_;
+    std::unique_ptr<GlobalSampleOrder> order_;
+    std::mutex read_mutex_;  // sources are read by one thread at a time
+
+    std::mutex queue_mutex_;
+    std::condition_variable queue_changed_;
+    std::deque<Ready> queue_;
+    bool have_next_ = false;
+    Request next_{};
+    std::optional<Request> in_flight_;
+    uint64_t generation_ = 0;  // bumped on a jump: batches built for the old sequence are dropped
+    bool stopping_ = false;
+    std::thread thread_;
+};
+
+// Validation batches: consecutive samples from the start of a source, the same at every
+// evaluation (wrapping around a short source).
+class EvalWindows {
+public:
+    EvalWindows(std::unique_ptr<TokenSource> source, int64_t seq_len);
+    void fill(BatchBuffers& out, int64_t batch_index, int64_t batch_size);
+    uint64_t token_count() const { return source_->token_count(); }
+    TokenSource& source() { return *source_; }
+
+private:
+    std::unique_ptr<TokenSource> source_;
+    int64_t seq_len_;
+    uint64_t samples_;
+};
+
+// Tokens [begin, end) of another source: a held-out tail, or everything before it.
+std::unique_ptr<TokenSource> slice_source(std::shared_ptr<TokenSource> source, uint64_t begin, uint64_t end);
+
+}  // namespace llmtrain

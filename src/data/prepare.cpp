@@ -1,0 +1,342 @@
+#include "data/prepare.h"
+
+#include <xxhash.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/external_formats.h"
+#include "data/token_shard.h"
+
+namespace llmtrain {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Segment {
+    size_t file;
+    uint64_t begin, end;
+};
+
+struct Unit {
+    std::vector<Segment> segments;
+    uint64_t bytes = 0;
+};
+
+// Per unit, summed over ranks (each unit is filled in by exactly one rank).
+enum Stat { train_tokens, train_docs, train_bytes, train_xxh3, val_tokens, val_docs, val_bytes, val_xxh3, input_bytes, failed, stat_count };
+
+std::string jsonl_document(const std::string& line, const std::string& key, const std::string& path, uint64_t offset);
+std::unique_ptr<TokenStreamWriter> make_token_stream_writer(OutputFormat format, const std::string& base, uint64_t vocab);
+
+const char* split_name(bool val) { return val ? "val" : "train"; }
+
+std::string shard_name(bool val, size_t unit) {
+    char name[64];
+    std::snprintf(name, sizeof name, "%s-%05zu.ltshard", split_name(val), unit);
+    return name;
+}
+
+std::string read_range(const std::string& path, uint64_t begin, uint64_t end) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(ErrorKind::data, "cannot open input '", path, "'");
+    std::string bytes(static_cast<size_t>(end - begin), '\0');
+    in.seekg(static_cast<std::streamoff>(begin));
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (static_cast<uint64_t>(in.gcount()) != end - begin) fail(ErrorKind::io, "input '", path, "' changed while being read (short read at byte ", begin, ")");
+    return bytes;
+}
+
+// The end of the first document boundary (separator occurrence) at or after `from`, or
+// the end of the file; read in chunks that overlap by the separator's length.
+uint64_t boundary_after(const std::string& path, uint64_t from, uint64_t size, const std::string& separator) {
+    constexpr uint64_t chunk = 1 << 20;
+    for (uint64_t pos = from; pos < size; pos += chunk) {
+        const std::string bytes = read_range(path, pos, std::min(size, pos + chunk + separator.size() - 1));
+        const size_t hit = bytes.find(separator);
+        if (hit != std::string::npos) return pos + hit + separator.size();
+    }
+    return size;
+}
+
+std::vector<Unit> plan_units(const PrepareOptions& o) {
+    const bool whole_files = o.input_format == InputFormat::text && o.separator.empty();
+    const std::string separator = o.input_format == InputFormat::jsonl ? "\n" : o.separator;
+    std::vector<Unit> units(1);
+    for (size_t f = 0; f < o.inputs.size(); ++f) {
+        std::error_code ec;
+        const uint64_t size = fs::file_size(o.inputs[f], ec);
+        if (ec) fail(ErrorKind::data, "cannot read input '", o.inputs[f], "': ", ec.message());
+        uint64_t pos = 0;
+        do {
+            Unit& unit = units.back();
+            const uint64_t room = o.unit_bytes > unit.bytes ? o.unit_bytes - unit.bytes : 0;
+            const uint64_t end = whole_files || size - pos <= room ? size : boundary_after(o.inputs[f], pos + room, size, separator);
+            unit.segments.push_back({f, pos, end});
+            unit.bytes += end - pos;
+            pos = end;
+            if (unit.bytes >= o.unit_bytes) units.emplace_back();
+        } while (pos < size);
+    }
+    if (units.back().segments.empty()) units.pop_back();
+    return units;
+}
+
+bool goes_to_validation(const PrepareOptions& o, size_t unit, size_t document) {
+    if (o.val_fraction <= 0) return false;
+    const uint64_t key[2] = {unit, document};
+    const uint64_t h = XXH3_64bits_withSeed(key, sizeof key, o.seed);
+    return static_cast<double>(h >> 11) * 0x1.0p-53 < o.val_fraction;
+}
+
+struct UnitOutput {
+    ShardContents split[2];
+};
+
+// Tokenizes one unit and writes its shard(s); returns its row of statistics. progress()
+// hears of the input bytes as documents are done.
+std::vector<uint64_t> process_unit(size_t index, const Unit& unit, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o, EncodeCache& cache,
+                                   const std::function<void(uint64_t)>& progress) {
+    UnitOutput out;
+    size_t document = 0;
+    uint64_t reported = 0;
+    for (const Segment& s : unit.segments) {
+        const std::string& path = o.inputs[s.file];
+        for (const std::string& text : split_documents(read_range(path, s.begin, s.end), o, path, s.begin)) {
+            ShardContents& c = out.split[goes_to_validation(o, index, document++)];
+            tokenizer.encode_append(text, c.tokens, &cache);
+            c.tokens.push_back(eos);
+            c.document_starts.push_back(c.tokens.size());
+            progress(text.size());
+            reported += text.size();
+        }
+    }
+    progress(unit.bytes - std::min(reported, unit.bytes));  // separators and JSON syntax
+    std::vector<uint64_t> row(stat_count, 0);
+    row[input_bytes] = unit.bytes;
+    const ShardWriteOptions write{tokenizer.vocab_size() <= 65536 ? 2u : 4u, static_cast<uint64_t>(tokenizer.vocab_size()), o.block_tokens, o.zstd_level};
+    for (int val = 0; val < 2; ++val) {
+        const ShardContents& c = out.split[val];
+        if (c.document_starts.size() == 1) continue;
+        const std::string bytes = encode_shard(c, write);
+        write_file_atomically((fs::path(o.output_dir) / shard_name(val, index)).string(), bytes);
+        const size_t base = val ? val_tokens : train_tokens;
+        row[base] = c.tokens.size();
+        row[base + 1] = c.document_starts.size() - 1;
+        row[base + 2] = bytes.size();
+        row[base + 3] = XXH3_64bits(bytes.data(), bytes.size());
+    }
+    return row;
+}
+
+// A line on stderr twice a second while units are processed: this rank's share done, MB/s, ETA.
+class ProgressLine {
+public:
+    ProgressLine(bool enabled, uint64_t total_bytes) : enabled_(enabled), total_(total_bytes) {
+        if (enabled_) thread_ = std::thread([this] { loop(); });
+    }
+    ~ProgressLine() {
+        if (!enabled_) return;
+        { std::lock_guard<std::mutex> lock(mutex_); done_flag_ = true; }
+        wake_.notify_all();
+        thread_.join();
+        std::fprintf(stderr, "\n");
+    }
+    void add(uint64_t bytes) { done_ += bytes; }
+
+private:
+    void loop() {
+        const auto start = std::chrono::steady_clock::now();
+        std::unique_lock<std::mutex> lock(mutex_);
+        while (!wake_.wait_for(lock, std::chrono::milliseconds(500), [this] { return done_flag_; })) {
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            const double mb = static_cast<double>(done_) / 1e6, rate = mb / seconds;
+            const double eta = rate > 0 ? (static_cast<double>(total_) / 1e6 - mb) / rate : 0;
+            std::fprintf(stderr, "\rprepare: %.1f / %.1f MB | %.1f MB/s | ETA %.0f s   ", mb, static_cast<double>(total_) / 1e6, rate, eta);
+        }
+    }
+    bool enabled_;
+    uint64_t total_;
+    std::atomic<uint64_t> done_{0};
+    bool done_flag_ = false;
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    std::thread thread_;
+};
+
+// Runs this rank's units (u % size == rank) on its threads; the first error is kept and
+// the unit is marked failed, so every rank still reaches the collective sum.
+std::vector<uint64_t> run_rank_units(const std::vector<Unit>& units, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o, const RankGroup& g,
+                                     std::exception_ptr& error) {
+    std::vector<uint64_t> stats(units.size() * stat_count, 0);
+    std::vector<size_t> mine;
+    uint64_t my_bytes = 0;
+    for (size_t u = static_cast<size_t>(g.rank); u < units.size(); u += static_cast<size_t>(g.size)) {
+        mine.push_back(u);
+        my_bytes += units[u].bytes;
+    }
+    std::atomic<size_t> next{0};
+    std::mutex error_mutex;
+    ProgressLine progress(o.progress && g.rank == 0, my_bytes);
+    const auto worker = [&] {
+        EncodeCache cache;
+        for (size_t i; (i = next++) < mine.size();) {
+            const size_t u = mine[i];
+            try {
+                const std::vector<uint64_t> row = process_unit(u, units[u], tokenizer, eos, o, cache, [&](uint64_t bytes) { progress.add(bytes); });
+                std::copy(row.begin(), row.end(), stats.begin() + static_cast<std::ptrdiff_t>(u * stat_count));
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(error_mutex);
+                if (!error) error = std::current_exception();
+                stats[u * stat_count + failed] = 1;
+            }
+        }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 1; t < std::max(1, o.threads); ++t) threads.emplace_back(worker);
+    worker();
+    for (auto& t : threads) t.join();
+    return stats;
+}
+
+std::string hex64(uint64_t v) {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+    return text;
+}
+
+void write_manifest(const std::vector<uint64_t>& stats, size_t units, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o) {
+    using ojson = nlohmann::ordered_json;
+    ojson splits = ojson::object();
+    for (int val = 0; val < 2; ++val) {
+        const size_t base = val ? val_tokens : train_tokens;
+        ojson shards = ojson::array();
+        uint64_t tokens = 0, docs = 0;
+        for (size_t u = 0; u < units; ++u) {
+            const uint64_t* row = &stats[u * stat_count];
+            if (row[base + 1] == 0) continue;
+            shards.push_back({{"file", shard_name(val, u)}, {"tokens", row[base]}, {"documents", row[base + 1]}, {"bytes", row[base + 2]}, {"xxh3", hex64(row[base + 3])}});
+            tokens += row[base];
+            docs += row[base + 1];
+        }
+        splits[split_name(val)] = {{"tokens", tokens}, {"documents", docs}, {"shards", shards}};
+    }
+    const ojson manifest = {{"format", "llmtrain-token-shards"}, {"version", 1},
+                            {"tokenizer", {{"file", "tokenizer.json"}, {"xxh3", hex64(tokenizer.hash())}, {"vocab_size", tokenizer.vocab_size()}, {"eos_id", eos}}},
+                            {"dtype", tokenizer.vocab_size() <= 65536 ? "u16" : "u32"},
+                            {"split", {{"val_fraction", o.val_fraction}, {"seed", o.seed}}},
+                            {"train", splits["train"]}, {"val", splits["val"]}};
+    write_file_atomically((fs::path(o.output_dir) / "dataset.json").string(), manifest.dump(1) + "\n");
+}
+
+// Rank 0, after every rank has finished: the shards of each split, in unit order, become one
+// file (pair) of the external format; the shards are removed.
+void convert_shards(size_t units, const std::vector<uint64_t>& stats, const Tokenizer& tokenizer, const PrepareOptions& o) {
+    for (int val = 0; val < 2; ++val) {
+        const std::string base = (fs::path(o.output_dir) / split_name(val)).string();
+        const uint64_t vocab = static_cast<uint64_t>(tokenizer.vocab_size());
+        std::unique_ptr<TokenStreamWriter> writer = make_token_stream_writer(o.output_format, base, vocab);
+        bool any = false;
+        for (size_t u = 0; u < units; ++u) {
+            if (stats[u * stat_count + (val ? val_docs : train_docs)] == 0) continue;
+            const std::string path = (fs::path(o.output_dir) / shard_name(val, u)).string();
+            {
+                ShardReader shard(path);
+                const std::vector<int32_t> tokens = shard.read_all();
+                const auto& starts = shard.document_starts();
+                for (size_t d = 0; d + 1 < starts.size(); ++d) writer->add_document(tokens.data() + starts[d], starts[d + 1] - starts[d]);
+            }
+            fs::remove(path);
+            any = true;
+        }
+        if (any) writer->finish();
+    }
+}
+
+std::string jsonl_document(const std::string& line, const std::string& key, const std::string& path, uint64_t offset) {
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+        fail(ErrorKind::data, "'", path, "' byte offset ", offset, ": line is not JSON: ", e.what());
+    }
+    if (!j.is_object() || !j.contains(key) || !j[key].is_string())
+        fail(ErrorKind::data, "'", path, "' byte offset ", offset, ": line has no string field \"", key, "\" (--json-key)");
+    return j[key].get<std::string>();
+}
+
+std::unique_ptr<TokenStreamWriter> make_token_stream_writer(OutputFormat format, const std::string& base, uint64_t vocab) {
+    switch (format) {
+        case OutputFormat::megatron: return make_megatron_writer(base, vocab);
+        case OutputFormat::llmc: return make_llmc_writer(base + ".bin", vocab);
+        case OutputFormat::nanogpt: return make_nanogpt_writer(base + ".bin", vocab);
+        case OutputFormat::shards: break;
+    }
+    fail(ErrorKind::runtime, "no stream writer for the shard format");
+}
+
+}  // namespace
+
+std::vector<std::string> split_documents(const std::string& text, const PrepareOptions& o, const std::string& path, uint64_t offset) {
+    std::vector<std::string> docs;
+    if (o.input_format == InputFormat::text && o.separator.empty()) {
+        if (!text.empty()) docs.push_back(text);
+        return docs;
+    }
+    const std::string separator = o.input_format == InputFormat::jsonl ? "\n" : o.separator;
+    for (size_t pos = 0; pos <= text.size();) {
+        size_t end = text.find(separator, pos);
+        if (end == std::string::npos) end = text.size();
+        std::string part = text.substr(pos, end - pos);
+        if (o.input_format == InputFormat::jsonl && !part.empty()) part = jsonl_document(part, o.json_key, path, offset + pos);
+        if (!part.empty()) docs.push_back(std::move(part));
+        pos = end + separator.size();
+    }
+    return docs;
+}
+
+PrepareSummary prepare_dataset(const Tokenizer& tokenizer, const std::string& tokenizer_json, const PrepareOptions& o, const RankGroup& g) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto eos = tokenizer.end_of_text_id();
+    if (!eos) fail(ErrorKind::data, "tokenizer '", tokenizer.source(), "' has no end-of-text token (<|endoftext|> or <|end_of_text|>) to join documents with");
+    if (o.inputs.empty()) fail(ErrorKind::data, "prepare: no input files");
+    std::error_code ec;
+    fs::create_directories(o.output_dir, ec);
+    if (ec) fail(ErrorKind::io, "cannot create output directory '", o.output_dir, "': ", ec.message());
+    const std::vector<Unit> units = plan_units(o);
+    std::exception_ptr error;
+    std::vector<uint64_t> stats = run_rank_units(units, tokenizer, *eos, o, g, error);
+    g.sum_u64(stats);
+    if (error) std::rethrow_exception(error);
+    PrepareSummary summary;
+    summary.units = units.size();
+    for (size_t u = 0; u < units.size(); ++u) {
+        const uint64_t* row = &stats[u * stat_count];
+        if (row[failed]) fail(ErrorKind::data, "prepare: unit ", u, " failed on rank ", u % static_cast<size_t>(g.size), " (its error is in that rank's output)");
+        summary.input_bytes += row[input_bytes];
+        summary.documents += row[train_docs] + row[val_docs];
+        summary.train_tokens += row[train_tokens];
+        summary.val_tokens += row[val_tokens];
+    }
+    if (summary.documents == 0) fail(ErrorKind::data, "prepare: the input (", o.inputs.size(), " file(s), first '", o.inputs.front(), "') holds no document");
+    if (g.rank == 0) {
+        write_file_atomically((fs::path(o.output_dir) / "tokenizer.json").string(), tokenizer_json);
+        if (o.output_format == OutputFormat::shards) write_manifest(stats, units.size(), tokenizer, *eos, o);
+        else convert_shards(units.size(), stats, tokenizer, o);
+    }
+    summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return summary;
+}
+
+}  // namespace llmtrain
