@@ -3,7 +3,10 @@
 // bitwise reproducible and the validation loss falls.
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include <filesystem>
+#include <string>
 
 #include "config/config.h"
 #include "data/bpe_trainer.h"
@@ -15,11 +18,22 @@ using namespace llmtrain;
 
 namespace {
 
-// Built once: tokenizer (vocab 512) + dataset of data/fortunes.txt with a 5% val split.
+// A directory of this process's own (CTest runs the tests of this file in parallel
+// processes), removed when the process ends.
+struct ScratchDir {
+    std::string path = llmtrain::test::process_temp_path("loader_training_dataset");
+    ScratchDir() { std::filesystem::remove_all(path); }
+    ~ScratchDir() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+    }
+};
+
+// Built once per process: tokenizer (vocab 512) + dataset of data/fortunes.txt with a 5% val split.
 std::string shard_dataset() {
+    static const ScratchDir scratch;
     static const std::string manifest = [] {
-        const std::string dir = testing::TempDir() + "loader_training_dataset";
-        std::filesystem::remove_all(dir);
+        const std::string dir = scratch.path;
         BpeTrainer trainer({512, kGpt2Pattern, {"<|endoftext|>"}, 2});
         trainer.add_text(read_whole_file("data/fortunes.txt"));
         const Tokenizer tokenizer = trainer.train("fortunes-512");

@@ -3,6 +3,8 @@
 // file, bad --set) is one Error naming the file and the key; dump_config parses back equal.
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +20,7 @@ using namespace llmtrain;
 namespace {
 
 std::string write_temp_file(const std::string& name, const std::string& content) {
-    const std::string path = testing::TempDir() + name;
+    const std::string path = llmtrain::test::process_temp_path(name);
     std::ofstream(path, std::ios::binary) << content;
     return path;
 }

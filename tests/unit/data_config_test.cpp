@@ -2,6 +2,8 @@
 // dataset's own validation split; each bad value is an error naming data.<key>.
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include <fstream>
 
 #include "config/config.h"
@@ -12,7 +14,7 @@ using namespace llmtrain;
 namespace {
 
 std::string temp_file(const std::string& name) {
-    const std::string path = testing::TempDir() + name;
+    const std::string path = llmtrain::test::process_temp_path(name);
     std::ofstream(path) << "x";
     return path;
 }

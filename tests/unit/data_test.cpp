@@ -1,6 +1,8 @@
 // Token sources and batch windows.
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include <fstream>
 
 #include "data/batch_windows.h"
@@ -10,7 +12,7 @@ using namespace llmtrain;
 
 namespace {
 std::string write_temp(const std::string& name, const std::string& bytes) {
-    const std::string path = testing::TempDir() + name;
+    const std::string path = llmtrain::test::process_temp_path(name);
     std::ofstream(path, std::ios::binary) << bytes;
     return path;
 }

@@ -3,6 +3,8 @@
 // bad inputs are clear errors.
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,7 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string temp_dir(const std::string& name) {
-    const std::string dir = testing::TempDir() + "prepare_" + name;
+    const std::string dir = llmtrain::test::process_temp_path("prepare_" + name);
     fs::remove_all(dir);
     fs::create_directories(dir);
     return dir;

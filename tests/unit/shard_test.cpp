@@ -2,6 +2,8 @@
 // error naming the file (and block / offset) for every kind of damage.
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +19,7 @@ using namespace llmtrain;
 
 namespace {
 
-std::string temp_path(const std::string& name) { return testing::TempDir() + name; }
+std::string temp_path(const std::string& name) { return llmtrain::test::process_temp_path(name); }
 
 void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes; }
 

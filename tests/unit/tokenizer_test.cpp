@@ -2,6 +2,8 @@
 // file formats, training, and decode(encode(x)) == x for arbitrary bytes.
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include <fstream>
 #include <random>
 
@@ -42,7 +44,7 @@ TokenizerSpec abc_spec() {
 }
 
 std::string write_file(const std::string& name, const std::string& text) {
-    const std::string path = testing::TempDir() + name;
+    const std::string path = llmtrain::test::process_temp_path(name);
     std::ofstream(path, std::ios::binary) << text;
     return path;
 }

@@ -1,0 +1,15 @@
+// Scratch paths for tests. CTest runs every test case in a process of its own, several at
+// once: a fixed name under the temporary directory would be written by one case while
+// another reads it, so each process gets names of its own.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+
+namespace llmtrain::test {
+
+inline std::string process_temp_path(const std::string& name) { return testing::TempDir() + "llmtrain." + std::to_string(getpid()) + "." + name; }
+
+}  // namespace llmtrain::test
