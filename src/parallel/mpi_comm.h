@@ -1,12 +1,8 @@
-// MPI: the process-wide session and the ParallelContext of a run launched by mpirun/srun.
+// MPI: whether a launcher started this process, and the process-wide MPI session. The
+// MpiComm groups of a run are made by make_mpi_context (parallel/context.h).
 #pragma once
 
-#include <memory>
 #include <string>
-
-#include "config/config.h"
-#include "parallel/comm.h"
-#include "parallel/mesh.h"
 
 namespace llmtrain {
 
