@@ -93,8 +93,8 @@ int train_under_mpi(const TrainArgs& args, const Config& config) {
         }
         Trainer trainer(config, TrainerOptions{world_rank == 0 ? run_dir : "", DType::f32, world_rank != 0}, ctx);
         const TrainResult result = trainer.run();
+        // No barrier here: rank 0 may still be sampling text, which has no time limit.
         if (world_rank == 0) report(result, config);
-        ctx.world->barrier();
         return 0;
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
