@@ -6,10 +6,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <string>
 
 namespace llmtrain::test {
 
 inline std::string process_temp_path(const std::string& name) { return testing::TempDir() + "llmtrain." + std::to_string(getpid()) + "." + name; }
+
+// Writes bytes to this process's scratch file `name`; returns its path.
+inline std::string write_temp_file(const std::string& name, const std::string& bytes) {
+    const std::string path = process_temp_path(name);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    return path;
+}
 
 }  // namespace llmtrain::test

@@ -16,14 +16,9 @@
 #include "core/error.h"
 
 using namespace llmtrain;
+using llmtrain::test::write_temp_file;
 
 namespace {
-
-std::string write_temp_file(const std::string& name, const std::string& content) {
-    const std::string path = llmtrain::test::process_temp_path(name);
-    std::ofstream(path, std::ios::binary) << content;
-    return path;
-}
 
 const std::string& train_file() {
     static const std::string path = write_temp_file("config_test_train.txt", "some training text\n");

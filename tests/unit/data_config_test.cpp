@@ -10,14 +10,9 @@
 #include "core/error.h"
 
 using namespace llmtrain;
+using llmtrain::test::write_temp_file;
 
 namespace {
-
-std::string temp_file(const std::string& name) {
-    const std::string path = llmtrain::test::process_temp_path(name);
-    std::ofstream(path) << "x";
-    return path;
-}
 
 std::string config_text(const std::string& data_lines) {
     return "[model]\nfamily = \"gpt2\"\nn_layers = 1\nd_model = 8\nn_heads = 2\nvocab_size = 512\nmax_seq_len = 16\n"
@@ -37,7 +32,7 @@ void expect_config_error(const std::string& data_lines, const std::string& needl
 }  // namespace
 
 TEST(DataConfig, BlendListsEverySourceWithItsWeight) {
-    const std::string a = temp_file("blend_a.bin"), b = temp_file("blend_b.bin"), c = temp_file("blend_c.bin");
+    const std::string a = write_temp_file("blend_a.bin", "x"), b = write_temp_file("blend_b.bin", "x"), c = write_temp_file("blend_c.bin", "x");
     const Config config = parse_config(config_text("format = \"nanogpt\"\ntrain_path = '" + a + "'\ntrain_weight = 2.0\nblend = '" + b + "=1, " + c + " = 0.5'\n"), "t.toml");
     const auto sources = training_sources(config.data);
     ASSERT_EQ(sources.size(), 3u);
@@ -48,19 +43,19 @@ TEST(DataConfig, BlendListsEverySourceWithItsWeight) {
 }
 
 TEST(DataConfig, MalformedBlendEntry_NamesTheKeyAndEntry) {
-    const std::string a = temp_file("blend_a.bin");
+    const std::string a = write_temp_file("blend_a.bin", "x");
     expect_config_error("format = \"megatron\"\ntrain_path = '" + a + "'\nblend = '" + a + "=-1'\n", "test.toml: data.blend: entry");
     expect_config_error("format = \"megatron\"\ntrain_path = '" + a + "'\nblend = 'no-weight'\n", "is not PATH=WEIGHT");
     expect_config_error("format = \"llmc\"\ntrain_path = '" + a + "'\nblend = 'missing.bin=1'\n", "data.blend: no such file 'missing.bin'");
 }
 
 TEST(DataConfig, BlendNeedsALoaderFormat) {
-    const std::string a = temp_file("blend_a.bin");
+    const std::string a = write_temp_file("blend_a.bin", "x");
     expect_config_error("format = \"text\"\ntrain_path = '" + a + "'\nblend = '" + a + "=1'\n", "data.blend: blending needs a loader format");
 }
 
 TEST(DataConfig, ShardsNeedNoValFractionAndDumpParsesBack) {
-    const std::string a = temp_file("dataset.json");
+    const std::string a = write_temp_file("dataset.json", "x");
     const Config config = parse_config(config_text("format = \"shards\"\ntrain_path = '" + a + "'\nval_fraction = 0.0\nprefetch = 8\n"), "t.toml");
     EXPECT_EQ(config.data.format, DataFormat::shards);
     const Config again = parse_config(dump_config(config), "dump.toml");

@@ -9,14 +9,7 @@
 #include "data/token_source.h"
 
 using namespace llmtrain;
-
-namespace {
-std::string write_temp(const std::string& name, const std::string& bytes) {
-    const std::string path = llmtrain::test::process_temp_path(name);
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-}
-}  // namespace
+using llmtrain::test::write_temp_file;
 
 TEST(TokenSource, SeparatorBecomesEosAndBytesKeepTheirValues) {
     const std::vector<int32_t> ids = bytes_to_tokens("ab\n%\n\xc3\xa9", "\n%\n");
@@ -25,7 +18,7 @@ TEST(TokenSource, SeparatorBecomesEosAndBytesKeepTheirValues) {
 
 TEST(TokenSource, HoldsOutTheLastFractionForValidation) {
     DataConfig d;
-    d.train_path = write_temp("split.txt", std::string(100, 'x'));
+    d.train_path = write_temp_file("split.txt", std::string(100, 'x'));
     d.val_fraction = 0.2;
     const TokenSplits s = load_token_splits(d, byte_vocab_size, 8);
     EXPECT_EQ(s.train.size(), 80u);
@@ -38,7 +31,7 @@ TEST(TokenSource, TokenIdOutsideVocabulary_NamesFileAndOffset) {
     d.token_dtype = "u16";
     std::string bytes(40, '\0');
     bytes[2 * 7] = 100;  // token 7 = 100
-    d.train_path = write_temp("ids.bin", bytes);
+    d.train_path = write_temp_file("ids.bin", bytes);
     d.val_fraction = 0.1;
     try {
         load_token_splits(d, 50, 4);
@@ -53,15 +46,15 @@ TEST(TokenSource, TokenIdOutsideVocabulary_NamesFileAndOffset) {
 TEST(TokenSource, OddByteCountForU16_IsRejected) {
     DataConfig d;
     d.format = DataFormat::tokens;
-    d.train_path = write_temp("odd.bin", std::string(41, '\0'));
+    d.train_path = write_temp_file("odd.bin", std::string(41, '\0'));
     EXPECT_THROW(load_token_splits(d, 50, 4), Error);
 }
 
 TEST(TokenSource, EmptyFileOrTooShortSplit_IsRejected) {
     DataConfig d;
-    d.train_path = write_temp("empty.txt", "");
+    d.train_path = write_temp_file("empty.txt", "");
     EXPECT_THROW(load_token_splits(d, byte_vocab_size, 4), Error);
-    d.train_path = write_temp("short.txt", std::string(40, 'y'));
+    d.train_path = write_temp_file("short.txt", std::string(40, 'y'));
     d.val_fraction = 0.05;  // 2 validation tokens < seq_len + 1
     EXPECT_THROW(load_token_splits(d, byte_vocab_size, 4), Error);
 }

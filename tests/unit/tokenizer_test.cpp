@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 
 using namespace llmtrain;
+using llmtrain::test::write_temp_file;
 
 namespace {
 
@@ -41,12 +42,6 @@ TokenizerSpec abc_spec() {
     spec.merges = {{'b', 'c'}, {'a', 'b'}};
     spec.pattern = kGpt2Pattern;
     return spec;
-}
-
-std::string write_file(const std::string& name, const std::string& text) {
-    const std::string path = llmtrain::test::process_temp_path(name);
-    std::ofstream(path, std::ios::binary) << text;
-    return path;
 }
 
 void expect_data_error(const std::function<void()>& fn, const std::string& needle) {
@@ -178,7 +173,7 @@ TEST(Tokenizer, Gpt2EncoderAndVocabFilesLoad) {
     std::string vocab = "#version: 0.2\n";
     for (const auto& [l, r] : t.spec().merges)
         vocab += bytes_to_byte_level(t.spec().token_bytes[static_cast<size_t>(l)]) + " " + bytes_to_byte_level(t.spec().token_bytes[static_cast<size_t>(r)]) + "\n";
-    const Tokenizer gpt2 = Tokenizer::from_gpt2_files(write_file("encoder.json", encoder), write_file("vocab.bpe", vocab));
+    const Tokenizer gpt2 = Tokenizer::from_gpt2_files(write_temp_file("encoder.json", encoder), write_temp_file("vocab.bpe", vocab));
     const std::string text = "It's the quick brown fox.<|endoftext|>";
     EXPECT_EQ(gpt2.encode(text), t.encode(text));
     EXPECT_EQ(gpt2.end_of_text_id(), t.end_of_text_id());

@@ -12,12 +12,6 @@ namespace llmtrain {
 
 namespace {
 
-void expect_tokens_in_vocab(const char* op, const int32_t* tokens, int64_t rows, int64_t vocab) {
-    for (int64_t n = 0; n < rows; ++n)
-        if (tokens[n] < 0 || tokens[n] >= vocab)
-            fail(ErrorKind::data, op, ": token id ", tokens[n], " at row ", n, " is outside the vocabulary [0, ", vocab, ")");
-}
-
 void expect_positions(const char* op, const char* tensor_name, const Tensor& table, int64_t seq_len) {
     if (seq_len < 1) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " must be positive");
     if (!table.empty() && table.dim(0) < seq_len)
@@ -75,7 +69,7 @@ void CpuBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Te
         expect_positions(op, "wpe", wpe, seq_len);
         const cpu::VocabRows local(shard, V);
         cpu::expect_vocab_rows(op, local);
-        expect_tokens_in_vocab(op, tokens.data<int32_t>(), N, local.total);
+        cpu::expect_ids_in_vocab(op, "token id", tokens.data<int32_t>(), N, local.total);
         embedding_fwd_rows(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), cpu::data_or_null<T>(wpe), local, N, C, seq_len, threads_);
     });
 }
@@ -96,7 +90,7 @@ void CpuBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Ten
         expect_positions(op, "dwpe", dwpe, seq_len);
         const cpu::VocabRows local(shard, V);
         cpu::expect_vocab_rows(op, local);
-        expect_tokens_in_vocab(op, tokens.data<int32_t>(), N, local.total);
+        cpu::expect_ids_in_vocab(op, "token id", tokens.data<int32_t>(), N, local.total);
         embedding_bwd_columns(dwte.data<T>(), cpu::data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), local, N, C, seq_len, threads_);
     });
 }

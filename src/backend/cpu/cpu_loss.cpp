@@ -15,12 +15,6 @@ namespace llmtrain {
 
 namespace {
 
-void expect_targets_in_vocab(const char* op, const int32_t* targets, int64_t rows, int64_t vocab) {
-    for (int64_t n = 0; n < rows; ++n)
-        if (targets[n] < 0 || targets[n] >= vocab)
-            fail(ErrorKind::data, op, ": target ", targets[n], " at row ", n, " is outside the vocabulary [0, ", vocab, ")");
-}
-
 template <class T>
 double row_max_of(const T* row, int64_t V) {
     double mx = static_cast<double>(row[0]);
@@ -77,7 +71,7 @@ XentDims expect_xent_inputs(const char* op, const Tensor& logits, const Tensor& 
     if (logits.dim(1) < 1) fail(ErrorKind::shape, op, ": logits has shape ", logits.shape().str(), ", expected at least one class");
     cpu::expect_tensor(op, "targets", targets, {logits.dim(0)}, DType::i32);
     cpu::expect_vocab_rows(op, local);
-    expect_targets_in_vocab(op, targets.data<int32_t>(), logits.dim(0), local.total);
+    cpu::expect_ids_in_vocab(op, "target", targets.data<int32_t>(), logits.dim(0), local.total);
     return {logits.dim(0), logits.dim(1)};
 }
 

@@ -74,6 +74,14 @@ inline void expect_vocab_rows(const char* op, const VocabRows& rows) {
         fail(ErrorKind::shape, op, ": vocabulary shard [", rows.begin, ", ", rows.begin + rows.count, ") lies outside [0, ", rows.total, ")");
 }
 
+// Every id (a token or a target, named by `what`) must lie in [0, vocab): a data error
+// naming the op, the id and its row otherwise.
+inline void expect_ids_in_vocab(const char* op, const char* what, const int32_t* ids, int64_t rows, int64_t vocab) {
+    for (int64_t n = 0; n < rows; ++n)
+        if (ids[n] < 0 || ids[n] >= vocab)
+            fail(ErrorKind::data, op, ": ", what, " ", ids[n], " at row ", n, " is outside the vocabulary [0, ", vocab, ")");
+}
+
 // Parameter-gradient reductions over rows run over blocks of this many columns. The width
 // does not depend on the thread count, so every output element is summed by one thread, in
 // row order, through the same code path: the result is the same for any thread count.
