@@ -33,7 +33,6 @@ public:
     void step(Backend& backend, double lr, double grad_scale);
     int64_t steps_taken() const { return steps_taken_; }
     size_t state_bytes() const { return 2 * m_.view().bytes(); }
-    const std::vector<OwnedPiece>& pieces() const { return pieces_; }
 
 private:
     OptimizerConfig config_;

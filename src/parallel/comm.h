@@ -35,7 +35,6 @@ public:
     CommHandle& operator=(CommHandle&& other) noexcept;
     ~CommHandle();
     void wait();
-    bool pending() const { return request_ != nullptr; }
 
 private:
     std::unique_ptr<CommRequest> request_;

@@ -25,7 +25,6 @@ struct ParallelContext {
     MeshCoord coord() const { return mesh.coord(world_rank); }
     bool first_stage() const { return coord().pp == 0; }
     bool last_stage() const { return coord().pp == mesh.pp() - 1; }
-    bool is_single_process() const { return mesh.world_size() == 1; }
 };
 
 // The mesh of a world of world_size ranks; dp = 0 is derived. Config errors name the keys.

@@ -33,8 +33,6 @@ public:
     // A forward pass only (evaluation): the mean loss on the last stage, 0 on other stages.
     double forward_only(const MicroBatch& micro_batch, int64_t batch, int64_t seq_len);
 
-    const std::vector<PipeAction>& schedule() const { return schedule_; }
-
 private:
     void forward(int64_t micro_batch, const MicroBatch& data, int64_t batch, int64_t seq_len, double& loss_sum);
     void backward(int64_t micro_batch, int64_t batch, int64_t seq_len, double loss_scale);
