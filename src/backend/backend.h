@@ -9,6 +9,12 @@
 //  - Activation gradients (dx, dqkv, dlogits) are overwritten; parameter gradients (dw, db,
 //    dwte, dwpe) are accumulated (+=), so micro-batches add into the same gradient buffer.
 //  - An optional tensor is passed as an empty Tensor() when absent.
+//  - Every tensor lives in the backend's memory (device()): allocate() gives it, and
+//    copy_from_host / copy_to_host move data across. Ops are enqueued in order on one stream;
+//    copy_to_host and sum_squares wait for what they read, synchronize() for everything.
+//  - Mixed precision (CUDA): activations and the weights used for compute are 16-bit, while
+//    parameter gradients, norm statistics, attention's saved values, losses and AdamW's
+//    master weights and moments are f32. The CPU computes everything in one dtype (f32/f64).
 //  - Rows of 2-D activations are tokens, ordered batch-major: row n is sequence n / T,
 //    position n % T.
 #pragma once
@@ -93,6 +99,27 @@ public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
     virtual bool supports(Op op, DType dtype) const = 0;
+    virtual Device device() const = 0;
+    // The dtype of statistics and saved values for activations of dtype `activation`
+    // (norm mean/rstd, attention's saved tensor, losses): f32 for 16-bit activations.
+    virtual DType statistics_dtype(DType activation) const { return activation == DType::f64 ? DType::f64 : DType::f32; }
+
+    // Memory management. allocate() is for set-up (parameters, optimizer state, the
+    // activation arena): nothing is allocated in the step loop.
+    virtual Memory allocate(size_t bytes) = 0;  // zeroed, 256-byte aligned
+    virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
+    virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+    // Waits for every op enqueued so far (timing, host reads); a no-op on the CPU.
+    virtual void synchronize() {}
+    // Bytes the backend itself holds for scratch (workspaces), for the memory report.
+    virtual size_t workspace_bytes() const { return 0; }
+    // Device memory this backend has allocated at most (0: host memory, not tracked).
+    virtual size_t peak_memory_bytes() const { return 0; }
+    // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
+    virtual double peak_bf16_tflops() const { return 0; }
+    // Per-op timing in profile(): always on for the CPU (wall clock); on CUDA, event pairs
+    // that timed runs turn off.
+    virtual void set_profiling(bool /*on*/) {}
 
     // out[n] = wte[tokens[n]] + wpe[n % seq_len] (wpe optional). With a vocabulary shard, wte
     // holds rows [shard.begin, shard.begin + rows) and tokens outside them give zero rows: the
@@ -105,10 +132,13 @@ public:
 
     // out = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps), per row; saves mean, rstd [N].
     virtual void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) = 0;
-    virtual void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) = 0;
+    // Norm backwards overwrite dx, or add into it when accumulate_dx (the residual stream's
+    // gradient: the residual add is fused into the norm's backward).
+    virtual void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                               bool accumulate_dx) = 0;
     // out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), per row; saves rstd [N].
     virtual void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) = 0;
-    virtual void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd) = 0;
+    virtual void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) = 0;
 
     // out[N, OC] = x[N, IC] w[OC, IC]^T + bias[OC] (the weight layout of torch.nn.Linear).
     virtual void matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) = 0;
@@ -116,10 +146,13 @@ public:
     virtual void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) = 0;
 
     // out[B*T, H*D] = softmax(q k^T / sqrt(D) + causal mask) v. `saved` holds what backward
-    // needs; its shape is the backend's choice (attention_saved_shape).
+    // needs; its shape is the backend's choice (attention_saved_shape), its dtype
+    // statistics_dtype(). Backward also reads the forward's output (flash attention's
+    // rowsum(dout * out)).
     virtual Shape attention_saved_shape(const AttentionShape& shape) const = 0;
     virtual void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) = 0;
-    virtual void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& saved, const AttentionShape& shape) = 0;
+    virtual void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                               const AttentionShape& shape) = 0;
 
     // Rotary position embedding, in place, on the first n_heads heads of each row of x
     // [B*T, W] (heads at columns [h*D, (h+1)*D)). Pairs are (i, i + D/2) as in Hugging Face
@@ -156,11 +189,14 @@ public:
     virtual void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) = 0;
     virtual void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) = 0;
 
-    virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& step) = 0;
+    // param, grad, m, v in one dtype (the master weights'); param_copy (optional) receives the
+    // updated values in the compute dtype (bf16/f16 weights for the next forward).
+    virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) = 0;
     // Sum of squares of every element, accumulated in double.
     virtual double sum_squares(const Tensor& x) = 0;
     virtual void fill_zero(const Tensor& x) = 0;
-    // out = in (same shape and dtype; they must not overlap).
+    // out = in, same element count (they must not overlap); a dtype change converts (f32 to
+    // bf16/f16 rounds to nearest even).
     virtual void copy(const Tensor& out, const Tensor& in) = 0;
 
     OpProfile& profile() { return profile_; }
@@ -175,5 +211,11 @@ void fill_rope_table(const Tensor& table, double theta);
 // The CPU reference backend: f32 and f64, BLAS GEMMs, OpenMP over rows. threads <= 0
 // means every core.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+// The CUDA backend on GPU `device_index` (the node-local rank picks it under mpirun).
+// Throws an unsupported error naming the cause when this build has no CUDA, or the machine
+// no driver or GPU.
+std::unique_ptr<Backend> make_cuda_backend(int device_index);
+bool cuda_backend_built();
 
 }  // namespace llmtrain

@@ -36,6 +36,9 @@ constexpr const char* kFamilyNames[] = {"gpt2", "llama"};
 constexpr const char* kFormatNames[] = {"text", "tokens", "shards", "megatron", "llmc", "nanogpt"};
 constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
 constexpr const char* kNonFiniteNames[] = {"abort", "skip"};
+constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
+constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
+constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
 constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
@@ -44,6 +47,9 @@ Names names_of(ModelFamily) { return kFamilyNames; }
 Names names_of(DataFormat) { return kFormatNames; }
 Names names_of(LrDecay) { return kDecayNames; }
 Names names_of(NonFinitePolicy) { return kNonFiniteNames; }
+Names names_of(ComputeDevice) { return kDeviceNames; }
+Names names_of(Precision) { return kPrecisionNames; }
+Names names_of(Recompute) { return kRecomputeNames; }
 
 // ---- Values and the rules they must satisfy ----
 
@@ -248,6 +254,13 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(train, sample_tokens).integer(0, kMillion).describe("tokens generated after training; 0: none"),
         CONFIG_KEY(train, sample_prompt).string().describe("text the sample continues"),
         CONFIG_KEY(train, sample_temperature).number(excl(0), incl(10)).describe("sampling temperature"),
+        CONFIG_KEY(train, device).choice(kDeviceNames).describe("cpu: the fp32 reference backend; cuda: one GPU per rank (the node-local rank's)"),
+        CONFIG_KEY(train, precision).choice(kPrecisionNames)
+            .describe("compute dtype: auto (cpu fp32, cuda bf16), fp32 (cpu), bf16 or fp16 (cuda; fp16 with dynamic loss scaling)"),
+        CONFIG_KEY(train, recompute).choice(kRecomputeNames)
+            .describe("activation recomputation: none, selective (norms and MLP activation) or full (whole layers)"),
+        CONFIG_KEY(train, loss_scale).number(incl(1), incl(16777216)).describe("fp16: initial dynamic loss scale"),
+        CONFIG_KEY(train, loss_scale_window).integer(1, kMillion).describe("fp16: steps without overflow before the loss scale doubles"),
 
         CONFIG_KEY(optimizer, lr).number(excl(0), incl(10)).required().describe("peak learning rate"),
         CONFIG_KEY(optimizer, min_lr_ratio).number(incl(0), incl(1)).describe("floor of the decay, as a fraction of lr"),
@@ -601,6 +614,13 @@ constexpr Check kChecks[] = {
         return Problem{"train.seq_len", cat("must be <= model.max_seq_len = ", c.model.max_seq_len, " (got ", c.train.seq_len, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
+        const bool cpu = c.train.device == ComputeDevice::cpu;
+        const Precision p = c.train.precision;
+        if (p == Precision::automatic || (cpu ? p == Precision::fp32 : p != Precision::fp32)) return std::nullopt;
+        return Problem{"train.precision", cpu ? cat("\"", precision_name(p), "\" needs train.device = \"cuda\"; the CPU backend computes in fp32 (allowed: auto, fp32)")
+                                              : cat("\"fp32\" is the CPU backend's; train.device = \"cuda\" computes in bf16 or fp16 (allowed: auto, bf16, fp16)")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
         if (c.optimizer.warmup_steps <= c.train.steps) return std::nullopt;
         return Problem{"optimizer.warmup_steps", cat("must be <= train.steps = ", c.train.steps, " (got ", c.optimizer.warmup_steps, ")")};
     },
@@ -693,6 +713,18 @@ std::string toml_literal(const Value& value) {
 }  // namespace
 
 const char* family_name(ModelFamily family) { return kFamilyNames[static_cast<size_t>(family)]; }
+const char* precision_name(Precision precision) { return kPrecisionNames[static_cast<size_t>(precision)]; }
+const char* recompute_name(Recompute recompute) { return kRecomputeNames[static_cast<size_t>(recompute)]; }
+
+DType compute_dtype(const TrainConfig& train) {
+    switch (train.precision) {
+        case Precision::fp32: return DType::f32;
+        case Precision::bf16: return DType::bf16;
+        case Precision::fp16: return DType::f16;
+        case Precision::automatic: break;
+    }
+    return train.device == ComputeDevice::cuda ? DType::bf16 : DType::f32;
+}
 
 std::vector<WeightedPath> training_sources(const DataConfig& data) {
     std::vector<WeightedPath> sources{{data.train_path, data.train_weight}};
@@ -737,7 +769,7 @@ std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages,
     return layers;
 }
 
-Config parse_config(const std::string& toml_text, const std::string& source_name, const std::vector<std::string>& overrides) {
+Config parse_config(const std::string& toml_text, const std::string& source_name, const std::vector<std::string>& overrides, DataFiles data_files) {
     toml::table root = parse_toml(toml_text, source_name);
     Origin origin{source_name, {}};
     apply_overrides(root, overrides, origin);
@@ -745,11 +777,11 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
     Config config;
     const GivenKeys given = read_keys(root, origin, config);
     reject_impossible_combinations(config, given, origin);
-    require_data_files(config, origin);
+    if (data_files == DataFiles::checked) require_data_files(config, origin);
     return config;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, DataFiles data_files) {
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!fs::exists(path, ec)) fail(ErrorKind::io, "cannot read config file '", path, "': no such file");
@@ -757,7 +789,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     std::ifstream in(path, std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (!in.is_open() || in.bad()) fail(ErrorKind::io, "cannot read config file '", path, "'");
-    Config config = parse_config(text, path, overrides);
+    Config config = parse_config(text, path, overrides, data_files);
     config.source_path = path;
     return config;
 }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace llmtrain {
 
 enum class ModelFamily { gpt2, llama };
@@ -55,6 +57,16 @@ struct WeightedPath {
 // data.blend on a malformed entry or a weight that is not > 0.
 std::vector<WeightedPath> training_sources(const DataConfig& data);
 
+// Where the model computes: the CPU reference (fp32) or one GPU per rank.
+enum class ComputeDevice { cpu, cuda };
+// Compute dtype: auto is fp32 on the CPU and bf16 on CUDA; fp16 uses dynamic loss scaling.
+// Master weights, gradients and AdamW state are fp32 in every case.
+enum class Precision { automatic, fp32, bf16, fp16 };
+// Activation recomputation (see model/transformer.h).
+enum class Recompute { none, selective, full };
+const char* precision_name(Precision precision);
+const char* recompute_name(Recompute recompute);
+
 struct TrainConfig {
     uint64_t seed = 1337;
     int64_t steps = 0;
@@ -68,6 +80,11 @@ struct TrainConfig {
     int64_t sample_tokens = 200;           // generated after training; 0: none
     std::string sample_prompt;
     double sample_temperature = 0.8;
+    ComputeDevice device = ComputeDevice::cpu;
+    Precision precision = Precision::automatic;
+    Recompute recompute = Recompute::none;
+    double loss_scale = 65536;             // fp16: initial dynamic loss scale
+    int64_t loss_scale_window = 1000;      // fp16: finite steps before the scale doubles
 };
 
 enum class LrDecay { cosine, linear, constant };
@@ -127,10 +144,14 @@ struct Config {
 // Reads, overrides and validates. Throws Error(ErrorKind::config) with a one-line message
 // "<file>: <key.path>: <problem> (allowed: ...)" on the first problem found; a missing data
 // file is an Error(ErrorKind::data) naming the key and the path.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// DataFiles::unchecked skips that check (`bench` runs on synthetic tokens).
+enum class DataFiles { checked, unchecked };
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, DataFiles data_files = DataFiles::checked);
 // Same, from TOML text (source_name stands in for the file name in messages).
 Config parse_config(const std::string& toml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, DataFiles data_files = DataFiles::checked);
+// The compute dtype the config resolves to (precision auto: f32 on the CPU, bf16 on CUDA).
+DType compute_dtype(const TrainConfig& train);
 // Layers per pipeline stage from parallel.stage_layers ("3,3,2"; empty: balanced, the
 // first stages taking one more when stages do not divide n_layers). Throws a config error.
 std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers);

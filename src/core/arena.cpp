@@ -10,9 +10,10 @@ Arena::Slot Arena::reserve(std::string name, DType dtype, Shape shape) {
     return slots_.size() - 1;
 }
 
-void Arena::allocate() {
+void Arena::allocate(Device device, const MemoryAllocator& allocate) {
     if (allocated_) fail(ErrorKind::runtime, "arena: allocated twice");
-    buffer_ = HostBuffer(total_bytes_);
+    memory_ = allocate(total_bytes_);
+    device_ = device;
     allocated_ = true;
 }
 
@@ -20,7 +21,7 @@ Tensor Arena::tensor(Slot slot) const {
     if (!allocated_) fail(ErrorKind::runtime, "arena: tensor requested before allocation");
     if (slot >= slots_.size()) fail(ErrorKind::runtime, "arena: no slot ", slot);
     const Entry& e = slots_[slot];
-    return Tensor(static_cast<char*>(buffer_.data()) + e.offset_bytes, e.dtype, e.shape);
+    return Tensor(static_cast<char*>(memory_.get()) + e.offset_bytes, e.dtype, e.shape, device_);
 }
 
 }  // namespace llmtrain

@@ -13,11 +13,12 @@ namespace llmtrain {
 class Arena {
 public:
     using Slot = size_t;
-    static constexpr size_t alignment_bytes = 64;
+    static constexpr size_t alignment_bytes = 256;  // vector loads and cuBLASLt need 16; 256 keeps slots on their own cache lines
 
     // Reserves a tensor; returns a handle valid after allocate().
     Slot reserve(std::string name, DType dtype, Shape shape);
-    void allocate();
+    // Allocates every slot at once, in host memory or through a device's allocator.
+    void allocate(Device device = Device::cpu, const MemoryAllocator& allocate = allocate_host_memory);
     bool allocated() const { return allocated_; }
     Tensor tensor(Slot slot) const;
     size_t total_bytes() const { return total_bytes_; }
@@ -33,7 +34,8 @@ private:
     std::vector<Entry> slots_;
     size_t total_bytes_ = 0;
     bool allocated_ = false;
-    HostBuffer buffer_;
+    Memory memory_;
+    Device device_ = Device::cpu;
 };
 
 }  // namespace llmtrain

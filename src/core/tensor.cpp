@@ -52,6 +52,14 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t count) const {
 
 void HostBuffer::FreeDeleter::operator()(void* p) const { std::free(p); }
 
+Memory allocate_host_memory(size_t bytes) {
+    const size_t rounded = bytes == 0 ? 256 : (bytes + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    return Memory(p, std::free);
+}
+
 HostBuffer::HostBuffer(size_t bytes) : bytes_(bytes) {
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -83,18 +84,28 @@ private:
     size_t bytes_ = 0;
 };
 
-// A tensor that owns its host memory (parameters, optimizer state, test data).
+// Owning memory on one device, as an allocator returns it (zeroed; freed with its last owner).
+using Memory = std::shared_ptr<void>;
+// Allocates `bytes` on some device: host memory (allocate_host_memory) or a backend's.
+using MemoryAllocator = std::function<Memory(size_t bytes)>;
+// Zeroed, 256-byte aligned host memory.
+Memory allocate_host_memory(size_t bytes);
+
+// A tensor that owns its memory: on the host (parameters on the CPU, test data), or on a
+// device through that device's allocator.
 class OwnedTensor {
 public:
     OwnedTensor() = default;
-    OwnedTensor(DType dtype, Shape shape) : buffer_(static_cast<size_t>(shape.numel()) * dtype_size(dtype)), view_(buffer_.data(), dtype, shape) {}
+    OwnedTensor(DType dtype, Shape shape) : OwnedTensor(dtype, shape, Device::cpu, allocate_host_memory) {}
+    OwnedTensor(DType dtype, Shape shape, Device device, const MemoryAllocator& allocate)
+        : memory_(allocate(static_cast<size_t>(shape.numel()) * dtype_size(dtype))), view_(memory_.get(), dtype, shape, device) {}
     const Tensor& view() const { return view_; }
     operator const Tensor&() const { return view_; }
     template <class T> T* data() const { return view_.data<T>(); }
     int64_t numel() const { return view_.numel(); }
 
 private:
-    HostBuffer buffer_;
+    Memory memory_;
     Tensor view_;
 };
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/philox.h"
 #include "data/token_source.h"
 #include "data/tokenizer.h"
 
@@ -46,6 +47,42 @@ public:
 private:
     Config config_;
     TokenSplits splits_;
+};
+
+// Uniform random tokens from Philox, keyed by (seed, the global micro-batch of the step):
+// what `bench` measures on, with no data files and no loader cost. Nothing to learn.
+class SyntheticBatchSource : public BatchSource {
+public:
+    explicit SyntheticBatchSource(const Config& config) : config_(config), stream_(config.train.seed, fnv1a64("synthetic tokens")) {}
+
+    void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) override {
+        const TrainConfig& t = config_.train;
+        const int64_t global = (step * dp_size + dp_rank) * t.grad_accum + micro_batch;
+        fill(out, 2 * global);
+    }
+    void fill_eval(BatchBuffers& out, int64_t batch_index) override { fill(out, 2 * batch_index + 1); }
+    std::string describe() const override { return cat("synthetic: uniform random tokens over the vocabulary of ", config_.model.vocab_size); }
+    std::vector<int32_t> prompt_tokens(const std::string&) const override { return {0}; }
+    std::string printable(const std::vector<int32_t>& tokens) const override {
+        std::string out;
+        for (int32_t t : tokens) out += cat(out.empty() ? "" : " ", t);
+        return out;
+    }
+    std::optional<LoaderState> state_at(int64_t, int) const override { return std::nullopt; }
+
+private:
+    // Batch `key` (even: training micro-batches, odd: evaluation batches).
+    void fill(BatchBuffers& out, int64_t key) const {
+        const int64_t n = out.inputs.numel();
+        const auto vocab = static_cast<uint64_t>(config_.model.vocab_size);
+        const auto first = static_cast<uint64_t>(key) * static_cast<uint64_t>(n + 1);
+        for (int64_t i = 0; i < n; ++i) {
+            out.inputs.data<int32_t>()[i] = static_cast<int32_t>(stream_.below(first + static_cast<uint64_t>(i), vocab));
+            out.targets.data<int32_t>()[i] = static_cast<int32_t>(stream_.below(first + static_cast<uint64_t>(i) + 1, vocab));
+        }
+    }
+    Config config_;
+    PhiloxStream stream_;
 };
 
 std::unique_ptr<TokenSource> open_source(DataFormat format, const std::string& path, const std::string& split, uint64_t vocab) {
@@ -150,6 +187,8 @@ private:
 };
 
 }  // namespace
+
+std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config) { return std::make_unique<SyntheticBatchSource>(config); }
 
 std::unique_ptr<BatchSource> make_batch_source(const Config& config) {
     if (config.data.format == DataFormat::text || config.data.format == DataFormat::tokens) return std::make_unique<WindowBatchSource>(config);

@@ -34,5 +34,7 @@ public:
 
 // Opens the configured data; errors name the key and the file.
 std::unique_ptr<BatchSource> make_batch_source(const Config& config);
+// Uniform random tokens, no files (`bench`).
+std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config);
 
 }  // namespace llmtrain

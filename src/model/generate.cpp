@@ -8,9 +8,10 @@
 namespace llmtrain {
 
 namespace {
-template <class T>
-int32_t sample_row(const T* logits, int64_t vocab, double temperature, float uniform) {
-    const T max_logit = *std::max_element(logits, logits + vocab);
+int32_t sample_row(const std::vector<double>& row, double temperature, float uniform) {
+    const double* logits = row.data();
+    const auto vocab = static_cast<int64_t>(row.size());
+    const double max_logit = *std::max_element(logits, logits + vocab);
     std::vector<double> weights(static_cast<size_t>(vocab));
     double total = 0;
     for (int64_t i = 0; i < vocab; ++i) total += weights[static_cast<size_t>(i)] = std::exp((logits[i] - max_logit) / temperature);
@@ -26,17 +27,13 @@ int32_t sample_row(const T* logits, int64_t vocab, double temperature, float uni
 std::vector<int32_t> generate_tokens(Transformer& model, std::vector<int32_t> context, int64_t new_tokens, double temperature, uint64_t seed) {
     if (context.empty()) fail(ErrorKind::runtime, "generation needs at least one context token");
     const PhiloxStream stream(seed, fnv1a64("sample"));
-    const int64_t vocab = model.config().vocab_size;
     std::vector<int32_t> generated;
     OwnedTensor window(DType::i32, {model.max_seq_len()});
     for (int64_t i = 0; i < new_tokens; ++i) {
         const int64_t length = std::min<int64_t>(static_cast<int64_t>(context.size()), model.max_seq_len());
         std::copy(context.end() - length, context.end(), window.data<int32_t>());
         model.forward(window.view().slice_rows(0, length), Tensor(), 1, length);
-        const Tensor last = model.logits().slice_rows(length - 1, 1);
-        const float u = stream.uniform(static_cast<uint64_t>(i));
-        const int32_t token = last.dtype() == DType::f32 ? sample_row(last.data<float>(), vocab, temperature, u)
-                                                         : sample_row(last.data<double>(), vocab, temperature, u);
+        const int32_t token = sample_row(model.logits_row(length - 1), temperature, stream.uniform(static_cast<uint64_t>(i)));
         context.push_back(token);
         generated.push_back(token);
     }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "backend/backend.h"
 #include "core/philox.h"
 
 namespace llmtrain {
@@ -28,10 +29,34 @@ size_t Parameters::add(std::string name, Shape global_shape, ParamInit init, boo
     return infos_.size() - 1;
 }
 
+int64_t Parameters::padded_length(int64_t pad_multiple) const {
+    if (!values_.view().empty()) fail(ErrorKind::runtime, "parameters allocated twice");
+    return (total_numel_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+}
+
 void Parameters::allocate(DType dtype, int64_t pad_multiple) {
-    const int64_t padded = (total_numel_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+    const int64_t padded = padded_length(pad_multiple);
     values_ = OwnedTensor(dtype, Shape{padded});
     grads_ = OwnedTensor(dtype, Shape{padded});
+}
+
+void Parameters::allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple) {
+    const int64_t padded = padded_length(pad_multiple);
+    const auto allocate = [&backend](size_t bytes) { return backend.allocate(bytes); };
+    backend_ = &backend;
+    values_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
+    grads_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
+    if (compute != master) compute_ = OwnedTensor(compute, Shape{padded}, backend.device(), allocate);
+}
+
+OwnedTensor Parameters::new_tensor(DType dtype, Shape shape) const {
+    if (!backend_) return OwnedTensor(dtype, shape);
+    Backend& backend = *backend_;
+    return OwnedTensor(dtype, shape, backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
+}
+
+void Parameters::refresh_compute_copy() {
+    if (has_compute_copy()) backend_->copy(compute_.view(), values_.view());
 }
 
 // rows: local row lr lies in block b = lr / block_rows of the local rows; globally that
@@ -65,14 +90,23 @@ void fill_param(T* out, const Parameters& params, size_t index, uint64_t seed, d
 }  // namespace
 
 void Parameters::initialize(uint64_t seed, double std, int64_t n_layers) {
+    if (values_.view().empty()) fail(ErrorKind::runtime, "parameters initialized before allocation");
     const double residual_std = std / std::sqrt(2.0 * static_cast<double>(n_layers));
+    // Filled on the host; device memory is written from there in one copy.
+    const bool on_host = values_.view().device() == Device::cpu;
+    const OwnedTensor staging = on_host ? OwnedTensor() : OwnedTensor(dtype(), values_.view().shape());
+    const Tensor host = on_host ? values_.view() : staging.view();
+    const size_t elem = dtype_size(dtype());
     for (size_t i = 0; i < infos_.size(); ++i) {
         const ParamInfo& p = infos_[i];
         const double s = p.init == ParamInit::normal_residual ? residual_std : std;
-        const Tensor v = value(i);
-        if (v.dtype() == DType::f32) fill_param(v.data<float>(), *this, i, seed, s);
-        else fill_param(v.data<double>(), *this, i, seed, s);
+        void* out = static_cast<char*>(host.raw()) + static_cast<size_t>(p.offset) * elem;
+        if (dtype() == DType::f32) fill_param(static_cast<float*>(out), *this, i, seed, s);
+        else if (dtype() == DType::f64) fill_param(static_cast<double*>(out), *this, i, seed, s);
+        else fail(ErrorKind::unsupported, "parameters: master weights in ", dtype_name(dtype()), " (expected f32 or f64)");
     }
+    if (!on_host) backend_->copy_from_host(values_.view(), host.raw());
+    refresh_compute_copy();
 }
 
 size_t Parameters::index_of(const std::string& name) const {
@@ -96,7 +130,7 @@ Tensor Parameters::view_of(const OwnedTensor& buffer, size_t first, size_t last)
     }
     const Shape shape = first == last ? head.shape : (width ? Shape{rows, width} : Shape{rows});
     const size_t elem = dtype_size(buffer.view().dtype());
-    return Tensor(static_cast<char*>(buffer.view().raw()) + static_cast<size_t>(head.offset) * elem, buffer.view().dtype(), shape);
+    return Tensor(static_cast<char*>(buffer.view().raw()) + static_cast<size_t>(head.offset) * elem, buffer.view().dtype(), shape, buffer.view().device());
 }
 
 }  // namespace llmtrain

@@ -9,6 +9,11 @@
 // do not depend on registration order, on other parameters, or on how a tensor is split
 // across tensor-parallel ranks.
 //
+// Mixed precision: the flat buffer holds the master weights (f32) that AdamW updates, and
+// the gradients are kept in the same dtype; a second flat buffer of the same layout holds
+// the 16-bit copy that forward and backward compute with (value()), refreshed after every
+// update. On the CPU the compute dtype is the master's and there is no copy.
+//
 // Tensor parallelism (Megatron): a parameter may be split across the tp ranks.
 //  - rows: the output rows of a [out, in] weight (column-parallel linear, vocab-parallel
 //    embedding) or a bias; `blocks` > 1 splits each of that many equal row blocks on its own
@@ -24,6 +29,8 @@
 #include "core/tensor.h"
 
 namespace llmtrain {
+
+class Backend;
 
 enum class ParamInit {
     normal,           // N(0, std)
@@ -60,12 +67,20 @@ public:
     // dimension must divide evenly. Returns the parameter's index.
     size_t add(std::string name, Shape global_shape, ParamInit init, bool weight_decay, TensorSplit split = {});
     void mark_grad_partial_over_tp(size_t index) { infos_.at(index).grad_partial_over_tp = true; }
-    // Allocates the parameter and gradient buffers (zeroed) in dtype; their length is
-    // total_numel() rounded up to a multiple of pad_multiple (data-parallel sharding splits
-    // the flat buffers into equal pieces), the padding zero and unused.
+    // Allocates the parameter and gradient buffers (zeroed) in host memory, in dtype; their
+    // length is total_numel() rounded up to a multiple of pad_multiple (data-parallel
+    // sharding splits the flat buffers into equal pieces), the padding zero and unused.
     void allocate(DType dtype, int64_t pad_multiple = 1);
-    // Fills every parameter from its Philox stream.
+    // The same in the backend's memory: master weights and gradients in `master`, and a
+    // compute copy in `compute` when it differs.
+    void allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple = 1);
+    // Fills every parameter from its Philox stream (on the host, then copied to the device),
+    // and the compute copy from the result.
     void initialize(uint64_t seed, double std, int64_t n_layers);
+    // compute copy = master weights (rounded), after an update that did not write it.
+    void refresh_compute_copy();
+    // A zeroed tensor in the parameters' memory (optimizer state, sharded gradients).
+    OwnedTensor new_tensor(DType dtype, Shape shape) const;
 
     size_t count() const { return infos_.size(); }
     const ParamInfo& info(size_t index) const { return infos_[index]; }
@@ -78,24 +93,34 @@ public:
     int tp_size() const { return tp_size_; }
     // Flat index in the global tensor of element `local` of parameter `index`.
     int64_t global_index(size_t index, int64_t local) const;
-    DType dtype() const { return all_values().dtype(); }
+    DType dtype() const { return all_values().dtype(); }  // the master weights' and the gradients'
+    DType compute_dtype() const { return compute_buffer().view().dtype(); }
+    bool has_compute_copy() const { return !compute_.view().empty(); }
+    Device device() const { return all_values().device(); }
 
-    Tensor value(size_t index) const { return view_of(values_, index, index); }
+    // What forward and backward read: the compute copy (the master weights on the CPU).
+    Tensor value(size_t index) const { return view_of(compute_buffer(), index, index); }
+    Tensor master_value(size_t index) const { return view_of(values_, index, index); }
     Tensor grad(size_t index) const { return view_of(grads_, index, index); }
     // Parameters first..last (inclusive) registered back to back with equal row width, as one
     // tensor of stacked rows: q, k and v projections become one fused QKV weight.
-    Tensor value_span(size_t first, size_t last) const { return view_of(values_, first, last); }
+    Tensor value_span(size_t first, size_t last) const { return view_of(compute_buffer(), first, last); }
     Tensor grad_span(size_t first, size_t last) const { return view_of(grads_, first, last); }
-    Tensor all_values() const { return values_.view(); }
+    Tensor all_values() const { return values_.view(); }  // the master weights
+    Tensor all_compute_values() const { return compute_buffer().view(); }
     Tensor all_grads() const { return grads_.view(); }
 
 private:
+    const OwnedTensor& compute_buffer() const { return compute_.view().empty() ? values_ : compute_; }
     Tensor view_of(const OwnedTensor& buffer, size_t first, size_t last) const;
+    int64_t padded_length(int64_t pad_multiple) const;
     Shape local_shape(const std::string& name, const Shape& global_shape, TensorSplit split) const;
     int tp_rank_, tp_size_;
     std::vector<ParamInfo> infos_;
     int64_t total_numel_ = 0;
+    Backend* backend_ = nullptr;  // null: host memory, no backend
     OwnedTensor values_;
+    OwnedTensor compute_;         // empty without a compute copy
     OwnedTensor grads_;
 };
 

@@ -10,14 +10,28 @@ namespace llmtrain {
 namespace {
 std::string layer_name(const char* prefix, int64_t layer, const char* suffix) { return cat(prefix, layer, '.', suffix); }
 
-double sum_as_double(const Tensor& t) {
-    double total = 0;
-    if (t.dtype() == DType::f32)
-        for (int64_t i = 0; i < t.numel(); ++i) total += t.data<float>()[i];
-    else
-        for (int64_t i = 0; i < t.numel(); ++i) total += t.data<double>()[i];
-    return total;
+// Host values of any float dtype, as doubles.
+std::vector<double> host_doubles(Backend& backend, const Tensor& t) {
+    std::vector<char> raw(t.bytes());
+    backend.copy_to_host(raw.data(), t);
+    std::vector<double> out(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < out.size(); ++i) {
+        const char* p = raw.data() + i * dtype_size(t.dtype());
+        uint16_t half = 0;
+        if (t.dtype() == DType::bf16 || t.dtype() == DType::f16) std::memcpy(&half, p, sizeof half);
+        switch (t.dtype()) {
+            case DType::f32: { float f; std::memcpy(&f, p, sizeof f); out[i] = f; break; }
+            case DType::f64: std::memcpy(&out[i], p, sizeof(double)); break;
+            case DType::bf16: out[i] = bf16_to_float(half); break;
+            case DType::f16: out[i] = f16_to_float(half); break;
+            default: fail(ErrorKind::unsupported, "host_doubles: dtype ", dtype_name(t.dtype()));
+        }
+    }
+    return out;
 }
+
+// Master weights are f32 under 16-bit compute; the CPU's f32 or f64 compute is its own master.
+DType master_dtype(DType compute) { return compute == DType::bf16 || compute == DType::f16 ? DType::f32 : compute; }
 
 constexpr TensorSplit kRows{TpSplit::rows, 1};
 constexpr TensorSplit kCols{TpSplit::cols, 1};
@@ -25,7 +39,7 @@ constexpr TensorSplit kCols{TpSplit::cols, 1};
 
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
                          ModelPartition partition, Comm* tp)
-    : config_(config), backend_(backend), dtype_(dtype), max_batch_(max_batch), max_seq_len_(max_seq_len), part_(partition),
+    : config_(config), backend_(backend), dtype_(dtype), stat_dtype_(backend.statistics_dtype(dtype)), max_batch_(max_batch), max_seq_len_(max_seq_len), part_(partition),
       tp_(tp && tp->size() > 1 ? tp : nullptr), sp_(partition.sequence_parallel && tp_), params_(tp_rank(), tp_size()) {
     if (max_seq_len > config.max_seq_len)
         fail(ErrorKind::config, "sequence length ", max_seq_len, " exceeds model.max_seq_len = ", config.max_seq_len);
@@ -43,10 +57,15 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
     n_kv_heads_ = config.n_kv_heads / tp_size();
     if (is_llama()) register_llama_params();
     else register_gpt2_params();
-    params_.allocate(dtype, part_.param_pad_multiple);
+    params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple);
     plan_activations();
-    arena_.allocate();
-    if (is_llama()) fill_rope_table(arena_.tensor(rope_table_), config_.rope_theta);
+    arena_.allocate(backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
+    if (is_llama()) {
+        const Tensor table = arena_.tensor(rope_table_);
+        const OwnedTensor host(table.dtype(), table.shape());
+        fill_rope_table(host, config_.rope_theta);
+        backend.copy_from_host(table, host.view().raw());
+    }
 }
 
 Transformer::ParamSpan Transformer::add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split) {
@@ -146,41 +165,75 @@ Transformer::NormSlots Transformer::reserve_norm(const std::string& prefix) {
     NormSlots s;
     s.out = arena_.reserve(prefix + ".out", dtype_, {N, config_.d_model});
     // RMSNorm has no mean; the slot is reserved anyway (one row of N values) to keep one layout.
-    s.mean = arena_.reserve(prefix + ".mean", dtype_, {N});
-    s.rstd = arena_.reserve(prefix + ".rstd", dtype_, {N});
+    s.mean = arena_.reserve(prefix + ".mean", stat_dtype_, {N});
+    s.rstd = arena_.reserve(prefix + ".rstd", stat_dtype_, {N});
     return s;
 }
 
-Transformer::ActivationSet Transformer::reserve_set(int64_t set) {
+Transformer::LayerSlots Transformer::reserve_layer(const std::string& p) {
     const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
     const int64_t up_width = is_llama() ? 2 * F : F;
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
+    const int64_t local = local_tokens(max_batch_, max_seq_len_);
+    LayerSlots ls;
+    ls.norm1 = reserve_norm(p + ".norm1");
+    ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
+    ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, backend_.attention_saved_shape(full));
+    ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
+    ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local, C});
+    ls.norm2 = reserve_norm(p + ".norm2");
+    ls.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, up_width});
+    ls.mlp_act = arena_.reserve(p + ".mlp_act", dtype_, {N, F});
+    return ls;
+}
+
+// Slots a layer does not keep under recomputation point at the shared scratch set: what a
+// reserved-but-shared slot would hold is rebuilt before backward reads it.
+void Transformer::share_recomputed(LayerSlots& ls) const {
+    switch (part_.recompute) {
+        case Recompute::none: return;
+        case Recompute::selective:
+            ls.norm1 = shared_layer_.norm1;
+            ls.norm2 = shared_layer_.norm2;
+            ls.mlp_act = shared_layer_.mlp_act;
+            return;
+        case Recompute::full: ls = shared_layer_; return;
+    }
+}
+
+// A layer reserves only the slots it keeps; the others are the shared scratch set's.
+Transformer::LayerSlots Transformer::reserve_kept_layer(const std::string& p) {
+    if (part_.recompute == Recompute::none) return reserve_layer(p);
+    LayerSlots ls = shared_layer_;
+    if (part_.recompute == Recompute::selective) {
+        const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
+        const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
+        ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
+        ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, backend_.attention_saved_shape(full));
+        ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
+        ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local_tokens(max_batch_, max_seq_len_), C});
+        ls.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, is_llama() ? 2 * F : F});
+    }
+    share_recomputed(ls);
+    return ls;
+}
+
+Transformer::ActivationSet Transformer::reserve_set(int64_t set) {
+    const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model;
     const std::string s = cat("set.", set, ".");
     ActivationSet a;
     a.tokens = arena_.reserve(s + "tokens", DType::i32, {N});
     a.targets = arena_.reserve(s + "targets", DType::i32, {N});
     const int64_t local = local_tokens(max_batch_, max_seq_len_);
     for (int64_t l = part_.first_layer; l <= part_.last_layer; ++l) a.residual.push_back(arena_.reserve(cat(s, "residual.", l), dtype_, {local, C}));
-    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
-        const std::string p = cat(s, "layer.", l);
-        LayerSlots ls;
-        ls.norm1 = reserve_norm(p + ".norm1");
-        ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
-        ls.att_saved = arena_.reserve(p + ".att_saved", dtype_, backend_.attention_saved_shape(full));
-        ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
-        ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local, C});
-        ls.norm2 = reserve_norm(p + ".norm2");
-        ls.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, up_width});
-        ls.mlp_act = arena_.reserve(p + ".mlp_act", dtype_, {N, F});
-        a.layers.push_back(ls);
-    }
+    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) a.layers.push_back(reserve_kept_layer(cat(s, "layer.", l)));
     if (part_.has_head) {
         a.norm_f = reserve_norm(s + "norm_f");
         a.logits = arena_.reserve(s + "logits", dtype_, {N, config_.vocab_size / tp_size()});
-        a.losses = arena_.reserve(s + "losses", dtype_, {N});
-        a.lse = arena_.reserve(s + "lse", dtype_, {N});
-        a.row_max = arena_.reserve(s + "row_max", dtype_, {N});
-        a.xent_partial = arena_.reserve(s + "xent_partial", dtype_, {N, 2});
+        a.losses = arena_.reserve(s + "losses", stat_dtype_, {N});
+        a.lse = arena_.reserve(s + "lse", stat_dtype_, {N});
+        a.row_max = arena_.reserve(s + "row_max", stat_dtype_, {N});
+        a.xent_partial = arena_.reserve(s + "xent_partial", stat_dtype_, {N, 2});
     }
     return a;
 }
@@ -189,7 +242,13 @@ void Transformer::plan_activations() {
     const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
     const int64_t up_width = is_llama() ? 2 * F : F;
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
-    rope_table_ = arena_.reserve("rope_table", dtype_, {config_.max_seq_len, config_.head_dim()});
+    rope_table_ = arena_.reserve("rope_table", stat_dtype_, {config_.max_seq_len, config_.head_dim()});
+    if (part_.recompute == Recompute::full) shared_layer_ = reserve_layer("recompute");
+    if (part_.recompute == Recompute::selective) {
+        shared_layer_.norm1 = reserve_norm("recompute.norm1");
+        shared_layer_.norm2 = reserve_norm("recompute.norm2");
+        shared_layer_.mlp_act = arena_.reserve("recompute.mlp_act", dtype_, {N, F});
+    }
     for (int64_t set = 0; set < part_.activation_sets; ++set) sets_.push_back(reserve_set(set));
     const int64_t local = local_tokens(max_batch_, max_seq_len_);
     const int64_t gathered = sp_ ? N : 0;  // the scratch rows of sequence parallelism
@@ -197,7 +256,6 @@ void Transformer::plan_activations() {
     proj_local_ = arena_.reserve("proj_local", dtype_, {sp_ ? local : 0, C});
     gathered_ = arena_.reserve("gathered", dtype_, {gathered, C});
     d_resid_ = arena_.reserve("grad.resid", dtype_, {local, C});
-    d_tmp_ = arena_.reserve("grad.tmp", dtype_, {local, C});
     d_norm_ = arena_.reserve("grad.norm", dtype_, {N, C});
     d_norm_local_ = arena_.reserve("grad.norm_local", dtype_, {sp_ ? local : 0, C});
     d_gathered_ = arena_.reserve("grad.gathered", dtype_, {gathered, C});
@@ -267,14 +325,32 @@ Tensor Transformer::grad_output(int64_t batch, int64_t seq_len) const { return a
 Tensor Transformer::grad_input() const { return local_rows(d_resid_); }
 Tensor Transformer::logits() const { return rows(sets_.front().logits); }
 
+std::vector<double> Transformer::logits_row(int64_t row) const { return host_doubles(backend_, logits().slice_rows(row, 1)); }
+
+void Transformer::load_ids(const char* what, Arena::Slot slot, const Tensor& ids) {
+    expect_dtype("forward", what, ids, DType::i32);
+    expect_shape("forward", what, ids, {batch_ * seq_len_});
+    const int32_t* host = ids.data<int32_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i)
+        if (host[i] < 0 || host[i] >= config_.vocab_size)
+            fail(ErrorKind::data, "forward: ", what, " ", i, " is ", host[i], ", outside the vocabulary [0, ", config_.vocab_size, ")");
+    backend_.copy_from_host(rows(slot), host);
+}
+
+double Transformer::mean_loss(const ActivationSet& a) const {
+    double total = 0;
+    for (double loss : host_doubles(backend_, rows(a.losses))) total += loss;
+    return total / static_cast<double>(batch_ * seq_len_);
+}
+
 void Transformer::norm_fwd(const NormSlots& s, const Tensor& x, ParamSpan w, ParamSpan b) {
     if (is_llama()) backend_.rmsnorm_fwd(local_rows(s.out), local_rows(s.rstd), x, value(w), config_.norm_eps);
     else backend_.layernorm_fwd(local_rows(s.out), local_rows(s.mean), local_rows(s.rstd), x, value(w), value(b), config_.norm_eps);
 }
 
-void Transformer::norm_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, const NormSlots& s, ParamSpan w, ParamSpan b) {
-    if (is_llama()) backend_.rmsnorm_bwd(dx, grad(w), dout, x, value(w), local_rows(s.rstd));
-    else backend_.layernorm_bwd(dx, grad(w), grad(b), dout, x, value(w), local_rows(s.mean), local_rows(s.rstd));
+void Transformer::norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& dout, const Tensor& x, const NormSlots& s, ParamSpan w, ParamSpan b) {
+    if (is_llama()) backend_.rmsnorm_bwd(dx, grad(w), dout, x, value(w), local_rows(s.rstd), accumulate_dx);
+    else backend_.layernorm_bwd(dx, grad(w), grad(b), dout, x, value(w), local_rows(s.mean), local_rows(s.rstd), accumulate_dx);
 }
 
 double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
@@ -284,21 +360,14 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
     a.batch = batch;
     a.seq_len = seq_len;
     use_set(set);
-    const int64_t N = batch * seq_len;
     if (part_.has_embedding) {
-        expect_shape("forward", "tokens", tokens, {N});
-        expect_dtype("forward", "tokens", tokens, DType::i32);
-        std::memcpy(rows(a.tokens).raw(), tokens.raw(), tokens.bytes());
+        load_ids("tokens", a.tokens, tokens);
         embed(a);
     }
     for (int64_t l = 0; l < local_layers(); ++l) layer_fwd(a, l);
     if (!part_.has_head) return std::numeric_limits<double>::quiet_NaN();
     a.has_targets = !targets.empty();
-    if (a.has_targets) {
-        expect_shape("forward", "targets", targets, {N});
-        expect_dtype("forward", "targets", targets, DType::i32);
-        std::memcpy(rows(a.targets).raw(), targets.raw(), targets.bytes());
-    }
+    if (a.has_targets) load_ids("targets", a.targets, targets);
     return head_and_loss(a);
 }
 
@@ -324,7 +393,7 @@ double Transformer::head_and_loss(ActivationSet& a) {
         tp_->all_reduce(rows(a.xent_partial), ReduceOp::sum);
         backend_.xent_combine(rows(a.losses), rows(a.lse), rows(a.xent_partial), rows(a.row_max));
     }
-    return sum_as_double(rows(a.losses)) / static_cast<double>(batch_ * seq_len_);
+    return mean_loss(a);
 }
 
 void Transformer::layer_fwd(const ActivationSet& a, int64_t l) {
@@ -373,7 +442,7 @@ void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
     const Tensor lse = tp_ ? rows(a.lse) : Tensor();
     backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), lse, vocab_shard(), dloss);
     backend_.matmul_bwd(rows(d_norm_), grad(head_w_), Tensor(), rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_));
-    norm_bwd(local_rows(d_resid_), reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
+    norm_bwd(local_rows(d_resid_), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.
     ready(head_begin_, params_.count());
 }
@@ -385,7 +454,8 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
     const LayerParams& p = layer_params_[static_cast<size_t>(l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     const AttentionShape shape = attention_shape();
-    const Tensor d_tmp = local_rows(d_tmp_), d_norm = rows(d_norm_);
+    const Tensor d_norm = rows(d_norm_);
+    recompute_layer(a, l);
 
     // MLP block: out = resid_mid + down(act(up(norm2(resid_mid)))). down is row-parallel:
     // its output gradient d_resid is whole on every rank; up is column-parallel: the gradient
@@ -395,17 +465,28 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
     if (is_llama()) backend_.swiglu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
     else backend_.gelu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
     backend_.matmul_bwd(d_norm, grad(p.mlp_up_w), grad(p.mlp_up_b), rows(d_mlp_up_), gather_rows(local_rows(s.norm2.out), gathered_), value(p.mlp_up_w));
-    norm_bwd(d_tmp, reduce_rows(d_norm, d_norm_local_), local_rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
-    backend_.add(d_resid, d_resid, d_tmp);
+    norm_bwd(d_resid, true, reduce_rows(d_norm, d_norm_local_), local_rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
 
     // Attention block: resid_mid = x + o(attn(rope(qkv(norm1(x))))).
     backend_.matmul_bwd(rows(d_att_out_), grad(p.attn_out_w), grad(p.attn_out_b), gather_rows(d_resid, d_gathered_), rows(s.att_out),
                         value(p.attn_out_w));
-    backend_.attention_bwd(rows(d_qkv_), rows(d_att_out_), rows(s.qkv), att_saved(s.att_saved), shape);
+    backend_.attention_bwd(rows(d_qkv_), rows(d_att_out_), rows(s.qkv), rows(s.att_out), att_saved(s.att_saved), shape);
     if (is_llama()) backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
     backend_.matmul_bwd(d_norm, grad(p.qkv_w), grad(p.qkv_b), rows(d_qkv_), gather_rows(local_rows(s.norm1.out), gathered_), value(p.qkv_w));
-    norm_bwd(d_tmp, reduce_rows(d_norm, d_norm_local_), local_rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
-    backend_.add(d_resid, d_resid, d_tmp);
+    norm_bwd(d_resid, true, reduce_rows(d_norm, d_norm_local_), local_rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
+}
+
+// selective: the two norms and the MLP activation, from the kept inputs; full: the whole
+// layer forward (its output, the next layer's kept input, is rewritten with equal values).
+void Transformer::recompute_layer(const ActivationSet& a, int64_t l) {
+    if (part_.recompute == Recompute::none) return;
+    if (part_.recompute == Recompute::full) return layer_fwd(a, l);
+    const LayerParams& p = layer_params_[static_cast<size_t>(l)];
+    const LayerSlots& s = a.layers[static_cast<size_t>(l)];
+    norm_fwd(s.norm1, local_rows(a.residual[static_cast<size_t>(l)]), p.norm1_w, p.norm1_b);
+    norm_fwd(s.norm2, local_rows(s.resid_mid), p.norm2_w, p.norm2_b);
+    if (is_llama()) backend_.swiglu_fwd(rows(s.mlp_act), rows(s.mlp_up));
+    else backend_.gelu_fwd(rows(s.mlp_act), rows(s.mlp_up));
 }
 
 }  // namespace llmtrain

@@ -27,6 +27,18 @@
 //  - Several activation sets: a pipeline stage keeps the activations of every micro-batch in
 //    flight between its forward and its backward.
 //
+// Activation recomputation trades compute for memory (Korthikanti et al. 2022):
+//  - none: every layer keeps what its backward reads.
+//  - selective: the norm outputs and the MLP activation (GELU / SwiGLU output) are not kept;
+//    one scratch copy serves every layer and backward recomputes them (cheap, elementwise).
+//  - full: a layer keeps only its input; backward re-runs the layer's forward into one
+//    shared scratch set (about one more forward pass of compute).
+// The recomputed values are bitwise those of the forward: the losses do not change.
+//
+// Precision: activations and the weights they meet are in the compute dtype (bf16 / f16 on
+// CUDA, f32 or f64 on the CPU); parameter gradients are in the master dtype (f32); norm
+// statistics, attention's saved values and losses in the backend's statistics dtype.
+//
 // The model knows nothing of MPI: it is handed the tp group's Comm.
 #pragma once
 
@@ -51,12 +63,14 @@ struct ModelPartition {
     int64_t activation_sets = 1;   // micro-batches whose activations are kept at once
     int64_t param_pad_multiple = 1;  // the flat parameter buffer's length is a multiple of this (dp)
     bool sequence_parallel = false;  // with tp > 1: split the tokens outside the tp matmuls
+    Recompute recompute = Recompute::none;  // activation recomputation (see above)
 };
 
 class Transformer {
 public:
     // Activations are planned for micro-batches of up to max_batch sequences of up to
     // max_seq_len tokens (<= config.max_seq_len). tp: the tensor-parallel group (null: none).
+    // dtype: the compute dtype; the master weights are f32 when it is a 16-bit type.
     Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
                 ModelPartition partition = {}, Comm* tp = nullptr);
 
@@ -91,7 +105,10 @@ public:
     Tensor grad_input() const;             // d(loss)/d(hidden_in), after backward
     // Logits [batch * seq_len, vocab / tp] of set 0's last forward (this rank's vocab slice).
     Tensor logits() const;
+    // One row of those logits, on the host (from device memory and 16-bit as needed).
+    std::vector<double> logits_row(int64_t row) const;
     VocabShard vocab_shard() const;
+    Backend& backend() { return backend_; }
 
     // Called during backward with [begin, end) parameter indices whose gradients are final
     // for this backward: data parallelism starts reducing them while backward goes on.
@@ -121,6 +138,14 @@ private:
         Arena::Slot qkv, att_saved, att_out, resid_mid, mlp_up, mlp_act;
     };
     // What one micro-batch keeps between its forward and its backward.
+    struct ActivationSet;
+    // The layer slots backward reads that recomputation rebuilds, shared by every layer.
+    void share_recomputed(LayerSlots& slots) const;
+    // Rebuilds what recomputation dropped, before layer l's backward.
+    void recompute_layer(const ActivationSet& a, int64_t l);
+    // Copies i32 ids from the host into a slot, checking each is inside the vocabulary.
+    void load_ids(const char* what, Arena::Slot slot, const Tensor& ids);
+    double mean_loss(const ActivationSet& a) const;
     struct ActivationSet {
         Arena::Slot tokens, targets;
         std::vector<Arena::Slot> residual;  // entering each local layer; the last is the stage output
@@ -144,6 +169,8 @@ private:
 
     void plan_activations();
     ActivationSet reserve_set(int64_t set);
+    LayerSlots reserve_layer(const std::string& prefix);
+    LayerSlots reserve_kept_layer(const std::string& prefix);
     NormSlots reserve_norm(const std::string& prefix);
     Tensor rows(Arena::Slot slot) const;        // the first batch * seq_len rows of a slot
     Tensor local_rows(Arena::Slot slot) const;  // the first local_tokens() rows of a slot
@@ -166,15 +193,16 @@ private:
     double head_and_loss(ActivationSet& a);
     void head_backward(const ActivationSet& a, double loss_scale);
     void norm_fwd(const NormSlots& slots, const Tensor& x, ParamSpan w, ParamSpan b);
-    // dx = d(norm)/dx^T dout; accumulates the norm's parameter gradients.
-    void norm_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, const NormSlots& slots, ParamSpan w, ParamSpan b);
+    // dx = d(norm)/dx^T dout (or dx += that); accumulates the norm's parameter gradients.
+    void norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& dout, const Tensor& x, const NormSlots& slots, ParamSpan w, ParamSpan b);
     void layer_fwd(const ActivationSet& a, int64_t local);
     // d_resid: on entry the gradient w.r.t. the layer's output, on exit w.r.t. its input.
     void layer_bwd(const ActivationSet& a, int64_t local, const Tensor& d_resid);
 
     ModelConfig config_;
     Backend& backend_;
-    DType dtype_;
+    DType dtype_;       // activations and compute weights
+    DType stat_dtype_;  // norm statistics, attention's saved values, losses
     int64_t max_batch_, max_seq_len_;
     ModelPartition part_;
     Comm* tp_;
@@ -190,8 +218,9 @@ private:
 
     Arena arena_;
     Arena::Slot rope_table_;
+    LayerSlots shared_layer_;  // recomputation's scratch (unused with Recompute::none)
     std::vector<ActivationSet> sets_;
-    Arena::Slot proj_out_, proj_local_, gathered_, d_resid_, d_tmp_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
+    Arena::Slot proj_out_, proj_local_, gathered_, d_resid_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
         d_mlp_up_;
 };
 

@@ -22,12 +22,15 @@ int64_t total_length(const std::vector<OwnedPiece>& pieces) {
 AdamW::AdamW(const OptimizerConfig& config, Parameters& params) : AdamW(config, params, everything(params)) {}
 
 AdamW::AdamW(const OptimizerConfig& config, Parameters& params, std::vector<OwnedPiece> pieces)
-    : config_(config), params_(params), pieces_(std::move(pieces)), m_(params.dtype(), {total_length(pieces_)}),
-      v_(params.dtype(), {total_length(pieces_)}) {}
+    : config_(config), params_(params), pieces_(std::move(pieces)), m_(params.new_tensor(params.dtype(), {total_length(pieces_)})),
+      v_(params.new_tensor(params.dtype(), {total_length(pieces_)})) {}
 
 void AdamW::step(Backend& backend, double lr, double grad_scale) {
     ++steps_taken_;
     const Tensor values = params_.all_values();
+    // The compute copy is written with the update where this rank holds everything it reads;
+    // under ZeRO-1 the trainer refreshes it after the parameters' all-gather.
+    const Tensor copy = params_.has_compute_copy() && writes_compute_copy_ ? params_.all_compute_values() : Tensor();
     int64_t state_offset = 0;  // where the current piece's moments start
     for (const OwnedPiece& piece : pieces_) {
         for_each_param_in(params_, piece, [&](size_t index, int64_t begin, int64_t end) {
@@ -41,7 +44,8 @@ void AdamW::step(Backend& backend, double lr, double grad_scale) {
             s.step = steps_taken_;
             const int64_t in_piece = begin - piece.begin, count = end - begin;
             backend.adamw(values.slice_rows(begin, count), piece.grads.slice_rows(in_piece, count),
-                          m_.view().slice_rows(state_offset + in_piece, count), v_.view().slice_rows(state_offset + in_piece, count), s);
+                          m_.view().slice_rows(state_offset + in_piece, count), v_.view().slice_rows(state_offset + in_piece, count),
+                          copy.empty() ? Tensor() : copy.slice_rows(begin, count), s);
         });
         state_offset += piece.end - piece.begin;
     }

@@ -29,7 +29,7 @@ GradBuckets::GradBuckets(Parameters& params, Comm& dp, bool zero1, int64_t bucke
 
     int64_t shard_total = 0;
     for (const Bucket& b : buckets_) shard_total += (b.end - b.begin) / parts;
-    if (zero1_) shard_grads_ = OwnedTensor(grads.dtype(), {shard_total});
+    if (zero1_) shard_grads_ = params.new_tensor(grads.dtype(), {shard_total});
     int64_t shard_offset = 0;
     for (const Bucket& b : buckets_) {
         if (!zero1_) break;

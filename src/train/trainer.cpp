@@ -58,6 +58,7 @@ ModelPartition stage_partition(const Config& config, const ParallelContext& ctx)
     part.activation_sets = one_f_one_b_in_flight(pp, stage, config.train.grad_accum);
     part.param_pad_multiple = ctx.mesh.dp();
     part.sequence_parallel = config.parallel.sequence_parallel;
+    part.recompute = config.train.recompute;
     return part;
 }
 }  // namespace
@@ -69,20 +70,25 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext& 
 Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx)
     : config_(config), options_(std::move(options)),
       own_ctx_(shared_ctx ? nullptr : std::make_unique<ParallelContext>(make_single_process_context())),
-      ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len) {
+      ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len),
+      dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)) {
     const ParallelContext& ctx = *ctx_;
     if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
     if (!is_logger()) options_.quiet = true;
-    backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
-    data_ = make_batch_source(config_);
-    model_ = std::make_unique<Transformer>(config_.model, *backend_, options_.dtype, config_.train.batch_size, config_.train.seq_len,
+    backend_ = config_.train.device == ComputeDevice::cuda ? make_cuda_backend(ctx.local_rank) : make_cpu_backend(threads_per_rank(config_.train, ctx));
+    data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);
+    model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len,
                                            stage_partition(config_, ctx), ctx_->tp.get());
     model_->initialize(config_.train.seed);
     const auto bucket_bytes = static_cast<int64_t>(config_.parallel.bucket_mb * 1e6);
     buckets_ = std::make_unique<GradBuckets>(model_->parameters(), *ctx_->dp, config_.parallel.zero1, bucket_bytes);
     optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters(), buckets_->owned());
+    // Under ZeRO-1 each rank updates its shard only: the compute copy is refreshed whole
+    // after the all-gather instead.
+    optimizer_->set_writes_compute_copy(!(buckets_->zero1() && ctx.mesh.dp() > 1));
+    if (dtype_ == DType::f16) loss_scale_ = config_.train.loss_scale;
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, config_.train.grad_accum);
     if (!options_.run_dir.empty() && config_.metrics.jsonl && is_logger()) {
         const std::string path = (std::filesystem::path(options_.run_dir) / "log.jsonl").string();
@@ -95,7 +101,9 @@ Trainer::~Trainer() = default;
 
 RankMemory Trainer::memory() const {
     const Parameters& p = model_->parameters();
-    return {p.all_values().bytes(), p.all_grads().bytes() + buckets_->sharded_grad_bytes(), optimizer_->state_bytes(), model_->activation_bytes()};
+    const size_t values = p.all_values().bytes() + (p.has_compute_copy() ? p.all_compute_values().bytes() : 0);
+    return {values, p.all_grads().bytes() + buckets_->sharded_grad_bytes(), optimizer_->state_bytes(), model_->activation_bytes(),
+            backend_->workspace_bytes()};
 }
 
 void Trainer::log_startup() const {
@@ -121,7 +129,8 @@ void Trainer::log_startup() const {
              ", gradients ", megabytes(static_cast<double>(mine.gradient_bytes)), " / ", megabytes(grads_max), ", optimizer ",
              megabytes(static_cast<double>(mine.optimizer_bytes)), " / ", megabytes(optim_max), ", activations ",
              megabytes(static_cast<double>(mine.activation_bytes)), " / ", megabytes(act_max), " (planned) | backend ", backend_->name(), " ",
-             dtype_name(options_.dtype));
+             dtype_name(dtype_), " compute, ", dtype_name(model_->parameters().dtype()), " master weights, recompute ",
+             recompute_name(config_.train.recompute));
     log_info("data: ", data_->describe(), " | batch ", t.batch_size, " x ", t.seq_len,
              " x ", t.grad_accum, " micro-batches x dp ", mesh.dp(), " = ", t.batch_size * t.seq_len * t.grad_accum * mesh.dp(), " tokens per step");
 }
@@ -155,22 +164,50 @@ StepRecord Trainer::train_step(int64_t step) {
     Stopwatch clock;
     StepRecord s;
     s.step = step + 1;
+    s.loss_scale = loss_scale_;
     s.loss = forward_backward(step);
-    s.grad_norm = global_grad_norm();
+    // The gradients hold loss_scale x d(loss): the norm and the update take it out again.
+    s.grad_norm = global_grad_norm() / loss_scale_;
     s.lr = learning_rate_at(config_.optimizer, step, t.steps);
-    // Loss and norm are reduced over the whole job: every rank takes the same decision.
+    update(s);
+    backend_->synchronize();
+    s.step_seconds = clock.seconds();
+    s.tokens_per_second = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp()) / s.step_seconds;
+    return s;
+}
+
+// Loss and norm are reduced over the whole job: every rank takes the same decision.
+void Trainer::update(StepRecord& s) {
+    const bool overflow = std::isfinite(s.loss) && !std::isfinite(s.grad_norm) && dtype_ == DType::f16;
+    if (overflow) {
+        // fp16 gradients overflowed at this loss scale: expected now and then, not a fault.
+        s.skipped = true;
+        adjust_loss_scale(true);
+        return;
+    }
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
         if (config_.monitor.on_nonfinite == NonFinitePolicy::abort)
             fail(ErrorKind::runtime, "step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss,
                  ", grad norm ", s.grad_norm, "); aborting as monitor.on_nonfinite = \"abort\" (\"skip\" skips such updates)");
         s.skipped = true;
-    } else {
-        optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip));
-        buckets_->gather_parameters();
+        return;
     }
-    s.step_seconds = clock.seconds();
-    s.tokens_per_second = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp()) / s.step_seconds;
-    return s;
+    optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_);
+    buckets_->gather_parameters();
+    if (buckets_->zero1() && ctx_->mesh.dp() > 1) model_->parameters().refresh_compute_copy();
+    if (dtype_ == DType::f16) adjust_loss_scale(false);
+}
+
+void Trainer::adjust_loss_scale(bool overflow) {
+    if (overflow) {
+        loss_scale_ = std::max(1.0, loss_scale_ / 2);
+        good_steps_ = 0;
+        if (!options_.quiet) log_warn("fp16 gradients overflowed; update skipped, loss scale now ", loss_scale_);
+        return;
+    }
+    if (++good_steps_ < config_.train.loss_scale_window) return;
+    loss_scale_ = std::min(16777216.0, loss_scale_ * 2);
+    good_steps_ = 0;
 }
 
 // Global micro-batch g = dp_rank * M + m of the step (M = grad_accum): each dp rank trains
@@ -198,7 +235,7 @@ double Trainer::forward_backward(int64_t step) {
         data_->fill_train(batch_, step, m, static_cast<int>(dp_rank), static_cast<int>(dp));
         return MicroBatch{batch_.inputs, batch_.targets};
     };
-    const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, 1.0 / static_cast<double>(M * dp),
+    const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_ / static_cast<double>(M * dp),
                                                     [&](int64_t m) { reducing = m == M - 1; });
     model_->set_grads_ready_hook(nullptr);
     if (tied_across_stages && embedding) {
@@ -262,12 +299,13 @@ std::string Trainer::sample_text() {
 
 void Trainer::record(const StepRecord& s) {
     result_.steps.push_back(s);
-    if (s.skipped && !options_.quiet) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
+    if (s.skipped && dtype_ != DType::f16 && !options_.quiet) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
     if (!options_.quiet && (s.step % config_.train.log_every == 0 || s.step == config_.train.steps))
         log_info("step ", s.step, "/", config_.train.steps, " | loss ", fixed(s.loss, 4), " | lr ", scientific(s.lr), " | grad norm ",
                  fixed(s.grad_norm, 4), " | ", std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms");
     nlohmann::json line = {{"event", "step"},     {"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
                            {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second}, {"skipped", s.skipped}};
+    if (dtype_ == DType::f16) line["loss_scale"] = s.loss_scale;
     write_json_line(line.dump());
 }
 

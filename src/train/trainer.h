@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,8 @@ struct StepRecord {
     double grad_norm = 0;    // before clipping, over every parameter of every rank
     double step_seconds = 0;
     double tokens_per_second = 0;
-    bool skipped = false;    // update skipped by the non-finite policy
+    bool skipped = false;    // update skipped by the non-finite policy or a loss-scale overflow
+    double loss_scale = 1;   // fp16: the dynamic loss scale this step ran with
 };
 
 struct EvalRecord {
@@ -54,13 +56,15 @@ struct TrainResult {
 
 struct TrainerOptions {
     std::string run_dir;            // where log.jsonl goes; empty: no files
-    DType dtype = DType::f32;       // f64 for reference runs in tests
+    std::optional<DType> dtype;     // the config's compute dtype unless set (f64: reference runs in tests)
     bool quiet = false;             // no log lines (tests)
+    bool synthetic_data = false;    // uniform random tokens instead of the configured data (bench)
 };
 
 // What this rank holds, for the start-up report and the tests.
 struct RankMemory {
-    size_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+    size_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, workspace_bytes = 0;
+    size_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + workspace_bytes; }
 };
 
 class Trainer {
@@ -71,13 +75,21 @@ public:
     Trainer(const Config& config, TrainerOptions options, ParallelContext& ctx);
     ~Trainer();
     TrainResult run();
+    // One optimizer step (0-based), timed to the end of the device's work: what run() repeats.
+    StepRecord train_step(int64_t step);
     Transformer& model() { return *model_; }
+    Backend& backend() { return *backend_; }
+    const ParallelContext& context() const { return *ctx_; }
     RankMemory memory() const;
+    DType compute_dtype() const { return dtype_; }
 
 private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
     void log_startup() const;
-    StepRecord train_step(int64_t step);
+    // Applies the update of a step whose loss and gradient norm are known, or skips it.
+    void update(StepRecord& s);
+    // fp16: halves the loss scale on overflow, doubles it after loss_scale_window good steps.
+    void adjust_loss_scale(bool overflow);
     // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.
     double forward_backward(int64_t step);
     void sync_tied_embedding();
@@ -101,6 +113,9 @@ private:
     std::unique_ptr<AdamW> optimizer_;
     std::unique_ptr<PipelineRunner> pipeline_;
     BatchBuffers batch_;
+    DType dtype_;
+    double loss_scale_ = 1;          // fp16's dynamic loss scale; 1 otherwise
+    int64_t good_steps_ = 0;         // steps since the loss scale last changed
     std::ofstream jsonl_;
     TrainResult result_;
 };

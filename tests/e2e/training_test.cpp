@@ -55,3 +55,28 @@ TEST(Training, TinyConfig_ValidationLossFallsFromAbout5p5ToUnder2p5) {
     std::printf("tiny: val loss %.4f -> %.4f, %.0f tokens/s, %.0f%% of step time in GEMMs\n", r.evals.front().val_loss,
                 r.evals.back().val_loss, r.tokens_per_second, 100 * r.gemm_fraction);
 }
+
+// Recomputation rebuilds bitwise what the forward kept: the run does not change, for either
+// family, while the planned activation memory shrinks.
+TEST(Training, SelectiveAndFullRecompute_GiveBitwiseTheSameRunWithLessActivationMemory) {
+    for (const std::string family : {"gpt2", "llama"}) {
+        Config none = small_run(family);
+        none.train.sample_tokens = 0;
+        const TrainResult base = train_quietly(none);
+        size_t previous_bytes = Trainer(none, TrainerOptions{"", DType::f32, true}).memory().activation_bytes;
+        for (const Recompute mode : {Recompute::selective, Recompute::full}) {
+            Config config = none;
+            config.train.recompute = mode;
+            const TrainResult r = train_quietly(config);
+            ASSERT_EQ(r.steps.size(), base.steps.size());
+            for (size_t i = 0; i < r.steps.size(); ++i) {
+                EXPECT_EQ(r.steps[i].loss, base.steps[i].loss) << family << " " << recompute_name(mode) << " step " << i + 1;
+                EXPECT_EQ(r.steps[i].grad_norm, base.steps[i].grad_norm) << family << " " << recompute_name(mode) << " step " << i + 1;
+            }
+            EXPECT_EQ(r.evals.back().val_loss, base.evals.back().val_loss);
+            const size_t bytes = Trainer(config, TrainerOptions{"", DType::f32, true}).memory().activation_bytes;
+            EXPECT_LT(bytes, previous_bytes) << family << " " << recompute_name(mode);
+            previous_bytes = bytes;
+        }
+    }
+}

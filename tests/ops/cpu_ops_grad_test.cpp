@@ -48,7 +48,7 @@ void check_layernorm(int64_t N, int64_t C) {
     };
     loss();
     const OwnedTensor dx = filled(f64, {N, C}, garbage), dw = filled(f64, {C}, prefill), db = filled(f64, {C}, prefill);
-    be->layernorm_bwd(dx, dw, db, R, x, w, mean, rstd);
+    be->layernorm_bwd(dx, dw, db, R, x, w, mean, rstd, false);
     expect_gradient_matches("dx", x, dx, loss);
     expect_gradient_matches("dw", w, dw, loss, prefill);
     expect_gradient_matches("db", b, db, loss, prefill);
@@ -65,7 +65,7 @@ void check_rmsnorm(int64_t N, int64_t C) {
     };
     loss();
     const OwnedTensor dx = filled(f64, {N, C}, garbage), dw = filled(f64, {C}, prefill);
-    be->rmsnorm_bwd(dx, dw, R, x, w, rstd);
+    be->rmsnorm_bwd(dx, dw, R, x, w, rstd, false);
     expect_gradient_matches("dx", x, dx, loss);
     expect_gradient_matches("dw", w, dw, loss, prefill);
 }
@@ -100,7 +100,7 @@ void check_attention(const AttentionShape& s) {
     };
     loss();
     const OwnedTensor dqkv = filled(f64, {s.rows(), s.qkv_width()}, garbage);
-    be->attention_bwd(dqkv, R, qkv, saved, s);
+    be->attention_bwd(dqkv, R, qkv, out, saved, s);
     expect_gradient_matches("dqkv", qkv, dqkv, loss);
 }
 

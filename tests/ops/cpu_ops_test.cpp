@@ -141,7 +141,7 @@ TEST(AdamW, TwoStepsMatchHandComputedUpdate) {
     for (int i = 0; i < 3; ++i) grad.data<double>()[i] = 0.25;
     s.grad_scale = 2.0;
     s.step = 1;
-    be->adamw(param, grad, m, v, s);
+    be->adamw(param, grad, m, v, Tensor(), s);
     const double p1 = 1.0 - 0.1 * (0.5 / (0.5 + 1e-8) + 0.01);
     EXPECT_NEAR(m.data<double>()[0], 0.05, 1e-15);
     EXPECT_NEAR(v.data<double>()[0], 0.0125, 1e-15);
@@ -151,7 +151,7 @@ TEST(AdamW, TwoStepsMatchHandComputedUpdate) {
     for (int i = 0; i < 3; ++i) grad.data<double>()[i] = -0.25;
     s.grad_scale = 1.0;
     s.step = 2;
-    be->adamw(param, grad, m, v, s);
+    be->adamw(param, grad, m, v, Tensor(), s);
     const double p2 = p1 - 0.1 * ((0.02 / 0.19) / (std::sqrt(0.015 / 0.0975) + 1e-8) + 0.01 * p1);
     for (int i = 0; i < 3; ++i) {
         EXPECT_NEAR(m.data<double>()[i], 0.02, 1e-15);
@@ -169,7 +169,7 @@ TEST(AdamW, F32MatchesF64) {
     s.step = 3;
     expect_f32_matches_f64({&p, &g, &m, &v}, {{37}, {37}, {37}}, [&](Backend& be, const auto& in, const auto& out) {
         for (size_t i = 0; i < 3; ++i) copy_into(out[i], i == 0 ? in[0] : in[i + 1]);
-        be.adamw(out[0], in[1], out[1], out[2], s);
+        be.adamw(out[0], in[1], out[1], out[2], Tensor(), s);
     });
 }
 
@@ -351,7 +351,7 @@ TEST(Determinism, LayerNormBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
             g.emplace_back(f32, Shape{67, 200});
             g.push_back(filled(f32, {200}, 0.5));
             g.push_back(filled(f32, {200}, 0.5));
-            be.layernorm_bwd(g[0], g[1], g[2], dout, x, w, mean, rstd);
+            be.layernorm_bwd(g[0], g[1], g[2], dout, x, w, mean, rstd, false);
             return g;
         },
         true);
@@ -379,7 +379,7 @@ TEST(Determinism, AttentionBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
         [&](Backend& be) {
             std::vector<OwnedTensor> g;
             g.emplace_back(f32, Shape{s.rows(), s.qkv_width()});
-            be.attention_bwd(g[0], dout, qkv, saved, s);
+            be.attention_bwd(g[0], dout, qkv, out, saved, s);
             return g;
         },
         true);

@@ -152,7 +152,8 @@ void CpuBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Ten
     });
 }
 
-void CpuBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& saved, const AttentionShape& shape) {
+void CpuBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/, const Tensor& saved,
+                               const AttentionShape& shape) {
     cpu::OpTimer timer(profile_, Op::attention_bwd);
     const char* op = timer.name();
     const AttentionLayout L = expect_attention_shape(op, shape);

@@ -4,6 +4,8 @@
 
 #include <omp.h>
 
+#include <cstring>
+
 extern "C" void openblas_set_num_threads(int);
 
 namespace llmtrain {
@@ -16,6 +18,16 @@ std::string CpuBackend::name() const { return "cpu"; }
 
 // Every op of the table is implemented for both float types and nothing else.
 bool CpuBackend::supports(Op /*op*/, DType dtype) const { return dtype == DType::f32 || dtype == DType::f64; }
+
+void CpuBackend::copy_from_host(const Tensor& dst, const void* src) {
+    if (dst.device() != Device::cpu) fail(ErrorKind::unsupported, "copy_from_host: destination is in ", device_name(dst.device()), " memory");
+    if (dst.numel() > 0) std::memcpy(dst.raw(), src, dst.bytes());
+}
+
+void CpuBackend::copy_to_host(void* dst, const Tensor& src) {
+    if (src.device() != Device::cpu) fail(ErrorKind::unsupported, "copy_to_host: source is in ", device_name(src.device()), " memory");
+    if (src.numel() > 0) std::memcpy(dst, src.raw(), src.bytes());
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 

@@ -69,7 +69,7 @@ void norm_param_grads(T* dw, T* db, const T* dout, const T* x, const T* mean, co
 }
 
 template <class T>
-void norm_input_grad(T* dx, const T* dout, const T* x, const T* w, const T* mean, const T* rstd, int64_t rows, int64_t C, int threads) {
+void norm_input_grad(T* dx, const T* dout, const T* x, const T* w, const T* mean, const T* rstd, int64_t rows, int64_t C, bool accumulate, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
         const T* d = dout + n * C;
@@ -83,7 +83,10 @@ void norm_input_grad(T* dx, const T* dout, const T* x, const T* w, const T* mean
         const T mean_g = mean ? static_cast<T>(sum_g / static_cast<double>(C)) : T(0);
         const T mean_gx = static_cast<T>(sum_gx / static_cast<double>(C));
         T* o = dx + n * C;
-        for (int64_t c = 0; c < C; ++c) o[c] = rstd[n] * (d[c] * w[c] - mean_g - normalized(xr[c], mean, rstd, n) * mean_gx);
+        for (int64_t c = 0; c < C; ++c) {
+            const T g = rstd[n] * (d[c] * w[c] - mean_g - normalized(xr[c], mean, rstd, n) * mean_gx);
+            o[c] = accumulate ? o[c] + g : g;
+        }
     }
 }
 
@@ -106,7 +109,8 @@ void CpuBackend::layernorm_fwd(const Tensor& out, const Tensor& mean, const Tens
     });
 }
 
-void CpuBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+void CpuBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                               bool accumulate_dx) {
     cpu::OpTimer timer(profile_, Op::layernorm_bwd);
     const char* op = timer.name();
     cpu::expect_rank(op, "x", x, 2);
@@ -121,7 +125,7 @@ void CpuBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor&
         cpu::expect_tensor(op, "mean", mean, {N}, dt);
         cpu::expect_tensor(op, "rstd", rstd, {N}, dt);
         norm_param_grads(cpu::data_or_null<T>(dw), cpu::data_or_null<T>(db), dout.data<T>(), x.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, threads_);
-        norm_input_grad(dx.data<T>(), dout.data<T>(), x.data<T>(), w.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, threads_);
+        norm_input_grad(dx.data<T>(), dout.data<T>(), x.data<T>(), w.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, accumulate_dx, threads_);
     });
 }
 
@@ -139,7 +143,7 @@ void CpuBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor
     });
 }
 
-void CpuBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd) {
+void CpuBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
     cpu::OpTimer timer(profile_, Op::rmsnorm_bwd);
     const char* op = timer.name();
     cpu::expect_rank(op, "x", x, 2);
@@ -152,7 +156,7 @@ void CpuBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& d
         cpu::expect_tensor(op, "w", w, {C}, dt);
         cpu::expect_tensor(op, "rstd", rstd, {N}, dt);
         norm_param_grads<T>(cpu::data_or_null<T>(dw), nullptr, dout.data<T>(), x.data<T>(), nullptr, rstd.data<T>(), N, C, threads_);
-        norm_input_grad<T>(dx.data<T>(), dout.data<T>(), x.data<T>(), w.data<T>(), nullptr, rstd.data<T>(), N, C, threads_);
+        norm_input_grad<T>(dx.data<T>(), dout.data<T>(), x.data<T>(), w.data<T>(), nullptr, rstd.data<T>(), N, C, accumulate_dx, threads_);
     });
 }
 

@@ -55,9 +55,10 @@ double sum_squares_chunked(const T* x, int64_t count, int threads) {
 
 }  // namespace
 
-void CpuBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& step) {
+void CpuBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) {
     cpu::OpTimer timer(profile_, Op::adamw);
     const char* op = timer.name();
+    if (!param_copy.empty()) fail(ErrorKind::unsupported, op, ": the CPU backend keeps no compute copy of the parameters");
     if (step.step < 1) fail(ErrorKind::runtime, op, ": step ", step.step, " must be at least 1 (bias correction divides by 1 - beta^t)");
     cpu::dispatch_float(op, "param", param, [&]<class T>() {
         cpu::expect_tensor(op, "grad", grad, param.shape(), param.dtype());

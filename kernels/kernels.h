@@ -1,0 +1,107 @@
+// CUDA kernels of the Backend ops: one .cu file per op family, each exposing host launchers
+// (launch_<op>) that take a cudaStream_t and enqueue work on it (no synchronization, no allocation).
+// src/backend/cuda/ checks shapes and dtypes and calls these; the launchers trust them.
+//
+// Types, for every launcher:
+//  - Activations and the weight copies used for compute are 16-bit (`Half`: bf16, or f16
+//    with loss scaling), passed as void*; every sum is accumulated in fp32.
+//  - Parameter gradients, AdamW master weights and moments, norm statistics, attention
+//    log-sum-exps, losses and the rotary table are fp32.
+//  - Gradients are overwritten for activations and accumulated (+=) for parameters, as in
+//    the Backend interface (src/backend/backend.h), which also gives each op's math.
+//  - Every launcher is deterministic: no floating-point atomics; a sum over rows goes
+//    through per-block partials in scratch memory, added in a fixed order.
+//  - Rows are tokens, row-major, batch-major (row n is sequence n / T, position n % T).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace llmtrain::kernels {
+
+enum class Half { bf16, f16 };
+
+// embedding.cu
+// out[n] = wte[tokens[n] - vocab_begin] (zero if outside [vocab_begin, vocab_begin + vocab_rows))
+//          + wpe[n % seq_len] (wpe may be null).
+void launch_embedding_fwd(Half t, void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t N, int64_t C, int64_t seq_len,
+                   int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream);
+// dwte[tok - vocab_begin] += sum of dout rows with that token; dwpe[p] += sum over sequences
+// of dout rows at position p (dwte or dwpe may be null). Deterministic: rows are grouped by
+// token with a stable radix sort, each group summed in row order.
+size_t embedding_bwd_scratch_bytes(int64_t N);
+void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int64_t N, int64_t C, int64_t seq_len,
+                   int64_t vocab_begin, int64_t vocab_rows, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+// norm.cu. mean may be null for RMSNorm; b may be null for LayerNorm without bias.
+void launch_layernorm_fwd(Half t, void* out, float* mean, float* rstd, const void* x, const void* w, const void* b, int64_t N, int64_t C, float eps,
+                   cudaStream_t stream);
+void launch_rmsnorm_fwd(Half t, void* out, float* rstd, const void* x, const void* w, int64_t N, int64_t C, float eps, cudaStream_t stream);
+// dx overwritten (or accumulated into when accumulate_dx: a residual gradient), dw and db
+// accumulated. scratch: norm_bwd_scratch_bytes(N, C) bytes for the per-block partial sums.
+size_t norm_bwd_scratch_bytes(int64_t N, int64_t C);
+void launch_layernorm_bwd(Half t, void* dx, float* dw, float* db, const void* dout, const void* x, const void* w, const float* mean, const float* rstd,
+                   int64_t N, int64_t C, bool accumulate_dx, void* scratch, cudaStream_t stream);
+void launch_rmsnorm_bwd(Half t, void* dx, float* dw, const void* dout, const void* x, const void* w, const float* rstd, int64_t N, int64_t C,
+                 bool accumulate_dx, void* scratch, cudaStream_t stream);
+
+// bias.cu: dbias[c] += sum over rows of dout[n, c]. scratch: bias_grad_scratch_bytes(N, C).
+size_t bias_grad_scratch_bytes(int64_t N, int64_t C);
+void launch_bias_grad(Half t, float* dbias, const void* dout, int64_t N, int64_t C, void* scratch, cudaStream_t stream);
+
+// rope.cu: rotary embedding in place on heads [0, n_heads) of each row of x [N, width];
+// table [max_seq_len, D] fp32 (cos in [0, D/2), sin in [D/2, D)); inverse: the backward.
+void launch_rope(Half t, void* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse,
+          cudaStream_t stream);
+
+// elementwise.cu
+void launch_gelu_fwd(Half t, void* out, const void* x, int64_t n, cudaStream_t stream);
+void launch_gelu_bwd(Half t, void* dx, const void* dout, const void* x, int64_t n, cudaStream_t stream);
+// x [N, 2F] (gate, up) -> out [N, F] = silu(gate) * up.
+void launch_swiglu_fwd(Half t, void* out, const void* x, int64_t N, int64_t F, cudaStream_t stream);
+void launch_swiglu_bwd(Half t, void* dx, const void* dout, const void* x, int64_t N, int64_t F, cudaStream_t stream);
+void launch_add(Half t, void* out, const void* a, const void* b, int64_t n, cudaStream_t stream);
+// out (Half) = in (fp32), rounded to nearest even; and back.
+void launch_cast_from_f32(Half t, void* out, const float* in, int64_t n, cudaStream_t stream);
+void launch_cast_to_f32(Half t, float* out, const void* in, int64_t n, cudaStream_t stream);
+
+// loss.cu: softmax cross-entropy over rows of logits [N, V], one block per row, in chunks
+// of the row (never a second full-size fp32 copy of the logits).
+// losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].
+void launch_xent_fwd(Half t, float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, cudaStream_t stream);
+// dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [v + vocab_begin == targets[n]]) * dloss;
+// lse null: computed from the row (then vocab_begin is 0). dlogits may alias logits.
+void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* targets, const float* lse, int64_t N, int64_t V, int64_t vocab_begin,
+              float dloss, cudaStream_t stream);
+void launch_logits_row_max(Half t, float* row_max, const void* logits, int64_t N, int64_t V, cudaStream_t stream);
+// partial [N, 2]: (sum_v exp(logits[n, v] - row_max[n]), the target's logit if in this shard else 0).
+void launch_xent_partial(Half t, float* partial, const void* logits, const int32_t* targets, const float* row_max, int64_t N, int64_t V,
+                  int64_t vocab_begin, cudaStream_t stream);
+// lse[n] = row_max[n] + log(partial[n, 0]); losses[n] = lse[n] - partial[n, 1].
+void launch_xent_combine(float* losses, float* lse, const float* partial, const float* row_max, int64_t N, cudaStream_t stream);
+
+// optim.cu
+struct AdamWArgs {
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    float bias_correction1, bias_correction2;  // 1 - beta1^t, 1 - beta2^t
+};
+// Updates the fp32 master param in place from grad; writes the Half copy too when copy is not null.
+void launch_adamw(float* param, const float* grad, float* m, float* v, void* copy, Half copy_type, int64_t n, const AdamWArgs& args,
+           cudaStream_t stream);
+// *result (device, double) = sum of x[i]^2, in a fixed order. scratch: sum_squares_scratch_bytes(n).
+size_t sum_squares_scratch_bytes(int64_t n);
+void launch_sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaStream_t stream);
+
+// attention.cu: causal flash attention (tensor cores, online softmax, no T x T matrix in
+// memory) on packed qkv [B*T, (H + 2*Hkv) * D], out [B*T, H*D], lse [B, H, T] fp32 (natural
+// log of the softmax denominator of each query row, scores scaled by 1/sqrt(D)). D is 64 or 128.
+bool attention_supports_head_dim(int64_t D);
+void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
+// dqkv overwritten (the q, k and v parts); dk and dv of a kv head sum over its query heads.
+// scratch: attention_bwd_scratch_bytes(B, T, H) bytes (rowsum(dout * out) per query row).
+size_t attention_bwd_scratch_bytes(int64_t B, int64_t T, int64_t H);
+void launch_attention_bwd(Half t, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, int64_t B, int64_t T, int64_t H,
+                   int64_t Hkv, int64_t D, void* scratch, cudaStream_t stream);
+
+}  // namespace llmtrain::kernels

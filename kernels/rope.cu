@@ -1,0 +1,119 @@
+// Rotary position embedding (RoFormer, pairs (i, i + D/2) as in Hugging Face Llama), in place
+// on heads [0, n_heads) of each row of x [N, width]; head h holds columns [h*D, (h+1)*D).
+// For row n at position p = n % seq_len and i < D/2, with c = table[p, i] and
+// s = sign * table[p, D/2 + i] (sign = -1 for the inverse rotation, which is the backward):
+//   x_i' = x_i c - x_{i+D/2} s,   x_{i+D/2}' = x_{i+D/2} c + x_i s
+// Each pair is read and written by one thread, so the update in place needs no barrier.
+// A thread rotates VEC adjacent pairs (16-byte loads when D/2, width and the pointers allow
+// it), in fp32, rounding once on the store.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/half_types.cuh"
+#include "kernels/kernels.h"
+#include "kernels/launch_check.h"
+
+namespace llmtrain::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
+
+template <class T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+    T v[VEC];
+};
+
+template <int VEC, class T>
+__device__ __forceinline__ void load_halves(float (&f)[VEC], const T* p) {
+    const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) f[i] = to_float(pk.v[i]);
+}
+
+template <int VEC, class T>
+__device__ __forceinline__ void store_halves(T* p, const float (&f)[VEC]) {
+    Pack<T, VEC> pk;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(f[i]);
+    *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+// VEC floats; 16-byte loads when VEC is a multiple of 4 (the launcher checks alignment).
+template <int VEC>
+__device__ __forceinline__ void load_table(float (&f)[VEC], const float* p) {
+    if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < VEC; i += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(p + i);
+            f[i] = q.x;
+            f[i + 1] = q.y;
+            f[i + 2] = q.z;
+            f[i + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) f[i] = p[i];
+    }
+}
+
+// One thread per (row, head, group of VEC pairs), grid-stride.
+template <class T, int VEC>
+__global__ void rope_kernel(T* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, float sign) {
+    const int64_t half = head_dim / 2;
+    const int64_t groups_per_head = half / VEC;
+    const int64_t total = N * n_heads * groups_per_head;
+    const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+    for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        const int64_t i = (idx % groups_per_head) * VEC;
+        const int64_t head_row = idx / groups_per_head;
+        const int64_t h = head_row % n_heads, n = head_row / n_heads;
+        T* x0 = x + n * width + h * head_dim + i;
+        T* x1 = x0 + half;
+        const float* cos_p = table + (n % seq_len) * head_dim + i;
+        float a[VEC], b[VEC], c[VEC], s[VEC];
+        load_halves(a, x0);
+        load_halves(b, x1);
+        load_table(c, cos_p);
+        load_table(s, cos_p + half);
+        float out0[VEC], out1[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const float sk = sign * s[k];
+            out0[k] = a[k] * c[k] - b[k] * sk;
+            out1[k] = b[k] * c[k] + a[k] * sk;
+        }
+        store_halves(x0, out0);
+        store_halves(x1, out1);
+    }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <class T, int VEC>
+void launch_rope_typed(void* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, float sign,
+                       cudaStream_t stream) {
+    const int64_t total = N * n_heads * (head_dim / 2 / VEC);
+    const auto blocks = static_cast<unsigned>(std::min(ceil_div(total, int64_t{kThreads}), kMaxBlocks));
+    rope_kernel<T, VEC><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(x), table, N, width, seq_len, n_heads, head_dim, sign);
+    check_launch("rope");
+}
+
+}  // namespace
+
+void launch_rope(Half t, void* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse,
+                 cudaStream_t stream) {
+    const int64_t half = head_dim / 2;
+    if (N <= 0 || n_heads <= 0 || half <= 0) return;
+    const float sign = inverse ? -1.0f : 1.0f;
+    // 8 pairs per thread: 16-byte loads of x (8 halves) and of the table (2 x 4 floats);
+    // head_dim % 16 keeps every head, pair and table offset on a 16-byte boundary.
+    const bool vec = head_dim % 16 == 0 && width % 8 == 0 && aligned16(x) && aligned16(table);
+    dispatch_half(t, [&]<class T>() {
+        if (vec) launch_rope_typed<T, 8>(x, table, N, width, seq_len, n_heads, head_dim, sign, stream);
+        else launch_rope_typed<T, 1>(x, table, N, width, seq_len, n_heads, head_dim, sign, stream);
+    });
+}
+
+}  // namespace llmtrain::kernels

@@ -1,0 +1,146 @@
+// The CUDA backend's set-up, memory, copies and profile; the ops are in cuda_ops.cpp.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/gemm_cublaslt.h"
+#include "core/log.h"
+
+namespace llmtrain {
+
+namespace {
+constexpr size_t kCublasWorkspaceBytes = 32u << 20;  // what cuBLASLt asks for on Hopper
+}  // namespace
+
+void check_cuda(cudaError_t status, const char* what) {
+    if (status != cudaSuccess) fail(ErrorKind::runtime, what, ": ", cudaGetErrorString(status));
+}
+
+bool cuda_backend_built() { return true; }
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+
+// Device selection: the node-local rank modulo the GPUs seen (CUDA_VISIBLE_DEVICES may
+// give each rank one GPU, which is then device 0).
+CudaBackend::CudaBackend(int device_index) {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess || count == 0)
+        fail(ErrorKind::unsupported, "train.device = \"cuda\": no usable GPU (", status != cudaSuccess ? cudaGetErrorString(status) : "no devices",
+             "); set train.device = \"cpu\" or run on a machine with a GPU and its driver");
+    device_index_ = device_index % count;
+    check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, device_index_), "cudaGetDeviceProperties");
+    device_name_ = prop.name;
+    sm_major_ = prop.major;
+    sm_minor_ = prop.minor;
+    sm_count_ = prop.multiProcessorCount;
+    if (sm_major_ < 8)
+        fail(ErrorKind::unsupported, "train.device = \"cuda\": ", device_name_, " is compute capability ", sm_major_, ".", sm_minor_,
+             "; the bf16 tensor-core kernels need 8.0 or newer (A100, H100)");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    const Memory cublas_workspace = allocate(kCublasWorkspaceBytes);
+    gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace.get(), kCublasWorkspaceBytes);
+    cublas_workspace_ = cublas_workspace;
+    sum_result_ = allocate(sizeof(double));
+}
+
+CudaBackend::~CudaBackend() {
+    cudaStreamSynchronize(stream_);
+    for (const PendingOp& p : pending_) {
+        cudaEventDestroy(p.start);
+        cudaEventDestroy(p.stop);
+    }
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    gemm_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::name() const { return cat("cuda:", device_index_, " (", device_name_, ", sm_", sm_major_, sm_minor_, ")"); }
+
+// The dense bf16 tensor-core peak of the chips we know, from their data sheets.
+double CudaBackend::peak_bf16_tflops() const {
+    const std::string& n = device_name_;
+    const auto has = [&n](const char* part) { return n.find(part) != std::string::npos; };
+    if (has("H100") || has("H200") || has("GH200")) return has("PCIe") ? 756 : 989;
+    if (has("A100")) return 312;
+    if (has("L40S")) return 362;
+    if (has("A10G") || has("A10")) return 125;
+    return 0;
+}
+
+Memory CudaBackend::allocate(size_t bytes) {
+    void* p = nullptr;
+    const size_t rounded = bytes == 0 ? 256 : (bytes + 255) / 256 * 256;
+    const cudaError_t status = cudaMalloc(&p, rounded);
+    if (status != cudaSuccess) {
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaMemGetInfo(&free_bytes, &total_bytes);
+        fail(ErrorKind::runtime, "cuda: cannot allocate ", rounded / 1e6, " MB on ", device_name_, " (", free_bytes / 1e6, " MB free of ", total_bytes / 1e6,
+             " MB; already held by this run: ", allocated_bytes_ / 1e6, " MB). Lower train.batch_size, or set train.recompute");
+    }
+    check_cuda(cudaMemset(p, 0, rounded), "cudaMemset");
+    allocated_bytes_ += rounded;
+    peak_allocated_bytes_ = std::max(peak_allocated_bytes_, allocated_bytes_);
+    return Memory(p, [this, rounded](void* q) {
+        cudaFree(q);
+        allocated_bytes_ -= rounded;
+    });
+}
+
+void CudaBackend::copy_from_host(const Tensor& dst, const void* src) {
+    if (dst.device() != Device::cuda) fail(ErrorKind::unsupported, "copy_from_host: destination is in ", llmtrain::device_name(dst.device()), " memory");
+    if (dst.numel() > 0) check_cuda(cudaMemcpyAsync(dst.raw(), src, dst.bytes(), cudaMemcpyHostToDevice, stream_), "copy_from_host");
+    // Pageable host memory: the call returns once the source is staged, so it may be reused.
+}
+
+void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
+    if (src.device() != Device::cuda) fail(ErrorKind::unsupported, "copy_to_host: source is in ", llmtrain::device_name(src.device()), " memory");
+    if (src.numel() > 0) check_cuda(cudaMemcpyAsync(dst, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, stream_), "copy_to_host");
+    check_cuda(cudaStreamSynchronize(stream_), "copy_to_host");
+}
+
+void CudaBackend::synchronize() {
+    check_cuda(cudaStreamSynchronize(stream_), "synchronize");
+    resolve_profile();
+}
+
+size_t CudaBackend::workspace_bytes() const { return workspace_size_ + kCublasWorkspaceBytes; }
+
+void* CudaBackend::workspace(size_t bytes) {
+    if (bytes <= workspace_size_) return workspace_.get();
+    // Only the first step's ops grow it: wait for the ops still using the old one.
+    check_cuda(cudaStreamSynchronize(stream_), "workspace");
+    workspace_.reset();
+    workspace_ = allocate(bytes);
+    workspace_size_ = (bytes + 255) / 256 * 256;
+    return workspace_.get();
+}
+
+cudaEvent_t CudaBackend::take_event() {
+    if (!free_events_.empty()) {
+        cudaEvent_t e = free_events_.back();
+        free_events_.pop_back();
+        return e;
+    }
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+    return e;
+}
+
+void CudaBackend::resolve_profile() {
+    for (const PendingOp& p : pending_) {
+        float ms = 0;
+        check_cuda(cudaEventElapsedTime(&ms, p.start, p.stop), "cudaEventElapsedTime");
+        const auto index = static_cast<size_t>(p.op);
+        profile_.seconds[index] += ms * 1e-3;
+        profile_.calls[index] += 1;
+        free_events_.push_back(p.start);
+        free_events_.push_back(p.stop);
+    }
+    pending_.clear();
+}
+
+}  // namespace llmtrain

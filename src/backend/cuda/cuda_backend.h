@@ -1,0 +1,106 @@
+// The CUDA backend: one GPU, one stream. Every op checks shapes and dtypes on the host, then
+// enqueues kernels (kernels/*.cu) or cuBLASLt GEMMs on the stream; nothing waits for the
+// GPU but copy_to_host, sum_squares and synchronize.
+//
+// Memory: allocate() is cudaMalloc at set-up (the model plans its activations up front);
+// ops that need scratch share one workspace, sized by the first step's largest request
+// (fixed afterwards: the shapes of a run do not grow), and cuBLASLt has its own 32 MiB.
+//
+// Profile: each op is bracketed by a pair of CUDA events; synchronize() turns the pairs
+// into per-op GPU seconds in profile(). set_profiling(false) drops the events (timed runs).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kernels/kernels.h"
+
+namespace llmtrain {
+
+class CublasLtMatmul;
+
+class CudaBackend final : public Backend {
+public:
+    explicit CudaBackend(int device_index);
+    ~CudaBackend() override;
+    CudaBackend(const CudaBackend&) = delete;
+    CudaBackend& operator=(const CudaBackend&) = delete;
+
+    std::string name() const override;
+    bool supports(Op op, DType dtype) const override;
+    Device device() const override { return Device::cuda; }
+    DType statistics_dtype(DType) const override { return DType::f32; }
+    Memory allocate(size_t bytes) override;
+    void copy_from_host(const Tensor& dst, const void* src) override;
+    void copy_to_host(void* dst, const Tensor& src) override;
+    void synchronize() override;
+    size_t workspace_bytes() const override;
+    void set_profiling(bool on) override { profiling_ = on; }
+    size_t peak_memory_bytes() const override { return peak_allocated_bytes_; }
+    double peak_bf16_tflops() const override;
+
+    void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) override;
+    void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) override;
+    void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) override;
+    void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                       const Tensor& rstd, bool accumulate_dx) override;
+    void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) override;
+    void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) override;
+    void matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override;
+    void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) override;
+    Shape attention_saved_shape(const AttentionShape& shape) const override;
+    void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) override;
+    void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& shape) override;
+    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override;
+    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override;
+    void gelu_fwd(const Tensor& out, const Tensor& x) override;
+    void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
+    void swiglu_fwd(const Tensor& out, const Tensor& x) override;
+    void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
+    void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+    void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) override;
+    void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) override;
+    void logits_row_max(const Tensor& row_max, const Tensor& logits) override;
+    void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) override;
+    void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) override;
+    void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) override;
+    double sum_squares(const Tensor& x) override;
+    void fill_zero(const Tensor& x) override;
+    void copy(const Tensor& out, const Tensor& in) override;
+
+private:
+    friend class CudaOpScope;
+    // The workspace, grown (with a synchronize) when a request is larger than it.
+    void* workspace(size_t bytes);
+    cudaEvent_t take_event();
+    void resolve_profile();
+
+    int device_index_;
+    std::string device_name_;
+    int sm_major_ = 0, sm_minor_ = 0, sm_count_ = 0;
+    cudaStream_t stream_ = nullptr;
+    Memory cublas_workspace_;
+    std::unique_ptr<CublasLtMatmul> gemm_;
+    Memory workspace_;
+    size_t workspace_size_ = 0;
+    size_t allocated_bytes_ = 0, peak_allocated_bytes_ = 0;
+    Memory sum_result_;  // one device double for sum_squares
+    bool profiling_ = true;
+    struct PendingOp {
+        Op op;
+        cudaEvent_t start, stop;
+    };
+    std::vector<PendingOp> pending_;
+    std::vector<cudaEvent_t> free_events_;
+};
+
+// Throws "<what>: <CUDA error>" unless status is cudaSuccess.
+void check_cuda(cudaError_t status, const char* what);
+
+}  // namespace llmtrain

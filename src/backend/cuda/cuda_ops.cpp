@@ -1,0 +1,497 @@
+// The CUDA backend's ops: host-side checks (shape, dtype, device memory), then the launch
+// of the kernel (kernels/*.cu) or the cuBLASLt GEMM on the backend's stream.
+#include <cmath>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm_cublaslt.h"
+#include "kernels/kernels.h"
+
+namespace llmtrain {
+
+// Brackets one op with a pair of CUDA events (when profiling) for its GPU time.
+class CudaOpScope {
+public:
+    CudaOpScope(CudaBackend& backend, Op op) : backend_(backend), op_(op) {
+        if (!backend_.profiling_) return;
+        start_ = backend_.take_event();
+        cudaEventRecord(start_, backend_.stream_);
+    }
+    ~CudaOpScope() {
+        if (!start_) return;
+        cudaEvent_t stop = backend_.take_event();
+        cudaEventRecord(stop, backend_.stream_);
+        backend_.pending_.push_back({op_, start_, stop});
+    }
+    CudaOpScope(const CudaOpScope&) = delete;
+    CudaOpScope& operator=(const CudaOpScope&) = delete;
+    const char* name() const { return op_name(op_); }
+
+private:
+    CudaBackend& backend_;
+    Op op_;
+    cudaEvent_t start_ = nullptr;
+};
+
+namespace {
+
+using kernels::Half;
+
+bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
+Half half_of(const char* op, const char* name, const Tensor& t) {
+    if (!is_half(t.dtype()))
+        fail(ErrorKind::unsupported, op, ": ", name, " has dtype ", dtype_name(t.dtype()), "; the CUDA backend computes in bf16 or f16");
+    return t.dtype() == DType::bf16 ? Half::bf16 : Half::f16;
+}
+
+void expect_device(const char* op, const char* name, const Tensor& t) {
+    if (t.device() != Device::cuda)
+        fail(ErrorKind::unsupported, op, ": ", name, " is in ", device_name(t.device()), " memory; the CUDA backend needs GPU tensors");
+}
+
+void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype) {
+    expect_shape(op, name, t, shape);
+    expect_dtype(op, name, t, dtype);
+    expect_device(op, name, t);
+}
+
+void expect_rank(const char* op, const char* name, const Tensor& t, int rank) {
+    if (t.rank() != rank) fail(ErrorKind::shape, op, ": ", name, " has shape ", t.shape().str(), ", expected rank ", rank);
+}
+
+template <class T>
+T* ptr(const Tensor& t) { return static_cast<T*>(t.raw()); }
+void* ptr_or_null(const Tensor& t) { return t.empty() ? nullptr : t.raw(); }
+
+void expect_vocab(const char* op, VocabShard shard, int64_t rows) {
+    const int64_t total = shard.total == 0 ? rows : shard.total;
+    if (shard.begin < 0 || shard.begin + rows > total)
+        fail(ErrorKind::shape, op, ": vocabulary rows [", shard.begin, ", ", shard.begin + rows, ") outside the vocabulary of ", total);
+}
+
+}  // namespace
+
+
+bool CudaBackend::supports(Op op, DType dtype) const {
+    switch (op) {
+        case Op::adamw: case Op::sum_squares: case Op::xent_combine: return dtype == DType::f32;
+        case Op::fill_zero: case Op::copy: return dtype != DType::f64;
+        default: return is_half(dtype);
+    }
+}
+
+void CudaBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) {
+    CudaOpScope scope(*this, Op::embedding_fwd);
+    const char* op = scope.name();
+    expect_rank(op, "wte", wte, 2);
+    const Half t = half_of(op, "wte", wte);
+    const int64_t N = tokens.numel(), V = wte.dim(0), C = wte.dim(1);
+    expect(op, "tokens", tokens, {N}, DType::i32);
+    expect(op, "out", out, {N, C}, wte.dtype());
+    expect_device(op, "wte", wte);
+    if (!wpe.empty()) {
+        expect(op, "wpe", wpe, {wpe.dim(0), C}, wte.dtype());
+        if (seq_len > wpe.dim(0)) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " exceeds the ", wpe.dim(0), " positions of wpe");
+    }
+    expect_vocab(op, shard, V);
+    kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, stream_);
+}
+
+void CudaBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) {
+    CudaOpScope scope(*this, Op::embedding_bwd);
+    const char* op = scope.name();
+    expect_rank(op, "dout", dout, 2);
+    const Half t = half_of(op, "dout", dout);
+    const int64_t N = tokens.numel(), C = dout.dim(1);
+    expect(op, "tokens", tokens, {N}, DType::i32);
+    expect(op, "dout", dout, {N, C}, dout.dtype());
+    int64_t V = 0;
+    if (!dwte.empty()) {
+        expect_rank(op, "dwte", dwte, 2);
+        V = dwte.dim(0);
+        expect(op, "dwte", dwte, {V, C}, DType::f32);
+        expect_vocab(op, shard, V);
+    }
+    if (!dwpe.empty()) expect(op, "dwpe", dwpe, {dwpe.dim(0), C}, DType::f32);
+    const size_t scratch_bytes = kernels::embedding_bwd_scratch_bytes(N);
+    void* scratch = workspace(scratch_bytes);
+    kernels::launch_embedding_bwd(t, static_cast<float*>(ptr_or_null(dwte)), static_cast<float*>(ptr_or_null(dwpe)), dout.raw(), ptr<int32_t>(tokens), N, C,
+                                  seq_len, shard.begin, V, scratch, scratch_bytes, stream_);
+}
+
+void CudaBackend::layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+    CudaOpScope scope(*this, Op::layernorm_fwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", x, 2);
+    const Half t = half_of(op, "x", x);
+    const int64_t N = x.dim(0), C = x.dim(1);
+    expect(op, "x", x, {N, C}, x.dtype());
+    expect(op, "out", out, {N, C}, x.dtype());
+    expect(op, "mean", mean, {N}, DType::f32);
+    expect(op, "rstd", rstd, {N}, DType::f32);
+    expect(op, "w", w, {C}, x.dtype());
+    if (!b.empty()) expect(op, "b", b, {C}, x.dtype());
+    kernels::launch_layernorm_fwd(t, out.raw(), ptr<float>(mean), ptr<float>(rstd), x.raw(), w.raw(), ptr_or_null(b), N, C, static_cast<float>(eps), stream_);
+}
+
+void CudaBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                const Tensor& rstd, bool accumulate_dx) {
+    CudaOpScope scope(*this, Op::layernorm_bwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", x, 2);
+    const Half t = half_of(op, "x", x);
+    const int64_t N = x.dim(0), C = x.dim(1);
+    expect(op, "x", x, {N, C}, x.dtype());
+    expect(op, "dx", dx, {N, C}, x.dtype());
+    expect(op, "dout", dout, {N, C}, x.dtype());
+    expect(op, "w", w, {C}, x.dtype());
+    expect(op, "mean", mean, {N}, DType::f32);
+    expect(op, "rstd", rstd, {N}, DType::f32);
+    expect(op, "dw", dw, {C}, DType::f32);
+    if (!db.empty()) expect(op, "db", db, {C}, DType::f32);
+    void* scratch = workspace(kernels::norm_bwd_scratch_bytes(N, C));
+    kernels::launch_layernorm_bwd(t, dx.raw(), ptr<float>(dw), static_cast<float*>(ptr_or_null(db)), dout.raw(), x.raw(), w.raw(), ptr<float>(mean),
+                                  ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
+}
+
+void CudaBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+    CudaOpScope scope(*this, Op::rmsnorm_fwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", x, 2);
+    const Half t = half_of(op, "x", x);
+    const int64_t N = x.dim(0), C = x.dim(1);
+    expect(op, "x", x, {N, C}, x.dtype());
+    expect(op, "out", out, {N, C}, x.dtype());
+    expect(op, "rstd", rstd, {N}, DType::f32);
+    expect(op, "w", w, {C}, x.dtype());
+    kernels::launch_rmsnorm_fwd(t, out.raw(), ptr<float>(rstd), x.raw(), w.raw(), N, C, static_cast<float>(eps), stream_);
+}
+
+void CudaBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
+    CudaOpScope scope(*this, Op::rmsnorm_bwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", x, 2);
+    const Half t = half_of(op, "x", x);
+    const int64_t N = x.dim(0), C = x.dim(1);
+    expect(op, "x", x, {N, C}, x.dtype());
+    expect(op, "dx", dx, {N, C}, x.dtype());
+    expect(op, "dout", dout, {N, C}, x.dtype());
+    expect(op, "w", w, {C}, x.dtype());
+    expect(op, "rstd", rstd, {N}, DType::f32);
+    expect(op, "dw", dw, {C}, DType::f32);
+    void* scratch = workspace(kernels::norm_bwd_scratch_bytes(N, C));
+    kernels::launch_rmsnorm_bwd(t, dx.raw(), ptr<float>(dw), dout.raw(), x.raw(), w.raw(), ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
+}
+
+// out[N, OC] = x[N, IC] w[OC, IC]^T + bias. Column-major: out^T [OC, N] = w^T... i.e.
+// D (m = OC, n = N) = op(A) B with A = w stored [IC, OC] (transposed), B = x stored [IC, N].
+void CudaBackend::matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+    CudaOpScope scope(*this, Op::matmul_fwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", x, 2);
+    expect_rank(op, "w", w, 2);
+    half_of(op, "x", x);
+    const int64_t N = x.dim(0), IC = x.dim(1), OC = w.dim(0);
+    expect(op, "x", x, {N, IC}, x.dtype());
+    expect(op, "w", w, {OC, IC}, x.dtype());
+    expect(op, "out", out, {N, OC}, x.dtype());
+    if (!bias.empty()) expect(op, "bias", bias, {OC}, x.dtype());
+    GemmCall c;
+    c.m = OC, c.n = N, c.k = IC;
+    c.transpose_a = true;
+    c.a = w.raw(), c.lda = IC;
+    c.b = x.raw(), c.ldb = IC;
+    c.d = out.raw(), c.ldd = OC;
+    c.ab_dtype = c.d_dtype = x.dtype();
+    c.bias = ptr_or_null(bias);
+    gemm_->run(c, op);
+}
+
+// dx[N, IC] = dout[N, OC] w[OC, IC]: D (m = IC, n = N) = A B with A = w stored [IC, OC],
+// B = dout stored [OC, N]. dw[OC, IC] += dout^T x: D (m = IC, n = OC) = A op(B) with
+// A = x stored [IC, N], B = dout stored [OC, N] (transposed); fp32 D, beta = 1.
+void CudaBackend::matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) {
+    CudaOpScope scope(*this, Op::matmul_bwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", x, 2);
+    expect_rank(op, "w", w, 2);
+    const Half t = half_of(op, "x", x);
+    const int64_t N = x.dim(0), IC = x.dim(1), OC = w.dim(0);
+    expect(op, "x", x, {N, IC}, x.dtype());
+    expect(op, "w", w, {OC, IC}, x.dtype());
+    expect(op, "dout", dout, {N, OC}, x.dtype());
+    if (!dx.empty()) {
+        expect(op, "dx", dx, {N, IC}, x.dtype());
+        GemmCall c;
+        c.m = IC, c.n = N, c.k = OC;
+        c.a = w.raw(), c.lda = IC;
+        c.b = dout.raw(), c.ldb = OC;
+        c.d = dx.raw(), c.ldd = IC;
+        c.ab_dtype = c.d_dtype = x.dtype();
+        gemm_->run(c, op);
+    }
+    if (!dw.empty()) {
+        expect(op, "dw", dw, {OC, IC}, DType::f32);
+        GemmCall c;
+        c.m = IC, c.n = OC, c.k = N;
+        c.transpose_b = true;
+        c.a = x.raw(), c.lda = IC;
+        c.b = dout.raw(), c.ldb = OC;
+        c.d = dw.raw(), c.ldd = IC;
+        c.ab_dtype = x.dtype();
+        c.d_dtype = DType::f32;
+        c.accumulate = true;
+        gemm_->run(c, op);
+    }
+    if (!dbias.empty()) {
+        expect(op, "dbias", dbias, {OC}, DType::f32);
+        void* scratch = workspace(kernels::bias_grad_scratch_bytes(N, OC));
+        kernels::launch_bias_grad(t, ptr<float>(dbias), dout.raw(), N, OC, scratch, stream_);
+    }
+}
+
+// Flash attention keeps only the log-sum-exp of each query row: [B, H, T] fp32.
+Shape CudaBackend::attention_saved_shape(const AttentionShape& s) const { return {s.batch, s.n_heads, s.seq_len}; }
+
+namespace {
+void expect_attention(const char* op, const AttentionShape& s) {
+    if (s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0)
+        fail(ErrorKind::shape, op, ": ", s.n_heads, " query heads do not group evenly over ", s.n_kv_heads, " key/value heads");
+    if (!kernels::attention_supports_head_dim(s.head_dim))
+        fail(ErrorKind::unsupported, op, ": head_dim ", s.head_dim, "; the flash-attention kernels take 64 or 128 (model.d_model / model.n_heads)");
+}
+}  // namespace
+
+void CudaBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) {
+    CudaOpScope scope(*this, Op::attention_fwd);
+    const char* op = scope.name();
+    expect_attention(op, s);
+    const Half t = half_of(op, "qkv", qkv);
+    expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
+    expect(op, "out", out, {s.rows(), s.out_width()}, qkv.dtype());
+    expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
+    kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, stream_);
+}
+
+void CudaBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& s) {
+    CudaOpScope scope(*this, Op::attention_bwd);
+    const char* op = scope.name();
+    expect_attention(op, s);
+    const Half t = half_of(op, "qkv", qkv);
+    expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
+    expect(op, "dqkv", dqkv, {s.rows(), s.qkv_width()}, qkv.dtype());
+    expect(op, "out", out, {s.rows(), s.out_width()}, qkv.dtype());
+    expect(op, "dout", dout, {s.rows(), s.out_width()}, qkv.dtype());
+    expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
+    void* scratch = workspace(kernels::attention_bwd_scratch_bytes(s.batch, s.seq_len, s.n_heads));
+    kernels::launch_attention_bwd(t, dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), s.batch, s.seq_len, s.n_heads, s.n_kv_heads,
+                                  s.head_dim, scratch, stream_);
+}
+
+namespace {
+void expect_rope(const char* op, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
+    expect_rank(op, "x", x, 2);
+    expect_rank(op, "table", table, 2);
+    expect(op, "table", table, {table.dim(0), head_dim}, DType::f32);
+    expect_device(op, "x", x);
+    if (head_dim % 2 != 0 || n_heads * head_dim > x.dim(1) || seq_len > table.dim(0) || seq_len < 1)
+        fail(ErrorKind::shape, op, ": ", n_heads, " heads of ", head_dim, " in rows of ", x.dim(1), ", seq_len ", seq_len, " of a ", table.dim(0),
+             "-position table");
+}
+}  // namespace
+
+void CudaBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
+    CudaOpScope scope(*this, Op::rope_fwd);
+    expect_rope(scope.name(), x, table, seq_len, n_heads, head_dim);
+    kernels::launch_rope(half_of(scope.name(), "x", x), x.raw(), ptr<float>(table), x.dim(0), x.dim(1), seq_len, n_heads, head_dim, false, stream_);
+}
+
+void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
+    CudaOpScope scope(*this, Op::rope_bwd);
+    expect_rope(scope.name(), dx, table, seq_len, n_heads, head_dim);
+    kernels::launch_rope(half_of(scope.name(), "dx", dx), dx.raw(), ptr<float>(table), dx.dim(0), dx.dim(1), seq_len, n_heads, head_dim, true, stream_);
+}
+
+void CudaBackend::gelu_fwd(const Tensor& out, const Tensor& x) {
+    CudaOpScope scope(*this, Op::gelu_fwd);
+    const char* op = scope.name();
+    const Half t = half_of(op, "x", x);
+    expect(op, "x", x, x.shape(), x.dtype());
+    expect(op, "out", out, x.shape(), x.dtype());
+    kernels::launch_gelu_fwd(t, out.raw(), x.raw(), x.numel(), stream_);
+}
+
+void CudaBackend::gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+    CudaOpScope scope(*this, Op::gelu_bwd);
+    const char* op = scope.name();
+    const Half t = half_of(op, "x", x);
+    expect(op, "x", x, x.shape(), x.dtype());
+    expect(op, "dx", dx, x.shape(), x.dtype());
+    expect(op, "dout", dout, x.shape(), x.dtype());
+    kernels::launch_gelu_bwd(t, dx.raw(), dout.raw(), x.raw(), x.numel(), stream_);
+}
+
+void CudaBackend::swiglu_fwd(const Tensor& out, const Tensor& x) {
+    CudaOpScope scope(*this, Op::swiglu_fwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", x, 2);
+    const Half t = half_of(op, "x", x);
+    if (x.dim(1) % 2 != 0) fail(ErrorKind::shape, op, ": x has shape ", x.shape().str(), ", expected [N, 2F]");
+    const int64_t N = x.dim(0), F = x.dim(1) / 2;
+    expect(op, "x", x, {N, 2 * F}, x.dtype());
+    expect(op, "out", out, {N, F}, x.dtype());
+    kernels::launch_swiglu_fwd(t, out.raw(), x.raw(), N, F, stream_);
+}
+
+void CudaBackend::swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+    CudaOpScope scope(*this, Op::swiglu_bwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", x, 2);
+    const Half t = half_of(op, "x", x);
+    if (x.dim(1) % 2 != 0) fail(ErrorKind::shape, op, ": x has shape ", x.shape().str(), ", expected [N, 2F]");
+    const int64_t N = x.dim(0), F = x.dim(1) / 2;
+    expect(op, "x", x, {N, 2 * F}, x.dtype());
+    expect(op, "dx", dx, {N, 2 * F}, x.dtype());
+    expect(op, "dout", dout, {N, F}, x.dtype());
+    kernels::launch_swiglu_bwd(t, dx.raw(), dout.raw(), x.raw(), N, F, stream_);
+}
+
+void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+    CudaOpScope scope(*this, Op::add);
+    const char* op = scope.name();
+    const Half t = half_of(op, "a", a);
+    expect(op, "a", a, a.shape(), a.dtype());
+    expect(op, "b", b, a.shape(), a.dtype());
+    expect(op, "out", out, a.shape(), a.dtype());
+    kernels::launch_add(t, out.raw(), a.raw(), b.raw(), a.numel(), stream_);
+}
+
+namespace {
+// logits [N, V] 16-bit with i32 targets [N].
+void expect_logits(const char* op, const Tensor& logits, const Tensor& targets) {
+    expect_rank(op, "logits", logits, 2);
+    half_of(op, "logits", logits);
+    expect_device(op, "logits", logits);
+    if (!targets.empty()) expect(op, "targets", targets, {logits.dim(0)}, DType::i32);
+}
+}  // namespace
+
+void CudaBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) {
+    CudaOpScope scope(*this, Op::xent_fwd);
+    const char* op = scope.name();
+    expect_logits(op, logits, targets);
+    expect(op, "losses", losses, {logits.dim(0)}, DType::f32);
+    kernels::launch_xent_fwd(half_of(op, "logits", logits), ptr<float>(losses), logits.raw(), ptr<int32_t>(targets), logits.dim(0), logits.dim(1), stream_);
+}
+
+void CudaBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) {
+    CudaOpScope scope(*this, Op::xent_bwd);
+    const char* op = scope.name();
+    expect_logits(op, logits, targets);
+    expect(op, "dlogits", dlogits, logits.shape(), logits.dtype());
+    if (!lse.empty()) expect(op, "lse", lse, {logits.dim(0)}, DType::f32);
+    else if (shard.begin != 0 || (shard.total != 0 && shard.total != logits.dim(1)))
+        fail(ErrorKind::shape, op, ": a vocabulary shard needs the full rows' lse");
+    expect_vocab(op, shard, logits.dim(1));
+    kernels::launch_xent_bwd(half_of(op, "logits", logits), dlogits.raw(), logits.raw(), ptr<int32_t>(targets), static_cast<float*>(ptr_or_null(lse)),
+                             logits.dim(0), logits.dim(1), shard.begin, static_cast<float>(dloss), stream_);
+}
+
+void CudaBackend::logits_row_max(const Tensor& row_max, const Tensor& logits) {
+    CudaOpScope scope(*this, Op::logits_row_max);
+    const char* op = scope.name();
+    expect_logits(op, logits, Tensor());
+    expect(op, "row_max", row_max, {logits.dim(0)}, DType::f32);
+    kernels::launch_logits_row_max(half_of(op, "logits", logits), ptr<float>(row_max), logits.raw(), logits.dim(0), logits.dim(1), stream_);
+}
+
+void CudaBackend::xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) {
+    CudaOpScope scope(*this, Op::xent_partial);
+    const char* op = scope.name();
+    expect_logits(op, logits, targets);
+    const int64_t N = logits.dim(0);
+    expect(op, "partial", partial, {N, 2}, DType::f32);
+    expect(op, "row_max", row_max, {N}, DType::f32);
+    expect_vocab(op, shard, logits.dim(1));
+    kernels::launch_xent_partial(half_of(op, "logits", logits), ptr<float>(partial), logits.raw(), ptr<int32_t>(targets), ptr<float>(row_max), N,
+                                 logits.dim(1), shard.begin, stream_);
+}
+
+void CudaBackend::xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) {
+    CudaOpScope scope(*this, Op::xent_combine);
+    const char* op = scope.name();
+    const int64_t N = losses.numel();
+    expect(op, "losses", losses, {N}, DType::f32);
+    expect(op, "lse", lse, {N}, DType::f32);
+    expect(op, "partial", partial, {N, 2}, DType::f32);
+    expect(op, "row_max", row_max, {N}, DType::f32);
+    kernels::launch_xent_combine(ptr<float>(losses), ptr<float>(lse), ptr<float>(partial), ptr<float>(row_max), N, stream_);
+}
+
+void CudaBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& s) {
+    CudaOpScope scope(*this, Op::adamw);
+    const char* op = scope.name();
+    if (s.step < 1) fail(ErrorKind::runtime, op, ": step ", s.step, " must be at least 1 (bias correction divides by 1 - beta^t)");
+    const Shape shape = param.shape();
+    expect(op, "param", param, shape, DType::f32);
+    expect(op, "grad", grad, shape, DType::f32);
+    expect(op, "m", m, shape, DType::f32);
+    expect(op, "v", v, shape, DType::f32);
+    Half copy_type = Half::bf16;
+    if (!param_copy.empty()) {
+        copy_type = half_of(op, "param_copy", param_copy);
+        expect(op, "param_copy", param_copy, shape, param_copy.dtype());
+    }
+    kernels::AdamWArgs a{};
+    a.lr = static_cast<float>(s.lr);
+    a.beta1 = static_cast<float>(s.beta1);
+    a.beta2 = static_cast<float>(s.beta2);
+    a.eps = static_cast<float>(s.eps);
+    a.weight_decay = static_cast<float>(s.weight_decay);
+    a.grad_scale = static_cast<float>(s.grad_scale);
+    // Bias corrections in double: 1 - beta^t loses digits in fp32 for small t.
+    a.bias_correction1 = static_cast<float>(1.0 - std::pow(s.beta1, static_cast<double>(s.step)));
+    a.bias_correction2 = static_cast<float>(1.0 - std::pow(s.beta2, static_cast<double>(s.step)));
+    kernels::launch_adamw(ptr<float>(param), ptr<float>(grad), ptr<float>(m), ptr<float>(v), ptr_or_null(param_copy), copy_type, param.numel(), a, stream_);
+}
+
+double CudaBackend::sum_squares(const Tensor& x) {
+    double result = 0;
+    {
+        CudaOpScope scope(*this, Op::sum_squares);
+        const char* op = scope.name();
+        expect(op, "x", x, x.shape(), DType::f32);
+        void* scratch = workspace(kernels::sum_squares_scratch_bytes(x.numel()));
+        kernels::launch_sum_squares(static_cast<double*>(sum_result_.get()), ptr<float>(x), x.numel(), scratch, stream_);
+    }
+    check_cuda(cudaMemcpyAsync(&result, sum_result_.get(), sizeof result, cudaMemcpyDeviceToHost, stream_), "sum_squares");
+    check_cuda(cudaStreamSynchronize(stream_), "sum_squares");
+    return result;
+}
+
+void CudaBackend::fill_zero(const Tensor& x) {
+    CudaOpScope scope(*this, Op::fill_zero);
+    expect_device(scope.name(), "x", x);
+    if (x.numel() > 0) check_cuda(cudaMemsetAsync(x.raw(), 0, x.bytes(), stream_), scope.name());
+}
+
+void CudaBackend::copy(const Tensor& out, const Tensor& in) {
+    CudaOpScope scope(*this, Op::copy);
+    const char* op = scope.name();
+    expect_device(op, "in", in);
+    expect_device(op, "out", out);
+    if (out.numel() != in.numel())
+        fail(ErrorKind::shape, op, ": out has ", out.numel(), " elements (", out.shape().str(), "), in ", in.numel(), " (", in.shape().str(), ")");
+    if (in.numel() == 0) return;
+    if (out.dtype() == in.dtype()) {
+        check_cuda(cudaMemcpyAsync(out.raw(), in.raw(), in.bytes(), cudaMemcpyDeviceToDevice, stream_), op);
+    } else if (in.dtype() == DType::f32 && is_half(out.dtype())) {
+        kernels::launch_cast_from_f32(half_of(op, "out", out), out.raw(), ptr<float>(in), in.numel(), stream_);
+    } else if (is_half(in.dtype()) && out.dtype() == DType::f32) {
+        kernels::launch_cast_to_f32(half_of(op, "in", in), ptr<float>(out), in.raw(), in.numel(), stream_);
+    } else {
+        fail(ErrorKind::unsupported, op, ": from ", dtype_name(in.dtype()), " to ", dtype_name(out.dtype()));
+    }
+}
+
+}  // namespace llmtrain

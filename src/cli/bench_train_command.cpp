@@ -1,0 +1,144 @@
+// `llmtrain bench CONFIG`: training throughput of a config on synthetic tokens, on the
+// configured device, without its data files. Warm-up steps first (plans, workspaces), then
+// timed steps with the per-op events off, then one profiled step for where the time goes.
+//
+// MFU follows PaLM (Chowdhery et al. 2022, appendix B): model FLOPs per token
+//   6 N + 12 L H Q T
+// (N parameters, L layers, H heads, Q head dimension, T sequence length), times tokens per
+// second, over the chip's dense bf16 peak. N counts every parameter, embeddings included, as
+// llm.c does; recomputation is not counted (it is hardware FLOPs, not model FLOPs).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "config/config.h"
+#include "core/log.h"
+#include "parallel/context.h"
+#include "parallel/mpi_comm.h"
+#include "train/trainer.h"
+
+namespace llmtrain {
+
+namespace {
+
+struct BenchTrainArgs {
+    std::string config_path;
+    std::vector<std::string> overrides;
+    int warmup = 3;
+    int steps = 10;
+    double peak_tflops = 0;  // 0: the device's known peak
+    int top_ops = 12;
+};
+
+double model_flops_per_token(const Config& config, double parameters) {
+    const ModelConfig& m = config.model;
+    return 6.0 * parameters + 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.head_dim() * config.train.seq_len);
+}
+
+// The peak the MFU divides by: --peak-tflops, else the GPU's data-sheet figure (0: unknown).
+double peak_tflops(const BenchTrainArgs& args, Backend& backend) {
+    if (args.peak_tflops > 0) return args.peak_tflops;
+    return backend.peak_bf16_tflops();
+}
+
+double peak_host_rss_bytes() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return static_cast<double>(usage.ru_maxrss) * 1024.0;
+}
+
+void print_top_ops(const OpProfile& profile, int top) {
+    std::vector<int> order;
+    for (int i = 0; i < op_count; ++i)
+        if (profile.calls[static_cast<size_t>(i)] > 0) order.push_back(i);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return profile.seconds[static_cast<size_t>(a)] > profile.seconds[static_cast<size_t>(b)]; });
+    const double total = profile.total_seconds();
+    std::printf("where the time goes (one profiled step, time per op family, GEMMs %.1f%%):\n", total > 0 ? 100 * profile.gemm_seconds() / total : 0.0);
+    std::printf("  %-16s %10s %8s %8s\n", "op", "ms", "calls", "share");
+    for (size_t i = 0; i < order.size() && static_cast<int>(i) < top; ++i) {
+        const auto op = static_cast<size_t>(order[i]);
+        std::printf("  %-16s %10.3f %8lld %7.1f%%\n", op_name(static_cast<Op>(order[i])), profile.seconds[op] * 1e3,
+                    static_cast<long long>(profile.calls[op]), total > 0 ? 100 * profile.seconds[op] / total : 0.0);
+    }
+}
+
+int run_bench_train(const BenchTrainArgs& args) {
+    MpiSession mpi;
+    Config config = load_config(args.config_path, args.overrides, DataFiles::unchecked);
+    config.train.steps = std::max<int64_t>(config.train.steps, args.warmup + args.steps + 1);
+    config.train.sample_tokens = 0;
+    ParallelContext ctx = launched_by_mpi() ? make_mpi_context(config.parallel) : make_single_process_context();
+    TrainerOptions options;
+    options.quiet = true;
+    options.synthetic_data = true;
+    Trainer trainer(config, options, ctx);
+    Backend& backend = trainer.backend();
+    const TrainConfig& t = config.train;
+    const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx.mesh.dp());
+    const double parameters = ctx.world->all_reduce_scalar(
+        ctx.coord().dp == 0 ? static_cast<double>(trainer.model().parameters().total_numel()) : 0.0, ReduceOp::sum);
+
+    int64_t step = 0;
+    for (int i = 0; i < args.warmup; ++i) trainer.train_step(step++);
+    backend.set_profiling(false);
+    double seconds = 0;
+    for (int i = 0; i < args.steps; ++i) seconds += trainer.train_step(step++).step_seconds;
+    backend.set_profiling(true);
+    backend.profile().reset();
+    trainer.train_step(step++);
+    const OpProfile profile = backend.profile();
+
+    if (ctx.world_rank != 0) return 0;
+    const double step_seconds = seconds / args.steps, tokens_per_second = tokens_per_step / step_seconds;
+    const double flops_per_token = model_flops_per_token(config, parameters);
+    const double tflops = flops_per_token * tokens_per_second / 1e12, per_device = tflops / ctx.mesh.world_size();
+    const double peak = peak_tflops(args, backend);
+    const RankMemory memory = trainer.memory();
+    std::printf("bench %s: %s, %s compute, %d rank(s) (tp %lld x dp %lld x pp %lld), recompute %s\n", config.source_path.c_str(), backend.name().c_str(),
+                dtype_name(trainer.compute_dtype()), ctx.mesh.world_size(), static_cast<long long>(ctx.mesh.tp()), static_cast<long long>(ctx.mesh.dp()),
+                static_cast<long long>(ctx.mesh.pp()), recompute_name(t.recompute));
+    std::printf("model: %.1fM parameters, %lld layers, %lld heads x %lld; batch %lld x %lld tokens x %lld micro-batches = %.0f tokens per step\n",
+                parameters / 1e6, static_cast<long long>(config.model.n_layers), static_cast<long long>(config.model.n_heads),
+                static_cast<long long>(config.model.head_dim()), static_cast<long long>(t.batch_size), static_cast<long long>(t.seq_len),
+                static_cast<long long>(t.grad_accum * ctx.mesh.dp()), tokens_per_step);
+    std::printf("timed: %d steps after %d warm-up steps, synthetic tokens\n", args.steps, args.warmup);
+    std::printf("%-26s %.2f\n", "ms/step", step_seconds * 1e3);
+    std::printf("%-26s %.0f\n", "tokens/s", tokens_per_second);
+    std::printf("%-26s %.3g (%.3g per device)\n", "model TFLOP/s", tflops, per_device);
+    std::printf("%-26s 6N + 12*L*H*Q*T = %.3g FLOPs per token (PaLM; N = all parameters)\n", "FLOPs formula", flops_per_token);
+    if (peak > 0) std::printf("%-26s %.1f%% of %.0f TFLOP/s dense bf16 per device\n", "MFU", 100 * per_device / peak, peak);
+    else std::printf("%-26s n/a (peak of this device unknown: pass --peak-tflops)\n", "MFU");
+    std::printf("%-26s %.1f MB planned on rank 0 (parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f, workspaces %.1f)\n",
+                "memory", memory.total() / 1e6, memory.parameter_bytes / 1e6, memory.gradient_bytes / 1e6, memory.optimizer_bytes / 1e6,
+                memory.activation_bytes / 1e6, memory.workspace_bytes / 1e6);
+    const auto device_peak = static_cast<double>(backend.peak_memory_bytes());
+    std::printf("%-26s %.1f MB (%s)\n", "peak memory", (device_peak > 0 ? device_peak : peak_host_rss_bytes()) / 1e6,
+                device_peak > 0 ? "device, allocated by this run" : "host resident set");
+    print_top_ops(profile, args.top_ops);
+    std::fflush(stdout);
+    return 0;
+}
+
+}  // namespace
+
+void register_bench_train(CLI::App& bench, CommandAction& action) {
+    auto args = std::make_shared<BenchTrainArgs>();
+    bench.add_option("config", args->config_path, "TOML config to measure (its data files are not read)")->check(CLI::ExistingFile);
+    bench.add_option("--set", args->overrides, "override a key: section.key=value (repeatable)");
+    bench.add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 10000));
+    bench.add_option("--steps", args->steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 100000));
+    bench.add_option("--peak-tflops", args->peak_tflops, "dense peak per device for MFU (default: the GPU's data-sheet bf16 figure)");
+    bench.add_option("--top", args->top_ops, "ops listed in the time breakdown")->capture_default_str()->check(CLI::Range(1, 100));
+    bench.callback([args, &action, &bench] {
+        if (bench.get_subcommands().empty()) {
+            if (args->config_path.empty()) throw CLI::RequiredError("bench needs a CONFIG or the `comm` subcommand");
+            action = [args] { return run_bench_train(*args); };
+        }
+    });
+}
+
+}  // namespace llmtrain
