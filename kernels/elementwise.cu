@@ -47,8 +47,6 @@ __device__ __forceinline__ T convert(float v) {
     }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 int grid_for(int64_t work) { return static_cast<int>(std::clamp<int64_t>(ceil_div(work, int64_t{block_threads}), 1, max_blocks)); }
 
 constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -76,9 +74,14 @@ struct Identity {
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
 
-template <class T>
-__device__ __forceinline__ Vec<T, pack_elems> load_pack(const T* p) {
-    return *reinterpret_cast<const Vec<T, pack_elems>*>(p);
+template <int W, class T>
+__device__ __forceinline__ Vec<T, W> load_vec(const T* p) {
+    return *reinterpret_cast<const Vec<T, W>*>(p);
+}
+
+template <int W, class T>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, W>& v) {
+    *reinterpret_cast<Vec<T, W>*>(p) = v;
 }
 
 // Applies op to one pack of each input and stores one pack of out. The inputs are loaded
@@ -88,7 +91,7 @@ __device__ __forceinline__ void map_pack(Out* out, Op op, Vec<In, pack_elems>...
     Vec<Out, pack_elems> r;
 #pragma unroll
     for (int k = 0; k < pack_elems; ++k) r.v[k] = convert<Out>(op(to_float(x.v[k])...));
-    *reinterpret_cast<Vec<Out, pack_elems>*>(out) = r;
+    store_vec(out, r);
 }
 
 // out[i] = op(in[i]...): packs [0, packs) of 8 elements (pointers 16-byte aligned), then
@@ -99,40 +102,43 @@ __global__ void __launch_bounds__(block_threads) map_kernel(Out* out, int64_t n,
     const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
     for (int64_t p = first; p < packs; p += stride) {
         const int64_t base = p * pack_elems;
-        map_pack(out + base, op, load_pack(in + base)...);
+        map_pack(out + base, op, load_vec<pack_elems>(in + base)...);
     }
     for (int64_t i = packs * pack_elems + first; i < n; i += stride) out[i] = convert<Out>(op(to_float(in[i])...));
 }
 
-// Items of W consecutive features of one row: row n = item / (F / W), feature f = W (item % (F / W)).
-// W = 8 needs F % 8 == 0 and 16-byte aligned pointers; W = 1 takes any F.
-template <class T, int W>
-__global__ void __launch_bounds__(block_threads) swiglu_fwd_kernel(T* out, const T* x, int64_t N, int64_t F) {
+// Calls fn(n, f, gate, up) for this thread's items (grid-stride) of W consecutive features of
+// one row: row n = item / (F / W), feature f = W (item % (F / W)); gate and up are the W values
+// at x[n, f] and x[n, F + f]. W = 8 needs F % 8 == 0 and 16-byte aligned pointers; W = 1 takes any F.
+template <int W, class T, class Fn>
+__device__ __forceinline__ void for_each_swiglu_item(const T* x, int64_t N, int64_t F, Fn&& fn) {
     const int64_t per_row = F / W, items = N * per_row;
     const int64_t stride = int64_t{gridDim.x} * blockDim.x;
     for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < items; i += stride) {
         const int64_t n = i / per_row, f = (i - n * per_row) * W;
-        const Vec<T, W> g = *reinterpret_cast<const Vec<T, W>*>(x + n * 2 * F + f);
-        const Vec<T, W> u = *reinterpret_cast<const Vec<T, W>*>(x + n * 2 * F + F + f);
+        const Vec<T, W> g = load_vec<W>(x + n * 2 * F + f);
+        const Vec<T, W> u = load_vec<W>(x + n * 2 * F + F + f);
+        fn(n, f, g, u);
+    }
+}
+
+template <class T, int W>
+__global__ void __launch_bounds__(block_threads) swiglu_fwd_kernel(T* out, const T* x, int64_t N, int64_t F) {
+    for_each_swiglu_item<W>(x, N, F, [&](int64_t n, int64_t f, const Vec<T, W>& g, const Vec<T, W>& u) {
         Vec<T, W> y;
 #pragma unroll
         for (int k = 0; k < W; ++k) {
             const float gv = to_float(g.v[k]);
             y.v[k] = from_float<T>(gv * sigmoid(gv) * to_float(u.v[k]));
         }
-        *reinterpret_cast<Vec<T, W>*>(out + n * F + f) = y;
-    }
+        store_vec(out + n * F + f, y);
+    });
 }
 
 template <class T, int W>
 __global__ void __launch_bounds__(block_threads) swiglu_bwd_kernel(T* dx, const T* dout, const T* x, int64_t N, int64_t F) {
-    const int64_t per_row = F / W, items = N * per_row;
-    const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < items; i += stride) {
-        const int64_t n = i / per_row, f = (i - n * per_row) * W;
-        const Vec<T, W> g = *reinterpret_cast<const Vec<T, W>*>(x + n * 2 * F + f);
-        const Vec<T, W> u = *reinterpret_cast<const Vec<T, W>*>(x + n * 2 * F + F + f);
-        const Vec<T, W> d = *reinterpret_cast<const Vec<T, W>*>(dout + n * F + f);
+    for_each_swiglu_item<W>(x, N, F, [&](int64_t n, int64_t f, const Vec<T, W>& g, const Vec<T, W>& u) {
+        const Vec<T, W> d = load_vec<W>(dout + n * F + f);
         Vec<T, W> dg, du;
 #pragma unroll
         for (int k = 0; k < W; ++k) {
@@ -140,9 +146,9 @@ __global__ void __launch_bounds__(block_threads) swiglu_bwd_kernel(T* dx, const 
             dg.v[k] = from_float<T>(dv * uv * sg * (1.f + gv * (1.f - sg)));
             du.v[k] = from_float<T>(dv * gv * sg);
         }
-        *reinterpret_cast<Vec<T, W>*>(dx + n * 2 * F + f) = dg;
-        *reinterpret_cast<Vec<T, W>*>(dx + n * 2 * F + F + f) = du;
-    }
+        store_vec(dx + n * 2 * F + f, dg);
+        store_vec(dx + n * 2 * F + F + f, du);
+    });
 }
 
 template <class Out, class Op, class... In>

@@ -26,55 +26,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
 
-template <class T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-    T v[VEC];
-};
-
-template <int VEC, class T>
-__device__ __forceinline__ void add_halves(float (&f)[VEC], const T* p) {
-    const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) f[i] += to_float(pk.v[i]);
-}
-
-template <int VEC, class T>
-__device__ __forceinline__ void store_halves(T* p, const float (&f)[VEC]) {
-    Pack<T, VEC> pk;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(f[i]);
-    *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
-}
-
-// VEC fp32 values; 16-byte accesses when VEC is a multiple of 4 (the launcher checks alignment).
-template <int VEC>
-__device__ __forceinline__ void load_floats(float (&f)[VEC], const float* p) {
-    if constexpr (VEC % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < VEC; i += 4) {
-            const float4 q = *reinterpret_cast<const float4*>(p + i);
-            f[i] = q.x;
-            f[i + 1] = q.y;
-            f[i + 2] = q.z;
-            f[i + 3] = q.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) f[i] = p[i];
-    }
-}
-
-template <int VEC>
-__device__ __forceinline__ void store_floats(float* p, const float (&f)[VEC]) {
-    if constexpr (VEC % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < VEC; i += 4) *reinterpret_cast<float4*>(p + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) p[i] = f[i];
-    }
-}
-
 // One thread per VEC columns of one row, grid-stride.
 template <class T, int VEC>
 __global__ void embedding_fwd_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t N, int64_t C, int64_t seq_len,
@@ -132,8 +83,6 @@ __global__ void dwpe_kernel(float* dwpe, const T* dout, int64_t N, int64_t C, in
         store_floats(dwpe + p * C + c, acc);
     }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 unsigned grid_for(int64_t work) { return static_cast<unsigned>(std::max<int64_t>(1, std::min(ceil_div(work, int64_t{kThreads}), kMaxBlocks))); }
 

@@ -32,11 +32,6 @@ constexpr int64_t max_row_blocks = 1 << 16;  // blocks loop over rows beyond thi
 constexpr int pack_elems = 8;                // 8 x 16 bits = 16 bytes
 constexpr int combine_threads = 256;
 
-template <class T>
-struct alignas(16) Pack {
-    T v[pack_elems];
-};
-
 // Elements [0, head) one at a time, then `packs` packs of 8 from a 16-byte boundary, then
 // elements [head + 8 packs, V) one at a time.
 struct RowSplit {
@@ -54,9 +49,9 @@ __device__ RowSplit split_row(const void* row, int64_t V, int64_t elem_bytes, bo
 template <class T, class Fn>
 __device__ __forceinline__ void for_each_logit(const T* row, int64_t V, RowSplit s, Fn&& fn) {
     for (int64_t v = threadIdx.x; v < s.head; v += blockDim.x) fn(v, to_float(row[v]));
-    const Pack<T>* body = reinterpret_cast<const Pack<T>*>(row + s.head);
+    const Pack<T, pack_elems>* body = reinterpret_cast<const Pack<T, pack_elems>*>(row + s.head);
     for (int64_t p = threadIdx.x; p < s.packs; p += blockDim.x) {
-        const Pack<T> x = body[p];
+        const Pack<T, pack_elems> x = body[p];
 #pragma unroll
         for (int k = 0; k < pack_elems; ++k) fn(s.head + p * pack_elems + k, to_float(x.v[k]));
     }
@@ -143,7 +138,12 @@ __global__ void __launch_bounds__(row_threads) xent_fwd_kernel(float* losses, co
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const T* row = logits + n * V;
         const MaxSum r = row_max_sum(row, V);
-        if (threadIdx.x == 0) losses[n] = r.max + logf(r.sum) - to_float(row[targets[n]]);
+        if (threadIdx.x == 0) {
+            // The host cannot check the targets without a sync: one outside [0, V) gives a NaN
+            // loss rather than a read outside the row.
+            const int64_t target = targets[n];
+            losses[n] = target >= 0 && target < V ? r.max + logf(r.sum) - to_float(row[target]) : __int_as_float(0x7fffffff);
+        }
     }
 }
 
@@ -156,11 +156,11 @@ __device__ __forceinline__ T xent_grad(int64_t v, float x, float lse, int64_t ta
 template <class T>
 __device__ void write_row_grad(T* drow, const T* row, int64_t V, RowSplit s, float lse, int64_t target, float dloss) {
     for (int64_t v = threadIdx.x; v < s.head; v += blockDim.x) drow[v] = xent_grad<T>(v, to_float(row[v]), lse, target, dloss);
-    const Pack<T>* body = reinterpret_cast<const Pack<T>*>(row + s.head);
-    Pack<T>* dbody = reinterpret_cast<Pack<T>*>(drow + s.head);
+    const Pack<T, pack_elems>* body = reinterpret_cast<const Pack<T, pack_elems>*>(row + s.head);
+    Pack<T, pack_elems>* dbody = reinterpret_cast<Pack<T, pack_elems>*>(drow + s.head);
     for (int64_t p = threadIdx.x; p < s.packs; p += blockDim.x) {
-        const Pack<T> x = body[p];
-        Pack<T> d;
+        const Pack<T, pack_elems> x = body[p];
+        Pack<T, pack_elems> d;
 #pragma unroll
         for (int k = 0; k < pack_elems; ++k) d.v[k] = xent_grad<T>(s.head + p * pack_elems + k, to_float(x.v[k]), lse, target, dloss);
         dbody[p] = d;

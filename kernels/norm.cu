@@ -6,11 +6,11 @@
 // Row statistics: one warp per row, fp32, the variance in a second pass over the row (more
 // accurate than E[x^2] - mean^2); mean and rstd are saved in fp32 and backward recomputes
 // xhat from them exactly as forward did.
-// dw and db reduce over rows. Atomics would make the sums depend on timing, so a first kernel
-// writes per-(row chunk, column) partial sums to scratch (each column summed by a fixed
-// thread over a fixed set of rows, then across the block's row groups in order) and a second
-// adds the chunks in order into dw and db. They run before dx is written, so dx may alias dout.
-#include <algorithm>
+// dw and db reduce over rows with the column sums of half_types.cuh. Atomics would make the
+// sums depend on timing, so a first kernel writes per-(row chunk, column) partial sums to
+// scratch (each column summed by a fixed thread over a fixed set of rows, then across the
+// block's row groups in order) and a second adds the chunks in order into dw and db. They run
+// before dx is written, so dx may alias dout.
 #include <cstdint>
 
 #include "kernels/half_types.cuh"
@@ -23,31 +23,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;  // rows per block in the row kernels
-// The parameter-gradient partials: blocks of 32 column threads x kRowGroups row groups; the
-// rows are split into row_chunk_count(N, C) chunks, about kTargetBlocks blocks in all.
-constexpr int kRowGroups = 8;
-constexpr int64_t kTargetBlocks = 512;
-constexpr int64_t kMinRowsPerChunk = 64;
-
-template <class T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-    T v[VEC];
-};
-
-template <int VEC, class T>
-__device__ __forceinline__ void load_halves(float (&f)[VEC], const T* p) {
-    const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) f[i] = to_float(pk.v[i]);
-}
-
-template <int VEC, class T>
-__device__ __forceinline__ void store_halves(T* p, const float (&f)[VEC]) {
-    Pack<T, VEC> pk;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(f[i]);
-    *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
-}
 
 // Butterfly sum: every lane gets the same total, in the same order.
 __device__ __forceinline__ float warp_sum(float v) {
@@ -145,79 +120,29 @@ __global__ void __launch_bounds__(kThreads) norm_bwd_dx_kernel(T* dx, const T* d
     }
 }
 
-// Block (32, kRowGroups) over columns [blockIdx.x*32*VEC, +32*VEC) and the rows of chunk
-// blockIdx.y. Thread (tx, ty) sums rows ty, ty + kRowGroups, ... of the chunk for its VEC
-// columns; the row groups are then added in order 0..kRowGroups-1. The result, written to
-// partial_w/partial_b [chunks, C], does not depend on VEC.
-template <class T, int VEC, bool LAYER, bool WANT_DB>
-__global__ void __launch_bounds__(32 * kRowGroups) norm_param_partials_kernel(float* partial_w, float* partial_b, const T* dout, const T* x,
-                                                                              const float* mean, const float* rstd, int64_t N, int64_t C,
-                                                                              int64_t rows_per_chunk) {
-    __shared__ float shared_w[kRowGroups * VEC * 32];
-    __shared__ float shared_b[WANT_DB ? kRowGroups * VEC * 32 : 1];
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int64_t c0 = (int64_t{blockIdx.x} * 32 + tx) * VEC;
-    const int64_t r0 = int64_t{blockIdx.y} * rows_per_chunk, r1 = std::min(N, r0 + rows_per_chunk);
+// The terms of dw (s = 0) and, when SUMS == 2, db (s = 1) for column_partials_kernel:
+// dout xhat and dout of row n, for the VEC columns at element offset i = n * C + c.
+template <class T, int VEC, bool LAYER, int SUMS>
+struct NormParamRows {
+    const T* dout;
+    const T* x;
+    const float* mean;
+    const float* rstd;
 
-    float acc_w[VEC] = {}, acc_b[VEC] = {};
-    if (c0 < C) {
-        for (int64_t n = r0 + ty; n < r1; n += kRowGroups) {
-            float d[VEC], v[VEC];
-            load_halves(d, dout + n * C + c0);
-            load_halves(v, x + n * C + c0);
-            const float mu = LAYER ? mean[n] : 0.0f, r = rstd[n];
+    __device__ __forceinline__ void add(float (&acc)[SUMS][VEC], int64_t n, int64_t i) const {
+        float d[VEC], v[VEC];
+        load_halves(d, dout + i);
+        load_halves(v, x + i);
+        const float mu = LAYER ? mean[n] : 0.0f, r = rstd[n];
 #pragma unroll
-            for (int i = 0; i < VEC; ++i) {
-                acc_w[i] += d[i] * ((v[i] - mu) * r);
-                if (WANT_DB) acc_b[i] += d[i];
-            }
+        for (int k = 0; k < VEC; ++k) {
+            acc[0][k] += d[k] * ((v[k] - mu) * r);
+            if constexpr (SUMS == 2) acc[1][k] += d[k];
         }
     }
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-        shared_w[(ty * VEC + i) * 32 + tx] = acc_w[i];
-        if (WANT_DB) shared_b[(ty * VEC + i) * 32 + tx] = acc_b[i];
-    }
-    __syncthreads();  // reached by every thread of the block
-    if (ty != 0 || c0 >= C) return;
-    float* out_w = partial_w + int64_t{blockIdx.y} * C + c0;
-    float* out_b = WANT_DB ? partial_b + int64_t{blockIdx.y} * C + c0 : nullptr;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-        float sw = 0.0f, sb = 0.0f;
-        for (int g = 0; g < kRowGroups; ++g) {
-            sw += shared_w[(g * VEC + i) * 32 + tx];
-            if (WANT_DB) sb += shared_b[(g * VEC + i) * 32 + tx];
-        }
-        out_w[i] = sw;
-        if (WANT_DB) out_b[i] = sb;
-    }
-}
-
-// grad[c] += sum over chunks k = 0, 1, ... of partial[k, c], one thread per column.
-__global__ void add_partials_kernel(float* grad, const float* partial, int64_t chunks, int64_t C) {
-    const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float sum = 0.0f;
-    for (int64_t k = 0; k < chunks; ++k) sum += partial[k * C + c];
-    grad[c] += sum;
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// A function of N and C only, so the sums' order does not depend on the pointers or the device.
-int64_t row_chunk_count(int64_t N, int64_t C) {
-    const int64_t column_tiles = ceil_div(C, int64_t{32 * 8});
-    const int64_t by_blocks = std::max<int64_t>(1, kTargetBlocks / column_tiles);
-    return std::max<int64_t>(1, std::min(ceil_div(N, kMinRowsPerChunk), by_blocks));
-}
+};
 
 unsigned row_blocks(int64_t N) { return static_cast<unsigned>(ceil_div(N, int64_t{kWarps})); }
-
-void launch_add_partials(float* grad, const float* partial, int64_t chunks, int64_t C, cudaStream_t stream) {
-    add_partials_kernel<<<static_cast<unsigned>(ceil_div(C, int64_t{kThreads})), kThreads, 0, stream>>>(grad, partial, chunks, C);
-    check_launch("norm_bwd add partials");
-}
 
 template <class T, int VEC, bool LAYER>
 void launch_norm_fwd_typed(void* out, float* mean, float* rstd, const void* x, const void* w, const void* b, int64_t N, int64_t C, float eps,
@@ -234,17 +159,16 @@ void launch_norm_bwd_typed(void* dx, float* dw, float* db, const void* dout, con
     const T* dout_t = static_cast<const T*>(dout);
     const T* x_t = static_cast<const T*>(x);
     if (dw || db) {
-        const int64_t chunks = row_chunk_count(N, C);
-        float* partial_w = static_cast<float*>(scratch);
-        float* partial_b = partial_w + chunks * C;
-        const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{32 * VEC})), static_cast<unsigned>(chunks));
-        const dim3 block(32, kRowGroups);
-        const int64_t rows_per_chunk = ceil_div(N, chunks);
-        if (db) norm_param_partials_kernel<T, VEC, LAYER, true><<<grid, block, 0, stream>>>(partial_w, partial_b, dout_t, x_t, mean, rstd, N, C, rows_per_chunk);
-        else norm_param_partials_kernel<T, VEC, LAYER, false><<<grid, block, 0, stream>>>(partial_w, nullptr, dout_t, x_t, mean, rstd, N, C, rows_per_chunk);
-        check_launch(LAYER ? "layernorm_bwd partials" : "rmsnorm_bwd partials");
-        if (dw) launch_add_partials(dw, partial_w, chunks, C, stream);
-        if (db) launch_add_partials(db, partial_b, chunks, C, stream);
+        // Partials [2, chunks, C]: dw's (computed even when only db is wanted), then db's.
+        float* partial = static_cast<float*>(scratch);
+        const char* partials_name = LAYER ? "layernorm_bwd partials" : "rmsnorm_bwd partials";
+        if (db) {
+            launch_column_sums<VEC, 2>({dw, db}, partial, NormParamRows<T, VEC, LAYER, 2>{dout_t, x_t, mean, rstd}, N, C, partials_name,
+                                       "norm_bwd add partials", stream);
+        } else {
+            launch_column_sums<VEC, 1>({dw}, partial, NormParamRows<T, VEC, LAYER, 1>{dout_t, x_t, mean, rstd}, N, C, partials_name,
+                                       "norm_bwd add partials", stream);
+        }
     }
     norm_bwd_dx_kernel<T, VEC, LAYER><<<row_blocks(N), kThreads, 0, stream>>>(static_cast<T*>(dx), dout_t, x_t, static_cast<const T*>(w), mean, rstd, N, C,
                                                                              accumulate_dx);
@@ -288,7 +212,7 @@ void launch_rmsnorm_fwd(Half t, void* out, float* rstd, const void* x, const voi
 // Partials for dw and db: [2, chunks, C] fp32.
 size_t norm_bwd_scratch_bytes(int64_t N, int64_t C) {
     if (N <= 0 || C <= 0) return 0;
-    return static_cast<size_t>(2 * row_chunk_count(N, C) * C) * sizeof(float);
+    return static_cast<size_t>(2 * column_chunk_count(N, C) * C) * sizeof(float);
 }
 
 void launch_layernorm_bwd(Half t, void* dx, float* dw, float* db, const void* dout, const void* x, const void* w, const float* mean, const float* rstd,

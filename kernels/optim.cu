@@ -32,12 +32,6 @@ constexpr int64_t sum_elems_per_thread = 16;  // below this much work per thread
 constexpr int finish_threads = 256;
 constexpr int warp_size = 32;
 
-// 4 Half values, stored as one 8-byte write.
-template <class T>
-struct alignas(8) Quad {
-    T v[quad];
-};
-
 __device__ __forceinline__ float adamw_param(float p, float grad, float& m, float& v, const AdamWArgs& a) {
     const float g = grad * a.grad_scale;
     m = a.beta1 * m + (1.f - a.beta1) * g;
@@ -65,7 +59,8 @@ __global__ void __launch_bounds__(adamw_threads)
         reinterpret_cast<float4*>(param)[q] = p;
         reinterpret_cast<float4*>(m)[q] = mq;
         reinterpret_cast<float4*>(v)[q] = vq;
-        if (copy) reinterpret_cast<Quad<T>*>(copy)[q] = {from_float<T>(p.x), from_float<T>(p.y), from_float<T>(p.z), from_float<T>(p.w)};
+        // The 4 rounded values as one 8-byte write.
+        if (copy) reinterpret_cast<Pack<T, quad>*>(copy)[q] = {from_float<T>(p.x), from_float<T>(p.y), from_float<T>(p.z), from_float<T>(p.w)};
     }
     for (int64_t i = quads * quad + first; i < n; i += stride) {
         float mi = m[i], vi = v[i];

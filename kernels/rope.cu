@@ -20,44 +20,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
 
-template <class T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-    T v[VEC];
-};
-
-template <int VEC, class T>
-__device__ __forceinline__ void load_halves(float (&f)[VEC], const T* p) {
-    const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) f[i] = to_float(pk.v[i]);
-}
-
-template <int VEC, class T>
-__device__ __forceinline__ void store_halves(T* p, const float (&f)[VEC]) {
-    Pack<T, VEC> pk;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(f[i]);
-    *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
-}
-
-// VEC floats; 16-byte loads when VEC is a multiple of 4 (the launcher checks alignment).
-template <int VEC>
-__device__ __forceinline__ void load_table(float (&f)[VEC], const float* p) {
-    if constexpr (VEC % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < VEC; i += 4) {
-            const float4 q = *reinterpret_cast<const float4*>(p + i);
-            f[i] = q.x;
-            f[i + 1] = q.y;
-            f[i + 2] = q.z;
-            f[i + 3] = q.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) f[i] = p[i];
-    }
-}
-
 // One thread per (row, head, group of VEC pairs), grid-stride.
 template <class T, int VEC>
 __global__ void rope_kernel(T* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, float sign) {
@@ -75,8 +37,8 @@ __global__ void rope_kernel(T* x, const float* table, int64_t N, int64_t width, 
         float a[VEC], b[VEC], c[VEC], s[VEC];
         load_halves(a, x0);
         load_halves(b, x1);
-        load_table(c, cos_p);
-        load_table(s, cos_p + half);
+        load_floats(c, cos_p);
+        load_floats(s, cos_p + half);
         float out0[VEC], out1[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -88,8 +50,6 @@ __global__ void rope_kernel(T* x, const float* table, int64_t N, int64_t width, 
         store_halves(x1, out1);
     }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <class T, int VEC>
 void launch_rope_typed(void* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, float sign,

@@ -621,6 +621,13 @@ constexpr Check kChecks[] = {
                                               : cat("\"fp32\" is the CPU backend's; train.device = \"cuda\" computes in bf16 or fp16 (allowed: auto, bf16, fp16)")};
     },
     [](const Config& c) -> std::optional<Problem> {
+        // The flash-attention kernels are instantiated for these head dimensions.
+        const int64_t d = c.model.head_dim();
+        if (c.train.device != ComputeDevice::cuda || d == 64 || d == 128) return std::nullopt;
+        return Problem{"model.n_heads", cat("gives head dimension model.d_model / model.n_heads = ", d,
+                                            "; train.device = \"cuda\" needs 64 or 128 (got ", c.model.n_heads, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
         if (c.optimizer.warmup_steps <= c.train.steps) return std::nullopt;
         return Problem{"optimizer.warmup_steps", cat("must be <= train.steps = ", c.train.steps, " (got ", c.optimizer.warmup_steps, ")")};
     },

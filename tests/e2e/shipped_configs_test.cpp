@@ -17,12 +17,16 @@ TEST(ShippedConfigs, Gpt2_124mIsValidWithDataPresent) {
     const Config c = load_config("configs/gpt2-124m.toml", {"data.train_path=data/fortunes.txt", "data.val_path=data/fortunes.txt"});
     EXPECT_EQ(c.model.d_ff, 3072);
     EXPECT_TRUE(c.model.tied_embeddings);
+    EXPECT_EQ(c.train.device, ComputeDevice::cuda);
+    EXPECT_EQ(compute_dtype(c.train), DType::bf16);
+    EXPECT_EQ(c.model.vocab_size % 128, 0);  // padded for the GEMMs
 }
 
 TEST(ShippedConfigs, Llama1bIsValidWithDataPresent) {
     const Config c = load_config("configs/llama-1b.toml", {"data.train_path=data/fortunes.txt", "data.val_path=data/fortunes.txt"});
     EXPECT_EQ(c.model.n_kv_heads, 8);
     EXPECT_EQ(c.model.head_dim(), 64);
+    EXPECT_EQ(c.train.device, ComputeDevice::cuda);
 }
 
 TEST(ShippedConfigs, Gpt2_124mWithoutItsTokenFiles_NamesTheMissingFile) {

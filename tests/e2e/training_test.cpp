@@ -62,6 +62,7 @@ TEST(Training, SelectiveAndFullRecompute_GiveBitwiseTheSameRunWithLessActivation
     for (const std::string family : {"gpt2", "llama"}) {
         Config none = small_run(family);
         none.train.sample_tokens = 0;
+        none.train.steps = 3;
         const TrainResult base = train_quietly(none);
         size_t previous_bytes = Trainer(none, TrainerOptions{"", DType::f32, true}).memory().activation_bytes;
         for (const Recompute mode : {Recompute::selective, Recompute::full}) {

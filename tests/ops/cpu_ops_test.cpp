@@ -461,3 +461,27 @@ TEST(Copy, CopiesEveryElementAndChecksTheShape) {
     EXPECT_TRUE(bitwise_equal(out, in));
     expect_error(ErrorKind::shape, {"copy", "out"}, [&] { be->copy(wrong, in); });
 }
+
+// The residual add fused into the norms' backward: accumulate_dx adds exactly what the
+// overwriting call writes (bitwise, as the separate add did).
+TEST(NormBackward, AccumulateDx_AddsTheOverwrittenResultToDx) {
+    auto be = cpu_backend();
+    const int64_t N = 5, C = 7;
+    const OwnedTensor x = random_tensor(f32, {N, C}, 81), w = random_tensor(f32, {C}, 82), dout = random_tensor(f32, {N, C}, 83);
+    const OwnedTensor out(f32, {N, C}), mean(f32, {N}), rstd(f32, {N});
+    be->layernorm_fwd(out, mean, rstd, x, w, Tensor(), 1e-5);
+    for (const bool rms : {false, true}) {
+        if (rms) be->rmsnorm_fwd(out, rstd, x, w, 1e-5);
+        const OwnedTensor fresh(f32, {N, C}), dw(f32, {C}), db(f32, {C});
+        const OwnedTensor residual = random_tensor(f32, {N, C}, 84), accumulated = copy_of(residual);
+        if (rms) {
+            be->rmsnorm_bwd(fresh, dw, dout, x, w, rstd, false);
+            be->rmsnorm_bwd(accumulated, dw, dout, x, w, rstd, true);
+        } else {
+            be->layernorm_bwd(fresh, dw, db, dout, x, w, mean, rstd, false);
+            be->layernorm_bwd(accumulated, dw, db, dout, x, w, mean, rstd, true);
+        }
+        for (int64_t i = 0; i < N * C; ++i)
+            EXPECT_EQ(accumulated.data<float>()[i], residual.data<float>()[i] + fresh.data<float>()[i]) << (rms ? "rmsnorm " : "layernorm ") << i;
+    }
+}

@@ -40,7 +40,9 @@ CudaBackend::CudaBackend(int device_index) {
     if (sm_major_ < 8)
         fail(ErrorKind::unsupported, "train.device = \"cuda\": ", device_name_, " is compute capability ", sm_major_, ".", sm_minor_,
              "; the bf16 tensor-core kernels need 8.0 or newer (A100, H100)");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // A blocking stream: the legacy default stream, which MPI staging copies and NCCL use,
+    // synchronizes with it, so transfers see every op enqueued before them.
+    check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     const Memory cublas_workspace = allocate(kCublasWorkspaceBytes);
     gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace.get(), kCublasWorkspaceBytes);
     cublas_workspace_ = cublas_workspace;
@@ -131,16 +133,24 @@ cudaEvent_t CudaBackend::take_event() {
 }
 
 void CudaBackend::resolve_profile() {
+    // Every pending pair goes back to the free list even when a timing query fails, so no
+    // event is both pending and free; the first failure is reported after the loop.
+    cudaError_t first_error = cudaSuccess;
     for (const PendingOp& p : pending_) {
         float ms = 0;
-        check_cuda(cudaEventElapsedTime(&ms, p.start, p.stop), "cudaEventElapsedTime");
-        const auto index = static_cast<size_t>(p.op);
-        profile_.seconds[index] += ms * 1e-3;
-        profile_.calls[index] += 1;
+        const cudaError_t status = cudaEventElapsedTime(&ms, p.start, p.stop);
+        if (status == cudaSuccess) {
+            const auto index = static_cast<size_t>(p.op);
+            profile_.seconds[index] += ms * 1e-3;
+            profile_.calls[index] += 1;
+        } else if (first_error == cudaSuccess) {
+            first_error = status;
+        }
         free_events_.push_back(p.start);
         free_events_.push_back(p.stop);
     }
     pending_.clear();
+    check_cuda(first_error, "cudaEventElapsedTime");
 }
 
 }  // namespace llmtrain

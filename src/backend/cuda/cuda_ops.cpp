@@ -1,6 +1,8 @@
 // The CUDA backend's ops: host-side checks (shape, dtype, device memory), then the launch
 // of the kernel (kernels/*.cu) or the cuBLASLt GEMM on the backend's stream.
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_cublaslt.h"
@@ -14,13 +16,25 @@ public:
     CudaOpScope(CudaBackend& backend, Op op) : backend_(backend), op_(op) {
         if (!backend_.profiling_) return;
         start_ = backend_.take_event();
-        cudaEventRecord(start_, backend_.stream_);
+        if (cudaEventRecord(start_, backend_.stream_) != cudaSuccess) {
+            backend_.free_events_.push_back(start_);
+            start_ = nullptr;
+        }
     }
+    // A destructor must not throw (it also runs while an op's error unwinds): a failure to
+    // get or record the stop event drops this op's timing instead.
     ~CudaOpScope() {
         if (!start_) return;
-        cudaEvent_t stop = backend_.take_event();
-        cudaEventRecord(stop, backend_.stream_);
-        backend_.pending_.push_back({op_, start_, stop});
+        try {
+            cudaEvent_t stop = backend_.take_event();
+            if (cudaEventRecord(stop, backend_.stream_) != cudaSuccess) {
+                backend_.free_events_.push_back(stop);
+                backend_.free_events_.push_back(start_);
+                return;
+            }
+            backend_.pending_.push_back({op_, start_, stop});
+        } catch (...) {
+        }
     }
     CudaOpScope(const CudaOpScope&) = delete;
     CudaOpScope& operator=(const CudaOpScope&) = delete;
@@ -63,6 +77,12 @@ template <class T>
 T* ptr(const Tensor& t) { return static_cast<T*>(t.raw()); }
 void* ptr_or_null(const Tensor& t) { return t.empty() ? nullptr : t.raw(); }
 
+// seq_len positive (rows take position n % seq_len) and within the position table, if any.
+void expect_positions(const char* op, const char* name, const Tensor& table, int64_t seq_len) {
+    if (seq_len < 1) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " must be positive");
+    if (!table.empty() && seq_len > table.dim(0)) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " exceeds the ", table.dim(0), " positions of ", name);
+}
+
 void expect_vocab(const char* op, VocabShard shard, int64_t rows) {
     const int64_t total = shard.total == 0 ? rows : shard.total;
     if (shard.begin < 0 || shard.begin + rows > total)
@@ -90,9 +110,10 @@ void CudaBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const T
     expect(op, "out", out, {N, C}, wte.dtype());
     expect_device(op, "wte", wte);
     if (!wpe.empty()) {
+        expect_rank(op, "wpe", wpe, 2);
         expect(op, "wpe", wpe, {wpe.dim(0), C}, wte.dtype());
-        if (seq_len > wpe.dim(0)) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " exceeds the ", wpe.dim(0), " positions of wpe");
     }
+    expect_positions(op, "wpe", wpe, seq_len);
     expect_vocab(op, shard, V);
     kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, stream_);
 }
@@ -112,75 +133,71 @@ void CudaBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Te
         expect(op, "dwte", dwte, {V, C}, DType::f32);
         expect_vocab(op, shard, V);
     }
-    if (!dwpe.empty()) expect(op, "dwpe", dwpe, {dwpe.dim(0), C}, DType::f32);
+    if (!dwpe.empty()) {
+        expect_rank(op, "dwpe", dwpe, 2);
+        expect(op, "dwpe", dwpe, {dwpe.dim(0), C}, DType::f32);
+    }
+    // dwpe rows [0, min(seq_len, N)) are written: seq_len must not pass its positions.
+    expect_positions(op, "dwpe", dwpe, seq_len);
     const size_t scratch_bytes = kernels::embedding_bwd_scratch_bytes(N);
     void* scratch = workspace(scratch_bytes);
     kernels::launch_embedding_bwd(t, static_cast<float*>(ptr_or_null(dwte)), static_cast<float*>(ptr_or_null(dwpe)), dout.raw(), ptr<int32_t>(tokens), N, C,
                                   seq_len, shard.begin, V, scratch, scratch_bytes, stream_);
 }
 
-void CudaBackend::layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-    CudaOpScope scope(*this, Op::layernorm_fwd);
-    const char* op = scope.name();
+namespace {
+// The tensors of a norm op: x [N, C] in 16 bits; `rows` (out, dx, dout) like x; the weight
+// (and bias) [C] like x; statistics [N] and parameter gradients [C] fp32 (each optional
+// where empty). Returns N and C.
+struct NormTensors {
+    std::initializer_list<std::pair<const char*, const Tensor*>> rows, stats, grads;
+};
+std::pair<int64_t, int64_t> expect_norm(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const NormTensors& t) {
     expect_rank(op, "x", x, 2);
-    const Half t = half_of(op, "x", x);
+    half_of(op, "x", x);
     const int64_t N = x.dim(0), C = x.dim(1);
     expect(op, "x", x, {N, C}, x.dtype());
-    expect(op, "out", out, {N, C}, x.dtype());
-    expect(op, "mean", mean, {N}, DType::f32);
-    expect(op, "rstd", rstd, {N}, DType::f32);
     expect(op, "w", w, {C}, x.dtype());
     if (!b.empty()) expect(op, "b", b, {C}, x.dtype());
+    for (const auto& [name, tensor] : t.rows) expect(op, name, *tensor, {N, C}, x.dtype());
+    for (const auto& [name, tensor] : t.stats) expect(op, name, *tensor, {N}, DType::f32);
+    for (const auto& [name, tensor] : t.grads)
+        if (!tensor->empty()) expect(op, name, *tensor, {C}, DType::f32);
+    return {N, C};
+}
+float* f32_or_null(const Tensor& t) { return static_cast<float*>(ptr_or_null(t)); }
+}  // namespace
+
+void CudaBackend::layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+    CudaOpScope scope(*this, Op::layernorm_fwd);
+    const auto [N, C] = expect_norm(scope.name(), x, w, b, {{{"out", &out}}, {{"mean", &mean}, {"rstd", &rstd}}, {}});
+    const Half t = half_of(scope.name(), "x", x);
     kernels::launch_layernorm_fwd(t, out.raw(), ptr<float>(mean), ptr<float>(rstd), x.raw(), w.raw(), ptr_or_null(b), N, C, static_cast<float>(eps), stream_);
 }
 
 void CudaBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
                                 const Tensor& rstd, bool accumulate_dx) {
     CudaOpScope scope(*this, Op::layernorm_bwd);
-    const char* op = scope.name();
-    expect_rank(op, "x", x, 2);
-    const Half t = half_of(op, "x", x);
-    const int64_t N = x.dim(0), C = x.dim(1);
-    expect(op, "x", x, {N, C}, x.dtype());
-    expect(op, "dx", dx, {N, C}, x.dtype());
-    expect(op, "dout", dout, {N, C}, x.dtype());
-    expect(op, "w", w, {C}, x.dtype());
-    expect(op, "mean", mean, {N}, DType::f32);
-    expect(op, "rstd", rstd, {N}, DType::f32);
-    expect(op, "dw", dw, {C}, DType::f32);
-    if (!db.empty()) expect(op, "db", db, {C}, DType::f32);
+    const auto [N, C] = expect_norm(scope.name(), x, w, Tensor(), {{{"dx", &dx}, {"dout", &dout}}, {{"mean", &mean}, {"rstd", &rstd}}, {{"dw", &dw}, {"db", &db}}});
+    const Half t = half_of(scope.name(), "x", x);
     void* scratch = workspace(kernels::norm_bwd_scratch_bytes(N, C));
-    kernels::launch_layernorm_bwd(t, dx.raw(), ptr<float>(dw), static_cast<float*>(ptr_or_null(db)), dout.raw(), x.raw(), w.raw(), ptr<float>(mean),
+    kernels::launch_layernorm_bwd(t, dx.raw(), f32_or_null(dw), f32_or_null(db), dout.raw(), x.raw(), w.raw(), ptr<float>(mean),
                                   ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
 }
 
 void CudaBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
     CudaOpScope scope(*this, Op::rmsnorm_fwd);
-    const char* op = scope.name();
-    expect_rank(op, "x", x, 2);
-    const Half t = half_of(op, "x", x);
-    const int64_t N = x.dim(0), C = x.dim(1);
-    expect(op, "x", x, {N, C}, x.dtype());
-    expect(op, "out", out, {N, C}, x.dtype());
-    expect(op, "rstd", rstd, {N}, DType::f32);
-    expect(op, "w", w, {C}, x.dtype());
+    const auto [N, C] = expect_norm(scope.name(), x, w, Tensor(), {{{"out", &out}}, {{"rstd", &rstd}}, {}});
+    const Half t = half_of(scope.name(), "x", x);
     kernels::launch_rmsnorm_fwd(t, out.raw(), ptr<float>(rstd), x.raw(), w.raw(), N, C, static_cast<float>(eps), stream_);
 }
 
 void CudaBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
     CudaOpScope scope(*this, Op::rmsnorm_bwd);
-    const char* op = scope.name();
-    expect_rank(op, "x", x, 2);
-    const Half t = half_of(op, "x", x);
-    const int64_t N = x.dim(0), C = x.dim(1);
-    expect(op, "x", x, {N, C}, x.dtype());
-    expect(op, "dx", dx, {N, C}, x.dtype());
-    expect(op, "dout", dout, {N, C}, x.dtype());
-    expect(op, "w", w, {C}, x.dtype());
-    expect(op, "rstd", rstd, {N}, DType::f32);
-    expect(op, "dw", dw, {C}, DType::f32);
+    const auto [N, C] = expect_norm(scope.name(), x, w, Tensor(), {{{"dx", &dx}, {"dout", &dout}}, {{"rstd", &rstd}}, {{"dw", &dw}}});
+    const Half t = half_of(scope.name(), "x", x);
     void* scratch = workspace(kernels::norm_bwd_scratch_bytes(N, C));
-    kernels::launch_rmsnorm_bwd(t, dx.raw(), ptr<float>(dw), dout.raw(), x.raw(), w.raw(), ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
+    kernels::launch_rmsnorm_bwd(t, dx.raw(), f32_or_null(dw), dout.raw(), x.raw(), w.raw(), ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
 }
 
 // out[N, OC] = x[N, IC] w[OC, IC]^T + bias. Column-major: out^T [OC, N] = w^T... i.e.
@@ -367,12 +384,18 @@ void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 namespace {
-// logits [N, V] 16-bit with i32 targets [N].
-void expect_logits(const char* op, const Tensor& logits, const Tensor& targets) {
+// logits [N, V >= 1] 16-bit.
+void expect_logits(const char* op, const Tensor& logits) {
     expect_rank(op, "logits", logits, 2);
     half_of(op, "logits", logits);
     expect_device(op, "logits", logits);
-    if (!targets.empty()) expect(op, "targets", targets, {logits.dim(0)}, DType::i32);
+    if (logits.dim(1) < 1) fail(ErrorKind::shape, op, ": logits has shape ", logits.shape().str(), ", expected at least one class");
+}
+
+// logits [N, V] with i32 targets [N] (required: the kernels read targets[n] for every row).
+void expect_logits(const char* op, const Tensor& logits, const Tensor& targets) {
+    expect_logits(op, logits);
+    expect(op, "targets", targets, {logits.dim(0)}, DType::i32);
 }
 }  // namespace
 
@@ -400,7 +423,7 @@ void CudaBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Te
 void CudaBackend::logits_row_max(const Tensor& row_max, const Tensor& logits) {
     CudaOpScope scope(*this, Op::logits_row_max);
     const char* op = scope.name();
-    expect_logits(op, logits, Tensor());
+    expect_logits(op, logits);
     expect(op, "row_max", row_max, {logits.dim(0)}, DType::f32);
     kernels::launch_logits_row_max(half_of(op, "logits", logits), ptr<float>(row_max), logits.raw(), logits.dim(0), logits.dim(1), stream_);
 }

@@ -92,6 +92,9 @@ CublasLtMatmul::Plan CublasLtMatmul::build(const GemmCall& c, const Key& key, co
 
 void CublasLtMatmul::run(const GemmCall& c, const char* op) {
     if (c.m == 0 || c.n == 0) return;
+    // k = 0 with beta = 1 (dw += dout^T x over no rows) leaves D as it is; cuBLASLt may reject
+    // an empty inner dimension, so skip it.
+    if (c.k == 0 && c.accumulate && !c.bias) return;
     Plan& p = plan_for(c, op);
     if (c.bias) check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias), op, "bias pointer");
     const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;

@@ -1,0 +1,1115 @@
+// Every Backend op of the CUDA backend (bf16, and f16 for a subset) against the CPU f32
+// reference, forward and backward, at shapes on the alignment edges: one row, odd row counts
+// and sequence lengths (1, 7, 33), widths that are not a multiple of 8 (6, 10, 37, 1000) and
+// widths that are (64, 768), vocabularies of 37, 1000 and 50257, head dims 64 and 128, MHA,
+// GQA and MQA. Inputs are rounded to the 16-bit type on the host before either backend sees
+// them (gpu_test_util.h), so the comparisons measure the GPU's arithmetic and its output
+// rounding; the tolerances, and why, are next to their definitions there.
+// Also: the conversions of copy() bit for bit, the kernels' determinism (two runs, bitwise
+// the same), in-place and misaligned calls. Each test is SKIPPED without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "gpu/gpu_test_util.h"
+
+using namespace llmtrain;
+using namespace llmtrain::gpu_test;
+using llmtrain::test::copy_of;
+using llmtrain::test::random_tensor;
+using llmtrain::test::random_tokens;
+
+namespace {
+
+constexpr DType bf16 = DType::bf16;
+constexpr DType f16 = DType::f16;
+constexpr DType f32 = DType::f32;
+constexpr DType i32 = DType::i32;
+constexpr double kNormEps = 1e-5;
+
+// ---- host-side references and data ----
+
+// Columns [begin, begin + count) of a host f32 matrix, as a copy.
+OwnedTensor column_block(const Tensor& t, int64_t begin, int64_t count) {
+    OwnedTensor out(f32, {t.dim(0), count});
+    for (int64_t r = 0; r < t.dim(0); ++r)
+        for (int64_t c = 0; c < count; ++c) out.data<float>()[r * count + c] = t.data<float>()[r * t.dim(1) + begin + c];
+    return out;
+}
+
+// Per row of a host f32 matrix: the max, and the logsumexp (in double, stored as f32).
+OwnedTensor row_max_of(const Tensor& logits) {
+    OwnedTensor out(f32, {logits.dim(0)});
+    const int64_t V = logits.dim(1);
+    for (int64_t n = 0; n < logits.dim(0); ++n) {
+        float m = logits.data<float>()[n * V];
+        for (int64_t v = 1; v < V; ++v) m = std::max(m, logits.data<float>()[n * V + v]);
+        out.data<float>()[n] = m;
+    }
+    return out;
+}
+
+OwnedTensor row_logsumexp_of(const Tensor& logits) {
+    OwnedTensor out(f32, {logits.dim(0)});
+    const OwnedTensor mx = row_max_of(logits);
+    const int64_t V = logits.dim(1);
+    for (int64_t n = 0; n < logits.dim(0); ++n) {
+        const double m = mx.data<float>()[n];
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(logits.data<float>()[n * V + v]) - m);
+        out.data<float>()[n] = static_cast<float>(m + std::log(sum));
+    }
+    return out;
+}
+
+// Targets over the full vocabulary with rows 0-3 pinned to the edges of the shard
+// [begin, begin + rows): its first and last column and the columns just outside it.
+OwnedTensor shard_edge_targets(int64_t N, int64_t vocab, int64_t begin, int64_t rows, uint64_t seed) {
+    OwnedTensor t = random_tokens(N, vocab, seed);
+    int32_t* p = t.data<int32_t>();
+    const int64_t edges[] = {begin, begin + rows - 1, begin - 1, begin + rows};
+    for (int64_t i = 0; i < 4 && i < N; ++i)
+        if (edges[i] >= 0 && edges[i] < vocab) p[i] = static_cast<int32_t>(edges[i]);
+    return t;
+}
+
+// The log-sum-exp of each causal attention row, [B, H, T] in double: what CUDA's attention
+// saves for the backward.
+std::vector<double> attention_lse(const Tensor& qkv, const AttentionShape& s) {
+    const float* x = qkv.data<float>();
+    const int64_t W = s.qkv_width(), D = s.head_dim, T = s.seq_len, group = s.n_heads / s.n_kv_heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    std::vector<double> lse(static_cast<size_t>(s.batch * s.n_heads * T)), scores(static_cast<size_t>(T));
+    for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t h = 0; h < s.n_heads; ++h)
+            for (int64_t t = 0; t < T; ++t) {
+                const float* q = x + (b * T + t) * W + h * D;
+                double m = -std::numeric_limits<double>::infinity();
+                for (int64_t j = 0; j <= t; ++j) {
+                    const float* k = x + (b * T + j) * W + (s.n_heads + h / group) * D;
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(q[d]) * static_cast<double>(k[d]);
+                    scores[static_cast<size_t>(j)] = dot * scale;
+                    m = std::max(m, dot * scale);
+                }
+                double sum = 0;
+                for (int64_t j = 0; j <= t; ++j) sum += std::exp(scores[static_cast<size_t>(j)] - m);
+                lse[static_cast<size_t>((b * s.n_heads + h) * T + t)] = m + std::log(sum);
+            }
+    return lse;
+}
+
+std::string describe(const AttentionShape& s) {
+    return cat("B ", s.batch, " T ", s.seq_len, " H ", s.n_heads, " Hkv ", s.n_kv_heads, " D ", s.head_dim);
+}
+
+float float_of_bits(uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+uint32_t bits_of(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    return bits;
+}
+
+// f32 values for the conversions to 16 bits: random bit patterns (every finite exponent,
+// f32 subnormals included), values across f16's range (its subnormals and overflow), the
+// ties of both formats (round to nearest even) and the signed zeros, infinities and extremes.
+std::vector<float> conversion_inputs(uint64_t seed) {
+    std::vector<float> v;
+    std::mt19937_64 rng(seed);
+    while (v.size() < 4000) {
+        const auto bits = static_cast<uint32_t>(rng());
+        if ((bits & 0x7f800000u) != 0x7f800000u) v.push_back(float_of_bits(bits));
+    }
+    for (int i = 0; i < 4000; ++i) {
+        const double mantissa = 1.0 + static_cast<double>(rng() >> 11) * 0x1.0p-53;
+        const int exponent = static_cast<int>(rng() % 46) - 28;  // 2^-28 .. 2^17
+        v.push_back(static_cast<float>((rng() % 2 ? -1.0 : 1.0) * std::ldexp(mantissa, exponent)));
+    }
+    // bf16 ties (low 16 bits exactly 0x8000) below even and odd upper halves, and their neighbours.
+    for (uint32_t upper : {0x3f80u, 0x3f81u, 0x4049u, 0xc0a3u, 0x7f7eu, 0x7f7fu, 0x0001u, 0x0080u})
+        for (uint32_t low : {0x7fffu, 0x8000u, 0x8001u}) v.push_back(float_of_bits(upper << 16 | low));
+    // f16 ties: between 1 and 1 + 2^-10, 1 + 2^-10 and 1 + 2^-9, 2048 and 2050, the largest
+    // finite and infinity, and among the subnormals (steps of 2^-24).
+    for (double x : {1.0 + 0x1.0p-11, 1.0 + 3 * 0x1.0p-11, 2049.0, 2051.0, 65519.0, 65520.0, 65504.0, 65505.0, 0x1.0p-25, 3 * 0x1.0p-25, 5 * 0x1.0p-25,
+                     0x1.0p-14, 0x1.ffcp-15, 0x1.0p-24, 0x1.8p-24})
+        for (double sign : {1.0, -1.0}) v.push_back(static_cast<float>(sign * x));
+    for (float x : {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(),
+                    -std::numeric_limits<float>::max(), std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min()})
+        v.push_back(x);
+    return v;
+}
+
+bool is_nan_16(DType dtype, uint16_t b) { return (b & 0x7fffu) > (dtype == bf16 ? 0x7f80u : 0x7c00u); }
+
+// A device tensor inside a buffer with one guard element on each side: the view starts one
+// element (2 or 4 bytes) past a 256-byte boundary, so the kernels take their unaligned path,
+// and the guards, set to 7, show any write outside the view.
+struct GuardedTensor {
+    OwnedTensor buffer;
+    Tensor view;
+};
+
+constexpr float kGuard = 7.0f;  // exact in every type
+
+GuardedTensor guarded(Backend& be, DType dtype, Shape shape) {
+    OwnedTensor buffer = device_tensor(be, dtype, {shape.numel() + 2});
+    upload_into(be, buffer, test::filled(f32, {shape.numel() + 2}, kGuard));
+    const Tensor view = offset_view(buffer, 1, shape);
+    return {std::move(buffer), view};
+}
+
+void expect_guards_intact(const std::string& name, Backend& be, const GuardedTensor& g) {
+    const std::vector<double> all = download(be, g.buffer);
+    EXPECT_EQ(all.front(), kGuard) << name << ": the element before the view was written";
+    EXPECT_EQ(all.back(), kGuard) << name << ": the element after the view was written";
+}
+
+// ---- the op checks ----
+
+struct EmbeddingCase {
+    int64_t batch, seq_len, vocab, channels;
+    bool positions;
+    VocabShard shard{};      // total = 0: wte holds the whole vocabulary
+    int64_t shard_rows = 0;  // rows of wte when sharded
+
+    int64_t rows() const { return shard.total ? shard_rows : vocab; }
+    std::string str() const {
+        return cat("B ", batch, " T ", seq_len, " V ", vocab, " C ", channels, positions ? " with wpe" : " without wpe", " shard [", shard.begin, ", ",
+                   shard.begin + rows(), ")");
+    }
+};
+
+const std::vector<EmbeddingCase> kEmbeddingCases = {
+    {1, 1, 37, 6, true},      {3, 7, 37, 10, true},      {2, 33, 37, 64, false},         {4, 128, 37, 768, true},  // many repeats of each token
+    {2, 64, 1000, 768, true}, {7, 33, 1000, 10, false},  {2, 33, 37, 64, false, {17, 37}, 20},                    // a shard at the end
+    {3, 7, 37, 10, true, {10, 37}, 13},                  {4, 32, 1000, 768, false, {300, 1000}, 357},             // shards in the middle
+};
+
+struct MatmulCase {
+    int64_t N, IC, OC;
+    bool bias;
+    std::string str() const { return cat("N ", N, " IC ", IC, " OC ", OC, bias ? " with bias" : " without bias"); }
+};
+
+const std::vector<MatmulCase> kMatmulCases = {
+    {1, 6, 10, true}, {7, 10, 6, false}, {33, 64, 37, true}, {128, 768, 64, false}, {200, 768, 768, true}, {512, 64, 1000, true}, {5, 1000, 7, true},
+};
+
+const std::vector<AttentionShape> kAttentionShapes = {
+    {2, 1, 4, 4, 64},   // one token: out is the value head
+    {2, 7, 4, 2, 64},   // GQA, a partial tile
+    {1, 33, 4, 1, 64},  // MQA
+    {2, 64, 4, 4, 64},  // exactly one tile
+    {1, 65, 4, 2, 128}, // one past a tile
+    {2, 128, 4, 2, 128},
+    {1, 100, 2, 1, 128},
+};
+
+struct NormCase {
+    int64_t N, C;
+};
+const std::vector<NormCase> kNormCases = {{1, 6}, {7, 10}, {33, 64}, {512, 768}, {9, 1000}, {64, 768}, {3, 2050}};
+
+class CudaOps : public CudaVsCpuTest {
+protected:
+    void embedding_fwd_case(DType dt, const EmbeddingCase& c, uint64_t seed) {
+        SCOPED_TRACE(c.str());
+        const int64_t N = c.batch * c.seq_len, C = c.channels;
+        const OwnedTensor tokens = random_tokens(N, c.vocab, seed);
+        const OwnedTensor wte = random_input(dt, {c.rows(), C}, seed + 1), wpe = random_input(dt, {c.seq_len + 2, C}, seed + 2);
+        const OwnedTensor out(f32, {N, C});
+        cpu().embedding_fwd(out, tokens, wte, c.positions ? wpe.view() : Tensor(), c.seq_len, c.shard);
+
+        const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_wte = to_device(gpu(), wte, dt), g_wpe = to_device(gpu(), wpe, dt);
+        const OwnedTensor g_out = device_tensor(gpu(), dt, {N, C});
+        gpu().embedding_fwd(g_out, g_tokens, g_wte, c.positions ? g_wpe.view() : Tensor(), c.seq_len, c.shard);
+        // A row of wte plus a row of wpe in fp32, rounded once.
+        expect_matches("out", gpu(), g_out, out, elementwise_tolerance(dt));
+    }
+
+    // The gradients start from random values: the op must add into them. The comparison is
+    // exact: embedding.cu sums each token's (and position's) rows in row order, starting from
+    // the gradient's old value, in fp32 as the CPU reference does, from the same 16-bit dout.
+    void embedding_bwd_case(DType dt, const EmbeddingCase& c, uint64_t seed) {
+        SCOPED_TRACE(c.str());
+        const int64_t N = c.batch * c.seq_len, C = c.channels, positions = c.seq_len + 2;  // positions past seq_len get nothing
+        const OwnedTensor tokens = random_tokens(N, c.vocab, seed), dout = random_input(dt, {N, C}, seed + 1);
+        const OwnedTensor dwte0 = random_tensor(f32, {c.rows(), C}, seed + 2), dwpe0 = random_tensor(f32, {positions, C}, seed + 3);
+        const OwnedTensor dwte = copy_of(dwte0), dwpe = copy_of(dwpe0);
+        cpu().embedding_bwd(dwte, c.positions ? dwpe.view() : Tensor(), dout, tokens, c.seq_len, c.shard);
+
+        const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_dout = to_device(gpu(), dout, dt);
+        const OwnedTensor g_dwte = to_device(gpu(), dwte0, f32), g_dwpe = to_device(gpu(), dwpe0, f32);
+        gpu().embedding_bwd(g_dwte, c.positions ? g_dwpe.view() : Tensor(), g_dout, g_tokens, c.seq_len, c.shard);
+        expect_matches("dwte", gpu(), g_dwte, dwte, Tolerance{0, 0});
+        expect_matches("dwpe", gpu(), g_dwpe, dwpe, Tolerance{0, 0});  // untouched without positions
+    }
+
+    void layernorm_fwd_case(DType dt, NormCase c, bool bias, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", c.N, " C ", c.C, bias ? " with bias" : " without bias"));
+        const OwnedTensor x = random_input(dt, {c.N, c.C}, seed, -2, 3), w = random_input(dt, {c.C}, seed + 1, -1.5, 1.5);
+        const OwnedTensor b = random_input(dt, {c.C}, seed + 2);
+        const OwnedTensor out(f32, {c.N, c.C}), mean(f32, {c.N}), rstd(f32, {c.N});
+        cpu().layernorm_fwd(out, mean, rstd, x, w, bias ? b.view() : Tensor(), kNormEps);
+
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_w = to_device(gpu(), w, dt), g_b = to_device(gpu(), b, dt);
+        const OwnedTensor g_out = device_tensor(gpu(), dt, {c.N, c.C}), g_mean = device_tensor(gpu(), f32, {c.N}), g_rstd = device_tensor(gpu(), f32, {c.N});
+        gpu().layernorm_fwd(g_out, g_mean, g_rstd, g_x, g_w, bias ? g_b.view() : Tensor(), kNormEps);
+        expect_matches("out", gpu(), g_out, out, elementwise_tolerance(dt));
+        expect_matches("mean", gpu(), g_mean, mean, f32_sum_tolerance);
+        expect_matches("rstd", gpu(), g_rstd, rstd, f32_sum_tolerance);
+    }
+
+    // Both backwards read the CPU forward's mean and rstd, so the comparison is of the
+    // backward alone. dx starts from random values: kept and added to when accumulating,
+    // overwritten otherwise; dw and db start from random values and are added to.
+    void layernorm_bwd_case(DType dt, NormCase c, bool bias, bool accumulate, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", c.N, " C ", c.C, bias ? " with db" : " without db", accumulate ? ", accumulating dx" : ", overwriting dx"));
+        const OwnedTensor x = random_input(dt, {c.N, c.C}, seed, -2, 3), w = random_input(dt, {c.C}, seed + 1, -1.5, 1.5);
+        const OwnedTensor dout = random_input(dt, {c.N, c.C}, seed + 2), dx0 = random_input(dt, {c.N, c.C}, seed + 3);
+        const OwnedTensor dw0 = random_tensor(f32, {c.C}, seed + 4), db0 = random_tensor(f32, {c.C}, seed + 5);
+        const OwnedTensor out(f32, {c.N, c.C}), mean(f32, {c.N}), rstd(f32, {c.N});
+        cpu().layernorm_fwd(out, mean, rstd, x, w, Tensor(), kNormEps);
+        const OwnedTensor dx = copy_of(dx0), dw = copy_of(dw0), db = copy_of(db0);
+        cpu().layernorm_bwd(dx, dw, bias ? db.view() : Tensor(), dout, x, w, mean, rstd, accumulate);
+
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_w = to_device(gpu(), w, dt), g_dout = to_device(gpu(), dout, dt);
+        const OwnedTensor g_mean = to_device(gpu(), mean, f32), g_rstd = to_device(gpu(), rstd, f32);
+        const OwnedTensor g_dx = to_device(gpu(), dx0, dt), g_dw = to_device(gpu(), dw0, f32), g_db = to_device(gpu(), db0, f32);
+        gpu().layernorm_bwd(g_dx, g_dw, bias ? g_db.view() : Tensor(), g_dout, g_x, g_w, g_mean, g_rstd, accumulate);
+        expect_matches("dx", gpu(), g_dx, dx, elementwise_tolerance(dt));
+        expect_matches("dw", gpu(), g_dw, dw, f32_sum_tolerance);
+        expect_matches("db", gpu(), g_db, db, f32_sum_tolerance);  // untouched without bias
+    }
+
+    void rmsnorm_fwd_case(DType dt, NormCase c, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", c.N, " C ", c.C));
+        const OwnedTensor x = random_input(dt, {c.N, c.C}, seed, -2, 3), w = random_input(dt, {c.C}, seed + 1, -1.5, 1.5);
+        const OwnedTensor out(f32, {c.N, c.C}), rstd(f32, {c.N});
+        cpu().rmsnorm_fwd(out, rstd, x, w, kNormEps);
+
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_w = to_device(gpu(), w, dt);
+        const OwnedTensor g_out = device_tensor(gpu(), dt, {c.N, c.C}), g_rstd = device_tensor(gpu(), f32, {c.N});
+        gpu().rmsnorm_fwd(g_out, g_rstd, g_x, g_w, kNormEps);
+        expect_matches("out", gpu(), g_out, out, elementwise_tolerance(dt));
+        expect_matches("rstd", gpu(), g_rstd, rstd, f32_sum_tolerance);
+    }
+
+    void rmsnorm_bwd_case(DType dt, NormCase c, bool accumulate, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", c.N, " C ", c.C, accumulate ? ", accumulating dx" : ", overwriting dx"));
+        const OwnedTensor x = random_input(dt, {c.N, c.C}, seed, -2, 3), w = random_input(dt, {c.C}, seed + 1, -1.5, 1.5);
+        const OwnedTensor dout = random_input(dt, {c.N, c.C}, seed + 2), dx0 = random_input(dt, {c.N, c.C}, seed + 3);
+        const OwnedTensor dw0 = random_tensor(f32, {c.C}, seed + 4);
+        const OwnedTensor out(f32, {c.N, c.C}), rstd(f32, {c.N});
+        cpu().rmsnorm_fwd(out, rstd, x, w, kNormEps);
+        const OwnedTensor dx = copy_of(dx0), dw = copy_of(dw0);
+        cpu().rmsnorm_bwd(dx, dw, dout, x, w, rstd, accumulate);
+
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_w = to_device(gpu(), w, dt), g_dout = to_device(gpu(), dout, dt);
+        const OwnedTensor g_rstd = to_device(gpu(), rstd, f32), g_dx = to_device(gpu(), dx0, dt), g_dw = to_device(gpu(), dw0, f32);
+        gpu().rmsnorm_bwd(g_dx, g_dw, g_dout, g_x, g_w, g_rstd, accumulate);
+        expect_matches("dx", gpu(), g_dx, dx, elementwise_tolerance(dt));
+        expect_matches("dw", gpu(), g_dw, dw, f32_sum_tolerance);
+    }
+
+    void matmul_fwd_case(DType dt, const MatmulCase& c, uint64_t seed) {
+        SCOPED_TRACE(c.str());
+        const OwnedTensor x = random_input(dt, {c.N, c.IC}, seed), w = random_input(dt, {c.OC, c.IC}, seed + 1), bias = random_input(dt, {c.OC}, seed + 2);
+        const OwnedTensor out(f32, {c.N, c.OC});
+        cpu().matmul_fwd(out, x, w, c.bias ? bias.view() : Tensor());
+
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_w = to_device(gpu(), w, dt), g_bias = to_device(gpu(), bias, dt);
+        const OwnedTensor g_out = device_tensor(gpu(), dt, {c.N, c.OC});
+        gpu().matmul_fwd(g_out, g_x, g_w, c.bias ? g_bias.view() : Tensor());
+        expect_matches("out", gpu(), g_out, out, gemm_tolerance(dt));
+    }
+
+    // dx starts from random values (it must be overwritten), dw and dbias too (added to).
+    // with_dx false: the call without dx (the first layer's input needs no gradient).
+    void matmul_bwd_case(DType dt, const MatmulCase& c, bool with_dx, uint64_t seed) {
+        SCOPED_TRACE(c.str() + (with_dx ? ", with dx" : ", without dx"));
+        const OwnedTensor x = random_input(dt, {c.N, c.IC}, seed), w = random_input(dt, {c.OC, c.IC}, seed + 1);
+        const OwnedTensor dout = random_input(dt, {c.N, c.OC}, seed + 2), dx0 = random_input(dt, {c.N, c.IC}, seed + 3);
+        const OwnedTensor dw0 = random_tensor(f32, {c.OC, c.IC}, seed + 4), db0 = random_tensor(f32, {c.OC}, seed + 5);
+        const OwnedTensor dx = copy_of(dx0), dw = copy_of(dw0), db = copy_of(db0);
+        cpu().matmul_bwd(with_dx ? dx.view() : Tensor(), dw, c.bias ? db.view() : Tensor(), dout, x, w);
+
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_w = to_device(gpu(), w, dt), g_dout = to_device(gpu(), dout, dt);
+        const OwnedTensor g_dx = to_device(gpu(), dx0, dt), g_dw = to_device(gpu(), dw0, f32), g_db = to_device(gpu(), db0, f32);
+        gpu().matmul_bwd(with_dx ? g_dx.view() : Tensor(), g_dw, c.bias ? g_db.view() : Tensor(), g_dout, g_x, g_w);
+        if (with_dx) expect_matches("dx", gpu(), g_dx, dx, gemm_tolerance(dt));
+        expect_matches("dw", gpu(), g_dw, dw, f32_gemm_tolerance);
+        expect_matches("dbias", gpu(), g_db, db, f32_sum_tolerance);  // untouched without bias
+    }
+
+    // Each backend keeps its own saved values (the CPU its probabilities [B, H, T, T], CUDA the
+    // log-sum-exps [B, H, T]); CUDA's are checked against a double-precision reference.
+    void attention_fwd_case(DType dt, const AttentionShape& s, uint64_t seed) {
+        SCOPED_TRACE(describe(s));
+        const OwnedTensor qkv = random_input(dt, {s.rows(), s.qkv_width()}, seed, -2, 2);
+        const OwnedTensor out(f32, {s.rows(), s.out_width()}), saved(f32, cpu().attention_saved_shape(s));
+        cpu().attention_fwd(out, saved, qkv, s);
+
+        ASSERT_EQ(gpu().attention_saved_shape(s), Shape({s.batch, s.n_heads, s.seq_len}));
+        ASSERT_EQ(gpu().statistics_dtype(dt), f32);
+        const OwnedTensor g_qkv = to_device(gpu(), qkv, dt), g_out = device_tensor(gpu(), dt, {s.rows(), s.out_width()});
+        const OwnedTensor g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
+        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        expect_matches("out", gpu(), g_out, out, attention_tolerance(dt));
+        expect_matches("lse", download(gpu(), g_saved), attention_lse(qkv, s), f32_sum_tolerance);
+    }
+
+    // Each backend's backward reads its own forward's out and saved values. dq, dk and dv are
+    // compared apart (their magnitudes differ), each relative to the larger of its own largest
+    // magnitude and 1% of the whole gradient's: at T = 1 dq and dk are zero by the math
+    // (dS = P (dP - Delta) with P = 1 and Delta = dP) and only rounding noise is left.
+    void attention_bwd_case(DType dt, const AttentionShape& s, uint64_t seed) {
+        SCOPED_TRACE(describe(s));
+        const int64_t W = s.qkv_width(), H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
+        const OwnedTensor qkv = random_input(dt, {s.rows(), W}, seed, -2, 2), dout = random_input(dt, {s.rows(), s.out_width()}, seed + 1);
+        const OwnedTensor dqkv0 = random_input(dt, {s.rows(), W}, seed + 2);  // overwritten
+        const OwnedTensor out(f32, {s.rows(), s.out_width()}), saved(f32, cpu().attention_saved_shape(s)), dqkv(f32, {s.rows(), W});
+        cpu().attention_fwd(out, saved, qkv, s);
+        cpu().attention_bwd(dqkv, dout, qkv, out, saved, s);
+
+        const OwnedTensor g_qkv = to_device(gpu(), qkv, dt), g_dout = to_device(gpu(), dout, dt), g_dqkv = to_device(gpu(), dqkv0, dt);
+        const OwnedTensor g_out = device_tensor(gpu(), dt, {s.rows(), s.out_width()});
+        const OwnedTensor g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
+        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_bwd(g_dqkv, g_dout, g_qkv, g_out, g_saved, s);
+
+        const std::vector<double> g = download(gpu(), g_dqkv), ref = values_of(dqkv);
+        const double floor = 1e-2 * max_abs(ref);
+        struct Part {
+            const char* name;
+            int64_t begin, count;
+            bool zero_at_one_token;
+        };
+        for (const Part& p : {Part{"dq", 0, H * D, true}, Part{"dk", H * D, Hkv * D, true}, Part{"dv", (H + Hkv) * D, Hkv * D, false}})
+            expect_matches(p.name, columns(g, W, p.begin, p.count), columns(ref, W, p.begin, p.count), attention_tolerance(dt),
+                           {floor, p.zero_at_one_token && s.seq_len == 1});
+    }
+
+    // Rotates heads [0, n_heads) of rows of `width` columns; the columns past them must come
+    // back bit for bit.
+    void rope_case(DType dt, int64_t batch, int64_t seq_len, int64_t n_heads, int64_t head_dim, int64_t width, bool backward, uint64_t seed) {
+        SCOPED_TRACE(cat("B ", batch, " T ", seq_len, " heads ", n_heads, " D ", head_dim, " width ", width));
+        const int64_t N = batch * seq_len;
+        const OwnedTensor x = random_input(dt, {N, width}, seed, -2, 2), table(f32, {seq_len + 3, head_dim});
+        fill_rope_table(table, 10000.0);
+        const OwnedTensor work = copy_of(x);
+        if (backward) cpu().rope_bwd(work, table, seq_len, n_heads, head_dim);
+        else cpu().rope_fwd(work, table, seq_len, n_heads, head_dim);
+
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_table = to_device(gpu(), table, f32);
+        if (backward) gpu().rope_bwd(g_x, g_table, seq_len, n_heads, head_dim);
+        else gpu().rope_fwd(g_x, g_table, seq_len, n_heads, head_dim);
+        const std::vector<double> g = download(gpu(), g_x);
+        expect_matches("x", g, values_of(work), elementwise_tolerance(dt));
+        const int64_t rotated = n_heads * head_dim;
+        if (rotated < width)
+            expect_matches("columns past the rotated heads", columns(g, width, rotated, width - rotated),
+                           columns(values_of(x), width, rotated, width - rotated), Tolerance{0, 0});
+    }
+
+    void gelu_case(DType dt, Shape shape, bool backward, uint64_t seed) {
+        SCOPED_TRACE(shape.str());
+        const OwnedTensor x = random_input(dt, shape, seed, -5, 5), dout = random_input(dt, shape, seed + 1), result(f32, shape);
+        if (backward) cpu().gelu_bwd(result, dout, x);
+        else cpu().gelu_fwd(result, x);
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_dout = to_device(gpu(), dout, dt), g_result = device_tensor(gpu(), dt, shape);
+        if (backward) gpu().gelu_bwd(g_result, g_dout, g_x);
+        else gpu().gelu_fwd(g_result, g_x);
+        expect_matches(backward ? "dx" : "out", gpu(), g_result, result, elementwise_tolerance(dt));
+    }
+
+    void swiglu_case(DType dt, int64_t N, int64_t F, bool backward, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", N, " F ", F));
+        const OwnedTensor x = random_input(dt, {N, 2 * F}, seed, -4, 4), dout = random_input(dt, {N, F}, seed + 1);
+        const OwnedTensor g_x = to_device(gpu(), x, dt);
+        if (!backward) {
+            const OwnedTensor out(f32, {N, F}), g_out = device_tensor(gpu(), dt, {N, F});
+            cpu().swiglu_fwd(out, x);
+            gpu().swiglu_fwd(g_out, g_x);
+            expect_matches("out", gpu(), g_out, out, elementwise_tolerance(dt));
+            return;
+        }
+        const OwnedTensor dx(f32, {N, 2 * F});
+        cpu().swiglu_bwd(dx, dout, x);
+        const OwnedTensor g_dout = to_device(gpu(), dout, dt), g_dx = to_device(gpu(), random_input(dt, {N, 2 * F}, seed + 2), dt);  // overwritten
+        gpu().swiglu_bwd(g_dx, g_dout, g_x);
+        expect_matches("dx", gpu(), g_dx, dx, elementwise_tolerance(dt));
+    }
+
+    // out = a + b into a separate tensor, into a (out aliasing a) and into b.
+    void add_case(DType dt, Shape shape, uint64_t seed) {
+        SCOPED_TRACE(shape.str());
+        const OwnedTensor a = random_input(dt, shape, seed), b = random_input(dt, shape, seed + 1), out(f32, shape);
+        cpu().add(out, a, b);
+        const OwnedTensor g_a = to_device(gpu(), a, dt), g_b = to_device(gpu(), b, dt), g_out = device_tensor(gpu(), dt, shape);
+        gpu().add(g_out, g_a, g_b);
+        expect_matches("out", gpu(), g_out, out, elementwise_tolerance(dt));
+        const OwnedTensor g_a2 = to_device(gpu(), a, dt), g_b2 = to_device(gpu(), b, dt);
+        gpu().add(g_a2, g_a2, g_b);
+        gpu().add(g_b2, g_a, g_b2);
+        expect_matches("out aliasing a", gpu(), g_a2, out, elementwise_tolerance(dt));
+        expect_matches("out aliasing b", gpu(), g_b2, out, elementwise_tolerance(dt));
+    }
+
+    void xent_fwd_case(DType dt, int64_t N, int64_t V, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", N, " V ", V));
+        const OwnedTensor logits = random_input(dt, {N, V}, seed, -6, 6), targets = random_tokens(N, V, seed + 1), losses(f32, {N});
+        cpu().xent_fwd(losses, logits, targets);
+        const OwnedTensor g_logits = to_device(gpu(), logits, dt), g_targets = to_device(gpu(), targets, i32), g_losses = device_tensor(gpu(), f32, {N});
+        gpu().xent_fwd(g_losses, g_logits, g_targets);
+        expect_matches("losses", gpu(), g_losses, losses, f32_loss_tolerance);
+    }
+
+    // Whole rows, the logsumexp computed by the op (lse empty); dlogits starts from garbage.
+    void xent_bwd_case(DType dt, int64_t N, int64_t V, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", N, " V ", V));
+        const double dloss = 0.37;
+        const OwnedTensor logits = random_input(dt, {N, V}, seed, -6, 6), targets = random_tokens(N, V, seed + 1), dlogits(f32, {N, V});
+        cpu().xent_bwd(dlogits, logits, targets, Tensor(), {}, dloss);
+        const OwnedTensor g_logits = to_device(gpu(), logits, dt), g_targets = to_device(gpu(), targets, i32);
+        const OwnedTensor g_dlogits = to_device(gpu(), random_input(dt, {N, V}, seed + 2), dt);
+        gpu().xent_bwd(g_dlogits, g_logits, g_targets, Tensor(), {}, dloss);
+        expect_matches("dlogits", gpu(), g_dlogits, dlogits, elementwise_tolerance(dt));
+    }
+
+    // Columns [begin, begin + rows) of a vocabulary of `vocab`, with the full rows' lse given
+    // (the same f32 values to both backends).
+    void xent_bwd_shard_case(DType dt, int64_t N, int64_t vocab, int64_t begin, int64_t rows, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", N, " vocab ", vocab, " shard [", begin, ", ", begin + rows, ")"));
+        const double dloss = 0.5;
+        const OwnedTensor full = random_input(dt, {N, vocab}, seed, -6, 6), targets = shard_edge_targets(N, vocab, begin, rows, seed + 1);
+        const OwnedTensor lse = row_logsumexp_of(full), local = column_block(full, begin, rows), dlogits(f32, {N, rows});
+        const VocabShard shard{begin, vocab};
+        cpu().xent_bwd(dlogits, local, targets, lse, shard, dloss);
+        const OwnedTensor g_local = to_device(gpu(), local, dt), g_targets = to_device(gpu(), targets, i32), g_lse = to_device(gpu(), lse, f32);
+        const OwnedTensor g_dlogits = device_tensor(gpu(), dt, {N, rows});
+        gpu().xent_bwd(g_dlogits, g_local, g_targets, g_lse, shard, dloss);
+        expect_matches("dlogits", gpu(), g_dlogits, dlogits, elementwise_tolerance(dt));
+    }
+
+    // partial = (sum exp(logits - row_max), the target's logit or 0) over a shard, with the
+    // full rows' max. The target column is a copy of a 16-bit logit: exact.
+    void xent_partial_case(DType dt, int64_t N, int64_t vocab, int64_t begin, int64_t rows, VocabShard shard, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", N, " vocab ", vocab, " columns [", begin, ", ", begin + rows, ")"));
+        const OwnedTensor full = random_input(dt, {N, vocab}, seed, -6, 6), targets = shard_edge_targets(N, vocab, begin, rows, seed + 1);
+        const OwnedTensor row_max = row_max_of(full), local = column_block(full, begin, rows), partial(f32, {N, 2});
+        cpu().xent_partial(partial, local, targets, row_max, shard);
+        const OwnedTensor g_local = to_device(gpu(), local, dt), g_targets = to_device(gpu(), targets, i32), g_max = to_device(gpu(), row_max, f32);
+        const OwnedTensor g_partial = device_tensor(gpu(), f32, {N, 2});
+        gpu().xent_partial(g_partial, g_local, g_targets, g_max, shard);
+        const std::vector<double> g = download(gpu(), g_partial), ref = values_of(partial);
+        expect_matches("sum of exp", columns(g, 2, 0, 1), columns(ref, 2, 0, 1), f32_sum_tolerance);
+        expect_matches("target logit", columns(g, 2, 1, 1), columns(ref, 2, 1, 1), Tolerance{0, 0});
+    }
+};
+
+}  // namespace
+
+// ---- embedding ----
+
+TEST_F(CudaOps, EmbeddingFwd_Bf16_MatchesCpuWithAndWithoutPositionsAndShards) {
+    for (size_t i = 0; i < kEmbeddingCases.size(); ++i) embedding_fwd_case(bf16, kEmbeddingCases[i], 100 + 10 * i);
+}
+
+TEST_F(CudaOps, EmbeddingFwd_F16_MatchesCpu) {
+    for (size_t i : {1u, 4u, 6u}) embedding_fwd_case(f16, kEmbeddingCases[i], 200 + 10 * i);
+}
+
+TEST_F(CudaOps, EmbeddingBwd_Bf16_AccumulatesBitwiseLikeCpuWithAndWithoutPositionsAndShards) {
+    for (size_t i = 0; i < kEmbeddingCases.size(); ++i) embedding_bwd_case(bf16, kEmbeddingCases[i], 300 + 10 * i);
+}
+
+TEST_F(CudaOps, EmbeddingBwd_F16_AccumulatesBitwiseLikeCpu) {
+    for (size_t i : {1u, 4u, 6u}) embedding_bwd_case(f16, kEmbeddingCases[i], 400 + 10 * i);
+}
+
+// ---- layernorm and rmsnorm ----
+
+TEST_F(CudaOps, LayerNormFwd_Bf16_MatchesCpuWithAndWithoutBias) {
+    for (size_t i = 0; i < kNormCases.size(); ++i)
+        for (bool bias : {true, false}) layernorm_fwd_case(bf16, kNormCases[i], bias, 500 + 10 * i);
+}
+
+TEST_F(CudaOps, LayerNormFwd_F16_MatchesCpu) {
+    for (size_t i = 0; i < kNormCases.size(); ++i) layernorm_fwd_case(f16, kNormCases[i], i % 2 == 0, 600 + 10 * i);
+}
+
+TEST_F(CudaOps, LayerNormBwd_Bf16_MatchesCpuOverwritingAndAccumulatingDx) {
+    for (size_t i = 0; i < kNormCases.size(); ++i)
+        for (bool accumulate : {false, true})
+            for (bool bias : {true, false}) layernorm_bwd_case(bf16, kNormCases[i], bias, accumulate, 700 + 10 * i);
+}
+
+TEST_F(CudaOps, LayerNormBwd_F16_MatchesCpu) {
+    for (size_t i = 0; i < kNormCases.size(); ++i) layernorm_bwd_case(f16, kNormCases[i], i % 2 == 0, i % 3 == 0, 800 + 10 * i);
+}
+
+TEST_F(CudaOps, RmsNormFwd_Bf16_MatchesCpu) {
+    for (size_t i = 0; i < kNormCases.size(); ++i) rmsnorm_fwd_case(bf16, kNormCases[i], 900 + 10 * i);
+}
+
+TEST_F(CudaOps, RmsNormBwd_Bf16_MatchesCpuOverwritingAndAccumulatingDx) {
+    for (size_t i = 0; i < kNormCases.size(); ++i)
+        for (bool accumulate : {false, true}) rmsnorm_bwd_case(bf16, kNormCases[i], accumulate, 1000 + 10 * i);
+}
+
+TEST_F(CudaOps, RmsNormFwdBwd_F16_MatchesCpu) {
+    for (size_t i = 0; i < kNormCases.size(); ++i) {
+        rmsnorm_fwd_case(f16, kNormCases[i], 1100 + 10 * i);
+        rmsnorm_bwd_case(f16, kNormCases[i], i % 2 == 1, 1100 + 10 * i);
+    }
+}
+
+// ---- matmul ----
+
+TEST_F(CudaOps, MatmulFwd_Bf16_MatchesCpuAtOddShapes) {
+    for (size_t i = 0; i < kMatmulCases.size(); ++i) {
+        matmul_fwd_case(bf16, kMatmulCases[i], 1200 + 10 * i);
+        MatmulCase flipped = kMatmulCases[i];
+        flipped.bias = !flipped.bias;
+        matmul_fwd_case(bf16, flipped, 1205 + 10 * i);
+    }
+}
+
+TEST_F(CudaOps, MatmulFwd_F16_MatchesCpuAtOddShapes) {
+    for (size_t i = 0; i < kMatmulCases.size(); ++i) matmul_fwd_case(f16, kMatmulCases[i], 1300 + 10 * i);
+}
+
+TEST_F(CudaOps, MatmulBwd_Bf16_OverwritesDxAndAccumulatesDwAndDbias) {
+    for (size_t i = 0; i < kMatmulCases.size(); ++i) matmul_bwd_case(bf16, kMatmulCases[i], true, 1400 + 10 * i);
+}
+
+TEST_F(CudaOps, MatmulBwd_Bf16_WithoutDxStillAccumulatesDwAndDbias) {
+    for (size_t i = 0; i < kMatmulCases.size(); ++i) matmul_bwd_case(bf16, kMatmulCases[i], false, 1500 + 10 * i);
+}
+
+TEST_F(CudaOps, MatmulBwd_F16_MatchesCpu) {
+    for (size_t i = 0; i < kMatmulCases.size(); ++i) matmul_bwd_case(f16, kMatmulCases[i], i != 2, 1600 + 10 * i);
+}
+
+// ---- attention ----
+
+TEST_F(CudaOps, AttentionFwd_Bf16_MatchesCpuForMhaGqaAndMqa) {
+    for (size_t i = 0; i < kAttentionShapes.size(); ++i) attention_fwd_case(bf16, kAttentionShapes[i], 1700 + 10 * i);
+}
+
+TEST_F(CudaOps, AttentionFwd_F16_MatchesCpuForMhaGqaAndMqa) {
+    for (size_t i = 0; i < kAttentionShapes.size(); ++i) attention_fwd_case(f16, kAttentionShapes[i], 1800 + 10 * i);
+}
+
+TEST_F(CudaOps, AttentionBwd_Bf16_MatchesCpuForMhaGqaAndMqa) {
+    for (size_t i = 0; i < kAttentionShapes.size(); ++i) attention_bwd_case(bf16, kAttentionShapes[i], 1900 + 10 * i);
+}
+
+TEST_F(CudaOps, AttentionBwd_F16_MatchesCpuForMhaGqaAndMqa) {
+    for (size_t i = 0; i < kAttentionShapes.size(); ++i) attention_bwd_case(f16, kAttentionShapes[i], 2000 + 10 * i);
+}
+
+// T = 256 crosses four 64-row tiles, so the online softmax rescales three times and the
+// backward's key-block loops run over several query blocks.
+TEST_F(CudaOps, AttentionFwdBwd_Bf16_MatchesCpuAcrossFourTilesAtT256D128) {
+    const AttentionShape s{1, 256, 4, 2, 128};
+    attention_fwd_case(bf16, s, 2100);
+    attention_bwd_case(bf16, s, 2110);
+}
+
+// ---- rope ----
+
+TEST_F(CudaOps, RopeFwd_Bf16_MatchesCpuAndLeavesTheOtherColumnsUnchanged) {
+    rope_case(bf16, 2, 7, 6, 64, 10 * 64, false, 2200);    // q and k heads of H 4, Hkv 2 (v heads untouched)
+    rope_case(bf16, 1, 33, 3, 128, 4 * 128, false, 2210);  // H 2, Hkv 1
+    rope_case(bf16, 2, 128, 5, 64, 6 * 64, false, 2220);   // H 4, Hkv 1
+    rope_case(bf16, 3, 5, 3, 10, 37, false, 2230);         // odd width, head_dim 10
+    rope_case(bf16, 1, 1, 2, 64, 128, false, 2240);        // position 0 only: the identity
+}
+
+TEST_F(CudaOps, RopeBwd_Bf16_MatchesCpuAndLeavesTheOtherColumnsUnchanged) {
+    rope_case(bf16, 2, 7, 6, 64, 10 * 64, true, 2300);
+    rope_case(bf16, 1, 33, 3, 128, 4 * 128, true, 2310);
+    rope_case(bf16, 3, 5, 3, 10, 37, true, 2320);
+}
+
+TEST_F(CudaOps, RopeFwdBwd_F16_MatchesCpu) {
+    rope_case(f16, 2, 7, 6, 64, 10 * 64, false, 2400);
+    rope_case(f16, 1, 33, 3, 128, 4 * 128, true, 2410);
+    rope_case(f16, 3, 5, 3, 10, 37, false, 2420);
+}
+
+// ---- gelu, swiglu, add ----
+
+const std::vector<Shape> kElementwiseShapes = {{1}, {7}, {8}, {4099}, {33, 768}, {7, 10}};
+
+TEST_F(CudaOps, GeluFwd_Bf16_MatchesCpuAtPackedAndTailLengths) {
+    for (size_t i = 0; i < kElementwiseShapes.size(); ++i) gelu_case(bf16, kElementwiseShapes[i], false, 2500 + 10 * i);
+}
+
+TEST_F(CudaOps, GeluBwd_Bf16_MatchesCpuAtPackedAndTailLengths) {
+    for (size_t i = 0; i < kElementwiseShapes.size(); ++i) gelu_case(bf16, kElementwiseShapes[i], true, 2600 + 10 * i);
+}
+
+TEST_F(CudaOps, GeluFwdBwd_F16_MatchesCpu) {
+    for (size_t i = 0; i < kElementwiseShapes.size(); ++i) {
+        gelu_case(f16, kElementwiseShapes[i], false, 2700 + 10 * i);
+        gelu_case(f16, kElementwiseShapes[i], true, 2705 + 10 * i);
+    }
+}
+
+const std::vector<std::pair<int64_t, int64_t>> kSwigluShapes = {{1, 3}, {7, 5}, {33, 8}, {64, 768}, {5, 1000}, {2, 1028}};
+
+TEST_F(CudaOps, SwigluFwd_Bf16_MatchesCpuAtOddAndAlignedWidths) {
+    for (size_t i = 0; i < kSwigluShapes.size(); ++i) swiglu_case(bf16, kSwigluShapes[i].first, kSwigluShapes[i].second, false, 2800 + 10 * i);
+}
+
+TEST_F(CudaOps, SwigluBwd_Bf16_MatchesCpuAtOddAndAlignedWidths) {
+    for (size_t i = 0; i < kSwigluShapes.size(); ++i) swiglu_case(bf16, kSwigluShapes[i].first, kSwigluShapes[i].second, true, 2900 + 10 * i);
+}
+
+TEST_F(CudaOps, SwigluFwdBwd_F16_MatchesCpu) {
+    for (size_t i = 0; i < kSwigluShapes.size(); ++i) {
+        swiglu_case(f16, kSwigluShapes[i].first, kSwigluShapes[i].second, false, 3000 + 10 * i);
+        swiglu_case(f16, kSwigluShapes[i].first, kSwigluShapes[i].second, true, 3005 + 10 * i);
+    }
+}
+
+TEST_F(CudaOps, Add_Bf16_MatchesCpuIncludingOutAliasingAnInput) {
+    for (size_t i = 0; i < kElementwiseShapes.size(); ++i) add_case(bf16, kElementwiseShapes[i], 3100 + 10 * i);
+}
+
+TEST_F(CudaOps, Add_F16_MatchesCpuIncludingOutAliasingAnInput) {
+    for (size_t i = 0; i < kElementwiseShapes.size(); ++i) add_case(f16, kElementwiseShapes[i], 3200 + 10 * i);
+}
+
+// Views one element past an aligned start take the kernels' scalar paths; the guard elements
+// around each output show that nothing is written outside it.
+TEST_F(CudaOps, ElementwiseOps_Bf16_MatchCpuOnMisalignedViewsAndWriteNothingOutside) {
+    const int64_t n = 1001, N = 7, F = 24;  // F % 8 == 0: only the misalignment rules out the packed path
+    const OwnedTensor x = random_input(bf16, {n}, 3300, -5, 5), y = random_input(bf16, {n}, 3301), sx = random_input(bf16, {N, 2 * F}, 3302, -4, 4);
+    const OwnedTensor gelu_out(f32, {n}), gelu_dx(f32, {n}), sum(f32, {n}), swiglu_out(f32, {N, F});
+    cpu().gelu_fwd(gelu_out, x);
+    cpu().gelu_bwd(gelu_dx, y, x);
+    cpu().add(sum, x, y);
+    cpu().swiglu_fwd(swiglu_out, sx);
+
+    const GuardedTensor g_x = guarded(gpu(), bf16, {n}), g_y = guarded(gpu(), bf16, {n}), g_sx = guarded(gpu(), bf16, {N, 2 * F});
+    upload_into(gpu(), g_x.view, x);
+    upload_into(gpu(), g_y.view, y);
+    upload_into(gpu(), g_sx.view, sx);
+    const GuardedTensor g_gelu = guarded(gpu(), bf16, {n}), g_dx = guarded(gpu(), bf16, {n}), g_sum = guarded(gpu(), bf16, {n});
+    const GuardedTensor g_swiglu = guarded(gpu(), bf16, {N, F});
+    gpu().gelu_fwd(g_gelu.view, g_x.view);
+    gpu().gelu_bwd(g_dx.view, g_y.view, g_x.view);
+    gpu().add(g_sum.view, g_x.view, g_y.view);
+    gpu().swiglu_fwd(g_swiglu.view, g_sx.view);
+    const Tolerance tol = elementwise_tolerance(bf16);
+    expect_matches("gelu out", gpu(), g_gelu.view, gelu_out, tol);
+    expect_matches("gelu dx", gpu(), g_dx.view, gelu_dx, tol);
+    expect_matches("add out", gpu(), g_sum.view, sum, tol);
+    expect_matches("swiglu out", gpu(), g_swiglu.view, swiglu_out, tol);
+    expect_guards_intact("gelu out", gpu(), g_gelu);
+    expect_guards_intact("gelu dx", gpu(), g_dx);
+    expect_guards_intact("add out", gpu(), g_sum);
+    expect_guards_intact("swiglu out", gpu(), g_swiglu);
+}
+
+// ---- cross-entropy ----
+
+TEST_F(CudaOps, XentFwd_Bf16_MatchesCpuAtVocab37_1000And50257) {
+    xent_fwd_case(bf16, 1, 37, 3400);
+    xent_fwd_case(bf16, 33, 37, 3410);
+    xent_fwd_case(bf16, 64, 1000, 3420);
+    xent_fwd_case(bf16, 7, 1003, 3430);
+    xent_fwd_case(bf16, 8, 50257, 3440);
+}
+
+TEST_F(CudaOps, XentFwd_F16_MatchesCpu) {
+    xent_fwd_case(f16, 33, 37, 3500);
+    xent_fwd_case(f16, 64, 1000, 3510);
+    xent_fwd_case(f16, 4, 50257, 3520);
+}
+
+TEST_F(CudaOps, XentBwd_Bf16_MatchesCpuComputingTheLogsumexp) {
+    xent_bwd_case(bf16, 1, 37, 3600);
+    xent_bwd_case(bf16, 33, 37, 3610);
+    xent_bwd_case(bf16, 64, 1000, 3620);
+    xent_bwd_case(bf16, 4, 50257, 3630);
+}
+
+TEST_F(CudaOps, XentBwd_Bf16_MatchesCpuOnVocabShardsWithTheGivenLogsumexp) {
+    xent_bwd_shard_case(bf16, 33, 37, 17, 20, 3700);
+    xent_bwd_shard_case(bf16, 16, 1000, 300, 357, 3710);
+    xent_bwd_shard_case(bf16, 7, 1000, 0, 500, 3720);
+    xent_bwd_shard_case(bf16, 4, 50257, 25128, 25129, 3730);
+    xent_bwd_shard_case(bf16, 9, 37, 0, 37, 3740);  // lse given for whole rows
+}
+
+TEST_F(CudaOps, XentBwd_F16_MatchesCpuWholeAndSharded) {
+    xent_bwd_case(f16, 33, 37, 3800);
+    xent_bwd_case(f16, 16, 1000, 3810);
+    xent_bwd_shard_case(f16, 16, 1000, 300, 357, 3820);
+}
+
+// dlogits may alias logits (the loss writes its gradient over the logits in place).
+TEST_F(CudaOps, XentBwd_Bf16_InPlaceOnLogitsEqualsSeparateOutput) {
+    const int64_t N = 33, V = 1000;
+    const OwnedTensor logits = random_input(bf16, {N, V}, 3900, -6, 6), targets = random_tokens(N, V, 3901), lse = row_logsumexp_of(logits);
+    const OwnedTensor g_targets = to_device(gpu(), targets, i32), g_lse = to_device(gpu(), lse, f32);
+    for (bool with_lse : {false, true}) {
+        SCOPED_TRACE(with_lse ? "lse given" : "lse computed");
+        const OwnedTensor g_logits = to_device(gpu(), logits, bf16), g_separate = device_tensor(gpu(), bf16, {N, V});
+        gpu().xent_bwd(g_separate, g_logits, g_targets, with_lse ? g_lse.view() : Tensor(), {}, 0.5);
+        gpu().xent_bwd(g_logits, g_logits, g_targets, with_lse ? g_lse.view() : Tensor(), {}, 0.5);
+        expect_bitwise_equal("dlogits in place", download_bytes(gpu(), g_logits), download_bytes(gpu(), g_separate), 2);
+    }
+}
+
+// The max of 16-bit values, widened to f32: exact. One case has only negative logits (a max
+// that starts from 0 would be wrong there).
+TEST_F(CudaOps, LogitsRowMax_Bf16_EqualsCpuExactly) {
+    struct Case {
+        int64_t N, V;
+        double lo, hi;
+    };
+    uint64_t seed = 4000;
+    for (const Case& c : {Case{1, 37, -6, 6}, Case{33, 1000, -9, -3}, Case{4, 50257, -6, 6}, Case{7, 8, 1, 2}, Case{5, 1003, -6, 6}})
+        for (DType dt : {bf16, f16}) {
+            SCOPED_TRACE(cat(dtype_name(dt), " N ", c.N, " V ", c.V));
+            const OwnedTensor logits = random_input(dt, {c.N, c.V}, ++seed, c.lo, c.hi), row_max(f32, {c.N});
+            cpu().logits_row_max(row_max, logits);
+            const OwnedTensor g_logits = to_device(gpu(), logits, dt), g_max = device_tensor(gpu(), f32, {c.N});
+            gpu().logits_row_max(g_max, g_logits);
+            expect_matches("row_max", gpu(), g_max, row_max, Tolerance{0, 0});
+        }
+}
+
+TEST_F(CudaOps, XentPartial_Bf16_MatchesCpuOnWholeRowsAndVocabShards) {
+    xent_partial_case(bf16, 33, 37, 0, 37, {}, 4100);
+    xent_partial_case(bf16, 33, 37, 17, 20, {17, 37}, 4110);
+    xent_partial_case(bf16, 16, 1000, 300, 357, {300, 1000}, 4120);
+    xent_partial_case(bf16, 4, 50257, 25128, 25129, {25128, 50257}, 4130);
+    xent_partial_case(f16, 16, 1000, 0, 500, {0, 1000}, 4140);
+}
+
+TEST_F(CudaOps, XentCombine_F32_MatchesCpu) {
+    for (int64_t N : {1, 37, 513}) {
+        SCOPED_TRACE(cat("N ", N));
+        const OwnedTensor sums = random_tensor(f32, {N}, 4200 + static_cast<uint64_t>(N), 1, 1000);
+        const OwnedTensor target_logits = random_tensor(f32, {N}, 4201 + static_cast<uint64_t>(N), -5, 5);
+        const OwnedTensor row_max = random_tensor(f32, {N}, 4202 + static_cast<uint64_t>(N), -5, 5), partial(f32, {N, 2});
+        for (int64_t n = 0; n < N; ++n) {
+            partial.data<float>()[2 * n] = sums.data<float>()[n];
+            partial.data<float>()[2 * n + 1] = target_logits.data<float>()[n];
+        }
+        const OwnedTensor losses(f32, {N}), lse(f32, {N});
+        cpu().xent_combine(losses, lse, partial, row_max);
+        const OwnedTensor g_partial = to_device(gpu(), partial, f32), g_max = to_device(gpu(), row_max, f32);
+        const OwnedTensor g_losses = device_tensor(gpu(), f32, {N}), g_lse = device_tensor(gpu(), f32, {N});
+        gpu().xent_combine(g_losses, g_lse, g_partial, g_max);
+        // lse = m + log(S), one fp32 logf against the CPU's double: a few ulps.
+        expect_matches("losses", gpu(), g_losses, losses, f32_loss_tolerance);
+        expect_matches("lse", gpu(), g_lse, lse, f32_loss_tolerance);
+    }
+}
+
+// ---- optimizer ----
+
+// fp32 on both sides (the CPU computes each element in double, CUDA in fp32 from the same
+// constants): a few ulps per step, 1e-5 leaves room for three steps.
+TEST_F(CudaOps, AdamW_F32_MatchesCpuOverThreeSteps) {
+    const Tolerance tol{1e-5, 1e-5};
+    uint64_t seed = 4300;
+    for (const Shape& shape : {Shape{1}, Shape{7}, Shape{33, 10}, Shape{4099}}) {
+        SCOPED_TRACE(shape.str());
+        const OwnedTensor p0 = random_tensor(f32, shape, ++seed), m0 = random_tensor(f32, shape, ++seed, -0.1, 0.1);
+        const OwnedTensor v0 = random_tensor(f32, shape, ++seed, 0.0, 0.1);
+        const OwnedTensor p = copy_of(p0), m = copy_of(m0), v = copy_of(v0);
+        const OwnedTensor g_p = to_device(gpu(), p0, f32), g_m = to_device(gpu(), m0, f32), g_v = to_device(gpu(), v0, f32);
+        for (int64_t t = 1; t <= 3; ++t) {
+            SCOPED_TRACE(cat("step ", t));
+            AdamWStep s;
+            s.lr = 1e-2;
+            s.weight_decay = 0.1;
+            s.grad_scale = 0.5;
+            s.step = t;
+            const OwnedTensor grad = random_tensor(f32, shape, ++seed, -2, 2), g_grad = to_device(gpu(), grad, f32);
+            cpu().adamw(p, grad, m, v, Tensor(), s);
+            gpu().adamw(g_p, g_grad, g_m, g_v, Tensor(), s);
+            expect_matches("param", gpu(), g_p, p, tol);
+            expect_matches("m", gpu(), g_m, m, tol);
+            expect_matches("v", gpu(), g_v, v, tol);
+        }
+    }
+}
+
+// The compute copy is the updated master rounded to nearest even, bit for bit, and writing
+// it does not change the master's update.
+TEST_F(CudaOps, AdamW_ParamCopy_EqualsTheUpdatedMasterRoundedToBf16AndF16) {
+    const int64_t n = 4099;
+    AdamWStep s;
+    s.lr = 1e-2;
+    s.weight_decay = 0.1;
+    s.step = 2;
+    const OwnedTensor p0 = random_tensor(f32, {n}, 4400), grad = random_tensor(f32, {n}, 4401), m0 = random_tensor(f32, {n}, 4402, -0.1, 0.1);
+    const OwnedTensor v0 = random_tensor(f32, {n}, 4403, 0.0, 0.1);
+    const OwnedTensor p = copy_of(p0), m = copy_of(m0), v = copy_of(v0);
+    cpu().adamw(p, grad, m, v, Tensor(), s);
+    for (DType dt : {bf16, f16}) {
+        SCOPED_TRACE(dtype_name(dt));
+        const OwnedTensor g_p = to_device(gpu(), p0, f32), g_grad = to_device(gpu(), grad, f32), g_m = to_device(gpu(), m0, f32);
+        const OwnedTensor g_v = to_device(gpu(), v0, f32), g_copy = device_tensor(gpu(), dt, {n});
+        gpu().adamw(g_p, g_grad, g_m, g_v, g_copy, s);
+        expect_matches("param", gpu(), g_p, p, Tolerance{1e-5, 1e-5});
+        const std::vector<double> master = download(gpu(), g_p);
+        const std::vector<uint16_t> copy = download_bits(gpu(), g_copy);
+        int64_t mismatches = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            const auto master_value = static_cast<float>(master[static_cast<size_t>(i)]);
+            const uint16_t expected = dt == bf16 ? float_to_bf16(master_value) : float_to_f16(master_value);
+            if (copy[static_cast<size_t>(i)] != expected && ++mismatches <= 5)
+                ADD_FAILURE() << "param_copy[" << i << "] = 0x" << std::hex << copy[static_cast<size_t>(i)] << ", expected 0x" << expected << std::dec
+                              << " (master " << master_value << ")";
+        }
+        EXPECT_EQ(mismatches, 0);
+    }
+}
+
+// Both sides square and add in double (the interface's contract): only the order of the sums
+// differs, far below 1e-9 relative; an fp32 accumulation would miss it.
+TEST_F(CudaOps, SumSquares_F32_MatchesCpuToDoublePrecision) {
+    for (int64_t n : {1, 7, 1000, 1000003}) {
+        SCOPED_TRACE(cat("n ", n));
+        const OwnedTensor x = random_tensor(f32, {n}, 4500 + static_cast<uint64_t>(n));
+        const double reference = cpu().sum_squares(x);
+        const OwnedTensor g_x = to_device(gpu(), x, f32);
+        const double result = gpu().sum_squares(g_x);
+        ASSERT_TRUE(std::isfinite(result));
+        ASSERT_GT(result, 0.0);
+        EXPECT_LE(std::abs(result - reference), 1e-9 * reference) << "gpu " << result << ", cpu " << reference;
+    }
+}
+
+// optim.cu reads 16-byte quads when x is aligned and single elements otherwise, in the same
+// order: the same values give the same sum at any alignment.
+TEST_F(CudaOps, SumSquares_F32_IsBitwiseIndependentOfAlignment) {
+    const int64_t n = 100003;
+    const OwnedTensor x = random_tensor(f32, {n}, 4600);
+    const OwnedTensor g_aligned = to_device(gpu(), x, f32), g_buffer = device_tensor(gpu(), f32, {n + 1});
+    const Tensor g_misaligned = offset_view(g_buffer, 1, {n});
+    upload_into(gpu(), g_misaligned, x);
+    EXPECT_EQ(gpu().sum_squares(g_aligned), gpu().sum_squares(g_misaligned));
+}
+
+// ---- fill_zero and copy ----
+
+TEST_F(CudaOps, FillZero_ZeroesItsRowsAndNothingElseInEveryDtype) {
+    const int64_t rows = 12, cols = 37;
+    for (DType dt : {bf16, f16, f32, i32}) {
+        SCOPED_TRACE(dtype_name(dt));
+        OwnedTensor host(i32, {rows, cols});
+        if (dt == i32) {
+            const OwnedTensor ids = random_tokens(rows * cols, 1000, 4701);
+            for (int64_t i = 0; i < rows * cols; ++i) host.data<int32_t>()[i] = ids.data<int32_t>()[i] + 1;  // never 0
+        } else {
+            host = random_input(dt, {rows, cols}, 4700, 0.5, 1.5);
+        }
+        const std::vector<double> before = values_of(host);
+        const OwnedTensor g = to_device(gpu(), host, dt);
+        gpu().fill_zero(g.view().slice_rows(3, 5));
+        const std::vector<double> after = download(gpu(), g);
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < rows * cols; ++i) {
+            const int64_t r = i / cols;
+            const double expected = r >= 3 && r < 8 ? 0.0 : before[static_cast<size_t>(i)];
+            if (after[static_cast<size_t>(i)] != expected && ++wrong <= 5)
+                ADD_FAILURE() << "[" << r << ", " << i % cols << "] = " << after[static_cast<size_t>(i)] << ", expected " << expected;
+        }
+        EXPECT_EQ(wrong, 0);
+        gpu().fill_zero(g);
+        for (double value : download(gpu(), g)) ASSERT_EQ(value, 0.0);
+    }
+}
+
+// f32 -> bf16 / f16 rounds to nearest even exactly as the host's float_to_bf16 / float_to_f16
+// (ties, subnormals, overflow to infinity, signed zeros), and NaN stays NaN.
+TEST_F(CudaOps, Copy_F32To16Bit_RoundsExactlyAsTheHostConversions) {
+    std::vector<float> values = conversion_inputs(4800);
+    const auto finite_count = static_cast<int64_t>(values.size());
+    values.push_back(std::numeric_limits<float>::quiet_NaN());
+    values.push_back(-std::numeric_limits<float>::quiet_NaN());
+    const auto n = static_cast<int64_t>(values.size());
+    const OwnedTensor g_in = device_tensor(gpu(), f32, {n});
+    upload_raw(gpu(), g_in, values.data(), values.size() * sizeof(float));
+    for (DType dt : {bf16, f16}) {
+        SCOPED_TRACE(dtype_name(dt));
+        const OwnedTensor g_out = device_tensor(gpu(), dt, {n});
+        gpu().copy(g_out, g_in);
+        const std::vector<uint16_t> bits = download_bits(gpu(), g_out);
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < finite_count; ++i) {
+            const float v = values[static_cast<size_t>(i)];
+            const uint16_t expected = dt == bf16 ? float_to_bf16(v) : float_to_f16(v);
+            if (bits[static_cast<size_t>(i)] != expected && ++wrong <= 5)
+                ADD_FAILURE() << "input 0x" << std::hex << bits_of(v) << " (" << std::dec << v << "): 0x" << std::hex << bits[static_cast<size_t>(i)]
+                              << ", expected 0x" << expected << std::dec;
+        }
+        EXPECT_EQ(wrong, 0);
+        for (int64_t i = finite_count; i < n; ++i) EXPECT_TRUE(is_nan_16(dt, bits[static_cast<size_t>(i)])) << "NaN became 0x" << std::hex << bits[static_cast<size_t>(i)];
+    }
+}
+
+// bf16 / f16 -> f32 is exact: every one of the 65536 bit patterns widens to the host's value
+// bit for bit (NaNs to a NaN).
+TEST_F(CudaOps, Copy_16BitToF32_IsExactForEveryBitPattern) {
+    std::vector<uint16_t> patterns(65536);
+    for (size_t i = 0; i < patterns.size(); ++i) patterns[i] = static_cast<uint16_t>(i);
+    const auto n = static_cast<int64_t>(patterns.size());
+    for (DType dt : {bf16, f16}) {
+        SCOPED_TRACE(dtype_name(dt));
+        const OwnedTensor g_in = device_tensor(gpu(), dt, {n}), g_out = device_tensor(gpu(), f32, {n});
+        upload_raw(gpu(), g_in, patterns.data(), patterns.size() * sizeof(uint16_t));
+        gpu().copy(g_out, g_in);
+        std::vector<float> out(patterns.size());
+        gpu().copy_to_host(out.data(), g_out);
+        int64_t wrong = 0;
+        for (size_t i = 0; i < patterns.size(); ++i) {
+            const float expected = dt == bf16 ? bf16_to_float(patterns[i]) : f16_to_float(patterns[i]);
+            const bool ok = is_nan_16(dt, patterns[i]) ? std::isnan(out[i]) : bits_of(out[i]) == bits_of(expected);
+            if (!ok && ++wrong <= 5)
+                ADD_FAILURE() << "0x" << std::hex << patterns[i] << " widened to 0x" << bits_of(out[i]) << ", expected 0x" << bits_of(expected) << std::dec;
+        }
+        EXPECT_EQ(wrong, 0);
+    }
+}
+
+// Same dtype: a byte copy, also between shapes of the same element count.
+TEST_F(CudaOps, Copy_SameDtype_IsBitwiseAcrossShapes) {
+    for (DType dt : {bf16, f16, f32, i32}) {
+        SCOPED_TRACE(dtype_name(dt));
+        const OwnedTensor host = dt == i32 ? random_tokens(42, 1000, 4901) : random_input(dt, {6, 7}, 4900, -3, 3);
+        const OwnedTensor g_in = to_device(gpu(), host, dt), g_out = device_tensor(gpu(), dt, {42});
+        gpu().copy(g_out, g_in);
+        expect_bitwise_equal("copy", download_bytes(gpu(), g_out), download_bytes(gpu(), g_in), dtype_size(dt));
+    }
+}
+
+// ---- the dtypes this suite relies on ----
+
+TEST_F(CudaOps, Supports_16BitActivationOpsAndF32OptimizerOps) {
+    for (int i = 0; i < op_count; ++i) {
+        const auto op = static_cast<Op>(i);
+        SCOPED_TRACE(op_name(op));
+        if (op == Op::adamw || op == Op::sum_squares || op == Op::xent_combine) {
+            EXPECT_TRUE(gpu().supports(op, f32));
+        } else {
+            EXPECT_TRUE(gpu().supports(op, bf16));
+            EXPECT_TRUE(gpu().supports(op, f16));
+        }
+        EXPECT_FALSE(gpu().supports(op, DType::f64));
+    }
+}
+
+// ---- determinism: two runs on the same inputs give the same bits ----
+
+namespace {
+
+class CudaDeterminism : public CudaVsCpuTest {
+protected:
+    // Runs `backward` twice (each time from fresh copies of the starting gradients, which it
+    // creates itself) and requires every output to be bitwise the same.
+    void expect_two_runs_identical(const std::function<std::vector<OwnedTensor>()>& backward) {
+        const std::vector<OwnedTensor> first = backward(), second = backward();
+        ASSERT_EQ(first.size(), second.size());
+        for (size_t i = 0; i < first.size(); ++i)
+            expect_bitwise_equal(cat("output ", i), download_bytes(gpu(), first[i]), download_bytes(gpu(), second[i]), dtype_size(first[i].view().dtype()));
+    }
+};
+
+}  // namespace
+
+TEST_F(CudaDeterminism, EmbeddingBwd_TwoRunsAreBitwiseEqual) {
+    const int64_t B = 4, T = 128, V = 37, C = 768, N = B * T;  // every token repeats ~14 times
+    const OwnedTensor tokens = random_tokens(N, V, 5000), dout = random_input(bf16, {N, C}, 5001);
+    const OwnedTensor dwte0 = random_tensor(f32, {V, C}, 5002), dwpe0 = random_tensor(f32, {T, C}, 5003);
+    const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_dout = to_device(gpu(), dout, bf16);
+    expect_two_runs_identical([&] {
+        std::vector<OwnedTensor> g;
+        g.push_back(to_device(gpu(), dwte0, f32));
+        g.push_back(to_device(gpu(), dwpe0, f32));
+        gpu().embedding_bwd(g[0], g[1], g_dout, g_tokens, T, {});
+        return g;
+    });
+}
+
+TEST_F(CudaDeterminism, LayerNormBwd_TwoRunsAreBitwiseEqual) {
+    const int64_t N = 512, C = 768;
+    const OwnedTensor x = random_input(bf16, {N, C}, 5100, -2, 3), w = random_input(bf16, {C}, 5101), b = random_input(bf16, {C}, 5102);
+    const OwnedTensor dout = random_input(bf16, {N, C}, 5103), dw0 = random_tensor(f32, {C}, 5104), db0 = random_tensor(f32, {C}, 5105);
+    const OwnedTensor g_x = to_device(gpu(), x, bf16), g_w = to_device(gpu(), w, bf16), g_b = to_device(gpu(), b, bf16), g_dout = to_device(gpu(), dout, bf16);
+    const OwnedTensor g_out = device_tensor(gpu(), bf16, {N, C}), g_mean = device_tensor(gpu(), f32, {N}), g_rstd = device_tensor(gpu(), f32, {N});
+    gpu().layernorm_fwd(g_out, g_mean, g_rstd, g_x, g_w, g_b, kNormEps);
+    expect_two_runs_identical([&] {
+        std::vector<OwnedTensor> g;
+        g.push_back(device_tensor(gpu(), bf16, {N, C}));
+        g.push_back(to_device(gpu(), dw0, f32));
+        g.push_back(to_device(gpu(), db0, f32));
+        gpu().layernorm_bwd(g[0], g[1], g[2], g_dout, g_x, g_w, g_mean, g_rstd, false);
+        return g;
+    });
+}
+
+TEST_F(CudaDeterminism, MatmulBwd_TwoRunsAreBitwiseEqual) {
+    const int64_t N = 512, IC = 768, OC = 768;
+    const OwnedTensor x = random_input(bf16, {N, IC}, 5200), w = random_input(bf16, {OC, IC}, 5201), dout = random_input(bf16, {N, OC}, 5202);
+    const OwnedTensor dw0 = random_tensor(f32, {OC, IC}, 5203), db0 = random_tensor(f32, {OC}, 5204);
+    const OwnedTensor g_x = to_device(gpu(), x, bf16), g_w = to_device(gpu(), w, bf16), g_dout = to_device(gpu(), dout, bf16);
+    expect_two_runs_identical([&] {
+        std::vector<OwnedTensor> g;
+        g.push_back(device_tensor(gpu(), bf16, {N, IC}));
+        g.push_back(to_device(gpu(), dw0, f32));
+        g.push_back(to_device(gpu(), db0, f32));
+        gpu().matmul_bwd(g[0], g[1], g[2], g_dout, g_x, g_w);
+        return g;
+    });
+}
+
+TEST_F(CudaDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
+    for (const AttentionShape& s : {AttentionShape{2, 256, 4, 2, 64}, AttentionShape{1, 200, 4, 1, 128}}) {
+        SCOPED_TRACE(describe(s));
+        const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 5300, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 5301);
+        const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
+        const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
+        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        expect_two_runs_identical([&] {
+            std::vector<OwnedTensor> g;
+            g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}));
+            gpu().attention_bwd(g[0], g_dout, g_qkv, g_out, g_saved, s);
+            return g;
+        });
+    }
+}
+
+TEST_F(CudaDeterminism, SumSquares_TwoRunsAreBitwiseEqual) {
+    const int64_t n = (int64_t{1} << 22) + 5;
+    const OwnedTensor x = random_tensor(f32, {n}, 5400), g_x = to_device(gpu(), x, f32);
+    const double first = gpu().sum_squares(g_x), second = gpu().sum_squares(g_x);
+    EXPECT_EQ(first, second);
+    EXPECT_GT(first, 0.0);
+}
