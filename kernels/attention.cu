@@ -19,6 +19,7 @@
 // of the sequence are zero-filled on load, masked in the scores and never written.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -97,7 +98,9 @@ __device__ void store_rows(T* dst, int64_t dst_ld, const float* tile, float fact
         if (r >= rows) continue;
         alignas(16) T packed[8];
         for (int e = 0; e < 8; ++e) packed[e] = from_float<T>(tile[r * TileShape<D>::acc_ld + c + e] * factor);
-        *reinterpret_cast<uint4*>(dst + r * dst_ld + c) = *reinterpret_cast<const uint4*>(packed);
+        uint4 v;
+        memcpy(&v, packed, sizeof v);  // not a type-punned load: packed holds T objects
+        *reinterpret_cast<uint4*>(dst + r * dst_ld + c) = v;
     }
 }
 
@@ -236,7 +239,9 @@ __global__ void __launch_bounds__(fwd_threads) attention_fwd_kernel(T* __restric
     for (int c = part * (D / 2); c < (part + 1) * (D / 2); c += 8) {
         alignas(16) T packed[8];
         for (int e = 0; e < 8; ++e) packed[e] = from_float<T>(warp_acc[row * S::acc_ld + c + e] * inv_l);
-        *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(packed);
+        uint4 v;
+        memcpy(&v, packed, sizeof v);
+        *reinterpret_cast<uint4*>(dst + c) = v;
     }
 }
 
