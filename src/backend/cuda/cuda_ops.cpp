@@ -200,8 +200,9 @@ void CudaBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& 
     kernels::launch_rmsnorm_bwd(t, dx.raw(), f32_or_null(dw), dout.raw(), x.raw(), w.raw(), ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
 }
 
-// out[N, OC] = x[N, IC] w[OC, IC]^T + bias. Column-major: out^T [OC, N] = w^T... i.e.
-// D (m = OC, n = N) = op(A) B with A = w stored [IC, OC] (transposed), B = x stored [IC, N].
+// out[N, OC] = x[N, IC] w[OC, IC]^T + bias. A row-major [r, c] matrix is a column-major
+// [c, r] one, so cuBLASLt computes D = out^T [OC, N] = op(A) B with A = w (stored [IC, OC],
+// transposed: m = OC, k = IC) and B = x (stored [IC, N]: n = N); the bias is per row of D.
 void CudaBackend::matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
     CudaOpScope scope(*this, Op::matmul_fwd);
     const char* op = scope.name();
