@@ -71,7 +71,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     prepare_run_dir(run_dir, config);
     log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", args.config_path, " | run directory ", run_dir);
-    Trainer trainer(config, TrainerOptions{run_dir, DType::f32, false});
+    Trainer trainer(config, TrainerOptions{run_dir, std::nullopt, false});
     report(trainer.run(), config);
     return 0;
 }
@@ -91,7 +91,7 @@ int train_under_mpi(const TrainArgs& args, const Config& config) {
             prepare_run_dir(run_dir, config);
             log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", args.config_path, " | run directory ", run_dir, " | ", mpi.world_size(), " ranks");
         }
-        Trainer trainer(config, TrainerOptions{world_rank == 0 ? run_dir : "", DType::f32, world_rank != 0}, ctx);
+        Trainer trainer(config, TrainerOptions{world_rank == 0 ? run_dir : "", std::nullopt, world_rank != 0}, ctx);
         const TrainResult result = trainer.run();
         // No barrier here: rank 0 may still be sampling text, which has no time limit.
         if (world_rank == 0) report(result, config);

@@ -292,7 +292,7 @@ Tensor Transformer::att_saved(Arena::Slot slot) const {
     // The saved shape for a smaller batch or sequence is a prefix of the planned one.
     const Tensor full = arena_.tensor(slot);
     const Shape shape = backend_.attention_saved_shape(attention_shape());
-    return Tensor(full.raw(), full.dtype(), shape);
+    return Tensor(full.raw(), full.dtype(), shape, full.device());
 }
 
 AttentionShape Transformer::attention_shape() const { return {batch_, seq_len_, n_heads_, n_kv_heads_, config_.head_dim()}; }

@@ -77,7 +77,9 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
     if (!is_logger()) options_.quiet = true;
-    backend_ = config_.train.device == ComputeDevice::cuda ? make_cuda_backend(ctx.local_rank) : make_cpu_backend(threads_per_rank(config_.train, ctx));
+    if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
+    else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank);
+    else backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);
     model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len,
                                            stage_partition(config_, ctx), ctx_->tp.get());

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +60,9 @@ struct TrainerOptions {
     std::optional<DType> dtype;     // the config's compute dtype unless set (f64: reference runs in tests)
     bool quiet = false;             // no log lines (tests)
     bool synthetic_data = false;    // uniform random tokens instead of the configured data (bench)
+    // The backend for the local rank in place of the configured device's (tests run the CUDA
+    // path's host logic on a CPU stand-in); empty: train.device decides.
+    std::function<std::unique_ptr<Backend>(int local_rank)> make_backend{};
 };
 
 // What this rank holds, for the start-up report and the tests.

@@ -1,0 +1,285 @@
+#include "support/emulated_cuda_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace llmtrain::test {
+
+namespace {
+
+bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
+[[noreturn]] void refuse(const char* op, const char* name, const std::string& why) { fail(ErrorKind::shape, "emulated cuda ", op, ": ", name, " ", why); }
+
+void expect_device(const char* op, const char* name, const Tensor& t) {
+    if (!t.empty() && t.device() != Device::cuda) refuse(op, name, "is not in device memory");
+}
+
+void expect_f32(const char* op, const char* name, const Tensor& t) {
+    expect_device(op, name, t);
+    if (!t.empty() && t.dtype() != DType::f32) refuse(op, name, cat("has dtype ", dtype_name(t.dtype()), ", expected f32"));
+}
+
+void expect_half(const char* op, const char* name, const Tensor& t) {
+    expect_device(op, name, t);
+    if (!t.empty() && !is_half(t.dtype())) refuse(op, name, cat("has dtype ", dtype_name(t.dtype()), ", expected bf16 or f16"));
+}
+
+void expect_ids(const char* op, const char* name, const Tensor& t) {
+    expect_device(op, name, t);
+    if (t.dtype() != DType::i32) refuse(op, name, "is not i32");
+}
+
+// The same memory seen as host memory, for the CPU reference (f32 and i32 tensors).
+Tensor host_view(const Tensor& t) { return t.empty() ? Tensor() : Tensor(t.raw(), t.dtype(), t.shape(), Device::cpu); }
+
+float element(const Tensor& t, int64_t i) {
+    if (t.dtype() == DType::f32) return static_cast<const float*>(t.raw())[i];
+    const uint16_t bits = static_cast<const uint16_t*>(t.raw())[i];
+    return t.dtype() == DType::bf16 ? bf16_to_float(bits) : f16_to_float(bits);
+}
+
+// An f32 host copy of a 16-bit or f32 device tensor (empty stays empty).
+OwnedTensor widened(const Tensor& t) {
+    if (t.empty()) return OwnedTensor();
+    OwnedTensor out(DType::f32, t.shape());
+    for (int64_t i = 0; i < t.numel(); ++i) out.data<float>()[i] = element(t, i);
+    return out;
+}
+
+Tensor view_or_empty(const OwnedTensor& owned, const Tensor& original) { return original.empty() ? Tensor() : owned.view(); }
+
+// dst (16-bit or f32 device memory) = src (f32 host), rounded to nearest even.
+void store(const Tensor& dst, const Tensor& src) {
+    for (int64_t i = 0; i < dst.numel(); ++i) {
+        const float v = src.data<float>()[i];
+        if (dst.dtype() == DType::f32) static_cast<float*>(dst.raw())[i] = v;
+        else if (dst.dtype() == DType::bf16) static_cast<uint16_t*>(dst.raw())[i] = float_to_bf16(v);
+        else static_cast<uint16_t*>(dst.raw())[i] = float_to_f16(v);
+    }
+}
+
+// lse [B, H, T] of causal attention over the f32 qkv, as the flash kernels save it.
+void attention_lse(const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
+    const float* x = qkv.data<float>();
+    const int64_t W = s.qkv_width(), D = s.head_dim, T = s.seq_len, group = s.n_heads / s.n_kv_heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t h = 0; h < s.n_heads; ++h)
+            for (int64_t t = 0; t < T; ++t) {
+                std::vector<double> scores;
+                double max_score = -std::numeric_limits<double>::infinity();
+                for (int64_t j = 0; j <= t; ++j) {
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; ++d) dot += double(x[(b * T + t) * W + h * D + d]) * x[(b * T + j) * W + (s.n_heads + h / group) * D + d];
+                    scores.push_back(dot * scale);
+                    max_score = std::max(max_score, scores.back());
+                }
+                double sum = 0;
+                for (double v : scores) sum += std::exp(v - max_score);
+                static_cast<float*>(lse.raw())[(b * s.n_heads + h) * T + t] = static_cast<float>(max_score + std::log(sum));
+            }
+}
+
+class EmulatedCudaBackend final : public Backend {
+public:
+    EmulatedCudaBackend() : cpu_(make_cpu_backend(1)) {}
+    std::string name() const override { return "emulated cuda (CPU stand-in)"; }
+    bool supports(Op op, DType dtype) const override {
+        switch (op) {
+            case Op::adamw: case Op::sum_squares: case Op::xent_combine: return dtype == DType::f32;
+            case Op::fill_zero: case Op::copy: return dtype != DType::f64;
+            default: return is_half(dtype);
+        }
+    }
+    Device device() const override { return Device::cuda; }
+    DType statistics_dtype(DType) const override { return DType::f32; }
+    Memory allocate(size_t bytes) override { return allocate_host_memory(bytes); }
+    void copy_from_host(const Tensor& dst, const void* src) override {
+        expect_device("copy_from_host", "dst", dst);
+        if (dst.numel() > 0) std::memcpy(dst.raw(), src, dst.bytes());
+    }
+    void copy_to_host(void* dst, const Tensor& src) override {
+        expect_device("copy_to_host", "src", src);
+        if (src.numel() > 0) std::memcpy(dst, src.raw(), src.bytes());
+    }
+
+    void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) override {
+        const char* op = "embedding_fwd";
+        expect_half(op, "out", out); expect_half(op, "wte", wte); expect_half(op, "wpe", wpe); expect_ids(op, "tokens", tokens);
+        const OwnedTensor result(DType::f32, out.shape()), positions = widened(wpe);
+        cpu_->embedding_fwd(result, host_view(tokens), widened(wte), view_or_empty(positions, wpe), seq_len, shard);
+        store(out, result);
+    }
+    void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) override {
+        const char* op = "embedding_bwd";
+        expect_f32(op, "dwte", dwte); expect_f32(op, "dwpe", dwpe); expect_half(op, "dout", dout); expect_ids(op, "tokens", tokens);
+        cpu_->embedding_bwd(host_view(dwte), host_view(dwpe), widened(dout), host_view(tokens), seq_len, shard);
+    }
+    void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) override {
+        const char* op = "layernorm_fwd";
+        expect_half(op, "out", out); expect_half(op, "x", x); expect_half(op, "w", w); expect_half(op, "b", b);
+        expect_f32(op, "mean", mean); expect_f32(op, "rstd", rstd);
+        const OwnedTensor result(DType::f32, out.shape()), bias = widened(b);
+        cpu_->layernorm_fwd(result, host_view(mean), host_view(rstd), widened(x), widened(w), view_or_empty(bias, b), eps);
+        store(out, result);
+    }
+    void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                       const Tensor& rstd, bool accumulate_dx) override {
+        const char* op = "layernorm_bwd";
+        expect_half(op, "dx", dx); expect_half(op, "dout", dout); expect_half(op, "x", x); expect_half(op, "w", w);
+        expect_f32(op, "dw", dw); expect_f32(op, "db", db); expect_f32(op, "mean", mean); expect_f32(op, "rstd", rstd);
+        const OwnedTensor grad = widened(dx);
+        cpu_->layernorm_bwd(grad, host_view(dw), host_view(db), widened(dout), widened(x), widened(w), host_view(mean), host_view(rstd), accumulate_dx);
+        store(dx, grad);
+    }
+    void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) override {
+        const char* op = "rmsnorm_fwd";
+        expect_half(op, "out", out); expect_half(op, "x", x); expect_half(op, "w", w); expect_f32(op, "rstd", rstd);
+        const OwnedTensor result(DType::f32, out.shape());
+        cpu_->rmsnorm_fwd(result, host_view(rstd), widened(x), widened(w), eps);
+        store(out, result);
+    }
+    void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) override {
+        const char* op = "rmsnorm_bwd";
+        expect_half(op, "dx", dx); expect_half(op, "dout", dout); expect_half(op, "x", x); expect_half(op, "w", w);
+        expect_f32(op, "dw", dw); expect_f32(op, "rstd", rstd);
+        const OwnedTensor grad = widened(dx);
+        cpu_->rmsnorm_bwd(grad, host_view(dw), widened(dout), widened(x), widened(w), host_view(rstd), accumulate_dx);
+        store(dx, grad);
+    }
+    void matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override {
+        const char* op = "matmul_fwd";
+        expect_half(op, "out", out); expect_half(op, "x", x); expect_half(op, "w", w); expect_half(op, "bias", bias);
+        const OwnedTensor result(DType::f32, out.shape()), b = widened(bias);
+        cpu_->matmul_fwd(result, widened(x), widened(w), view_or_empty(b, bias));
+        store(out, result);
+    }
+    void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) override {
+        const char* op = "matmul_bwd";
+        expect_half(op, "dx", dx); expect_half(op, "dout", dout); expect_half(op, "x", x); expect_half(op, "w", w);
+        expect_f32(op, "dw", dw); expect_f32(op, "dbias", dbias);
+        const OwnedTensor grad = widened(dx);
+        cpu_->matmul_bwd(view_or_empty(grad, dx), host_view(dw), host_view(dbias), widened(dout), widened(x), widened(w));
+        if (!dx.empty()) store(dx, grad);
+    }
+    Shape attention_saved_shape(const AttentionShape& s) const override { return {s.batch, s.n_heads, s.seq_len}; }
+    void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) override {
+        const char* op = "attention_fwd";
+        expect_half(op, "out", out); expect_half(op, "qkv", qkv); expect_f32(op, "saved", saved);
+        if (saved.shape() != attention_saved_shape(s)) refuse(op, "saved", cat("has shape ", saved.shape().str()));
+        if (s.head_dim != 64 && s.head_dim != 128) refuse(op, "qkv", cat("has head_dim ", s.head_dim, "; the flash kernels take 64 or 128"));
+        const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
+        cpu_->attention_fwd(result, probs, q, s);
+        store(out, result);
+        attention_lse(host_view(saved), q, s);
+    }
+    // Backward recomputes the probabilities from qkv, as the flash kernels do.
+    void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& s) override {
+        const char* op = "attention_bwd";
+        expect_half(op, "dqkv", dqkv); expect_half(op, "dout", dout); expect_half(op, "qkv", qkv); expect_half(op, "out", out);
+        expect_f32(op, "saved", saved);
+        const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
+        const OwnedTensor grad(DType::f32, dqkv.shape());
+        cpu_->attention_fwd(result, probs, q, s);
+        cpu_->attention_bwd(grad, widened(dout), q, result, probs, s);
+        store(dqkv, grad);
+    }
+    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override {
+        rope("rope_fwd", x, table, seq_len, n_heads, head_dim, false);
+    }
+    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override {
+        rope("rope_bwd", dx, table, seq_len, n_heads, head_dim, true);
+    }
+    void gelu_fwd(const Tensor& out, const Tensor& x) override { unary("gelu_fwd", out, x, [&](const Tensor& o, const Tensor& a) { cpu_->gelu_fwd(o, a); }); }
+    void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
+        binary("gelu_bwd", dx, dout, x, [&](const Tensor& o, const Tensor& a, const Tensor& b) { cpu_->gelu_bwd(o, a, b); });
+    }
+    void swiglu_fwd(const Tensor& out, const Tensor& x) override { unary("swiglu_fwd", out, x, [&](const Tensor& o, const Tensor& a) { cpu_->swiglu_fwd(o, a); }); }
+    void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
+        binary("swiglu_bwd", dx, dout, x, [&](const Tensor& o, const Tensor& a, const Tensor& b) { cpu_->swiglu_bwd(o, a, b); });
+    }
+    void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
+        binary("add", out, a, b, [&](const Tensor& o, const Tensor& x, const Tensor& y) { cpu_->add(o, x, y); });
+    }
+    void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) override {
+        expect_f32("xent_fwd", "losses", losses); expect_half("xent_fwd", "logits", logits); expect_ids("xent_fwd", "targets", targets);
+        cpu_->xent_fwd(host_view(losses), widened(logits), host_view(targets));
+    }
+    void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) override {
+        const char* op = "xent_bwd";
+        expect_half(op, "dlogits", dlogits); expect_half(op, "logits", logits); expect_ids(op, "targets", targets); expect_f32(op, "lse", lse);
+        const OwnedTensor grad(DType::f32, dlogits.shape());
+        cpu_->xent_bwd(grad, widened(logits), host_view(targets), host_view(lse), shard, dloss);
+        store(dlogits, grad);
+    }
+    void logits_row_max(const Tensor& row_max, const Tensor& logits) override {
+        expect_f32("logits_row_max", "row_max", row_max); expect_half("logits_row_max", "logits", logits);
+        cpu_->logits_row_max(host_view(row_max), widened(logits));
+    }
+    void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) override {
+        const char* op = "xent_partial";
+        expect_f32(op, "partial", partial); expect_half(op, "logits", logits); expect_ids(op, "targets", targets); expect_f32(op, "row_max", row_max);
+        cpu_->xent_partial(host_view(partial), widened(logits), host_view(targets), host_view(row_max), shard);
+    }
+    void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) override {
+        const char* op = "xent_combine";
+        expect_f32(op, "losses", losses); expect_f32(op, "lse", lse); expect_f32(op, "partial", partial); expect_f32(op, "row_max", row_max);
+        cpu_->xent_combine(host_view(losses), host_view(lse), host_view(partial), host_view(row_max));
+    }
+    void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) override {
+        const char* op = "adamw";
+        expect_f32(op, "param", param); expect_f32(op, "grad", grad); expect_f32(op, "m", m); expect_f32(op, "v", v); expect_half(op, "param_copy", param_copy);
+        cpu_->adamw(host_view(param), host_view(grad), host_view(m), host_view(v), Tensor(), step);
+        if (!param_copy.empty()) store(param_copy, host_view(param));
+    }
+    double sum_squares(const Tensor& x) override {
+        expect_f32("sum_squares", "x", x);
+        return cpu_->sum_squares(host_view(x));
+    }
+    void fill_zero(const Tensor& x) override {
+        expect_device("fill_zero", "x", x);
+        if (x.numel() > 0) std::memset(x.raw(), 0, x.bytes());
+    }
+    void copy(const Tensor& out, const Tensor& in) override {
+        expect_device("copy", "out", out); expect_device("copy", "in", in);
+        if (out.numel() != in.numel()) refuse("copy", "out", "has another element count than in");
+        if (out.dtype() == in.dtype()) {
+            if (in.numel() > 0) std::memcpy(out.raw(), in.raw(), in.bytes());
+            return;
+        }
+        store(out, widened(in));
+    }
+
+private:
+    void rope(const char* op, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse) {
+        expect_half(op, "x", x); expect_f32(op, "table", table);
+        const OwnedTensor values = widened(x);
+        if (inverse) cpu_->rope_bwd(values, host_view(table), seq_len, n_heads, head_dim);
+        else cpu_->rope_fwd(values, host_view(table), seq_len, n_heads, head_dim);
+        store(x, values);
+    }
+    template <class Fn>
+    void unary(const char* op, const Tensor& out, const Tensor& x, Fn&& fn) {
+        expect_half(op, "out", out); expect_half(op, "x", x);
+        const OwnedTensor result(DType::f32, out.shape());
+        fn(result, widened(x));
+        store(out, result);
+    }
+    template <class Fn>
+    void binary(const char* op, const Tensor& out, const Tensor& a, const Tensor& b, Fn&& fn) {
+        expect_half(op, "out", out); expect_half(op, "a", a); expect_half(op, "b", b);
+        const OwnedTensor result(DType::f32, out.shape());
+        fn(result, widened(a), widened(b));
+        store(out, result);
+    }
+
+    std::unique_ptr<Backend> cpu_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_emulated_cuda_backend() { return std::make_unique<EmulatedCudaBackend>(); }
+
+}  // namespace llmtrain::test
