@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "config/config.h"
+#include "support/run_comparisons.h"
 #include "train/trainer.h"
 
 using namespace llmtrain;
@@ -24,12 +25,7 @@ Config small_run(const std::string& family) {
 
 void expect_bitwise_identical_runs(const Config& config) {
     const TrainResult a = train_quietly(config), b = train_quietly(config);
-    ASSERT_EQ(a.steps.size(), b.steps.size());
-    for (size_t i = 0; i < a.steps.size(); ++i) {
-        EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "step " << i + 1;
-        EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm) << "step " << i + 1;
-    }
-    EXPECT_EQ(a.evals.back().val_loss, b.evals.back().val_loss);
+    test::expect_bitwise_identical(a, b);
     EXPECT_EQ(a.sample, b.sample);
 }
 
@@ -68,13 +64,7 @@ TEST(Training, SelectiveAndFullRecompute_GiveBitwiseTheSameRunWithLessActivation
         for (const Recompute mode : {Recompute::selective, Recompute::full}) {
             Config config = none;
             config.train.recompute = mode;
-            const TrainResult r = train_quietly(config);
-            ASSERT_EQ(r.steps.size(), base.steps.size());
-            for (size_t i = 0; i < r.steps.size(); ++i) {
-                EXPECT_EQ(r.steps[i].loss, base.steps[i].loss) << family << " " << recompute_name(mode) << " step " << i + 1;
-                EXPECT_EQ(r.steps[i].grad_norm, base.steps[i].grad_norm) << family << " " << recompute_name(mode) << " step " << i + 1;
-            }
-            EXPECT_EQ(r.evals.back().val_loss, base.evals.back().val_loss);
+            test::expect_bitwise_identical(train_quietly(config), base, family + " " + recompute_name(mode));
             const size_t bytes = Trainer(config, TrainerOptions{"", DType::f32, true}).memory().activation_bytes;
             EXPECT_LT(bytes, previous_bytes) << family << " " << recompute_name(mode);
             previous_bytes = bytes;

@@ -330,57 +330,57 @@ void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_le
     kernels::launch_rope(half_of(scope.name(), "dx", dx), dx.raw(), ptr<float>(table), dx.dim(0), dx.dim(1), seq_len, n_heads, head_dim, true, stream_);
 }
 
+namespace {
+// Elementwise ops: `first` 16-bit on the device, every other tensor of its shape and dtype.
+Half expect_same_as(const char* op, const char* name, const Tensor& first, std::initializer_list<std::pair<const char*, const Tensor*>> others) {
+    const Half t = half_of(op, name, first);
+    expect(op, name, first, first.shape(), first.dtype());
+    for (const auto& [other_name, other] : others) expect(op, other_name, *other, first.shape(), first.dtype());
+    return t;
+}
+
+// SwiGLU's x [N, 2F] (gate, then up); returns N and F.
+std::pair<int64_t, int64_t> expect_swiglu_input(const char* op, const Tensor& x) {
+    expect_rank(op, "x", x, 2);
+    half_of(op, "x", x);
+    expect_device(op, "x", x);
+    if (x.dim(1) % 2 != 0) fail(ErrorKind::shape, op, ": x has shape ", x.shape().str(), ", expected [N, 2F]");
+    return {x.dim(0), x.dim(1) / 2};
+}
+}  // namespace
+
 void CudaBackend::gelu_fwd(const Tensor& out, const Tensor& x) {
     CudaOpScope scope(*this, Op::gelu_fwd);
-    const char* op = scope.name();
-    const Half t = half_of(op, "x", x);
-    expect(op, "x", x, x.shape(), x.dtype());
-    expect(op, "out", out, x.shape(), x.dtype());
+    const Half t = expect_same_as(scope.name(), "x", x, {{"out", &out}});
     kernels::launch_gelu_fwd(t, out.raw(), x.raw(), x.numel(), stream_);
 }
 
 void CudaBackend::gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
     CudaOpScope scope(*this, Op::gelu_bwd);
-    const char* op = scope.name();
-    const Half t = half_of(op, "x", x);
-    expect(op, "x", x, x.shape(), x.dtype());
-    expect(op, "dx", dx, x.shape(), x.dtype());
-    expect(op, "dout", dout, x.shape(), x.dtype());
+    const Half t = expect_same_as(scope.name(), "x", x, {{"dx", &dx}, {"dout", &dout}});
     kernels::launch_gelu_bwd(t, dx.raw(), dout.raw(), x.raw(), x.numel(), stream_);
 }
 
 void CudaBackend::swiglu_fwd(const Tensor& out, const Tensor& x) {
     CudaOpScope scope(*this, Op::swiglu_fwd);
-    const char* op = scope.name();
-    expect_rank(op, "x", x, 2);
-    const Half t = half_of(op, "x", x);
-    if (x.dim(1) % 2 != 0) fail(ErrorKind::shape, op, ": x has shape ", x.shape().str(), ", expected [N, 2F]");
-    const int64_t N = x.dim(0), F = x.dim(1) / 2;
-    expect(op, "x", x, {N, 2 * F}, x.dtype());
-    expect(op, "out", out, {N, F}, x.dtype());
+    const auto [N, F] = expect_swiglu_input(scope.name(), x);
+    expect(scope.name(), "out", out, {N, F}, x.dtype());
+    const Half t = half_of(scope.name(), "x", x);
     kernels::launch_swiglu_fwd(t, out.raw(), x.raw(), N, F, stream_);
 }
 
 void CudaBackend::swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
     CudaOpScope scope(*this, Op::swiglu_bwd);
-    const char* op = scope.name();
-    expect_rank(op, "x", x, 2);
-    const Half t = half_of(op, "x", x);
-    if (x.dim(1) % 2 != 0) fail(ErrorKind::shape, op, ": x has shape ", x.shape().str(), ", expected [N, 2F]");
-    const int64_t N = x.dim(0), F = x.dim(1) / 2;
-    expect(op, "x", x, {N, 2 * F}, x.dtype());
-    expect(op, "dx", dx, {N, 2 * F}, x.dtype());
-    expect(op, "dout", dout, {N, F}, x.dtype());
+    const auto [N, F] = expect_swiglu_input(scope.name(), x);
+    expect(scope.name(), "dx", dx, x.shape(), x.dtype());
+    expect(scope.name(), "dout", dout, {N, F}, x.dtype());
+    const Half t = half_of(scope.name(), "x", x);
     kernels::launch_swiglu_bwd(t, dx.raw(), dout.raw(), x.raw(), N, F, stream_);
 }
 
 void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
     CudaOpScope scope(*this, Op::add);
-    const char* op = scope.name();
-    const Half t = half_of(op, "a", a);
-    expect(op, "a", a, a.shape(), a.dtype());
-    expect(op, "b", b, a.shape(), a.dtype());
-    expect(op, "out", out, a.shape(), a.dtype());
+    const Half t = expect_same_as(scope.name(), "a", a, {{"b", &b}, {"out", &out}});
     kernels::launch_add(t, out.raw(), a.raw(), b.raw(), a.numel(), stream_);
 }
 
