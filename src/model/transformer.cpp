@@ -170,51 +170,22 @@ Transformer::NormSlots Transformer::reserve_norm(const std::string& prefix) {
     return s;
 }
 
-Transformer::LayerSlots Transformer::reserve_layer(const std::string& p) {
+// A layer's slots. With keep_recomputed false, the slots selective recomputation rebuilds
+// (the norms and the MLP activation) are the shared scratch set's instead of the layer's own.
+Transformer::LayerSlots Transformer::reserve_layer(const std::string& p, bool keep_recomputed) {
     const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
     const int64_t up_width = is_llama() ? 2 * F : F;
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
     const int64_t local = local_tokens(max_batch_, max_seq_len_);
-    LayerSlots ls;
-    ls.norm1 = reserve_norm(p + ".norm1");
+    LayerSlots ls = shared_layer_;
+    if (keep_recomputed) ls.norm1 = reserve_norm(p + ".norm1");
     ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
     ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, backend_.attention_saved_shape(full));
     ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
     ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local, C});
-    ls.norm2 = reserve_norm(p + ".norm2");
+    if (keep_recomputed) ls.norm2 = reserve_norm(p + ".norm2");
     ls.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, up_width});
-    ls.mlp_act = arena_.reserve(p + ".mlp_act", dtype_, {N, F});
-    return ls;
-}
-
-// Slots a layer does not keep under recomputation point at the shared scratch set: what a
-// reserved-but-shared slot would hold is rebuilt before backward reads it.
-void Transformer::share_recomputed(LayerSlots& ls) const {
-    switch (part_.recompute) {
-        case Recompute::none: return;
-        case Recompute::selective:
-            ls.norm1 = shared_layer_.norm1;
-            ls.norm2 = shared_layer_.norm2;
-            ls.mlp_act = shared_layer_.mlp_act;
-            return;
-        case Recompute::full: ls = shared_layer_; return;
-    }
-}
-
-// A layer reserves only the slots it keeps; the others are the shared scratch set's.
-Transformer::LayerSlots Transformer::reserve_kept_layer(const std::string& p) {
-    if (part_.recompute == Recompute::none) return reserve_layer(p);
-    LayerSlots ls = shared_layer_;
-    if (part_.recompute == Recompute::selective) {
-        const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
-        const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
-        ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
-        ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, backend_.attention_saved_shape(full));
-        ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
-        ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local_tokens(max_batch_, max_seq_len_), C});
-        ls.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, is_llama() ? 2 * F : F});
-    }
-    share_recomputed(ls);
+    if (keep_recomputed) ls.mlp_act = arena_.reserve(p + ".mlp_act", dtype_, {N, F});
     return ls;
 }
 
@@ -226,7 +197,9 @@ Transformer::ActivationSet Transformer::reserve_set(int64_t set) {
     a.targets = arena_.reserve(s + "targets", DType::i32, {N});
     const int64_t local = local_tokens(max_batch_, max_seq_len_);
     for (int64_t l = part_.first_layer; l <= part_.last_layer; ++l) a.residual.push_back(arena_.reserve(cat(s, "residual.", l), dtype_, {local, C}));
-    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) a.layers.push_back(reserve_kept_layer(cat(s, "layer.", l)));
+    // Under full recomputation a layer keeps only its input (the residual above).
+    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l)
+        a.layers.push_back(part_.recompute == Recompute::full ? shared_layer_ : reserve_layer(cat(s, "layer.", l), part_.recompute == Recompute::none));
     if (part_.has_head) {
         a.norm_f = reserve_norm(s + "norm_f");
         a.logits = arena_.reserve(s + "logits", dtype_, {N, config_.vocab_size / tp_size()});
@@ -243,7 +216,7 @@ void Transformer::plan_activations() {
     const int64_t up_width = is_llama() ? 2 * F : F;
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
     rope_table_ = arena_.reserve("rope_table", stat_dtype_, {config_.max_seq_len, config_.head_dim()});
-    if (part_.recompute == Recompute::full) shared_layer_ = reserve_layer("recompute");
+    if (part_.recompute == Recompute::full) shared_layer_ = reserve_layer("recompute", true);
     if (part_.recompute == Recompute::selective) {
         shared_layer_.norm1 = reserve_norm("recompute.norm1");
         shared_layer_.norm2 = reserve_norm("recompute.norm2");

@@ -139,8 +139,6 @@ private:
     };
     // What one micro-batch keeps between its forward and its backward.
     struct ActivationSet;
-    // The layer slots backward reads that recomputation rebuilds, shared by every layer.
-    void share_recomputed(LayerSlots& slots) const;
     // Rebuilds what recomputation dropped, before layer l's backward.
     void recompute_layer(const ActivationSet& a, int64_t l);
     // Copies i32 ids from the host into a slot, checking each is inside the vocabulary.
@@ -169,8 +167,7 @@ private:
 
     void plan_activations();
     ActivationSet reserve_set(int64_t set);
-    LayerSlots reserve_layer(const std::string& prefix);
-    LayerSlots reserve_kept_layer(const std::string& prefix);
+    LayerSlots reserve_layer(const std::string& prefix, bool keep_recomputed);
     NormSlots reserve_norm(const std::string& prefix);
     Tensor rows(Arena::Slot slot) const;        // the first batch * seq_len rows of a slot
     Tensor local_rows(Arena::Slot slot) const;  // the first local_tokens() rows of a slot

@@ -32,6 +32,7 @@ public:
     // Whether step() writes the parameters' compute copy (true by default); the trainer turns
     // it off when an all-gather follows and refreshes the whole copy afterwards.
     void set_writes_compute_copy(bool writes) { writes_compute_copy_ = writes; }
+    bool writes_compute_copy() const { return writes_compute_copy_; }
     // One update with learning rate lr and the gradient multiplied by grad_scale.
     void step(Backend& backend, double lr, double grad_scale);
     int64_t steps_taken() const { return steps_taken_; }

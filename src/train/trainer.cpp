@@ -196,7 +196,7 @@ void Trainer::update(StepRecord& s) {
     }
     optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_);
     buckets_->gather_parameters();
-    if (buckets_->zero1() && ctx_->mesh.dp() > 1) model_->parameters().refresh_compute_copy();
+    if (!optimizer_->writes_compute_copy()) model_->parameters().refresh_compute_copy();
     if (dtype_ == DType::f16) adjust_loss_scale(false);
 }
 

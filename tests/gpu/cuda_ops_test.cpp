@@ -893,7 +893,7 @@ TEST_F(CudaOps, AdamW_ParamCopy_EqualsTheUpdatedMasterRoundedToBf16AndF16) {
 
 // Both sides square and add in double (the interface's contract): only the order of the sums
 // differs, far below 1e-9 relative; an fp32 accumulation would miss it.
-TEST_F(CudaOps, SumSquares_F32_MatchesCpuToDoublePrecision) {
+TEST_F(CudaOps, SumSquares_F32_MatchesCpuInDoublePrecision) {
     for (int64_t n : {1, 7, 1000, 1000003}) {
         SCOPED_TRACE(cat("n ", n));
         const OwnedTensor x = random_tensor(f32, {n}, 4500 + static_cast<uint64_t>(n));

@@ -12,12 +12,6 @@ namespace llmtrain {
 
 namespace {
 
-void expect_positions(const char* op, const char* tensor_name, const Tensor& table, int64_t seq_len) {
-    if (seq_len < 1) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " must be positive");
-    if (!table.empty() && table.dim(0) < seq_len)
-        fail(ErrorKind::shape, op, ": ", tensor_name, " has ", table.dim(0), " positions, fewer than seq_len ", seq_len);
-}
-
 template <class T>
 void embedding_fwd_rows(T* out, const int32_t* tokens, const T* wte, const T* wpe, cpu::VocabRows local, int64_t rows, int64_t C, int64_t seq_len,
                         int threads) {

@@ -96,15 +96,8 @@ void norm_input_grad(T* dx, const T* dout, const T* x, const T* w, const T* mean
 void CpuBackend::layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
     cpu::OpTimer timer(profile_, Op::layernorm_fwd);
     const char* op = timer.name();
-    cpu::expect_rank(op, "x", x, 2);
-    const int64_t N = x.dim(0), C = x.dim(1);
     cpu::dispatch_float(op, "x", x, [&]<class T>() {
-        const DType dt = x.dtype();
-        cpu::expect_tensor(op, "out", out, {N, C}, dt);
-        cpu::expect_tensor(op, "mean", mean, {N}, dt);
-        cpu::expect_tensor(op, "rstd", rstd, {N}, dt);
-        cpu::expect_tensor(op, "w", w, {C}, dt);
-        if (!b.empty()) cpu::expect_tensor(op, "b", b, {C}, dt);
+        const auto [N, C] = expect_norm_tensors(op, Device::cpu, x.dtype(), x, w, b, {{{"out", &out}}, {{"mean", &mean}, {"rstd", &rstd}}, {}});
         norm_fwd_rows(out.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), w.data<T>(), cpu::data_or_null<T>(b), N, C, eps, threads_);
     });
 }
@@ -113,17 +106,9 @@ void CpuBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor&
                                bool accumulate_dx) {
     cpu::OpTimer timer(profile_, Op::layernorm_bwd);
     const char* op = timer.name();
-    cpu::expect_rank(op, "x", x, 2);
-    const int64_t N = x.dim(0), C = x.dim(1);
     cpu::dispatch_float(op, "x", x, [&]<class T>() {
-        const DType dt = x.dtype();
-        cpu::expect_tensor(op, "dx", dx, {N, C}, dt);
-        if (!dw.empty()) cpu::expect_tensor(op, "dw", dw, {C}, dt);
-        if (!db.empty()) cpu::expect_tensor(op, "db", db, {C}, dt);
-        cpu::expect_tensor(op, "dout", dout, {N, C}, dt);
-        cpu::expect_tensor(op, "w", w, {C}, dt);
-        cpu::expect_tensor(op, "mean", mean, {N}, dt);
-        cpu::expect_tensor(op, "rstd", rstd, {N}, dt);
+        const auto [N, C] = expect_norm_tensors(op, Device::cpu, x.dtype(), x, w, Tensor(),
+                                                {{{"dx", &dx}, {"dout", &dout}}, {{"mean", &mean}, {"rstd", &rstd}}, {{"dw", &dw}, {"db", &db}}});
         norm_param_grads(cpu::data_or_null<T>(dw), cpu::data_or_null<T>(db), dout.data<T>(), x.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, threads_);
         norm_input_grad(dx.data<T>(), dout.data<T>(), x.data<T>(), w.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, accumulate_dx, threads_);
     });
@@ -132,13 +117,8 @@ void CpuBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor&
 void CpuBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
     cpu::OpTimer timer(profile_, Op::rmsnorm_fwd);
     const char* op = timer.name();
-    cpu::expect_rank(op, "x", x, 2);
-    const int64_t N = x.dim(0), C = x.dim(1);
     cpu::dispatch_float(op, "x", x, [&]<class T>() {
-        const DType dt = x.dtype();
-        cpu::expect_tensor(op, "out", out, {N, C}, dt);
-        cpu::expect_tensor(op, "rstd", rstd, {N}, dt);
-        cpu::expect_tensor(op, "w", w, {C}, dt);
+        const auto [N, C] = expect_norm_tensors(op, Device::cpu, x.dtype(), x, w, Tensor(), {{{"out", &out}}, {{"rstd", &rstd}}, {}});
         norm_fwd_rows<T>(out.data<T>(), nullptr, rstd.data<T>(), x.data<T>(), w.data<T>(), nullptr, N, C, eps, threads_);
     });
 }
@@ -146,15 +126,8 @@ void CpuBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor
 void CpuBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
     cpu::OpTimer timer(profile_, Op::rmsnorm_bwd);
     const char* op = timer.name();
-    cpu::expect_rank(op, "x", x, 2);
-    const int64_t N = x.dim(0), C = x.dim(1);
     cpu::dispatch_float(op, "x", x, [&]<class T>() {
-        const DType dt = x.dtype();
-        cpu::expect_tensor(op, "dx", dx, {N, C}, dt);
-        if (!dw.empty()) cpu::expect_tensor(op, "dw", dw, {C}, dt);
-        cpu::expect_tensor(op, "dout", dout, {N, C}, dt);
-        cpu::expect_tensor(op, "w", w, {C}, dt);
-        cpu::expect_tensor(op, "rstd", rstd, {N}, dt);
+        const auto [N, C] = expect_norm_tensors(op, Device::cpu, x.dtype(), x, w, Tensor(), {{{"dx", &dx}, {"dout", &dout}}, {{"rstd", &rstd}}, {{"dw", &dw}}});
         norm_param_grads<T>(cpu::data_or_null<T>(dw), nullptr, dout.data<T>(), x.data<T>(), nullptr, rstd.data<T>(), N, C, threads_);
         norm_input_grad<T>(dx.data<T>(), dout.data<T>(), x.data<T>(), w.data<T>(), nullptr, rstd.data<T>(), N, C, accumulate_dx, threads_);
     });

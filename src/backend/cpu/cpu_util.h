@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/op_checks.h"
 
 namespace llmtrain::cpu {
 
@@ -29,20 +30,15 @@ private:
     std::chrono::steady_clock::time_point start_;
 };
 
-inline void expect_host(const char* op, const char* tensor_name, const Tensor& t) {
-    if (t.device() != Device::cpu)
-        fail(ErrorKind::unsupported, op, ": ", tensor_name, " is in ", device_name(t.device()), " memory; the CPU backend needs host tensors");
-}
+using llmtrain::expect_rank;
+using llmtrain::expect_vocab_rows;
+using llmtrain::VocabRows;
 
-inline void expect_rank(const char* op, const char* tensor_name, const Tensor& t, int rank) {
-    if (t.rank() != rank) fail(ErrorKind::shape, op, ": ", tensor_name, " has shape ", t.shape().str(), ", expected rank ", rank);
-}
+inline void expect_host(const char* op, const char* tensor_name, const Tensor& t) { expect_device(op, tensor_name, t, Device::cpu); }
 
 // Shape, dtype and host memory in one check.
 inline void expect_tensor(const char* op, const char* tensor_name, const Tensor& t, const Shape& shape, DType dtype) {
-    expect_shape(op, tensor_name, t, shape);
-    expect_dtype(op, tensor_name, t, dtype);
-    expect_host(op, tensor_name, t);
+    llmtrain::expect_tensor(op, tensor_name, t, shape, dtype, Device::cpu);
 }
 
 // Runs fn.template operator()<float>() or <double>() for the element type of t.
@@ -60,18 +56,6 @@ void dispatch_float(const char* op, const char* tensor_name, const Tensor& t, Fn
 template <class T>
 T* data_or_null(const Tensor& t) {
     return t.empty() ? nullptr : t.data<T>();
-}
-
-// The rows of the full vocabulary that an embedding table or a block of logits holds.
-struct VocabRows {
-    int64_t begin, count, total;
-    VocabRows(VocabShard shard, int64_t rows) : begin(shard.begin), count(rows), total(shard.total ? shard.total : rows) {}
-    bool holds(int32_t token) const { return token >= begin && token < begin + count; }
-};
-
-inline void expect_vocab_rows(const char* op, const VocabRows& rows) {
-    if (rows.begin < 0 || rows.begin + rows.count > rows.total)
-        fail(ErrorKind::shape, op, ": vocabulary shard [", rows.begin, ", ", rows.begin + rows.count, ") lies outside [0, ", rows.total, ")");
 }
 
 // Every id (a token or a target, named by `what`) must lie in [0, vocab): a data error

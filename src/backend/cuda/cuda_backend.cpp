@@ -43,9 +43,8 @@ CudaBackend::CudaBackend(int device_index) {
     // A blocking stream: the legacy default stream, which MPI staging copies and NCCL use,
     // synchronizes with it, so transfers see every op enqueued before them.
     check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
-    const Memory cublas_workspace = allocate(kCublasWorkspaceBytes);
-    gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace.get(), kCublasWorkspaceBytes);
-    cublas_workspace_ = cublas_workspace;
+    cublas_workspace_ = allocate(kCublasWorkspaceBytes);
+    gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace_.get(), kCublasWorkspaceBytes);
     sum_result_ = allocate(sizeof(double));
 }
 

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/op_checks.h"
 #include "kernels/kernels.h"
 
 namespace llmtrain {
@@ -58,36 +59,15 @@ Half half_of(const char* op, const char* name, const Tensor& t) {
     return t.dtype() == DType::bf16 ? Half::bf16 : Half::f16;
 }
 
-void expect_device(const char* op, const char* name, const Tensor& t) {
-    if (t.device() != Device::cuda)
-        fail(ErrorKind::unsupported, op, ": ", name, " is in ", device_name(t.device()), " memory; the CUDA backend needs GPU tensors");
-}
+void expect_device(const char* op, const char* name, const Tensor& t) { llmtrain::expect_device(op, name, t, Device::cuda); }
 
-void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype) {
-    expect_shape(op, name, t, shape);
-    expect_dtype(op, name, t, dtype);
-    expect_device(op, name, t);
-}
-
-void expect_rank(const char* op, const char* name, const Tensor& t, int rank) {
-    if (t.rank() != rank) fail(ErrorKind::shape, op, ": ", name, " has shape ", t.shape().str(), ", expected rank ", rank);
-}
+void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype) { expect_tensor(op, name, t, shape, dtype, Device::cuda); }
 
 template <class T>
 T* ptr(const Tensor& t) { return static_cast<T*>(t.raw()); }
 void* ptr_or_null(const Tensor& t) { return t.empty() ? nullptr : t.raw(); }
 
-// seq_len positive (rows take position n % seq_len) and within the position table, if any.
-void expect_positions(const char* op, const char* name, const Tensor& table, int64_t seq_len) {
-    if (seq_len < 1) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " must be positive");
-    if (!table.empty() && seq_len > table.dim(0)) fail(ErrorKind::shape, op, ": seq_len ", seq_len, " exceeds the ", table.dim(0), " positions of ", name);
-}
-
-void expect_vocab(const char* op, VocabShard shard, int64_t rows) {
-    const int64_t total = shard.total == 0 ? rows : shard.total;
-    if (shard.begin < 0 || shard.begin + rows > total)
-        fail(ErrorKind::shape, op, ": vocabulary rows [", shard.begin, ", ", shard.begin + rows, ") outside the vocabulary of ", total);
-}
+void expect_vocab(const char* op, VocabShard shard, int64_t rows) { expect_vocab_rows(op, VocabRows(shard, rows)); }
 
 }  // namespace
 
@@ -146,24 +126,10 @@ void CudaBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Te
 }
 
 namespace {
-// The tensors of a norm op: x [N, C] in 16 bits; `rows` (out, dx, dout) like x; the weight
-// (and bias) [C] like x; statistics [N] and parameter gradients [C] fp32 (each optional
-// where empty). Returns N and C.
-struct NormTensors {
-    std::initializer_list<std::pair<const char*, const Tensor*>> rows, stats, grads;
-};
-std::pair<int64_t, int64_t> expect_norm(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const NormTensors& t) {
-    expect_rank(op, "x", x, 2);
+// A norm's tensors: x 16-bit, statistics and parameter gradients fp32 (op_checks.h).
+std::pair<int64_t, int64_t> expect_norm(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const NormTensors& others) {
     half_of(op, "x", x);
-    const int64_t N = x.dim(0), C = x.dim(1);
-    expect(op, "x", x, {N, C}, x.dtype());
-    expect(op, "w", w, {C}, x.dtype());
-    if (!b.empty()) expect(op, "b", b, {C}, x.dtype());
-    for (const auto& [name, tensor] : t.rows) expect(op, name, *tensor, {N, C}, x.dtype());
-    for (const auto& [name, tensor] : t.stats) expect(op, name, *tensor, {N}, DType::f32);
-    for (const auto& [name, tensor] : t.grads)
-        if (!tensor->empty()) expect(op, name, *tensor, {C}, DType::f32);
-    return {N, C};
+    return expect_norm_tensors(op, Device::cuda, DType::f32, x, w, b, others);
 }
 float* f32_or_null(const Tensor& t) { return static_cast<float*>(ptr_or_null(t)); }
 }  // namespace
@@ -332,7 +298,7 @@ void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_le
 
 namespace {
 // Elementwise ops: `first` 16-bit on the device, every other tensor of its shape and dtype.
-Half expect_same_as(const char* op, const char* name, const Tensor& first, std::initializer_list<std::pair<const char*, const Tensor*>> others) {
+Half expect_same_as(const char* op, const char* name, const Tensor& first, NamedTensors others) {
     const Half t = half_of(op, name, first);
     expect(op, name, first, first.shape(), first.dtype());
     for (const auto& [other_name, other] : others) expect(op, other_name, *other, first.shape(), first.dtype());
