@@ -90,7 +90,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     // Under ZeRO-1 each rank updates its shard only: the compute copy is refreshed whole
     // after the all-gather instead.
     optimizer_->set_writes_compute_copy(!(buckets_->zero1() && ctx.mesh.dp() > 1));
-    if (dtype_ == DType::f16) loss_scale_ = config_.train.loss_scale;
+    if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, config_.train.grad_accum);
     if (!options_.run_dir.empty() && config_.metrics.jsonl && is_logger()) {
         const std::string path = (std::filesystem::path(options_.run_dir) / "log.jsonl").string();
@@ -166,10 +166,10 @@ StepRecord Trainer::train_step(int64_t step) {
     Stopwatch clock;
     StepRecord s;
     s.step = step + 1;
-    s.loss_scale = loss_scale_;
+    s.loss_scale = loss_scale_.scale();
     s.loss = forward_backward(step);
     // The gradients hold loss_scale x d(loss): the norm and the update take it out again.
-    s.grad_norm = global_grad_norm() / loss_scale_;
+    s.grad_norm = global_grad_norm() / loss_scale_.scale();
     s.lr = learning_rate_at(config_.optimizer, step, t.steps);
     update(s);
     backend_->synchronize();
@@ -180,11 +180,12 @@ StepRecord Trainer::train_step(int64_t step) {
 
 // Loss and norm are reduced over the whole job: every rank takes the same decision.
 void Trainer::update(StepRecord& s) {
-    const bool overflow = std::isfinite(s.loss) && !std::isfinite(s.grad_norm) && dtype_ == DType::f16;
+    const bool overflow = std::isfinite(s.loss) && !std::isfinite(s.grad_norm) && loss_scale_.dynamic();
     if (overflow) {
         // fp16 gradients overflowed at this loss scale: expected now and then, not a fault.
         s.skipped = true;
-        adjust_loss_scale(true);
+        loss_scale_.update(true);
+        if (!options_.quiet) log_warn("fp16 gradients overflowed; update skipped, loss scale now ", loss_scale_.scale());
         return;
     }
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
@@ -194,22 +195,10 @@ void Trainer::update(StepRecord& s) {
         s.skipped = true;
         return;
     }
-    optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_);
+    optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_.scale());
     buckets_->gather_parameters();
     if (!optimizer_->writes_compute_copy()) model_->parameters().refresh_compute_copy();
-    if (dtype_ == DType::f16) adjust_loss_scale(false);
-}
-
-void Trainer::adjust_loss_scale(bool overflow) {
-    if (overflow) {
-        loss_scale_ = std::max(1.0, loss_scale_ / 2);
-        good_steps_ = 0;
-        if (!options_.quiet) log_warn("fp16 gradients overflowed; update skipped, loss scale now ", loss_scale_);
-        return;
-    }
-    if (++good_steps_ < config_.train.loss_scale_window) return;
-    loss_scale_ = std::min(16777216.0, loss_scale_ * 2);
-    good_steps_ = 0;
+    loss_scale_.update(false);
 }
 
 // Global micro-batch g = dp_rank * M + m of the step (M = grad_accum): each dp rank trains
@@ -237,7 +226,7 @@ double Trainer::forward_backward(int64_t step) {
         data_->fill_train(batch_, step, m, static_cast<int>(dp_rank), static_cast<int>(dp));
         return MicroBatch{batch_.inputs, batch_.targets};
     };
-    const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_ / static_cast<double>(M * dp),
+    const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_.scale() / static_cast<double>(M * dp),
                                                     [&](int64_t m) { reducing = m == M - 1; });
     model_->set_grads_ready_hook(nullptr);
     if (tied_across_stages && embedding) {
@@ -301,13 +290,13 @@ std::string Trainer::sample_text() {
 
 void Trainer::record(const StepRecord& s) {
     result_.steps.push_back(s);
-    if (s.skipped && dtype_ != DType::f16 && !options_.quiet) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
+    if (s.skipped && !loss_scale_.dynamic() && !options_.quiet) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
     if (!options_.quiet && (s.step % config_.train.log_every == 0 || s.step == config_.train.steps))
         log_info("step ", s.step, "/", config_.train.steps, " | loss ", fixed(s.loss, 4), " | lr ", scientific(s.lr), " | grad norm ",
                  fixed(s.grad_norm, 4), " | ", std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms");
     nlohmann::json line = {{"event", "step"},     {"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
                            {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second}, {"skipped", s.skipped}};
-    if (dtype_ == DType::f16) line["loss_scale"] = s.loss_scale;
+    if (loss_scale_.dynamic()) line["loss_scale"] = s.loss_scale;
     write_json_line(line.dump());
 }
 

@@ -23,6 +23,7 @@
 #include "data/batch_source.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "optim/loss_scale.h"
 #include "parallel/context.h"
 #include "parallel/grad_buckets.h"
 #include "train/pipeline_runner.h"
@@ -92,8 +93,6 @@ private:
     void log_startup() const;
     // Applies the update of a step whose loss and gradient norm are known, or skips it.
     void update(StepRecord& s);
-    // fp16: halves the loss scale on overflow, doubles it after loss_scale_window good steps.
-    void adjust_loss_scale(bool overflow);
     // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.
     double forward_backward(int64_t step);
     void sync_tied_embedding();
@@ -118,8 +117,7 @@ private:
     std::unique_ptr<PipelineRunner> pipeline_;
     BatchBuffers batch_;
     DType dtype_;
-    double loss_scale_ = 1;          // fp16's dynamic loss scale; 1 otherwise
-    int64_t good_steps_ = 0;         // steps since the loss scale last changed
+    DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
     std::ofstream jsonl_;
     TrainResult result_;
 };

@@ -1,7 +1,8 @@
-// The LR schedule's shape and the clipping factor.
+// The LR schedule's shape, the clipping factor and the dynamic loss scale.
 #include <gtest/gtest.h>
 
 #include "optim/adamw.h"
+#include "optim/loss_scale.h"
 #include "optim/lr_schedule.h"
 
 using namespace llmtrain;
@@ -33,4 +34,29 @@ TEST(GradClip, ScalesOnlyAboveTheLimit) {
     EXPECT_DOUBLE_EQ(clip_scale(0.5, 1.0), 1.0);
     EXPECT_NEAR(clip_scale(4.0, 1.0), 0.25, 1e-6);
     EXPECT_DOUBLE_EQ(clip_scale(4.0, 0.0), 1.0);  // clipping off
+}
+
+TEST(DynamicLossScale, HalvesOnOverflowAndDoublesAfterAWindowOfGoodSteps) {
+    DynamicLossScale s(1024, 3);
+    s.update(true);
+    EXPECT_EQ(s.scale(), 512);
+    s.update(false), s.update(false);
+    EXPECT_EQ(s.scale(), 512);
+    s.update(false);
+    EXPECT_EQ(s.scale(), 1024);
+    s.update(false), s.update(true), s.update(false), s.update(false);  // an overflow restarts the window
+    EXPECT_EQ(s.scale(), 512);
+}
+
+TEST(DynamicLossScale, StaysWithin1AndTwoToThe24AndIsFixedAt1WithoutFp16) {
+    DynamicLossScale low(2, 1);
+    for (int i = 0; i < 5; ++i) low.update(true);
+    EXPECT_EQ(low.scale(), 1);
+    DynamicLossScale high(DynamicLossScale::max_scale, 1);
+    high.update(false);
+    EXPECT_EQ(high.scale(), DynamicLossScale::max_scale);
+    DynamicLossScale fixed;
+    fixed.update(true);
+    EXPECT_EQ(fixed.scale(), 1);
+    EXPECT_FALSE(fixed.dynamic());
 }
