@@ -791,8 +791,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, DataFiles data_files) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    if (!fs::exists(path, ec)) fail(ErrorKind::io, "cannot read config file '", path, "': no such file");
-    if (fs::is_directory(path, ec)) fail(ErrorKind::io, "cannot read config file '", path, "': it is a directory");
+    if (!fs::exists(path, ec)) fail(ErrorKind::config, "cannot read config file '", path, "': no such file");
+    if (fs::is_directory(path, ec)) fail(ErrorKind::config, "cannot read config file '", path, "': it is a directory");
     std::ifstream in(path, std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (!in.is_open() || in.bad()) fail(ErrorKind::io, "cannot read config file '", path, "'");

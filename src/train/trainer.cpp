@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <nlohmann/json.hpp>
+#include <limits>
 #include <thread>
 
 #include "core/log.h"
@@ -17,18 +16,6 @@ namespace llmtrain {
 
 namespace {
 std::string megabytes(double bytes) { return cat(std::round(bytes / 1e5) / 10, " MB"); }
-
-std::string fixed(double value, int decimals) {
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
-    return buffer;
-}
-
-std::string scientific(double value) {
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "%.2e", value);
-    return buffer;
-}
 
 // total += after - before, op by op: the op time of the training steps alone, not evaluation.
 void add_profile_difference(OpProfile& total, const OpProfile& before, const OpProfile& after) {
@@ -92,11 +79,6 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     optimizer_->set_writes_compute_copy(!(buckets_->zero1() && ctx.mesh.dp() > 1));
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, config_.train.grad_accum);
-    if (!options_.run_dir.empty() && config_.metrics.jsonl && is_logger()) {
-        const std::string path = (std::filesystem::path(options_.run_dir) / "log.jsonl").string();
-        jsonl_.open(path, std::ios::out | std::ios::trunc);
-        if (!jsonl_) fail(ErrorKind::io, "cannot write '", path, "'");
-    }
 }
 
 Trainer::~Trainer() = default;
@@ -150,14 +132,16 @@ TrainResult Trainer::run() {
         record(s);
         const bool last = step + 1 == steps;
         if (last || (config_.train.eval_every > 0 && (step + 1) % config_.train.eval_every == 0)) record_eval(step + 1, evaluate());
+        if (!last && (result_.stop_signal = agreed_stop_signal()) != 0) break;
     }
     result_.gemm_fraction = result_.train_seconds > 0 ? result_.step_profile.gemm_seconds() / result_.train_seconds : 0;
     double timed_seconds = 0;
-    for (size_t i = steps > 1 ? 1 : 0; i < result_.steps.size(); ++i) timed_seconds += result_.steps[i].step_seconds;
-    const int64_t timed_steps = steps > 1 ? steps - 1 : steps;
+    for (size_t i = result_.steps.size() > 1 ? 1 : 0; i < result_.steps.size(); ++i) timed_seconds += result_.steps[i].step_seconds;
+    const auto done = static_cast<int64_t>(result_.steps.size());
+    const int64_t timed_steps = done > 1 ? done - 1 : done;
     const double tokens_per_step = static_cast<double>(config_.train.batch_size * config_.train.seq_len * config_.train.grad_accum * ctx_->mesh.dp());
     result_.tokens_per_second = tokens_per_step * static_cast<double>(timed_steps) / timed_seconds;
-    result_.sample = sample_text();
+    if (result_.stop_signal == 0) result_.sample = sample_text();
     return result_;
 }
 
@@ -167,7 +151,9 @@ StepRecord Trainer::train_step(int64_t step) {
     StepRecord s;
     s.step = step + 1;
     s.loss_scale = loss_scale_.scale();
+    s.dynamic_loss_scale = loss_scale_.dynamic();
     s.loss = forward_backward(step);
+    if (injected_nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
     // The gradients hold loss_scale x d(loss): the norm and the update take it out again.
     s.grad_norm = global_grad_norm() / loss_scale_.scale();
     s.lr = learning_rate_at(config_.optimizer, step, t.steps);
@@ -176,6 +162,14 @@ StepRecord Trainer::train_step(int64_t step) {
     s.step_seconds = clock.seconds();
     s.tokens_per_second = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp()) / s.step_seconds;
     return s;
+}
+
+// A fault for the tests of the non-finite policy: this rank's first gradient becomes NaN.
+void Trainer::poison_gradients() {
+    const Tensor grad = model_->parameters().grad(0);
+    const auto n = static_cast<size_t>(grad.numel());
+    if (grad.dtype() == DType::f64) backend_->copy_from_host(grad, std::vector<double>(n, std::numeric_limits<double>::quiet_NaN()).data());
+    else backend_->copy_from_host(grad, std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()).data());
 }
 
 // Loss and norm are reduced over the whole job: every rank takes the same decision.
@@ -190,7 +184,7 @@ void Trainer::update(StepRecord& s) {
     }
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
         if (config_.monitor.on_nonfinite == NonFinitePolicy::abort)
-            fail(ErrorKind::runtime, "step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss,
+            fail(ErrorKind::diverged, "step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss,
                  ", grad norm ", s.grad_norm, "); aborting as monitor.on_nonfinite = \"abort\" (\"skip\" skips such updates)");
         s.skipped = true;
         return;
@@ -290,27 +284,23 @@ std::string Trainer::sample_text() {
 
 void Trainer::record(const StepRecord& s) {
     result_.steps.push_back(s);
-    if (s.skipped && !loss_scale_.dynamic() && !options_.quiet) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
-    if (!options_.quiet && (s.step % config_.train.log_every == 0 || s.step == config_.train.steps))
-        log_info("step ", s.step, "/", config_.train.steps, " | loss ", fixed(s.loss, 4), " | lr ", scientific(s.lr), " | grad norm ",
-                 fixed(s.grad_norm, 4), " | ", std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms");
-    nlohmann::json line = {{"event", "step"},     {"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
-                           {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second}, {"skipped", s.skipped}};
-    if (loss_scale_.dynamic()) line["loss_scale"] = s.loss_scale;
-    write_json_line(line.dump());
+    for (StepObserver* observer : options_.observers) observer->after_step(s);
 }
 
 void Trainer::record_eval(int64_t step, double val_loss) {
-    result_.evals.push_back({step, val_loss});
-    if (!options_.quiet) log_info("eval at step ", step, ": val loss ", fixed(val_loss, 4), " (perplexity ", fixed(std::exp(val_loss), 2), ")");
-    write_json_line(nlohmann::json{{"event", "eval"}, {"step", step}, {"val_loss", val_loss}}.dump());
+    const EvalRecord e{step, val_loss};
+    result_.evals.push_back(e);
+    for (StepObserver* observer : options_.observers) observer->after_eval(e);
 }
 
-void Trainer::write_json_line(const std::string& line) {
-    if (!jsonl_.is_open()) return;
-    jsonl_ << line << '\n';
-    jsonl_.flush();
-    if (!jsonl_) fail(ErrorKind::io, "cannot write log.jsonl in '", options_.run_dir, "'");
+// One small collective per step, and only where a stop can be asked for: a signal may reach
+// one rank alone (Slurm signals the batch step, a user kills one pid), and every rank must
+// leave the loop after the same step.
+int Trainer::agreed_stop_signal() {
+    if (!options_.stop_signal) return 0;
+    const int local = options_.stop_signal();
+    if (ctx_->mesh.world_size() == 1) return local;
+    return static_cast<int>(ctx_->world->all_reduce_scalar(static_cast<double>(local), ReduceOp::max));
 }
 
 }  // namespace llmtrain

@@ -2,8 +2,8 @@
 // (pipeline stage, tensor-parallel slice) over micro-batches in 1F1B order -> gradient
 // reduction over the dp group in buckets, overlapped with backward (ZeRO-1: reduce-scatter)
 // -> the true global gradient norm and clipping -> AdamW on this rank's part -> parameter
-// all-gather (ZeRO-1) -> non-finite guard -> log line and JSONL record (rank 0);
-// evaluation on the held-out split.
+// all-gather (ZeRO-1) -> non-finite guard -> the step record to the observers (console line,
+// log.jsonl); evaluation on the held-out split; a stop signal ends the run at a step boundary.
 //
 // Every layout computes the same run: the global batch of a step is dp * grad_accum
 // micro-batches of batch_size sequences, numbered the same way whatever the layout, and the
@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -21,6 +20,7 @@
 #include "backend/backend.h"
 #include "config/config.h"
 #include "data/batch_source.h"
+#include "metrics/step_record.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
@@ -30,22 +30,6 @@
 
 namespace llmtrain {
 
-struct StepRecord {
-    int64_t step = 0;        // 1-based: the number of optimizer steps taken after it
-    double loss = 0;         // mean over the step's micro-batches (all dp ranks)
-    double lr = 0;
-    double grad_norm = 0;    // before clipping, over every parameter of every rank
-    double step_seconds = 0;
-    double tokens_per_second = 0;
-    bool skipped = false;    // update skipped by the non-finite policy or a loss-scale overflow
-    double loss_scale = 1;   // fp16: the dynamic loss scale this step ran with
-};
-
-struct EvalRecord {
-    int64_t step = 0;
-    double val_loss = 0;
-};
-
 struct TrainResult {
     std::vector<StepRecord> steps;
     std::vector<EvalRecord> evals;
@@ -54,16 +38,20 @@ struct TrainResult {
     double gemm_fraction = 0;       // share of step time spent in GEMMs (this rank)
     OpProfile step_profile;         // op times over the steps (this rank)
     std::string sample;             // generated text (or token ids) after training
+    int stop_signal = 0;            // the signal that stopped the run before its last step; 0: it ran to the end
 };
 
 struct TrainerOptions {
-    std::string run_dir;            // where log.jsonl goes; empty: no files
     std::optional<DType> dtype;     // the config's compute dtype unless set (f64: reference runs in tests)
     bool quiet = false;             // no log lines (tests)
     bool synthetic_data = false;    // uniform random tokens instead of the configured data (bench)
     // The backend for the local rank in place of the configured device's (tests run the CUDA
     // path's host logic on a CPU stand-in); empty: train.device decides.
     std::function<std::unique_ptr<Backend>(int local_rank)> make_backend{};
+    // Told of every step and evaluation, in order (console line, log.jsonl, tests).
+    std::vector<StepObserver*> observers{};
+    // Polled at every step boundary: a signal number (any rank's) ends the run there; empty: never.
+    std::function<int()> stop_signal{};
 };
 
 // What this rank holds, for the start-up report and the tests.
@@ -80,6 +68,8 @@ public:
     Trainer(const Config& config, TrainerOptions options, ParallelContext& ctx);
     ~Trainer();
     TrainResult run();
+    // Adds an observer of every step and evaluation to come; it must outlive run().
+    void observe(StepObserver& observer) { options_.observers.push_back(&observer); }
     // One optimizer step (0-based), timed to the end of the device's work: what run() repeats.
     StepRecord train_step(int64_t step);
     Transformer& model() { return *model_; }
@@ -96,12 +86,14 @@ private:
     // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.
     double forward_backward(int64_t step);
     void sync_tied_embedding();
+    void poison_gradients();
     double global_grad_norm();
     double evaluate();
     std::string sample_text();
     void record(const StepRecord& s);
     void record_eval(int64_t step, double val_loss);
-    void write_json_line(const std::string& line);
+    // The stop signal of any rank, the same on every rank; 0: go on.
+    int agreed_stop_signal();
     bool counts_in_norm(size_t param) const;
     bool is_logger() const { return ctx_->world_rank == 0; }
 
@@ -118,7 +110,6 @@ private:
     BatchBuffers batch_;
     DType dtype_;
     DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
-    std::ofstream jsonl_;
     TrainResult result_;
 };
 

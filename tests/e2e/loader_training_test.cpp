@@ -56,7 +56,7 @@ Config shard_run(int64_t steps) {
 }
 
 TrainResult train_quietly(const Config& config) {
-    Trainer trainer(config, TrainerOptions{"", DType::f32, true});
+    Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true});
     return trainer.run();
 }
 

@@ -13,7 +13,7 @@ using namespace llmtrain;
 namespace {
 
 TrainResult train_quietly(const Config& config) {
-    Trainer trainer(config, TrainerOptions{"", DType::f32, true});
+    Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true});
     return trainer.run();
 }
 
@@ -60,12 +60,12 @@ TEST(Training, SelectiveAndFullRecompute_GiveBitwiseTheSameRunWithLessActivation
         none.train.sample_tokens = 0;
         none.train.steps = 3;
         const TrainResult base = train_quietly(none);
-        size_t previous_bytes = Trainer(none, TrainerOptions{"", DType::f32, true}).memory().activation_bytes;
+        size_t previous_bytes = Trainer(none, TrainerOptions{.dtype = DType::f32, .quiet = true}).memory().activation_bytes;
         for (const Recompute mode : {Recompute::selective, Recompute::full}) {
             Config config = none;
             config.train.recompute = mode;
             test::expect_bitwise_identical(train_quietly(config), base, family + " " + recompute_name(mode));
-            const size_t bytes = Trainer(config, TrainerOptions{"", DType::f32, true}).memory().activation_bytes;
+            const size_t bytes = Trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true}).memory().activation_bytes;
             EXPECT_LT(bytes, previous_bytes) << family << " " << recompute_name(mode);
             previous_bytes = bytes;
         }

@@ -41,7 +41,7 @@ TrainResult run_single_process(Config config, int64_t dp) {
     // One process sees the whole global batch: dp times the micro-batches of a dp rank.
     config.train.grad_accum *= dp;
     config.parallel = ParallelConfig{};
-    Trainer trainer(config, TrainerOptions{"", DType::f32, true});
+    Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true});
     return trainer.run();
 }
 
@@ -52,7 +52,7 @@ struct ParallelRun {
 
 ParallelRun run_parallel(const Config& config) {
     ParallelContext ctx = make_mpi_context(config.parallel);
-    Trainer trainer(config, TrainerOptions{"", DType::f32, true}, ctx);
+    Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true}, ctx);
     ParallelRun run{trainer.run(), trainer.memory()};
     ctx.world->barrier();
     return run;

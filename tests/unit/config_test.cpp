@@ -630,12 +630,12 @@ TEST(Config, LoadConfig_ErrorsNameTheFilePath) {
     }
 }
 
-TEST(Config, LoadConfig_MissingFile_IsAnIoError) {
+TEST(Config, LoadConfig_MissingFile_IsAConfigError_Exit2) {
     try {
         load_config(testing::TempDir() + "config_test_does_not_exist.toml");
         FAIL() << "expected an Error";
     } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::io);
+        EXPECT_EQ(e.kind(), ErrorKind::config);
         EXPECT_TRUE(Contains(e.what(), "cannot read config file '" + testing::TempDir() + "config_test_does_not_exist.toml'"));
     }
 }
