@@ -13,6 +13,9 @@
 #include <optional>
 #include <unistd.h>
 
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/config_changes.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/exit_code.h"
@@ -33,6 +36,12 @@ struct TrainArgs {
     std::vector<std::string> overrides;
     std::string run_dir;
     bool dry_run = false;
+    std::string resume;  // "", auto, latest or a checkpoint directory
+};
+
+struct ResumePoint {
+    std::string path;
+    Manifest manifest;
 };
 
 std::string default_run_dir(const std::string& config_path) {
@@ -103,7 +112,7 @@ void report(const TrainResult& result) {
              " tokens/s (steps after the first) | time in GEMMs: ", std::lround(100 * result.gemm_fraction), "% of step time");
     log_info("op time: ", top);
     if (!result.evals.empty())
-        log_info("val loss: ", result.evals.front().val_loss, " at step 0 -> ", result.evals.back().val_loss, " at step ", result.evals.back().step);
+        log_info("val loss: ", result.evals.front().val_loss, " at step ", result.evals.front().step, " -> ", result.evals.back().val_loss, " at step ", result.evals.back().step);
 }
 
 // SIGINT is the user at the terminal; SIGTERM and SIGUSR1 are a scheduler's notice: run again.
@@ -128,10 +137,61 @@ int layout_ranks(const ParallelConfig& parallel) {
     return static_cast<int>(parallel.tp * parallel.pp * std::max<int64_t>(1, parallel.dp));
 }
 
+// The checkpoint's config against this run's: the model's shape must match; the layout may
+// change; other changes are listed.
+void check_resume_config(const ResumePoint& resume, const Config& config, bool report) {
+    const ConfigChanges changes = config_changes(resume.manifest.config_toml, dump_config(config));
+    if (!changes.model_shape.empty()) {
+        const ConfigChange& c = changes.model_shape.front();
+        fail(ErrorKind::config, c.key, ": the checkpoint '", resume.path, "' was saved by a model with ", c.key, " = ", c.saved, ", this config has ", c.now,
+             " (a resumed model must have the same shape; ", changes.model_shape.size(), " model key(s) differ)");
+    }
+    if (!report) return;
+    const auto listed = [](const std::vector<ConfigChange>& list) {
+        std::string text;
+        for (const ConfigChange& c : list) text += (text.empty() ? "" : ", ") + c.describe();
+        return text;
+    };
+    if (!changes.layout.empty()) log_info("resuming on another layout: ", listed(changes.layout));
+    if (!changes.other.empty()) log_warn("resuming '", resume.path, "' with a changed config: ", listed(changes.other));
+}
+
+// The checkpoint --resume names: rank 0 (or a single process) looks for it.
+std::optional<ResumePoint> find_resume(const std::string& mode, const Config& config) {
+    const std::optional<std::string> path =
+        find_resume_checkpoint(config.checkpoint.dir, mode, [&](const std::string& why) { log_warn("--resume ", mode, ": ", why); });
+    if (!path) {
+        log_info("--resume ", mode, ": no checkpoint under '", config.checkpoint.dir, "'; starting at step 0");
+        return std::nullopt;
+    }
+    return ResumePoint{*path, read_checkpoint_manifest(*path)};
+}
+
+void restore(Trainer& trainer, const std::optional<ResumePoint>& resume) {
+    if (!resume) return;
+    trainer.restore(resume->path, resume->manifest);
+    if (trainer.context().world_rank == 0)
+        log_info("resumed from '", resume->path, "' at step ", resume->manifest.step, " (saved on ", resume->manifest.world_size, " rank(s): tp ",
+                 resume->manifest.tp, " x dp ", resume->manifest.dp, " x pp ", resume->manifest.pp, ")");
+}
+
+void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config) {
+    if (config.checkpoint.every_steps == 0) return;
+    const ParallelContext& ctx = trainer.context();
+    const FileAttributes file{0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
+    CheckpointerHooks hooks;
+    hooks.capture = [&trainer](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
+    hooks.manifest = [&trainer](int64_t step) { return trainer.manifest_at(step); };
+    checkpointer.emplace(config.checkpoint, *ctx.world, file, std::move(hooks));
+    trainer.observe(*checkpointer);
+}
+
 // Trains with everything checked; rank 0 (run_dir set) records the run. Returns the exit code.
 int train(Trainer& trainer, const Config& config, const std::string& run_dir, int ranks) {
     std::optional<RunDirectory> dir;
     std::optional<ConsoleObserver> console;
+    std::optional<Checkpointer> checkpointer;
+    start_checkpointer(checkpointer, trainer, config);
     if (!run_dir.empty()) {
         dir.emplace(run_dir, config, config.source_path, ranks);
         log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", config.source_path, " | run directory ", run_dir, ranks > 1 ? cat(" | ", ranks, " ranks") : "");
@@ -141,18 +201,21 @@ int train(Trainer& trainer, const Config& config, const std::string& run_dir, in
     }
     try {
         const TrainResult result = trainer.run();
+        const int64_t last_step = trainer.start_step() + static_cast<int64_t>(result.steps.size());
+        // Stopped or finished: the state after the last step is saved before the process ends.
+        if (checkpointer) checkpointer->save_and_wait(last_step);
         if (result.stop_signal != 0) {
             const ExitCode code = exit_code_of_stop(result.stop_signal);
             if (dir) {
-                log_warn("stopped by ", signal_name(result.stop_signal), " after step ", result.steps.size(), " of ", config.train.steps,
-                         code == exit_resume ? "; run the same command again to continue" : "");
-                dir->log().write("interrupted", {{"signal", signal_name(result.stop_signal)}, {"step", result.steps.size()}, {"exit_code", code}});
+                log_warn("stopped by ", signal_name(result.stop_signal), " after step ", last_step, " of ", config.train.steps,
+                         checkpointer ? "; the checkpoint is saved: run the same command with --resume auto to continue" : "");
+                dir->log().write("interrupted", {{"signal", signal_name(result.stop_signal)}, {"step", last_step}, {"exit_code", code}});
             }
             return code;
         }
         if (dir) {
             report(result);
-            dir->log().write("end", {{"steps", result.steps.size()}, {"seconds", result.train_seconds},
+            dir->log().write("end", {{"steps", last_step}, {"seconds", result.train_seconds},
                                      {"tokens_per_second", result.tokens_per_second}, {"exit_code", exit_ok}});
         }
         return exit_ok;
@@ -173,10 +236,13 @@ int train_single_process(const TrainArgs& args, const Config& config) {
              ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     check_run_dir_is_free(run_dir);
+    const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume(args.resume, config);
+    if (resume) check_resume_config(*resume, config, true);
     install_stop_signal_handlers();
     TrainerOptions options;
     options.stop_signal = pending_stop_signal;
     Trainer trainer(config, std::move(options));
+    restore(trainer, resume);
     return train(trainer, config, run_dir, 1);
 }
 
@@ -200,6 +266,27 @@ void check_on_every_rank(const MpiSession& mpi, Checks&& checks) {
     throw ExitNow{mpi.broadcast_from(first, error ? exit_code_for(error->kind()) : exit_failure)};
 }
 
+// Rank 0 chooses the checkpoint to resume from; the others take its step (auto, latest) and
+// read the same manifest.
+std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArgs& args, const Config& config) {
+    if (args.resume.empty()) return std::nullopt;
+    const bool root = mpi.world_rank() == 0;
+    std::optional<ResumePoint> resume;
+    check_on_every_rank(mpi, [&] {
+        if (root) resume = find_resume(args.resume, config);
+    });
+    const int step = mpi.broadcast_from(0, resume ? static_cast<int>(resume->manifest.step) : -1);
+    check_on_every_rank(mpi, [&] {
+        if (step >= 0 && !root) {
+            const bool named = args.resume != "auto" && args.resume != "latest";
+            const std::string path = named ? args.resume : (std::filesystem::path(config.checkpoint.dir) / checkpoint_name(step)).string();
+            resume = ResumePoint{path, read_checkpoint_manifest(path)};
+        }
+        if (resume) check_resume_config(*resume, config, root);
+    });
+    return resume;
+}
+
 // Under MPI every rank runs this. Rank 0 owns the run directory and the output; an error on
 // any rank after the checks is printed with the rank's place in the mesh and ends the whole
 // job, so that no rank is left waiting for a peer that is gone.
@@ -217,6 +304,7 @@ int train_under_mpi(const TrainArgs& args) {
         if (world_rank == 0) print_dry_run(*config, make_mesh(config->parallel, mpi.world_size()));
         return exit_ok;
     }
+    const std::optional<ResumePoint> resume = agree_on_resume(mpi, args, *config);
     std::optional<ParallelContext> ctx;
     std::string where = cat("rank ", world_rank);
     try {
@@ -227,6 +315,7 @@ int train_under_mpi(const TrainArgs& args) {
         options.quiet = world_rank != 0;
         options.stop_signal = pending_stop_signal;
         Trainer trainer(*config, std::move(options), *ctx);
+        restore(trainer, resume);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
         return train(trainer, *config, run_dir, mpi.world_size());
     } catch (const Error& e) {
@@ -249,6 +338,9 @@ void register_train_command(CLI::App& app, CommandAction& action) {
     cmd->add_option("config", args->config_path, "The run's TOML config file")->required();
     cmd->add_option("--set", args->overrides, "Override a config key, e.g. --set train.steps=100 (repeatable)")->type_name("KEY=VALUE");
     cmd->add_option("--run-dir", args->run_dir, "Where logs and the effective config go (default: runs/<config>-<time>)");
+    cmd->add_option("--resume", args->resume,
+                    "Continue from a checkpoint: auto (the newest valid one under checkpoint.dir, or a fresh start if none), latest, or a checkpoint directory")
+        ->type_name("auto|latest|PATH");
     cmd->add_flag("--dry-run", args->dry_run, "Check everything, print the effective config, the layout and the memory plan, and exit");
     cmd->callback([args, &action] { action = [args] { return run_train(*args); }; });
 }

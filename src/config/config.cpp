@@ -36,6 +36,7 @@ constexpr const char* kFamilyNames[] = {"gpt2", "llama"};
 constexpr const char* kFormatNames[] = {"text", "tokens", "shards", "megatron", "llmc", "nanogpt"};
 constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
 constexpr const char* kNonFiniteNames[] = {"abort", "skip"};
+constexpr const char* kSaveErrorNames[] = {"warn", "abort"};
 constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
 constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
@@ -47,6 +48,7 @@ Names names_of(ModelFamily) { return kFamilyNames; }
 Names names_of(DataFormat) { return kFormatNames; }
 Names names_of(LrDecay) { return kDecayNames; }
 Names names_of(NonFinitePolicy) { return kNonFiniteNames; }
+Names names_of(SaveErrorPolicy) { return kSaveErrorNames; }
 Names names_of(ComputeDevice) { return kDeviceNames; }
 Names names_of(Precision) { return kPrecisionNames; }
 Names names_of(Recompute) { return kRecomputeNames; }
@@ -286,7 +288,10 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(checkpoint, dir).string().describe("directory of checkpoints"),
         CONFIG_KEY(checkpoint, every_steps).integer(0, kTrillion).describe("steps between checkpoints; 0: none"),
-        CONFIG_KEY(checkpoint, keep_last).integer(1, kMillion).describe("checkpoints kept on disk"),
+        CONFIG_KEY(checkpoint, keep_last).integer(1, kMillion).describe("newest checkpoints kept on disk"),
+        CONFIG_KEY(checkpoint, keep_every).integer(0, kTrillion).describe("also keep every checkpoint whose step is a multiple of this forever; 0: none"),
+        CONFIG_KEY(checkpoint, async).boolean().describe("write checkpoints in the background while training goes on"),
+        CONFIG_KEY(checkpoint, on_save_error).choice(kSaveErrorNames).describe("a failed save: warn and train on, or abort the run"),
 
         CONFIG_KEY(monitor, on_nonfinite).choice(kNonFiniteNames)
             .describe("on a NaN or Inf loss or gradient: abort the run or skip the step"),
@@ -663,10 +668,6 @@ constexpr Check kChecks[] = {
         }
         if (why.empty()) return std::nullopt;
         return Problem{"parallel.stage_layers", why};
-    },
-    [](const Config& c) -> std::optional<Problem> {
-        if (c.checkpoint.every_steps == 0) return std::nullopt;
-        return Problem{"checkpoint.every_steps", cat("this version writes no checkpoints (allowed: 0; got ", c.checkpoint.every_steps, ")")};
     },
 };
 

@@ -113,10 +113,15 @@ struct ParallelConfig {
     double timeout_seconds = 300;          // a collective or transfer that takes longer ends the job
 };
 
+enum class SaveErrorPolicy { warn, abort };
+
 struct CheckpointConfig {
     std::string dir = "checkpoints";
     int64_t every_steps = 0;               // 0: no checkpoints
-    int64_t keep_last = 3;
+    int64_t keep_last = 3;                 // newest committed checkpoints kept
+    int64_t keep_every = 0;                // also keep steps that are multiples of this forever; 0: none
+    bool async = true;                     // write in the background; false: the step loop waits
+    SaveErrorPolicy on_save_error = SaveErrorPolicy::warn;
 };
 
 enum class NonFinitePolicy { abort, skip };

@@ -138,7 +138,7 @@ std::optional<Tokenizer> sample_tokenizer(const Config& config) {
 
 class LoaderBatchSource : public BatchSource {
 public:
-    explicit LoaderBatchSource(const Config& config) : config_(config), tokenizer_(sample_tokenizer(config)) {
+    LoaderBatchSource(const Config& config, std::optional<LoaderState> resume) : config_(config), tokenizer_(sample_tokenizer(config)) {
         const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
         std::vector<std::unique_ptr<TokenSource>> sources;
         std::vector<double> weights;
@@ -150,7 +150,7 @@ public:
         }
         const TrainConfig& t = config.train;
         loader_ = std::make_unique<DataLoader>(std::move(sources), weights,
-                                               LoaderOptions{t.seq_len, t.batch_size, t.grad_accum, t.seed, static_cast<size_t>(config.data.prefetch), {}});
+                                               LoaderOptions{t.seq_len, t.batch_size, t.grad_accum, t.seed, static_cast<size_t>(config.data.prefetch), resume.value_or(LoaderState{})});
     }
     void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) override {
         loader_->fill(out, step, micro_batch, dp_rank, dp_size);
@@ -190,9 +190,9 @@ private:
 
 std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config) { return std::make_unique<SyntheticBatchSource>(config); }
 
-std::unique_ptr<BatchSource> make_batch_source(const Config& config) {
+std::unique_ptr<BatchSource> make_batch_source(const Config& config, std::optional<LoaderState> resume) {
     if (config.data.format == DataFormat::text || config.data.format == DataFormat::tokens) return std::make_unique<WindowBatchSource>(config);
-    return std::make_unique<LoaderBatchSource>(config);
+    return std::make_unique<LoaderBatchSource>(config, resume);
 }
 
 }  // namespace llmtrain

@@ -32,8 +32,9 @@ public:
     virtual std::optional<LoaderState> state_at(int64_t step, int dp_size) const = 0;
 };
 
-// Opens the configured data; errors name the key and the file.
-std::unique_ptr<BatchSource> make_batch_source(const Config& config);
+// Opens the configured data; errors name the key and the file. resume: where a resumed run's
+// loader stands (from its checkpoint); nullopt: the start.
+std::unique_ptr<BatchSource> make_batch_source(const Config& config, std::optional<LoaderState> resume = std::nullopt);
 // Uniform random tokens, no files (`bench`).
 std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config);
 

@@ -62,16 +62,20 @@ void Parameters::refresh_compute_copy() {
 // rows: local row lr lies in block b = lr / block_rows of the local rows; globally that
 // block starts at b * block_rows * tp and this rank's part of it at tp_rank * block_rows.
 // cols: local column lc is global column tp_rank * local_cols + lc.
+int64_t tp_global_index(const Shape& shape, const Shape& global_shape, TensorSplit split, int tp_rank, int tp_size, int64_t local) {
+    if (split.kind == TpSplit::none || tp_size == 1) return local;
+    const int64_t cols = shape.rank >= 2 ? shape.cols() : 1;
+    const int64_t row = local / cols, col = local % cols;
+    if (split.kind == TpSplit::cols) return row * global_shape.cols() + static_cast<int64_t>(tp_rank) * cols + col;
+    const int64_t block_rows = shape[0] / split.blocks;
+    const int64_t block = row / block_rows, within = row % block_rows;
+    const int64_t global_row = block * block_rows * tp_size + static_cast<int64_t>(tp_rank) * block_rows + within;
+    return global_row * cols + col;
+}
+
 int64_t Parameters::global_index(size_t index, int64_t local) const {
     const ParamInfo& p = infos_[index];
-    if (p.replicated() || tp_size_ == 1) return local;
-    const int64_t cols = p.shape.rank >= 2 ? p.shape.cols() : 1;
-    const int64_t row = local / cols, col = local % cols;
-    if (p.split.kind == TpSplit::cols) return row * p.global_shape.cols() + static_cast<int64_t>(tp_rank_) * cols + col;
-    const int64_t block_rows = p.shape[0] / p.split.blocks;
-    const int64_t block = row / block_rows, within = row % block_rows;
-    const int64_t global_row = block * block_rows * tp_size_ + static_cast<int64_t>(tp_rank_) * block_rows + within;
-    return global_row * cols + col;
+    return tp_global_index(p.shape, p.global_shape, p.split, tp_rank_, tp_size_, local);
 }
 
 namespace {

@@ -46,6 +46,11 @@ struct TensorSplit {
     int64_t blocks = 1;  // rows only: equal row blocks, each split on its own
 };
 
+// Flat index in the global tensor of element `local` of tp rank tp_rank's part (of shape
+// `shape`) of a tensor of global_shape split among tp_size ranks: the one formula that
+// initialization, checkpoints and their loading on another layout share.
+int64_t tp_global_index(const Shape& shape, const Shape& global_shape, TensorSplit split, int tp_rank, int tp_size, int64_t local);
+
 struct ParamInfo {
     std::string name;
     Shape shape;            // this rank's part

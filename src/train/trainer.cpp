@@ -6,6 +6,7 @@
 #include <limits>
 #include <thread>
 
+#include "checkpoint/restore.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/generate.h"
@@ -121,9 +122,10 @@ void Trainer::log_startup() const {
 
 TrainResult Trainer::run() {
     log_startup();
-    record_eval(0, evaluate());
+    // A resumed run was evaluated at its start already, by the run that saved it.
+    if (start_step_ == 0) record_eval(0, evaluate());
     const int64_t steps = config_.train.steps;
-    for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t step = start_step_; step < steps; ++step) {
         inject_fault_if_requested(ctx_->world_rank, step + 1);
         const OpProfile before = backend_->profile();
         const StepRecord s = train_step(step);
@@ -160,8 +162,43 @@ StepRecord Trainer::train_step(int64_t step) {
     update(s);
     backend_->synchronize();
     s.step_seconds = clock.seconds();
-    s.tokens_per_second = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp()) / s.step_seconds;
+    const int64_t tokens = t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp();
+    s.tokens_per_second = static_cast<double>(tokens) / s.step_seconds;
+    tokens_seen_ += tokens;
     return s;
+}
+
+SnapshotSource Trainer::snapshot_source() {
+    // The last stage's copy of a tied embedding is the first stage's tensor again.
+    std::optional<size_t> tied_copy;
+    if (config_.model.tied_embeddings && !ctx_->first_stage() && model_->partition().has_head) tied_copy = model_->embedding_param();
+    return {model_->parameters(), *optimizer_, *backend_, ctx_->world_rank, ctx_->coord().dp, buckets_->zero1() && ctx_->mesh.dp() > 1, tied_copy};
+}
+
+Manifest Trainer::manifest_at(int64_t step) const {
+    Manifest m;
+    m.step = step;
+    m.tokens_seen = tokens_seen_;
+    m.optimizer_steps = optimizer_->steps_taken();
+    m.loss_scale = loss_scale_.scale();
+    m.loss_scale_good_steps = loss_scale_.good_steps();
+    m.data = data_->state_at(step, ctx_->mesh.dp());
+    m.seed = config_.train.seed;
+    m.world_size = ctx_->mesh.world_size();
+    m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
+    m.zero1 = buckets_->zero1() && ctx_->mesh.dp() > 1;
+    m.config_toml = dump_config(config_);
+    return m;
+}
+
+void Trainer::restore(const std::string& path, const Manifest& manifest) {
+    if (manifest.step >= config_.train.steps)
+        fail(ErrorKind::config, "train.steps = ", config_.train.steps, ": the checkpoint '", path, "' is at step ", manifest.step, " already; raise train.steps to train on");
+    load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_);
+    loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
+    if (manifest.data) data_ = make_batch_source(config_, manifest.data);
+    start_step_ = manifest.step;
+    tokens_seen_ = manifest.tokens_seen;
 }
 
 // A fault for the tests of the non-finite policy: this rank's first gradient becomes NaN.

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/rank_snapshot.h"
 #include "config/config.h"
 #include "data/batch_source.h"
 #include "metrics/step_record.h"
@@ -78,6 +80,14 @@ public:
     RankMemory memory() const;
     DType compute_dtype() const { return dtype_; }
 
+    // Checkpoints. What this rank writes, and the manifest's fields, after step `step`.
+    SnapshotSource snapshot_source();
+    Manifest manifest_at(int64_t step) const;
+    // Continues from the checkpoint at path (its manifest read already): weights, moments,
+    // loss scale, data position; run() then starts at manifest.step.
+    void restore(const std::string& path, const Manifest& manifest);
+    int64_t start_step() const { return start_step_; }
+
 private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
     void log_startup() const;
@@ -110,6 +120,8 @@ private:
     BatchBuffers batch_;
     DType dtype_;
     DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
+    int64_t start_step_ = 0;         // steps taken before this process (a resumed run)
+    int64_t tokens_seen_ = 0;        // over the whole job, since the run's first step
     TrainResult result_;
 };
 
