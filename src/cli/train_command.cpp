@@ -167,6 +167,16 @@ std::optional<ResumePoint> find_resume(const std::string& mode, const Config& co
     return ResumePoint{*path, read_checkpoint_manifest(*path)};
 }
 
+// Whether the checkpoint has every step of the run already: a restart of a finished run
+// (the same command line for every restart) then has nothing to do.
+bool trained_already(const std::optional<ResumePoint>& resume, const Config& config, bool report) {
+    if (!resume || resume->manifest.step < config.train.steps) return false;
+    if (report)
+        log_info("'", resume->path, "' is at step ", resume->manifest.step, ": train.steps = ", config.train.steps,
+                 " is reached already, nothing to train (raise train.steps to train on)");
+    return true;
+}
+
 void restore(Trainer& trainer, const std::optional<ResumePoint>& resume) {
     if (!resume) return;
     trainer.restore(resume->path, resume->manifest);
@@ -238,6 +248,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     check_run_dir_is_free(run_dir);
     const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume(args.resume, config);
     if (resume) check_resume_config(*resume, config, true);
+    if (trained_already(resume, config, true)) return exit_ok;
     install_stop_signal_handlers();
     TrainerOptions options;
     options.stop_signal = pending_stop_signal;
@@ -305,6 +316,7 @@ int train_under_mpi(const TrainArgs& args) {
         return exit_ok;
     }
     const std::optional<ResumePoint> resume = agree_on_resume(mpi, args, *config);
+    if (trained_already(resume, *config, world_rank == 0)) return exit_ok;
     std::optional<ParallelContext> ctx;
     std::string where = cat("rank ", world_rank);
     try {
