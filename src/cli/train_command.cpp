@@ -68,6 +68,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     if (ranks > 1)
         fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp, ", pp ", config.parallel.pp,
              ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
+    micro_batches_per_step(config, 1);  // a global batch that does not split stops the run before its directory exists
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     prepare_run_dir(run_dir, config);
     log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", args.config_path, " | run directory ", run_dir);
@@ -86,6 +87,7 @@ int train_under_mpi(const TrainArgs& args, const Config& config) {
     try {
         ParallelContext ctx = make_mpi_context(config.parallel);
         where = cat("rank ", world_rank, " (", ctx.mesh.describe(world_rank), ")");
+        micro_batches_per_step(config, ctx.mesh.dp());  // every rank stops on a global batch that this dp does not split
         const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
         if (world_rank == 0) {
             prepare_run_dir(run_dir, config);
