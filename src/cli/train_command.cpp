@@ -126,9 +126,10 @@ void print_dry_run(const Config& config, const Mesh& mesh) {
     for (size_t s = 0; s < layers.size(); ++s) stages += cat(s ? ", " : "", layers[s]);
     std::printf("layout: %d ranks = tp %d x dp %d x pp %d (order %s) | layers per stage: %s | ZeRO-1 %s\n", mesh.world_size(), mesh.tp(), mesh.dp(),
                 mesh.pp(), config.parallel.order.c_str(), stages.c_str(), config.parallel.zero1 && mesh.dp() > 1 ? "on" : "off");
+    const int64_t micro_batches = micro_batches_per_step(config, mesh.dp());
     std::printf("batch: %lld x %lld tokens x %lld micro-batches x dp %d = %lld tokens per step\n", static_cast<long long>(config.train.batch_size),
-                static_cast<long long>(config.train.seq_len), static_cast<long long>(config.train.grad_accum), mesh.dp(),
-                static_cast<long long>(config.train.batch_size * config.train.seq_len * config.train.grad_accum * mesh.dp()));
+                static_cast<long long>(config.train.seq_len), static_cast<long long>(micro_batches), mesh.dp(),
+                static_cast<long long>(config.train.batch_size * config.train.seq_len * micro_batches * mesh.dp()));
     std::printf("dry run: every check passed; nothing was allocated or written\n");
 }
 
@@ -244,6 +245,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     if (ranks > 1)
         fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp, ", pp ", config.parallel.pp,
              ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
+    micro_batches_per_step(config, 1);  // a global batch that does not split stops the run before its directory exists
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     check_run_dir_is_free(run_dir);
     const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume(args.resume, config);
@@ -308,7 +310,8 @@ int train_under_mpi(const TrainArgs& args) {
     check_on_every_rank(mpi, [&] { config.emplace(load_config(args.config_path, args.overrides)); });
     const std::string run_dir = world_rank != 0 ? "" : args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     check_on_every_rank(mpi, [&] {
-        make_mesh(config->parallel, mpi.world_size());
+        // A global batch that this dp does not split stops every rank before the run directory exists.
+        micro_batches_per_step(*config, make_mesh(config->parallel, mpi.world_size()).dp());
         if (!run_dir.empty() && !args.dry_run) check_run_dir_is_free(run_dir);
     });
     if (args.dry_run) {

@@ -248,9 +248,13 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(train, steps).integer(1, kTrillion).required().describe("optimizer steps"),
         CONFIG_KEY(train, batch_size).integer(1, 65536).required().describe("sequences per micro-batch"),
         CONFIG_KEY(train, seq_len).integer(1, 1048576).required().describe("tokens per sequence"),
-        CONFIG_KEY(train, grad_accum).integer(1, 65536).describe("micro-batches per optimizer step"),
+        CONFIG_KEY(train, global_batch_size).integer(0, kTrillion)
+            .describe("sequences per optimizer step over the whole job; 0: batch_size * grad_accum * dp"),
+        CONFIG_KEY(train, grad_accum).integer(0, 65536)
+            .describe("micro-batches per optimizer step on each dp rank; 0: global_batch_size / (batch_size * dp), or 1"),
         CONFIG_KEY(train, eval_every).integer(0, kTrillion).describe("steps between evaluations; 0: only after the last step"),
-        CONFIG_KEY(train, eval_batches).integer(1, kMillion).describe("batches per evaluation"),
+        CONFIG_KEY(train, eval_sequences).integer(1, kTrillion)
+            .describe("validation sequences per evaluation: the same set whatever batch_size and the layout"),
         CONFIG_KEY(train, log_every).integer(1, kTrillion).describe("steps between log lines"),
         CONFIG_KEY(train, threads).integer(0, 4096).describe("CPU threads; 0: all cores"),
         CONFIG_KEY(train, sample_tokens).integer(0, kMillion).describe("tokens generated after training; 0: none"),
@@ -266,7 +270,8 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(optimizer, lr).number(excl(0), incl(10)).required().describe("peak learning rate"),
         CONFIG_KEY(optimizer, min_lr_ratio).number(incl(0), incl(1)).describe("floor of the decay, as a fraction of lr"),
-        CONFIG_KEY(optimizer, warmup_steps).integer(0, kTrillion).describe("steps of linear warmup to lr"),
+        CONFIG_KEY(optimizer, warmup_steps).integer(0, kTrillion)
+            .describe("steps of linear warmup to lr; a run with fewer train.steps warms up over all of them"),
         CONFIG_KEY(optimizer, decay).choice(kDecayNames).describe("learning-rate schedule after warmup"),
         CONFIG_KEY(optimizer, beta1).number(incl(0), excl(1)).describe("AdamW decay of the first moment"),
         CONFIG_KEY(optimizer, beta2).number(incl(0), excl(1)).describe("AdamW decay of the second moment"),
@@ -275,7 +280,7 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(optimizer, grad_clip).number(incl(0), incl(1e6)).describe("max global gradient norm; 0: no clipping"),
 
         CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads, d_ff and vocab_size"),
-        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers, at most grad_accum"),
+        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers; fewer micro-batches than stages widen the bubble"),
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1)"),
@@ -375,9 +380,17 @@ struct Problem {
     std::string text;
 };
 
+// Keys of earlier versions, and what took their place.
+constexpr std::pair<std::string_view, std::string_view> kRetiredKeys[] = {
+    {"train.eval_batches", "replaced by train.eval_sequences, the number of validation sequences whatever train.batch_size "
+                           "(eval_batches x batch_size gives the same validation set)"},
+};
+
 // Why `path` names no config key, with the known names around it and the nearest one.
 // A top-level name is an unknown section when it holds a table, else a key outside sections.
 Problem unknown_name(std::string_view path, bool holds_table) {
+    for (const auto& [retired, replacement] : kRetiredKeys)
+        if (path == retired) return {std::string(path), std::string(replacement)};
     const auto sections = section_names();
     const size_t dot = path.find('.');
     const std::string_view section = path.substr(0, dot);
@@ -563,6 +576,31 @@ GivenKeys read_keys(const toml::table& root, const Origin& origin, Config& confi
 
 // ---- Impossible combinations ----
 
+// Why the global batch does not split into whole micro-batches of train.batch_size on dp
+// data-parallel ranks; nullopt if it does. dp = 0 (not known yet): only what must hold for
+// every dp is checked.
+std::optional<Problem> batch_split_problem(const TrainConfig& t, int64_t dp) {
+    const int64_t global = t.global_batch_size, batch = t.batch_size, accum = t.grad_accum;
+    if (global == 0) return std::nullopt;
+    if (dp == 0) {
+        const int64_t unit = batch * std::max<int64_t>(accum, 1);
+        if (global % unit == 0) return std::nullopt;
+        if (accum == 0)
+            return Problem{"train.global_batch_size", cat(global, " sequences per step is not a multiple of train.batch_size = ", batch)};
+        return Problem{"train.grad_accum", cat(accum, " micro-batches x train.batch_size = ", batch, " = ", unit,
+                                               " sequences per dp rank do not divide train.global_batch_size = ", global,
+                                               " (set one of the two; grad_accum = 0 derives it)")};
+    }
+    const int64_t per_micro_batch = batch * dp;
+    if (global % per_micro_batch != 0)
+        return Problem{"train.global_batch_size", cat(global, " sequences per step do not split into micro-batches of train.batch_size = ", batch,
+                                                      " on dp = ", dp, " ranks (allowed: a multiple of train.batch_size x dp = ", per_micro_batch, ")")};
+    if (accum == 0 || accum * per_micro_batch == global) return std::nullopt;
+    return Problem{"train.grad_accum", cat(accum, " micro-batches x train.batch_size = ", batch, " x dp = ", dp, " = ", accum * per_micro_batch,
+                                           " sequences per step, but train.global_batch_size = ", global, " (gives grad_accum = ", global / per_micro_batch,
+                                           "; set one of the two; grad_accum = 0 derives it)")};
+}
+
 using Check = std::optional<Problem> (*)(const Config&);
 
 // In the order of the key each one names.
@@ -618,6 +656,8 @@ constexpr Check kChecks[] = {
         if (c.train.seq_len <= c.model.max_seq_len) return std::nullopt;
         return Problem{"train.seq_len", cat("must be <= model.max_seq_len = ", c.model.max_seq_len, " (got ", c.train.seq_len, ")")};
     },
+    // parallel.dp = 0 (derived from the world size): the trainer checks again on the run's mesh.
+    [](const Config& c) { return batch_split_problem(c.train, c.parallel.dp); },
     [](const Config& c) -> std::optional<Problem> {
         const bool cpu = c.train.device == ComputeDevice::cpu;
         const Precision p = c.train.precision;
@@ -633,10 +673,6 @@ constexpr Check kChecks[] = {
                                             "; train.device = \"cuda\" needs 64 or 128 (got ", c.model.n_heads, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (c.optimizer.warmup_steps <= c.train.steps) return std::nullopt;
-        return Problem{"optimizer.warmup_steps", cat("must be <= train.steps = ", c.train.steps, " (got ", c.optimizer.warmup_steps, ")")};
-    },
-    [](const Config& c) -> std::optional<Problem> {
         const int64_t tp = c.parallel.tp;
         const ModelConfig& m = c.model;
         if (m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0 && m.vocab_size % tp == 0) return std::nullopt;
@@ -650,13 +686,16 @@ constexpr Check kChecks[] = {
                                                          " tokens of a micro-batch across parallel.tp = ", c.parallel.tp, " ranks: they must divide evenly")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (c.parallel.pp <= c.model.n_layers) return std::nullopt;
-        return Problem{"parallel.pp", cat("more pipeline stages than model.n_layers = ", c.model.n_layers, " (got ", c.parallel.pp, ")")};
+        // The last evaluation micro-batch holds the remainder of the sequences.
+        const int64_t rows = c.train.eval_sequences % c.train.batch_size, tokens = rows * c.train.seq_len;
+        if (!c.parallel.sequence_parallel || tokens % c.parallel.tp == 0) return std::nullopt;
+        return Problem{"train.eval_sequences", cat("leaves a last evaluation micro-batch of ", rows, " sequences x train.seq_len = ", tokens,
+                                                   " tokens, which parallel.sequence_parallel cannot split across parallel.tp = ", c.parallel.tp,
+                                                   " ranks (allowed: a multiple of train.batch_size = ", c.train.batch_size, ", or a remainder whose tokens tp divides)")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (c.parallel.pp <= c.train.grad_accum) return std::nullopt;
-        return Problem{"parallel.pp", cat("1F1B needs at least as many micro-batches as stages: train.grad_accum = ", c.train.grad_accum,
-                                          " < ", c.parallel.pp, " stages")};
+        if (c.parallel.pp <= c.model.n_layers) return std::nullopt;
+        return Problem{"parallel.pp", cat("more pipeline stages than model.n_layers = ", c.model.n_layers, " (got ", c.parallel.pp, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.stage_layers.empty()) return std::nullopt;
@@ -750,6 +789,14 @@ std::vector<WeightedPath> training_sources(const DataConfig& data) {
         sources.push_back({trimmed(std::string_view(entry).substr(0, eq)), weight});
     }
     return sources;
+}
+
+int64_t micro_batches_per_step(const Config& config, int64_t dp) {
+    const TrainConfig& t = config.train;
+    if (const auto problem = batch_split_problem(t, dp))
+        fail(ErrorKind::config, config.source_path.empty() ? "" : config.source_path + ": ", problem->where, ": ", problem->text);
+    if (t.grad_accum > 0) return t.grad_accum;
+    return t.global_batch_size > 0 ? t.global_batch_size / (t.batch_size * dp) : 1;
 }
 
 std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers) {

@@ -72,9 +72,14 @@ struct TrainConfig {
     int64_t steps = 0;
     int64_t batch_size = 0;                // sequences per micro-batch
     int64_t seq_len = 0;
-    int64_t grad_accum = 1;                // micro-batches per optimizer step
+    // Sequences per optimizer step over the whole job (Megatron's global batch size); 0: unset,
+    // batch_size * grad_accum * dp.
+    int64_t global_batch_size = 0;
+    // Micro-batches per optimizer step on each dp rank; 0: derived, global_batch_size /
+    // (batch_size * dp) or 1 without a global batch size (see micro_batches_per_step).
+    int64_t grad_accum = 0;
     int64_t eval_every = 0;                // 0: evaluate only after the last step
-    int64_t eval_batches = 8;
+    int64_t eval_sequences = 128;          // validation sequences per evaluation, whatever batch_size and layout
     int64_t log_every = 1;
     int64_t threads = 0;                   // 0: all cores
     int64_t sample_tokens = 200;           // generated after training; 0: none
@@ -160,6 +165,13 @@ DType compute_dtype(const TrainConfig& train);
 // Layers per pipeline stage from parallel.stage_layers ("3,3,2"; empty: balanced, the
 // first stages taking one more when stages do not divide n_layers). Throws a config error.
 std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers);
+
+// Micro-batches per optimizer step on each of dp data-parallel ranks: train.grad_accum, or
+// train.global_batch_size / (train.batch_size * dp). dp is known only once the world size
+// is (parallel.dp = 0), so the trainer asks this of the run's mesh (dp >= 1). Throws
+// Error(config) naming the file, the keys and the numbers when the global batch does not
+// split into whole micro-batches on dp ranks, or disagrees with an explicit train.grad_accum.
+int64_t micro_batches_per_step(const Config& config, int64_t dp);
 
 // The effective config (defaults filled in) as TOML that parse_config accepts again.
 std::string dump_config(const Config& config);

@@ -61,6 +61,8 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
       ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len),
       dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)) {
     const ParallelContext& ctx = *ctx_;
+    // From here on grad_accum is this run's: derived from train.global_batch_size on this mesh.
+    config_.train.grad_accum = micro_batches_per_step(config_, ctx.mesh.dp());
     if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
@@ -116,8 +118,24 @@ void Trainer::log_startup() const {
              megabytes(static_cast<double>(mine.activation_bytes)), " / ", megabytes(act_max), " (planned) | backend ", backend_->name(), " ",
              dtype_name(dtype_), " compute, ", dtype_name(model_->parameters().dtype()), " master weights, recompute ",
              recompute_name(config_.train.recompute));
-    log_info("data: ", data_->describe(), " | batch ", t.batch_size, " x ", t.seq_len,
-             " x ", t.grad_accum, " micro-batches x dp ", mesh.dp(), " = ", t.batch_size * t.seq_len * t.grad_accum * mesh.dp(), " tokens per step");
+    const int64_t sequences_per_step = t.batch_size * t.grad_accum * mesh.dp();
+    log_info("data: ", data_->describe(), " | global batch ", sequences_per_step, " sequences = batch_size ", t.batch_size, " x grad_accum ",
+             t.grad_accum, " x dp ", mesh.dp(), " | ", sequences_per_step * t.seq_len, " tokens per step | validation ",
+             t.eval_sequences, " sequences");
+    log_schedule_notes();
+}
+
+// Settings that run but not as written: said once, at start-up.
+void Trainer::log_schedule_notes() const {
+    const int64_t warmup = config_.optimizer.warmup_steps, steps = config_.train.steps;
+    if (warmup > steps)
+        log_info("optimizer: warmup over ", steps, " steps, the whole run (optimizer.warmup_steps = ", warmup, " > train.steps = ", steps, ")");
+    // 1F1B idles each stage for pp - 1 micro-batch slots of the M + pp - 1 a step takes.
+    const int64_t pp = ctx_->mesh.pp(), micro_batches = config_.train.grad_accum;
+    if (micro_batches < pp)
+        log_warn("pipeline: train.grad_accum = ", micro_batches, " micro-batches per step for parallel.pp = ", pp, " stages: each stage idles ",
+                 std::lround(100.0 * static_cast<double>(pp - 1) / static_cast<double>(micro_batches + pp - 1)),
+                 "% of the step (the 1F1B bubble, (pp - 1) / (grad_accum + pp - 1)); grad_accum >= pp, or a larger train.global_batch_size, fills it");
 }
 
 TrainResult Trainer::run() {
@@ -292,17 +310,23 @@ double Trainer::global_grad_norm() {
     return std::sqrt(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
 }
 
-// Eval batch i runs on dp rank i % dp; the mean is over all of them.
+// The validation set is sequences [0, eval_sequences) whatever the micro-batch size and the
+// layout: they run in micro-batches of up to batch_size (the last holds the remainder),
+// micro-batch i on dp rank i % dp. Each adds its mean loss times its sequences, so the
+// result is the mean over every validation token: sum_i rows_i * mean_i / eval_sequences.
 double Trainer::evaluate() {
     const TrainConfig& t = config_.train;
     const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
+    const int64_t micro_batches = (t.eval_sequences + t.batch_size - 1) / t.batch_size;
     double total = 0;
-    for (int64_t i = dp_rank; i < t.eval_batches; i += dp) {
-        data_->fill_eval(batch_, i);
-        total += pipeline_->forward_only({batch_.inputs, batch_.targets}, t.batch_size, t.seq_len);
+    for (int64_t i = dp_rank; i < micro_batches; i += dp) {
+        const int64_t first = i * t.batch_size, rows = std::min(t.batch_size, t.eval_sequences - first);
+        data_->fill_eval(batch_, first, rows);
+        const MicroBatch micro_batch{batch_.inputs.view().slice_rows(0, rows * t.seq_len), batch_.targets.view().slice_rows(0, rows * t.seq_len)};
+        total += static_cast<double>(rows) * pipeline_->forward_only(micro_batch, rows, t.seq_len);
     }
     const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
-    return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_batches);
+    return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_sequences);
 }
 
 std::string Trainer::sample_text() {

@@ -6,8 +6,10 @@
 // log.jsonl); evaluation on the held-out split; a stop signal ends the run at a step boundary.
 //
 // Every layout computes the same run: the global batch of a step is dp * grad_accum
-// micro-batches of batch_size sequences, numbered the same way whatever the layout, and the
-// loss is the mean over all of them.
+// micro-batches of batch_size sequences (train.global_batch_size, when set, fixes the
+// product and grad_accum follows from dp), numbered the same way whatever the layout, and
+// the loss is the mean over all of them. Evaluation covers the same train.eval_sequences
+// validation sequences whatever the micro-batch size and the layout.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +81,8 @@ public:
     const ParallelContext& context() const { return *ctx_; }
     RankMemory memory() const;
     DType compute_dtype() const { return dtype_; }
+    // The run's config, with train.grad_accum as this mesh resolves it (never 0).
+    const Config& config() const { return config_; }
 
     // Checkpoints. What this rank writes, and the manifest's fields, after step `step`.
     SnapshotSource snapshot_source();
@@ -91,6 +95,7 @@ public:
 private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
     void log_startup() const;
+    void log_schedule_notes() const;
     // Applies the update of a step whose loss and gradient norm are known, or skips it.
     void update(StepRecord& s);
     // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.

@@ -9,7 +9,7 @@ scratch=$2
 rm -rf "$scratch"
 mkdir -p "$scratch"
 tiny=(configs/tiny.toml --set model.n_layers=1 --set model.d_model=32 --set train.batch_size=2 --set train.seq_len=16
-      --set train.eval_batches=1 --set train.sample_tokens=0 --set train.threads=1 --set optimizer.warmup_steps=1)
+      --set train.eval_sequences=2 --set train.sample_tokens=0 --set train.threads=1 --set optimizer.warmup_steps=1)
 failures=0
 
 # The "event" of the last record of DIR/log.jsonl.

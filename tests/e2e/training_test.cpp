@@ -19,7 +19,7 @@ TrainResult train_quietly(const Config& config) {
 
 Config small_run(const std::string& family) {
     return load_config("configs/tiny.toml", {"model.family=\"" + family + "\"", "model.n_layers=2", "model.d_model=32", "train.steps=6", "optimizer.warmup_steps=2",
-                                             "train.batch_size=4", "train.seq_len=32", "train.grad_accum=2", "train.eval_batches=2",
+                                             "train.batch_size=4", "train.seq_len=32", "train.grad_accum=2", "train.eval_sequences=8",
                                              "train.sample_tokens=16", "train.threads=2"});
 }
 
@@ -50,6 +50,37 @@ TEST(Training, TinyConfig_ValidationLossFallsFromAbout5p5ToUnder2p5) {
     EXPECT_FALSE(r.sample.empty());
     std::printf("tiny: val loss %.4f -> %.4f, %.0f tokens/s, %.0f%% of step time in GEMMs\n", r.evals.front().val_loss,
                 r.evals.back().val_loss, r.tokens_per_second, 100 * r.gemm_fraction);
+}
+
+// The validation set is train.eval_sequences sequences whatever the micro-batch size: 1, 2,
+// 4 (a last micro-batch of 2) and 6 sequences at a time give the same loss at step 0, to
+// f64's rounding.
+TEST(Training, ValidationLossAtStepZero_IsTheSameForEveryMicroBatchSize) {
+    double reference = 0;
+    for (const int64_t batch : {6, 1, 2, 4}) {
+        Config config = small_run("gpt2");
+        config.train.steps = 1;
+        config.train.grad_accum = 1;
+        config.train.batch_size = batch;
+        config.train.eval_sequences = 6;
+        config.train.sample_tokens = 0;
+        const double val_loss = Trainer(config, TrainerOptions{.dtype = DType::f64, .quiet = true}).run().evals.front().val_loss;
+        if (batch == 6) reference = val_loss;
+        EXPECT_NEAR(val_loss, reference, 1e-9 * reference) << "batch_size " << batch;
+    }
+}
+
+// A smoke run shorter than the config's warmup: the learning rate rises over the whole run
+// to the peak at the last step instead of being refused.
+TEST(Training, RunShorterThanWarmup_WarmsUpOverTheWholeRun) {
+    Config config = small_run("gpt2");
+    config.train.steps = 3;
+    config.optimizer.warmup_steps = 30;
+    config.train.sample_tokens = 0;
+    const TrainResult r = train_quietly(config);
+    ASSERT_EQ(r.steps.size(), 3u);
+    EXPECT_DOUBLE_EQ(r.steps[0].lr, config.optimizer.lr / 3);
+    EXPECT_DOUBLE_EQ(r.steps[2].lr, config.optimizer.lr);
 }
 
 // Recomputation rebuilds bitwise what the forward kept: the run does not change, for either

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # resume_on_other_layouts.sh SCRATCH LLMTRAIN MPIEXEC CONFIG [--set ...]: a checkpoint saved
 # at step 5 by TP2 x PP2 x DP2 (8 ranks) is resumed as 1 process, as DP4 (ZeRO-1), as
-# TP2 x DP2 and as PP4, each with the same global batch; the losses of steps 6..10 must equal
-# those of an uninterrupted single-process run within 1e-5 relative.
+# TP2 x DP2 and as PP4 (only parallel.* differs: train.global_batch_size keeps the batch);
+# the losses of steps 6..10 must equal those of an uninterrupted single-process run within
+# 1e-5 relative.
 set -u
 scratch=$1 bin=$2 mpiexec=$3
 shift 3
 rm -rf "$scratch"
 mkdir -p "$scratch"
-common=("$@" --set train.steps=10 --set train.batch_size=2 --set train.sample_tokens=0 --set train.log_every=100)
+common=("$@" --set train.steps=10 --set train.batch_size=2 --set train.global_batch_size=8 --set train.sample_tokens=0 --set train.log_every=100)
 
 run() {  # NAME RANKS [--set ...]
     local name=$1 ranks=$2
@@ -21,13 +22,12 @@ run() {  # NAME RANKS [--set ...]
 # step loss, for steps 6..10
 losses() { grep '"event":"step"' "$1/log.jsonl" | sed -E 's/.*"loss":([^,]*).*"step":([0-9]+),.*/\2 \1/' | awk '$1 > 5' | sort -n; }
 
-run reference 1 --set train.grad_accum=4
+run reference 1
 losses "$scratch/reference" >"$scratch/reference.losses"
-run saved 8 --set parallel.tp=2 --set parallel.pp=2 --set train.grad_accum=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
+run saved 8 --set parallel.tp=2 --set parallel.pp=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
 checkpoint=$scratch/checkpoints/step_00000005
 failures=0
-for layout in "one_process 1 --set train.grad_accum=4" "dp4 4 --set train.grad_accum=1" \
-              "tp2_dp2 4 --set parallel.tp=2 --set train.grad_accum=2" "pp4 4 --set parallel.pp=4 --set train.grad_accum=4"; do
+for layout in "one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4"; do
     set -- $layout
     name=$1
     shift
