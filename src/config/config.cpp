@@ -221,6 +221,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(model, d_ff).integer(1, 1048576).derived(default_d_ff)
             .describe("MLP hidden width; default gpt2 4*d_model, llama 8/3*d_model rounded up to 64"),
         CONFIG_KEY(model, vocab_size).integer(2, 2147483647).required().describe("token ids are 0 .. vocab_size-1"),
+        CONFIG_KEY(model, pad_vocab_to).integer(1, 65536)
+            .describe("embedding and LM-head rows are vocab_size rounded up to a multiple of parallel.tp * pad_vocab_to; the padding is masked out of the loss and sampling"),
         CONFIG_KEY(model, max_seq_len).integer(1, 1048576).required().describe("longest sequence the model accepts"),
         CONFIG_KEY(model, norm_eps).number(excl(0), excl(1)).describe("epsilon of LayerNorm / RMSNorm"),
         CONFIG_KEY(model, rope_theta).number(excl(0), incl(1e9)).family_only(ModelFamily::llama)
@@ -279,7 +281,7 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(optimizer, weight_decay).number(incl(0), incl(10)).describe("decoupled weight decay, on matrices only"),
         CONFIG_KEY(optimizer, grad_clip).number(incl(0), incl(1e6)).describe("max global gradient norm; 0: no clipping"),
 
-        CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads, d_ff and vocab_size"),
+        CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads and d_ff (the vocabulary is padded, see model.pad_vocab_to)"),
         CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers; fewer micro-batches than stages widen the bubble"),
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
@@ -675,9 +677,10 @@ constexpr Check kChecks[] = {
     [](const Config& c) -> std::optional<Problem> {
         const int64_t tp = c.parallel.tp;
         const ModelConfig& m = c.model;
-        if (m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0 && m.vocab_size % tp == 0) return std::nullopt;
-        return Problem{"parallel.tp", cat("must divide model.n_heads = ", m.n_heads, ", model.n_kv_heads = ", m.n_kv_heads, ", model.d_ff = ",
-                                          m.d_ff, " and model.vocab_size = ", m.vocab_size, " (got ", tp, ")")};
+        // The vocabulary needs no check: its rows are padded to a multiple of tp (model.pad_vocab_to).
+        if (m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0) return std::nullopt;
+        return Problem{"parallel.tp", cat("must divide model.n_heads = ", m.n_heads, ", model.n_kv_heads = ", m.n_kv_heads, " and model.d_ff = ",
+                                          m.d_ff, " (got ", tp, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
         const int64_t tokens = c.train.batch_size * c.train.seq_len;

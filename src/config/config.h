@@ -21,7 +21,8 @@ struct ModelConfig {
     int64_t n_heads = 0;
     int64_t n_kv_heads = 0;        // defaults to n_heads; llama may use fewer (GQA)
     int64_t d_ff = 0;              // defaults: gpt2 4*d_model; llama 8/3*d_model rounded up to 64
-    int64_t vocab_size = 0;
+    int64_t vocab_size = 0;        // the real vocabulary (the tokenizer's)
+    int64_t pad_vocab_to = 1;      // the model's vocabulary rows: vocab_size rounded up to a multiple of tp * this
     int64_t max_seq_len = 0;
     double norm_eps = 1e-5;
     double rope_theta = 10000.0;   // llama only
@@ -29,6 +30,13 @@ struct ModelConfig {
     bool tied_embeddings = true;   // default: true for gpt2, false for llama
     double init_std = 0.02;
     int64_t head_dim() const { return d_model / n_heads; }
+    // Rows of the embedding and the LM head (Megatron's make-vocab-size-divisible-by): a
+    // multiple of tp * pad_vocab_to, so that tensor parallelism splits them evenly. The rows
+    // from vocab_size on are padding: zero, masked out of the loss and the sampler.
+    int64_t padded_vocab_size(int64_t tp) const {
+        const int64_t multiple = tp * pad_vocab_to;
+        return (vocab_size + multiple - 1) / multiple * multiple;
+    }
 };
 
 // text, tokens: the whole file in memory, random windows (batch_windows.h).

@@ -1,6 +1,7 @@
 #include "model/parameters.h"
 
 #include <cmath>
+#include <limits>
 
 #include "backend/backend.h"
 #include "core/philox.h"
@@ -24,9 +25,16 @@ size_t Parameters::add(std::string name, Shape global_shape, ParamInit init, boo
     for (const ParamInfo& existing : infos_)
         if (existing.name == name) fail(ErrorKind::runtime, "parameter '", name, "' registered twice");
     const Shape shape = local_shape(name, global_shape, split);
-    infos_.push_back({std::move(name), shape, global_shape, split, init, weight_decay, total_numel_, false});
+    infos_.push_back({std::move(name), shape, global_shape, split, init, weight_decay, total_numel_, false, 0});
     total_numel_ += shape.numel();
     return infos_.size() - 1;
+}
+
+void Parameters::set_real_rows(size_t index, int64_t real_rows) {
+    ParamInfo& p = infos_.at(index);
+    if (p.global_shape.rank != 2 || real_rows < 1 || real_rows > p.global_shape[0])
+        fail(ErrorKind::runtime, "parameter '", p.name, "' of shape ", p.global_shape.str(), ": ", real_rows, " real rows");
+    p.real_rows = real_rows;
 }
 
 int64_t Parameters::padded_length(int64_t pad_multiple) const {
@@ -89,7 +97,11 @@ void fill_param(T* out, const Parameters& params, size_t index, uint64_t seed, d
         return;
     }
     const PhiloxStream stream(seed, fnv1a64(info.name));
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(std * stream.normal(static_cast<uint64_t>(params.global_index(index, i))));
+    const int64_t padding_from = info.real_rows ? info.real_rows * info.global_shape.cols() : std::numeric_limits<int64_t>::max();
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t global = params.global_index(index, i);
+        out[i] = global < padding_from ? static_cast<T>(std * stream.normal(static_cast<uint64_t>(global))) : T(0);
+    }
 }
 }  // namespace
 

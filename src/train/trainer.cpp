@@ -49,6 +49,14 @@ ModelPartition stage_partition(const Config& config, const ParallelContext& ctx)
     part.recompute = config.train.recompute;
     return part;
 }
+
+// "257", or "257 (padded to 258 rows: a multiple of tp 2 x model.pad_vocab_to 1)".
+std::string vocab_description(const ModelConfig& m, int64_t tp) {
+    const int64_t padded = m.padded_vocab_size(tp);
+    if (padded == m.vocab_size) return std::to_string(m.vocab_size);
+    return cat(m.vocab_size, " (padded to ", padded, " rows: a multiple of tp ", tp, " x model.pad_vocab_to ", m.pad_vocab_to, ")");
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, TrainerOptions options) : Trainer(config, std::move(options), nullptr) {}
@@ -108,7 +116,7 @@ void Trainer::log_startup() const {
         ctx_->coord().dp == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
     if (options_.quiet) return;
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
-             " kv), d_ff ", m.d_ff, ", vocab ", m.vocab_size, " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
+             " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
              ") | ZeRO-1 ", buckets_->zero1() ? "on" : "off", " | ", buckets_->bucket_count(), " gradient buckets | rank 0 holds layers [",
              part.first_layer, ", ", part.last_layer, ")");

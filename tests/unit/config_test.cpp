@@ -111,6 +111,7 @@ void expect_same(const Config& a, const Config& b) {
     EXPECT_EQ(a.model.n_kv_heads, b.model.n_kv_heads);
     EXPECT_EQ(a.model.d_ff, b.model.d_ff);
     EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+    EXPECT_EQ(a.model.pad_vocab_to, b.model.pad_vocab_to);
     EXPECT_EQ(a.model.max_seq_len, b.model.max_seq_len);
     EXPECT_EQ(a.model.norm_eps, b.model.norm_eps);
     EXPECT_EQ(a.model.rope_theta, b.model.rope_theta);
@@ -501,10 +502,22 @@ TEST(Config, NoHeldOutData_IsRejectedOnValFraction) {
     EXPECT_NO_THROW(parse(TomlText::gpt2().set("data.val_fraction", "0").set("data.val_path", literal(val_file()))));
 }
 
-TEST(Config, TensorParallelNotDividingHeadsOrVocab_IsRejected) {
+TEST(Config, TensorParallelNotDividingHeads_IsRejected) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp", "3")), "run.toml: parallel.tp: must divide model.n_heads = 4"));
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp", "2").set("model.vocab_size", "301")),
-                         "model.vocab_size = 301 (got 2)"));
+}
+
+// The vocabulary needs no dividing: its rows are padded to a multiple of tp * pad_vocab_to
+// (Megatron's make-vocab-size-divisible-by), and model.vocab_size stays the real one.
+TEST(Config, TensorParallelNotDividingVocab_IsAcceptedAndPadsTheRows) {
+    const Config c = parse(TomlText::gpt2().set("parallel.tp", "2").set("model.vocab_size", "301"));
+    EXPECT_EQ(c.model.vocab_size, 301);
+    EXPECT_EQ(c.model.pad_vocab_to, 1);
+    EXPECT_EQ(c.model.padded_vocab_size(2), 302);
+    EXPECT_EQ(c.model.padded_vocab_size(1), 301);
+    const Config wide = parse(TomlText::gpt2().set("parallel.tp", "2").set("model.vocab_size", "301").set("model.pad_vocab_to", "64"));
+    EXPECT_EQ(wide.model.padded_vocab_size(2), 384);
+    EXPECT_EQ(wide.model.padded_vocab_size(1), 320);
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.pad_vocab_to", "0")), "model.pad_vocab_to: 0 is out of range"));
 }
 
 TEST(Config, MoreStagesThanLayers_IsRejected) {
@@ -632,7 +645,7 @@ TEST(Config, DumpThenParse_Gpt2Defaults_YieldsEqualConfig) {
 TEST(Config, DumpThenParse_EveryKeyChanged_YieldsEqualConfig) {
     const TomlText toml = TomlText::llama()
                               .set("model.n_layers", "3").set("model.d_model", "96").set("model.n_heads", "8")
-                              .set("model.n_kv_heads", "2").set("model.d_ff", "300").set("model.vocab_size", "70000")
+                              .set("model.n_kv_heads", "2").set("model.d_ff", "300").set("model.vocab_size", "70000").set("model.pad_vocab_to", "128")
                               .set("model.max_seq_len", "64").set("model.norm_eps", "1e-6").set("model.rope_theta", "500000.0")
                               .set("model.qkv_bias", "true").set("model.tied_embeddings", "true").set("model.init_std", "0.1")
                               .set("data.format", "\"tokens\"").set("data.val_path", literal(val_file()))
