@@ -320,13 +320,13 @@ void begin_output(StagedDirectory& output, bool replace) {
 void refuse_inputs_inside_output(const PrepareOptions& o) {
     if (!o.replace) return;
     std::error_code ec;
-    const fs::path out = fs::weakly_canonical(o.output_dir, ec);
+    fs::path out = fs::weakly_canonical(o.output_dir, ec);
     if (ec) return;
+    if (out.filename().empty()) out = out.parent_path();  // "DIR/"
     for (const std::string& input : o.inputs) {
         const fs::path in = fs::weakly_canonical(input, ec);
         if (ec) continue;
-        const auto [out_end, in_it] = std::mismatch(out.begin(), out.end(), in.begin(), in.end());
-        if (out_end == out.end())
+        if (std::mismatch(out.begin(), out.end(), in.begin(), in.end()).first == out.end())
             fail(ErrorKind::config, "input '", input, "' lies inside the output directory '", o.output_dir, "', which --force replaces; write the dataset elsewhere");
     }
 }

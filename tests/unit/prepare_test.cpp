@@ -338,11 +338,12 @@ TEST(Prepare, ErrorOnAnotherRankLeavesTheOldDatasetAndNoStagingDirectory) {
 TEST(Prepare, ReplaceRefusesADirectoryThatHoldsNoDatasetOrHoldsAnInput) {
     const std::string out = temp_dir("not_a_dataset");
     const std::string input = write_file(out, "corpus.txt", corpus_of(3, 'c'));
-    PrepareOptions o = small_dataset_options(input, out);
+    PrepareOptions o = small_dataset_options(input, out + "/");
     o.replace = true;
     std::string error = error_of([&] { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{}); });
     EXPECT_NE(error.find("input '" + input + "' lies inside the output directory"), std::string::npos) << error;
     o.inputs = {write_file(temp_dir("not_a_dataset_in"), "corpus.txt", corpus_of(3, 'c'))};
+    o.output_dir = out;
     error = error_of([&] { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{}); });
     EXPECT_NE(error.find("config error: output directory '" + out + "' holds no tokenizer.json"), std::string::npos) << error;
     EXPECT_EQ(read_whole_file(input), corpus_of(3, 'c'));
@@ -374,4 +375,23 @@ TEST(ShardDataset, TrainingWithAnotherTokenizerThanTheDatasetsIsRefused) {
     // The dataset's own copy swapped for another tokenizer.
     write_file(out, "tokenizer.json", other.to_hf_json());
     expect_refused(config(""), out + "/tokenizer.json");
+}
+
+// A killed run leaves its staging directory (removed by the next run) or, killed between the
+// two renames of a swap without exchange, the only copy of the old dataset (never removed).
+TEST(Prepare, LeftoversOfAKilledRunAreClearedButAnOldDatasetAsideIsKept) {
+    const std::string in = temp_dir("leftover_in");
+    const std::string out = temp_dir("leftover_out");
+    fs::remove(out);
+    fs::create_directories(out + ".llmtrain-staging");
+    write_file(out + ".llmtrain-staging", "train-00007.ltshard", "half a shard");
+    const PrepareOptions o = small_dataset_options(write_file(in, "a.txt", corpus_of(3, 'a')), out);
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+    EXPECT_TRUE(fs::exists(out + "/dataset.json"));
+    EXPECT_TRUE(siblings(out).empty()) << siblings(out).front();
+    fs::rename(out, out + ".llmtrain-old");
+    const std::string error = error_of([&] { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{}); });
+    EXPECT_NE(error.find("'" + fs::absolute(out).string() + ".llmtrain-old' holds the contents of '" + out + "' that an interrupted run was replacing"), std::string::npos) << error;
+    EXPECT_TRUE(fs::exists(out + ".llmtrain-old/dataset.json"));
+    fs::remove_all(out + ".llmtrain-old");
 }
