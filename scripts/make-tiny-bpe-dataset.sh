@@ -8,11 +8,10 @@ cd "$(dirname "$0")/.."
 llmtrain=${1:-build/llmtrain}
 [ -f data/fortunes.txt ] || scripts/make-tiny-corpus.sh
 out=data/fortunes-bpe
-rm -rf "$out.tmp"
-mkdir -p "$out.tmp"
-"$llmtrain" tokenizer train --vocab-size 1024 --input data/fortunes.txt --output "$out.tmp/tokenizer.json"
-"$llmtrain" prepare --tokenizer "$out.tmp/tokenizer.json" --input data/fortunes.txt --separator '\n%\n' \
-  --val-fraction 0.05 --output "$out.tmp"
-rm -rf "$out"
-mv "$out.tmp" "$out"
+tokenizer=data/fortunes-bpe-tokenizer.json
+trap 'rm -f "$tokenizer"' EXIT
+"$llmtrain" tokenizer train --vocab-size 1024 --input data/fortunes.txt --output "$tokenizer" --force
+# prepare writes beside $out and swaps the new dataset in whole: never a half-written one.
+"$llmtrain" prepare --tokenizer "$tokenizer" --input data/fortunes.txt --separator '\n%\n' \
+  --val-fraction 0.05 --output "$out" --force
 echo "make-tiny-bpe-dataset: $out"

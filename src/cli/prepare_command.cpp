@@ -25,6 +25,7 @@ struct PrepareArgs {
     std::string tokenizer;
     std::vector<std::string> inputs;
     std::string output;
+    bool force = false;
     std::string input_format = "auto";
     std::string separator;
     std::string json_key = "text";
@@ -86,6 +87,7 @@ PrepareOptions options_from(const PrepareArgs& args) {
     o.separator = unescape(args.separator);
     o.json_key = args.json_key;
     o.output_dir = args.output;
+    o.replace = args.force;
     o.output_format = args.output_format == "megatron" ? OutputFormat::megatron
                       : args.output_format == "llmc"   ? OutputFormat::llmc
                       : args.output_format == "nanogpt" ? OutputFormat::nanogpt
@@ -131,7 +133,8 @@ void register_prepare_command(CLI::App& app, CommandAction& action) {
     CLI::App* cmd = app.add_subcommand("prepare", "Tokenize text or JSONL files into a dataset of compressed token shards");
     cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json, or a directory with it or with GPT-2's encoder.json + vocab.bpe")->required();
     cmd->add_option("--input", args->inputs, "Input files or glob patterns (matches sorted)")->required();
-    cmd->add_option("--output", args->output, "Dataset directory to write")->required();
+    cmd->add_option("--output", args->output, "Dataset directory to write (written beside it, then swapped in)")->required();
+    cmd->add_flag("--force", args->force, "Replace the dataset already in --output");
     cmd->add_option("--input-format", args->input_format, "text or jsonl (auto: jsonl for .jsonl/.json files)")
         ->check(CLI::IsMember({"auto", "text", "jsonl"}))->capture_default_str();
     cmd->add_option("--separator", args->separator, "text: split files into documents at this string (C escapes: \\n); default one document per file");

@@ -1,12 +1,13 @@
 // `llmtrain tokenizer train|encode|decode`: train a byte-level BPE on files, and look at how a
 // tokenizer (tokenizer.json or GPT-2's encoder.json + vocab.bpe) cuts text.
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
 
 #include "cli/commands.h"
+#include "core/durable_file.h"
 #include "core/log.h"
 #include "data/bpe_trainer.h"
 #include "data/input_files.h"
@@ -20,6 +21,7 @@ struct TokenizerArgs {
     int64_t vocab_size = 0;
     std::vector<std::string> inputs;
     std::string output;
+    bool force = false;
     std::string pattern = "gpt2";
     std::vector<std::string> special_tokens = {"<|endoftext|>"};
     int64_t min_frequency = 2;
@@ -35,13 +37,13 @@ int run_train(const TokenizerArgs& args) {
     options.pattern = args.pattern == "cl100k" ? kCl100kPattern : kGpt2Pattern;
     options.special_tokens = args.special_tokens;
     options.min_frequency = args.min_frequency;
+    // Refused before training, not after minutes of it.
+    if (!args.force && std::filesystem::exists(args.output)) fail(ErrorKind::config, "'", args.output, "' exists; pass --force to replace it");
     BpeTrainer trainer(options);
     const std::vector<std::string> files = expand_inputs(args.inputs);
     for (const std::string& file : files) trainer.add_text(read_whole_file(file));
     const Tokenizer tokenizer = trainer.train(args.output);
-    std::ofstream out(args.output, std::ios::binary);
-    out << tokenizer.to_hf_json();
-    if (!out) fail(ErrorKind::io, "cannot write '", args.output, "'");
+    write_file_atomically(args.output, tokenizer.to_hf_json());
     if (tokenizer.vocab_size() < args.vocab_size)
         log_warn("tokenizer: no pair occurs ", args.min_frequency, " times any more; the vocabulary stops at ", tokenizer.vocab_size(), " of ", args.vocab_size, " tokens");
     log_info("tokenizer: ", tokenizer.vocab_size(), " tokens (", tokenizer.spec().merges.size(), " merges) from ", trainer.distinct_pieces(),
@@ -90,7 +92,8 @@ void register_tokenizer_command(CLI::App& app, CommandAction& action) {
     CLI::App* train = cmd->add_subcommand("train", "Train a byte-level BPE on text files and write tokenizer.json");
     train->add_option("--vocab-size", args->vocab_size, "Tokens in all: 256 bytes + merges + special tokens")->required();
     train->add_option("--input", args->inputs, "Text files or glob patterns")->required();
-    train->add_option("--output", args->output, "tokenizer.json to write")->required();
+    train->add_option("--output", args->output, "tokenizer.json to write (through a temporary file and a rename)")->required();
+    train->add_flag("--force", args->force, "Replace an existing --output file");
     train->add_option("--pattern", args->pattern, "Pre-tokenizer split pattern")->check(CLI::IsMember({"gpt2", "cl100k"}))->capture_default_str();
     train->add_option("--special", args->special_tokens, "Special tokens, given the last ids")->capture_default_str();
     train->add_option("--min-frequency", args->min_frequency, "Stop merging below this pair count")->capture_default_str();

@@ -242,7 +242,7 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(data, document_separator).string().describe("text format: each occurrence becomes an end-of-document token"),
         CONFIG_KEY(data, train_weight).number(excl(0), incl(1e6)).describe("train_path's blending weight against the data.blend sources"),
         CONFIG_KEY(data, blend).string().describe("more training sources of the same format: \"PATH=WEIGHT, PATH=WEIGHT\""),
-        CONFIG_KEY(data, tokenizer).file(true).describe("tokenizer.json to print samples as text; empty: the dataset's own (shards)"),
+        CONFIG_KEY(data, tokenizer).file(true).describe("tokenizer.json to print samples as text; empty: the dataset's own (shards, whose recorded hash it must match)"),
         CONFIG_KEY(data, prefetch).integer(0, 64).describe("micro-batches the loader thread prepares ahead (shards, megatron, llmc, nanogpt)"),
 
         CONFIG_KEY(train, seed).integer(0, std::numeric_limits<int64_t>::max())

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "data/external_formats.h"
 #include "data/token_source.h"
 #include "data/tokenizer.h"
 
@@ -142,9 +143,19 @@ std::optional<Tokenizer> sample_tokenizer(const Config& config) {
     return Tokenizer::load(path);
 }
 
+// Another tokenizer than a dataset's own would print its samples as the wrong text, and a
+// blend of datasets of different tokenizers would mix ids that mean different things.
+void check_tokenizer_of_datasets(const DataConfig& data, const Tokenizer& tokenizer) {
+    if (data.format != DataFormat::shards) return;
+    const uint64_t hash = tokenizer.hash();
+    for (const WeightedPath& source : training_sources(data)) check_dataset_tokenizer(source.path, hash, tokenizer.source());
+    if (!data.val_path.empty()) check_dataset_tokenizer(data.val_path, hash, tokenizer.source());
+}
+
 class LoaderBatchSource : public BatchSource {
 public:
     LoaderBatchSource(const Config& config, std::optional<LoaderState> resume) : config_(config), tokenizer_(sample_tokenizer(config)) {
+        if (tokenizer_) check_tokenizer_of_datasets(config.data, *tokenizer_);
         const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
         std::vector<std::unique_ptr<TokenSource>> sources;
         std::vector<double> weights;

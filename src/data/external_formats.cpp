@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "core/durable_file.h"
 #include "core/error.h"
 #include "data/token_shard.h"
 
@@ -193,24 +195,28 @@ private:
     std::string buffer_;
 };
 
+// The .bin is streamed into PREFIX.bin.tmp and renamed after the .idx is written; a writer
+// that never finishes removes it.
 class MegatronWriter : public TokenStreamWriter {
 public:
-    MegatronWriter(std::string prefix, uint64_t vocab) : prefix_(std::move(prefix)), type_(vocab <= 65536 ? kIdTypes[5] : kIdTypes[3]), vocab_(vocab) {
-        bin_.open(prefix_ + ".bin.tmp", std::ios::binary | std::ios::trunc);
-        if (!bin_) fail(ErrorKind::io, "cannot write '", prefix_, ".bin.tmp'");
+    MegatronWriter(std::string prefix, uint64_t vocab)
+        : prefix_(std::move(prefix)), type_(vocab <= 65536 ? kIdTypes[5] : kIdTypes[3]), vocab_(vocab), bin_(std::make_unique<OutputFile>(prefix_ + ".bin.tmp")) {}
+    ~MegatronWriter() override {
+        if (!bin_) return;
+        bin_.reset();
+        ::unlink((prefix_ + ".bin.tmp").c_str());
     }
     void add_document(const int32_t* tokens, size_t count) override {
         check_ids_fit(tokens, count, vocab_, prefix_ + ".bin");
         std::string bytes;
         append_ids(bytes, tokens, count, type_.bytes);
-        bin_.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        bin_->append(bytes);
         pointers_.push_back(static_cast<int64_t>(bin_bytes_));
         lengths_.push_back(static_cast<int32_t>(count));
         bin_bytes_ += bytes.size();
     }
     void finish() override {
-        bin_.close();
-        if (!bin_) fail(ErrorKind::io, "cannot write '", prefix_, ".bin.tmp'");
+        bin_->finish();
         std::string idx(kMegatronMagic, sizeof kMegatronMagic);
         const uint64_t version = 1, sequences = lengths_.size(), documents = lengths_.size() + 1;
         idx.append(reinterpret_cast<const char*>(&version), 8);
@@ -221,14 +227,16 @@ public:
         idx.append(reinterpret_cast<const char*>(pointers_.data()), pointers_.size() * 8);
         for (uint64_t d = 0; d < documents; ++d) idx.append(reinterpret_cast<const char*>(&d), 8);  // one sequence per document
         write_file_atomically(prefix_ + ".idx", idx);
-        fs::rename(prefix_ + ".bin.tmp", prefix_ + ".bin");
+        const std::string tmp = prefix_ + ".bin.tmp", bin = prefix_ + ".bin";
+        if (::rename(tmp.c_str(), bin.c_str()) != 0) fail(ErrorKind::io, "cannot rename '", tmp, "' to '", bin, "': ", std::strerror(errno));
+        bin_.reset();
     }
 
 private:
     std::string prefix_;
     IdType type_;
     uint64_t vocab_;
-    std::ofstream bin_;
+    std::unique_ptr<OutputFile> bin_;  // null once finished
     uint64_t bin_bytes_ = 0;
     std::vector<int32_t> lengths_;
     std::vector<int64_t> pointers_;
@@ -325,6 +333,16 @@ private:
 
 // ---- llmtrain shards ----
 
+nlohmann::json parse_manifest(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) fail(ErrorKind::data, "cannot open dataset manifest '", path, "'");
+    try {
+        return nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+        fail(ErrorKind::data, "'", path, "': not valid JSON: ", e.what());
+    }
+}
+
 class ShardDatasetSource : public TokenSource {
 public:
     ShardDatasetSource(const std::string& manifest_path, const std::string& split, uint64_t vocab) : manifest_(manifest_path), split_(split) {
@@ -364,15 +382,6 @@ public:
     }
 
 private:
-    static nlohmann::json parse_manifest(const std::string& path) {
-        std::ifstream in(path);
-        if (!in) fail(ErrorKind::data, "cannot open dataset manifest '", path, "'");
-        try {
-            return nlohmann::json::parse(in);
-        } catch (const nlohmann::json::exception& e) {
-            fail(ErrorKind::data, "'", path, "': not valid JSON: ", e.what());
-        }
-    }
     std::string manifest_, split_;
     std::vector<std::unique_ptr<ShardReader>> shards_;
     std::vector<uint64_t> starts_;
@@ -396,6 +405,21 @@ std::vector<uint64_t> megatron_document_starts(const std::string& prefix, uint64
     std::vector<uint64_t> starts;
     for (int64_t first_sequence : source.index().document_indices) starts.push_back(source.starts()[static_cast<size_t>(first_sequence)]);
     return starts;
+}
+
+void check_dataset_tokenizer(const std::string& manifest_path, uint64_t tokenizer_hash, const std::string& tokenizer_path) {
+    const nlohmann::json m = parse_manifest(manifest_path);
+    std::string recorded;
+    try {
+        recorded = m.at("tokenizer").at("xxh3").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+        fail(ErrorKind::data, "'", manifest_path, "': malformed manifest: ", e.what());
+    }
+    char actual[17];
+    std::snprintf(actual, sizeof actual, "%016llx", static_cast<unsigned long long>(tokenizer_hash));
+    if (recorded != actual)
+        fail(ErrorKind::data, "tokenizer '", tokenizer_path, "' (xxh3 ", actual, ") is not the one '", manifest_path, "' was prepared with (xxh3 ", recorded,
+             "): its ids would decode to other text; point data.tokenizer at the dataset's tokenizer or prepare the dataset again");
 }
 
 void check_megatron_index(const std::string& name, const std::string& idx_bytes, uint64_t bin_bytes) { parse_megatron_index(name, idx_bytes, bin_bytes); }

@@ -45,6 +45,9 @@ std::unique_ptr<TokenSource> open_llmc(const std::string& path, uint64_t vocab_s
 std::unique_ptr<TokenSource> open_nanogpt(const std::string& path, uint64_t vocab_size);
 // One split ("train" | "val") of an llmtrain dataset, given its dataset.json.
 std::unique_ptr<TokenSource> open_shard_dataset(const std::string& manifest_path, const std::string& split, uint64_t vocab_size);
+// Refuses (ErrorKind::data) a tokenizer other than the one an llmtrain dataset was prepared
+// with: dataset.json records the xxh3 of its canonical tokenizer.json (Tokenizer::hash).
+void check_dataset_tokenizer(const std::string& manifest_path, uint64_t tokenizer_hash, const std::string& tokenizer_path);
 
 // Document boundaries of a Megatron pair, as token offsets (one per document plus the total).
 std::vector<uint64_t> megatron_document_starts(const std::string& prefix, uint64_t vocab_size);

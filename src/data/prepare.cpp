@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,8 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/durable_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/staged_directory.h"
 #include "data/external_formats.h"
 #include "data/token_shard.h"
 
@@ -130,7 +133,7 @@ std::vector<uint64_t> process_unit(size_t index, const Unit& unit, const Tokeniz
         const ShardContents& c = out.split[val];
         if (c.document_starts.size() == 1) continue;
         const std::string bytes = encode_shard(c, write);
-        write_file_atomically((fs::path(o.output_dir) / shard_name(val, index)).string(), bytes);
+        write_file_durably((fs::path(o.output_dir) / shard_name(val, index)).string(), bytes);
         const size_t base = val ? val_tokens : train_tokens;
         row[base] = c.tokens.size();
         row[base + 1] = c.document_starts.size() - 1;
@@ -237,7 +240,7 @@ void write_manifest(const std::vector<uint64_t>& stats, size_t units, const Toke
                             {"dtype", tokenizer.vocab_size() <= 65536 ? "u16" : "u32"},
                             {"split", {{"val_fraction", o.val_fraction}, {"seed", o.seed}}},
                             {"train", splits["train"]}, {"val", splits["val"]}};
-    write_file_atomically((fs::path(o.output_dir) / "dataset.json").string(), manifest.dump(1) + "\n");
+    write_file_durably((fs::path(o.output_dir) / "dataset.json").string(), manifest.dump(1) + "\n");
 }
 
 // Rank 0, after every rank has finished: the shards of each split, in unit order, become one
@@ -257,7 +260,8 @@ void convert_shards(size_t units, const std::vector<uint64_t>& stats, const Toke
                 const auto& starts = shard.document_starts();
                 for (size_t d = 0; d + 1 < starts.size(); ++d) writer->add_document(tokens.data() + starts[d], starts[d + 1] - starts[d]);
             }
-            fs::remove(path);
+            std::error_code ec;
+            if (!fs::remove(path, ec) || ec) fail(ErrorKind::io, "cannot remove '", path, "': ", ec ? ec.message() : "it is gone");
             any = true;
         }
         if (any) writer->finish();
@@ -286,6 +290,73 @@ std::unique_ptr<TokenStreamWriter> make_token_stream_writer(OutputFormat format,
     fail(ErrorKind::runtime, "no stream writer for the shard format");
 }
 
+std::exception_ptr capture(const std::function<void()>& work) {
+    try {
+        work();
+    } catch (...) {
+        return std::current_exception();
+    }
+    return nullptr;
+}
+
+// True on every rank when `failed` is true on any.
+bool any_rank(const RankGroup& g, bool failed) {
+    std::vector<uint64_t> count{failed ? 1u : 0u};
+    g.sum_u64(count);
+    return count[0] > 0;
+}
+
+// --force replaces a directory that prepare wrote (it holds tokenizer.json), never a
+// mistyped path such as a home directory.
+void begin_output(StagedDirectory& output, bool replace) {
+    std::error_code ec;
+    const fs::path dir(output.path());
+    if (replace && fs::is_directory(dir, ec) && !fs::is_empty(dir, ec) && !fs::exists(dir / "tokenizer.json", ec))
+        fail(ErrorKind::config, "output directory '", output.path(), "' holds no tokenizer.json: it is not a dataset that --force may replace; empty or remove it yourself");
+    output.begin(replace);
+}
+
+// --force would delete an input that lies in the output directory along with the old dataset.
+void refuse_inputs_inside_output(const PrepareOptions& o) {
+    if (!o.replace) return;
+    std::error_code ec;
+    fs::path out = fs::weakly_canonical(o.output_dir, ec);
+    if (ec) return;
+    if (out.filename().empty()) out = out.parent_path();  // "DIR/"
+    for (const std::string& input : o.inputs) {
+        const fs::path in = fs::weakly_canonical(input, ec);
+        if (ec) continue;
+        if (std::mismatch(out.begin(), out.end(), in.begin(), in.end()).first == out.end())
+            fail(ErrorKind::config, "input '", input, "' lies inside the output directory '", o.output_dir, "', which --force replaces; write the dataset elsewhere");
+    }
+}
+
+// The same on every rank: the statistics are summed over all of them.
+PrepareSummary summarize(const std::vector<uint64_t>& stats, size_t units, const PrepareOptions& o, const RankGroup& g) {
+    PrepareSummary summary;
+    summary.units = units;
+    for (size_t u = 0; u < units; ++u) {
+        const uint64_t* row = &stats[u * stat_count];
+        if (row[failed]) fail(ErrorKind::data, "prepare: unit ", u, " failed on rank ", u % static_cast<size_t>(g.size), " (its error is in that rank's output)");
+        summary.input_bytes += row[input_bytes];
+        summary.documents += row[train_docs] + row[val_docs];
+        summary.train_tokens += row[train_tokens];
+        summary.val_tokens += row[val_tokens];
+    }
+    if (summary.documents == 0) fail(ErrorKind::data, "prepare: the input (", o.inputs.size(), " file(s), first '", o.inputs.front(), "') holds no document");
+    return summary;
+}
+
+// Rank 0, once every rank's shards are written: the tokenizer, the manifest (or the
+// conversion to another format), then the swap.
+void finish_dataset(const std::vector<uint64_t>& stats, size_t units, const Tokenizer& tokenizer, const std::string& tokenizer_json, int32_t eos,
+                    const PrepareOptions& staged, StagedDirectory& output) {
+    write_file_durably((fs::path(staged.output_dir) / "tokenizer.json").string(), tokenizer_json);
+    if (staged.output_format == OutputFormat::shards) write_manifest(stats, units, tokenizer, eos, staged);
+    else convert_shards(units, stats, tokenizer, staged);
+    output.commit();
+}
+
 }  // namespace
 
 std::vector<std::string> split_documents(const std::string& text, const PrepareOptions& o, const std::string& path, uint64_t offset) {
@@ -311,30 +382,31 @@ PrepareSummary prepare_dataset(const Tokenizer& tokenizer, const std::string& to
     const auto eos = tokenizer.end_of_text_id();
     if (!eos) fail(ErrorKind::data, "tokenizer '", tokenizer.source(), "' has no end-of-text token (<|endoftext|> or <|end_of_text|>) to join documents with");
     if (o.inputs.empty()) fail(ErrorKind::data, "prepare: no input files");
-    std::error_code ec;
-    fs::create_directories(o.output_dir, ec);
-    if (ec) fail(ErrorKind::io, "cannot create output directory '", o.output_dir, "': ", ec.message());
+    refuse_inputs_inside_output(o);
     const std::vector<Unit> units = plan_units(o);
-    std::exception_ptr error;
-    std::vector<uint64_t> stats = run_rank_units(units, tokenizer, *eos, o, g, error);
+    StagedDirectory output(o.output_dir);
+    PrepareOptions staged = o;
+    staged.output_dir = output.staging_path();
+    // Rank 0 decides and makes the staging directory; no rank writes before it exists.
+    std::exception_ptr error = g.rank == 0 ? capture([&] { begin_output(output, o.replace); }) : nullptr;
+    if (any_rank(g, error != nullptr)) {
+        if (error) std::rethrow_exception(error);
+        fail(ErrorKind::data, "prepare: rank 0 could not set up the output directory '", o.output_dir, "' (its error is in that rank's output)");
+    }
+    std::vector<uint64_t> stats = run_rank_units(units, tokenizer, *eos, staged, g, error);
     g.sum_u64(stats);
-    if (error) std::rethrow_exception(error);
     PrepareSummary summary;
-    summary.units = units.size();
-    for (size_t u = 0; u < units.size(); ++u) {
-        const uint64_t* row = &stats[u * stat_count];
-        if (row[failed]) fail(ErrorKind::data, "prepare: unit ", u, " failed on rank ", u % static_cast<size_t>(g.size), " (its error is in that rank's output)");
-        summary.input_bytes += row[input_bytes];
-        summary.documents += row[train_docs] + row[val_docs];
-        summary.train_tokens += row[train_tokens];
-        summary.val_tokens += row[val_tokens];
-    }
-    if (summary.documents == 0) fail(ErrorKind::data, "prepare: the input (", o.inputs.size(), " file(s), first '", o.inputs.front(), "') holds no document");
+    if (!error) error = capture([&] { summary = summarize(stats, units.size(), o, g); });
     if (g.rank == 0) {
-        write_file_atomically((fs::path(o.output_dir) / "tokenizer.json").string(), tokenizer_json);
-        if (o.output_format == OutputFormat::shards) write_manifest(stats, units.size(), tokenizer, *eos, o);
-        else convert_shards(units.size(), stats, tokenizer, o);
+        if (!error) error = capture([&] { finish_dataset(stats, units.size(), tokenizer, tokenizer_json, *eos, staged, output); });
+        if (error) output.abandon();
     }
+    // Every rank waits for rank 0's swap or clean-up: a rank that ended the job first (under
+    // mpirun an error on any rank ends them all) could cut it short and leave the staging
+    // directory behind.
+    const bool rank0_failed = any_rank(g, g.rank == 0 && error);
+    if (error) std::rethrow_exception(error);
+    if (rank0_failed) fail(ErrorKind::io, "prepare: rank 0 could not finish the dataset '", o.output_dir, "' (its error is in that rank's output)");
     summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return summary;
 }

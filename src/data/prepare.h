@@ -28,7 +28,8 @@ struct PrepareOptions {
     InputFormat input_format = InputFormat::text;
     std::string separator;                  // text: "" = one document per file, else the split string
     std::string json_key = "text";          // jsonl: the field holding the document
-    std::string output_dir;
+    std::string output_dir;                 // written in full beside it, then swapped in (StagedDirectory)
+    bool replace = false;                   // --force: a non-empty output_dir holding a dataset is replaced
     OutputFormat output_format = OutputFormat::shards;
     double val_fraction = 0;
     uint64_t seed = 1234;
@@ -39,8 +40,9 @@ struct PrepareOptions {
     bool progress = false;                  // a progress line on stderr (rank 0)
 };
 
-// How the ranks of a run talk: sum_u64 adds a vector elementwise over all ranks (in place).
-// One process: rank 0 of 1 and an identity sum.
+// How the ranks of a run talk: sum_u64 adds a vector elementwise over all ranks (in place);
+// every rank makes the same calls in the same order. One process: rank 0 of 1 and an
+// identity sum.
 struct RankGroup {
     int rank = 0;
     int size = 1;
@@ -55,6 +57,10 @@ struct PrepareSummary {
     double seconds = 0;
 };
 
+// Rank 0 refuses a non-empty output_dir without `replace` (ErrorKind::config), creates the
+// staging directory beside it, and swaps it in once every rank has written its shards and
+// rank 0 the rest; an error on any rank before the swap removes the staging directory and
+// leaves output_dir as it was, and every rank throws.
 PrepareSummary prepare_dataset(const Tokenizer& tokenizer, const std::string& tokenizer_json, const PrepareOptions& options, const RankGroup& group);
 
 // The documents of one piece of input (exposed for tests): the whole text, the non-empty

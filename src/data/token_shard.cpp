@@ -8,8 +8,6 @@
 
 #include <bit>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 
@@ -112,18 +110,6 @@ std::string encode_shard(const ShardContents& contents, const ShardWriteOptions&
     out.append(metadata, kHashedHeaderBytes, std::string::npos);
     out += payload;
     return out;
-}
-
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        if (!out) fail(ErrorKind::io, "cannot write '", tmp, "'");
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) fail(ErrorKind::io, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
 }
 
 ShardReader::ShardReader(std::string path) : path_(std::move(path)) {

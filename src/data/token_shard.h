@@ -40,8 +40,6 @@ struct ShardWriteOptions {
 
 // The shard's bytes; checks ids < vocab_size and that they fit token_bytes.
 std::string encode_shard(const ShardContents& contents, const ShardWriteOptions& options);
-// Writes the bytes to path through a temporary file and a rename: never a partial shard.
-void write_file_atomically(const std::string& path, const std::string& bytes);
 
 class ShardReader {
 public:

@@ -76,7 +76,7 @@ let failures = 0;
 for (const pattern of ["gpt2", "cl100k"]) {
   const tokenizerPath = path.join(workDir, `tokenizer-${pattern}.json`);
   execFileSync(llmtrain, ["tokenizer", "train", "--vocab-size", "3000", "--pattern", pattern, "--input", corpusPath,
-    path.join(workDir, "synthetic-train.txt"), "--output", tokenizerPath], { stdio: "inherit" });
+    path.join(workDir, "synthetic-train.txt"), "--output", tokenizerPath, "--force"], { stdio: "inherit" });
   const ours = execFileSync(llmtrain, ["tokenizer", "encode", "--tokenizer", tokenizerPath, "--lines"],
     { input: readFileSync(path.join(workDir, "lines.txt")), maxBuffer: 1 << 30 }).toString().split("\n");
   const reference = new Tokenizer(JSON.parse(readFileSync(tokenizerPath, "utf8")), {});

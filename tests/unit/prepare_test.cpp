@@ -5,11 +5,18 @@
 
 #include "test_paths.h"
 
+#include <barrier>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "config/config.h"
 #include "core/error.h"
+#include "data/batch_source.h"
 #include "data/bpe_trainer.h"
 #include "data/external_formats.h"
 #include "data/input_files.h"
@@ -66,6 +73,85 @@ std::string long_document(char seed, size_t bytes) {
     return text;
 }
 
+// Ranks as threads of this process: sum_u64 is a real collective over them (every thread
+// adds its vector, waits for the others, reads the total). Returns each rank's error.
+std::vector<std::string> run_as_ranks(int ranks, const std::function<void(const RankGroup&)>& work) {
+    std::mutex mutex;
+    std::vector<uint64_t> total;
+    std::barrier<> sync(ranks);
+    const auto sum = [&](std::vector<uint64_t>& v) {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            total.resize(v.size(), 0);
+            for (size_t i = 0; i < v.size(); ++i) total[i] += v[i];
+        }
+        sync.arrive_and_wait();
+        v = total;
+        sync.arrive_and_wait();
+        total.clear();  // every thread clears the same vector: harmless, and all are past reading it
+        sync.arrive_and_wait();
+    };
+    std::vector<std::string> errors(static_cast<size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < ranks; ++rank)
+        threads.emplace_back([&, rank] {
+            try {
+                work(RankGroup{rank, ranks, sum});
+            } catch (const Error& e) {
+                errors[static_cast<size_t>(rank)] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    return errors;
+}
+
+// Every file of a directory tree with its bytes.
+std::map<std::string, std::string> tree(const std::string& dir) {
+    std::map<std::string, std::string> files;
+    for (const auto& entry : fs::recursive_directory_iterator(dir)) files[fs::relative(entry.path(), dir).string()] = entry.is_regular_file() ? read_whole_file(entry.path().string()) : "";
+    return files;
+}
+
+// The directory's siblings: what a run left beside its output.
+std::vector<std::string> siblings(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(fs::path(dir).parent_path()))
+        if (entry.path().filename().string().starts_with(fs::path(dir).filename().string() + ".")) names.push_back(entry.path().filename().string());
+    return names;
+}
+
+std::string corpus_of(int documents, char seed) {
+    std::string corpus;
+    for (int i = 0; i < documents; ++i) corpus += long_document(static_cast<char>(seed + i), 200) + "\n%\n";
+    return corpus;
+}
+
+PrepareOptions small_dataset_options(const std::string& input, const std::string& output) {
+    PrepareOptions o;
+    o.inputs = {input};
+    o.separator = "\n%\n";
+    o.unit_bytes = 1000;
+    o.block_tokens = 256;
+    o.output_dir = output;
+    return o;
+}
+
+std::string hex_hash(uint64_t hash) {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
+    return text;
+}
+
+template <class Work>
+std::string error_of(Work&& work) {
+    try {
+        work();
+    } catch (const Error& e) {
+        return std::string(error_kind_name(e.kind())) + ": " + e.what();
+    }
+    return "";
+}
+
 }  // namespace
 
 TEST(Prepare, DecodedShardsGiveBackEveryDocumentExactlyAndInOrder) {
@@ -120,17 +206,10 @@ TEST(Prepare, OutputIsByteIdenticalForAnyThreadCountAndUnitOwner) {
         prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
         dirs.push_back(o.output_dir);
     }
-    // Two "ranks" run in turn, each doing its half of the units; the sum is the collective.
+    // Two ranks, each doing its half of the units.
     o.threads = 1;
     o.output_dir = temp_dir("two_ranks");
-    std::vector<uint64_t> partial;
-    for (int rank : {1, 0}) {
-        RankGroup g{rank, 2, [&](std::vector<uint64_t>& v) {
-                        if (partial.empty()) { partial = v; return; }
-                        for (size_t i = 0; i < v.size(); ++i) v[i] += partial[i];
-                    }};
-        prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, g);
-    }
+    run_as_ranks(2, [&](const RankGroup& g) { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, g); });
     dirs.push_back(o.output_dir);
     for (size_t d = 1; d < dirs.size(); ++d)
         for (const auto& entry : fs::directory_iterator(dirs[0]))
@@ -200,4 +279,119 @@ TEST(ShardDataset, ShardShorterThanTheManifestSaysIsAnError) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("train-00000.ltshard' has"), std::string::npos) << e.what();
     }
+}
+
+TEST(Prepare, NonEmptyOutputIsRefusedWithoutReplaceAndLeftAsItWas) {
+    const std::string in = temp_dir("refuse_in");
+    const std::string out = temp_dir("refuse_out");
+    PrepareOptions o = small_dataset_options(write_file(in, "a.txt", corpus_of(20, 'a')), out);
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+    const auto before = tree(out);
+    o.inputs = {write_file(in, "b.txt", corpus_of(3, 'b'))};
+    const std::string error = error_of([&] { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{}); });
+    EXPECT_NE(error.find("config error: output directory '" + out + "' is not empty"), std::string::npos) << error;
+    EXPECT_NE(error.find("pass --force to replace it"), std::string::npos) << error;
+    EXPECT_EQ(tree(out), before);
+    EXPECT_TRUE(siblings(out).empty());
+}
+
+TEST(Prepare, ReplaceLeavesExactlyTheNewDatasetAndNothingBeside) {
+    const std::string in = temp_dir("replace_in");
+    const std::string out = temp_dir("replace_out");
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), small_dataset_options(write_file(in, "a.txt", corpus_of(40, 'a')), out), RankGroup{});
+    // The small input prepared into an empty directory is what the replaced one must hold.
+    PrepareOptions small = small_dataset_options(write_file(in, "b.txt", corpus_of(3, 'b')), temp_dir("replace_expected"));
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), small, RankGroup{});
+    const auto expected = tree(small.output_dir);
+    ASSERT_GT(tree(out).size(), expected.size());  // old shards that must go
+    small.output_dir = out;
+    small.replace = true;
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), small, RankGroup{});
+    EXPECT_EQ(tree(out), expected);
+    EXPECT_TRUE(siblings(out).empty()) << siblings(out).front();
+}
+
+TEST(Prepare, ErrorOnAnotherRankLeavesTheOldDatasetAndNoStagingDirectory) {
+    const std::string in = temp_dir("rank_error_in");
+    const std::string out = temp_dir("rank_error_out");
+    std::string lines, bad_lines;
+    for (int i = 0; i < 40; ++i) {
+        lines += "{\"text\": \"document number " + std::to_string(1000 + i) + " of the corpus\"}\n";
+        if (i == 12) bad_lines = lines + "not json\n";  // in unit 1 (about 400 bytes each)
+    }
+    const std::string good = write_file(in, "good.jsonl", lines);
+    PrepareOptions o = small_dataset_options(good, out);
+    o.input_format = InputFormat::jsonl;
+    o.unit_bytes = 400;
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+    const auto before = tree(out);
+    // Unit 1 holds a line that is not JSON: rank 1 fails, rank 0 does its units.
+    o.inputs = {write_file(in, "bad.jsonl", bad_lines)};
+    o.replace = true;
+    const std::vector<std::string> errors = run_as_ranks(2, [&](const RankGroup& g) { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, g); });
+    EXPECT_NE(errors[0].find("failed on rank 1"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[1].find("line is not JSON"), std::string::npos) << errors[1];
+    EXPECT_EQ(tree(out), before);
+    EXPECT_TRUE(siblings(out).empty()) << siblings(out).front();
+}
+
+TEST(Prepare, ReplaceRefusesADirectoryThatHoldsNoDatasetOrHoldsAnInput) {
+    const std::string out = temp_dir("not_a_dataset");
+    const std::string input = write_file(out, "corpus.txt", corpus_of(3, 'c'));
+    PrepareOptions o = small_dataset_options(input, out + "/");
+    o.replace = true;
+    std::string error = error_of([&] { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{}); });
+    EXPECT_NE(error.find("input '" + input + "' lies inside the output directory"), std::string::npos) << error;
+    o.inputs = {write_file(temp_dir("not_a_dataset_in"), "corpus.txt", corpus_of(3, 'c'))};
+    o.output_dir = out;
+    error = error_of([&] { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{}); });
+    EXPECT_NE(error.find("config error: output directory '" + out + "' holds no tokenizer.json"), std::string::npos) << error;
+    EXPECT_EQ(read_whole_file(input), corpus_of(3, 'c'));
+}
+
+// The dataset records the xxh3 of its tokenizer; a training run on it with another one is refused.
+TEST(ShardDataset, TrainingWithAnotherTokenizerThanTheDatasetsIsRefused) {
+    const std::string in = temp_dir("hash_in");
+    const std::string out = temp_dir("hash_out");
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), small_dataset_options(write_file(in, "a.txt", corpus_of(30, 'a')), out), RankGroup{});
+    BpeTrainer trainer({300, kGpt2Pattern, {"<|endoftext|>"}, 2});
+    trainer.add_text("another corpus gives another vocabulary, another corpus");
+    const Tokenizer other = trainer.train("other");
+    const std::string other_path = write_file(in, "other.json", other.to_hf_json());
+    const auto config = [&](const std::string& tokenizer_path) {
+        std::vector<std::string> set = {"data.format=shards", "data.train_path=" + out + "/dataset.json", "model.vocab_size=600"};
+        if (!tokenizer_path.empty()) set.push_back("data.tokenizer=" + tokenizer_path);
+        return load_config("configs/tiny.toml", set);
+    };
+    EXPECT_NO_THROW(make_batch_source(config("")));
+    const auto expect_refused = [&](const Config& c, const std::string& tokenizer_path) {
+        const std::string error = error_of([&] { make_batch_source(c); });
+        EXPECT_NE(error.find("data error: tokenizer '" + tokenizer_path + "' (xxh3 " + hex_hash(other.hash()) + ") is not the one '" + out +
+                             "/dataset.json' was prepared with (xxh3 " + hex_hash(tokenizer().hash()) + ")"),
+                  std::string::npos)
+            << error;
+    };
+    expect_refused(config(other_path), other_path);
+    // The dataset's own copy swapped for another tokenizer.
+    write_file(out, "tokenizer.json", other.to_hf_json());
+    expect_refused(config(""), out + "/tokenizer.json");
+}
+
+// A killed run leaves its staging directory (removed by the next run) or, killed between the
+// two renames of a swap without exchange, the only copy of the old dataset (never removed).
+TEST(Prepare, LeftoversOfAKilledRunAreClearedButAnOldDatasetAsideIsKept) {
+    const std::string in = temp_dir("leftover_in");
+    const std::string out = temp_dir("leftover_out");
+    fs::remove(out);
+    fs::create_directories(out + ".llmtrain-staging");
+    write_file(out + ".llmtrain-staging", "train-00007.ltshard", "half a shard");
+    const PrepareOptions o = small_dataset_options(write_file(in, "a.txt", corpus_of(3, 'a')), out);
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+    EXPECT_TRUE(fs::exists(out + "/dataset.json"));
+    EXPECT_TRUE(siblings(out).empty()) << siblings(out).front();
+    fs::rename(out, out + ".llmtrain-old");
+    const std::string error = error_of([&] { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{}); });
+    EXPECT_NE(error.find("'" + fs::absolute(out).string() + ".llmtrain-old' holds the contents of '" + out + "' that an interrupted run was replacing"), std::string::npos) << error;
+    EXPECT_TRUE(fs::exists(out + ".llmtrain-old/dataset.json"));
+    fs::remove_all(out + ".llmtrain-old");
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <random>
 
+#include "core/durable_file.h"
 #include "core/error.h"
 #include "data/external_formats.h"
 #include "data/input_files.h"
