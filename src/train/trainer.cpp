@@ -90,6 +90,10 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     optimizer_->set_writes_compute_copy(!(buckets_->zero1() && ctx.mesh.dp() > 1));
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, config_.train.grad_accum);
+    // The fp16 overflow rule first: an overflow is not a fault for the non-finite policy.
+    own_guards_.push_back(std::make_unique<LossScaleGuard>(loss_scale_, options_.quiet));
+    own_guards_.push_back(std::make_unique<NonFiniteGuard>(config_.monitor.on_nonfinite));
+    for (const auto& guard : own_guards_) guards_.push_back(guard.get());
 }
 
 Trainer::~Trainer() = default;
@@ -235,27 +239,22 @@ void Trainer::poison_gradients() {
     else backend_->copy_from_host(grad, std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()).data());
 }
 
-// Loss and norm are reduced over the whole job: every rank takes the same decision.
+// Loss and norm are reduced over the whole job: every guard reaches the same verdict on
+// every rank. The first verdict other than apply decides.
 void Trainer::update(StepRecord& s) {
-    const bool overflow = std::isfinite(s.loss) && !std::isfinite(s.grad_norm) && loss_scale_.dynamic();
-    if (overflow) {
-        // fp16 gradients overflowed at this loss scale: expected now and then, not a fault.
-        s.skipped = true;
-        loss_scale_.update(true);
-        if (!options_.quiet) log_warn("fp16 gradients overflowed; update skipped, loss scale now ", loss_scale_.scale());
-        return;
+    Verdict verdict;
+    for (UpdateGuard* guard : guards_) {
+        verdict = guard->judge(s);
+        if (verdict.action != Verdict::apply) break;
     }
-    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
-        if (config_.monitor.on_nonfinite == NonFinitePolicy::abort)
-            fail(ErrorKind::diverged, "step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss,
-                 ", grad norm ", s.grad_norm, "); aborting as monitor.on_nonfinite = \"abort\" (\"skip\" skips such updates)");
-        s.skipped = true;
-        return;
+    if (verdict.action == Verdict::abort) fail(ErrorKind::diverged, verdict.reason);
+    s.skipped = verdict.action == Verdict::skip;
+    if (!s.skipped) {
+        optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_.scale());
+        buckets_->gather_parameters();
+        if (!optimizer_->writes_compute_copy()) model_->parameters().refresh_compute_copy();
     }
-    optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_.scale());
-    buckets_->gather_parameters();
-    if (!optimizer_->writes_compute_copy()) model_->parameters().refresh_compute_copy();
-    loss_scale_.update(false);
+    for (UpdateGuard* guard : guards_) guard->after_verdict(s, verdict.action);
 }
 
 // Global micro-batch g = dp_rank * M + m of the step (M = grad_accum): each dp rank trains

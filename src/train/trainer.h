@@ -26,6 +26,7 @@
 #include "data/batch_source.h"
 #include "metrics/step_record.h"
 #include "model/transformer.h"
+#include "monitor/update_guard.h"
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
 #include "parallel/context.h"
@@ -74,6 +75,8 @@ public:
     TrainResult run();
     // Adds an observer of every step and evaluation to come; it must outlive run().
     void observe(StepObserver& observer) { options_.observers.push_back(&observer); }
+    // Adds a guard judged after the built-in ones (fp16 overflow, non-finite); it must outlive run().
+    void guard(UpdateGuard& guard) { guards_.push_back(&guard); }
     // One optimizer step (0-based), timed to the end of the device's work: what run() repeats.
     StepRecord train_step(int64_t step);
     Transformer& model() { return *model_; }
@@ -127,6 +130,8 @@ private:
     DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
     int64_t start_step_ = 0;         // steps taken before this process (a resumed run)
     int64_t tokens_seen_ = 0;        // over the whole job, since the run's first step
+    std::vector<std::unique_ptr<UpdateGuard>> own_guards_;
+    std::vector<UpdateGuard*> guards_;  // in the order they judge
     TrainResult result_;
 };
 

@@ -546,9 +546,15 @@ TEST(Config, UnknownMeshOrder_ListsTheAllowedOrders) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.order", "'tp-tp-dp'")), "parallel.order: \"tp-tp-dp\" is not a known value"));
 }
 
-TEST(Config, CheckpointsRequested_AreRejected) {
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("checkpoint.every_steps", "100")),
-                         "run.toml: checkpoint.every_steps: this version writes no checkpoints (allowed: 0"));
+TEST(Config, CheckpointKeys_HaveTheirDefaultsAndRefuseUnknownPolicies) {
+    const Config c = parse(TomlText::gpt2().set("checkpoint.every_steps", "100"));
+    EXPECT_EQ(c.checkpoint.every_steps, 100);
+    EXPECT_EQ(c.checkpoint.keep_last, 3);
+    EXPECT_EQ(c.checkpoint.keep_every, 0);
+    EXPECT_TRUE(c.checkpoint.async);
+    EXPECT_EQ(c.checkpoint.on_save_error, SaveErrorPolicy::warn);
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("checkpoint.on_save_error", "\"ignore\"")), "checkpoint.on_save_error"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("checkpoint.keep_last", "0")), "checkpoint.keep_last"));
 }
 
 // ---- Data files ----

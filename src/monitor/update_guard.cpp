@@ -1,0 +1,34 @@
+#include "monitor/update_guard.h"
+
+#include <cmath>
+
+#include "core/log.h"
+
+namespace llmtrain {
+
+Verdict LossScaleGuard::judge(const StepRecord& s) {
+    const bool overflow = scale_.dynamic() && std::isfinite(s.loss) && !std::isfinite(s.grad_norm);
+    if (!overflow) return {};
+    return {Verdict::skip, cat("fp16 gradients overflowed at loss scale ", s.loss_scale)};
+}
+
+void LossScaleGuard::after_verdict(const StepRecord& s, Verdict::Action action) {
+    if (!scale_.dynamic()) return;
+    const bool overflow = std::isfinite(s.loss) && !std::isfinite(s.grad_norm);
+    if (action == Verdict::skip && overflow) {
+        scale_.update(true);
+        if (!quiet_) log_warn("fp16 gradients overflowed; update skipped, loss scale now ", scale_.scale());
+    } else if (action == Verdict::apply) {
+        scale_.update(false);
+    }
+}
+
+Verdict NonFiniteGuard::judge(const StepRecord& s) {
+    if (std::isfinite(s.loss) && std::isfinite(s.grad_norm)) return {};
+    if (policy_ == NonFinitePolicy::abort)
+        return {Verdict::abort, cat("step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss, ", grad norm ",
+                                    s.grad_norm, "); aborting as monitor.on_nonfinite = \"abort\" (\"skip\" skips such updates)")};
+    return {Verdict::skip, "non-finite loss or gradient (monitor.on_nonfinite = \"skip\")"};
+}
+
+}  // namespace llmtrain

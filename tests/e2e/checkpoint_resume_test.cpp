@@ -1,0 +1,94 @@
+// Bit-exact resume in process, on the CUDA path's host side (the CPU stand-in of the CUDA
+// backend): a bf16 run's compute copy is rebuilt from the f32 master weights, and an fp16
+// run's dynamic loss scale is restored. A run abandoned after step 12 without a final save
+// (as a killed one is) and resumed from its latest checkpoint must give the uninterrupted
+// run's losses, gradient norms and final master weights, bit for bit.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <optional>
+
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/checkpointer.h"
+#include "config/config.h"
+#include "support/emulated_cuda_backend.h"
+#include "support/run_comparisons.h"
+#include "train/trainer.h"
+
+using namespace llmtrain;
+
+namespace {
+
+struct Outcome {
+    std::vector<StepRecord> steps;
+    std::vector<float> master_weights;
+};
+
+class StepCounter : public StepObserver {
+public:
+    void after_step(const StepRecord& s) override { last = s.step; }
+    int64_t last = 0;
+};
+
+// Trains with a synchronous checkpoint every 5 steps into dir, from dir's latest checkpoint
+// when resume is set, and gives up after step abandon_after (0: never) without saving.
+Outcome train_checkpointed(Config config, const std::string& dir, bool resume, int64_t abandon_after) {
+    config.checkpoint.dir = dir;
+    config.checkpoint.every_steps = 5;
+    config.checkpoint.async = false;
+    StepCounter counter;
+    TrainerOptions options{.dtype = std::nullopt, .quiet = true};
+    options.make_backend = [](int) { return test::make_emulated_cuda_backend(); };
+    options.stop_signal = [&] { return abandon_after > 0 && counter.last >= abandon_after ? SIGKILL : 0; };
+    Trainer trainer(config, options);
+    if (resume) {
+        const std::optional<std::string> latest = latest_checkpoint(dir);
+        EXPECT_TRUE(latest.has_value());
+        trainer.restore(*latest, read_checkpoint_manifest(*latest));
+    }
+    const ParallelContext& ctx = trainer.context();
+    CheckpointerHooks hooks;
+    hooks.capture = [&](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
+    hooks.manifest = [&](int64_t step) { return trainer.manifest_at(step); };
+    Checkpointer checkpointer(config.checkpoint, *ctx.world, FileAttributes{0, 0, 1, 1, 1, 1}, hooks);
+    trainer.observe(checkpointer);
+    trainer.observe(counter);
+    Outcome outcome;
+    outcome.steps = trainer.run().steps;
+    const Tensor master = trainer.model().parameters().all_values();
+    outcome.master_weights.resize(static_cast<size_t>(master.numel()));
+    trainer.backend().copy_to_host(outcome.master_weights.data(), master);
+    return outcome;
+}
+
+void expect_resume_is_bitwise_uninterrupted(const Config& config, const std::string& name) {
+    const std::string root = testing::TempDir() + "checkpoint_resume_" + name + "_" + std::to_string(::getpid());
+    std::filesystem::remove_all(root);
+    const Outcome uninterrupted = train_checkpointed(config, root + "/a", false, 0);
+    const Outcome abandoned = train_checkpointed(config, root + "/b", false, 12);
+    ASSERT_EQ(abandoned.steps.size(), 12u);
+    const Outcome resumed = train_checkpointed(config, root + "/b", true, 0);
+    ASSERT_EQ(resumed.steps.size(), 10u);  // steps 11..20, from the checkpoint of step 10
+    for (size_t i = 0; i < resumed.steps.size(); ++i) {
+        const StepRecord& want = uninterrupted.steps[10 + i];
+        EXPECT_EQ(resumed.steps[i].step, want.step);
+        EXPECT_EQ(resumed.steps[i].loss, want.loss) << name << " step " << want.step;
+        EXPECT_EQ(resumed.steps[i].grad_norm, want.grad_norm) << name << " step " << want.step;
+        EXPECT_EQ(resumed.steps[i].loss_scale, want.loss_scale) << name << " step " << want.step;
+    }
+    EXPECT_EQ(resumed.master_weights, uninterrupted.master_weights) << name;
+    std::filesystem::remove_all(root);
+}
+
+}  // namespace
+
+TEST(CheckpointResume, EmulatedCudaGpt2Bf16_IsBitwiseIdenticalToUninterrupted) {
+    expect_resume_is_bitwise_uninterrupted(test::tiny_cuda_shaped_run("gpt2", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0"}), "gpt2_bf16");
+}
+
+TEST(CheckpointResume, EmulatedCudaLlamaFp16_RestoresTheLossScaleBitwise) {
+    expect_resume_is_bitwise_uninterrupted(
+        test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0", "train.precision=\"fp16\"", "train.loss_scale_window=3"}),
+        "llama_fp16");
+}
