@@ -36,7 +36,9 @@ public:
     // One update with learning rate lr and the gradient multiplied by grad_scale.
     void step(Backend& backend, double lr, double grad_scale);
     int64_t steps_taken() const { return steps_taken_; }
-    size_t state_bytes() const { return 2 * m_.view().bytes(); }
+    size_t state_bytes() const { return state_bytes_for(m_.view().numel(), m_.view().dtype()); }
+    // Moments m and v for owned_numel elements in the master dtype.
+    static size_t state_bytes_for(int64_t owned_numel, DType master) { return 2 * static_cast<size_t>(owned_numel) * dtype_size(master); }
 
 private:
     OptimizerConfig config_;

@@ -26,6 +26,7 @@
 #include "optim/loss_scale.h"
 #include "parallel/context.h"
 #include "parallel/grad_buckets.h"
+#include "train/memory_plan.h"
 #include "train/pipeline_runner.h"
 
 namespace llmtrain {
@@ -66,12 +67,6 @@ struct TrainerOptions {
     std::function<std::unique_ptr<Backend>(int local_rank)> make_backend{};
 };
 
-// What this rank holds, for the start-up report and the tests.
-struct RankMemory {
-    size_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, workspace_bytes = 0;
-    size_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + workspace_bytes; }
-};
-
 class Trainer {
 public:
     // A single process.
@@ -85,11 +80,15 @@ public:
     Transformer& model() { return *model_; }
     Backend& backend() { return *backend_; }
     const ParallelContext& context() const { return *ctx_; }
+    // What this rank holds (what plan_memory predicts), for the start-up report and the tests.
     RankMemory memory() const;
     DType compute_dtype() const { return dtype_; }
 
 private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
+    // Throws a config error when the largest rank's plan does not fit in the memory free on
+    // its node; every rank reaches the same verdict.
+    void check_memory() const;
     void log_startup() const;
     // Applies the update of a step whose loss and gradient norm are known, or skips it.
     void update(StepRecord& s);
