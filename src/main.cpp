@@ -4,11 +4,12 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "cli/version.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
     CLI::App app("llmtrain: pre-train GPT-2 and Llama-style language models", "llmtrain");
-    app.set_version_flag("--version", std::string("llmtrain ") + LLMTRAIN_VERSION);
+    app.set_version_flag("--version", llmtrain::version_text);
     app.require_subcommand(1);
     llmtrain::CommandAction action;
     llmtrain::register_train_command(app, action);

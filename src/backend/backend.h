@@ -239,4 +239,9 @@ std::unique_ptr<Backend> make_cpu_backend(int threads);
 std::unique_ptr<Backend> make_cuda_backend(int device_index);
 bool cuda_backend_built();
 
+// The libraries under the backends, for `--version`: "CUDA runtime 12.4 (driver 12.6)" or
+// "not built"; "OpenBLAS 0.3.21 DYNAMIC_ARCH ... MAX_THREADS=64" (its build configuration).
+std::string cuda_runtime_version();
+std::string blas_library_version();
+
 }  // namespace llmtrain

@@ -30,6 +30,15 @@ int cuda_device_count() {
     return count;
 }
 
+// Versions are encoded as 1000 * major + 10 * minor.
+std::string cuda_runtime_version() {
+    const auto text = [](int v) { return cat(v / 1000, ".", v % 1000 / 10); };
+    int runtime = 0, driver = 0;
+    check_cuda(cudaRuntimeGetVersion(&runtime), "cudaRuntimeGetVersion");
+    const bool has_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+    return cat("CUDA runtime ", text(runtime), has_driver ? cat(" (driver ", text(driver), ")") : std::string(" (no driver)"));
+}
+
 size_t cuda_free_memory_bytes(int device_index) {
     check_cuda(cudaSetDevice(device_index % cuda_device_count()), "cudaSetDevice");
     size_t free_bytes = 0, total_bytes = 0;
