@@ -12,7 +12,8 @@ namespace llmtrain {
 std::string blas_library_version() { return openblas_get_config(); }
 
 CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {
-    openblas_set_num_threads(threads_);
+    // BLAS runs inside the OpenMP threads, one call per block (cpu_matmul.cpp's gemm).
+    openblas_set_num_threads(1);
 }
 
 std::string CpuBackend::name() const { return "cpu"; }
