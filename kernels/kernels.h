@@ -67,17 +67,19 @@ void launch_cast_from_f32(Half t, void* out, const float* in, int64_t n, cudaStr
 void launch_cast_to_f32(Half t, float* out, const void* in, int64_t n, cudaStream_t stream);
 
 // loss.cu: softmax cross-entropy over rows of logits [N, V], one block per row, in chunks
-// of the row (never a second full-size fp32 copy of the logits).
+// of the row (never a second full-size fp32 copy of the logits). Only the first V_real
+// columns of a row are real classes: the columns [V_real, V) are vocabulary padding, left
+// out of every max and sum and given a zero gradient.
 // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].
-void launch_xent_fwd(Half t, float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, cudaStream_t stream);
+void launch_xent_fwd(Half t, float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream);
 // dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [v + vocab_begin == targets[n]]) * dloss;
 // lse null: computed from the row (then vocab_begin is 0). dlogits may alias logits.
-void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* targets, const float* lse, int64_t N, int64_t V, int64_t vocab_begin,
-              float dloss, cudaStream_t stream);
-void launch_logits_row_max(Half t, float* row_max, const void* logits, int64_t N, int64_t V, cudaStream_t stream);
+void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* targets, const float* lse, int64_t N, int64_t V, int64_t V_real,
+              int64_t vocab_begin, float dloss, cudaStream_t stream);
+void launch_logits_row_max(Half t, float* row_max, const void* logits, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream);
 // partial [N, 2]: (sum_v exp(logits[n, v] - row_max[n]), the target's logit if in this shard else 0).
 void launch_xent_partial(Half t, float* partial, const void* logits, const int32_t* targets, const float* row_max, int64_t N, int64_t V,
-                  int64_t vocab_begin, cudaStream_t stream);
+                  int64_t V_real, int64_t vocab_begin, cudaStream_t stream);
 // lse[n] = row_max[n] + log(partial[n, 0]); losses[n] = lse[n] - partial[n, 1].
 void launch_xent_combine(float* losses, float* lse, const float* partial, const float* row_max, int64_t N, cudaStream_t stream);
 

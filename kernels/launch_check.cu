@@ -6,9 +6,18 @@
 
 namespace llmtrain::kernels {
 
+ErrorKind cuda_error_kind(cudaError_t status) {
+    switch (status) {
+        case cudaErrorECCUncorrectable:
+        case cudaErrorNvlinkUncorrectable:
+        case cudaErrorHardwareStackError: return ErrorKind::hardware;
+        default: return ErrorKind::runtime;
+    }
+}
+
 void check_launch(const char* kernel) {
     const cudaError_t status = cudaGetLastError();
-    if (status != cudaSuccess) fail(ErrorKind::runtime, "CUDA kernel ", kernel, ": ", cudaGetErrorString(status));
+    if (status != cudaSuccess) fail(cuda_error_kind(status), "CUDA kernel ", kernel, ": ", cudaGetErrorString(status));
 }
 
 }  // namespace llmtrain::kernels

@@ -14,6 +14,12 @@
 //
 // The row is split into a head (elements before the first 16-byte boundary), 16-byte packs of
 // 8 elements and a tail, so any V (37, 50257, 151936) reads with vector loads.
+//
+// Padded vocabulary: only a row's first V_real columns are real classes; the columns
+// [V_real, V) are padding (the vocabulary rounded up so that tp divides it). The reductions
+// read the first V_real columns only and the backward writes 0 to the padded ones, so the
+// loss and the real classes' gradients are those of the unpadded rows. V_real = 0 (a shard of
+// padding only) gives row_max -inf and sum 0, which add nothing across shards.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -134,66 +140,69 @@ int row_grid(int64_t N) { return static_cast<int>(std::min(N, max_row_blocks)); 
 // Rows are block-uniform (row loops step by gridDim.x), so the barriers in block_reduce are
 // reached by the whole block.
 template <class T>
-__global__ void __launch_bounds__(row_threads) xent_fwd_kernel(float* losses, const T* logits, const int32_t* targets, int64_t N, int64_t V) {
+__global__ void __launch_bounds__(row_threads) xent_fwd_kernel(float* losses, const T* logits, const int32_t* targets, int64_t N, int64_t V,
+                                                               int64_t V_real) {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const T* row = logits + n * V;
-        const MaxSum r = row_max_sum(row, V);
+        const MaxSum r = row_max_sum(row, V_real);
         if (threadIdx.x == 0) {
-            // The host cannot check the targets without a sync: one outside [0, V) gives a NaN
-            // loss rather than a read outside the row.
+            // The host cannot check the targets without a sync: one outside [0, V_real) gives a
+            // NaN loss rather than a read outside the row.
             const int64_t target = targets[n];
-            losses[n] = target >= 0 && target < V ? r.max + logf(r.sum) - to_float(row[target]) : __int_as_float(0x7fffffff);
+            losses[n] = target >= 0 && target < V_real ? r.max + logf(r.sum) - to_float(row[target]) : __int_as_float(0x7fffffff);
         }
     }
 }
 
+// A padded column (v >= V_real) is outside the softmax: its gradient is 0.
 template <class T>
-__device__ __forceinline__ T xent_grad(int64_t v, float x, float lse, int64_t target, float dloss) {
+__device__ __forceinline__ T xent_grad(int64_t v, float x, float lse, int64_t target, float dloss, int64_t V_real) {
+    if (v >= V_real) return from_float<T>(0.f);
     return from_float<T>((expf(x - lse) - (v == target ? 1.f : 0.f)) * dloss);
 }
 
 // Writes the gradient of one row; each element is read and written by the same thread.
 template <class T>
-__device__ void write_row_grad(T* drow, const T* row, int64_t V, RowSplit s, float lse, int64_t target, float dloss) {
-    for (int64_t v = threadIdx.x; v < s.head; v += blockDim.x) drow[v] = xent_grad<T>(v, to_float(row[v]), lse, target, dloss);
+__device__ void write_row_grad(T* drow, const T* row, int64_t V, int64_t V_real, RowSplit s, float lse, int64_t target, float dloss) {
+    for (int64_t v = threadIdx.x; v < s.head; v += blockDim.x) drow[v] = xent_grad<T>(v, to_float(row[v]), lse, target, dloss, V_real);
     const Pack<T, pack_elems>* body = reinterpret_cast<const Pack<T, pack_elems>*>(row + s.head);
     Pack<T, pack_elems>* dbody = reinterpret_cast<Pack<T, pack_elems>*>(drow + s.head);
     for (int64_t p = threadIdx.x; p < s.packs; p += blockDim.x) {
         const Pack<T, pack_elems> x = body[p];
         Pack<T, pack_elems> d;
 #pragma unroll
-        for (int k = 0; k < pack_elems; ++k) d.v[k] = xent_grad<T>(s.head + p * pack_elems + k, to_float(x.v[k]), lse, target, dloss);
+        for (int k = 0; k < pack_elems; ++k) d.v[k] = xent_grad<T>(s.head + p * pack_elems + k, to_float(x.v[k]), lse, target, dloss, V_real);
         dbody[p] = d;
     }
     for (int64_t v = s.head + s.packs * pack_elems + threadIdx.x; v < V; v += blockDim.x)
-        drow[v] = xent_grad<T>(v, to_float(row[v]), lse, target, dloss);
+        drow[v] = xent_grad<T>(v, to_float(row[v]), lse, target, dloss, V_real);
 }
 
 // same_alignment: dlogits and logits have the same address mod 16, so a row's packs start
 // 16-byte aligned in both; otherwise the rows go one element at a time.
 template <class T>
 __global__ void __launch_bounds__(row_threads) xent_bwd_kernel(T* dlogits, const T* logits, const int32_t* targets, const float* lse, int64_t N,
-                                                               int64_t V, int64_t vocab_begin, float dloss, bool same_alignment) {
+                                                               int64_t V, int64_t V_real, int64_t vocab_begin, float dloss, bool same_alignment) {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const T* row = logits + n * V;
         float row_lse;
         if (lse) {
             row_lse = lse[n];
         } else {
-            const MaxSum r = row_max_sum(row, V);  // ends with a barrier: all reads of the row done
+            const MaxSum r = row_max_sum(row, V_real);  // ends with a barrier: all reads of the row done
             row_lse = r.max + logf(r.sum);
         }
         const int64_t target = int64_t{targets[n]} - vocab_begin;  // outside [0, V): no one-hot here
-        write_row_grad(dlogits + n * V, row, V, split_row(row, V, sizeof(T), same_alignment), row_lse, target, dloss);
+        write_row_grad(dlogits + n * V, row, V, V_real, split_row(row, V, sizeof(T), same_alignment), row_lse, target, dloss);
     }
 }
 
 template <class T>
-__global__ void __launch_bounds__(row_threads) logits_row_max_kernel(float* row_max, const T* logits, int64_t N, int64_t V) {
+__global__ void __launch_bounds__(row_threads) logits_row_max_kernel(float* row_max, const T* logits, int64_t N, int64_t V, int64_t V_real) {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const T* row = logits + n * V;
         float mx = neg_inf;
-        for_each_logit(row, V, split_row(row, V, sizeof(T), true), [&](int64_t, float x) { mx = fmaxf(mx, x); });
+        for_each_logit(row, V_real, split_row(row, V_real, sizeof(T), true), [&](int64_t, float x) { mx = fmaxf(mx, x); });
         mx = block_reduce(mx, MergeMax{}, neg_inf);
         if (threadIdx.x == 0) row_max[n] = mx;
     }
@@ -201,17 +210,17 @@ __global__ void __launch_bounds__(row_threads) logits_row_max_kernel(float* row_
 
 template <class T>
 __global__ void __launch_bounds__(row_threads) xent_partial_kernel(float* partial, const T* logits, const int32_t* targets, const float* row_max,
-                                                                   int64_t N, int64_t V, int64_t vocab_begin) {
+                                                                   int64_t N, int64_t V, int64_t V_real, int64_t vocab_begin) {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const T* row = logits + n * V;
         const float mx = row_max[n];
         float sum = 0.f;
-        for_each_logit(row, V, split_row(row, V, sizeof(T), true), [&](int64_t, float x) { sum += expf(x - mx); });
+        for_each_logit(row, V_real, split_row(row, V_real, sizeof(T), true), [&](int64_t, float x) { sum += expf(x - mx); });
         sum = block_reduce(sum, MergeSum{}, 0.f);
         if (threadIdx.x == 0) {
             const int64_t target = int64_t{targets[n]} - vocab_begin;
             partial[2 * n] = sum;
-            partial[2 * n + 1] = target >= 0 && target < V ? to_float(row[target]) : 0.f;
+            partial[2 * n + 1] = target >= 0 && target < V_real ? to_float(row[target]) : 0.f;
         }
     }
 }
@@ -227,38 +236,39 @@ __global__ void xent_combine_kernel(float* losses, float* lse, const float* part
 
 }  // namespace
 
-void launch_xent_fwd(Half t, float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, cudaStream_t stream) {
+void launch_xent_fwd(Half t, float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream) {
     if (N <= 0 || V <= 0) return;
     dispatch_half(t, [&]<class T>() {
-        xent_fwd_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(losses, static_cast<const T*>(logits), targets, N, V);
+        xent_fwd_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(losses, static_cast<const T*>(logits), targets, N, V, V_real);
         check_launch("xent_fwd");
     });
 }
 
-void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* targets, const float* lse, int64_t N, int64_t V, int64_t vocab_begin,
-                     float dloss, cudaStream_t stream) {
+void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* targets, const float* lse, int64_t N, int64_t V, int64_t V_real,
+                     int64_t vocab_begin, float dloss, cudaStream_t stream) {
     if (N <= 0 || V <= 0) return;
     const bool same_alignment = reinterpret_cast<uintptr_t>(dlogits) % 16 == reinterpret_cast<uintptr_t>(logits) % 16;
     dispatch_half(t, [&]<class T>() {
         xent_bwd_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, lse, N, V,
-                                                                     vocab_begin, dloss, same_alignment);
+                                                                     V_real, vocab_begin, dloss, same_alignment);
         check_launch("xent_bwd");
     });
 }
 
-void launch_logits_row_max(Half t, float* row_max, const void* logits, int64_t N, int64_t V, cudaStream_t stream) {
+void launch_logits_row_max(Half t, float* row_max, const void* logits, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream) {
     if (N <= 0 || V <= 0) return;
     dispatch_half(t, [&]<class T>() {
-        logits_row_max_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(row_max, static_cast<const T*>(logits), N, V);
+        logits_row_max_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(row_max, static_cast<const T*>(logits), N, V, V_real);
         check_launch("logits_row_max");
     });
 }
 
 void launch_xent_partial(Half t, float* partial, const void* logits, const int32_t* targets, const float* row_max, int64_t N, int64_t V,
-                         int64_t vocab_begin, cudaStream_t stream) {
+                         int64_t V_real, int64_t vocab_begin, cudaStream_t stream) {
     if (N <= 0 || V <= 0) return;
     dispatch_half(t, [&]<class T>() {
-        xent_partial_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(partial, static_cast<const T*>(logits), targets, row_max, N, V, vocab_begin);
+        xent_partial_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(partial, static_cast<const T*>(logits), targets, row_max, N, V, V_real,
+                                                                         vocab_begin);
         check_launch("xent_partial");
     });
 }

@@ -8,6 +8,7 @@ packages=(
   libpcre2-dev libzstd-dev libxxhash-dev  # tokenizer regex, token shards, checksums
   libonig-dev  # tests: the regex engine of Hugging Face's tokenizers, for split parity
   libopenmpi-dev openmpi-bin  # MPI: parallel training and `prepare`, and the tests of every layout
+  libhdf5-dev hdf5-tools  # checkpoints (serial HDF5); h5ls / h5dump read them
   fortunes  # the quickstart's corpus
 )
 missing=()

@@ -67,9 +67,14 @@ struct AttentionShape {
 // [begin, begin + local rows) of `total`. Tensor parallelism splits the vocabulary across
 // ranks this way (Megatron's vocab-parallel embedding and cross-entropy); total = 0 means
 // the tensor holds the whole vocabulary.
+// The vocabulary may be padded (model.pad_vocab_to, so that tp divides it): classes
+// [real, total) are padding, never a token or a target. The cross-entropy masks them out
+// of the softmax (probability 0, gradient 0), so the loss and every other gradient are those
+// of the unpadded vocabulary. real = 0 means no padding.
 struct VocabShard {
     int64_t begin = 0;
     int64_t total = 0;
+    int64_t real = 0;
 };
 
 // One AdamW update with decoupled weight decay (Loshchilov & Hutter):
@@ -193,8 +198,11 @@ public:
     // out = a + b (out may alias a or b).
     virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
 
-    // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].
-    virtual void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) = 0;
+    // Every cross-entropy op runs over the real classes only (v < vocab.real, see VocabShard):
+    // padded classes enter no max, no sum and get a zero gradient.
+    // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]], over whole rows
+    // (vocab.begin = 0; vocab.total = 0 or the row width).
+    virtual void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) = 0;
     // dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * dloss; dlogits may alias logits.
     // With lse [N] given (the full rows' logsumexp) the rows may be a vocabulary shard:
     // softmax_v = exp(logits[n, v] - lse[n]) and the one-hot is 1 only where this shard holds
@@ -204,7 +212,8 @@ public:
     // Vocabulary-parallel cross-entropy, forward, in three local steps around two reductions
     // across the shards: m = max over shards of logits_row_max; partial = xent_partial(m),
     // summed over shards; xent_combine gives lse = m + log(sum exp) and loss = lse - target logit.
-    virtual void logits_row_max(const Tensor& row_max, const Tensor& logits) = 0;
+    // A shard holding padding only has row_max -inf and sum 0.
+    virtual void logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) = 0;
     // partial[n] = (sum_v exp(logits[n, v] - row_max[n]), logits[n, target - shard.begin] if
     // this shard holds the target, else 0).
     virtual void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) = 0;

@@ -34,6 +34,8 @@ std::pair<int64_t, int64_t> expect_norm_tensors(const char* op, Device device, D
 void expect_vocab_rows(const char* op, const VocabRows& rows) {
     if (rows.begin < 0 || rows.begin + rows.count > rows.total)
         fail(ErrorKind::shape, op, ": vocabulary shard [", rows.begin, ", ", rows.begin + rows.count, ") lies outside [0, ", rows.total, ")");
+    if (rows.real < 1 || rows.real > rows.total)
+        fail(ErrorKind::shape, op, ": real vocabulary ", rows.real, " must lie in [1, ", rows.total, "] (classes from it on are padding)");
 }
 
 void expect_positions(const char* op, const char* name, const Tensor& table, int64_t seq_len) {

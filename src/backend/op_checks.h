@@ -3,6 +3,7 @@
 // vocabulary rows a shard holds.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -29,11 +30,15 @@ std::pair<int64_t, int64_t> expect_norm_tensors(const char* op, Device device, D
                                                 const NormTensors& others);
 
 // The rows [begin, begin + count) of a vocabulary of `total` that a table or a block of
-// logits holds.
+// logits holds; classes from `real` on are padding.
 struct VocabRows {
-    int64_t begin, count, total;
-    VocabRows(VocabShard shard, int64_t rows) : begin(shard.begin), count(rows), total(shard.total ? shard.total : rows) {}
+    int64_t begin, count, total, real;
+    VocabRows(VocabShard shard, int64_t rows)
+        : begin(shard.begin), count(rows), total(shard.total ? shard.total : rows), real(shard.real ? shard.real : total) {}
     bool holds(int32_t token) const { return token >= begin && token < begin + count; }
+    // Padding sits at the end of the vocabulary, so this block's real classes are its first
+    // real_count() rows (none for a block of padding only).
+    int64_t real_count() const { return std::clamp(real - begin, int64_t{0}, count); }
 };
 void expect_vocab_rows(const char* op, const VocabRows& rows);
 

@@ -79,7 +79,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     options.synthetic_data = true;
     Trainer trainer(config, options, ctx);
     Backend& backend = trainer.backend();
-    const TrainConfig& t = config.train;
+    const TrainConfig& t = trainer.config().train;  // grad_accum as this mesh resolves it
     const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx.mesh.dp());
     const double parameters = ctx.world->all_reduce_scalar(
         ctx.coord().dp == 0 ? static_cast<double>(trainer.model().parameters().total_numel()) : 0.0, ReduceOp::sum);

@@ -10,7 +10,13 @@ namespace llmtrain {
 
 using CommandAction = std::function<int()>;
 
-// `llmtrain train CONFIG [--set key=value ...] [--run-dir DIR]`
+// Ends the process with this exit code; whatever was to be said is said already (by this
+// rank or by another): main() prints nothing more.
+struct ExitNow {
+    int code;
+};
+
+// `llmtrain train CONFIG [--set key=value ...] [--run-dir DIR] [--dry-run]`
 void register_train_command(CLI::App& app, CommandAction& action);
 // `llmtrain tokenizer train|encode|decode ...`
 void register_tokenizer_command(CLI::App& app, CommandAction& action);

@@ -1,16 +1,28 @@
-// `llmtrain train`: load and validate the config (with --set overrides) before anything is
-// allocated, create the run directory with the effective config, train, report.
+// `llmtrain train`: every check first (config, layout, and under MPI the agreement of every
+// rank), then the trainer (device, data, allocation), and only then the run directory: a run
+// refused at the door leaves nothing behind. The run directory tells what became of the run
+// (metrics/run_log.h): start, steps, and one closing record, or none if it was killed.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <unistd.h>
 
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/config_changes.h"
 #include "cli/commands.h"
 #include "config/config.h"
+#include "core/exit_code.h"
 #include "core/log.h"
+#include "core/signals.h"
+#include "metrics/console_observer.h"
+#include "metrics/run_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "train/trainer.h"
@@ -23,6 +35,13 @@ struct TrainArgs {
     std::string config_path;
     std::vector<std::string> overrides;
     std::string run_dir;
+    bool dry_run = false;
+    std::string resume;  // "", auto, latest or a checkpoint directory
+};
+
+struct ResumePoint {
+    std::string path;
+    Manifest manifest;
 };
 
 std::string default_run_dir(const std::string& config_path) {
@@ -32,21 +51,54 @@ std::string default_run_dir(const std::string& config_path) {
     return cat("runs/", std::filesystem::path(config_path).stem().string(), "-", stamp);
 }
 
-// Creates the run directory; an existing run there is never overwritten.
-void prepare_run_dir(const std::string& dir, const Config& config) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) fail(ErrorKind::io, "cannot create run directory '", dir, "': ", ec.message());
-    if (fs::exists(fs::path(dir) / "log.jsonl"))
-        fail(ErrorKind::io, "run directory '", dir, "' already holds a run (log.jsonl); choose another --run-dir");
-    const std::string path = (fs::path(dir) / "config.toml").string();
-    std::ofstream out(path);
-    out << "# Effective configuration of this run (defaults and --set overrides applied).\n" << dump_config(config);
-    if (!out) fail(ErrorKind::io, "cannot write '", path, "'");
+// The command line as the user typed it, for the start record.
+std::string command_line() {
+    std::ifstream in("/proc/self/cmdline", std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!text.empty() && text.back() == '\0') text.pop_back();
+    std::replace(text.begin(), text.end(), '\0', ' ');
+    return text;
 }
 
-void report(const TrainResult& result, const Config& config) {
+std::string host_name() {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    return name;
+}
+
+// A run directory is never reused: a second run there would mix two runs' records.
+void check_run_dir_is_free(const std::string& dir) {
+    if (std::filesystem::exists(std::filesystem::path(dir) / "log.jsonl"))
+        fail(ErrorKind::config, "run directory '", dir, "' already holds a run (log.jsonl); choose another --run-dir");
+}
+
+// The run directory of rank 0: the effective config, log.jsonl and a copy of the console.
+// An existing run there is never overwritten.
+class RunDirectory {
+public:
+    RunDirectory(const std::string& dir, const Config& config, const std::string& config_path, int ranks) {
+        namespace fs = std::filesystem;
+        check_run_dir_is_free(dir);
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        if (ec) fail(ErrorKind::io, "cannot create run directory '", dir, "': ", ec.message());
+        const std::string config_copy = (fs::path(dir) / "config.toml").string();
+        std::ofstream out(config_copy);
+        out << "# Effective configuration of this run (defaults and --set overrides applied).\n" << dump_config(config);
+        if (!out.flush()) fail(ErrorKind::io, "cannot write '", config_copy, "'");
+        log_ = std::make_unique<RunLog>((fs::path(dir) / "log.jsonl").string());
+        install_crash_record(log_->fd());
+        set_log_copy((fs::path(dir) / "console.log").string());
+        log_->write("start", {{"version", LLMTRAIN_VERSION}, {"command", command_line()}, {"config", config_path}, {"ranks", ranks},
+                              {"host", host_name()}, {"pid", static_cast<int64_t>(getpid())}, {"steps", config.train.steps}});
+    }
+    RunLog& log() { return *log_; }
+
+private:
+    std::unique_ptr<RunLog> log_;
+};
+
+void report(const TrainResult& result) {
     const OpProfile& p = result.step_profile;
     std::vector<int> order(op_count);
     for (int i = 0; i < op_count; ++i) order[static_cast<size_t>(i)] = i;
@@ -56,58 +108,241 @@ void report(const TrainResult& result, const Config& config) {
         const auto op = static_cast<size_t>(order[i]);
         top += cat(i ? ", " : "", op_name(static_cast<Op>(op)), " ", std::lround(100 * p.seconds[op] / result.train_seconds), "%");
     }
-    log_info("done: ", config.train.steps, " steps in ", std::round(result.train_seconds * 10) / 10, " s | ", std::lround(result.tokens_per_second),
+    log_info("done: ", result.steps.size(), " steps in ", std::round(result.train_seconds * 10) / 10, " s | ", std::lround(result.tokens_per_second),
              " tokens/s (steps after the first) | time in GEMMs: ", std::lround(100 * result.gemm_fraction), "% of step time");
     log_info("op time: ", top);
     if (!result.evals.empty())
-        log_info("val loss: ", result.evals.front().val_loss, " at step 0 -> ", result.evals.back().val_loss, " at step ", result.evals.back().step);
+        log_info("val loss: ", result.evals.front().val_loss, " at step ", result.evals.front().step, " -> ", result.evals.back().val_loss, " at step ", result.evals.back().step);
+}
+
+// SIGINT is the user at the terminal; SIGTERM and SIGUSR1 are a scheduler's notice: run again.
+ExitCode exit_code_of_stop(int signal) { return signal == SIGINT ? exit_interrupted : exit_resume; }
+
+// --dry-run: what the run would be, and nothing created.
+void print_dry_run(const Config& config, const Mesh& mesh) {
+    std::printf("# Effective configuration (defaults and --set overrides applied)\n%s\n", dump_config(config).c_str());
+    const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, mesh.pp(), config.model.n_layers);
+    std::string stages;
+    for (size_t s = 0; s < layers.size(); ++s) stages += cat(s ? ", " : "", layers[s]);
+    std::printf("layout: %d ranks = tp %d x dp %d x pp %d (order %s) | layers per stage: %s | ZeRO-1 %s\n", mesh.world_size(), mesh.tp(), mesh.dp(),
+                mesh.pp(), config.parallel.order.c_str(), stages.c_str(), config.parallel.zero1 && mesh.dp() > 1 ? "on" : "off");
+    const int64_t micro_batches = micro_batches_per_step(config, mesh.dp());
+    std::printf("batch: %lld x %lld tokens x %lld micro-batches x dp %d = %lld tokens per step\n", static_cast<long long>(config.train.batch_size),
+                static_cast<long long>(config.train.seq_len), static_cast<long long>(micro_batches), mesh.dp(),
+                static_cast<long long>(config.train.batch_size * config.train.seq_len * micro_batches * mesh.dp()));
+    std::printf("dry run: every check passed; nothing was allocated or written\n");
+}
+
+// The world a layout asks for: tp * pp * dp (dp = 0: 1).
+int layout_ranks(const ParallelConfig& parallel) {
+    return static_cast<int>(parallel.tp * parallel.pp * std::max<int64_t>(1, parallel.dp));
+}
+
+// The checkpoint's config against this run's: the model's shape must match; the layout may
+// change; other changes are listed.
+void check_resume_config(const ResumePoint& resume, const Config& config, bool report) {
+    const ConfigChanges changes = config_changes(resume.manifest.config_toml, dump_config(config));
+    if (!changes.model_shape.empty()) {
+        const ConfigChange& c = changes.model_shape.front();
+        fail(ErrorKind::config, c.key, ": the checkpoint '", resume.path, "' was saved by a model with ", c.key, " = ", c.saved, ", this config has ", c.now,
+             " (a resumed model must have the same shape; ", changes.model_shape.size(), " model key(s) differ)");
+    }
+    if (!report) return;
+    const auto listed = [](const std::vector<ConfigChange>& list) {
+        std::string text;
+        for (const ConfigChange& c : list) text += (text.empty() ? "" : ", ") + c.describe();
+        return text;
+    };
+    if (!changes.layout.empty()) log_info("resuming on another layout: ", listed(changes.layout));
+    if (!changes.other.empty()) log_warn("resuming '", resume.path, "' with a changed config: ", listed(changes.other));
+}
+
+// The checkpoint --resume names: rank 0 (or a single process) looks for it.
+std::optional<ResumePoint> find_resume(const std::string& mode, const Config& config) {
+    const std::optional<std::string> path =
+        find_resume_checkpoint(config.checkpoint.dir, mode, [&](const std::string& why) { log_warn("--resume ", mode, ": ", why); });
+    if (!path) {
+        log_info("--resume ", mode, ": no checkpoint under '", config.checkpoint.dir, "'; starting at step 0");
+        return std::nullopt;
+    }
+    return ResumePoint{*path, read_checkpoint_manifest(*path)};
+}
+
+// Whether the checkpoint has every step of the run already: a restart of a finished run
+// (the same command line for every restart) then has nothing to do.
+bool trained_already(const std::optional<ResumePoint>& resume, const Config& config, bool report) {
+    if (!resume || resume->manifest.step < config.train.steps) return false;
+    if (report)
+        log_info("'", resume->path, "' is at step ", resume->manifest.step, ": train.steps = ", config.train.steps,
+                 " is reached already, nothing to train (raise train.steps to train on)");
+    return true;
+}
+
+void restore(Trainer& trainer, const std::optional<ResumePoint>& resume) {
+    if (!resume) return;
+    trainer.restore(resume->path, resume->manifest);
+    if (trainer.context().world_rank == 0)
+        log_info("resumed from '", resume->path, "' at step ", resume->manifest.step, " (saved on ", resume->manifest.world_size, " rank(s): tp ",
+                 resume->manifest.tp, " x dp ", resume->manifest.dp, " x pp ", resume->manifest.pp, ")");
+}
+
+void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config) {
+    if (config.checkpoint.every_steps == 0) return;
+    const ParallelContext& ctx = trainer.context();
+    const FileAttributes file{0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
+    CheckpointerHooks hooks;
+    hooks.capture = [&trainer](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
+    hooks.manifest = [&trainer](int64_t step) { return trainer.manifest_at(step); };
+    checkpointer.emplace(config.checkpoint, *ctx.world, file, std::move(hooks));
+    trainer.observe(*checkpointer);
+}
+
+// Trains with everything checked; rank 0 (run_dir set) records the run. Returns the exit code.
+int train(Trainer& trainer, const Config& config, const std::string& run_dir, int ranks) {
+    std::optional<RunDirectory> dir;
+    std::optional<ConsoleObserver> console;
+    std::optional<Checkpointer> checkpointer;
+    start_checkpointer(checkpointer, trainer, config);
+    if (!run_dir.empty()) {
+        dir.emplace(run_dir, config, config.source_path, ranks);
+        log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", config.source_path, " | run directory ", run_dir, ranks > 1 ? cat(" | ", ranks, " ranks") : "");
+        console.emplace(config.train.log_every, config.train.steps);
+        trainer.observe(*console);
+        if (config.metrics.jsonl) trainer.observe(dir->log());
+    }
+    try {
+        const TrainResult result = trainer.run();
+        const int64_t last_step = trainer.start_step() + static_cast<int64_t>(result.steps.size());
+        // Stopped or finished: the state after the last step is saved before the process ends.
+        if (checkpointer) checkpointer->save_and_wait(last_step);
+        if (result.stop_signal != 0) {
+            const ExitCode code = exit_code_of_stop(result.stop_signal);
+            if (dir) {
+                log_warn("stopped by ", signal_name(result.stop_signal), " after step ", last_step, " of ", config.train.steps,
+                         checkpointer ? "; the checkpoint is saved: run the same command with --resume auto to continue" : "");
+                dir->log().write("interrupted", {{"signal", signal_name(result.stop_signal)}, {"step", last_step}, {"exit_code", code}});
+            }
+            return code;
+        }
+        if (dir) {
+            report(result);
+            dir->log().write("end", {{"steps", last_step}, {"seconds", result.train_seconds},
+                                     {"tokens_per_second", result.tokens_per_second}, {"exit_code", exit_ok}});
+        }
+        return exit_ok;
+    } catch (const Error& e) {
+        if (dir) dir->log().write("error", {{"kind", error_kind_name(e.kind())}, {"message", e.what()}, {"exit_code", exit_code_for(e.kind())}});
+        throw;
+    }
 }
 
 int train_single_process(const TrainArgs& args, const Config& config) {
-    const int64_t ranks = config.parallel.tp * config.parallel.pp * std::max<int64_t>(1, config.parallel.dp);
+    const int ranks = layout_ranks(config.parallel);
+    if (args.dry_run) {
+        print_dry_run(config, make_mesh(config.parallel, ranks));
+        return exit_ok;
+    }
     if (ranks > 1)
         fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp, ", pp ", config.parallel.pp,
              ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
+    micro_batches_per_step(config, 1);  // a global batch that does not split stops the run before its directory exists
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
-    prepare_run_dir(run_dir, config);
-    log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", args.config_path, " | run directory ", run_dir);
-    Trainer trainer(config, TrainerOptions{run_dir, std::nullopt, false});
-    report(trainer.run(), config);
-    return 0;
+    check_run_dir_is_free(run_dir);
+    const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume(args.resume, config);
+    if (resume) check_resume_config(*resume, config, true);
+    if (trained_already(resume, config, true)) return exit_ok;
+    install_stop_signal_handlers();
+    TrainerOptions options;
+    options.stop_signal = pending_stop_signal;
+    Trainer trainer(config, std::move(options));
+    restore(trainer, resume);
+    return train(trainer, config, run_dir, 1);
+}
+
+// Runs checks on every rank. If any rank fails, the first failing rank alone prints its
+// error (a config error is the same on every rank: printed once, not once per rank) and
+// every rank ends with that error's exit code.
+template <class Checks>
+void check_on_every_rank(const MpiSession& mpi, Checks&& checks) {
+    std::optional<Error> error;
+    try {
+        checks();
+    } catch (const Error& e) {
+        error = e;
+    }
+    const int first = mpi.first_failing_rank(error.has_value());
+    if (first < 0) return;
+    if (first == mpi.world_rank()) {
+        const std::string where = mpi.world_size() > 1 && first != 0 ? cat("rank ", first, ": ") : "";
+        print_error_line(cat("llmtrain: ", where, error_kind_name(error->kind()), ": ", error->what()));
+    }
+    throw ExitNow{mpi.broadcast_from(first, error ? exit_code_for(error->kind()) : exit_failure)};
+}
+
+// Rank 0 chooses the checkpoint to resume from; the others take its step (auto, latest) and
+// read the same manifest.
+std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArgs& args, const Config& config) {
+    if (args.resume.empty()) return std::nullopt;
+    const bool root = mpi.world_rank() == 0;
+    std::optional<ResumePoint> resume;
+    check_on_every_rank(mpi, [&] {
+        if (root) resume = find_resume(args.resume, config);
+    });
+    const int step = mpi.broadcast_from(0, resume ? static_cast<int>(resume->manifest.step) : -1);
+    check_on_every_rank(mpi, [&] {
+        if (step >= 0 && !root) {
+            const bool named = args.resume != "auto" && args.resume != "latest";
+            const std::string path = named ? args.resume : (std::filesystem::path(config.checkpoint.dir) / checkpoint_name(step)).string();
+            resume = ResumePoint{path, read_checkpoint_manifest(path)};
+        }
+        if (resume) check_resume_config(*resume, config, root);
+    });
+    return resume;
 }
 
 // Under MPI every rank runs this. Rank 0 owns the run directory and the output; an error on
-// any rank is printed with the rank's place in the mesh and ends the whole job, so that no
-// rank is left waiting for a peer that is gone.
-int train_under_mpi(const TrainArgs& args, const Config& config) {
+// any rank after the checks is printed with the rank's place in the mesh and ends the whole
+// job, so that no rank is left waiting for a peer that is gone.
+int train_under_mpi(const TrainArgs& args) {
     MpiSession mpi;
     const int world_rank = mpi.world_rank();
+    std::optional<Config> config;
+    check_on_every_rank(mpi, [&] { config.emplace(load_config(args.config_path, args.overrides)); });
+    const std::string run_dir = world_rank != 0 ? "" : args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
+    check_on_every_rank(mpi, [&] {
+        // A global batch that this dp does not split stops every rank before the run directory exists.
+        micro_batches_per_step(*config, make_mesh(config->parallel, mpi.world_size()).dp());
+        if (!run_dir.empty() && !args.dry_run) check_run_dir_is_free(run_dir);
+    });
+    if (args.dry_run) {
+        if (world_rank == 0) print_dry_run(*config, make_mesh(config->parallel, mpi.world_size()));
+        return exit_ok;
+    }
+    const std::optional<ResumePoint> resume = agree_on_resume(mpi, args, *config);
+    if (trained_already(resume, *config, world_rank == 0)) return exit_ok;
+    std::optional<ParallelContext> ctx;
     std::string where = cat("rank ", world_rank);
     try {
-        ParallelContext ctx = make_mpi_context(config.parallel);
-        where = cat("rank ", world_rank, " (", ctx.mesh.describe(world_rank), ")");
-        const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
-        if (world_rank == 0) {
-            prepare_run_dir(run_dir, config);
-            log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", args.config_path, " | run directory ", run_dir, " | ", mpi.world_size(), " ranks");
-        }
-        Trainer trainer(config, TrainerOptions{world_rank == 0 ? run_dir : "", std::nullopt, world_rank != 0}, ctx);
-        const TrainResult result = trainer.run();
-        // No barrier here: rank 0 may still be sampling text, which has no time limit.
-        if (world_rank == 0) report(result, config);
-        return 0;
+        ctx.emplace(make_mpi_context(config->parallel));
+        where = cat("rank ", world_rank, " (", ctx->mesh.describe(world_rank), ")");
+        install_stop_signal_handlers();
+        TrainerOptions options;
+        options.quiet = world_rank != 0;
+        options.stop_signal = pending_stop_signal;
+        Trainer trainer(*config, std::move(options), *ctx);
+        restore(trainer, resume);
+        // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
+        return train(trainer, *config, run_dir, mpi.world_size());
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
-        std::fprintf(stderr, "llmtrain: %s: %s: %s\n", where.c_str(), error_kind_name(e.kind()), e.what());
-        std::fflush(stderr);
-        const bool bad_input = e.kind() == ErrorKind::config || e.kind() == ErrorKind::data;
-        MpiSession::abort_job(bad_input ? 2 : 1);
+        print_error_line(cat("llmtrain: ", where, ": ", error_kind_name(e.kind()), ": ", e.what()));
+        MpiSession::abort_job(exit_code_for(e.kind()));
     }
 }
 
 int run_train(const TrainArgs& args) {
-    const Config config = load_config(args.config_path, args.overrides);
-    return launched_by_mpi() ? train_under_mpi(args, config) : train_single_process(args, config);
+    if (launched_by_mpi()) return train_under_mpi(args);
+    return train_single_process(args, load_config(args.config_path, args.overrides));
 }
 
 }  // namespace
@@ -118,6 +353,10 @@ void register_train_command(CLI::App& app, CommandAction& action) {
     cmd->add_option("config", args->config_path, "The run's TOML config file")->required();
     cmd->add_option("--set", args->overrides, "Override a config key, e.g. --set train.steps=100 (repeatable)")->type_name("KEY=VALUE");
     cmd->add_option("--run-dir", args->run_dir, "Where logs and the effective config go (default: runs/<config>-<time>)");
+    cmd->add_option("--resume", args->resume,
+                    "Continue from a checkpoint: auto (the newest valid one under checkpoint.dir, or a fresh start if none), latest, or a checkpoint directory")
+        ->type_name("auto|latest|PATH");
+    cmd->add_flag("--dry-run", args->dry_run, "Check everything, print the effective config, the layout and the memory plan, and exit");
     cmd->callback([args, &action] { action = [args] { return run_train(*args); }; });
 }
 

@@ -36,6 +36,7 @@ constexpr const char* kFamilyNames[] = {"gpt2", "llama"};
 constexpr const char* kFormatNames[] = {"text", "tokens", "shards", "megatron", "llmc", "nanogpt"};
 constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
 constexpr const char* kNonFiniteNames[] = {"abort", "skip"};
+constexpr const char* kSaveErrorNames[] = {"warn", "abort"};
 constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
 constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
@@ -47,6 +48,7 @@ Names names_of(ModelFamily) { return kFamilyNames; }
 Names names_of(DataFormat) { return kFormatNames; }
 Names names_of(LrDecay) { return kDecayNames; }
 Names names_of(NonFinitePolicy) { return kNonFiniteNames; }
+Names names_of(SaveErrorPolicy) { return kSaveErrorNames; }
 Names names_of(ComputeDevice) { return kDeviceNames; }
 Names names_of(Precision) { return kPrecisionNames; }
 Names names_of(Recompute) { return kRecomputeNames; }
@@ -219,6 +221,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(model, d_ff).integer(1, 1048576).derived(default_d_ff)
             .describe("MLP hidden width; default gpt2 4*d_model, llama 8/3*d_model rounded up to 64"),
         CONFIG_KEY(model, vocab_size).integer(2, 2147483647).required().describe("token ids are 0 .. vocab_size-1"),
+        CONFIG_KEY(model, pad_vocab_to).integer(1, 65536)
+            .describe("embedding and LM-head rows are vocab_size rounded up to a multiple of parallel.tp * pad_vocab_to; the padding is masked out of the loss and sampling"),
         CONFIG_KEY(model, max_seq_len).integer(1, 1048576).required().describe("longest sequence the model accepts"),
         CONFIG_KEY(model, norm_eps).number(excl(0), excl(1)).describe("epsilon of LayerNorm / RMSNorm"),
         CONFIG_KEY(model, rope_theta).number(excl(0), incl(1e9)).family_only(ModelFamily::llama)
@@ -246,9 +250,13 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(train, steps).integer(1, kTrillion).required().describe("optimizer steps"),
         CONFIG_KEY(train, batch_size).integer(1, 65536).required().describe("sequences per micro-batch"),
         CONFIG_KEY(train, seq_len).integer(1, 1048576).required().describe("tokens per sequence"),
-        CONFIG_KEY(train, grad_accum).integer(1, 65536).describe("micro-batches per optimizer step"),
+        CONFIG_KEY(train, global_batch_size).integer(0, kTrillion)
+            .describe("sequences per optimizer step over the whole job; 0: batch_size * grad_accum * dp"),
+        CONFIG_KEY(train, grad_accum).integer(0, 65536)
+            .describe("micro-batches per optimizer step on each dp rank; 0: global_batch_size / (batch_size * dp), or 1"),
         CONFIG_KEY(train, eval_every).integer(0, kTrillion).describe("steps between evaluations; 0: only after the last step"),
-        CONFIG_KEY(train, eval_batches).integer(1, kMillion).describe("batches per evaluation"),
+        CONFIG_KEY(train, eval_sequences).integer(1, kTrillion)
+            .describe("validation sequences per evaluation: the same set whatever batch_size and the layout"),
         CONFIG_KEY(train, log_every).integer(1, kTrillion).describe("steps between log lines"),
         CONFIG_KEY(train, threads).integer(0, 4096).describe("CPU threads; 0: all cores"),
         CONFIG_KEY(train, sample_tokens).integer(0, kMillion).describe("tokens generated after training; 0: none"),
@@ -264,7 +272,8 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(optimizer, lr).number(excl(0), incl(10)).required().describe("peak learning rate"),
         CONFIG_KEY(optimizer, min_lr_ratio).number(incl(0), incl(1)).describe("floor of the decay, as a fraction of lr"),
-        CONFIG_KEY(optimizer, warmup_steps).integer(0, kTrillion).describe("steps of linear warmup to lr"),
+        CONFIG_KEY(optimizer, warmup_steps).integer(0, kTrillion)
+            .describe("steps of linear warmup to lr; a run with fewer train.steps warms up over all of them"),
         CONFIG_KEY(optimizer, decay).choice(kDecayNames).describe("learning-rate schedule after warmup"),
         CONFIG_KEY(optimizer, beta1).number(incl(0), excl(1)).describe("AdamW decay of the first moment"),
         CONFIG_KEY(optimizer, beta2).number(incl(0), excl(1)).describe("AdamW decay of the second moment"),
@@ -272,8 +281,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(optimizer, weight_decay).number(incl(0), incl(10)).describe("decoupled weight decay, on matrices only"),
         CONFIG_KEY(optimizer, grad_clip).number(incl(0), incl(1e6)).describe("max global gradient norm; 0: no clipping"),
 
-        CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads, d_ff and vocab_size"),
-        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers, at most grad_accum"),
+        CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads and d_ff (the vocabulary is padded, see model.pad_vocab_to)"),
+        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers; fewer micro-batches than stages widen the bubble"),
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1)"),
@@ -286,7 +295,10 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(checkpoint, dir).string().describe("directory of checkpoints"),
         CONFIG_KEY(checkpoint, every_steps).integer(0, kTrillion).describe("steps between checkpoints; 0: none"),
-        CONFIG_KEY(checkpoint, keep_last).integer(1, kMillion).describe("checkpoints kept on disk"),
+        CONFIG_KEY(checkpoint, keep_last).integer(1, kMillion).describe("newest checkpoints kept on disk"),
+        CONFIG_KEY(checkpoint, keep_every).integer(0, kTrillion).describe("also keep every checkpoint whose step is a multiple of this forever; 0: none"),
+        CONFIG_KEY(checkpoint, async).boolean().describe("write checkpoints in the background while training goes on"),
+        CONFIG_KEY(checkpoint, on_save_error).choice(kSaveErrorNames).describe("a failed save: warn and train on, or abort the run"),
 
         CONFIG_KEY(monitor, on_nonfinite).choice(kNonFiniteNames)
             .describe("on a NaN or Inf loss or gradient: abort the run or skip the step"),
@@ -370,9 +382,17 @@ struct Problem {
     std::string text;
 };
 
+// Keys of earlier versions, and what took their place.
+constexpr std::pair<std::string_view, std::string_view> kRetiredKeys[] = {
+    {"train.eval_batches", "replaced by train.eval_sequences, the number of validation sequences whatever train.batch_size "
+                           "(eval_batches x batch_size gives the same validation set)"},
+};
+
 // Why `path` names no config key, with the known names around it and the nearest one.
 // A top-level name is an unknown section when it holds a table, else a key outside sections.
 Problem unknown_name(std::string_view path, bool holds_table) {
+    for (const auto& [retired, replacement] : kRetiredKeys)
+        if (path == retired) return {std::string(path), std::string(replacement)};
     const auto sections = section_names();
     const size_t dot = path.find('.');
     const std::string_view section = path.substr(0, dot);
@@ -558,6 +578,31 @@ GivenKeys read_keys(const toml::table& root, const Origin& origin, Config& confi
 
 // ---- Impossible combinations ----
 
+// Why the global batch does not split into whole micro-batches of train.batch_size on dp
+// data-parallel ranks; nullopt if it does. dp = 0 (not known yet): only what must hold for
+// every dp is checked.
+std::optional<Problem> batch_split_problem(const TrainConfig& t, int64_t dp) {
+    const int64_t global = t.global_batch_size, batch = t.batch_size, accum = t.grad_accum;
+    if (global == 0) return std::nullopt;
+    if (dp == 0) {
+        const int64_t unit = batch * std::max<int64_t>(accum, 1);
+        if (global % unit == 0) return std::nullopt;
+        if (accum == 0)
+            return Problem{"train.global_batch_size", cat(global, " sequences per step is not a multiple of train.batch_size = ", batch)};
+        return Problem{"train.grad_accum", cat(accum, " micro-batches x train.batch_size = ", batch, " = ", unit,
+                                               " sequences per dp rank do not divide train.global_batch_size = ", global,
+                                               " (set one of the two; grad_accum = 0 derives it)")};
+    }
+    const int64_t per_micro_batch = batch * dp;
+    if (global % per_micro_batch != 0)
+        return Problem{"train.global_batch_size", cat(global, " sequences per step do not split into micro-batches of train.batch_size = ", batch,
+                                                      " on dp = ", dp, " ranks (allowed: a multiple of train.batch_size x dp = ", per_micro_batch, ")")};
+    if (accum == 0 || accum * per_micro_batch == global) return std::nullopt;
+    return Problem{"train.grad_accum", cat(accum, " micro-batches x train.batch_size = ", batch, " x dp = ", dp, " = ", accum * per_micro_batch,
+                                           " sequences per step, but train.global_batch_size = ", global, " (gives grad_accum = ", global / per_micro_batch,
+                                           "; set one of the two; grad_accum = 0 derives it)")};
+}
+
 using Check = std::optional<Problem> (*)(const Config&);
 
 // In the order of the key each one names.
@@ -613,6 +658,8 @@ constexpr Check kChecks[] = {
         if (c.train.seq_len <= c.model.max_seq_len) return std::nullopt;
         return Problem{"train.seq_len", cat("must be <= model.max_seq_len = ", c.model.max_seq_len, " (got ", c.train.seq_len, ")")};
     },
+    // parallel.dp = 0 (derived from the world size): the trainer checks again on the run's mesh.
+    [](const Config& c) { return batch_split_problem(c.train, c.parallel.dp); },
     [](const Config& c) -> std::optional<Problem> {
         const bool cpu = c.train.device == ComputeDevice::cpu;
         const Precision p = c.train.precision;
@@ -628,15 +675,12 @@ constexpr Check kChecks[] = {
                                             "; train.device = \"cuda\" needs 64 or 128 (got ", c.model.n_heads, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (c.optimizer.warmup_steps <= c.train.steps) return std::nullopt;
-        return Problem{"optimizer.warmup_steps", cat("must be <= train.steps = ", c.train.steps, " (got ", c.optimizer.warmup_steps, ")")};
-    },
-    [](const Config& c) -> std::optional<Problem> {
         const int64_t tp = c.parallel.tp;
         const ModelConfig& m = c.model;
-        if (m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0 && m.vocab_size % tp == 0) return std::nullopt;
-        return Problem{"parallel.tp", cat("must divide model.n_heads = ", m.n_heads, ", model.n_kv_heads = ", m.n_kv_heads, ", model.d_ff = ",
-                                          m.d_ff, " and model.vocab_size = ", m.vocab_size, " (got ", tp, ")")};
+        // The vocabulary needs no check: its rows are padded to a multiple of tp (model.pad_vocab_to).
+        if (m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0) return std::nullopt;
+        return Problem{"parallel.tp", cat("must divide model.n_heads = ", m.n_heads, ", model.n_kv_heads = ", m.n_kv_heads, " and model.d_ff = ",
+                                          m.d_ff, " (got ", tp, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
         const int64_t tokens = c.train.batch_size * c.train.seq_len;
@@ -645,13 +689,16 @@ constexpr Check kChecks[] = {
                                                          " tokens of a micro-batch across parallel.tp = ", c.parallel.tp, " ranks: they must divide evenly")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (c.parallel.pp <= c.model.n_layers) return std::nullopt;
-        return Problem{"parallel.pp", cat("more pipeline stages than model.n_layers = ", c.model.n_layers, " (got ", c.parallel.pp, ")")};
+        // The last evaluation micro-batch holds the remainder of the sequences.
+        const int64_t rows = c.train.eval_sequences % c.train.batch_size, tokens = rows * c.train.seq_len;
+        if (!c.parallel.sequence_parallel || tokens % c.parallel.tp == 0) return std::nullopt;
+        return Problem{"train.eval_sequences", cat("leaves a last evaluation micro-batch of ", rows, " sequences x train.seq_len = ", tokens,
+                                                   " tokens, which parallel.sequence_parallel cannot split across parallel.tp = ", c.parallel.tp,
+                                                   " ranks (allowed: a multiple of train.batch_size = ", c.train.batch_size, ", or a remainder whose tokens tp divides)")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (c.parallel.pp <= c.train.grad_accum) return std::nullopt;
-        return Problem{"parallel.pp", cat("1F1B needs at least as many micro-batches as stages: train.grad_accum = ", c.train.grad_accum,
-                                          " < ", c.parallel.pp, " stages")};
+        if (c.parallel.pp <= c.model.n_layers) return std::nullopt;
+        return Problem{"parallel.pp", cat("more pipeline stages than model.n_layers = ", c.model.n_layers, " (got ", c.parallel.pp, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.stage_layers.empty()) return std::nullopt;
@@ -663,10 +710,6 @@ constexpr Check kChecks[] = {
         }
         if (why.empty()) return std::nullopt;
         return Problem{"parallel.stage_layers", why};
-    },
-    [](const Config& c) -> std::optional<Problem> {
-        if (c.checkpoint.every_steps == 0) return std::nullopt;
-        return Problem{"checkpoint.every_steps", cat("this version writes no checkpoints (allowed: 0; got ", c.checkpoint.every_steps, ")")};
     },
 };
 
@@ -751,6 +794,14 @@ std::vector<WeightedPath> training_sources(const DataConfig& data) {
     return sources;
 }
 
+int64_t micro_batches_per_step(const Config& config, int64_t dp) {
+    const TrainConfig& t = config.train;
+    if (const auto problem = batch_split_problem(t, dp))
+        fail(ErrorKind::config, config.source_path.empty() ? "" : config.source_path + ": ", problem->where, ": ", problem->text);
+    if (t.grad_accum > 0) return t.grad_accum;
+    return t.global_batch_size > 0 ? t.global_batch_size / (t.batch_size * dp) : 1;
+}
+
 std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers) {
     std::vector<int64_t> layers;
     if (text.empty()) {
@@ -791,8 +842,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, DataFiles data_files) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    if (!fs::exists(path, ec)) fail(ErrorKind::io, "cannot read config file '", path, "': no such file");
-    if (fs::is_directory(path, ec)) fail(ErrorKind::io, "cannot read config file '", path, "': it is a directory");
+    if (!fs::exists(path, ec)) fail(ErrorKind::config, "cannot read config file '", path, "': no such file");
+    if (fs::is_directory(path, ec)) fail(ErrorKind::config, "cannot read config file '", path, "': it is a directory");
     std::ifstream in(path, std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (!in.is_open() || in.bad()) fail(ErrorKind::io, "cannot read config file '", path, "'");

@@ -21,7 +21,8 @@ struct ModelConfig {
     int64_t n_heads = 0;
     int64_t n_kv_heads = 0;        // defaults to n_heads; llama may use fewer (GQA)
     int64_t d_ff = 0;              // defaults: gpt2 4*d_model; llama 8/3*d_model rounded up to 64
-    int64_t vocab_size = 0;
+    int64_t vocab_size = 0;        // the real vocabulary (the tokenizer's)
+    int64_t pad_vocab_to = 1;      // the model's vocabulary rows: vocab_size rounded up to a multiple of tp * this
     int64_t max_seq_len = 0;
     double norm_eps = 1e-5;
     double rope_theta = 10000.0;   // llama only
@@ -29,6 +30,13 @@ struct ModelConfig {
     bool tied_embeddings = true;   // default: true for gpt2, false for llama
     double init_std = 0.02;
     int64_t head_dim() const { return d_model / n_heads; }
+    // Rows of the embedding and the LM head (Megatron's make-vocab-size-divisible-by): a
+    // multiple of tp * pad_vocab_to, so that tensor parallelism splits them evenly. The rows
+    // from vocab_size on are padding: zero, masked out of the loss and the sampler.
+    int64_t padded_vocab_size(int64_t tp) const {
+        const int64_t multiple = tp * pad_vocab_to;
+        return (vocab_size + multiple - 1) / multiple * multiple;
+    }
 };
 
 // text, tokens: the whole file in memory, random windows (batch_windows.h).
@@ -72,9 +80,14 @@ struct TrainConfig {
     int64_t steps = 0;
     int64_t batch_size = 0;                // sequences per micro-batch
     int64_t seq_len = 0;
-    int64_t grad_accum = 1;                // micro-batches per optimizer step
+    // Sequences per optimizer step over the whole job (Megatron's global batch size); 0: unset,
+    // batch_size * grad_accum * dp.
+    int64_t global_batch_size = 0;
+    // Micro-batches per optimizer step on each dp rank; 0: derived, global_batch_size /
+    // (batch_size * dp) or 1 without a global batch size (see micro_batches_per_step).
+    int64_t grad_accum = 0;
     int64_t eval_every = 0;                // 0: evaluate only after the last step
-    int64_t eval_batches = 8;
+    int64_t eval_sequences = 128;          // validation sequences per evaluation, whatever batch_size and layout
     int64_t log_every = 1;
     int64_t threads = 0;                   // 0: all cores
     int64_t sample_tokens = 200;           // generated after training; 0: none
@@ -113,10 +126,15 @@ struct ParallelConfig {
     double timeout_seconds = 300;          // a collective or transfer that takes longer ends the job
 };
 
+enum class SaveErrorPolicy { warn, abort };
+
 struct CheckpointConfig {
     std::string dir = "checkpoints";
     int64_t every_steps = 0;               // 0: no checkpoints
-    int64_t keep_last = 3;
+    int64_t keep_last = 3;                 // newest committed checkpoints kept
+    int64_t keep_every = 0;                // also keep steps that are multiples of this forever; 0: none
+    bool async = true;                     // write in the background; false: the step loop waits
+    SaveErrorPolicy on_save_error = SaveErrorPolicy::warn;
 };
 
 enum class NonFinitePolicy { abort, skip };
@@ -155,6 +173,13 @@ DType compute_dtype(const TrainConfig& train);
 // Layers per pipeline stage from parallel.stage_layers ("3,3,2"; empty: balanced, the
 // first stages taking one more when stages do not divide n_layers). Throws a config error.
 std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers);
+
+// Micro-batches per optimizer step on each of dp data-parallel ranks: train.grad_accum, or
+// train.global_batch_size / (train.batch_size * dp). dp is known only once the world size
+// is (parallel.dp = 0), so the trainer asks this of the run's mesh (dp >= 1). Throws
+// Error(config) naming the file, the keys and the numbers when the global batch does not
+// split into whole micro-batches on dp ranks, or disagrees with an explicit train.grad_accum.
+int64_t micro_batches_per_step(const Config& config, int64_t dp);
 
 // The effective config (defaults filled in) as TOML that parse_config accepts again.
 std::string dump_config(const Config& config);

@@ -1,5 +1,7 @@
 #include "core/error.h"
 
+#include "core/exit_code.h"
+
 namespace llmtrain {
 
 const char* error_kind_name(ErrorKind kind) {
@@ -10,8 +12,25 @@ const char* error_kind_name(ErrorKind kind) {
         case ErrorKind::io: return "I/O error";
         case ErrorKind::unsupported: return "unsupported";
         case ErrorKind::runtime: return "error";
+        case ErrorKind::diverged: return "training diverged";
+        case ErrorKind::hardware: return "hardware fault";
     }
     return "error";
+}
+
+ExitCode exit_code_for(ErrorKind kind) {
+    switch (kind) {
+        // Nothing ran, or a request this build or machine cannot serve: the input must change.
+        case ErrorKind::config:
+        case ErrorKind::data:
+        case ErrorKind::unsupported: return exit_bad_input;
+        case ErrorKind::diverged: return exit_diverged;
+        case ErrorKind::hardware: return exit_exclude_node;
+        case ErrorKind::shape:
+        case ErrorKind::io:
+        case ErrorKind::runtime: return exit_failure;
+    }
+    return exit_failure;
 }
 
 }  // namespace llmtrain

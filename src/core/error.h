@@ -16,6 +16,8 @@ enum class ErrorKind {
     io,           // a file could not be read or written
     unsupported,  // a valid request this build or machine cannot serve
     runtime,      // anything else that went wrong while running
+    diverged,     // training health stopped the run (non-finite loss or gradients)
+    hardware,     // the device reported a hardware fault (uncorrectable ECC, NVLink): take the node out
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -1,6 +1,9 @@
 #include "core/log.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <initializer_list>
 #include <mutex>
 
 namespace llmtrain {
@@ -10,6 +13,7 @@ struct Logger {
     std::mutex mutex;
     LogLevel level = LogLevel::info;
     int rank = -1;
+    std::FILE* copy = nullptr;  // the run's console.log, once there is a run directory
 };
 Logger& logger() {
     static Logger instance;
@@ -27,9 +31,43 @@ void log_line(LogLevel level, const std::string& text) {
     // Info lines are the program's output (stdout); warnings and errors go to stderr.
     std::FILE* stream = level >= LogLevel::warn ? stderr : stdout;
     const char* tag = level == LogLevel::warn ? "warning: " : level == LogLevel::error ? "error: " : "";
-    if (l.rank >= 0) std::fprintf(stream, "[rank %d] ", l.rank);
-    std::fprintf(stream, "%s%s\n", tag, text.c_str());
-    std::fflush(stream);
+    for (std::FILE* out : {stream, l.copy}) {
+        if (!out) continue;
+        if (l.rank >= 0) std::fprintf(out, "[rank %d] ", l.rank);
+        std::fprintf(out, "%s%s\n", tag, text.c_str());
+        std::fflush(out);
+    }
+}
+
+std::string fixed(double value, int decimals) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
+    return buffer;
+}
+
+std::string scientific(double value) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.2e", value);
+    return buffer;
+}
+
+void set_log_copy(const std::string& path) {
+    std::FILE* file = std::fopen(path.c_str(), "a");
+    if (!file) fail(ErrorKind::io, "cannot create '", path, "': ", std::strerror(errno));
+    Logger& l = logger();
+    std::lock_guard<std::mutex> lock(l.mutex);
+    if (l.copy) std::fclose(l.copy);
+    l.copy = file;
+}
+
+void print_error_line(const std::string& line) {
+    Logger& l = logger();
+    std::lock_guard<std::mutex> lock(l.mutex);
+    for (std::FILE* out : {stderr, l.copy}) {
+        if (!out) continue;
+        std::fprintf(out, "%s\n", line.c_str());
+        std::fflush(out);
+    }
 }
 
 }  // namespace llmtrain

@@ -13,6 +13,15 @@ enum class LogLevel { debug = 0, info = 1, warn = 2, error = 3 };
 void set_log_level(LogLevel level);
 void set_log_rank(int rank);  // -1: single process, no rank prefix
 void log_line(LogLevel level, const std::string& text);
+// Also appends every line from now on to path (a run's console.log); throws Error(io) if it
+// cannot be created.
+void set_log_copy(const std::string& path);
+// An error line exactly as given ("llmtrain: config error: ..."), on stderr and in the copy.
+void print_error_line(const std::string& line);
+
+// value with a fixed number of decimals ("3.1416"), and in scientific notation ("3.00e-04").
+std::string fixed(double value, int decimals);
+std::string scientific(double value);
 
 template <class... Args> void log_info(Args&&... args) { log_line(LogLevel::info, cat(std::forward<Args>(args)...)); }
 template <class... Args> void log_warn(Args&&... args) { log_line(LogLevel::warn, cat(std::forward<Args>(args)...)); }

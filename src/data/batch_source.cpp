@@ -23,8 +23,8 @@ public:
         const TrainConfig& t = config_.train;
         fill_train_batch(out, splits_.train, t.seed, step, dp_rank * t.grad_accum + micro_batch, t.grad_accum * dp_size, t.batch_size, t.seq_len);
     }
-    void fill_eval(BatchBuffers& out, int64_t batch_index) override {
-        fill_eval_batch(out, splits_.val, batch_index, config_.train.batch_size, config_.train.seq_len);
+    void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) override {
+        fill_eval_batch(out, splits_.val, first_sequence, sequences, config_.train.seq_len);
     }
     std::string describe() const override { return cat(splits_.train.size(), " training and ", splits_.val.size(), " validation tokens"); }
     std::vector<int32_t> prompt_tokens(const std::string& prompt) const override {
@@ -49,18 +49,18 @@ private:
     TokenSplits splits_;
 };
 
-// Uniform random tokens from Philox, keyed by (seed, the global micro-batch of the step):
-// what `bench` measures on, with no data files and no loader cost. Nothing to learn.
+// Uniform random tokens from Philox, keyed by (seed, the global sequence): what `bench`
+// measures on, with no data files and no loader cost. Nothing to learn.
 class SyntheticBatchSource : public BatchSource {
 public:
     explicit SyntheticBatchSource(const Config& config) : config_(config), stream_(config.train.seed, fnv1a64("synthetic tokens")) {}
 
     void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) override {
         const TrainConfig& t = config_.train;
-        const int64_t global = (step * dp_size + dp_rank) * t.grad_accum + micro_batch;
-        fill(out, 2 * global);
+        const int64_t global_micro_batch = (step * dp_size + dp_rank) * t.grad_accum + micro_batch;
+        fill(out, global_micro_batch * t.batch_size, t.batch_size, training);
     }
-    void fill_eval(BatchBuffers& out, int64_t batch_index) override { fill(out, 2 * batch_index + 1); }
+    void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) override { fill(out, first_sequence, sequences, evaluation); }
     std::string describe() const override { return cat("synthetic: uniform random tokens over the vocabulary of ", config_.model.vocab_size); }
     std::vector<int32_t> prompt_tokens(const std::string&) const override { return {0}; }
     std::string printable(const std::vector<int32_t>& tokens) const override {
@@ -71,14 +71,20 @@ public:
     std::optional<LoaderState> state_at(int64_t, int) const override { return std::nullopt; }
 
 private:
-    // Batch `key` (even: training micro-batches, odd: evaluation batches).
-    void fill(BatchBuffers& out, int64_t key) const {
-        const int64_t n = out.inputs.numel();
+    static constexpr uint64_t training = 0, evaluation = 1;
+    // Rows [0, sequences) from sequences first_sequence, ... of the training or the evaluation
+    // stream (even and odd keys): sequence k's seq_len + 1 tokens are Philox draws from
+    // (2k + split) * (seq_len + 1) on.
+    void fill(BatchBuffers& out, int64_t first_sequence, int64_t sequences, uint64_t split) const {
+        const int64_t seq_len = config_.train.seq_len;
         const auto vocab = static_cast<uint64_t>(config_.model.vocab_size);
-        const auto first = static_cast<uint64_t>(key) * static_cast<uint64_t>(n + 1);
-        for (int64_t i = 0; i < n; ++i) {
-            out.inputs.data<int32_t>()[i] = static_cast<int32_t>(stream_.below(first + static_cast<uint64_t>(i), vocab));
-            out.targets.data<int32_t>()[i] = static_cast<int32_t>(stream_.below(first + static_cast<uint64_t>(i) + 1, vocab));
+        for (int64_t row = 0; row < sequences; ++row) {
+            const uint64_t first = (2 * static_cast<uint64_t>(first_sequence + row) + split) * static_cast<uint64_t>(seq_len + 1);
+            for (int64_t i = 0; i < seq_len; ++i) {
+                const int64_t at = row * seq_len + i;
+                out.inputs.data<int32_t>()[at] = static_cast<int32_t>(stream_.below(first + static_cast<uint64_t>(i), vocab));
+                out.targets.data<int32_t>()[at] = static_cast<int32_t>(stream_.below(first + static_cast<uint64_t>(i) + 1, vocab));
+            }
         }
     }
     Config config_;
@@ -138,7 +144,7 @@ std::optional<Tokenizer> sample_tokenizer(const Config& config) {
 
 class LoaderBatchSource : public BatchSource {
 public:
-    explicit LoaderBatchSource(const Config& config) : config_(config), tokenizer_(sample_tokenizer(config)) {
+    LoaderBatchSource(const Config& config, std::optional<LoaderState> resume) : config_(config), tokenizer_(sample_tokenizer(config)) {
         const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
         std::vector<std::unique_ptr<TokenSource>> sources;
         std::vector<double> weights;
@@ -150,12 +156,12 @@ public:
         }
         const TrainConfig& t = config.train;
         loader_ = std::make_unique<DataLoader>(std::move(sources), weights,
-                                               LoaderOptions{t.seq_len, t.batch_size, t.grad_accum, t.seed, static_cast<size_t>(config.data.prefetch), {}});
+                                               LoaderOptions{t.seq_len, t.batch_size, t.grad_accum, t.seed, static_cast<size_t>(config.data.prefetch), resume.value_or(LoaderState{})});
     }
     void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) override {
         loader_->fill(out, step, micro_batch, dp_rank, dp_size);
     }
-    void fill_eval(BatchBuffers& out, int64_t batch_index) override { eval_->fill(out, batch_index, config_.train.batch_size); }
+    void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) override { eval_->fill(out, first_sequence, sequences); }
     std::string describe() const override { return cat(loader_->describe(), " | validation ", eval_->token_count(), " tokens"); }
     std::vector<int32_t> prompt_tokens(const std::string& prompt) const override {
         std::vector<int32_t> context;
@@ -190,9 +196,9 @@ private:
 
 std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config) { return std::make_unique<SyntheticBatchSource>(config); }
 
-std::unique_ptr<BatchSource> make_batch_source(const Config& config) {
+std::unique_ptr<BatchSource> make_batch_source(const Config& config, std::optional<LoaderState> resume) {
     if (config.data.format == DataFormat::text || config.data.format == DataFormat::tokens) return std::make_unique<WindowBatchSource>(config);
-    return std::make_unique<LoaderBatchSource>(config);
+    return std::make_unique<LoaderBatchSource>(config, resume);
 }
 
 }  // namespace llmtrain

@@ -1,5 +1,5 @@
 // What the trainer asks of its data: fill the (inputs, targets) of a training micro-batch for
-// (step, micro-batch, dp_rank, dp_size), fill an evaluation batch, and turn token ids into
+// (step, micro-batch, dp_rank, dp_size), fill evaluation sequences, and turn token ids into
 // printable text for samples. Two implementations behind one interface:
 //  - text / tokens: the whole file in memory, windows at random offsets (batch_windows.h);
 //  - shards / megatron / llmc / nanogpt: the data loader (loader.h) over one or more
@@ -21,7 +21,9 @@ class BatchSource {
 public:
     virtual ~BatchSource() = default;
     virtual void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) = 0;
-    virtual void fill_eval(BatchBuffers& out, int64_t batch_index) = 0;
+    // Rows [0, sequences) of out: validation sequences first_sequence, first_sequence + 1, ...
+    // Sequence i is the same whatever the batch it is asked in.
+    virtual void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) = 0;
     // One line for the startup log: sources and token counts.
     virtual std::string describe() const = 0;
     // Tokens to start generation from: the prompt after an end-of-document token.
@@ -32,8 +34,9 @@ public:
     virtual std::optional<LoaderState> state_at(int64_t step, int dp_size) const = 0;
 };
 
-// Opens the configured data; errors name the key and the file.
-std::unique_ptr<BatchSource> make_batch_source(const Config& config);
+// Opens the configured data; errors name the key and the file. resume: where a resumed run's
+// loader stands (from its checkpoint); nullopt: the start.
+std::unique_ptr<BatchSource> make_batch_source(const Config& config, std::optional<LoaderState> resume = std::nullopt);
 // Uniform random tokens, no files (`bench`).
 std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config);
 

@@ -25,10 +25,10 @@ void fill_train_batch(BatchBuffers& out, const std::vector<int32_t>& tokens, uin
     }
 }
 
-void fill_eval_batch(BatchBuffers& out, const std::vector<int32_t>& tokens, int64_t batch_index, int64_t batch, int64_t seq_len) {
+void fill_eval_batch(BatchBuffers& out, const std::vector<int32_t>& tokens, int64_t first_sequence, int64_t sequences, int64_t seq_len) {
     const int64_t start_count = static_cast<int64_t>(tokens.size()) - seq_len;
-    for (int64_t row = 0; row < batch; ++row) {
-        const int64_t window = batch_index * batch + row;
+    for (int64_t row = 0; row < sequences; ++row) {
+        const int64_t window = first_sequence + row;
         copy_window(out, tokens, row, (window * seq_len) % start_count, seq_len);
     }
 }

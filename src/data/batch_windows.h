@@ -22,6 +22,8 @@ struct BatchBuffers {
 
 void fill_train_batch(BatchBuffers& out, const std::vector<int32_t>& tokens, uint64_t seed, int64_t step, int64_t micro_batch,
                       int64_t micro_batches_per_step, int64_t batch, int64_t seq_len);
-void fill_eval_batch(BatchBuffers& out, const std::vector<int32_t>& tokens, int64_t batch_index, int64_t batch, int64_t seq_len);
+// Rows [0, sequences) of out from validation windows first_sequence, first_sequence + 1, ...:
+// window w starts at token w * seq_len, so a window's tokens do not depend on the batch size.
+void fill_eval_batch(BatchBuffers& out, const std::vector<int32_t>& tokens, int64_t first_sequence, int64_t sequences, int64_t seq_len);
 
 }  // namespace llmtrain

@@ -153,14 +153,14 @@ void DataLoader::prefetch_loop() {
 
 EvalWindows::EvalWindows(std::unique_ptr<TokenSource> source, int64_t seq_len) : source_(std::move(source)), seq_len_(seq_len), samples_(sample_count(*source_, seq_len)) {}
 
-void EvalWindows::fill(BatchBuffers& out, int64_t batch_index, int64_t batch_size) {
+void EvalWindows::fill(BatchBuffers& out, int64_t first_sequence, int64_t sequences) {
     const int64_t width = seq_len_ + 1;
-    std::vector<int32_t> windows(static_cast<size_t>(batch_size * width));
-    for (int64_t row = 0; row < batch_size; ++row) {
-        const uint64_t sample = static_cast<uint64_t>(batch_index * batch_size + row) % samples_;
+    std::vector<int32_t> windows(static_cast<size_t>(sequences * width));
+    for (int64_t row = 0; row < sequences; ++row) {
+        const uint64_t sample = static_cast<uint64_t>(first_sequence + row) % samples_;
         source_->read(sample * static_cast<uint64_t>(seq_len_), static_cast<uint64_t>(width), windows.data() + row * width);
     }
-    split_windows(out, windows, batch_size, seq_len_);
+    split_windows(out, windows, sequences, seq_len_);
 }
 
 }  // namespace llmtrain

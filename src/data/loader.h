@@ -90,12 +90,13 @@ private:
     std::thread thread_;
 };
 
-// Validation batches: consecutive samples from the start of a source, the same at every
-// evaluation (wrapping around a short source).
+// Validation sequences: consecutive samples from the start of a source, the same at every
+// evaluation and whatever the batch they are asked in (wrapping around a short source).
 class EvalWindows {
 public:
     EvalWindows(std::unique_ptr<TokenSource> source, int64_t seq_len);
-    void fill(BatchBuffers& out, int64_t batch_index, int64_t batch_size);
+    // Rows [0, sequences) of out: samples first_sequence, first_sequence + 1, ...
+    void fill(BatchBuffers& out, int64_t first_sequence, int64_t sequences);
     uint64_t token_count() const { return source_->token_count(); }
     TokenSource& source() { return *source_; }
 

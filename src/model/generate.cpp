@@ -8,9 +8,12 @@
 namespace llmtrain {
 
 namespace {
-int32_t sample_row(const std::vector<double>& row, double temperature, float uniform) {
+// Draws from the first `vocab` logits of the row: the classes after them are vocabulary
+// padding, with probability zero.
+int32_t sample_row(const std::vector<double>& row, int64_t vocab, double temperature, float uniform) {
+    if (vocab < 1 || vocab > static_cast<int64_t>(row.size()))
+        fail(ErrorKind::runtime, "sampling: ", vocab, " real classes in a row of ", row.size(), " logits");
     const double* logits = row.data();
-    const auto vocab = static_cast<int64_t>(row.size());
     const double max_logit = *std::max_element(logits, logits + vocab);
     std::vector<double> weights(static_cast<size_t>(vocab));
     double total = 0;
@@ -33,7 +36,7 @@ std::vector<int32_t> generate_tokens(Transformer& model, std::vector<int32_t> co
         const int64_t length = std::min<int64_t>(static_cast<int64_t>(context.size()), model.max_seq_len());
         std::copy(context.end() - length, context.end(), window.data<int32_t>());
         model.forward(window.view().slice_rows(0, length), Tensor(), 1, length);
-        const int32_t token = sample_row(model.logits_row(length - 1), temperature, stream.uniform(static_cast<uint64_t>(i)));
+        const int32_t token = sample_row(model.logits_row(length - 1), model.config().vocab_size, temperature, stream.uniform(static_cast<uint64_t>(i)));
         context.push_back(token);
         generated.push_back(token);
     }

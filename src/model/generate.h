@@ -1,7 +1,8 @@
 // Autoregressive sampling from a Transformer: each new token is drawn from
 // softmax(logits / temperature) of the last position, over a window of at most
-// model.max_seq_len() tokens. Draws come from the Philox stream (seed, "sample"), so a
-// sample is reproducible.
+// model.max_seq_len() tokens. Only the real vocabulary (model.vocab_size) is drawn from:
+// padded classes have probability zero. Draws come from the Philox stream (seed, "sample"),
+// so a sample is reproducible.
 #pragma once
 
 #include <cstdint>

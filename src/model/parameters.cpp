@@ -1,6 +1,7 @@
 #include "model/parameters.h"
 
 #include <cmath>
+#include <limits>
 
 #include "backend/backend.h"
 #include "core/philox.h"
@@ -24,9 +25,16 @@ size_t Parameters::add(std::string name, Shape global_shape, ParamInit init, boo
     for (const ParamInfo& existing : infos_)
         if (existing.name == name) fail(ErrorKind::runtime, "parameter '", name, "' registered twice");
     const Shape shape = local_shape(name, global_shape, split);
-    infos_.push_back({std::move(name), shape, global_shape, split, init, weight_decay, total_numel_, false});
+    infos_.push_back({std::move(name), shape, global_shape, split, init, weight_decay, total_numel_, false, 0});
     total_numel_ += shape.numel();
     return infos_.size() - 1;
+}
+
+void Parameters::set_real_rows(size_t index, int64_t real_rows) {
+    ParamInfo& p = infos_.at(index);
+    if (p.global_shape.rank != 2 || real_rows < 1 || real_rows > p.global_shape[0])
+        fail(ErrorKind::runtime, "parameter '", p.name, "' of shape ", p.global_shape.str(), ": ", real_rows, " real rows");
+    p.real_rows = real_rows;
 }
 
 int64_t Parameters::padded_length(int64_t total_numel, int64_t pad_multiple) {
@@ -66,16 +74,20 @@ void Parameters::refresh_compute_copy() {
 // rows: local row lr lies in block b = lr / block_rows of the local rows; globally that
 // block starts at b * block_rows * tp and this rank's part of it at tp_rank * block_rows.
 // cols: local column lc is global column tp_rank * local_cols + lc.
+int64_t tp_global_index(const Shape& shape, const Shape& global_shape, TensorSplit split, int tp_rank, int tp_size, int64_t local) {
+    if (split.kind == TpSplit::none || tp_size == 1) return local;
+    const int64_t cols = shape.rank >= 2 ? shape.cols() : 1;
+    const int64_t row = local / cols, col = local % cols;
+    if (split.kind == TpSplit::cols) return row * global_shape.cols() + static_cast<int64_t>(tp_rank) * cols + col;
+    const int64_t block_rows = shape[0] / split.blocks;
+    const int64_t block = row / block_rows, within = row % block_rows;
+    const int64_t global_row = block * block_rows * tp_size + static_cast<int64_t>(tp_rank) * block_rows + within;
+    return global_row * cols + col;
+}
+
 int64_t Parameters::global_index(size_t index, int64_t local) const {
     const ParamInfo& p = infos_[index];
-    if (p.replicated() || tp_size_ == 1) return local;
-    const int64_t cols = p.shape.rank >= 2 ? p.shape.cols() : 1;
-    const int64_t row = local / cols, col = local % cols;
-    if (p.split.kind == TpSplit::cols) return row * p.global_shape.cols() + static_cast<int64_t>(tp_rank_) * cols + col;
-    const int64_t block_rows = p.shape[0] / p.split.blocks;
-    const int64_t block = row / block_rows, within = row % block_rows;
-    const int64_t global_row = block * block_rows * tp_size_ + static_cast<int64_t>(tp_rank_) * block_rows + within;
-    return global_row * cols + col;
+    return tp_global_index(p.shape, p.global_shape, p.split, tp_rank_, tp_size_, local);
 }
 
 namespace {
@@ -89,7 +101,11 @@ void fill_param(T* out, const Parameters& params, size_t index, uint64_t seed, d
         return;
     }
     const PhiloxStream stream(seed, fnv1a64(info.name));
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(std * stream.normal(static_cast<uint64_t>(params.global_index(index, i))));
+    const int64_t padding_from = info.real_rows ? info.real_rows * info.global_shape.cols() : std::numeric_limits<int64_t>::max();
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t global = params.global_index(index, i);
+        out[i] = global < padding_from ? static_cast<T>(std * stream.normal(static_cast<uint64_t>(global))) : T(0);
+    }
 }
 }  // namespace
 

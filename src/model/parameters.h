@@ -7,7 +7,9 @@
 // Initialization draws element i of parameter "name" from the Philox stream
 // (seed, fnv1a64(name)) at index i of the *global* (unsplit) tensor: the initial weights
 // do not depend on registration order, on other parameters, or on how a tensor is split
-// across tensor-parallel ranks.
+// across tensor-parallel ranks. A table with padding rows (the padded vocabulary) keeps its
+// row width, so element (row, col) of a real row is index row * cols + col whatever the
+// padding: the real rows start the same for any padding, and the padding rows at zero.
 //
 // Mixed precision: the flat buffer holds the master weights (f32) that AdamW updates, and
 // the gradients are kept in the same dtype; a second flat buffer of the same layout holds
@@ -46,6 +48,11 @@ struct TensorSplit {
     int64_t blocks = 1;  // rows only: equal row blocks, each split on its own
 };
 
+// Flat index in the global tensor of element `local` of tp rank tp_rank's part (of shape
+// `shape`) of a tensor of global_shape split among tp_size ranks: the one formula that
+// initialization, checkpoints and their loading on another layout share.
+int64_t tp_global_index(const Shape& shape, const Shape& global_shape, TensorSplit split, int tp_rank, int tp_size, int64_t local);
+
 struct ParamInfo {
     std::string name;
     Shape shape;            // this rank's part
@@ -55,6 +62,7 @@ struct ParamInfo {
     bool weight_decay;      // matrices decay; norms and biases do not
     int64_t offset = 0;     // elements from the start of the flat buffer
     bool grad_partial_over_tp = false;  // each tp rank's gradient is a partial sum (sequence parallel norms)
+    int64_t real_rows = 0;  // global rows from this one on are padding, initialized to zero; 0: no padding
     bool replicated() const { return split.kind == TpSplit::none; }
 };
 
@@ -67,6 +75,8 @@ public:
     // dimension must divide evenly. Returns the parameter's index.
     size_t add(std::string name, Shape global_shape, ParamInit init, bool weight_decay, TensorSplit split = {});
     void mark_grad_partial_over_tp(size_t index) { infos_.at(index).grad_partial_over_tp = true; }
+    // The global rows [real_rows, rows) of a matrix are padding (a padded vocabulary).
+    void set_real_rows(size_t index, int64_t real_rows);
     // Allocates the parameter and gradient buffers (zeroed) in host memory, in dtype; their
     // length is total_numel() rounded up to a multiple of pad_multiple (data-parallel
     // sharding splits the flat buffers into equal pieces), the padding zero and unused.

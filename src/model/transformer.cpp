@@ -47,9 +47,9 @@ TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, D
     if (part_.first_layer < 0 || part_.first_layer > part_.last_layer || part_.last_layer > config.n_layers || part_.activation_sets < 1)
         fail(ErrorKind::runtime, "model partition: layers [", part_.first_layer, ", ", part_.last_layer, ") of ", config.n_layers, ", ",
              part_.activation_sets, " activation sets");
-    if (config.n_heads % tp_size() || config.n_kv_heads % tp_size() || config.vocab_size % tp_size())
-        fail(ErrorKind::config, "tp = ", tp_size(), " must divide model.n_heads = ", config.n_heads, ", model.n_kv_heads = ", config.n_kv_heads,
-             " and model.vocab_size = ", config.vocab_size);
+    // The vocabulary rows need no check: padded_vocab_size() is a multiple of tp.
+    if (config.n_heads % tp_size() || config.n_kv_heads % tp_size())
+        fail(ErrorKind::config, "tp = ", tp_size(), " must divide model.n_heads = ", config.n_heads, " and model.n_kv_heads = ", config.n_kv_heads);
     if (sp_ && (max_batch * max_seq_len) % tp_size() != 0)
         fail(ErrorKind::config, "sequence parallelism splits the ", max_batch * max_seq_len, " tokens of a micro-batch into tp = ", tp_size(),
              " equal parts: batch_size * seq_len must be a multiple of tp");
@@ -79,6 +79,15 @@ TransformerLayout::ParamSpan TransformerLayout::add(const std::string& name, Sha
     return {index, index, true};
 }
 
+// A [padded vocabulary, d_model] table split by rows across tp: its rows from vocab_size
+// on are padding, initialized to zero (and kept there: no token reads them and the loss
+// gives them no gradient).
+TransformerLayout::ParamSpan TransformerLayout::add_vocab_rows(const std::string& name) {
+    const ParamSpan p = add(name, {padded_vocab_size(), config_.d_model}, ParamInit::normal, true, kRows);
+    params_.set_real_rows(p.first, config_.vocab_size);
+    return p;
+}
+
 TransformerLayout::ParamSpan TransformerLayout::add_norm(const std::string& name, ParamInit init) {
     const ParamSpan p = add(name, {config_.d_model}, init, false);
     if (sp_) params_.mark_grad_partial_over_tp(p.first);
@@ -94,9 +103,9 @@ std::optional<size_t> Transformer::embedding_param() const {
 // Names follow Hugging Face GPT-2. Note: HF stores these Linear weights as Conv1D [in, out];
 // ours are [out, in] like torch.nn.Linear, so an export transposes them.
 void TransformerLayout::register_gpt2_params() {
-    const int64_t C = config_.d_model, F = config_.d_ff, V = config_.vocab_size;
+    const int64_t C = config_.d_model, F = config_.d_ff;
     if (part_.has_embedding) {
-        wte_ = add("transformer.wte.weight", {V, C}, ParamInit::normal, true, kRows);
+        wte_ = add_vocab_rows("transformer.wte.weight");
         wpe_ = add("transformer.wpe.weight", {config_.max_seq_len, C}, ParamInit::normal, true);
     }
     const char* h = "transformer.h.";
@@ -123,17 +132,17 @@ void TransformerLayout::register_gpt2_params() {
     head_begin_ = params_.count();
     norm_f_w_ = add_norm("transformer.ln_f.weight", ParamInit::ones);
     norm_f_b_ = add_norm("transformer.ln_f.bias", ParamInit::zeros);
-    if (!config_.tied_embeddings) head_w_ = add("lm_head.weight", {V, C}, ParamInit::normal, true, kRows);
+    if (!config_.tied_embeddings) head_w_ = add_vocab_rows("lm_head.weight");
     else if (part_.has_embedding) head_w_ = wte_;
-    else head_w_ = add("transformer.wte.weight", {V, C}, ParamInit::normal, true, kRows);  // the last stage's copy
+    else head_w_ = add_vocab_rows("transformer.wte.weight");  // the last stage's copy
 }
 
 // Names follow Hugging Face Llama / Qwen2. q, k, v (and gate, up) are registered back to
 // back so that each group is also one fused matrix for a single GEMM.
 void TransformerLayout::register_llama_params() {
-    const int64_t C = config_.d_model, F = config_.d_ff, V = config_.vocab_size, D = config_.head_dim();
+    const int64_t C = config_.d_model, F = config_.d_ff, D = config_.head_dim();
     const int64_t q_width = config_.n_heads * D, kv_width = config_.n_kv_heads * D;
-    if (part_.has_embedding) wte_ = add("model.embed_tokens.weight", {V, C}, ParamInit::normal, true, kRows);
+    if (part_.has_embedding) wte_ = add_vocab_rows("model.embed_tokens.weight");
     const char* m = "model.layers.";
     for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
         LayerParams p;
@@ -161,9 +170,9 @@ void TransformerLayout::register_llama_params() {
     if (!part_.has_head) return;
     head_begin_ = params_.count();
     norm_f_w_ = add_norm("model.norm.weight", ParamInit::ones);
-    if (!config_.tied_embeddings) head_w_ = add("lm_head.weight", {V, C}, ParamInit::normal, true, kRows);
+    if (!config_.tied_embeddings) head_w_ = add_vocab_rows("lm_head.weight");
     else if (part_.has_embedding) head_w_ = wte_;
-    else head_w_ = add("model.embed_tokens.weight", {V, C}, ParamInit::normal, true, kRows);  // the last stage's copy
+    else head_w_ = add_vocab_rows("model.embed_tokens.weight");  // the last stage's copy
 }
 
 TransformerLayout::NormSlots TransformerLayout::reserve_norm(const std::string& prefix) {
@@ -208,7 +217,7 @@ TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set) {
         a.layers.push_back(part_.recompute == Recompute::full ? shared_layer_ : reserve_layer(cat(s, "layer.", l), part_.recompute == Recompute::none));
     if (part_.has_head) {
         a.norm_f = reserve_norm(s + "norm_f");
-        a.logits = arena_.reserve(s + "logits", dtype_, {N, config_.vocab_size / tp_size()});
+        a.logits = arena_.reserve(s + "logits", dtype_, {N, padded_vocab_size() / tp_size()});
         a.losses = arena_.reserve(s + "losses", stat_dtype_, {N});
         a.lse = arena_.reserve(s + "lse", stat_dtype_, {N});
         a.row_max = arena_.reserve(s + "row_max", stat_dtype_, {N});
@@ -281,8 +290,8 @@ void Transformer::ready(size_t begin, size_t end) const {
 }
 
 VocabShard Transformer::vocab_shard() const {
-    const int64_t local = config_.vocab_size / tp_size();
-    return {tp_rank() * local, config_.vocab_size};
+    const int64_t padded = padded_vocab_size(), local = padded / tp_size();
+    return {tp_rank() * local, padded, config_.vocab_size};
 }
 
 Transformer::ActivationSet& Transformer::use_set(int64_t set) {
@@ -364,9 +373,9 @@ double Transformer::head_and_loss(ActivationSet& a) {
     backend_.matmul_fwd(rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_), Tensor());
     if (!a.has_targets) return std::numeric_limits<double>::quiet_NaN();
     if (!tp_) {
-        backend_.xent_fwd(rows(a.losses), rows(a.logits), rows(a.targets));
+        backend_.xent_fwd(rows(a.losses), rows(a.logits), rows(a.targets), vocab_shard());
     } else {
-        backend_.logits_row_max(rows(a.row_max), rows(a.logits));
+        backend_.logits_row_max(rows(a.row_max), rows(a.logits), vocab_shard());
         tp_->all_reduce(rows(a.row_max), ReduceOp::max);
         backend_.xent_partial(rows(a.xent_partial), rows(a.logits), rows(a.targets), rows(a.row_max), vocab_shard());
         tp_->all_reduce(rows(a.xent_partial), ReduceOp::sum);

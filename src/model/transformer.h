@@ -18,6 +18,9 @@
 //    in forward). The embedding and the head are vocab-parallel: each rank holds a slice of
 //    the vocabulary, the embedding output is all-reduced, and the cross-entropy reduces its
 //    row max and sum of exponentials across ranks, so the full logits never exist anywhere.
+//    The vocabulary rows are padded to a multiple of tp * model.pad_vocab_to (Megatron's
+//    make-vocab-size-divisible-by): the padded rows start at zero, and the loss masks their
+//    classes out of the softmax, so they change no loss and no gradient of a real row.
 //  - Sequence parallel (Korthikanti et al. 2022), an option of tensor parallelism: outside
 //    the tensor-parallel matmuls (norms, residual adds) each tp rank holds only its 1/tp of
 //    the tokens. The whole rows are all-gathered before a column-parallel matmul (and again
@@ -91,6 +94,9 @@ public:
     int64_t max_batch() const { return max_batch_; }
     int64_t max_seq_len() const { return max_seq_len_; }
     int64_t local_layers() const { return part_.last_layer - part_.first_layer; }
+    // The rows of the embedding and the head: model.vocab_size rounded up to a multiple of
+    // tp * model.pad_vocab_to. Rows from vocab_size on are padding (zero, masked in the loss).
+    int64_t padded_vocab_size() const { return config_.padded_vocab_size(tp_size()); }
 
 protected:
     // A parameter, or several registered back to back and used as one (fused QKV, gate+up).
@@ -124,6 +130,8 @@ protected:
     void register_gpt2_params();
     void register_llama_params();
     ParamSpan add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split = {});
+    // The token embedding or the head: padded vocabulary rows, split by rows across tp.
+    ParamSpan add_vocab_rows(const std::string& name);
     // A norm's weight or bias: replicated, no decay; partial gradients under sequence parallelism.
     ParamSpan add_norm(const std::string& name, ParamInit init);
     ParamSpan join(ParamSpan first, ParamSpan last) const { return {first.first, last.last, true}; }
@@ -193,7 +201,8 @@ public:
     // d(loss)/d(hidden_out) of the micro-batch to run backward on, filled before backward.
     Tensor grad_output(int64_t batch, int64_t seq_len) const;
     Tensor grad_input() const;             // d(loss)/d(hidden_in), after backward
-    // Logits [batch * seq_len, vocab / tp] of set 0's last forward (this rank's vocab slice).
+    // Logits [batch * seq_len, padded vocab / tp] of set 0's last forward (this rank's vocab
+    // slice). Columns of padded classes (global index >= vocab_size) are not predictions.
     Tensor logits() const;
     // One row of those logits, on the host (from device memory and 16-bit as needed).
     std::vector<double> logits_row(int64_t row) const;

@@ -36,6 +36,12 @@ public:
     // One update with learning rate lr and the gradient multiplied by grad_scale.
     void step(Backend& backend, double lr, double grad_scale);
     int64_t steps_taken() const { return steps_taken_; }
+    // Checkpoints: the ranges this rank updates, their moments back to back in piece order,
+    // and the step count a resumed run continues from.
+    const std::vector<OwnedPiece>& pieces() const { return pieces_; }
+    Tensor exp_avg() const { return m_.view(); }
+    Tensor exp_avg_sq() const { return v_.view(); }
+    void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
     size_t state_bytes() const { return state_bytes_for(m_.view().numel(), m_.view().dtype()); }
     // Moments m and v for owned_numel elements in the master dtype.
     static size_t state_bytes_for(int64_t owned_numel, DType master) { return 2 * static_cast<size_t>(owned_numel) * dtype_size(master); }

@@ -19,6 +19,13 @@ public:
 
     double scale() const { return scale_; }
     bool dynamic() const { return dynamic_; }
+    int64_t good_steps() const { return good_steps_; }
+    // A resumed run continues with the saved scale and count.
+    void restore(double scale, int64_t good_steps) {
+        if (!dynamic_) return;
+        scale_ = scale;
+        good_steps_ = good_steps;
+    }
     // After a step: whether its gradients overflowed.
     void update(bool overflow) {
         if (!dynamic_) return;

@@ -1,4 +1,6 @@
 // Learning-rate schedule: linear warmup, then decay to a floor.
+//   warmup = min(warmup_steps, total_steps): a run shorter than its warmup (a smoke test
+//            with --set train.steps=5) warms up over the whole run and ends at lr
 //   step < warmup:  lr * (step + 1) / warmup
 //   after:          p = (step - warmup) / (steps - warmup) in [0, 1]
 //     cosine:   floor + (lr - floor) * (1 + cos(pi p)) / 2

@@ -248,6 +248,18 @@ int MpiSession::world_size() const {
     return size;
 }
 
+int MpiSession::first_failing_rank(bool failed) const {
+    const int mine = failed ? world_rank() : world_size();
+    int first = 0;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return first < world_size() ? first : -1;
+}
+
+int MpiSession::broadcast_from(int root, int value) const {
+    MPI_Bcast(&value, 1, MPI_INT, root, MPI_COMM_WORLD);
+    return value;
+}
+
 void MpiSession::abort_job(int exit_code) {
     MPI_Abort(MPI_COMM_WORLD, exit_code);
     std::exit(exit_code);

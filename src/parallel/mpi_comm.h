@@ -22,6 +22,11 @@ public:
     MpiSession& operator=(const MpiSession&) = delete;
     int world_rank() const;
     int world_size() const;
+    // The lowest world rank on which failed is true, or -1; the same answer on every rank
+    // (a collective over the world).
+    int first_failing_rank(bool failed) const;
+    // root's value, on every rank (a collective over the world).
+    int broadcast_from(int root, int value) const;
     // Ends every rank of the job (MPI_Abort): one failed rank must not leave others waiting.
     [[noreturn]] static void abort_job(int exit_code);
 

@@ -6,8 +6,11 @@
 //
 // 1F1B (PipeDream-Flush, Narayanan et al. 2021; Megatron's non-interleaved schedule):
 // stage s of P runs W = min(P - s - 1, M) warm-up forwards, then alternates one forward and
-// one backward, then drains the remaining backwards. At most W + 1 micro-batches are in
-// flight on a stage, so it keeps that many activation sets instead of GPipe's M.
+// one backward, then drains the remaining backwards. At most min(P - s, M) micro-batches
+// are in flight on a stage (W + 1, or all M when M <= W), so it keeps that many activation
+// sets instead of GPipe's M. Fewer micro-batches than stages (M < P) are allowed: the
+// early stages then run all forwards before any backward, and the bubble, (P - 1) /
+// (M + P - 1) of the step, grows.
 #pragma once
 
 #include <cstdint>

@@ -28,7 +28,7 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     part.last_layer = part.first_layer + layers[static_cast<size_t>(stage)];
     part.has_embedding = stage == 0;
     part.has_head = stage == pp - 1;
-    part.activation_sets = one_f_one_b_in_flight(pp, stage, config.train.grad_accum);
+    part.activation_sets = one_f_one_b_in_flight(pp, stage, micro_batches_per_step(config, mesh.dp()));
     part.param_pad_multiple = mesh.dp();
     part.sequence_parallel = config.parallel.sequence_parallel;
     part.recompute = config.train.recompute;

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <nlohmann/json.hpp>
+#include <limits>
 #include <thread>
 
+#include "checkpoint/restore.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/generate.h"
@@ -17,18 +17,6 @@ namespace llmtrain {
 
 namespace {
 std::string megabytes(double bytes) { return cat(std::round(bytes / 1e5) / 10, " MB"); }
-
-std::string fixed(double value, int decimals) {
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
-    return buffer;
-}
-
-std::string scientific(double value) {
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "%.2e", value);
-    return buffer;
-}
 
 // total += after - before, op by op: the op time of the training steps alone, not evaluation.
 void add_profile_difference(OpProfile& total, const OpProfile& before, const OpProfile& after) {
@@ -44,6 +32,13 @@ int threads_per_rank(const TrainConfig& train, const ParallelContext& ctx) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return std::max(1, cores / std::max(1, ctx.local_size));
 }
+// "257", or "257 (padded to 258 rows: a multiple of tp 2 x model.pad_vocab_to 1)".
+std::string vocab_description(const ModelConfig& m, int64_t tp) {
+    const int64_t padded = m.padded_vocab_size(tp);
+    if (padded == m.vocab_size) return std::to_string(m.vocab_size);
+    return cat(m.vocab_size, " (padded to ", padded, " rows: a multiple of tp ", tp, " x model.pad_vocab_to ", m.pad_vocab_to, ")");
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, TrainerOptions options) : Trainer(config, std::move(options), nullptr) {}
@@ -56,6 +51,8 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
       ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len),
       dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)) {
     const ParallelContext& ctx = *ctx_;
+    // From here on grad_accum is this run's: derived from train.global_batch_size on this mesh.
+    config_.train.grad_accum = micro_batches_per_step(config_, ctx.mesh.dp());
     if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
@@ -76,11 +73,6 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     optimizer_->set_writes_compute_copy(!(buckets_->zero1() && ctx.mesh.dp() > 1));
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, config_.train.grad_accum);
-    if (!options_.run_dir.empty() && config_.metrics.jsonl && is_logger()) {
-        const std::string path = (std::filesystem::path(options_.run_dir) / "log.jsonl").string();
-        jsonl_.open(path, std::ios::out | std::ios::trunc);
-        if (!jsonl_) fail(ErrorKind::io, "cannot write '", path, "'");
-    }
 }
 
 Trainer::~Trainer() = default;
@@ -116,7 +108,7 @@ void Trainer::log_startup() const {
         ctx_->coord().dp == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
     if (options_.quiet) return;
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
-             " kv), d_ff ", m.d_ff, ", vocab ", m.vocab_size, " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
+             " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
              ") | ZeRO-1 ", buckets_->zero1() ? "on" : "off", " | ", buckets_->bucket_count(), " gradient buckets | rank 0 holds layers [",
              part.first_layer, ", ", part.last_layer, ")");
@@ -126,15 +118,32 @@ void Trainer::log_startup() const {
              megabytes(static_cast<double>(mine.activation_bytes)), " / ", megabytes(act_max), " (planned) | backend ", backend_->name(), " ",
              dtype_name(dtype_), " compute, ", dtype_name(model_->parameters().dtype()), " master weights, recompute ",
              recompute_name(config_.train.recompute));
-    log_info("data: ", data_->describe(), " | batch ", t.batch_size, " x ", t.seq_len,
-             " x ", t.grad_accum, " micro-batches x dp ", mesh.dp(), " = ", t.batch_size * t.seq_len * t.grad_accum * mesh.dp(), " tokens per step");
+    const int64_t sequences_per_step = t.batch_size * t.grad_accum * mesh.dp();
+    log_info("data: ", data_->describe(), " | global batch ", sequences_per_step, " sequences = batch_size ", t.batch_size, " x grad_accum ",
+             t.grad_accum, " x dp ", mesh.dp(), " | ", sequences_per_step * t.seq_len, " tokens per step | validation ",
+             t.eval_sequences, " sequences");
+    log_schedule_notes();
+}
+
+// Settings that run but not as written: said once, at start-up.
+void Trainer::log_schedule_notes() const {
+    const int64_t warmup = config_.optimizer.warmup_steps, steps = config_.train.steps;
+    if (warmup > steps)
+        log_info("optimizer: warmup over ", steps, " steps, the whole run (optimizer.warmup_steps = ", warmup, " > train.steps = ", steps, ")");
+    // 1F1B idles each stage for pp - 1 micro-batch slots of the M + pp - 1 a step takes.
+    const int64_t pp = ctx_->mesh.pp(), micro_batches = config_.train.grad_accum;
+    if (micro_batches < pp)
+        log_warn("pipeline: train.grad_accum = ", micro_batches, " micro-batches per step for parallel.pp = ", pp, " stages: each stage idles ",
+                 std::lround(100.0 * static_cast<double>(pp - 1) / static_cast<double>(micro_batches + pp - 1)),
+                 "% of the step (the 1F1B bubble, (pp - 1) / (grad_accum + pp - 1)); grad_accum >= pp, or a larger train.global_batch_size, fills it");
 }
 
 TrainResult Trainer::run() {
     log_startup();
-    record_eval(0, evaluate());
+    // A resumed run was evaluated at its start already, by the run that saved it.
+    if (start_step_ == 0) record_eval(0, evaluate());
     const int64_t steps = config_.train.steps;
-    for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t step = start_step_; step < steps; ++step) {
         inject_fault_if_requested(ctx_->world_rank, step + 1);
         const OpProfile before = backend_->profile();
         const StepRecord s = train_step(step);
@@ -143,14 +152,16 @@ TrainResult Trainer::run() {
         record(s);
         const bool last = step + 1 == steps;
         if (last || (config_.train.eval_every > 0 && (step + 1) % config_.train.eval_every == 0)) record_eval(step + 1, evaluate());
+        if (!last && (result_.stop_signal = agreed_stop_signal()) != 0) break;
     }
     result_.gemm_fraction = result_.train_seconds > 0 ? result_.step_profile.gemm_seconds() / result_.train_seconds : 0;
     double timed_seconds = 0;
-    for (size_t i = steps > 1 ? 1 : 0; i < result_.steps.size(); ++i) timed_seconds += result_.steps[i].step_seconds;
-    const int64_t timed_steps = steps > 1 ? steps - 1 : steps;
+    for (size_t i = result_.steps.size() > 1 ? 1 : 0; i < result_.steps.size(); ++i) timed_seconds += result_.steps[i].step_seconds;
+    const auto done = static_cast<int64_t>(result_.steps.size());
+    const int64_t timed_steps = done > 1 ? done - 1 : done;
     const double tokens_per_step = static_cast<double>(config_.train.batch_size * config_.train.seq_len * config_.train.grad_accum * ctx_->mesh.dp());
     result_.tokens_per_second = tokens_per_step * static_cast<double>(timed_steps) / timed_seconds;
-    result_.sample = sample_text();
+    if (result_.stop_signal == 0) result_.sample = sample_text();
     return result_;
 }
 
@@ -160,15 +171,60 @@ StepRecord Trainer::train_step(int64_t step) {
     StepRecord s;
     s.step = step + 1;
     s.loss_scale = loss_scale_.scale();
+    s.dynamic_loss_scale = loss_scale_.dynamic();
     s.loss = forward_backward(step);
+    if (injected_nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
     // The gradients hold loss_scale x d(loss): the norm and the update take it out again.
     s.grad_norm = global_grad_norm() / loss_scale_.scale();
     s.lr = learning_rate_at(config_.optimizer, step, t.steps);
     update(s);
     backend_->synchronize();
     s.step_seconds = clock.seconds();
-    s.tokens_per_second = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp()) / s.step_seconds;
+    const int64_t tokens = t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp();
+    s.tokens_per_second = static_cast<double>(tokens) / s.step_seconds;
+    tokens_seen_ += tokens;
     return s;
+}
+
+SnapshotSource Trainer::snapshot_source() {
+    // The last stage's copy of a tied embedding is the first stage's tensor again.
+    std::optional<size_t> tied_copy;
+    if (config_.model.tied_embeddings && !ctx_->first_stage() && model_->partition().has_head) tied_copy = model_->embedding_param();
+    return {model_->parameters(), *optimizer_, *backend_, ctx_->world_rank, ctx_->coord().dp, buckets_->zero1() && ctx_->mesh.dp() > 1, tied_copy};
+}
+
+Manifest Trainer::manifest_at(int64_t step) const {
+    Manifest m;
+    m.step = step;
+    m.tokens_seen = tokens_seen_;
+    m.optimizer_steps = optimizer_->steps_taken();
+    m.loss_scale = loss_scale_.scale();
+    m.loss_scale_good_steps = loss_scale_.good_steps();
+    m.data = data_->state_at(step, ctx_->mesh.dp());
+    m.seed = config_.train.seed;
+    m.world_size = ctx_->mesh.world_size();
+    m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
+    m.zero1 = buckets_->zero1() && ctx_->mesh.dp() > 1;
+    m.config_toml = dump_config(config_);
+    return m;
+}
+
+void Trainer::restore(const std::string& path, const Manifest& manifest) {
+    if (manifest.step >= config_.train.steps)
+        fail(ErrorKind::config, "train.steps = ", config_.train.steps, ": the checkpoint '", path, "' is at step ", manifest.step, " already; raise train.steps to train on");
+    load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_);
+    loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
+    if (manifest.data) data_ = make_batch_source(config_, manifest.data);
+    start_step_ = manifest.step;
+    tokens_seen_ = manifest.tokens_seen;
+}
+
+// A fault for the tests of the non-finite policy: this rank's first gradient becomes NaN.
+void Trainer::poison_gradients() {
+    const Tensor grad = model_->parameters().grad(0);
+    const auto n = static_cast<size_t>(grad.numel());
+    if (grad.dtype() == DType::f64) backend_->copy_from_host(grad, std::vector<double>(n, std::numeric_limits<double>::quiet_NaN()).data());
+    else backend_->copy_from_host(grad, std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()).data());
 }
 
 // Loss and norm are reduced over the whole job: every rank takes the same decision.
@@ -183,7 +239,7 @@ void Trainer::update(StepRecord& s) {
     }
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
         if (config_.monitor.on_nonfinite == NonFinitePolicy::abort)
-            fail(ErrorKind::runtime, "step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss,
+            fail(ErrorKind::diverged, "step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss,
                  ", grad norm ", s.grad_norm, "); aborting as monitor.on_nonfinite = \"abort\" (\"skip\" skips such updates)");
         s.skipped = true;
         return;
@@ -254,17 +310,23 @@ double Trainer::global_grad_norm() {
     return std::sqrt(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
 }
 
-// Eval batch i runs on dp rank i % dp; the mean is over all of them.
+// The validation set is sequences [0, eval_sequences) whatever the micro-batch size and the
+// layout: they run in micro-batches of up to batch_size (the last holds the remainder),
+// micro-batch i on dp rank i % dp. Each adds its mean loss times its sequences, so the
+// result is the mean over every validation token: sum_i rows_i * mean_i / eval_sequences.
 double Trainer::evaluate() {
     const TrainConfig& t = config_.train;
     const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
+    const int64_t micro_batches = (t.eval_sequences + t.batch_size - 1) / t.batch_size;
     double total = 0;
-    for (int64_t i = dp_rank; i < t.eval_batches; i += dp) {
-        data_->fill_eval(batch_, i);
-        total += pipeline_->forward_only({batch_.inputs, batch_.targets}, t.batch_size, t.seq_len);
+    for (int64_t i = dp_rank; i < micro_batches; i += dp) {
+        const int64_t first = i * t.batch_size, rows = std::min(t.batch_size, t.eval_sequences - first);
+        data_->fill_eval(batch_, first, rows);
+        const MicroBatch micro_batch{batch_.inputs.view().slice_rows(0, rows * t.seq_len), batch_.targets.view().slice_rows(0, rows * t.seq_len)};
+        total += static_cast<double>(rows) * pipeline_->forward_only(micro_batch, rows, t.seq_len);
     }
     const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
-    return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_batches);
+    return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_sequences);
 }
 
 std::string Trainer::sample_text() {
@@ -283,27 +345,23 @@ std::string Trainer::sample_text() {
 
 void Trainer::record(const StepRecord& s) {
     result_.steps.push_back(s);
-    if (s.skipped && !loss_scale_.dynamic() && !options_.quiet) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
-    if (!options_.quiet && (s.step % config_.train.log_every == 0 || s.step == config_.train.steps))
-        log_info("step ", s.step, "/", config_.train.steps, " | loss ", fixed(s.loss, 4), " | lr ", scientific(s.lr), " | grad norm ",
-                 fixed(s.grad_norm, 4), " | ", std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms");
-    nlohmann::json line = {{"event", "step"},     {"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
-                           {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second}, {"skipped", s.skipped}};
-    if (loss_scale_.dynamic()) line["loss_scale"] = s.loss_scale;
-    write_json_line(line.dump());
+    for (StepObserver* observer : options_.observers) observer->after_step(s);
 }
 
 void Trainer::record_eval(int64_t step, double val_loss) {
-    result_.evals.push_back({step, val_loss});
-    if (!options_.quiet) log_info("eval at step ", step, ": val loss ", fixed(val_loss, 4), " (perplexity ", fixed(std::exp(val_loss), 2), ")");
-    write_json_line(nlohmann::json{{"event", "eval"}, {"step", step}, {"val_loss", val_loss}}.dump());
+    const EvalRecord e{step, val_loss};
+    result_.evals.push_back(e);
+    for (StepObserver* observer : options_.observers) observer->after_eval(e);
 }
 
-void Trainer::write_json_line(const std::string& line) {
-    if (!jsonl_.is_open()) return;
-    jsonl_ << line << '\n';
-    jsonl_.flush();
-    if (!jsonl_) fail(ErrorKind::io, "cannot write log.jsonl in '", options_.run_dir, "'");
+// One small collective per step, and only where a stop can be asked for: a signal may reach
+// one rank alone (Slurm signals the batch step, a user kills one pid), and every rank must
+// leave the loop after the same step.
+int Trainer::agreed_stop_signal() {
+    if (!options_.stop_signal) return 0;
+    const int local = options_.stop_signal();
+    if (ctx_->mesh.world_size() == 1) return local;
+    return static_cast<int>(ctx_->world->all_reduce_scalar(static_cast<double>(local), ReduceOp::max));
 }
 
 }  // namespace llmtrain

@@ -2,16 +2,17 @@
 // (pipeline stage, tensor-parallel slice) over micro-batches in 1F1B order -> gradient
 // reduction over the dp group in buckets, overlapped with backward (ZeRO-1: reduce-scatter)
 // -> the true global gradient norm and clipping -> AdamW on this rank's part -> parameter
-// all-gather (ZeRO-1) -> non-finite guard -> log line and JSONL record (rank 0);
-// evaluation on the held-out split.
+// all-gather (ZeRO-1) -> non-finite guard -> the step record to the observers (console line,
+// log.jsonl); evaluation on the held-out split; a stop signal ends the run at a step boundary.
 //
 // Every layout computes the same run: the global batch of a step is dp * grad_accum
-// micro-batches of batch_size sequences, numbered the same way whatever the layout, and the
-// loss is the mean over all of them.
+// micro-batches of batch_size sequences (train.global_batch_size, when set, fixes the
+// product and grad_accum follows from dp), numbered the same way whatever the layout, and
+// the loss is the mean over all of them. Evaluation covers the same train.eval_sequences
+// validation sequences whatever the micro-batch size and the layout.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,8 +20,11 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/rank_snapshot.h"
 #include "config/config.h"
 #include "data/batch_source.h"
+#include "metrics/step_record.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
@@ -31,22 +35,6 @@
 
 namespace llmtrain {
 
-struct StepRecord {
-    int64_t step = 0;        // 1-based: the number of optimizer steps taken after it
-    double loss = 0;         // mean over the step's micro-batches (all dp ranks)
-    double lr = 0;
-    double grad_norm = 0;    // before clipping, over every parameter of every rank
-    double step_seconds = 0;
-    double tokens_per_second = 0;
-    bool skipped = false;    // update skipped by the non-finite policy or a loss-scale overflow
-    double loss_scale = 1;   // fp16: the dynamic loss scale this step ran with
-};
-
-struct EvalRecord {
-    int64_t step = 0;
-    double val_loss = 0;
-};
-
 struct TrainResult {
     std::vector<StepRecord> steps;
     std::vector<EvalRecord> evals;
@@ -55,16 +43,20 @@ struct TrainResult {
     double gemm_fraction = 0;       // share of step time spent in GEMMs (this rank)
     OpProfile step_profile;         // op times over the steps (this rank)
     std::string sample;             // generated text (or token ids) after training
+    int stop_signal = 0;            // the signal that stopped the run before its last step; 0: it ran to the end
 };
 
 struct TrainerOptions {
-    std::string run_dir;            // where log.jsonl goes; empty: no files
     std::optional<DType> dtype;     // the config's compute dtype unless set (f64: reference runs in tests)
     bool quiet = false;             // no log lines (tests)
     bool synthetic_data = false;    // uniform random tokens instead of the configured data (bench)
     // The backend for the local rank in place of the configured device's (tests run the CUDA
     // path's host logic on a CPU stand-in); empty: train.device decides.
     std::function<std::unique_ptr<Backend>(int local_rank)> make_backend{};
+    // Told of every step and evaluation, in order (console line, log.jsonl, tests).
+    std::vector<StepObserver*> observers{};
+    // Polled at every step boundary: a signal number (any rank's) ends the run there; empty: never.
+    std::function<int()> stop_signal{};
 };
 
 class Trainer {
@@ -75,6 +67,8 @@ public:
     Trainer(const Config& config, TrainerOptions options, ParallelContext& ctx);
     ~Trainer();
     TrainResult run();
+    // Adds an observer of every step and evaluation to come; it must outlive run().
+    void observe(StepObserver& observer) { options_.observers.push_back(&observer); }
     // One optimizer step (0-based), timed to the end of the device's work: what run() repeats.
     StepRecord train_step(int64_t step);
     Transformer& model() { return *model_; }
@@ -83,6 +77,16 @@ public:
     // What this rank holds (what plan_memory predicts), for the start-up report and the tests.
     RankMemory memory() const;
     DType compute_dtype() const { return dtype_; }
+    // The run's config, with train.grad_accum as this mesh resolves it (never 0).
+    const Config& config() const { return config_; }
+
+    // Checkpoints. What this rank writes, and the manifest's fields, after step `step`.
+    SnapshotSource snapshot_source();
+    Manifest manifest_at(int64_t step) const;
+    // Continues from the checkpoint at path (its manifest read already): weights, moments,
+    // loss scale, data position; run() then starts at manifest.step.
+    void restore(const std::string& path, const Manifest& manifest);
+    int64_t start_step() const { return start_step_; }
 
 private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
@@ -90,17 +94,20 @@ private:
     // its node; every rank reaches the same verdict.
     void check_memory() const;
     void log_startup() const;
+    void log_schedule_notes() const;
     // Applies the update of a step whose loss and gradient norm are known, or skips it.
     void update(StepRecord& s);
     // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.
     double forward_backward(int64_t step);
     void sync_tied_embedding();
+    void poison_gradients();
     double global_grad_norm();
     double evaluate();
     std::string sample_text();
     void record(const StepRecord& s);
     void record_eval(int64_t step, double val_loss);
-    void write_json_line(const std::string& line);
+    // The stop signal of any rank, the same on every rank; 0: go on.
+    int agreed_stop_signal();
     bool counts_in_norm(size_t param) const;
     bool is_logger() const { return ctx_->world_rank == 0; }
 
@@ -117,7 +124,8 @@ private:
     BatchBuffers batch_;
     DType dtype_;
     DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
-    std::ofstream jsonl_;
+    int64_t start_step_ = 0;         // steps taken before this process (a resumed run)
+    int64_t tokens_seen_ = 0;        // over the whole job, since the run's first step
     TrainResult result_;
 };
 

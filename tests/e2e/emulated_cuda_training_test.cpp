@@ -22,7 +22,7 @@ Config tiny_run(const std::string& family, const std::string& device, const std:
 }
 
 TrainerOptions quiet_options(bool emulated) {
-    TrainerOptions options{"", std::nullopt, true};
+    TrainerOptions options{.dtype = std::nullopt, .quiet = true};
     if (emulated) options.make_backend = [](int) { return test::make_emulated_cuda_backend(); };
     return options;
 }

@@ -52,11 +52,11 @@ std::string shard_dataset() {
 Config shard_run(int64_t steps) {
     return load_config("configs/tiny.toml", {"data.format=shards", "data.train_path=" + shard_dataset(), "model.vocab_size=512", "model.n_layers=2",
                                              "model.d_model=64", "train.steps=" + std::to_string(steps), "optimizer.warmup_steps=2", "train.batch_size=8",
-                                             "train.seq_len=64", "train.eval_every=0", "train.eval_batches=16", "train.sample_tokens=24", "train.threads=2"});
+                                             "train.seq_len=64", "train.eval_every=0", "train.eval_sequences=128", "train.sample_tokens=24", "train.threads=2"});
 }
 
 TrainResult train_quietly(const Config& config) {
-    Trainer trainer(config, TrainerOptions{"", DType::f32, true});
+    Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true});
     return trainer.run();
 }
 
@@ -75,4 +75,18 @@ TEST(LoaderTraining, ValidationLossFallsOnShards) {
     EXPECT_GT(r.evals.front().val_loss, 5.5);  // ln(512) = 6.24 at initialization
     EXPECT_LT(r.evals.back().val_loss, r.evals.front().val_loss - 0.5);
     EXPECT_FALSE(r.sample.empty());
+}
+
+// The shard loader's validation sequences do not depend on the micro-batch size either:
+// 8 at a time and 3 at a time (a last micro-batch of 2) give the same loss at step 0.
+TEST(LoaderTraining, ValidationLossAtStepZero_IsTheSameForEveryMicroBatchSize) {
+    std::vector<double> val_losses;
+    for (const int64_t batch : {8, 3}) {
+        Config config = shard_run(1);
+        config.train.batch_size = batch;
+        config.train.eval_sequences = 8;
+        config.train.sample_tokens = 0;
+        val_losses.push_back(Trainer(config, TrainerOptions{.dtype = DType::f64, .quiet = true}).run().evals.front().val_loss);
+    }
+    EXPECT_NEAR(val_losses[1], val_losses[0], 1e-9 * val_losses[0]);
 }

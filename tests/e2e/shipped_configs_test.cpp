@@ -19,7 +19,10 @@ TEST(ShippedConfigs, Gpt2_124mIsValidWithDataPresent) {
     EXPECT_TRUE(c.model.tied_embeddings);
     EXPECT_EQ(c.train.device, ComputeDevice::cuda);
     EXPECT_EQ(compute_dtype(c.train), DType::bf16);
-    EXPECT_EQ(c.model.vocab_size % 128, 0);  // padded for the GEMMs
+    EXPECT_EQ(c.model.vocab_size % 128, 0);  // padded for the GEMMs by hand
+    // ... so model.pad_vocab_to (default 1) adds no rows for any tp up to 128.
+    EXPECT_EQ(c.model.pad_vocab_to, 1);
+    for (int64_t tp = 1; tp <= 128; tp *= 2) EXPECT_EQ(c.model.padded_vocab_size(tp), c.model.vocab_size) << "tp " << tp;
 }
 
 TEST(ShippedConfigs, Llama1bIsValidWithDataPresent) {

@@ -473,9 +473,9 @@ protected:
     void xent_fwd_case(DType dt, int64_t N, int64_t V, uint64_t seed) {
         SCOPED_TRACE(cat("N ", N, " V ", V));
         const OwnedTensor logits = random_input(dt, {N, V}, seed, -6, 6), targets = random_tokens(N, V, seed + 1), losses(f32, {N});
-        cpu().xent_fwd(losses, logits, targets);
+        cpu().xent_fwd(losses, logits, targets, {});
         const OwnedTensor g_logits = to_device(gpu(), logits, dt), g_targets = to_device(gpu(), targets, i32), g_losses = device_tensor(gpu(), f32, {N});
-        gpu().xent_fwd(g_losses, g_logits, g_targets);
+        gpu().xent_fwd(g_losses, g_logits, g_targets, {});
         expect_matches("losses", gpu(), g_losses, losses, f32_loss_tolerance);
     }
 
@@ -519,6 +519,60 @@ protected:
         const std::vector<double> g = download(gpu(), g_partial), ref = values_of(partial);
         expect_matches("sum of exp", columns(g, 2, 0, 1), columns(ref, 2, 0, 1), f32_sum_tolerance);
         expect_matches("target logit", columns(g, 2, 1, 1), columns(ref, 2, 1, 1), Tolerance{0, 0});
+    }
+
+    // A padded vocabulary: rows of `padded` columns whose first `real` are classes. The
+    // padded columns hold +30, above every real logit, so a kernel that let them into a max
+    // or a sum, or gave them a gradient, misses the CPU by far more than the tolerance.
+    // Whole rows (forward; backward computing the logsumexp) and shards of `shard_rows`
+    // (row max, partial, backward with the lse given), including shards that straddle the
+    // end of the real classes or hold padding only.
+    void xent_padded_case(DType dt, int64_t N, int64_t real, int64_t padded, int64_t shard_rows, uint64_t seed) {
+        SCOPED_TRACE(cat("N ", N, ", ", real, " real classes of ", padded, ", shards of ", shard_rows));
+        const OwnedTensor full = random_input(dt, {N, padded}, seed, -6, 6), targets = random_tokens(N, real, seed + 1);
+        for (int64_t n = 0; n < N; ++n)
+            for (int64_t v = real; v < padded; ++v) full.data<float>()[n * padded + v] = 30.f;
+        targets.data<int32_t>()[0] = static_cast<int32_t>(real - 1);
+        const OwnedTensor g_full = to_device(gpu(), full, dt), g_targets = to_device(gpu(), targets, i32);
+        const VocabShard whole{0, padded, real};
+        const double dloss = 0.5;
+
+        const OwnedTensor losses(f32, {N}), g_losses = device_tensor(gpu(), f32, {N});
+        cpu().xent_fwd(losses, full, targets, whole);
+        gpu().xent_fwd(g_losses, g_full, g_targets, whole);
+        expect_matches("losses", gpu(), g_losses, losses, f32_loss_tolerance);
+
+        const OwnedTensor dlogits(f32, {N, padded}), g_dlogits = to_device(gpu(), random_input(dt, {N, padded}, seed + 2), dt);  // overwritten
+        cpu().xent_bwd(dlogits, full, targets, Tensor(), whole, dloss);
+        gpu().xent_bwd(g_dlogits, g_full, g_targets, Tensor(), whole, dloss);
+        expect_matches("dlogits", gpu(), g_dlogits, dlogits, elementwise_tolerance(dt));
+
+        const OwnedTensor real_columns = column_block(full, 0, real);
+        const OwnedTensor row_max = row_max_of(real_columns), lse = row_logsumexp_of(real_columns);
+        const OwnedTensor g_row_max = to_device(gpu(), row_max, f32), g_lse = to_device(gpu(), lse, f32);
+        for (int64_t begin = 0; begin < padded; begin += shard_rows) {
+            SCOPED_TRACE(cat("shard [", begin, ", ", begin + shard_rows, ")"));
+            const VocabShard shard{begin, padded, real};
+            const OwnedTensor local = column_block(full, begin, shard_rows), g_local = to_device(gpu(), local, dt);
+
+            const OwnedTensor local_max(f32, {N}), g_local_max = device_tensor(gpu(), f32, {N});
+            cpu().logits_row_max(local_max, local, shard);
+            gpu().logits_row_max(g_local_max, g_local, shard);
+            EXPECT_EQ(download(gpu(), g_local_max), values_of(local_max)) << "row max (-inf for padding only)";
+
+            const OwnedTensor partial(f32, {N, 2}), g_partial = device_tensor(gpu(), f32, {N, 2});
+            cpu().xent_partial(partial, local, targets, row_max, shard);
+            gpu().xent_partial(g_partial, g_local, g_targets, g_row_max, shard);
+            const std::vector<double> g = download(gpu(), g_partial), ref = values_of(partial);
+            const bool padding_only = begin >= real;
+            expect_matches("sum of exp", columns(g, 2, 0, 1), columns(ref, 2, 0, 1), f32_sum_tolerance, {0, padding_only});
+            expect_matches("target logit", columns(g, 2, 1, 1), columns(ref, 2, 1, 1), Tolerance{0, 0}, {0, true});
+
+            const OwnedTensor dlocal(f32, {N, shard_rows}), g_dlocal = to_device(gpu(), random_input(dt, {N, shard_rows}, seed + 3), dt);
+            cpu().xent_bwd(dlocal, local, targets, lse, shard, dloss);
+            gpu().xent_bwd(g_dlocal, g_local, g_targets, g_lse, shard, dloss);
+            expect_matches("dlogits shard", gpu(), g_dlocal, dlocal, elementwise_tolerance(dt), {0, padding_only});
+        }
     }
 };
 
@@ -793,9 +847,9 @@ TEST_F(CudaOps, LogitsRowMax_Bf16_EqualsCpuExactly) {
         for (DType dt : {bf16, f16}) {
             SCOPED_TRACE(cat(dtype_name(dt), " N ", c.N, " V ", c.V));
             const OwnedTensor logits = random_input(dt, {c.N, c.V}, ++seed, c.lo, c.hi), row_max(f32, {c.N});
-            cpu().logits_row_max(row_max, logits);
+            cpu().logits_row_max(row_max, logits, {});
             const OwnedTensor g_logits = to_device(gpu(), logits, dt), g_max = device_tensor(gpu(), f32, {c.N});
-            gpu().logits_row_max(g_max, g_logits);
+            gpu().logits_row_max(g_max, g_logits, {});
             expect_matches("row_max", gpu(), g_max, row_max, Tolerance{0, 0});
         }
 }
@@ -807,6 +861,18 @@ TEST_F(CudaOps, XentPartial_Bf16_MatchesCpuOnWholeRowsAndVocabShards) {
     xent_partial_case(bf16, 4, 50257, 25128, 25129, {25128, 50257}, 4130);
     xent_partial_case(f16, 16, 1000, 0, 500, {0, 1000}, 4140);
 }
+
+// 257 -> 258 in halves (tp 2), 257 -> 384 in shards of 64 (one holding 1 real class, one
+// padding only), 50257 -> 50304 in halves, and 37 -> 48 in shards of 8 (5 real + 3 padding,
+// then padding only).
+TEST_F(CudaOps, Xent_Bf16_PaddedVocabularyMasksThePaddingLikeCpu) {
+    xent_padded_case(bf16, 9, 257, 258, 129, 4300);
+    xent_padded_case(bf16, 5, 257, 384, 64, 4310);
+    xent_padded_case(bf16, 3, 50257, 50304, 25152, 4320);
+    xent_padded_case(bf16, 7, 37, 48, 8, 4330);
+}
+
+TEST_F(CudaOps, Xent_F16_PaddedVocabularyMasksThePaddingLikeCpu) { xent_padded_case(f16, 9, 257, 384, 64, 4400); }
 
 TEST_F(CudaOps, XentCombine_F32_MatchesCpu) {
     for (int64_t N : {1, 37, 513}) {

@@ -28,7 +28,7 @@ void skip_without_gpu() {
 }
 
 TrainResult train_quietly(const Config& config) {
-    Trainer trainer(config, TrainerOptions{"", std::nullopt, true});
+    Trainer trainer(config, TrainerOptions{.dtype = std::nullopt, .quiet = true});
     return trainer.run();
 }
 

@@ -122,7 +122,7 @@ TEST(F32Forward, GeluSwigluAdd_MatchF64) {
 TEST(F32Forward, CrossEntropy_MatchesF64) {
     const OwnedTensor logits = random_tensor(f64, {7, 11}, 16, -5, 5), targets = random_tokens(7, 11, 17);
     expect_f32_matches_f64({&logits, &targets}, {{7}, {7, 11}}, [](Backend& be, const auto& in, const auto& out) {
-        be.xent_fwd(out[0], in[0], in[1]);
+        be.xent_fwd(out[0], in[0], in[1], {});
         be.xent_bwd(out[1], in[0], in[1], Tensor(), {}, 0.5);
     });
 }
@@ -223,7 +223,7 @@ TEST(CrossEntropyForward, OneHotLogitsGiveKnownLoss) {
     // Row logits (2, 0, 0) with target 0: loss = log(e^2 + 2) - 2.
     const OwnedTensor logits(f64, {1, 3}), targets(DType::i32, {1}), losses(f64, {1});
     set(logits, 0, 2.0);
-    cpu_backend()->xent_fwd(losses, logits, targets);
+    cpu_backend()->xent_fwd(losses, logits, targets, {});
     EXPECT_NEAR(get(losses, 0), std::log(std::exp(2.0) + 2.0) - 2.0, 1e-15);
 }
 
@@ -451,7 +451,7 @@ TEST(ShapeErrors, NameTheOpAndTheTensor) {
     const OwnedTensor sw_out_bad(f32, {4, 6});
     expect_error(ErrorKind::shape, {"swiglu_fwd", "out"}, [&] { be->swiglu_fwd(sw_out_bad, x); });
     const OwnedTensor logits(f32, {4, 6}), targets_bad(DType::i32, {3}), losses(f32, {4});
-    expect_error(ErrorKind::shape, {"xent_fwd", "targets"}, [&] { be->xent_fwd(losses, logits, targets_bad); });
+    expect_error(ErrorKind::shape, {"xent_fwd", "targets"}, [&] { be->xent_fwd(losses, logits, targets_bad, {}); });
     const OwnedTensor x64(f64, {4, 6});
     expect_error(ErrorKind::shape, {"add", "b", "f64"}, [&] { be->add(out, x, x64); });
     const OwnedTensor table(f32, {3, 4});
@@ -467,7 +467,7 @@ TEST(DataErrors, TokenOrTargetOutsideTheVocabularyIsReported) {
     expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] { be->embedding_bwd(wte, Tensor(), out, tokens, 4, {}); });
     const OwnedTensor logits(f32, {4, 5}), losses(f32, {4});
     tokens.data<int32_t>()[2] = -1;
-    expect_error(ErrorKind::data, {"xent_fwd", "target -1 at row 2"}, [&] { be->xent_fwd(losses, logits, tokens); });
+    expect_error(ErrorKind::data, {"xent_fwd", "target -1 at row 2"}, [&] { be->xent_fwd(losses, logits, tokens, {}); });
     expect_error(ErrorKind::data, {"xent_bwd", "target -1"}, [&] { be->xent_bwd(logits, logits, tokens, Tensor(), {}, 1.0); });
 }
 

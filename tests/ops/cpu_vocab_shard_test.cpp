@@ -77,7 +77,7 @@ TEST(VocabShardCrossEntropy, ShardedStatisticsEqualWholeRowLossAndGradient) {
     const int64_t N = 9;
     const OwnedTensor logits = random_tensor(f64, {N, kVocab}, 5, -6, 6), targets = random_tokens(N, kVocab, 6);
     const OwnedTensor losses(f64, {N}), dlogits(f64, {N, kVocab});
-    be->xent_fwd(losses, logits, targets);
+    be->xent_fwd(losses, logits, targets, {});
     be->xent_bwd(dlogits, logits, targets, Tensor(), {}, 0.5);
 
     // Reduction 1: max over shards of each shard's row max.
@@ -85,7 +85,7 @@ TEST(VocabShardCrossEntropy, ShardedStatisticsEqualWholeRowLossAndGradient) {
     const OwnedTensor row_max = filled(f64, {N}, -1e300), local_max(f64, {N});
     for (const Shard& s : kShards) {
         blocks.push_back(column_block(logits, s.begin, s.count));
-        be->logits_row_max(local_max, blocks.back());
+        be->logits_row_max(local_max, blocks.back(), {s.begin, kVocab});
         for (int64_t n = 0; n < N; ++n) set(row_max, n, std::max(get(row_max, n), get(local_max, n)));
     }
     // Reduction 2: sum over shards of (sum of exp, target logit).

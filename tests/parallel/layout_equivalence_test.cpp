@@ -20,28 +20,32 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 
-// A tiny model on the bundled corpus: 4 layers so that 4 stages have one each; vocab 258
-// (257 byte tokens, padded) and heads divisible by 2 for tensor parallelism.
+// A tiny model on the bundled corpus: 4 layers so that 4 stages have one each and heads
+// divisible by 2 for tensor parallelism. The 257 byte classes are not divisible by tp = 2:
+// the model pads its vocabulary rows to 258 (model.pad_vocab_to), so every tensor-parallel
+// layout here also checks that the padding is masked. micro_batches: train.grad_accum (0:
+// derived from train.global_batch_size). 7 validation sequences in micro-batches of 2 leave
+// a last one of 1.
 Config tiny_from(const std::string& path, const std::string& family, int64_t micro_batches, const std::vector<std::string>& extra) {
     std::vector<std::string> overrides = {"model.family=\"" + family + "\"", "model.n_layers=4", "model.d_model=32", "model.n_heads=4",
                                           "model.max_seq_len=32", "train.steps=10", "optimizer.warmup_steps=2",
-                                          "train.batch_size=2", "train.seq_len=16", "train.eval_every=5", "train.eval_batches=4",
+                                          "train.batch_size=2", "train.seq_len=16", "train.eval_every=5", "train.eval_sequences=7",
                                           "train.sample_tokens=0", "train.threads=1", "train.grad_accum=" + std::to_string(micro_batches)};
     if (family == "llama") overrides.insert(overrides.end(), {"model.n_kv_heads=2", "model.qkv_bias=true"});
     overrides.insert(overrides.end(), extra.begin(), extra.end());
     return load_config(path, overrides);
 }
 
-Config tiny(const std::string& family, int64_t micro_batches, std::vector<std::string> extra = {}) {
-    extra.insert(extra.begin(), "model.vocab_size=258");
+Config tiny(const std::string& family, int64_t micro_batches, const std::vector<std::string>& extra = {}) {
     return tiny_from("configs/tiny.toml", family, micro_batches, extra);
 }
 
 TrainResult run_single_process(Config config, int64_t dp) {
-    // One process sees the whole global batch: dp times the micro-batches of a dp rank.
+    // One process sees the whole global batch: dp times the micro-batches of a dp rank
+    // (0, derived from train.global_batch_size, stays so).
     config.train.grad_accum *= dp;
     config.parallel = ParallelConfig{};
-    Trainer trainer(config, TrainerOptions{"", DType::f32, true});
+    Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true});
     return trainer.run();
 }
 
@@ -52,7 +56,7 @@ struct ParallelRun {
 
 ParallelRun run_parallel(const Config& config) {
     ParallelContext ctx = make_mpi_context(config.parallel);
-    Trainer trainer(config, TrainerOptions{"", DType::f32, true}, ctx);
+    Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true}, ctx);
     ParallelRun run{trainer.run(), trainer.memory()};
     ctx.world->barrier();
     return run;
@@ -83,6 +87,17 @@ void expect_layout_matches_single_process(const std::string& family, int64_t mic
     expect_same_run_as_single_process(tiny(family, micro_batches, layout));
 }
 
+// train.global_batch_size sequences per step, and nothing but the parallel.* keys in
+// `layout` differs between the parallel run and the single process: each derives its
+// grad_accum from its own dp.
+void expect_global_batch_matches_single_process(const std::string& family, int64_t global_batch_size, std::vector<std::string> layout) {
+    layout.push_back("train.global_batch_size=" + std::to_string(global_batch_size));
+    const Config config = tiny(family, 0, layout);
+    Config single = config;
+    single.parallel = ParallelConfig{};
+    expect_same_run(run_parallel(config).result, Trainer(single, TrainerOptions{.dtype = DType::f32, .quiet = true}).run());
+}
+
 }  // namespace
 
 // ---- 2 ranks ----
@@ -94,6 +109,19 @@ TEST(World2, LlamaDataParallelZero1SmallBuckets_MatchesSingleProcess) {
     expect_layout_matches_single_process("llama", 2, {"parallel.bucket_mb=0.004"});
 }
 TEST(World2, Gpt2TensorParallel_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2"}); }
+TEST(World2, BundledTinyConfigWithTensorParallelOnly_PadsTheVocabularyAndMatchesSingleProcess) {
+    // configs/tiny.toml's model as shipped (vocabulary 257, d_model 128) with only
+    // parallel.tp = 2 and a shorter run: the first-hour command `mpirun -np 2 llmtrain train
+    // configs/tiny.toml --set parallel.tp=2`. The short warm-up keeps the 10 steps in the
+    // stable part of training (at batch 2 x 32 the full schedule spikes, and a spike magnifies
+    // rounding differences past the tolerance).
+    const Config config = load_config("configs/tiny.toml", {"parallel.tp=2", "train.steps=10", "optimizer.warmup_steps=2", "train.batch_size=2",
+                                                            "train.seq_len=32", "train.eval_every=5", "train.eval_sequences=4", "train.sample_tokens=0",
+                                                            "train.threads=1"});
+    ASSERT_EQ(config.model.vocab_size, 257);
+    ASSERT_EQ(config.model.padded_vocab_size(config.parallel.tp), 258);
+    expect_same_run_as_single_process(config);
+}
 TEST(World2, LlamaGqaTensorParallel_MatchesSingleProcess) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
 TEST(World2, Gpt2SequenceParallel_MatchesSingleProcess) {
     expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"});
@@ -104,6 +132,21 @@ TEST(World2, LlamaSequenceParallel_MatchesSingleProcess) {
 TEST(World2, Gpt2PipelineTiedEmbeddings_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
 TEST(World2, LlamaPipelineUnevenStages_MatchesSingleProcess) {
     expect_layout_matches_single_process("llama", 3, {"parallel.pp=2", "parallel.stage_layers=\"3,1\""});
+}
+
+// The global batch fixed by train.global_batch_size: 4 sequences per step are 2 micro-batches
+// of 2 on one process, tp = 2 and pp = 2, and 1 per rank on dp = 2.
+TEST(World2, Gpt2GlobalBatchSizeDataParallel_MatchesSingleProcess) { expect_global_batch_matches_single_process("gpt2", 4, {}); }
+TEST(World2, Gpt2GlobalBatchSizeTensorParallel_MatchesSingleProcess) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.tp=2"}); }
+TEST(World2, Gpt2GlobalBatchSizePipeline_MatchesSingleProcess) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"}); }
+TEST(World2, LlamaGlobalBatchSizeDataParallelZero1_MatchesSingleProcess) {
+    expect_global_batch_matches_single_process("llama", 8, {"parallel.zero1=true"});
+}
+
+// Fewer micro-batches than stages: a larger bubble, the same run.
+TEST(World2, Gpt2PipelineOneMicroBatch_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 1, {"parallel.pp=2"}); }
+TEST(World2, LlamaPipelineOneMicroBatchUnevenStages_MatchesSingleProcess) {
+    expect_layout_matches_single_process("llama", 1, {"parallel.pp=2", "parallel.stage_layers=\"1,3\""});
 }
 
 TEST(World2, Zero1OptimizerState_IsHalfOfPlainDataParallel) {
@@ -117,6 +160,11 @@ TEST(World2, Zero1OptimizerState_IsHalfOfPlainDataParallel) {
 // ---- 4 ranks ----
 
 TEST(World4, Gpt2FourStagesEightMicroBatches_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 8, {"parallel.pp=4"}); }
+TEST(World4, Gpt2FourStagesTwoMicroBatches_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=4"}); }
+// dp = 2 x pp = 2: 4 sequences per step give each dp rank one micro-batch for two stages.
+TEST(World4, Gpt2GlobalBatchSizePipelineTimesData_MatchesSingleProcess) {
+    expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"});
+}
 TEST(World4, LlamaTensorTimesData_MatchesSingleProcess) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
 TEST(World4, Gpt2PipelineTimesDataZero1_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
 TEST(World4, LlamaOnBpeTokenShardsTensorTimesData_MatchesSingleProcess) {

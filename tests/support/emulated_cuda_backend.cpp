@@ -201,9 +201,9 @@ public:
     void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
         binary("add", out, a, b, [&](const Tensor& o, const Tensor& x, const Tensor& y) { cpu_->add(o, x, y); });
     }
-    void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) override {
+    void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) override {
         expect_f32("xent_fwd", "losses", losses); expect_half("xent_fwd", "logits", logits); expect_ids("xent_fwd", "targets", targets);
-        cpu_->xent_fwd(host_view(losses), widened(logits), host_view(targets));
+        cpu_->xent_fwd(host_view(losses), widened(logits), host_view(targets), vocab);
     }
     void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) override {
         const char* op = "xent_bwd";
@@ -212,9 +212,9 @@ public:
         cpu_->xent_bwd(grad, widened(logits), host_view(targets), host_view(lse), shard, dloss);
         store(dlogits, grad);
     }
-    void logits_row_max(const Tensor& row_max, const Tensor& logits) override {
+    void logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) override {
         expect_f32("logits_row_max", "row_max", row_max); expect_half("logits_row_max", "logits", logits);
-        cpu_->logits_row_max(host_view(row_max), widened(logits));
+        cpu_->logits_row_max(host_view(row_max), widened(logits), shard);
     }
     void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) override {
         const char* op = "xent_partial";

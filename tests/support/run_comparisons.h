@@ -20,7 +20,7 @@ inline Config tiny_cuda_shaped_run(const std::string& family, const std::string&
                                    const std::vector<std::string>& more = {}) {
     std::vector<std::string> overrides = {"model.family=\"" + family + "\"", "model.n_layers=2", "model.d_model=128", "model.n_heads=2",
                                           "train.steps=10", "optimizer.warmup_steps=2", "train.batch_size=" + std::to_string(batch),
-                                          "train.seq_len=" + std::to_string(seq_len), "train.grad_accum=2", "train.eval_batches=1",
+                                          "train.seq_len=" + std::to_string(seq_len), "train.grad_accum=2", "train.eval_sequences=" + std::to_string(batch),
                                           "train.sample_tokens=8", "train.threads=1", "train.device=\"" + device + "\""};
     if (family == "llama") {
         overrides.push_back("model.n_kv_heads=1");

@@ -111,6 +111,7 @@ void expect_same(const Config& a, const Config& b) {
     EXPECT_EQ(a.model.n_kv_heads, b.model.n_kv_heads);
     EXPECT_EQ(a.model.d_ff, b.model.d_ff);
     EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+    EXPECT_EQ(a.model.pad_vocab_to, b.model.pad_vocab_to);
     EXPECT_EQ(a.model.max_seq_len, b.model.max_seq_len);
     EXPECT_EQ(a.model.norm_eps, b.model.norm_eps);
     EXPECT_EQ(a.model.rope_theta, b.model.rope_theta);
@@ -127,9 +128,10 @@ void expect_same(const Config& a, const Config& b) {
     EXPECT_EQ(a.train.steps, b.train.steps);
     EXPECT_EQ(a.train.batch_size, b.train.batch_size);
     EXPECT_EQ(a.train.seq_len, b.train.seq_len);
+    EXPECT_EQ(a.train.global_batch_size, b.train.global_batch_size);
     EXPECT_EQ(a.train.grad_accum, b.train.grad_accum);
     EXPECT_EQ(a.train.eval_every, b.train.eval_every);
-    EXPECT_EQ(a.train.eval_batches, b.train.eval_batches);
+    EXPECT_EQ(a.train.eval_sequences, b.train.eval_sequences);
     EXPECT_EQ(a.train.log_every, b.train.log_every);
     EXPECT_EQ(a.train.threads, b.train.threads);
     EXPECT_EQ(a.train.sample_tokens, b.train.sample_tokens);
@@ -172,8 +174,10 @@ TEST(Config, MinimalGpt2_ParsesWithDocumentedDefaults) {
     EXPECT_EQ(c.data.val_path, "");
     EXPECT_EQ(c.data.val_fraction, 0.05);
     EXPECT_EQ(c.train.seed, 1337u);
-    EXPECT_EQ(c.train.grad_accum, 1);
-    EXPECT_EQ(c.train.eval_batches, 8);
+    EXPECT_EQ(c.train.global_batch_size, 0);
+    EXPECT_EQ(c.train.grad_accum, 0);
+    EXPECT_EQ(micro_batches_per_step(c, 1), 1);
+    EXPECT_EQ(c.train.eval_sequences, 128);
     EXPECT_EQ(c.optimizer.lr, 1e-3);
     EXPECT_EQ(c.optimizer.decay, LrDecay::cosine);
     EXPECT_EQ(c.optimizer.grad_clip, 1.0);
@@ -431,9 +435,65 @@ TEST(Config, U16TokensWithVocabAbove65536_IsRejected) {
     EXPECT_NO_THROW(parse(toml, {"data.token_dtype=i32"}));
 }
 
-TEST(Config, WarmupLongerThanTraining_IsRejected) {
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("optimizer.warmup_steps", "11")),
-                         "run.toml: optimizer.warmup_steps: must be <= train.steps = 10 (got 11)"));
+TEST(Config, WarmupLongerThanTraining_IsAccepted) {
+    // A smoke run (--set train.steps=5 on a config with 30 warmup steps) warms up over the whole run.
+    EXPECT_EQ(parse(TomlText::gpt2().set("optimizer.warmup_steps", "11")).optimizer.warmup_steps, 11);
+}
+
+TEST(Config, GlobalBatchSize_GivesMicroBatchesPerStepForEachDp) {
+    const Config c = parse(TomlText::gpt2().set("train.global_batch_size", "12"));
+    EXPECT_EQ(micro_batches_per_step(c, 1), 6);
+    EXPECT_EQ(micro_batches_per_step(c, 2), 3);
+    EXPECT_EQ(micro_batches_per_step(c, 3), 2);
+    EXPECT_EQ(micro_batches_per_step(c, 6), 1);
+    // Without it, grad_accum is what it says on every dp.
+    EXPECT_EQ(micro_batches_per_step(parse(TomlText::gpt2().set("train.grad_accum", "3")), 4), 3);
+}
+
+TEST(Config, GlobalBatchSizeThatDoesNotSplitOnTheRunsDp_NamesTheKeysAndNumbers) {
+    const Config c = parse(TomlText::gpt2().set("train.global_batch_size", "12"));
+    try {
+        micro_batches_per_step(c, 4);
+        ADD_FAILURE() << "expected a config error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::config);
+        EXPECT_STREQ(e.what(), "train.global_batch_size: 12 sequences per step do not split into micro-batches of train.batch_size = 2 on dp = 4 ranks "
+                               "(allowed: a multiple of train.batch_size x dp = 8)");
+    }
+}
+
+TEST(Config, GlobalBatchSizeNotSplittingOnAGivenDp_IsRejectedWhenRead) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("train.global_batch_size", "7")),
+                         "run.toml: train.global_batch_size: 7 sequences per step is not a multiple of train.batch_size = 2"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("train.global_batch_size", "12").set("parallel.dp", "4")),
+                         "run.toml: train.global_batch_size: 12 sequences per step do not split into micro-batches of train.batch_size = 2 on dp = 4 ranks"));
+}
+
+TEST(Config, GradAccumDisagreeingWithGlobalBatchSize_IsRejected) {
+    const TomlText toml = TomlText::gpt2().set("train.global_batch_size", "12").set("train.grad_accum", "2");
+    EXPECT_TRUE(Contains(error_of(TomlText(toml).set("parallel.dp", "2")),
+                         "run.toml: train.grad_accum: 2 micro-batches x train.batch_size = 2 x dp = 2 = 8 sequences per step, "
+                         "but train.global_batch_size = 12 (gives grad_accum = 3"));
+    EXPECT_TRUE(Contains(error_of(TomlText(toml).set("train.grad_accum", "4")),
+                         "run.toml: train.grad_accum: 4 micro-batches x train.batch_size = 2 = 8 sequences per dp rank do not divide train.global_batch_size = 12"));
+    // Agreeing: dp = 3 is the only layout it fits, and the run's mesh is checked again.
+    const Config agreeing = parse(toml);
+    EXPECT_EQ(micro_batches_per_step(agreeing, 3), 2);
+    EXPECT_THROW(micro_batches_per_step(agreeing, 1), Error);
+}
+
+TEST(Config, EvalBatches_SaysItWasReplacedByEvalSequences) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("train.eval_batches", "8")), "run.toml: train.eval_batches: replaced by train.eval_sequences"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"train.eval_batches=8"}), "train.eval_batches: replaced by train.eval_sequences"));
+}
+
+TEST(Config, EvalRemainderThatSequenceParallelCannotSplit_IsRejected) {
+    // 5 sequences in micro-batches of 2 leave one of 1 x 3 tokens for tp = 2; the 2 x 3 of a full one split.
+    const TomlText toml = TomlText::gpt2().set("train.seq_len", "3").set("parallel.tp", "2").set("parallel.sequence_parallel", "true")
+                              .set("model.vocab_size", "258");
+    EXPECT_TRUE(Contains(error_of(TomlText(toml).set("train.eval_sequences", "5")),
+                         "run.toml: train.eval_sequences: leaves a last evaluation micro-batch of 1 sequences x train.seq_len = 3 tokens"));
+    EXPECT_NO_THROW(parse(TomlText(toml).set("train.eval_sequences", "6")));
 }
 
 TEST(Config, NoHeldOutData_IsRejectedOnValFraction) {
@@ -442,17 +502,33 @@ TEST(Config, NoHeldOutData_IsRejectedOnValFraction) {
     EXPECT_NO_THROW(parse(TomlText::gpt2().set("data.val_fraction", "0").set("data.val_path", literal(val_file()))));
 }
 
-TEST(Config, TensorParallelNotDividingHeadsOrVocab_IsRejected) {
+TEST(Config, TensorParallelNotDividingHeads_IsRejected) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp", "3")), "run.toml: parallel.tp: must divide model.n_heads = 4"));
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp", "2").set("model.vocab_size", "301")),
-                         "model.vocab_size = 301 (got 2)"));
 }
 
-TEST(Config, MoreStagesThanLayersOrMicroBatches_IsRejected) {
+// The vocabulary needs no dividing: its rows are padded to a multiple of tp * pad_vocab_to
+// (Megatron's make-vocab-size-divisible-by), and model.vocab_size stays the real one.
+TEST(Config, TensorParallelNotDividingVocab_IsAcceptedAndPadsTheRows) {
+    const Config c = parse(TomlText::gpt2().set("parallel.tp", "2").set("model.vocab_size", "301"));
+    EXPECT_EQ(c.model.vocab_size, 301);
+    EXPECT_EQ(c.model.pad_vocab_to, 1);
+    EXPECT_EQ(c.model.padded_vocab_size(2), 302);
+    EXPECT_EQ(c.model.padded_vocab_size(1), 301);
+    const Config wide = parse(TomlText::gpt2().set("parallel.tp", "2").set("model.vocab_size", "301").set("model.pad_vocab_to", "64"));
+    EXPECT_EQ(wide.model.padded_vocab_size(2), 384);
+    EXPECT_EQ(wide.model.padded_vocab_size(1), 320);
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("model.pad_vocab_to", "0")), "model.pad_vocab_to: 0 is out of range"));
+}
+
+TEST(Config, MoreStagesThanLayers_IsRejected) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.pp", "9").set("train.grad_accum", "9")),
                          "run.toml: parallel.pp: more pipeline stages than model.n_layers"));
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.pp", "2")),
-                         "run.toml: parallel.pp: 1F1B needs at least as many micro-batches as stages: train.grad_accum = 1 < 2 stages"));
+}
+
+TEST(Config, FewerMicroBatchesThanStages_IsAccepted) {
+    // A larger pipeline bubble, not an error (the trainer warns once).
+    EXPECT_NO_THROW(parse(TomlText::gpt2().set("parallel.pp", "2")));
+    EXPECT_NO_THROW(parse(TomlText::gpt2().set("parallel.pp", "2").set("train.grad_accum", "1")));
 }
 
 TEST(Config, StageLayersThatDoNotAddUp_AreRejected) {
@@ -569,15 +645,16 @@ TEST(Config, DumpThenParse_Gpt2Defaults_YieldsEqualConfig) {
 TEST(Config, DumpThenParse_EveryKeyChanged_YieldsEqualConfig) {
     const TomlText toml = TomlText::llama()
                               .set("model.n_layers", "3").set("model.d_model", "96").set("model.n_heads", "8")
-                              .set("model.n_kv_heads", "2").set("model.d_ff", "300").set("model.vocab_size", "70000")
+                              .set("model.n_kv_heads", "2").set("model.d_ff", "300").set("model.vocab_size", "70000").set("model.pad_vocab_to", "128")
                               .set("model.max_seq_len", "64").set("model.norm_eps", "1e-6").set("model.rope_theta", "500000.0")
                               .set("model.qkv_bias", "true").set("model.tied_embeddings", "true").set("model.init_std", "0.1")
                               .set("data.format", "\"tokens\"").set("data.val_path", literal(val_file()))
                               .set("data.val_fraction", "0.0").set("data.token_dtype", "\"i32\"")
                               .set("data.document_separator", "\"\\n%\\n 'quoted' \\\"double\\\" \\\\ \\t é\"")
                               .set("train.seed", "42").set("train.steps", "1000").set("train.batch_size", "3")
-                              .set("train.seq_len", "48").set("train.grad_accum", "5").set("train.eval_every", "7")
-                              .set("train.eval_batches", "9").set("train.log_every", "11").set("train.threads", "2")
+                              .set("train.seq_len", "48").set("train.global_batch_size", "30")
+                              .set("train.grad_accum", "5").set("train.eval_every", "7")
+                              .set("train.eval_sequences", "9").set("train.log_every", "11").set("train.threads", "2")
                               .set("train.sample_tokens", "13").set("train.sample_prompt", "'The '")
                               .set("train.sample_temperature", "0.7")
                               .set("optimizer.lr", "0.1").set("optimizer.min_lr_ratio", "0.3")
@@ -630,12 +707,12 @@ TEST(Config, LoadConfig_ErrorsNameTheFilePath) {
     }
 }
 
-TEST(Config, LoadConfig_MissingFile_IsAnIoError) {
+TEST(Config, LoadConfig_MissingFile_IsAConfigError_Exit2) {
     try {
         load_config(testing::TempDir() + "config_test_does_not_exist.toml");
         FAIL() << "expected an Error";
     } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::io);
+        EXPECT_EQ(e.kind(), ErrorKind::config);
         EXPECT_TRUE(Contains(e.what(), "cannot read config file '" + testing::TempDir() + "config_test_does_not_exist.toml'"));
     }
 }

@@ -92,7 +92,7 @@ TEST(BatchWindows, EvalWindowsAreConsecutiveAndWrap) {
     fill_eval_batch(b, tokens, 0, 2, 8);
     EXPECT_EQ(b.inputs.data<int32_t>()[0], 0);
     EXPECT_EQ(b.inputs.data<int32_t>()[8], 8);
-    fill_eval_batch(b, tokens, 2, 2, 8);  // windows 4, 5 start at 32 % 32 = 0 and 40 % 32 = 8
+    fill_eval_batch(b, tokens, 4, 2, 8);  // windows 4, 5 start at 32 % 32 = 0 and 40 % 32 = 8
     EXPECT_EQ(b.inputs.data<int32_t>()[0], 0);
     EXPECT_EQ(b.inputs.data<int32_t>()[8], 8);
 }

@@ -61,6 +61,21 @@ std::vector<int32_t> global_order(DataLoader& loader, int64_t batch, int64_t acc
 
 }  // namespace
 
+// A validation sequence is the same whatever batch it is asked in: sequences 0..4 at once,
+// or as 0..2 and 3..4, fill the same rows.
+TEST(EvalWindows, SequencesDoNotDependOnTheBatchTheyAreAskedIn) {
+    EvalWindows windows(std::make_unique<CountingSource>(40 * kSeqLen + 1), kSeqLen);
+    BatchBuffers whole(5, kSeqLen), first(3, kSeqLen), rest(3, kSeqLen);
+    windows.fill(whole, 0, 5);
+    windows.fill(first, 0, 3);
+    windows.fill(rest, 3, 2);
+    for (int64_t row = 0; row < 5; ++row) {
+        const int32_t start = row < 3 ? first.inputs.data<int32_t>()[row * kSeqLen] : rest.inputs.data<int32_t>()[(row - 3) * kSeqLen];
+        EXPECT_EQ(whole.inputs.data<int32_t>()[row * kSeqLen], row * kSeqLen);
+        EXPECT_EQ(start, row * kSeqLen) << "row " << row;
+    }
+}
+
 TEST(Permutation, IsABijectionForAnySize) {
     for (uint64_t n : {1ull, 2ull, 3ull, 17ull, 64ull, 1000ull}) {
         const Permutation p(n, 99);

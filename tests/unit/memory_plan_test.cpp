@@ -64,7 +64,10 @@ void expect_plan_matches_every_rank(const Config& config, int tp, int dp, int pp
     for (int rank = 0; rank < mesh.world_size(); ++rank) {
         SCOPED_TRACE(cat("rank ", rank, " of tp ", tp, " x dp ", dp, " x pp ", pp));
         ParallelContext ctx = rank_context(mesh, rank);
-        const Trainer trainer(config, TrainerOptions{"", std::nullopt, true, true}, ctx);
+        TrainerOptions options;
+        options.quiet = true;
+        options.synthetic_data = true;
+        const Trainer trainer(config, options, ctx);
         const RankMemory held = trainer.memory(), planned = plan_memory(config, mesh, rank).memory;
         EXPECT_EQ(planned.parameter_bytes, held.parameter_bytes);
         EXPECT_EQ(planned.gradient_bytes, held.gradient_bytes);
@@ -101,6 +104,8 @@ TEST(MemoryPlan, TensorAndPipelineParallel_EqualTrainerMemory_OnEveryRank) {
     expect_plan_matches_every_rank(small("llama", {"parallel.pp=2", "train.recompute=\"selective\""}), 1, 1, 2);
     expect_plan_matches_every_rank(small("gpt2", {"parallel.pp=2", "parallel.stage_layers=\"3,1\"", "train.recompute=\"full\""}), 1, 2, 2);
     expect_plan_matches_every_rank(small("llama", {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"}), 2, 2, 2);
+    // Micro-batches in flight from train.global_batch_size: 12 / (2 x dp 2) = 3 per step.
+    expect_plan_matches_every_rank(small("gpt2", {"parallel.pp=2", "train.grad_accum=0", "train.global_batch_size=12"}), 1, 2, 2);
 }
 
 // Pipeline stages differ: the first holds the embedding and more micro-batches in flight.

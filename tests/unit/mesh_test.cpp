@@ -79,6 +79,59 @@ TEST(PipelineSchedule, InFlightMicroBatchesAreAtMostStagesMinusStage) {
     }
 }
 
+// Fewer micro-batches than stages: every stage runs all its forwards, then all its
+// backwards, and holds all M micro-batches at once.
+TEST(PipelineSchedule, FewerMicroBatchesThanStages_ForwardsAllThenBackwardsAll) {
+    EXPECT_EQ(schedule_text(one_f_one_b_schedule(4, 0, 2)), "F0 F1 B0 B1");
+    EXPECT_EQ(schedule_text(one_f_one_b_schedule(4, 2, 2)), "F0 F1 B0 B1");
+    EXPECT_EQ(schedule_text(one_f_one_b_schedule(4, 3, 2)), "F0 B0 F1 B1");
+    EXPECT_EQ(schedule_text(one_f_one_b_schedule(2, 0, 1)), "F0 B0");
+    EXPECT_EQ(one_f_one_b_in_flight(4, 0, 2), 2);
+    EXPECT_EQ(one_f_one_b_in_flight(4, 3, 2), 1);
+}
+
+// Every (stages, micro-batches) pair, including fewer micro-batches than stages: the
+// in-flight count that sizes the activation sets is the schedule's real peak, and the
+// stages together finish. The latter runs each stage's actions in order, as the
+// interpreter does, where a forward waits for the previous stage's forward of the same
+// micro-batch and a backward for the next stage's backward (or, on the last stage, nothing
+// more than its own forward); a schedule that could deadlock leaves actions undone.
+TEST(PipelineSchedule, AnyMicroBatchCount_PeaksAtTheInFlightCountAndNeverDeadlocks) {
+    for (int64_t stages = 1; stages <= 5; ++stages) {
+        for (int64_t micro_batches = 1; micro_batches <= 7; ++micro_batches) {
+            std::vector<std::vector<PipeAction>> schedules;
+            for (int64_t s = 0; s < stages; ++s) {
+                schedules.push_back(one_f_one_b_schedule(stages, s, micro_batches));
+                int64_t in_flight = 0, most = 0;
+                for (const PipeAction& a : schedules.back()) {
+                    in_flight += a.op == PipeOp::forward ? 1 : -1;
+                    most = std::max(most, in_flight);
+                }
+                EXPECT_EQ(most, one_f_one_b_in_flight(stages, s, micro_batches)) << stages << " stages, " << micro_batches << " micro-batches, stage " << s;
+            }
+            const auto M = static_cast<size_t>(micro_batches);
+            std::vector<std::vector<bool>> forward_done(static_cast<size_t>(stages), std::vector<bool>(M)), backward_done = forward_done;
+            std::vector<size_t> next(static_cast<size_t>(stages), 0);
+            for (bool progressed = true; progressed;) {
+                progressed = false;
+                for (size_t s = 0; s < schedules.size(); ++s) {
+                    if (next[s] == schedules[s].size()) continue;
+                    const PipeAction a = schedules[s][next[s]];
+                    const auto m = static_cast<size_t>(a.micro_batch);
+                    const bool ready = a.op == PipeOp::forward ? (s == 0 || forward_done[s - 1][m])
+                                                               : (s + 1 == schedules.size() ? forward_done[s][m] : backward_done[s + 1][m]);
+                    if (!ready) continue;
+                    (a.op == PipeOp::forward ? forward_done : backward_done)[s][m] = true;
+                    ++next[s];
+                    progressed = true;
+                }
+            }
+            for (size_t s = 0; s < schedules.size(); ++s)
+                EXPECT_EQ(next[s], schedules[s].size()) << stages << " stages, " << micro_batches << " micro-batches: stage " << s << " stuck";
+        }
+    }
+}
+
 TEST(PipelineSchedule, OneStageAlternatesForwardAndBackward) {
     EXPECT_EQ(schedule_text(one_f_one_b_schedule(1, 0, 3)), "F0 B0 F1 B1 F2 B2");
 }

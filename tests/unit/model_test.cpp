@@ -2,8 +2,12 @@
 // precision, parameter names and shapes, layout-independent initialization, f32 vs f64.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/generate.h"
@@ -215,4 +219,86 @@ TEST(Transformer, TensorParallelShardsInitializeAsSlicesOfTheWholeTensors) {
         EXPECT_EQ(part.global_index(0, 0), 4 * 8 * rank);
         EXPECT_EQ(part.global_index(0, 4 * 8), (8 + 4 * rank) * 8);
     }
+}
+
+// ---- padded vocabulary (model.pad_vocab_to) ----
+
+namespace {
+ModelConfig with_pad_vocab_to(ModelConfig m, int64_t pad_vocab_to) {
+    m.pad_vocab_to = pad_vocab_to;
+    return m;
+}
+}  // namespace
+
+// The padded rows (11 -> 12 tied, 13 -> 16 untied) are among the elements checked: their
+// finite difference is 0, since the loss masks their classes.
+TEST(Transformer, PaddedVocabGradients_MatchFiniteDifferences) {
+    expect_model_gradients_match_finite_differences(with_pad_vocab_to(tiny_gpt2(), 4));
+    expect_model_gradients_match_finite_differences(with_pad_vocab_to(tiny_llama(), 8));
+}
+
+// Padding changes nothing but the tables' extra rows: the real rows start with the same
+// values and the padded ones at zero; the loss and every real gradient are the unpadded
+// model's, and the padded rows get no gradient (so AdamW leaves them at zero).
+TEST(Transformer, PaddedVocab_GivesTheUnpaddedInitializationLossAndGradients) {
+    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
+        SCOPED_TRACE(family_name(config.family));
+        auto backend = make_cpu_backend(1);
+        Transformer plain(config, *backend, DType::f64, 2, 5), padded(with_pad_vocab_to(config, 8), *backend, DType::f64, 2, 5);
+        EXPECT_EQ(plain.padded_vocab_size(), config.vocab_size);
+        EXPECT_EQ(padded.padded_vocab_size(), 16);
+        plain.initialize(6);
+        padded.initialize(6);
+        Batch batch(10, config.vocab_size, 7);
+        const double loss = plain.forward(batch.tokens, batch.targets, 2, 5);
+        EXPECT_NEAR(padded.forward(batch.tokens, batch.targets, 2, 5), loss, 1e-13 * loss);
+        plain.backward(1.0);
+        padded.backward(1.0);
+        const Parameters& a = plain.parameters();
+        const Parameters& b = padded.parameters();
+        ASSERT_EQ(a.count(), b.count());
+        for (size_t i = 0; i < a.count(); ++i) {
+            ASSERT_EQ(a.info(i).name, b.info(i).name);
+            const double* va = a.value(i).data<double>();
+            const double* vb = b.value(i).data<double>();
+            const double* ga = a.grad(i).data<double>();
+            const double* gb = b.grad(i).data<double>();
+            const int64_t real = a.value(i).numel();  // a vocabulary table's real rows come first
+            for (int64_t k = 0; k < real; ++k) {
+                EXPECT_EQ(vb[k], va[k]) << b.info(i).name << "[" << k << "]";
+                EXPECT_NEAR(gb[k], ga[k], 1e-12 * std::max(1.0, std::abs(ga[k]))) << b.info(i).name << " grad [" << k << "]";
+            }
+            for (int64_t k = real; k < b.value(i).numel(); ++k) {
+                EXPECT_EQ(vb[k], 0.0) << b.info(i).name << " padded [" << k << "]";
+                EXPECT_EQ(gb[k], 0.0) << b.info(i).name << " padded grad [" << k << "]";
+            }
+        }
+    }
+}
+
+// The final norm is made to output its bias (weight 0, bias 1), and the padded head rows
+// are set to 10: every padded logit is 10 * d_model = 80 while the real ones stay near 0, so
+// a sampler that did not mask the padding would draw almost nothing else.
+TEST(Generate, NeverDrawsAPaddedClass) {
+    const ModelConfig config = with_pad_vocab_to(tiny_gpt2(), 8);  // 11 real classes of 16 rows
+    auto backend = make_cpu_backend(1);
+    Transformer model(config, *backend, DType::f32, 1, 6);
+    model.initialize(2);
+    Parameters& p = model.parameters();
+    const auto fill = [&](const char* name, int64_t begin, float value) {
+        const Tensor t = p.value(p.index_of(name));
+        for (int64_t k = begin; k < t.numel(); ++k) t.data<float>()[k] = value;
+    };
+    fill("transformer.ln_f.weight", 0, 0.f);
+    fill("transformer.ln_f.bias", 0, 1.f);
+    fill("transformer.wte.weight", config.vocab_size * config.d_model, 10.f);  // the tied head's padded rows
+
+    const OwnedTensor context(DType::i32, {2});
+    model.forward(context, Tensor(), 1, 2);
+    const std::vector<double> row = model.logits_row(1);
+    ASSERT_EQ(row.size(), 16u);
+    EXPECT_GT(*std::min_element(row.begin() + 11, row.end()), *std::max_element(row.begin(), row.begin() + 11) + 50)
+        << "the padded logits must dominate for the check to mean anything";
+
+    for (int32_t t : generate_tokens(model, {1, 2}, 40, 1.0, 5)) EXPECT_TRUE(t >= 0 && t < 11) << "drew " << t;
 }

@@ -20,6 +20,15 @@ TEST(LrSchedule, WarmsUpLinearlyThenDecaysByCosineToTheFloor) {
     EXPECT_NEAR(learning_rate_at(o, 500, 110), 0.1, 1e-12);
 }
 
+TEST(LrSchedule, WarmupLongerThanTheRun_WarmsUpOverTheRunToThePeak) {
+    OptimizerConfig o;
+    o.lr = 1.0;
+    o.warmup_steps = 30;
+    EXPECT_DOUBLE_EQ(learning_rate_at(o, 0, 5), 0.2);
+    EXPECT_DOUBLE_EQ(learning_rate_at(o, 2, 5), 0.6);
+    EXPECT_DOUBLE_EQ(learning_rate_at(o, 4, 5), 1.0);
+}
+
 TEST(LrSchedule, LinearAndConstantDecays) {
     OptimizerConfig o;
     o.lr = 2.0;

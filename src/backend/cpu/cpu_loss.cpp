@@ -6,7 +6,13 @@
 // Vocabulary-parallel form (each rank holds the logits of a slice of the vocabulary):
 // m = max_v logits (reduced with max over ranks), S = sum_v exp(logits - m) and the target's
 // logit (reduced with sum over ranks), then lse = m + log S and loss = lse - logit[t].
+//
+// Padded vocabulary: the classes from VocabShard::real on are padding. They sit at the end
+// of the vocabulary, so a row's real classes are its first `real` columns (VocabRows::
+// real_count): max and sum run over those only, and the padded columns get dlogits = 0.
+// The loss and the gradient of every real logit are then those of the unpadded rows.
 #include <cmath>
+#include <limits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_util.h"
@@ -15,10 +21,11 @@ namespace llmtrain {
 
 namespace {
 
+// -inf for no columns (a shard of padding only): it adds nothing to the max over shards.
 template <class T>
 double row_max_of(const T* row, int64_t V) {
-    double mx = static_cast<double>(row[0]);
-    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
     return mx;
 }
 
@@ -36,11 +43,12 @@ double row_logsumexp(const T* row, int64_t V) {
 }
 
 template <class T>
-void xent_fwd_rows(T* losses, const T* logits, const int32_t* targets, int64_t rows, int64_t V, int threads) {
+void xent_fwd_rows(T* losses, const T* logits, const int32_t* targets, cpu::VocabRows whole, int64_t rows, int threads) {
+    const int64_t V = whole.count, real = whole.real_count();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
         const T* row = logits + n * V;
-        losses[n] = static_cast<T>(row_logsumexp(row, V) - static_cast<double>(row[targets[n]]));
+        losses[n] = static_cast<T>(row_logsumexp(row, real) - static_cast<double>(row[targets[n]]));
     }
 }
 
@@ -48,17 +56,18 @@ void xent_fwd_rows(T* losses, const T* logits, const int32_t* targets, int64_t r
 template <class T>
 void xent_bwd_rows(T* dlogits, const T* logits, const int32_t* targets, const T* lse, cpu::VocabRows local, double dloss, int64_t rows,
                    int threads) {
-    const int64_t V = local.count;
+    const int64_t V = local.count, real = local.real_count();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
         const T* row = logits + n * V;
-        const double row_lse = lse ? static_cast<double>(lse[n]) : row_logsumexp(row, V);
+        const double row_lse = lse ? static_cast<double>(lse[n]) : row_logsumexp(row, real);
         const int64_t target = local.holds(targets[n]) ? targets[n] - local.begin : -1;
         T* d = dlogits + n * V;
-        for (int64_t v = 0; v < V; ++v) {
+        for (int64_t v = 0; v < real; ++v) {
             const double p = std::exp(static_cast<double>(row[v]) - row_lse);
             d[v] = static_cast<T>((p - (v == target ? 1.0 : 0.0)) * dloss);
         }
+        for (int64_t v = real; v < V; ++v) d[v] = T(0);
     }
 }
 
@@ -71,19 +80,22 @@ XentDims expect_xent_inputs(const char* op, const Tensor& logits, const Tensor& 
     if (logits.dim(1) < 1) fail(ErrorKind::shape, op, ": logits has shape ", logits.shape().str(), ", expected at least one class");
     cpu::expect_tensor(op, "targets", targets, {logits.dim(0)}, DType::i32);
     cpu::expect_vocab_rows(op, local);
-    cpu::expect_ids_in_vocab(op, "target", targets.data<int32_t>(), logits.dim(0), local.total);
+    cpu::expect_ids_in_vocab(op, "target", targets.data<int32_t>(), logits.dim(0), local.real);
     return {logits.dim(0), logits.dim(1)};
 }
 
 }  // namespace
 
-void CpuBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) {
+void CpuBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) {
     cpu::OpTimer timer(profile_, Op::xent_fwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
-        const auto [N, V] = expect_xent_inputs(op, logits, targets, cpu::VocabRows({}, logits.dim(1)));
+        cpu::expect_rank(op, "logits", logits, 2);
+        const cpu::VocabRows whole(vocab, logits.dim(1));
+        if (whole.count != whole.total) fail(ErrorKind::shape, op, ": logits must hold whole rows of the vocabulary (use xent_partial for a shard)");
+        const auto [N, V] = expect_xent_inputs(op, logits, targets, whole);
         cpu::expect_tensor(op, "losses", losses, {N}, logits.dtype());
-        xent_fwd_rows(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(), N, V, threads_);
+        xent_fwd_rows(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(), whole, N, threads_);
     });
 }
 
@@ -102,17 +114,19 @@ void CpuBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Ten
     });
 }
 
-void CpuBackend::logits_row_max(const Tensor& row_max, const Tensor& logits) {
+void CpuBackend::logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) {
     cpu::OpTimer timer(profile_, Op::logits_row_max);
     const char* op = timer.name();
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
         cpu::expect_rank(op, "logits", logits, 2);
-        const int64_t N = logits.dim(0), V = logits.dim(1);
+        const cpu::VocabRows local(shard, logits.dim(1));
+        cpu::expect_vocab_rows(op, local);
+        const int64_t N = logits.dim(0), V = logits.dim(1), real = local.real_count();
         cpu::expect_tensor(op, "row_max", row_max, {N}, logits.dtype());
         T* out = row_max.data<T>();
         const T* in = logits.data<T>();
 #pragma omp parallel for num_threads(threads_) schedule(static)
-        for (int64_t n = 0; n < N; ++n) out[n] = static_cast<T>(row_max_of(in + n * V, V));
+        for (int64_t n = 0; n < N; ++n) out[n] = static_cast<T>(row_max_of(in + n * V, real));
     });
 }
 
@@ -129,10 +143,11 @@ void CpuBackend::xent_partial(const Tensor& partial, const Tensor& logits, const
         const T* mx = row_max.data<T>();
         const int32_t* t = targets.data<int32_t>();
         T* out = partial.data<T>();
+        const int64_t real = local.real_count();
 #pragma omp parallel for num_threads(threads_) schedule(static)
         for (int64_t n = 0; n < N; ++n) {
             const T* row = in + n * V;
-            out[2 * n] = static_cast<T>(row_sum_exp(row, V, static_cast<double>(mx[n])));
+            out[2 * n] = static_cast<T>(row_sum_exp(row, real, static_cast<double>(mx[n])));
             out[2 * n + 1] = local.holds(t[n]) ? row[t[n] - local.begin] : T(0);
         }
     });

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/gemm_cublaslt.h"
 #include "core/log.h"
+#include "kernels/launch_check.h"
 
 namespace llmtrain {
 
@@ -14,7 +15,7 @@ const size_t kCublasWorkspaceBytes = reserved_workspace_bytes(Device::cuda);
 }  // namespace
 
 void check_cuda(cudaError_t status, const char* what) {
-    if (status != cudaSuccess) fail(ErrorKind::runtime, what, ": ", cudaGetErrorString(status));
+    if (status != cudaSuccess) fail(kernels::cuda_error_kind(status), what, ": ", cudaGetErrorString(status));
 }
 
 bool cuda_backend_built() { return true; }

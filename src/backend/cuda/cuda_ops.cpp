@@ -67,7 +67,11 @@ template <class T>
 T* ptr(const Tensor& t) { return static_cast<T*>(t.raw()); }
 void* ptr_or_null(const Tensor& t) { return t.empty() ? nullptr : t.raw(); }
 
-void expect_vocab(const char* op, VocabShard shard, int64_t rows) { expect_vocab_rows(op, VocabRows(shard, rows)); }
+VocabRows expect_vocab(const char* op, VocabShard shard, int64_t rows) {
+    const VocabRows local(shard, rows);
+    expect_vocab_rows(op, local);
+    return local;
+}
 
 }  // namespace
 
@@ -366,12 +370,15 @@ void expect_logits(const char* op, const Tensor& logits, const Tensor& targets) 
 }
 }  // namespace
 
-void CudaBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets) {
+void CudaBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) {
     CudaOpScope scope(*this, Op::xent_fwd);
     const char* op = scope.name();
     expect_logits(op, logits, targets);
     expect(op, "losses", losses, {logits.dim(0)}, DType::f32);
-    kernels::launch_xent_fwd(half_of(op, "logits", logits), ptr<float>(losses), logits.raw(), ptr<int32_t>(targets), logits.dim(0), logits.dim(1), stream_);
+    const VocabRows whole = expect_vocab(op, vocab, logits.dim(1));
+    if (whole.count != whole.total) fail(ErrorKind::shape, op, ": logits must hold whole rows of the vocabulary (use xent_partial for a shard)");
+    kernels::launch_xent_fwd(half_of(op, "logits", logits), ptr<float>(losses), logits.raw(), ptr<int32_t>(targets), logits.dim(0), logits.dim(1),
+                             whole.real_count(), stream_);
 }
 
 void CudaBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) {
@@ -382,17 +389,19 @@ void CudaBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Te
     if (!lse.empty()) expect(op, "lse", lse, {logits.dim(0)}, DType::f32);
     else if (shard.begin != 0 || (shard.total != 0 && shard.total != logits.dim(1)))
         fail(ErrorKind::shape, op, ": a vocabulary shard needs the full rows' lse");
-    expect_vocab(op, shard, logits.dim(1));
+    const VocabRows local = expect_vocab(op, shard, logits.dim(1));
     kernels::launch_xent_bwd(half_of(op, "logits", logits), dlogits.raw(), logits.raw(), ptr<int32_t>(targets), static_cast<float*>(ptr_or_null(lse)),
-                             logits.dim(0), logits.dim(1), shard.begin, static_cast<float>(dloss), stream_);
+                             logits.dim(0), logits.dim(1), local.real_count(), shard.begin, static_cast<float>(dloss), stream_);
 }
 
-void CudaBackend::logits_row_max(const Tensor& row_max, const Tensor& logits) {
+void CudaBackend::logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) {
     CudaOpScope scope(*this, Op::logits_row_max);
     const char* op = scope.name();
     expect_logits(op, logits);
     expect(op, "row_max", row_max, {logits.dim(0)}, DType::f32);
-    kernels::launch_logits_row_max(half_of(op, "logits", logits), ptr<float>(row_max), logits.raw(), logits.dim(0), logits.dim(1), stream_);
+    const VocabRows local = expect_vocab(op, shard, logits.dim(1));
+    kernels::launch_logits_row_max(half_of(op, "logits", logits), ptr<float>(row_max), logits.raw(), logits.dim(0), logits.dim(1), local.real_count(),
+                                   stream_);
 }
 
 void CudaBackend::xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) {
@@ -402,9 +411,9 @@ void CudaBackend::xent_partial(const Tensor& partial, const Tensor& logits, cons
     const int64_t N = logits.dim(0);
     expect(op, "partial", partial, {N, 2}, DType::f32);
     expect(op, "row_max", row_max, {N}, DType::f32);
-    expect_vocab(op, shard, logits.dim(1));
+    const VocabRows local = expect_vocab(op, shard, logits.dim(1));
     kernels::launch_xent_partial(half_of(op, "logits", logits), ptr<float>(partial), logits.raw(), ptr<int32_t>(targets), ptr<float>(row_max), N,
-                                 logits.dim(1), shard.begin, stream_);
+                                 logits.dim(1), local.real_count(), shard.begin, stream_);
 }
 
 void CudaBackend::xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) {

@@ -1,0 +1,272 @@
+#include "checkpoint/checkpoint_store.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "checkpoint/hdf5_file.h"
+#include "core/error.h"
+
+namespace llmtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kLatest = "latest";
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(ErrorKind::data, "cannot read '", path, "'");
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+void sync_path(const std::string& path, bool directory) {
+    const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+        const int error = errno;
+        if (fd >= 0) ::close(fd);
+        fail(ErrorKind::io, "cannot sync '", path, "' to disk: ", std::strerror(error));
+    }
+    ::close(fd);
+}
+
+// path's new contents appear whole or not at all: temporary file, fsync, rename, fsync dir.
+void write_durably(const std::string& path, const std::string& contents) {
+    const std::string tmp = path + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) fail(ErrorKind::io, "cannot create '", tmp, "': ", std::strerror(errno));
+    const ssize_t written = ::write(fd, contents.data(), contents.size());
+    const int write_error = errno;
+    if (written != static_cast<ssize_t>(contents.size()) || ::fsync(fd) != 0) {
+        const int error = written != static_cast<ssize_t>(contents.size()) ? write_error : errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        fail(ErrorKind::io, "cannot write '", tmp, "': ", written >= 0 && error == 0 ? "short write" : std::strerror(error));
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int error = errno;
+        ::unlink(tmp.c_str());
+        fail(ErrorKind::io, "cannot rename '", tmp, "' to '", path, "': ", std::strerror(error));
+    }
+    sync_path(fs::path(path).parent_path().string(), true);
+}
+
+uint64_t file_xxh64(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(ErrorKind::data, "cannot read '", path, "'");
+    XXH64_state_t* state = XXH64_createState();
+    XXH64_reset(state, 0);
+    std::vector<char> buffer(1 << 20);
+    while (in) {
+        in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+        XXH64_update(state, buffer.data(), static_cast<size_t>(in.gcount()));
+    }
+    const uint64_t hash = XXH64_digest(state);
+    XXH64_freeState(state);
+    return hash;
+}
+
+std::string utc_now() {
+    const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    return text;
+}
+
+// The step of "step_00000500" or "step_00000500.tmp"; nullopt for other names.
+std::optional<int64_t> step_of(const std::string& name, bool& pending) {
+    if (name.rfind("step_", 0) != 0) return std::nullopt;
+    std::string digits = name.substr(5);
+    pending = digits.size() > 4 && digits.ends_with(".tmp");
+    if (pending) digits.resize(digits.size() - 4);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    return std::stoll(digits);
+}
+
+void remove_all(const std::string& path) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec) fail(ErrorKind::io, "cannot delete '", path, "': ", ec.message());
+}
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+    return name;
+}
+
+std::string rank_file_name(int world_rank) {
+    char name[32];
+    std::snprintf(name, sizeof name, "rank_%05d.h5", world_rank);
+    return name;
+}
+
+std::string rank_record_name(int world_rank) {
+    char name[32];
+    std::snprintf(name, sizeof name, "rank_%05d.json", world_rank);
+    return name;
+}
+
+std::string pending_dir(const std::string& root, int64_t step) { return (fs::path(root) / (checkpoint_name(step) + ".tmp")).string(); }
+
+void write_rank_record(const std::string& dir, int world_rank, const std::string& file_path) {
+    std::error_code ec;
+    const uint64_t bytes = fs::file_size(file_path, ec);
+    if (ec) fail(ErrorKind::io, "cannot stat '", file_path, "': ", ec.message());
+    const nlohmann::json record = {{"name", fs::path(file_path).filename().string()}, {"bytes", bytes}, {"xxh64", file_xxh64(file_path)}};
+    write_durably((fs::path(dir) / rank_record_name(world_rank)).string(), record.dump() + "\n");
+}
+
+Manifest commit_checkpoint(const std::string& root, Manifest manifest) {
+    const std::string pending = pending_dir(root, manifest.step);
+    manifest.files.clear();
+    for (int r = 0; r < manifest.world_size; ++r) {
+        const std::string record_path = (fs::path(pending) / rank_record_name(r)).string();
+        const nlohmann::json record = nlohmann::json::parse(read_file(record_path), nullptr, false);
+        if (record.is_discarded() || !record.contains("bytes") || !record.contains("xxh64"))
+            fail(ErrorKind::io, "rank ", r, "'s record '", record_path, "' is unreadable");
+        manifest.files.push_back({rank_file_name(r), record.at("bytes").get<uint64_t>(), record.at("xxh64").get<uint64_t>()});
+    }
+    // Files of an older, larger world in a reused pending directory are not part of this one.
+    for (const fs::directory_entry& entry : fs::directory_iterator(pending)) {
+        const std::string name = entry.path().filename().string();
+        const bool listed = std::any_of(manifest.files.begin(), manifest.files.end(), [&](const CheckpointFile& f) { return f.name == name; });
+        if (!listed) fs::remove(entry.path());
+    }
+    manifest.created = utc_now();
+    write_durably((fs::path(pending) / kManifest).string(), manifest_to_json(manifest));
+    const std::string final_path = (fs::path(root) / checkpoint_name(manifest.step)).string();
+    if (fs::exists(final_path)) {
+        // The same step saved again (a run resumed from it and saved it anew): the new one wins.
+        const std::string replaced = final_path + ".replaced";
+        remove_all(replaced);
+        fs::rename(final_path, replaced);
+        fs::rename(pending, final_path);
+        remove_all(replaced);
+    } else {
+        std::error_code ec;
+        fs::rename(pending, final_path, ec);
+        if (ec) fail(ErrorKind::io, "cannot rename '", pending, "' to '", final_path, "': ", ec.message());
+    }
+    sync_path(root, true);
+    write_durably((fs::path(root) / kLatest).string(), checkpoint_name(manifest.step) + "\n");
+    return manifest;
+}
+
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
+    std::vector<CheckpointEntry> entries;
+    std::error_code ec;
+    for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+        bool pending = false;
+        const std::optional<int64_t> step = step_of(entry.path().filename().string(), pending);
+        if (!step || !entry.is_directory()) continue;
+        entries.push_back({entry.path().string(), *step, !pending && fs::exists(entry.path() / kManifest)});
+    }
+    std::sort(entries.begin(), entries.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+        return a.step != b.step ? a.step < b.step : a.path < b.path;
+    });
+    return entries;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& root) {
+    const fs::path pointer = fs::path(root) / kLatest;
+    if (!fs::exists(pointer)) return std::nullopt;
+    std::string name = read_file(pointer.string());
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    if (name.empty() || name.find('/') != std::string::npos) fail(ErrorKind::data, "'", pointer.string(), "' does not name a checkpoint");
+    return (fs::path(root) / name).string();
+}
+
+std::vector<std::string> apply_retention(const std::string& root, int64_t keep_last, int64_t keep_every) {
+    std::vector<CheckpointEntry> committed, pending;
+    for (const CheckpointEntry& e : list_checkpoints(root)) (e.committed ? committed : pending).push_back(e);
+    std::vector<std::string> deleted;
+    if (committed.empty()) return deleted;
+    const int64_t newest = committed.back().step;
+    for (size_t i = 0; i + static_cast<size_t>(keep_last) < committed.size(); ++i) {
+        const CheckpointEntry& e = committed[i];
+        if (keep_every > 0 && e.step % keep_every == 0) continue;
+        remove_all(e.path);
+        deleted.push_back(e.path);
+    }
+    for (const CheckpointEntry& e : pending) {
+        if (e.step >= newest) continue;  // possibly a save still in flight
+        remove_all(e.path);
+        deleted.push_back(e.path);
+    }
+    return deleted;
+}
+
+std::optional<std::string> find_resume_checkpoint(const std::string& root, const std::string& mode,
+                                                  const std::function<void(const std::string&)>& skipped) {
+    if (mode == "auto") {
+        const std::vector<CheckpointEntry> entries = list_checkpoints(root);
+        for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
+            if (!e->committed) {
+                skipped(cat("'", e->path, "' is incomplete (no manifest: a save that did not finish); passed over"));
+                continue;
+            }
+            if (const std::optional<std::string> problem = checkpoint_problem(e->path)) {
+                skipped(cat("'", e->path, "' cannot be loaded: ", *problem, "; passed over"));
+                continue;
+            }
+            return e->path;
+        }
+        return std::nullopt;
+    }
+    std::string path = mode;
+    if (mode == "latest") {
+        const std::optional<std::string> latest = latest_checkpoint(root);
+        if (!latest) fail(ErrorKind::data, "--resume latest: '", (fs::path(root) / kLatest).string(), "' does not exist (no checkpoint was committed under checkpoint.dir)");
+        path = *latest;
+    }
+    if (!fs::is_directory(path)) fail(ErrorKind::data, "--resume ", mode, ": '", path, "' is not a checkpoint directory");
+    if (const std::optional<std::string> problem = checkpoint_problem(path)) fail(ErrorKind::data, "--resume ", mode, ": ", *problem);
+    return path;
+}
+
+Manifest read_checkpoint_manifest(const std::string& path) {
+    const std::string manifest_path = (fs::path(path) / kManifest).string();
+    if (!fs::exists(manifest_path)) fail(ErrorKind::data, "'", path, "' has no ", kManifest, " (an incomplete save, or not a checkpoint)");
+    return manifest_from_json(read_file(manifest_path), manifest_path);
+}
+
+std::optional<std::string> checkpoint_problem(const std::string& path, Verification depth) {
+    try {
+        const Manifest m = read_checkpoint_manifest(path);
+        for (const CheckpointFile& f : m.files) {
+            const std::string file = (fs::path(path) / f.name).string();
+            std::error_code ec;
+            const uint64_t bytes = fs::file_size(file, ec);
+            if (ec) return cat("'", file, "' is missing");
+            if (bytes != f.bytes) return cat("'", file, "' has ", bytes, " bytes, the manifest says ", f.bytes, " (truncated?)");
+            if (file_xxh64(file) != f.xxh64) return cat("'", file, "' fails its XXH64 checksum (damaged since it was written)");
+            if (depth == Verification::full) {
+                const RankFileReader reader(file);
+                for (const SavedTensor& t : reader.tensors()) reader.read(t);
+            }
+        }
+        return std::nullopt;
+    } catch (const Error& e) {
+        return std::string(e.what());
+    }
+}
+
+}  // namespace llmtrain

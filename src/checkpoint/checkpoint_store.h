@@ -1,0 +1,65 @@
+// The checkpoint directory (checkpoint.dir) and its crash-safe protocol:
+//
+//   step_00000500.tmp/   every rank writes rank_NNNNN.h5 and fsyncs it, then a small
+//                        rank_NNNNN.json with its size and XXH64 checksum
+//   (every rank reported success: rank 0 alone goes on)
+//   manifest.json        written to a temporary name, fsynced, renamed: the commit point
+//   step_00000500/       the directory renamed, its parent fsynced
+//   latest               "step_00000500", written to a temporary name and renamed
+//   retention            only now are older checkpoints deleted
+//
+// A crash at any point leaves the previous checkpoint and `latest` intact; a directory
+// without a manifest, or whose files fail their size or checksum, is never loaded.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+
+namespace llmtrain {
+
+std::string checkpoint_name(int64_t step);          // "step_00000500"
+std::string rank_file_name(int world_rank);         // "rank_00003.h5"
+std::string rank_record_name(int world_rank);       // "rank_00003.json"
+std::string pending_dir(const std::string& root, int64_t step);    // root/step_00000500.tmp
+
+// The size and XXH64 of a written rank file, recorded next to it for rank 0's manifest.
+void write_rank_record(const std::string& dir, int world_rank, const std::string& file_path);
+
+// Rank 0, once every rank's file is durable in pending_dir(root, manifest.step): completes
+// manifest.files from the ranks' records and commits as above. Returns the manifest written.
+Manifest commit_checkpoint(const std::string& root, Manifest manifest);
+
+// Deletes committed checkpoints beyond the keep_last newest, except every keep_every-th step
+// (0: none kept forever), and pending directories older than the newest checkpoint.
+// Returns the paths deleted.
+std::vector<std::string> apply_retention(const std::string& root, int64_t keep_last, int64_t keep_every);
+
+struct CheckpointEntry {
+    std::string path;
+    int64_t step = 0;
+    bool committed = false;  // has a manifest (a pending or abandoned save has none)
+};
+// Every step_* directory under root, oldest first.
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
+// The checkpoint `latest` names, if any.
+std::optional<std::string> latest_checkpoint(const std::string& root);
+
+// Why the checkpoint at path cannot be loaded, or nothing: the manifest, every listed file's
+// presence, size and XXH64 (full: also every tensor chunk's Fletcher32 checksum).
+enum class Verification { files, full };
+std::optional<std::string> checkpoint_problem(const std::string& path, Verification depth = Verification::files);
+// The checkpoint a run resumes from (`--resume`): "auto", the newest committed checkpoint
+// under root without a problem (each one passed over is told to `skipped`), or none;
+// "latest", the one `latest` names; else a checkpoint directory. Throws Error(data) naming
+// the checkpoint and its problem when "latest" or the path cannot be loaded.
+std::optional<std::string> find_resume_checkpoint(const std::string& root, const std::string& mode,
+                                                  const std::function<void(const std::string&)>& skipped);
+// manifest.json of a checkpoint; throws Error(data) naming the file.
+Manifest read_checkpoint_manifest(const std::string& path);
+
+}  // namespace llmtrain

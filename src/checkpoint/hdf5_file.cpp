@@ -1,0 +1,261 @@
+#include "checkpoint/hdf5_file.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+namespace llmtrain {
+
+namespace {
+constexpr const char* kFormat = "llmtrain-checkpoint-1";
+// About 1 MiB of float32 per chunk: a flipped bit costs one chunk, and checksums stay cheap.
+constexpr hsize_t kChunkElements = 262144;
+
+// HDF5 prints its error stack itself unless told not to; ours go into the Error instead.
+void silence_hdf5() {
+    static const bool silenced = [] { return H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr) >= 0; }();
+    (void)silenced;
+}
+
+// The innermost message of HDF5's error stack: where the system's reason is
+// ("... errno = 28, error message = 'No space left on device' ...").
+std::string hdf5_reason() {
+    std::string reason;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, [](unsigned n, const H5E_error2_t* e, void* out) -> herr_t {
+        if (n == 0 && e->desc) *static_cast<std::string*>(out) = e->desc;
+        return 0;
+    }, &reason);
+    H5Eclear2(H5E_DEFAULT);
+    return reason.empty() ? "HDF5 error" : reason;
+}
+
+// Closes an HDF5 handle when it goes out of scope.
+class Handle {
+public:
+    Handle(hid_t id, herr_t (*closer)(hid_t)) : id_(id), close_(closer) {}
+    ~Handle() { if (id_ >= 0) close_(id_); }
+    Handle(const Handle&) = delete;
+    Handle& operator=(const Handle&) = delete;
+    operator hid_t() const { return id_; }
+    bool ok() const { return id_ >= 0; }
+    // Closes now, reporting failure (the file's last writes happen in its close).
+    bool close() { const herr_t status = id_ >= 0 ? close_(id_) : 0; id_ = -1; return status >= 0; }
+
+private:
+    hid_t id_;
+    herr_t (*close_)(hid_t);
+};
+
+void write_ints(hid_t object, const char* name, const std::vector<int64_t>& values) {
+    const hsize_t n = std::max<size_t>(values.size(), 1);
+    Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    Handle attr(H5Acreate2(object, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    const std::vector<int64_t> data = values.empty() ? std::vector<int64_t>{0} : values;
+    if (!attr.ok() || H5Awrite(attr, H5T_NATIVE_INT64, data.data()) < 0) fail(ErrorKind::io, "attribute '", name, "': ", hdf5_reason());
+}
+
+void write_text(hid_t object, const char* name, const std::string& value) {
+    Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type, std::max<size_t>(value.size(), 1));
+    Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    Handle attr(H5Acreate2(object, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    const std::string data = value.empty() ? std::string(1, '\0') : value;
+    if (!attr.ok() || H5Awrite(attr, type, data.data()) < 0) fail(ErrorKind::io, "attribute '", name, "': ", hdf5_reason());
+}
+
+std::vector<int64_t> read_int_attribute(hid_t object, const char* name) {
+    Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+    if (!attr.ok()) fail(ErrorKind::data, "attribute '", name, "' is missing");
+    Handle space(H5Aget_space(attr), H5Sclose);
+    const hssize_t n = H5Sget_simple_extent_npoints(space);
+    std::vector<int64_t> values(static_cast<size_t>(std::max<hssize_t>(n, 0)));
+    if (n <= 0 || H5Aread(attr, H5T_NATIVE_INT64, values.data()) < 0) fail(ErrorKind::data, "attribute '", name, "' is unreadable");
+    return values;
+}
+
+std::string read_string_attribute(hid_t object, const char* name) {
+    Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+    if (!attr.ok()) fail(ErrorKind::data, "attribute '", name, "' is missing");
+    Handle type(H5Aget_type(attr), H5Tclose);
+    const size_t size = H5Tget_size(type);
+    std::string value(size, '\0');
+    if (H5Tget_class(type) != H5T_STRING || H5Aread(attr, type, value.data()) < 0) fail(ErrorKind::data, "attribute '", name, "' is unreadable");
+    value.resize(std::strlen(value.c_str()));
+    return value;
+}
+
+std::vector<int64_t> dims_of(const Shape& shape) { return {shape.dims.begin(), shape.dims.begin() + shape.rank}; }
+
+Shape shape_of(const std::vector<int64_t>& dims) {
+    Shape shape;
+    shape.rank = static_cast<int>(std::min<size_t>(dims.size(), Shape::max_rank));
+    for (int i = 0; i < shape.rank; ++i) shape.dims[static_cast<size_t>(i)] = dims[static_cast<size_t>(i)];
+    return shape;
+}
+
+const char* split_name(TpSplit split) { return split == TpSplit::rows ? "rows" : split == TpSplit::cols ? "cols" : "none"; }
+
+TpSplit parse_split(const std::string& name) {
+    if (name == "rows") return TpSplit::rows;
+    if (name == "cols") return TpSplit::cols;
+    if (name == "none") return TpSplit::none;
+    fail(ErrorKind::data, "attribute 'tp_split' is '", name, "' (expected none, rows or cols)");
+}
+
+// The hyperslab of the global tensor that the local part covers, per dimension:
+// rows split in B blocks: start r * R/(B tp), stride R/B, count B, block R/(B tp) rows.
+void write_hyperslab(hid_t object, const SavedTensor& t) {
+    const int rank = t.global_shape.rank;
+    std::vector<int64_t> start(static_cast<size_t>(rank), 0), stride(static_cast<size_t>(rank), 1), count(static_cast<size_t>(rank), 1),
+        block(dims_of(t.global_shape));
+    if (t.split.kind == TpSplit::rows && t.tp_size > 1) {
+        const int64_t block_rows = t.local_shape[0] / t.split.blocks;
+        start[0] = t.tp_rank * block_rows;
+        stride[0] = t.global_shape[0] / t.split.blocks;
+        count[0] = t.split.blocks;
+        block[0] = block_rows;
+    } else if (t.split.kind == TpSplit::cols && t.tp_size > 1) {
+        const auto last = static_cast<size_t>(rank - 1);
+        start[last] = t.tp_rank * t.local_shape.cols();
+        block[last] = t.local_shape.cols();
+    }
+    write_ints(object, "hyperslab_start", start);
+    write_ints(object, "hyperslab_stride", stride);
+    write_ints(object, "hyperslab_count", count);
+    write_ints(object, "hyperslab_block", block);
+}
+
+void write_tensor(hid_t file, hid_t link_properties, const SavedTensor& t, const char* data) {
+    const hsize_t stored = static_cast<hsize_t>(t.numel());
+    const bool as_local_shape = t.whole() && t.local_shape.rank >= 1;
+    std::vector<hsize_t> dims;
+    if (as_local_shape) for (int i = 0; i < t.local_shape.rank; ++i) dims.push_back(static_cast<hsize_t>(t.local_shape[i]));
+    else dims.push_back(stored);
+    // Chunks of whole rows of about kChunkElements elements.
+    std::vector<hsize_t> chunk = dims;
+    const hsize_t row = dims.size() > 1 ? stored / dims[0] : 1;
+    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], kChunkElements / std::max<hsize_t>(row, 1)));
+    Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+    Handle create(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_chunk(create, static_cast<int>(chunk.size()), chunk.data());
+    H5Pset_fletcher32(create);
+    const bool f64 = t.dtype == DType::f64;
+    Handle dataset(H5Dcreate2(file, t.dataset.c_str(), f64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, space, link_properties, create, H5P_DEFAULT), H5Dclose);
+    if (!dataset.ok() || H5Dwrite(dataset, f64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+        fail(ErrorKind::io, "tensor '", t.dataset, "': ", hdf5_reason());
+    write_text(dataset, "name", t.name);
+    write_ints(dataset, "global_shape", dims_of(t.global_shape));
+    write_ints(dataset, "local_shape", dims_of(t.local_shape));
+    write_text(dataset, "tp_split", split_name(t.split.kind));
+    write_ints(dataset, "tp_blocks", {t.split.blocks});
+    write_ints(dataset, "tp_rank", {t.tp_rank});
+    write_ints(dataset, "tp_size", {t.tp_size});
+    write_ints(dataset, "local_elements", {t.begin, t.end});
+    write_hyperslab(dataset, t);
+}
+
+void sync_to_disk(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+        const int error = errno;
+        if (fd >= 0) ::close(fd);
+        fail(ErrorKind::io, "cannot sync '", path, "' to disk: ", std::strerror(error));
+    }
+    ::close(fd);
+}
+}  // namespace
+
+void write_rank_file(const std::string& path, const RankSnapshot& snapshot, const FileAttributes& attributes,
+                     const std::function<void()>& between_tensors) {
+    silence_hdf5();
+    Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (!file.ok()) fail(ErrorKind::io, "cannot create '", path, "': ", hdf5_reason());
+    try {
+        write_text(file, "format", kFormat);
+        write_ints(file, "step", {attributes.step});
+        write_ints(file, "world_rank", {attributes.world_rank});
+        write_ints(file, "world_size", {attributes.world_size});
+        write_ints(file, "mesh_tp_dp_pp", {attributes.tp, attributes.dp, attributes.pp});
+        Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+        H5Pset_create_intermediate_group(links, 1);
+        for (const SavedTensor& t : snapshot.tensors) {
+            write_tensor(file, links, t, snapshot.data.data() + t.byte_offset);
+            if (between_tensors) between_tensors();
+        }
+    } catch (const Error& e) {
+        fail(ErrorKind::io, "cannot write '", path, "': ", e.what());
+    }
+    if (!file.close()) fail(ErrorKind::io, "cannot write '", path, "': ", hdf5_reason());
+    sync_to_disk(path);
+}
+
+RankFileReader::RankFileReader(const std::string& path) : path_(path) {
+    silence_hdf5();
+    if (H5Fis_hdf5(path.c_str()) <= 0) fail(ErrorKind::data, "'", path, "' is not an HDF5 file (truncated or damaged?)");
+    file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file_ < 0) fail(ErrorKind::data, "cannot open '", path, "': ", hdf5_reason());
+    try {
+        if (read_string_attribute(file_, "format") != kFormat) fail(ErrorKind::data, "not an llmtrain checkpoint file (attribute 'format')");
+        attributes_.step = read_int_attribute(file_, "step").at(0);
+        attributes_.world_rank = static_cast<int>(read_int_attribute(file_, "world_rank").at(0));
+        attributes_.world_size = static_cast<int>(read_int_attribute(file_, "world_size").at(0));
+        const std::vector<int64_t> mesh = read_int_attribute(file_, "mesh_tp_dp_pp");
+        if (mesh.size() != 3) fail(ErrorKind::data, "attribute 'mesh_tp_dp_pp' does not hold 3 values");
+        attributes_.tp = static_cast<int>(mesh[0]), attributes_.dp = static_cast<int>(mesh[1]), attributes_.pp = static_cast<int>(mesh[2]);
+        std::vector<std::string> names;
+        H5Lvisit(file_, H5_INDEX_NAME, H5_ITER_INC, [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+            static_cast<std::vector<std::string>*>(out)->push_back(name);
+            return 0;
+        }, &names);
+        for (const std::string& name : names) {
+            Handle object(H5Oopen(file_, name.c_str(), H5P_DEFAULT), H5Oclose);
+            if (!object.ok()) fail(ErrorKind::data, "object '", name, "' is unreadable: ", hdf5_reason());
+            if (H5Iget_type(object) != H5I_DATASET) continue;
+            try {
+                SavedTensor t;
+                t.dataset = name;
+                t.name = read_string_attribute(object, "name");
+                t.global_shape = shape_of(read_int_attribute(object, "global_shape"));
+                t.local_shape = shape_of(read_int_attribute(object, "local_shape"));
+                t.split = {parse_split(read_string_attribute(object, "tp_split")), read_int_attribute(object, "tp_blocks").at(0)};
+                t.tp_rank = static_cast<int>(read_int_attribute(object, "tp_rank").at(0));
+                t.tp_size = static_cast<int>(read_int_attribute(object, "tp_size").at(0));
+                const std::vector<int64_t> elements = read_int_attribute(object, "local_elements");
+                if (elements.size() != 2) fail(ErrorKind::data, "attribute 'local_elements' does not hold 2 values");
+                t.begin = elements[0], t.end = elements[1];
+                Handle type(H5Dget_type(object), H5Tclose);
+                t.dtype = H5Tget_size(type) == 8 ? DType::f64 : DType::f32;
+                Handle space(H5Dget_space(object), H5Sclose);
+                if (H5Sget_simple_extent_npoints(space) != t.numel() || t.begin < 0 || t.end > t.local_shape.numel() || t.begin > t.end)
+                    fail(ErrorKind::data, "holds ", H5Sget_simple_extent_npoints(space), " values, its attributes say ", t.numel());
+                tensors_.push_back(std::move(t));
+            } catch (const Error& e) {
+                fail(ErrorKind::data, "tensor '", name, "': ", e.what());
+            }
+        }
+    } catch (const Error& e) {
+        H5Fclose(file_);
+        file_ = -1;
+        fail(ErrorKind::data, "'", path, "': ", e.what());
+    }
+}
+
+RankFileReader::~RankFileReader() {
+    if (file_ >= 0) H5Fclose(file_);
+}
+
+std::vector<double> RankFileReader::read(const SavedTensor& tensor) const {
+    Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    std::vector<double> values(static_cast<size_t>(tensor.numel()));
+    // Every chunk's Fletcher32 checksum is verified by this read.
+    if (!dataset.ok() || H5Dread(dataset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
+        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");
+    return values;
+}
+
+}  // namespace llmtrain

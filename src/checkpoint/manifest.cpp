@@ -1,0 +1,76 @@
+#include "checkpoint/manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace llmtrain {
+
+namespace {
+constexpr int kFormatVersion = 1;
+
+std::string hex64(uint64_t value) {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+    return text;
+}
+
+uint64_t parse_hex64(const std::string& text) {
+    if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos) throw std::invalid_argument("expected 16 hex digits");
+    return std::stoull(text, nullptr, 16);
+}
+}  // namespace
+
+std::string manifest_to_json(const Manifest& m) {
+    nlohmann::ordered_json files = nlohmann::ordered_json::array();
+    for (const CheckpointFile& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
+    nlohmann::ordered_json j = {
+        {"format", "llmtrain-checkpoint"}, {"version", kFormatVersion}, {"step", m.step}, {"tokens_seen", m.tokens_seen},
+        {"optimizer_steps", m.optimizer_steps}, {"loss_scale", m.loss_scale}, {"loss_scale_good_steps", m.loss_scale_good_steps},
+        {"seed", m.seed}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"zero1", m.zero1}}},
+        {"created", m.created}};
+    j["data"] = m.data ? nlohmann::ordered_json{{"step", m.data->step}, {"cursor", m.data->cursor}, {"seed", m.data->seed}} : nlohmann::ordered_json();
+    j["files"] = files;
+    j["config"] = m.config_toml;
+    return j.dump(2) + "\n";
+}
+
+Manifest manifest_from_json(const std::string& text, const std::string& path) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) fail(ErrorKind::data, "'", path, "' is not valid JSON");
+    std::string key;
+    try {
+        const auto get = [&](const char* name) -> const nlohmann::json& {
+            key = name;
+            return j.at(name);
+        };
+        if (get("format") != "llmtrain-checkpoint") fail(ErrorKind::data, "'", path, "': format is not \"llmtrain-checkpoint\"");
+        if (get("version") != kFormatVersion) fail(ErrorKind::data, "'", path, "': version ", j.at("version").dump(), " (this llmtrain reads ", kFormatVersion, ")");
+        Manifest m;
+        m.step = get("step").get<int64_t>();
+        m.tokens_seen = get("tokens_seen").get<int64_t>();
+        m.optimizer_steps = get("optimizer_steps").get<int64_t>();
+        m.loss_scale = get("loss_scale").get<double>();
+        m.loss_scale_good_steps = get("loss_scale_good_steps").get<int64_t>();
+        m.seed = get("seed").get<uint64_t>();
+        const nlohmann::json& mesh = get("mesh");
+        m.world_size = mesh.at("world_size").get<int>();
+        m.tp = mesh.at("tp").get<int>(), m.dp = mesh.at("dp").get<int>(), m.pp = mesh.at("pp").get<int>();
+        m.zero1 = mesh.at("zero1").get<bool>();
+        m.created = get("created").get<std::string>();
+        const nlohmann::json& data = get("data");
+        if (!data.is_null()) m.data = LoaderState{data.at("step").get<uint64_t>(), data.at("cursor").get<uint64_t>(), data.at("seed").get<uint64_t>()};
+        for (const nlohmann::json& f : get("files"))
+            m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), parse_hex64(f.at("xxh64").get<std::string>())});
+        m.config_toml = get("config").get<std::string>();
+        if (m.step < 0 || m.world_size < 1 || static_cast<int>(m.files.size()) != m.world_size)
+            fail(ErrorKind::data, "'", path, "': ", m.files.size(), " files listed for a world of ", m.world_size, " ranks");
+        return m;
+    } catch (const Error&) {
+        throw;
+    } catch (const std::exception& e) {
+        fail(ErrorKind::data, "'", path, "': key '", key, "' is missing or malformed (", e.what(), ")");
+    }
+}
+
+}  // namespace llmtrain

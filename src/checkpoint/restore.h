@@ -1,0 +1,21 @@
+// Loading a checkpoint into this rank, whatever tp / pp / dp / ZeRO-1 layout saved it: each
+// tensor this rank holds is assembled whole from the parts in every rank file (each part
+// says where its values sit in the global tensor), and this rank's part is taken from it;
+// the AdamW moments likewise for the ranges this rank updates. No offline converter.
+#pragma once
+
+#include <string>
+
+#include "backend/backend.h"
+#include "checkpoint/manifest.h"
+#include "model/parameters.h"
+#include "optim/adamw.h"
+
+namespace llmtrain {
+
+// Fills the master weights (and rebuilds the compute copy from them) and the moments.
+// Throws Error(data) naming the file and the tensor when a part is missing, damaged or of
+// another shape.
+void load_checkpoint_tensors(const std::string& path, const Manifest& manifest, Parameters& params, AdamW& optimizer, Backend& backend);
+
+}  // namespace llmtrain

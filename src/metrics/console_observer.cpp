@@ -1,0 +1,22 @@
+#include "metrics/console_observer.h"
+
+#include <cmath>
+
+#include "core/log.h"
+
+namespace llmtrain {
+
+void ConsoleObserver::after_step(const StepRecord& s) {
+    // An fp16 overflow is reported where the loss scale changes; any other skip is the
+    // non-finite policy's.
+    if (s.skipped && !s.dynamic_loss_scale) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
+    if (s.step % log_every_ != 0 && s.step != total_steps_) return;
+    log_info("step ", s.step, "/", total_steps_, " | loss ", fixed(s.loss, 4), " | lr ", scientific(s.lr), " | grad norm ", fixed(s.grad_norm, 4), " | ",
+             std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms");
+}
+
+void ConsoleObserver::after_eval(const EvalRecord& e) {
+    log_info("eval at step ", e.step, ": val loss ", fixed(e.val_loss, 4), " (perplexity ", fixed(std::exp(e.val_loss), 2), ")");
+}
+
+}  // namespace llmtrain

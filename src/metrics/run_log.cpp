@@ -1,0 +1,59 @@
+#include "metrics/run_log.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+namespace llmtrain {
+
+namespace {
+// "2026-11-23T23:59:01.123Z": UTC, milliseconds.
+std::string utc_timestamp() {
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+    const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+    std::tm utc{};
+    gmtime_r(&seconds, &utc);
+    char text[40];
+    const size_t n = std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &utc);
+    std::snprintf(text + n, sizeof text - n, ".%03dZ", static_cast<int>(millis));
+    return text;
+}
+}  // namespace
+
+RunLog::RunLog(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(ErrorKind::io, "cannot create '", path, "': ", std::strerror(errno));
+}
+
+RunLog::~RunLog() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void RunLog::write(const std::string& event, nlohmann::json fields) {
+    nlohmann::json record = {{"event", event}};
+    record.update(fields);
+    record["time"] = utc_timestamp();
+    const std::string line = record.dump() + "\n";
+    // One write() per record: O_APPEND keeps a line whole even next to the crash handler's.
+    const ssize_t written = ::write(fd_, line.data(), line.size());
+    if (written != static_cast<ssize_t>(line.size()))
+        fail(ErrorKind::io, "cannot write '", path_, "': ", written < 0 ? std::strerror(errno) : "short write");
+}
+
+void RunLog::after_step(const StepRecord& s) {
+    nlohmann::json fields = {{"step", s.step},         {"loss", s.loss},         {"lr", s.lr},
+                             {"grad_norm", s.grad_norm}, {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second},
+                             {"skipped", s.skipped}};
+    if (s.dynamic_loss_scale) fields["loss_scale"] = s.loss_scale;
+    write("step", fields);
+}
+
+void RunLog::after_eval(const EvalRecord& e) { write("eval", {{"step", e.step}, {"val_loss", e.val_loss}}); }
+
+}  // namespace llmtrain

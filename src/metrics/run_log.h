@@ -1,0 +1,41 @@
+// log.jsonl of a run directory: one JSON object per line, appended and flushed as it
+// happens, so the file alone tells what became of a run:
+//   {"event":"start",...}        first line: version, command, config, ranks, host, pid
+//   {"event":"step",...}         one per optimizer step; {"event":"eval",...} per evaluation
+//   then exactly one of
+//   {"event":"end",...}          finished (exit_code 0)
+//   {"event":"interrupted",...}  stopped by SIGINT / SIGTERM / SIGUSR1 at a step boundary
+//   {"event":"error",...}        an error ended it (kind, message, exit_code)
+//   {"event":"crash",...}        a fatal signal (SIGSEGV, SIGABRT, ...), written by its handler
+//   or no closing record at all: the process was killed (SIGKILL, the node lost).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "metrics/step_record.h"
+
+namespace llmtrain {
+
+class RunLog : public StepObserver {
+public:
+    // Creates path (it must not exist: a run directory is never reused).
+    explicit RunLog(const std::string& path);
+    ~RunLog() override;
+    RunLog(const RunLog&) = delete;
+    RunLog& operator=(const RunLog&) = delete;
+
+    // Appends one record: the event, its fields and the wall-clock time (UTC).
+    void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
+    void after_step(const StepRecord& s) override;
+    void after_eval(const EvalRecord& e) override;
+    // The open file, for the crash record written from a signal handler.
+    int fd() const { return fd_; }
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+    int fd_ = -1;
+};
+
+}  // namespace llmtrain

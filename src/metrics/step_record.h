@@ -1,0 +1,36 @@
+// What one training step and one evaluation produced, and the seam through which the rest
+// of the program sees them: the trainer hands every record to its StepObservers (console
+// line, log.jsonl, later Prometheus and checkpoint scheduling) instead of printing or
+// writing anything itself. Every figure is already reduced over the whole job, so every
+// rank sees the same record.
+#pragma once
+
+#include <cstdint>
+
+namespace llmtrain {
+
+struct StepRecord {
+    int64_t step = 0;        // 1-based: the number of optimizer steps taken after it
+    double loss = 0;         // mean over the step's micro-batches (all dp ranks)
+    double lr = 0;
+    double grad_norm = 0;    // before clipping, over every parameter of every rank
+    double step_seconds = 0;
+    double tokens_per_second = 0;
+    bool skipped = false;    // update skipped by the non-finite policy or a loss-scale overflow
+    double loss_scale = 1;   // fp16: the dynamic loss scale this step ran with
+    bool dynamic_loss_scale = false;  // loss_scale changes during the run (fp16)
+};
+
+struct EvalRecord {
+    int64_t step = 0;
+    double val_loss = 0;
+};
+
+class StepObserver {
+public:
+    virtual ~StepObserver() = default;
+    virtual void after_step(const StepRecord&) {}
+    virtual void after_eval(const EvalRecord&) {}
+};
+
+}  // namespace llmtrain

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# resume_on_other_layouts.sh SCRATCH LLMTRAIN MPIEXEC CONFIG [--set ...]: a checkpoint saved
+# at step 5 by TP2 x PP2 x DP2 (8 ranks) is resumed as 1 process, as DP4 (ZeRO-1), as
+# TP2 x DP2 and as PP4 (only parallel.* differs: train.global_batch_size keeps the batch);
+# the losses of steps 6..10 must equal those of an uninterrupted single-process run within
+# 1e-5 relative.
+set -u
+scratch=$1 bin=$2 mpiexec=$3
+shift 3
+rm -rf "$scratch"
+mkdir -p "$scratch"
+common=("$@" --set train.steps=10 --set train.batch_size=2 --set train.global_batch_size=8 --set train.sample_tokens=0 --set train.log_every=100)
+
+run() {  # NAME RANKS [--set ...]
+    local name=$1 ranks=$2
+    shift 2
+    local launch=("$bin")
+    [ "$ranks" -gt 1 ] && launch=("$mpiexec" --oversubscribe -np "$ranks" "$bin")
+    "${launch[@]}" train "${common[@]}" "$@" --run-dir "$scratch/$name" >"$scratch/$name.out" 2>&1 ||
+        { echo "FAIL: run $name failed:"; tail -5 "$scratch/$name.out"; exit 1; }
+}
+# step loss, for steps 6..10
+losses() { grep '"event":"step"' "$1/log.jsonl" | sed -E 's/.*"loss":([^,]*).*"step":([0-9]+),.*/\2 \1/' | awk '$1 > 5' | sort -n; }
+
+run reference 1
+losses "$scratch/reference" >"$scratch/reference.losses"
+run saved 8 --set parallel.tp=2 --set parallel.pp=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
+checkpoint=$scratch/checkpoints/step_00000005
+failures=0
+for layout in "one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4"; do
+    set -- $layout
+    name=$1
+    shift
+    run "$name" "$@" --resume "$checkpoint"
+    losses "$scratch/$name" >"$scratch/$name.losses"
+    if [ "$(wc -l <"$scratch/$name.losses")" -ne 5 ] ||
+       ! paste "$scratch/reference.losses" "$scratch/$name.losses" | awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5 * ($2 < 0 ? -$2 : $2)) exit 1 }'; then
+        echo "FAIL $name: losses of steps 6..10 (reference | resumed):"; paste "$scratch/reference.losses" "$scratch/$name.losses"; failures=$((failures + 1))
+    else
+        echo "ok   $name: steps 6..10 match the uninterrupted run within 1e-5 ($(tr '\n' ' ' <"$scratch/$name.losses"))"
+    fi
+done
+[ "$failures" -eq 0 ] || exit 1
