@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/version.h"
 #include "core/error.h"
 #include "core/exit_code.h"
 #include "core/log.h"
@@ -32,7 +33,7 @@ std::string subcommand_names(const CLI::App& app) {
 int main(int argc, char** argv) {
     using namespace llmtrain;
     CLI::App app("llmtrain: pre-train GPT-2 and Llama-style language models", "llmtrain");
-    app.set_version_flag("--version", std::string("llmtrain ") + LLMTRAIN_VERSION);
+    app.set_version_flag("--version", llmtrain::version_text);
     app.require_subcommand(1);
     CommandAction action;
     register_train_command(app, action);

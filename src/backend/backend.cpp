@@ -1,8 +1,11 @@
 // Backend-independent pieces of the op interface: op names from the X-macro table, which
-// ops are GEMMs, profile totals, and the rotary table shared by every backend.
+// ops are GEMMs, profile totals, each device's memory layout, the host's free memory, and
+// the rotary table shared by every backend.
 #include "backend/backend.h"
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 namespace llmtrain {
 
@@ -29,6 +32,34 @@ double OpProfile::gemm_seconds() const {
     for (int i = 0; i < op_count; ++i)
         if (op_is_gemm(static_cast<Op>(i))) total += seconds[static_cast<size_t>(i)];
     return total;
+}
+
+DType statistics_dtype(DType activation) { return activation == DType::f64 ? DType::f64 : DType::f32; }
+
+Shape attention_saved_shape(Device device, const AttentionShape& s) {
+    if (device == Device::cuda) return {s.batch, s.n_heads, s.seq_len};
+    return {s.batch, s.n_heads, s.seq_len, s.seq_len};
+}
+
+size_t reserved_workspace_bytes(Device device) {
+    constexpr size_t cublaslt_workspace_bytes = 32u << 20;  // what cuBLASLt asks for on Hopper
+    return device == Device::cuda ? cublaslt_workspace_bytes : 0;
+}
+
+// MemAvailable is the kernel's estimate of what can be allocated without swapping (free
+// memory plus reclaimable caches), which MemFree alone understates.
+size_t host_available_memory_bytes() {
+    const char* path = "/proc/meminfo";
+    std::ifstream in(path);
+    if (!in) fail(ErrorKind::io, "cannot read ", path, " to learn the memory available");
+    std::string line;
+    while (std::getline(in, line)) {
+        std::istringstream fields(line);
+        std::string key, unit;
+        size_t kib = 0;
+        if (fields >> key >> kib >> unit && key == "MemAvailable:" && unit == "kB") return kib * 1024;
+    }
+    fail(ErrorKind::io, path, " has no MemAvailable line in kB");
 }
 
 namespace {

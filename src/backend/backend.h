@@ -99,15 +99,36 @@ struct OpProfile {
     void reset() { *this = OpProfile{}; }
 };
 
+// A backend's memory layout, known before one is made: the memory plan sizes a run from
+// these before allocating anything, and each backend sizes its tensors with the same
+// functions (through the members of the same names below), so plan and allocation agree.
+// The dtype of statistics and saved values for activations of dtype `activation` (norm
+// mean/rstd, attention's saved tensor, losses): f32 for 16-bit and f32 activations.
+DType statistics_dtype(DType activation);
+// Attention's saved tensor: the CPU keeps the probabilities [B, H, T, T]; CUDA's flash
+// attention only the log-sum-exp of each row [B, H, T].
+Shape attention_saved_shape(Device device, const AttentionShape& shape);
+// Scratch a backend allocates when it is made (CUDA: cuBLASLt's workspace); the ops' own
+// scratch grows on top of it during the first step.
+size_t reserved_workspace_bytes(Device device);
+
+// Memory free for a run on this machine: the host's MemAvailable (/proc/meminfo), and the
+// free memory of CUDA device `device_index` modulo the devices seen. The CUDA functions
+// throw an unsupported error naming the cause when this build has no CUDA, or the machine
+// no driver or GPU.
+size_t host_available_memory_bytes();
+int cuda_device_count();
+size_t cuda_free_memory_bytes(int device_index);
+
 class Backend {
 public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
     virtual bool supports(Op op, DType dtype) const = 0;
     virtual Device device() const = 0;
-    // The dtype of statistics and saved values for activations of dtype `activation`
-    // (norm mean/rstd, attention's saved tensor, losses): f32 for 16-bit activations.
-    virtual DType statistics_dtype(DType activation) const { return activation == DType::f64 ? DType::f64 : DType::f32; }
+    // The layout functions above, for this backend's device.
+    DType statistics_dtype(DType activation) const { return llmtrain::statistics_dtype(activation); }
+    Shape attention_saved_shape(const AttentionShape& shape) const { return llmtrain::attention_saved_shape(device(), shape); }
 
     // Memory management. allocate() is for set-up (parameters, optimizer state, the
     // activation arena): nothing is allocated in the step loop.
@@ -116,7 +137,8 @@ public:
     virtual void copy_to_host(void* dst, const Tensor& src) = 0;
     // Waits for every op enqueued so far (timing, host reads); a no-op on the CPU.
     virtual void synchronize() {}
-    // Bytes the backend itself holds for scratch (workspaces), for the memory report.
+    // Bytes the backend itself holds for scratch (workspaces), for the memory report: at
+    // least reserved_workspace_bytes(device()).
     virtual size_t workspace_bytes() const { return 0; }
     // Device memory this backend has allocated at most (0: host memory, not tracked).
     virtual size_t peak_memory_bytes() const { return 0; }
@@ -151,10 +173,9 @@ public:
     virtual void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) = 0;
 
     // out[B*T, H*D] = softmax(q k^T / sqrt(D) + causal mask) v. `saved` holds what backward
-    // needs; its shape is the backend's choice (attention_saved_shape), its dtype
+    // needs; its shape is the device's choice (attention_saved_shape), its dtype
     // statistics_dtype(). Backward also reads the forward's output (flash attention's
     // rowsum(dout * out)).
-    virtual Shape attention_saved_shape(const AttentionShape& shape) const = 0;
     virtual void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) = 0;
     virtual void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved,
                                const AttentionShape& shape) = 0;
@@ -226,5 +247,10 @@ std::unique_ptr<Backend> make_cpu_backend(int threads);
 // no driver or GPU.
 std::unique_ptr<Backend> make_cuda_backend(int device_index);
 bool cuda_backend_built();
+
+// The libraries under the backends, for `--version`: "CUDA runtime 12.4 (driver 12.6)" or
+// "not built"; "OpenBLAS 0.3.21 DYNAMIC_ARCH ... MAX_THREADS=64" (its build configuration).
+std::string cuda_runtime_version();
+std::string blas_library_version();
 
 }  // namespace llmtrain

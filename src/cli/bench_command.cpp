@@ -33,6 +33,12 @@ std::vector<CollectiveOp> parse_ops(const std::string& op) {
     fail(ErrorKind::config, "--op \"", op, "\" (allowed: all, all_reduce, reduce_scatter, all_gather)");
 }
 
+std::string fixed_decimals(double value, int decimals) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
+    return buffer;
+}
+
 std::string size_text(size_t bytes) {
     if (bytes >= (1u << 30) && bytes % (1u << 30) == 0) return cat(bytes >> 30, " GB");
     if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return cat(bytes >> 20, " MB");
@@ -48,9 +54,11 @@ std::string algorithm_note(const std::string& backend) {
     return value ? cat(name, "=", value) : cat("library's choice per size (", name, " unset)");
 }
 
-void print_row(const CommBenchRow& r) {
-    std::printf("%-15s %10s %12lld %12.1f %12.3f %12.3f\n", collective_name(r.op), size_text(r.bytes).c_str(), static_cast<long long>(r.count),
-                r.seconds * 1e6, r.algbw_gbps, r.busbw_gbps);
+// ranks = 1: bus bandwidth has no meaning (no peer) and is printed as n/a.
+void print_row(const CommBenchRow& r, int ranks) {
+    const std::string busbw = ranks > 1 ? fixed_decimals(r.busbw_gbps, 3) : "n/a";
+    std::printf("%-15s %10s %12lld %12.1f %12.3f %12s\n", collective_name(r.op), size_text(r.bytes).c_str(), static_cast<long long>(r.count),
+                r.seconds * 1e6, r.algbw_gbps, busbw.c_str());
     std::fflush(stdout);
 }
 
@@ -81,6 +89,9 @@ int run_bench_comm(const BenchCommArgs& args) {
         allocate = cuda_bench_allocator();
         library = nccl_library_version();
     }
+    if (comm->size() == 1)
+        log_warn("bench comm: one rank, so no peer: the times are local copies and bus bandwidth is meaningless (n/a); "
+                 "measure the interconnect under mpirun -np N with N >= 2 (one rank per GPU or node)");
     if (ctx.world_rank == 0) {
         std::printf("bench comm: %s (%s), %d ranks, %s, %d iterations after %d warm-up\n", args.backend.c_str(), library.c_str(), comm->size(),
                     args.dtype.c_str(), options.iterations, options.warmup);
@@ -89,7 +100,7 @@ int run_bench_comm(const BenchCommArgs& args) {
         std::printf("%-15s %10s %12s %12s %12s %12s\n", "op", "size", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)");
     }
     run_comm_bench(*comm, options, allocate, [&](const CommBenchRow& row) {
-        if (ctx.world_rank == 0) print_row(row);
+        if (ctx.world_rank == 0) print_row(row, comm->size());
     });
     ctx.world->barrier();
     return 0;

@@ -10,7 +10,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "backend/backend.h"
@@ -39,7 +41,7 @@ double model_flops_per_token(const Config& config, double parameters) {
     return 6.0 * parameters + 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.head_dim() * config.train.seq_len);
 }
 
-// The peak the MFU divides by: --peak-tflops, else the GPU's data-sheet figure (0: unknown).
+// The peak the MFU divides by: --peak-tflops (positive), else the GPU's data-sheet figure (0: unknown).
 double peak_tflops(const BenchTrainArgs& args, Backend& backend) {
     if (args.peak_tflops > 0) return args.peak_tflops;
     return backend.peak_bf16_tflops();
@@ -110,7 +112,8 @@ int run_bench_train(const BenchTrainArgs& args) {
     std::printf("%-26s %.0f\n", "tokens/s", tokens_per_second);
     std::printf("%-26s %.3g (%.3g per device)\n", "model TFLOP/s", tflops, per_device);
     std::printf("%-26s 6N + 12*L*H*Q*T = %.3g FLOPs per token (PaLM; N = all parameters)\n", "FLOPs formula", flops_per_token);
-    if (peak > 0) std::printf("%-26s %.1f%% of %.0f TFLOP/s dense bf16 per device\n", "MFU", 100 * per_device / peak, peak);
+    if (peak > 0)
+        std::printf("%-26s %.1f%% of %.0f TFLOP/s dense %s per device\n", "MFU", 100 * per_device / peak, peak, dtype_name(trainer.compute_dtype()));
     else std::printf("%-26s n/a (peak of this device unknown: pass --peak-tflops)\n", "MFU");
     std::printf("%-26s %.1f MB planned on rank 0 (parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f, workspaces %.1f)\n",
                 "memory", memory.total() / 1e6, memory.parameter_bytes / 1e6, memory.gradient_bytes / 1e6, memory.optimizer_bytes / 1e6,
@@ -123,6 +126,18 @@ int run_bench_train(const BenchTrainArgs& args) {
     return 0;
 }
 
+// A peak of zero or less would make MFU infinite or negative.
+CLI::Validator positive_tflops() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double value = std::strtod(text.c_str(), &end);
+            if (end != text.c_str() && *end == '\0' && value > 0 && std::isfinite(value)) return "";
+            return "must be a positive number of TFLOP/s per device, got '" + text + "'";
+        },
+        "TFLOP/s > 0");
+}
+
 }  // namespace
 
 void register_bench_train(CLI::App& bench, CommandAction& action) {
@@ -131,7 +146,8 @@ void register_bench_train(CLI::App& bench, CommandAction& action) {
     bench.add_option("--set", args->overrides, "override a key: section.key=value (repeatable)");
     bench.add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 10000));
     bench.add_option("--steps", args->steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 100000));
-    bench.add_option("--peak-tflops", args->peak_tflops, "dense peak per device for MFU (default: the GPU's data-sheet bf16 figure)");
+    bench.add_option("--peak-tflops", args->peak_tflops, "dense peak per device in the compute dtype, for MFU (default: the GPU's data-sheet bf16 figure)")
+        ->check(positive_tflops());
     bench.add_option("--top", args->top_ops, "ops listed in the time breakdown")->capture_default_str()->check(CLI::Range(1, 100));
     bench.callback([args, &action, &bench] {
         if (bench.get_subcommands().empty()) {

@@ -37,19 +37,23 @@ void Parameters::set_real_rows(size_t index, int64_t real_rows) {
     p.real_rows = real_rows;
 }
 
-int64_t Parameters::padded_length(int64_t pad_multiple) const {
+int64_t Parameters::padded_length(int64_t total_numel, int64_t pad_multiple) {
+    return (total_numel + pad_multiple - 1) / pad_multiple * pad_multiple;
+}
+
+int64_t Parameters::allocation_length(int64_t pad_multiple) const {
     if (!values_.view().empty()) fail(ErrorKind::runtime, "parameters allocated twice");
-    return (total_numel_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+    return padded_length(total_numel_, pad_multiple);
 }
 
 void Parameters::allocate(DType dtype, int64_t pad_multiple) {
-    const int64_t padded = padded_length(pad_multiple);
+    const int64_t padded = allocation_length(pad_multiple);
     values_ = OwnedTensor(dtype, Shape{padded});
     grads_ = OwnedTensor(dtype, Shape{padded});
 }
 
 void Parameters::allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple) {
-    const int64_t padded = padded_length(pad_multiple);
+    const int64_t padded = allocation_length(pad_multiple);
     const auto allocate = [&backend](size_t bytes) { return backend.allocate(bytes); };
     backend_ = &backend;
     values_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);

@@ -99,6 +99,8 @@ public:
     size_t index_of(const std::string& name) const;
     int64_t total_numel() const { return total_numel_; }
     int64_t padded_numel() const { return values_.numel(); }
+    // The flat buffers' length for total_numel elements: rounded up to a multiple of pad_multiple.
+    static int64_t padded_length(int64_t total_numel, int64_t pad_multiple);
     int tp_rank() const { return tp_rank_; }
     int tp_size() const { return tp_size_; }
     // Flat index in the global tensor of element `local` of parameter `index`.
@@ -123,7 +125,7 @@ public:
 private:
     const OwnedTensor& compute_buffer() const { return compute_.view().empty() ? values_ : compute_; }
     Tensor view_of(const OwnedTensor& buffer, size_t first, size_t last) const;
-    int64_t padded_length(int64_t pad_multiple) const;
+    int64_t allocation_length(int64_t pad_multiple) const;
     Shape local_shape(const std::string& name, const Shape& global_shape, TensorSplit split) const;
     int tp_rank_, tp_size_;
     std::vector<ParamInfo> infos_;

@@ -30,17 +30,17 @@ std::vector<double> host_doubles(Backend& backend, const Tensor& t) {
     return out;
 }
 
-// Master weights are f32 under 16-bit compute; the CPU's f32 or f64 compute is its own master.
-DType master_dtype(DType compute) { return compute == DType::bf16 || compute == DType::f16 ? DType::f32 : compute; }
-
 constexpr TensorSplit kRows{TpSplit::rows, 1};
 constexpr TensorSplit kCols{TpSplit::cols, 1};
 }  // namespace
 
-Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
-                         ModelPartition partition, Comm* tp)
-    : config_(config), backend_(backend), dtype_(dtype), stat_dtype_(backend.statistics_dtype(dtype)), max_batch_(max_batch), max_seq_len_(max_seq_len), part_(partition),
-      tp_(tp && tp->size() > 1 ? tp : nullptr), sp_(partition.sequence_parallel && tp_), params_(tp_rank(), tp_size()) {
+DType master_dtype(DType compute) { return compute == DType::bf16 || compute == DType::f16 ? DType::f32 : compute; }
+
+TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, DType dtype, int64_t max_batch, int64_t max_seq_len,
+                                     ModelPartition partition, int tp_group_rank, int tp_group_size)
+    : config_(config), device_(device), dtype_(dtype), stat_dtype_(statistics_dtype(dtype)), max_batch_(max_batch), max_seq_len_(max_seq_len),
+      part_(partition), tp_rank_(tp_group_rank), tp_size_(tp_group_size), sp_(partition.sequence_parallel && tp_group_size > 1),
+      params_(tp_group_rank, tp_group_size) {
     if (max_seq_len > config.max_seq_len)
         fail(ErrorKind::config, "sequence length ", max_seq_len, " exceeds model.max_seq_len = ", config.max_seq_len);
     if (part_.last_layer < 0) part_.last_layer = config.n_layers;
@@ -57,8 +57,14 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
     n_kv_heads_ = config.n_kv_heads / tp_size();
     if (is_llama()) register_llama_params();
     else register_gpt2_params();
-    params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple);
     plan_activations();
+}
+
+Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
+                         ModelPartition partition, Comm* tp)
+    : TransformerLayout(config, backend.device(), dtype, max_batch, max_seq_len, partition, tp ? tp->rank() : 0, tp ? tp->size() : 1),
+      backend_(backend), tp_(tp && tp->size() > 1 ? tp : nullptr) {
+    params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple);
     arena_.allocate(backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
     if (is_llama()) {
         const Tensor table = arena_.tensor(rope_table_);
@@ -68,7 +74,7 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
     }
 }
 
-Transformer::ParamSpan Transformer::add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split) {
+TransformerLayout::ParamSpan TransformerLayout::add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split) {
     const size_t index = params_.add(name, shape, init, decay, split);
     return {index, index, true};
 }
@@ -76,13 +82,13 @@ Transformer::ParamSpan Transformer::add(const std::string& name, Shape shape, Pa
 // A [padded vocabulary, d_model] table split by rows across tp: its rows from vocab_size
 // on are padding, initialized to zero (and kept there: no token reads them and the loss
 // gives them no gradient).
-Transformer::ParamSpan Transformer::add_vocab_rows(const std::string& name) {
+TransformerLayout::ParamSpan TransformerLayout::add_vocab_rows(const std::string& name) {
     const ParamSpan p = add(name, {padded_vocab_size(), config_.d_model}, ParamInit::normal, true, kRows);
     params_.set_real_rows(p.first, config_.vocab_size);
     return p;
 }
 
-Transformer::ParamSpan Transformer::add_norm(const std::string& name, ParamInit init) {
+TransformerLayout::ParamSpan TransformerLayout::add_norm(const std::string& name, ParamInit init) {
     const ParamSpan p = add(name, {config_.d_model}, init, false);
     if (sp_) params_.mark_grad_partial_over_tp(p.first);
     return p;
@@ -96,7 +102,7 @@ std::optional<size_t> Transformer::embedding_param() const {
 
 // Names follow Hugging Face GPT-2. Note: HF stores these Linear weights as Conv1D [in, out];
 // ours are [out, in] like torch.nn.Linear, so an export transposes them.
-void Transformer::register_gpt2_params() {
+void TransformerLayout::register_gpt2_params() {
     const int64_t C = config_.d_model, F = config_.d_ff;
     if (part_.has_embedding) {
         wte_ = add_vocab_rows("transformer.wte.weight");
@@ -133,7 +139,7 @@ void Transformer::register_gpt2_params() {
 
 // Names follow Hugging Face Llama / Qwen2. q, k, v (and gate, up) are registered back to
 // back so that each group is also one fused matrix for a single GEMM.
-void Transformer::register_llama_params() {
+void TransformerLayout::register_llama_params() {
     const int64_t C = config_.d_model, F = config_.d_ff, D = config_.head_dim();
     const int64_t q_width = config_.n_heads * D, kv_width = config_.n_kv_heads * D;
     if (part_.has_embedding) wte_ = add_vocab_rows("model.embed_tokens.weight");
@@ -169,7 +175,7 @@ void Transformer::register_llama_params() {
     else head_w_ = add_vocab_rows("model.embed_tokens.weight");  // the last stage's copy
 }
 
-Transformer::NormSlots Transformer::reserve_norm(const std::string& prefix) {
+TransformerLayout::NormSlots TransformerLayout::reserve_norm(const std::string& prefix) {
     const int64_t N = local_tokens(max_batch_, max_seq_len_);
     NormSlots s;
     s.out = arena_.reserve(prefix + ".out", dtype_, {N, config_.d_model});
@@ -181,7 +187,7 @@ Transformer::NormSlots Transformer::reserve_norm(const std::string& prefix) {
 
 // A layer's slots. With keep_recomputed false, the slots selective recomputation rebuilds
 // (the norms and the MLP activation) are the shared scratch set's instead of the layer's own.
-Transformer::LayerSlots Transformer::reserve_layer(const std::string& p, bool keep_recomputed) {
+TransformerLayout::LayerSlots TransformerLayout::reserve_layer(const std::string& p, bool keep_recomputed) {
     const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
     const int64_t up_width = is_llama() ? 2 * F : F;
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
@@ -189,7 +195,7 @@ Transformer::LayerSlots Transformer::reserve_layer(const std::string& p, bool ke
     LayerSlots ls = shared_layer_;
     if (keep_recomputed) ls.norm1 = reserve_norm(p + ".norm1");
     ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
-    ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, backend_.attention_saved_shape(full));
+    ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, attention_saved_shape(device_, full));
     ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
     ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local, C});
     if (keep_recomputed) ls.norm2 = reserve_norm(p + ".norm2");
@@ -198,7 +204,7 @@ Transformer::LayerSlots Transformer::reserve_layer(const std::string& p, bool ke
     return ls;
 }
 
-Transformer::ActivationSet Transformer::reserve_set(int64_t set) {
+TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set) {
     const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model;
     const std::string s = cat("set.", set, ".");
     ActivationSet a;
@@ -220,7 +226,7 @@ Transformer::ActivationSet Transformer::reserve_set(int64_t set) {
     return a;
 }
 
-void Transformer::plan_activations() {
+void TransformerLayout::plan_activations() {
     const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
     const int64_t up_width = is_llama() ? 2 * F : F;
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
@@ -249,7 +255,7 @@ void Transformer::plan_activations() {
 
 Tensor Transformer::rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, batch_ * seq_len_); }
 Tensor Transformer::local_rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, local_tokens(batch_, seq_len_)); }
-int64_t Transformer::local_tokens(int64_t batch, int64_t seq_len) const { return sp_ ? batch * seq_len / tp_size() : batch * seq_len; }
+int64_t TransformerLayout::local_tokens(int64_t batch, int64_t seq_len) const { return sp_ ? batch * seq_len / tp_size() : batch * seq_len; }
 
 Tensor Transformer::gather_rows(const Tensor& local, Arena::Slot scratch) {
     if (!sp_) return local;

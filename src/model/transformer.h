@@ -69,7 +69,106 @@ struct ModelPartition {
     Recompute recompute = Recompute::none;  // activation recomputation (see above)
 };
 
-class Transformer {
+// The master weights' dtype for a compute dtype: f32 under 16-bit compute; the CPU's f32 or
+// f64 compute is its own master.
+DType master_dtype(DType compute);
+
+// What a part of the model holds, before anything is allocated: its parameters registered
+// (names, shapes, places in the flat buffer) and its activations planned in the arena. The
+// Transformer allocates exactly this; the memory plan (train/memory_plan.h) reads its sizes
+// without allocating anything.
+class TransformerLayout {
+public:
+    // device: whose tensor layouts the activations follow (attention's saved tensor);
+    // tp_group_rank of tp_group_size: which part of the tensor-parallel split this holds.
+    // Throws a config error for a model or partition that cannot be laid out.
+    TransformerLayout(const ModelConfig& config, Device device, DType dtype, int64_t max_batch, int64_t max_seq_len, ModelPartition partition,
+                      int tp_group_rank, int tp_group_size);
+
+    const ModelConfig& config() const { return config_; }
+    const ModelPartition& partition() const { return part_; }
+    Parameters& parameters() { return params_; }
+    const Parameters& parameters() const { return params_; }
+    DType compute_dtype() const { return dtype_; }
+    size_t activation_bytes() const { return arena_.total_bytes(); }
+    int64_t max_batch() const { return max_batch_; }
+    int64_t max_seq_len() const { return max_seq_len_; }
+    int64_t local_layers() const { return part_.last_layer - part_.first_layer; }
+    // The rows of the embedding and the head: model.vocab_size rounded up to a multiple of
+    // tp * model.pad_vocab_to. Rows from vocab_size on are padding (zero, masked in the loss).
+    int64_t padded_vocab_size() const { return config_.padded_vocab_size(tp_size()); }
+
+protected:
+    // A parameter, or several registered back to back and used as one (fused QKV, gate+up).
+    struct ParamSpan {
+        size_t first = 0, last = 0;
+        bool present = false;
+    };
+    struct LayerParams {
+        ParamSpan norm1_w, norm1_b, qkv_w, qkv_b, attn_out_w, attn_out_b;
+        ParamSpan norm2_w, norm2_b, mlp_up_w, mlp_up_b, mlp_down_w, mlp_down_b;
+        size_t begin = 0, end = 0;  // the layer's parameter indices
+    };
+    struct NormSlots {
+        Arena::Slot out, mean, rstd;
+    };
+    struct LayerSlots {
+        NormSlots norm1, norm2;
+        Arena::Slot qkv, att_saved, att_out, resid_mid, mlp_up, mlp_act;
+    };
+    // What one micro-batch keeps between its forward and its backward.
+    struct ActivationSet {
+        Arena::Slot tokens, targets;
+        std::vector<Arena::Slot> residual;  // entering each local layer; the last is the stage output
+        std::vector<LayerSlots> layers;
+        NormSlots norm_f;
+        Arena::Slot logits, losses, lse, row_max, xent_partial;
+        int64_t batch = 0, seq_len = 0;
+        bool has_targets = false;
+    };
+
+    void register_gpt2_params();
+    void register_llama_params();
+    ParamSpan add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split = {});
+    // The token embedding or the head: padded vocabulary rows, split by rows across tp.
+    ParamSpan add_vocab_rows(const std::string& name);
+    // A norm's weight or bias: replicated, no decay; partial gradients under sequence parallelism.
+    ParamSpan add_norm(const std::string& name, ParamInit init);
+    ParamSpan join(ParamSpan first, ParamSpan last) const { return {first.first, last.last, true}; }
+
+    void plan_activations();
+    ActivationSet reserve_set(int64_t set);
+    LayerSlots reserve_layer(const std::string& prefix, bool keep_recomputed);
+    NormSlots reserve_norm(const std::string& prefix);
+    int64_t local_tokens(int64_t batch, int64_t seq_len) const;
+    bool is_llama() const { return config_.family == ModelFamily::llama; }
+    int tp_rank() const { return tp_rank_; }
+    int tp_size() const { return tp_size_; }
+
+    ModelConfig config_;
+    Device device_;
+    DType dtype_;       // activations and compute weights
+    DType stat_dtype_;  // norm statistics, attention's saved values, losses
+    int64_t max_batch_, max_seq_len_;
+    ModelPartition part_;
+    int tp_rank_, tp_size_;
+    bool sp_;                       // sequence parallel
+    int64_t n_heads_, n_kv_heads_;  // this rank's heads
+
+    Parameters params_;
+    ParamSpan wte_, wpe_, norm_f_w_, norm_f_b_, head_w_;
+    size_t head_begin_ = 0;  // first parameter index of the final norm and head
+    std::vector<LayerParams> layer_params_;
+
+    Arena arena_;
+    Arena::Slot rope_table_;
+    LayerSlots shared_layer_;  // recomputation's scratch (unused with Recompute::none)
+    std::vector<ActivationSet> sets_;
+    Arena::Slot proj_out_, proj_local_, gathered_, d_resid_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
+        d_mlp_up_;
+};
+
+class Transformer : public TransformerLayout {
 public:
     // Activations are planned for micro-batches of up to max_batch sequences of up to
     // max_seq_len tokens (<= config.max_seq_len). tp: the tensor-parallel group (null: none).
@@ -77,10 +176,6 @@ public:
     Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
                 ModelPartition partition = {}, Comm* tp = nullptr);
 
-    const ModelConfig& config() const { return config_; }
-    const ModelPartition& partition() const { return part_; }
-    Parameters& parameters() { return params_; }
-    const Parameters& parameters() const { return params_; }
     void initialize(uint64_t seed) { params_.initialize(seed, config_.init_std, config_.n_layers); }
     // The index of the token embedding (shared with the head when tied), if this part has it.
     std::optional<size_t> embedding_param() const;
@@ -112,75 +207,25 @@ public:
     // One row of those logits, on the host (from device memory and 16-bit as needed).
     std::vector<double> logits_row(int64_t row) const;
     VocabShard vocab_shard() const;
-    // The rows of the embedding and the head: model.vocab_size rounded up to a multiple of
-    // tp * model.pad_vocab_to. Rows from vocab_size on are padding (zero, masked in the loss).
-    int64_t padded_vocab_size() const { return config_.padded_vocab_size(tp_size()); }
     Backend& backend() { return backend_; }
 
     // Called during backward with [begin, end) parameter indices whose gradients are final
     // for this backward: data parallelism starts reducing them while backward goes on.
     void set_grads_ready_hook(std::function<void(size_t begin, size_t end)> hook) { grads_ready_ = std::move(hook); }
 
-    size_t activation_bytes() const { return arena_.total_bytes(); }
-    int64_t max_batch() const { return max_batch_; }
-    int64_t max_seq_len() const { return max_seq_len_; }
-    int64_t local_layers() const { return part_.last_layer - part_.first_layer; }
-
 private:
-    // A parameter, or several registered back to back and used as one (fused QKV, gate+up).
-    struct ParamSpan {
-        size_t first = 0, last = 0;
-        bool present = false;
-    };
-    struct LayerParams {
-        ParamSpan norm1_w, norm1_b, qkv_w, qkv_b, attn_out_w, attn_out_b;
-        ParamSpan norm2_w, norm2_b, mlp_up_w, mlp_up_b, mlp_down_w, mlp_down_b;
-        size_t begin = 0, end = 0;  // the layer's parameter indices
-    };
-    struct NormSlots {
-        Arena::Slot out, mean, rstd;
-    };
-    struct LayerSlots {
-        NormSlots norm1, norm2;
-        Arena::Slot qkv, att_saved, att_out, resid_mid, mlp_up, mlp_act;
-    };
-    // What one micro-batch keeps between its forward and its backward.
-    struct ActivationSet;
     // Rebuilds what recomputation dropped, before layer l's backward.
     void recompute_layer(const ActivationSet& a, int64_t l);
     // Copies i32 ids from the host into a slot, checking each is inside the vocabulary.
     void load_ids(const char* what, Arena::Slot slot, const Tensor& ids);
     double mean_loss(const ActivationSet& a) const;
-    struct ActivationSet {
-        Arena::Slot tokens, targets;
-        std::vector<Arena::Slot> residual;  // entering each local layer; the last is the stage output
-        std::vector<LayerSlots> layers;
-        NormSlots norm_f;
-        Arena::Slot logits, losses, lse, row_max, xent_partial;
-        int64_t batch = 0, seq_len = 0;
-        bool has_targets = false;
-    };
 
-    void register_gpt2_params();
-    void register_llama_params();
-    ParamSpan add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split = {});
-    // The token embedding or the head: padded vocabulary rows, split by rows across tp.
-    ParamSpan add_vocab_rows(const std::string& name);
-    // A norm's weight or bias: replicated, no decay; partial gradients under sequence parallelism.
-    ParamSpan add_norm(const std::string& name, ParamInit init);
-    ParamSpan join(ParamSpan first, ParamSpan last) const { return {first.first, last.last, true}; }
     Tensor value(ParamSpan p) const { return p.present ? params_.value_span(p.first, p.last) : Tensor(); }
     Tensor grad(ParamSpan p) const { return p.present ? params_.grad_span(p.first, p.last) : Tensor(); }
     // Row-parallel biases are added once: by tp rank 0, before the output's all-reduce.
     Tensor row_parallel_bias(ParamSpan p) const { return tp_rank() == 0 ? value(p) : Tensor(); }
-
-    void plan_activations();
-    ActivationSet reserve_set(int64_t set);
-    LayerSlots reserve_layer(const std::string& prefix, bool keep_recomputed);
-    NormSlots reserve_norm(const std::string& prefix);
     Tensor rows(Arena::Slot slot) const;        // the first batch * seq_len rows of a slot
     Tensor local_rows(Arena::Slot slot) const;  // the first local_tokens() rows of a slot
-    int64_t local_tokens(int64_t batch, int64_t seq_len) const;
     // Whole rows for a column-parallel matmul from this rank's rows (sequence parallel:
     // all-gathered into `scratch`; otherwise the rows are whole already).
     Tensor gather_rows(const Tensor& local, Arena::Slot scratch);
@@ -189,9 +234,6 @@ private:
     Tensor reduce_rows(const Tensor& partial, Arena::Slot local);
     Tensor att_saved(Arena::Slot slot) const;
     AttentionShape attention_shape() const;
-    bool is_llama() const { return config_.family == ModelFamily::llama; }
-    int tp_rank() const { return tp_ ? tp_->rank() : 0; }
-    int tp_size() const { return tp_ ? tp_->size() : 1; }
     ActivationSet& use_set(int64_t set);
     void ready(size_t begin, size_t end) const;
 
@@ -205,29 +247,10 @@ private:
     // d_resid: on entry the gradient w.r.t. the layer's output, on exit w.r.t. its input.
     void layer_bwd(const ActivationSet& a, int64_t local, const Tensor& d_resid);
 
-    ModelConfig config_;
     Backend& backend_;
-    DType dtype_;       // activations and compute weights
-    DType stat_dtype_;  // norm statistics, attention's saved values, losses
-    int64_t max_batch_, max_seq_len_;
-    ModelPartition part_;
-    Comm* tp_;
-    bool sp_;                       // sequence parallel
-    int64_t n_heads_, n_kv_heads_;  // this rank's heads
+    Comm* tp_;                      // null without tensor parallelism
     int64_t batch_ = 0, seq_len_ = 0;
     std::function<void(size_t, size_t)> grads_ready_;
-
-    Parameters params_;
-    ParamSpan wte_, wpe_, norm_f_w_, norm_f_b_, head_w_;
-    size_t head_begin_ = 0;  // first parameter index of the final norm and head
-    std::vector<LayerParams> layer_params_;
-
-    Arena arena_;
-    Arena::Slot rope_table_;
-    LayerSlots shared_layer_;  // recomputation's scratch (unused with Recompute::none)
-    std::vector<ActivationSet> sets_;
-    Arena::Slot proj_out_, proj_local_, gathered_, d_resid_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
-        d_mlp_up_;
 };
 
 }  // namespace llmtrain

@@ -42,7 +42,9 @@ public:
     Tensor exp_avg() const { return m_.view(); }
     Tensor exp_avg_sq() const { return v_.view(); }
     void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
-    size_t state_bytes() const { return 2 * m_.view().bytes(); }
+    size_t state_bytes() const { return state_bytes_for(m_.view().numel(), m_.view().dtype()); }
+    // Moments m and v for owned_numel elements in the master dtype.
+    static size_t state_bytes_for(int64_t owned_numel, DType master) { return 2 * static_cast<size_t>(owned_numel) * dtype_size(master); }
 
 private:
     OptimizerConfig config_;

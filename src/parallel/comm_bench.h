@@ -4,6 +4,8 @@
 //   all_reduce:     busbw = algbw * 2 (n - 1) / n
 //   reduce_scatter: busbw = algbw * (n - 1) / n    (S: the whole input, n pieces)
 //   all_gather:     busbw = algbw * (n - 1) / n    (S: the whole output, n pieces)
+// On one rank nothing crosses a link: the times are local copies (or nothing at all) and
+// busbw is 0 by the formulas; the figures say nothing about the interconnect.
 #pragma once
 
 #include <cstddef>

@@ -8,14 +8,27 @@ namespace {
 Tensor flat_slice(const Tensor& flat, int64_t begin, int64_t end) { return flat.slice_rows(begin, end - begin); }
 }  // namespace
 
+std::vector<BucketRange> bucket_ranges(int64_t total_numel, size_t elem_bytes, int dp, int64_t bucket_bytes) {
+    if (total_numel % dp != 0) fail(ErrorKind::runtime, "gradient buffer of ", total_numel, " elements is not padded to a multiple of dp = ", dp);
+    const int64_t step = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(elem_bytes) / dp) * dp;
+    std::vector<BucketRange> ranges;
+    for (int64_t end = total_numel; end > 0; end -= step) ranges.push_back({std::max<int64_t>(0, end - step), end});
+    return ranges;
+}
+
+int64_t owned_numel(int64_t total_numel, size_t elem_bytes, int dp, bool zero1, int64_t bucket_bytes) {
+    if (!zero1_shards(zero1, dp)) return total_numel;
+    int64_t owned = 0;
+    for (const BucketRange& b : bucket_ranges(total_numel, elem_bytes, dp, bucket_bytes)) owned += (b.end - b.begin) / dp;
+    return owned;
+}
+
 GradBuckets::GradBuckets(Parameters& params, Comm& dp, bool zero1, int64_t bucket_bytes)
-    : params_(params), dp_(dp), zero1_(zero1 && dp.size() > 1) {
+    : params_(params), dp_(dp), zero1_(zero1_shards(zero1, dp.size())) {
     const Tensor grads = params.all_grads();
     const int64_t total = grads.numel(), parts = dp.size();
-    if (total % parts != 0) fail(ErrorKind::runtime, "gradient buffer of ", total, " elements is not padded to a multiple of dp = ", parts);
-    const int64_t elems = static_cast<int64_t>(dtype_size(grads.dtype()));
-    const int64_t step = std::max<int64_t>(1, bucket_bytes / elems / parts) * parts;
-    for (int64_t end = total; end > 0; end -= step) buckets_.push_back(Bucket{std::max<int64_t>(0, end - step), end, 0, 0, false, CommHandle()});
+    for (const BucketRange& r : bucket_ranges(total, dtype_size(grads.dtype()), dp.size(), bucket_bytes))
+        buckets_.push_back(Bucket{r.begin, r.end, 0, 0, false, CommHandle()});
 
     buckets_of_param_.resize(params.count());
     for (size_t b = 0; b < buckets_.size(); ++b)
@@ -27,9 +40,7 @@ GradBuckets::GradBuckets(Parameters& params, Comm& dp, bool zero1, int64_t bucke
             }
         }
 
-    int64_t shard_total = 0;
-    for (const Bucket& b : buckets_) shard_total += (b.end - b.begin) / parts;
-    if (zero1_) shard_grads_ = params.new_tensor(grads.dtype(), {shard_total});
+    if (zero1_) shard_grads_ = params.new_tensor(grads.dtype(), {owned_numel(total, dtype_size(grads.dtype()), dp.size(), zero1, bucket_bytes)});
     int64_t shard_offset = 0;
     for (const Bucket& b : buckets_) {
         if (!zero1_) break;

@@ -22,6 +22,19 @@
 
 namespace llmtrain {
 
+// The buckets of a flat gradient buffer of total_numel elements (a multiple of dp) of
+// elem_bytes each: [begin, end) ranges of about bucket_bytes, each a multiple of dp long,
+// from the end of the buffer to its start.
+struct BucketRange {
+    int64_t begin = 0, end = 0;
+};
+std::vector<BucketRange> bucket_ranges(int64_t total_numel, size_t elem_bytes, int dp, int64_t bucket_bytes);
+// Whether ZeRO-1 shards anything: asked for, and more than one dp rank to shard over.
+inline bool zero1_shards(bool zero1, int dp) { return zero1 && dp > 1; }
+// Elements of the flat buffer one dp rank updates (and keeps AdamW moments for): its piece
+// of every bucket when ZeRO-1 shards, the whole buffer otherwise.
+int64_t owned_numel(int64_t total_numel, size_t elem_bytes, int dp, bool zero1, int64_t bucket_bytes);
+
 // A range [begin, end) of the flat parameter buffer this rank updates, and where its
 // reduced gradients are (a view of end - begin elements).
 struct OwnedPiece {
@@ -46,11 +59,12 @@ public:
     const std::vector<OwnedPiece>& owned() const { return owned_; }
     bool zero1() const { return zero1_; }
     size_t bucket_count() const { return buckets_.size(); }
-    size_t sharded_grad_bytes() const { return shard_grads_.view().bytes(); }
+    // An unallocated tensor still counts one element: no shards, no bytes.
+    size_t sharded_grad_bytes() const { return zero1_ ? shard_grads_.view().bytes() : 0; }
 
 private:
     struct Bucket {
-        int64_t begin, end;          // flat range, length a multiple of dp
+        int64_t begin, end;          // flat range, length a multiple of dp (a BucketRange)
         int waiting = 0;             // parameters not yet ready
         int params = 0;              // parameters overlapping it
         bool started = false;

@@ -32,24 +32,6 @@ int threads_per_rank(const TrainConfig& train, const ParallelContext& ctx) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return std::max(1, cores / std::max(1, ctx.local_size));
 }
-
-// This rank's pipeline stage: its layers, whether it embeds or holds the head, and how
-// many micro-batches it keeps in flight.
-ModelPartition stage_partition(const Config& config, const ParallelContext& ctx) {
-    const int64_t pp = ctx.mesh.pp(), stage = ctx.coord().pp;
-    const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, pp, config.model.n_layers);
-    ModelPartition part;
-    for (int64_t s = 0; s < stage; ++s) part.first_layer += layers[static_cast<size_t>(s)];
-    part.last_layer = part.first_layer + layers[static_cast<size_t>(stage)];
-    part.has_embedding = stage == 0;
-    part.has_head = stage == pp - 1;
-    part.activation_sets = one_f_one_b_in_flight(pp, stage, config.train.grad_accum);
-    part.param_pad_multiple = ctx.mesh.dp();
-    part.sequence_parallel = config.parallel.sequence_parallel;
-    part.recompute = config.train.recompute;
-    return part;
-}
-
 // "257", or "257 (padded to 258 rows: a multiple of tp 2 x model.pad_vocab_to 1)".
 std::string vocab_description(const ModelConfig& m, int64_t tp) {
     const int64_t padded = m.padded_vocab_size(tp);
@@ -75,15 +57,16 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
     if (!is_logger()) options_.quiet = true;
+    // A stand-in backend (tests) has no device memory to ask about.
+    if (!options_.make_backend) check_memory();
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
     else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank);
     else backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);
     model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len,
-                                           stage_partition(config_, ctx), ctx_->tp.get());
+                                           stage_partition(config_, ctx.mesh, ctx.world_rank), ctx_->tp.get());
     model_->initialize(config_.train.seed);
-    const auto bucket_bytes = static_cast<int64_t>(config_.parallel.bucket_mb * 1e6);
-    buckets_ = std::make_unique<GradBuckets>(model_->parameters(), *ctx_->dp, config_.parallel.zero1, bucket_bytes);
+    buckets_ = std::make_unique<GradBuckets>(model_->parameters(), *ctx_->dp, config_.parallel.zero1, gradient_bucket_bytes(config_.parallel));
     optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters(), buckets_->owned());
     // Under ZeRO-1 each rank updates its shard only: the compute copy is refreshed whole
     // after the all-gather instead.
@@ -97,6 +80,15 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
 }
 
 Trainer::~Trainer() = default;
+
+// Every rank reads the memory free before any of them allocates (the reduction waits for
+// all), and all judge the same minimum against the same largest plan.
+void Trainer::check_memory() const {
+    const MemoryPlan plan = largest_rank_plan(config_, ctx_->mesh);
+    const double mine = static_cast<double>(available_memory_per_rank(config_, ctx_->local_rank, ctx_->local_size));
+    const double least = -ctx_->world->all_reduce_scalar(-mine, ReduceOp::max);
+    check_memory_fits(plan, static_cast<size_t>(least));
+}
 
 RankMemory Trainer::memory() const {
     const Parameters& p = model_->parameters();

@@ -31,6 +31,7 @@
 #include "optim/loss_scale.h"
 #include "parallel/context.h"
 #include "parallel/grad_buckets.h"
+#include "train/memory_plan.h"
 #include "train/pipeline_runner.h"
 
 namespace llmtrain {
@@ -59,12 +60,6 @@ struct TrainerOptions {
     std::function<int()> stop_signal{};
 };
 
-// What this rank holds, for the start-up report and the tests.
-struct RankMemory {
-    size_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, workspace_bytes = 0;
-    size_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + workspace_bytes; }
-};
-
 class Trainer {
 public:
     // A single process.
@@ -82,6 +77,7 @@ public:
     Transformer& model() { return *model_; }
     Backend& backend() { return *backend_; }
     const ParallelContext& context() const { return *ctx_; }
+    // What this rank holds (what plan_memory predicts), for the start-up report and the tests.
     RankMemory memory() const;
     DType compute_dtype() const { return dtype_; }
     // The run's config, with train.grad_accum as this mesh resolves it (never 0).
@@ -97,6 +93,9 @@ public:
 
 private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
+    // Throws a config error when the largest rank's plan does not fit in the memory free on
+    // its node; every rank reaches the same verdict.
+    void check_memory() const;
     void log_startup() const;
     void log_schedule_notes() const;
     // Applies the update of a step whose loss and gradient norm are known, or skips it.

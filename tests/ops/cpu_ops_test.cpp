@@ -2,8 +2,10 @@
 // hand-computed values, results are bitwise reproducible across runs and thread counts, bad
 // shapes and token ids raise typed errors, and the ops' special cases (in-place cross-entropy,
 // rope round trip, one-token attention) hold.
+#include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -298,6 +300,53 @@ TEST(MatmulBackward, EmptyDxStillAccumulatesDwAndDbias) {
     be->matmul_bwd(Tensor(), dw2, db2, dout, x, w);
     EXPECT_TRUE(bitwise_equal(dw1, dw2));
     EXPECT_TRUE(bitwise_equal(db1, db2));
+}
+
+namespace {
+OwnedTensor small_integers(Shape shape, int64_t seed) {
+    OwnedTensor t(f32, shape);
+    for (int64_t i = 0; i < t.numel(); ++i) set(t, i, static_cast<double>((i * 7 + seed) % 7 - 3));
+    return t;
+}
+
+// C[m, n] = sum_k A[m, k] B[k, n] with A[m, k] = a(m, k), B[k, n] = b(k, n).
+template <class A, class B>
+double dot(int64_t K, A&& a, B&& b) {
+    double sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += a(k) * b(k);
+    return sum;
+}
+}  // namespace
+
+// A GEMM runs as one single-threaded BLAS call per thread's block of rows, or of columns when
+// there are few rows: on small integers (exact sums) every thread count and every split,
+// transposed operands included, gives the exact product.
+TEST(Matmul, BlocksOverThreads_GiveTheExactProductForRowAndColumnSplits) {
+    for (const auto& [N, IC, OC] : {std::array<int64_t, 3>{96, 24, 40}, {3, 24, 300}, {64, 300, 3}})
+        for (int threads : {1, 2, 3, 5}) {
+            SCOPED_TRACE(cat("N ", N, ", IC ", IC, ", OC ", OC, ", threads ", threads));
+            auto be = cpu_backend(threads);
+            const OwnedTensor x = small_integers({N, IC}, 1), w = small_integers({OC, IC}, 2), dout = small_integers({N, OC}, 3);
+            const OwnedTensor out(f32, {N, OC}), dx(f32, {N, IC}), dw = filled(f32, {OC, IC}, 1);
+            be->matmul_fwd(out, x, w, Tensor());
+            be->matmul_bwd(dx, dw, Tensor(), dout, x, w);
+            for (int64_t n = 0; n < N; ++n)
+                for (int64_t o = 0; o < OC; ++o)
+                    ASSERT_EQ(get(out, n * OC + o), dot(IC, [&](int64_t k) { return get(x, n * IC + k); }, [&](int64_t k) { return get(w, o * IC + k); }));
+            for (int64_t n = 0; n < N; ++n)
+                for (int64_t i = 0; i < IC; ++i)
+                    ASSERT_EQ(get(dx, n * IC + i), dot(OC, [&](int64_t k) { return get(dout, n * OC + k); }, [&](int64_t k) { return get(w, k * IC + i); }));
+            for (int64_t o = 0; o < OC; ++o)
+                for (int64_t i = 0; i < IC; ++i)
+                    ASSERT_EQ(get(dw, o * IC + i), 1 + dot(N, [&](int64_t k) { return get(dout, k * OC + o); }, [&](int64_t k) { return get(x, k * IC + i); }));
+        }
+}
+
+// One pool of threads: BLAS's own stays at one thread, so that it does not spin on the cores
+// OpenMP's threads compute on (two threads were slower than one on two cores).
+TEST(Matmul, BlasRunsSingleThreadedInsideTheBackendsThreads) {
+    auto be = cpu_backend(2);
+    EXPECT_EQ(openblas_get_num_threads(), 1);
 }
 
 TEST(Add, MayWriteIntoAnInput) {

@@ -94,7 +94,6 @@ public:
         }
     }
     Device device() const override { return Device::cuda; }
-    DType statistics_dtype(DType) const override { return DType::f32; }
     Memory allocate(size_t bytes) override { return allocate_host_memory(bytes); }
     void copy_from_host(const Tensor& dst, const void* src) override {
         expect_device("copy_from_host", "dst", dst);
@@ -164,7 +163,6 @@ public:
         cpu_->matmul_bwd(view_or_empty(grad, dx), host_view(dw), host_view(dbias), widened(dout), widened(x), widened(w));
         if (!dx.empty()) store(dx, grad);
     }
-    Shape attention_saved_shape(const AttentionShape& s) const override { return {s.batch, s.n_heads, s.seq_len}; }
     void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) override {
         const char* op = "attention_fwd";
         expect_half(op, "out", out); expect_half(op, "qkv", qkv); expect_f32(op, "saved", saved);

@@ -135,10 +135,6 @@ AttentionLayout expect_attention_shape(const char* op, const AttentionShape& s) 
 
 }  // namespace
 
-Shape CpuBackend::attention_saved_shape(const AttentionShape& shape) const {
-    return {shape.batch, shape.n_heads, shape.seq_len, shape.seq_len};
-}
-
 void CpuBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) {
     cpu::OpTimer timer(profile_, Op::attention_fwd);
     const char* op = timer.name();

@@ -2,16 +2,18 @@
 // cpu_<family>.cpp files.
 #include "backend/cpu/cpu_backend.h"
 
+#include <cblas.h>
 #include <omp.h>
 
 #include <cstring>
 
-extern "C" void openblas_set_num_threads(int);
-
 namespace llmtrain {
 
+std::string blas_library_version() { return openblas_get_config(); }
+
 CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {
-    openblas_set_num_threads(threads_);
+    // BLAS runs inside the OpenMP threads, one call per block (cpu_matmul.cpp's gemm).
+    openblas_set_num_threads(1);
 }
 
 std::string CpuBackend::name() const { return "cpu"; }

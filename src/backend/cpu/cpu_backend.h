@@ -35,7 +35,6 @@ public:
     void matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override;
     void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) override;
 
-    Shape attention_saved_shape(const AttentionShape& shape) const override;
     void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) override;
     void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& shape) override;
 

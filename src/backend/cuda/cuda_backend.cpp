@@ -11,7 +11,7 @@
 namespace llmtrain {
 
 namespace {
-constexpr size_t kCublasWorkspaceBytes = 32u << 20;  // what cuBLASLt asks for on Hopper
+const size_t kCublasWorkspaceBytes = reserved_workspace_bytes(Device::cuda);
 }  // namespace
 
 void check_cuda(cudaError_t status, const char* what) {
@@ -22,15 +22,35 @@ bool cuda_backend_built() { return true; }
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
 
-// Device selection: the node-local rank modulo the GPUs seen (CUDA_VISIBLE_DEVICES may
-// give each rank one GPU, which is then device 0).
-CudaBackend::CudaBackend(int device_index) {
+int cuda_device_count() {
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0)
         fail(ErrorKind::unsupported, "train.device = \"cuda\": no usable GPU (", status != cudaSuccess ? cudaGetErrorString(status) : "no devices",
              "); set train.device = \"cpu\" or run on a machine with a GPU and its driver");
-    device_index_ = device_index % count;
+    return count;
+}
+
+// Versions are encoded as 1000 * major + 10 * minor.
+std::string cuda_runtime_version() {
+    const auto text = [](int v) { return cat(v / 1000, ".", v % 1000 / 10); };
+    int runtime = 0, driver = 0;
+    check_cuda(cudaRuntimeGetVersion(&runtime), "cudaRuntimeGetVersion");
+    const bool has_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+    return cat("CUDA runtime ", text(runtime), has_driver ? cat(" (driver ", text(driver), ")") : std::string(" (no driver)"));
+}
+
+size_t cuda_free_memory_bytes(int device_index) {
+    check_cuda(cudaSetDevice(device_index % cuda_device_count()), "cudaSetDevice");
+    size_t free_bytes = 0, total_bytes = 0;
+    check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    return free_bytes;
+}
+
+// Device selection: the node-local rank modulo the GPUs seen (CUDA_VISIBLE_DEVICES may
+// give each rank one GPU, which is then device 0).
+CudaBackend::CudaBackend(int device_index) {
+    device_index_ = device_index % cuda_device_count();
     check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, device_index_), "cudaGetDeviceProperties");

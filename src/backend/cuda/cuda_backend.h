@@ -35,7 +35,6 @@ public:
     std::string name() const override;
     bool supports(Op op, DType dtype) const override;
     Device device() const override { return Device::cuda; }
-    DType statistics_dtype(DType) const override { return DType::f32; }
     Memory allocate(size_t bytes) override;
     void copy_from_host(const Tensor& dst, const void* src) override;
     void copy_to_host(void* dst, const Tensor& src) override;
@@ -54,7 +53,6 @@ public:
     void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) override;
     void matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override;
     void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) override;
-    Shape attention_saved_shape(const AttentionShape& shape) const override;
     void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) override;
     void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& shape) override;
     void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override;

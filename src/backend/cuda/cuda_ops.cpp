@@ -238,8 +238,8 @@ void CudaBackend::matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& d
     }
 }
 
-// Flash attention keeps only the log-sum-exp of each query row: [B, H, T] fp32.
-Shape CudaBackend::attention_saved_shape(const AttentionShape& s) const { return {s.batch, s.n_heads, s.seq_len}; }
+// Flash attention keeps only the log-sum-exp of each query row: [B, H, T] fp32
+// (attention_saved_shape in backend.cpp).
 
 namespace {
 void expect_attention(const char* op, const AttentionShape& s) {

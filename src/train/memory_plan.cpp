@@ -1,0 +1,103 @@
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "backend/backend.h"
+#include "optim/adamw.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace llmtrain {
+
+namespace {
+std::string gigabytes(size_t bytes) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.2f GB", static_cast<double>(bytes) / 1e9);
+    return buffer;
+}
+
+size_t bytes_of(int64_t numel, DType dtype) { return static_cast<size_t>(numel) * dtype_size(dtype); }
+}  // namespace
+
+ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world_rank) {
+    const int64_t pp = mesh.pp(), stage = mesh.coord(world_rank).pp;
+    const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, pp, config.model.n_layers);
+    ModelPartition part;
+    for (int64_t s = 0; s < stage; ++s) part.first_layer += layers[static_cast<size_t>(s)];
+    part.last_layer = part.first_layer + layers[static_cast<size_t>(stage)];
+    part.has_embedding = stage == 0;
+    part.has_head = stage == pp - 1;
+    part.activation_sets = one_f_one_b_in_flight(pp, stage, micro_batches_per_step(config, mesh.dp()));
+    part.param_pad_multiple = mesh.dp();
+    part.sequence_parallel = config.parallel.sequence_parallel;
+    part.recompute = config.train.recompute;
+    return part;
+}
+
+int64_t gradient_bucket_bytes(const ParallelConfig& parallel) { return static_cast<int64_t>(parallel.bucket_mb * 1e6); }
+
+Device compute_device(const TrainConfig& train) { return train.device == ComputeDevice::cuda ? Device::cuda : Device::cpu; }
+
+// The trainer allocates, in this order: the model's flat parameter buffers (master, compute
+// copy, gradients, padded to a multiple of dp) and its activation arena; the ZeRO-1 shards
+// of the reduced gradients; AdamW's moments for the elements this rank owns.
+MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
+    MemoryPlan plan;
+    plan.world_rank = world_rank;
+    plan.coord = mesh.coord(world_rank);
+    plan.device = compute_device(config.train);
+    const DType compute = compute_dtype(config.train), master = master_dtype(compute);
+    const ModelPartition part = stage_partition(config, mesh, world_rank);
+    const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord.tp, mesh.tp());
+    const int64_t padded = Parameters::padded_length(model.parameters().total_numel(), part.param_pad_multiple);
+    const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
+    const int64_t owned = owned_numel(padded, dtype_size(master), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
+    RankMemory& m = plan.memory;
+    m.parameter_bytes = bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
+    m.gradient_bytes = bytes_of(padded, master) + (zero1 ? bytes_of(owned, master) : 0);
+    m.optimizer_bytes = AdamW::state_bytes_for(owned, master);
+    m.activation_bytes = model.activation_bytes();
+    m.workspace_bytes = reserved_workspace_bytes(plan.device);
+    return plan;
+}
+
+// Ranks that differ only in their dp coordinate hold the same (every dp rank owns an equal
+// piece of each bucket), so one dp rank per (tp, pp) pair is planned.
+MemoryPlan largest_rank_plan(const Config& config, const Mesh& mesh) {
+    MemoryPlan largest;
+    bool first = true;
+    for (int pp = 0; pp < mesh.pp(); ++pp)
+        for (int tp = 0; tp < mesh.tp(); ++tp) {
+            const MemoryPlan plan = plan_memory(config, mesh, mesh.world_rank({tp, 0, pp}));
+            if (first || plan.total() > largest.total()) largest = plan;
+            first = false;
+        }
+    return largest;
+}
+
+size_t available_memory_per_rank(const Config& config, int local_rank, int ranks_on_node) {
+    const int ranks = std::max(1, ranks_on_node);
+    if (compute_device(config.train) == Device::cpu) return host_available_memory_bytes() / static_cast<size_t>(ranks);
+    // Rank r uses GPU r % gpus: the ranks sharing GPU g are g, g + gpus, ... below `ranks`.
+    const int gpus = cuda_device_count(), gpu = local_rank % gpus;
+    const int sharing = gpu < ranks ? (ranks - 1 - gpu) / gpus + 1 : 1;
+    return cuda_free_memory_bytes(local_rank) / static_cast<size_t>(sharing);
+}
+
+std::string describe(const MemoryPlan& plan) {
+    const RankMemory& m = plan.memory;
+    return cat("parameters ", gigabytes(m.parameter_bytes), ", gradients ", gigabytes(m.gradient_bytes), ", optimizer ", gigabytes(m.optimizer_bytes),
+               ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes), " (rank ", plan.world_rank, ": tp ",
+               plan.coord.tp, ", dp ", plan.coord.dp, ", pp ", plan.coord.pp, ")");
+}
+
+void check_memory_fits(const MemoryPlan& plan, size_t available_bytes) {
+    if (plan.total() <= available_bytes) return;
+    const char* where = plan.device == Device::cuda ? "free on the GPU" : "available on this node";
+    fail(ErrorKind::config, "memory: this run needs ", gigabytes(plan.total()), " per rank, has ", gigabytes(available_bytes), " (", where,
+         "): ", describe(plan), ". Lower train.batch_size or train.seq_len, set train.recompute = \"selective\" or \"full\", "
+         "shrink the model, or spread it over more ranks (parallel.tp, parallel.pp; ZeRO-1 shards the optimizer over parallel.dp)");
+}
+
+}  // namespace llmtrain

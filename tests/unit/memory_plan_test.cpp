@@ -1,0 +1,141 @@
+// The memory plan, computed from the config and the mesh alone, equals what the trainer
+// holds once it has allocated, byte for byte, for every rank of several layouts; and a plan
+// that does not fit is a config error naming what it needs.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "config/config.h"
+#include "train/memory_plan.h"
+#include "train/trainer.h"
+
+using namespace llmtrain;
+
+namespace {
+
+// One rank's place in a group of `size` ranks, with no peers: a trainer's set-up reads only
+// the group sizes and ranks (its reductions here leave values as they are).
+class DetachedComm final : public Comm {
+public:
+    DetachedComm(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    int world_rank(int rank) const override { return rank; }
+    const std::string& name() const override { return name_; }
+    CommHandle all_reduce_async(const Tensor&, ReduceOp) override { return {}; }
+    CommHandle reduce_scatter_async(const Tensor&, const Tensor&) override { return {}; }
+    CommHandle all_gather_async(const Tensor&) override { return {}; }
+    CommHandle send_async(const Tensor&, int) override { return {}; }
+    void recv(const Tensor&, int) override {}
+    void broadcast(const Tensor&, int) override {}
+    void barrier() override {}
+
+private:
+    std::string name_;
+    int rank_, size_;
+};
+
+// World rank `rank` of a tp x dp x pp mesh, as one process sees it.
+ParallelContext rank_context(const Mesh& mesh, int rank) {
+    ParallelContext ctx;
+    ctx.mesh = mesh;
+    ctx.world_rank = rank;
+    const MeshCoord c = mesh.coord(rank);
+    ctx.world = std::make_unique<DetachedComm>("world", rank, mesh.world_size());
+    ctx.tp = std::make_unique<DetachedComm>("tp", c.tp, mesh.tp());
+    ctx.dp = std::make_unique<DetachedComm>("dp", c.dp, mesh.dp());
+    ctx.pp = std::make_unique<DetachedComm>("pp", c.pp, mesh.pp());
+    return ctx;
+}
+
+Config small(const std::string& family, std::vector<std::string> extra = {}) {
+    std::vector<std::string> overrides = {"model.family=\"" + family + "\"", "model.n_layers=4", "model.d_model=32", "model.vocab_size=260",
+                                          "train.batch_size=2", "train.seq_len=16", "train.grad_accum=2", "train.threads=1",
+                                          "parallel.bucket_mb=0.004"};  // buckets of 1000 floats: several per rank
+    if (family == "llama") overrides.push_back("model.n_kv_heads=2");
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    return load_config("configs/tiny.toml", overrides, DataFiles::unchecked);
+}
+
+// Every rank of the layout: the plan equals what a trainer for that rank allocates.
+void expect_plan_matches_every_rank(const Config& config, int tp, int dp, int pp) {
+    const Mesh mesh(tp * dp * pp, tp, dp, pp, config.parallel.order);
+    size_t largest = 0;
+    for (int rank = 0; rank < mesh.world_size(); ++rank) {
+        SCOPED_TRACE(cat("rank ", rank, " of tp ", tp, " x dp ", dp, " x pp ", pp));
+        ParallelContext ctx = rank_context(mesh, rank);
+        TrainerOptions options;
+        options.quiet = true;
+        options.synthetic_data = true;
+        const Trainer trainer(config, options, ctx);
+        const RankMemory held = trainer.memory(), planned = plan_memory(config, mesh, rank).memory;
+        EXPECT_EQ(planned.parameter_bytes, held.parameter_bytes);
+        EXPECT_EQ(planned.gradient_bytes, held.gradient_bytes);
+        EXPECT_EQ(planned.optimizer_bytes, held.optimizer_bytes);
+        EXPECT_EQ(planned.activation_bytes, held.activation_bytes);
+        EXPECT_EQ(planned.workspace_bytes, held.workspace_bytes);
+        EXPECT_GT(held.total(), 0u);
+        largest = std::max(largest, held.total());
+    }
+    EXPECT_EQ(largest_rank_plan(config, mesh).total(), largest);
+}
+
+}  // namespace
+
+TEST(MemoryPlan, SingleProcess_EqualsTrainerMemory_ForBothFamiliesAndEveryRecomputeMode) {
+    for (const std::string family : {"gpt2", "llama"})
+        for (const std::string recompute : {"none", "selective", "full"}) {
+            SCOPED_TRACE(family + ", recompute " + recompute);
+            expect_plan_matches_every_rank(small(family, {"train.recompute=\"" + recompute + "\""}), 1, 1, 1);
+        }
+}
+
+TEST(MemoryPlan, DataParallel_EqualsTrainerMemory_WithZero1OnAndOff) {
+    for (const std::string zero1 : {"true", "false"}) {
+        SCOPED_TRACE("zero1 " + zero1);
+        // dp = 3 pads the flat buffer; ZeRO-1 shards the gradients and moments three ways.
+        expect_plan_matches_every_rank(small("gpt2", {"parallel.zero1=" + zero1}), 1, 3, 1);
+        expect_plan_matches_every_rank(small("llama", {"parallel.zero1=" + zero1}), 1, 4, 1);
+    }
+}
+
+TEST(MemoryPlan, TensorAndPipelineParallel_EqualTrainerMemory_OnEveryRank) {
+    expect_plan_matches_every_rank(small("gpt2", {"parallel.tp=2", "parallel.sequence_parallel=true"}), 2, 1, 1);
+    expect_plan_matches_every_rank(small("llama", {"parallel.pp=2", "train.recompute=\"selective\""}), 1, 1, 2);
+    expect_plan_matches_every_rank(small("gpt2", {"parallel.pp=2", "parallel.stage_layers=\"3,1\"", "train.recompute=\"full\""}), 1, 2, 2);
+    expect_plan_matches_every_rank(small("llama", {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"}), 2, 2, 2);
+    // Micro-batches in flight from train.global_batch_size: 12 / (2 x dp 2) = 3 per step.
+    expect_plan_matches_every_rank(small("gpt2", {"parallel.pp=2", "train.grad_accum=0", "train.global_batch_size=12"}), 1, 2, 2);
+}
+
+// Pipeline stages differ: the first holds the embedding and more micro-batches in flight.
+TEST(MemoryPlan, LargestRank_IsTheStageThatHoldsMost) {
+    const Config config = small("gpt2", {"parallel.pp=2", "parallel.stage_layers=\"3,1\""});
+    const Mesh mesh(2, 1, 1, 2);
+    const MemoryPlan first = plan_memory(config, mesh, 0), last = plan_memory(config, mesh, 1);
+    EXPECT_GT(first.total(), last.total());
+    EXPECT_EQ(largest_rank_plan(config, mesh).world_rank, 0);
+}
+
+TEST(MemoryPlan, PlanThatDoesNotFit_IsAConfigErrorWithTheBreakdown) {
+    const Config config = small("gpt2");
+    const MemoryPlan plan = plan_memory(config, Mesh(1, 1, 1, 1), 0);
+    EXPECT_NO_THROW(check_memory_fits(plan, plan.total()));
+    try {
+        check_memory_fits(plan, plan.total() - 1);
+        FAIL() << "expected a config error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::config);
+        EXPECT_TRUE(std::regex_search(e.what(), std::regex("needs [0-9.]+ GB per rank, has [0-9.]+ GB .*parameters .*gradients .*optimizer "
+                                                           ".*activations .*workspace .*train.batch_size")))
+            << e.what();
+    }
+}
+
+TEST(MemoryPlan, AvailableMemory_IsTheHostsSharedByTheRanksOnTheNode) {
+    const Config config = small("gpt2");
+    const size_t one = available_memory_per_rank(config, 0, 1), four = available_memory_per_rank(config, 0, 4);
+    EXPECT_GT(one, 0u);
+    // MemAvailable moves between the two reads; a quarter of it within 5%.
+    EXPECT_NEAR(static_cast<double>(four), static_cast<double>(one) / 4, static_cast<double>(one) * 0.05);
+}
