@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "train/memory_plan.h"
 #include "train/trainer.h"
 
 namespace llmtrain {
@@ -77,6 +78,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     TrainerOptions options;
     options.quiet = true;
     options.synthetic_data = true;
+    check_rank_memory(config, ctx.mesh, ctx.local_rank, ctx.local_size);
     Trainer trainer(config, options, ctx);
     Backend& backend = trainer.backend();
     const TrainConfig& t = trainer.config().train;  // grad_accum as this mesh resolves it

@@ -25,6 +25,7 @@
 #include "metrics/run_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "train/memory_plan.h"
 #include "train/trainer.h"
 
 namespace llmtrain {
@@ -130,6 +131,9 @@ void print_dry_run(const Config& config, const Mesh& mesh) {
     std::printf("batch: %lld x %lld tokens x %lld micro-batches x dp %d = %lld tokens per step\n", static_cast<long long>(config.train.batch_size),
                 static_cast<long long>(config.train.seq_len), static_cast<long long>(micro_batches), mesh.dp(),
                 static_cast<long long>(config.train.batch_size * config.train.seq_len * micro_batches * mesh.dp()));
+    const MemoryPlan plan = largest_rank_plan(config, mesh);
+    std::printf("memory plan of the largest rank: %s\n", describe(plan).c_str());
+    check_memory_fits(plan, available_memory_per_rank(config, 0, 1));  // as if each rank had a node of this machine's size
     std::printf("dry run: every check passed; nothing was allocated or written\n");
 }
 
@@ -248,6 +252,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     micro_batches_per_step(config, 1);  // a global batch that does not split stops the run before its directory exists
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     check_run_dir_is_free(run_dir);
+    check_rank_memory(config, make_mesh(config.parallel, 1), 0, 1);
     const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume(args.resume, config);
     if (resume) check_resume_config(*resume, config, true);
     if (trained_already(resume, config, true)) return exit_ok;
@@ -325,6 +330,7 @@ int train_under_mpi(const TrainArgs& args) {
     try {
         ctx.emplace(make_mpi_context(config->parallel));
         where = cat("rank ", world_rank, " (", ctx->mesh.describe(world_rank), ")");
+        check_on_every_rank(mpi, [&] { check_rank_memory(*config, ctx->mesh, ctx->local_rank, ctx->local_size); });
         install_stop_signal_handlers();
         TrainerOptions options;
         options.quiet = world_rank != 0;

@@ -100,4 +100,8 @@ void check_memory_fits(const MemoryPlan& plan, size_t available_bytes) {
          "shrink the model, or spread it over more ranks (parallel.tp, parallel.pp; ZeRO-1 shards the optimizer over parallel.dp)");
 }
 
+void check_rank_memory(const Config& config, const Mesh& mesh, int local_rank, int local_size) {
+    check_memory_fits(largest_rank_plan(config, mesh), available_memory_per_rank(config, local_rank, local_size));
+}
+
 }  // namespace llmtrain

@@ -66,5 +66,8 @@ std::string describe(const MemoryPlan& plan);
 // Throws Error(ErrorKind::config) "... needs X GB per rank, has Y GB ..." with the breakdown
 // and what to change when the plan does not fit in available_bytes.
 void check_memory_fits(const MemoryPlan& plan, size_t available_bytes);
+// This rank's check before anything is allocated: the largest rank's plan against the memory
+// this rank has (local_rank of local_size ranks on its node). Each rank asks its own node.
+void check_rank_memory(const Config& config, const Mesh& mesh, int local_rank, int local_size);
 
 }  // namespace llmtrain

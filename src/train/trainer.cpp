@@ -57,8 +57,6 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
     if (!is_logger()) options_.quiet = true;
-    // A stand-in backend (tests) has no device memory to ask about.
-    if (!options_.make_backend) check_memory();
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
     else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank);
     else backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
@@ -80,15 +78,6 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
 }
 
 Trainer::~Trainer() = default;
-
-// Every rank reads the memory free before any of them allocates (the reduction waits for
-// all), and all judge the same minimum against the same largest plan.
-void Trainer::check_memory() const {
-    const MemoryPlan plan = largest_rank_plan(config_, ctx_->mesh);
-    const double mine = static_cast<double>(available_memory_per_rank(config_, ctx_->local_rank, ctx_->local_size));
-    const double least = -ctx_->world->all_reduce_scalar(-mine, ReduceOp::max);
-    check_memory_fits(plan, static_cast<size_t>(least));
-}
 
 RankMemory Trainer::memory() const {
     const Parameters& p = model_->parameters();

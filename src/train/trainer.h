@@ -93,9 +93,6 @@ public:
 
 private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
-    // Throws a config error when the largest rank's plan does not fit in the memory free on
-    // its node; every rank reaches the same verdict.
-    void check_memory() const;
     void log_startup() const;
     void log_schedule_notes() const;
     // Applies the update of a step whose loss and gradient norm are known, or skips it.
