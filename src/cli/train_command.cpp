@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/config_changes.h"
+#include "checkpoint/safetensors.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/exit_code.h"
@@ -182,8 +183,15 @@ bool trained_already(const std::optional<ResumePoint>& resume, const Config& con
     return true;
 }
 
-void restore(Trainer& trainer, const std::optional<ResumePoint>& resume) {
-    if (!resume) return;
+// The starting point: the checkpoint --resume found, else train.init_from's weights, else the
+// random initialization the trainer made.
+void restore(Trainer& trainer, const std::optional<ResumePoint>& resume, const Config& config) {
+    if (!resume) {
+        if (config.train.init_from.empty()) return;
+        trainer.load_initial_weights(config.train.init_from);
+        if (trainer.context().world_rank == 0) log_info("weights from '", safetensors_file_of(config.train.init_from), "' (train.init_from); starting at step 0");
+        return;
+    }
     trainer.restore(resume->path, resume->manifest);
     if (trainer.context().world_rank == 0)
         log_info("resumed from '", resume->path, "' at step ", resume->manifest.step, " (saved on ", resume->manifest.world_size, " rank(s): tp ",
@@ -260,7 +268,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     TrainerOptions options;
     options.stop_signal = pending_stop_signal;
     Trainer trainer(config, std::move(options));
-    restore(trainer, resume);
+    restore(trainer, resume, config);
     return train(trainer, config, run_dir, 1);
 }
 
@@ -336,7 +344,7 @@ int train_under_mpi(const TrainArgs& args) {
         options.quiet = world_rank != 0;
         options.stop_signal = pending_stop_signal;
         Trainer trainer(*config, std::move(options), *ctx);
-        restore(trainer, resume);
+        restore(trainer, resume, *config);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
         return train(trainer, *config, run_dir, mpi.world_size());
     } catch (const Error& e) {

@@ -269,6 +269,8 @@ const std::vector<Field>& schema() {
             .describe("activation recomputation: none, selective (norms and MLP activation) or full (whole layers)"),
         CONFIG_KEY(train, loss_scale).number(incl(1), incl(16777216)).describe("fp16: initial dynamic loss scale"),
         CONFIG_KEY(train, loss_scale_window).integer(1, kMillion).describe("fp16: steps without overflow before the loss scale doubles"),
+        CONFIG_KEY(train, init_from).string()
+            .describe("Hugging Face weights to start from (step 0, fresh optimizer): a .safetensors file or a directory holding model.safetensors; empty: random initialization; a checkpoint found by --resume wins"),
 
         CONFIG_KEY(optimizer, lr).number(excl(0), incl(10)).required().describe("peak learning rate"),
         CONFIG_KEY(optimizer, min_lr_ratio).number(incl(0), incl(1)).describe("floor of the decay, as a fraction of lr"),

@@ -98,6 +98,7 @@ struct TrainConfig {
     Recompute recompute = Recompute::none;
     double loss_scale = 65536;             // fp16: initial dynamic loss scale
     int64_t loss_scale_window = 1000;      // fp16: finite steps before the scale doubles
+    std::string init_from;                 // Hugging Face weights (model.safetensors or its directory) to start from
 };
 
 enum class LrDecay { cosine, linear, constant };

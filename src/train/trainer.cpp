@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "checkpoint/restore.h"
+#include "checkpoint/safetensors.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/generate.h"
@@ -211,6 +212,8 @@ void Trainer::restore(const std::string& path, const Manifest& manifest) {
     start_step_ = manifest.step;
     tokens_seen_ = manifest.tokens_seen;
 }
+
+void Trainer::load_initial_weights(const std::string& path) { load_hf_weights(path, config_.model.vocab_size, model_->parameters(), *backend_); }
 
 // A fault for the tests of the non-finite policy: this rank's first gradient becomes NaN.
 void Trainer::poison_gradients() {

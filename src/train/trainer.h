@@ -90,6 +90,9 @@ public:
     // loss scale, data position; run() then starts at manifest.step.
     void restore(const std::string& path, const Manifest& manifest);
     int64_t start_step() const { return start_step_; }
+    // Starts from Hugging Face weights (train.init_from) in place of the random initialization:
+    // this rank's part of every parameter; step 0 and a fresh optimizer all the same.
+    void load_initial_weights(const std::string& path);
 
 private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);

@@ -1,0 +1,257 @@
+#include "checkpoint/safetensors.h"
+
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/tensor_assembly.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace llmtrain {
+
+namespace fs = std::filesystem;
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian; this build reads and writes it as such");
+
+namespace {
+constexpr const char* kWeightsFile = "model.safetensors";
+
+// GPT-2's Conv1D weights: [in, out] in Hugging Face, [out, in] here.
+bool is_conv1d_weight(const std::string& name) {
+    if (!name.starts_with("transformer.h.")) return false;
+    for (const char* suffix : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+        if (name.ends_with(suffix)) return true;
+    return false;
+}
+
+// Tensors with one row per vocabulary entry (padded beyond model.vocab_size).
+bool is_vocab_tensor(const std::string& name) {
+    return name == "transformer.wte.weight" || name == "model.embed_tokens.weight" || name == "lm_head.weight";
+}
+
+size_t element_bytes(const std::string& dtype) {
+    if (dtype == "F32") return 4;
+    if (dtype == "F64") return 8;
+    if (dtype == "F16" || dtype == "BF16") return 2;
+    return 0;
+}
+
+double element_value(const std::string& dtype, const char* p) {
+    if (dtype == "F32") {
+        float v;
+        std::memcpy(&v, p, 4);
+        return v;
+    }
+    if (dtype == "F64") {
+        double v;
+        std::memcpy(&v, p, 8);
+        return v;
+    }
+    uint16_t bits;
+    std::memcpy(&bits, p, 2);
+    return dtype == "BF16" ? bf16_to_float(bits) : f16_to_float(bits);
+}
+
+Shape shape_from_json(const nlohmann::json& dims) {
+    if (!dims.is_array() || dims.size() > static_cast<size_t>(Shape::max_rank)) throw std::invalid_argument("shape is not an array of at most 4 sizes");
+    Shape shape;
+    shape.rank = static_cast<int>(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) {
+        if (!dims[i].is_number_unsigned()) throw std::invalid_argument("shape holds a value that is not a size");
+        shape.dims[i] = dims[i].get<int64_t>();
+    }
+    return shape;
+}
+
+nlohmann::ordered_json shape_to_json(const Shape& shape) {
+    nlohmann::ordered_json dims = nlohmann::ordered_json::array();
+    for (int i = 0; i < shape.rank; ++i) dims.push_back(shape[i]);
+    return dims;
+}
+
+// GPT-2 files saved from GPT2Model (the original openai-community/gpt2) lack "transformer.".
+const SafetensorsEntry* find_hf_entry(const SafetensorsFile& file, const std::string& name) {
+    if (const SafetensorsEntry* e = file.find(name)) return e;
+    if (name.starts_with("transformer.")) return file.find(name.substr(std::strlen("transformer.")));
+    return nullptr;
+}
+
+nlohmann::ordered_json gpt2_config(const ModelConfig& m) {
+    return {{"architectures", nlohmann::ordered_json::array({"GPT2LMHeadModel"})}, {"model_type", "gpt2"}, {"vocab_size", m.vocab_size}, {"n_positions", m.max_seq_len},
+            {"n_ctx", m.max_seq_len}, {"n_embd", m.d_model}, {"n_layer", m.n_layers}, {"n_head", m.n_heads}, {"n_inner", m.d_ff},
+            // GELU in its tanh form (backend/cpu/cpu_elementwise.cpp), which transformers calls gelu_new.
+            {"activation_function", "gelu_new"}, {"layer_norm_epsilon", m.norm_eps}, {"initializer_range", m.init_std},
+            {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"scale_attn_weights", true},
+            {"tie_word_embeddings", m.tied_embeddings}, {"torch_dtype", "float32"}};
+}
+
+// Llama, or Qwen2 when q, k and v have biases (Llama's attention_bias would add one to o_proj too).
+nlohmann::ordered_json llama_config(const ModelConfig& m) {
+    const bool qwen2 = m.qkv_bias;
+    nlohmann::ordered_json j = {{"architectures", nlohmann::ordered_json::array({qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})}, {"model_type", qwen2 ? "qwen2" : "llama"},
+                                {"vocab_size", m.vocab_size}, {"hidden_size", m.d_model}, {"intermediate_size", m.d_ff},
+                                {"num_hidden_layers", m.n_layers}, {"num_attention_heads", m.n_heads}, {"num_key_value_heads", m.n_kv_heads},
+                                {"head_dim", m.head_dim()}, {"hidden_act", "silu"}, {"max_position_embeddings", m.max_seq_len},
+                                {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}, {"initializer_range", m.init_std},
+                                {"attention_dropout", 0.0}, {"tie_word_embeddings", m.tied_embeddings}, {"torch_dtype", "float32"}};
+    if (qwen2) j["use_sliding_window"] = false, j["max_window_layers"] = m.n_layers;
+    else j["attention_bias"] = false, j["mlp_bias"] = false;
+    return j;
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) fail(ErrorKind::io, "cannot write '", path, "'");
+}
+}  // namespace
+
+Shape hf_shape(const std::string& name, const Shape& global_shape, int64_t vocab_size) {
+    Shape shape = global_shape;
+    if (is_vocab_tensor(name) && shape.rank == 2) shape.dims[0] = vocab_size;
+    if (is_conv1d_weight(name) && shape.rank == 2) std::swap(shape.dims[0], shape.dims[1]);
+    return shape;
+}
+
+int64_t hf_index(const std::string& name, const Shape& global_shape, int64_t vocab_size, int64_t g) {
+    if (global_shape.rank != 2) return g;
+    const int64_t cols = global_shape.cols(), row = g / cols, col = g % cols;
+    if (is_vocab_tensor(name) && row >= vocab_size) return -1;
+    if (is_conv1d_weight(name)) return col * global_shape[0] + row;
+    return g;
+}
+
+std::string hf_config_json(const ModelConfig& model) {
+    return (model.family == ModelFamily::gpt2 ? gpt2_config(model) : llama_config(model)).dump(2) + "\n";
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+    if (!in_) fail(ErrorKind::data, "cannot read '", path, "'");
+    std::error_code ec;
+    const uint64_t file_bytes = fs::file_size(path, ec);
+    uint64_t header_bytes = 0;
+    if (ec || file_bytes < 8 || !in_.read(reinterpret_cast<char*>(&header_bytes), 8) || header_bytes > file_bytes - 8)
+        fail(ErrorKind::data, "'", path, "' is not a safetensors file (no header of a plausible length)");
+    std::string header(header_bytes, '\0');
+    in_.read(header.data(), static_cast<std::streamsize>(header_bytes));
+    const nlohmann::json j = nlohmann::json::parse(header, nullptr, false);
+    if (!in_ || j.is_discarded() || !j.is_object()) fail(ErrorKind::data, "'", path, "': the safetensors header is not a JSON object");
+    data_start_ = 8 + header_bytes;
+    const uint64_t data_bytes = file_bytes - data_start_;
+    for (const auto& [name, value] : j.items()) {
+        if (name == "__metadata__") continue;
+        try {
+            SafetensorsEntry e;
+            e.name = name;
+            e.dtype = value.at("dtype").get<std::string>();
+            e.shape = shape_from_json(value.at("shape"));
+            const nlohmann::json& offsets = value.at("data_offsets");
+            if (!offsets.is_array() || offsets.size() != 2) throw std::invalid_argument("data_offsets is not [begin, end]");
+            e.begin = offsets[0].get<uint64_t>(), e.end = offsets[1].get<uint64_t>();
+            const size_t size = element_bytes(e.dtype);
+            if (size == 0) throw std::invalid_argument("dtype " + e.dtype + " is not a float type this reads (F32, F64, F16, BF16)");
+            if (e.begin > e.end || e.end > data_bytes || e.end - e.begin != static_cast<uint64_t>(e.shape.numel()) * size)
+                throw std::invalid_argument("data_offsets do not hold " + e.shape.str() + " " + e.dtype + " values within the file");
+            by_name_[name] = entries_.size();
+            entries_.push_back(std::move(e));
+        } catch (const std::exception& error) {
+            fail(ErrorKind::data, "'", path, "': tensor '", name, "': ", error.what());
+        }
+    }
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+    const auto found = by_name_.find(name);
+    return found == by_name_.end() ? nullptr : &entries_[found->second];
+}
+
+std::vector<double> SafetensorsFile::read(const SafetensorsEntry& entry) const {
+    std::vector<char> bytes(entry.end - entry.begin);
+    in_.clear();
+    in_.seekg(static_cast<std::streamoff>(data_start_ + entry.begin));
+    if (!in_.read(bytes.data(), static_cast<std::streamsize>(bytes.size()))) fail(ErrorKind::data, "'", path_, "': cannot read tensor '", entry.name, "'");
+    const size_t size = element_bytes(entry.dtype);
+    std::vector<double> values(bytes.size() / size);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = element_value(entry.dtype, bytes.data() + i * size);
+    return values;
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsOutput>& tensors) {
+    nlohmann::ordered_json header;
+    uint64_t offset = 0;
+    for (const SafetensorsOutput& t : tensors) {
+        const uint64_t bytes = static_cast<uint64_t>(t.shape.numel()) * sizeof(float);
+        header[t.name] = {{"dtype", "F32"}, {"shape", shape_to_json(t.shape)}, {"data_offsets", nlohmann::ordered_json::array({offset, offset + bytes})}};
+        offset += bytes;
+    }
+    header["__metadata__"] = {{"format", "pt"}};
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    const uint64_t length = text.size();
+    out.write(reinterpret_cast<const char*>(&length), 8);
+    out << text;
+    for (const SafetensorsOutput& t : tensors) {
+        const std::vector<float> values = t.values();
+        if (static_cast<int64_t>(values.size()) != t.shape.numel())
+            fail(ErrorKind::runtime, "safetensors: tensor '", t.name, "' has ", values.size(), " values for shape ", t.shape.str());
+        out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+    }
+    if (!out.flush()) fail(ErrorKind::io, "cannot write '", path, "'");
+}
+
+ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const std::string& out_dir) {
+    const Manifest manifest = read_checkpoint_manifest(checkpoint_path);
+    const Config config = parse_config(manifest.config_toml, (fs::path(checkpoint_path) / "manifest.json").string() + " (config)", {}, DataFiles::unchecked);
+    const int64_t vocab = config.model.vocab_size;
+    const CheckpointTensors checkpoint(checkpoint_path, manifest);
+    std::vector<SafetensorsOutput> outputs;
+    for (const std::string& name : checkpoint.names(TensorRole::weights)) {
+        const Shape saved = checkpoint.saved_shape(TensorRole::weights, name);
+        const Shape shape = hf_shape(name, saved, vocab);
+        outputs.push_back({name, shape, [&checkpoint, name, saved, shape, vocab] {
+            const std::vector<double> global = assemble_global_tensor(checkpoint, TensorRole::weights, name, saved);
+            std::vector<float> values(static_cast<size_t>(shape.numel()));
+            for (int64_t g = 0; g < saved.numel(); ++g) {
+                const int64_t i = hf_index(name, saved, vocab, g);
+                if (i >= 0) values[static_cast<size_t>(i)] = static_cast<float>(global[static_cast<size_t>(g)]);
+            }
+            return values;
+        }});
+    }
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    if (ec) fail(ErrorKind::io, "cannot create '", out_dir, "': ", ec.message());
+    const std::string weights_path = (fs::path(out_dir) / kWeightsFile).string();
+    write_safetensors(weights_path, outputs);
+    write_text_file((fs::path(out_dir) / "config.json").string(), hf_config_json(config.model));
+    const nlohmann::json written = nlohmann::json::parse(hf_config_json(config.model));
+    return {written.at("architectures").at(0).get<std::string>(), outputs.size(), fs::file_size(weights_path)};
+}
+
+std::string safetensors_file_of(const std::string& path) {
+    return fs::is_directory(path) ? (fs::path(path) / kWeightsFile).string() : path;
+}
+
+void load_hf_weights(const std::string& path, int64_t vocab_size, Parameters& params, Backend& backend) {
+    const SafetensorsFile file(safetensors_file_of(path));
+    for (size_t i = 0; i < params.count(); ++i) {
+        const ParamInfo& info = params.info(i);
+        const SafetensorsEntry* entry = find_hf_entry(file, info.name);
+        if (!entry) fail(ErrorKind::config, "train.init_from: '", file.path(), "' holds no tensor '", info.name, "' (weights of another model?)");
+        const Shape wanted = hf_shape(info.name, info.global_shape, vocab_size);
+        if (entry->shape != wanted)
+            fail(ErrorKind::config, "train.init_from: '", file.path(), "': tensor ", info.name, ": checkpoint ", entry->shape.str(), ", model ", wanted.str());
+        const std::vector<double> values = file.read(*entry);
+        set_master_weights(params, i, backend, [&](int64_t g) {
+            const int64_t k = hf_index(info.name, info.global_shape, vocab_size, g);
+            return k < 0 ? 0.0 : values[static_cast<size_t>(k)];
+        });
+    }
+    if (params.has_compute_copy()) params.refresh_compute_copy();
+}
+
+}  // namespace llmtrain

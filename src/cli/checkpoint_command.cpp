@@ -1,0 +1,271 @@
+// `llmtrain checkpoint list|verify|inspect|export`: what is under a checkpoint.dir, whether
+// each checkpoint would load (every checksum), what one holds (state, mesh, files, every
+// tensor and which rank files hold its parts), and its weights as Hugging Face
+// model.safetensors + config.json.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <set>
+
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/hdf5_file.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/tensor_assembly.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/exit_code.h"
+
+namespace llmtrain {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CheckpointArgs {
+    std::string path;
+    std::string out_dir;
+    std::string format = "safetensors";
+    bool config = false;
+};
+
+std::string megabytes(uint64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f", static_cast<double>(bytes) / 1e6);
+    return text;
+}
+
+// The bytes and the number of files directly in a checkpoint directory.
+std::pair<uint64_t, int> directory_size(const std::string& path) {
+    uint64_t bytes = 0;
+    int files = 0;
+    std::error_code ec;
+    for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
+        if (!entry.is_regular_file()) continue;
+        bytes += entry.file_size(ec);
+        ++files;
+    }
+    return {bytes, files};
+}
+
+bool has_manifest(const std::string& path) { return fs::exists(fs::path(path) / "manifest.json"); }
+
+// A checkpoint directory as given, or the one a checkpoint.dir's `latest` names.
+std::string resolve_checkpoint(const std::string& path) {
+    if (!fs::is_directory(path)) fail(ErrorKind::data, "'", path, "' is not a directory");
+    if (has_manifest(path)) return path;
+    if (const std::optional<std::string> latest = latest_checkpoint(path)) return *latest;
+    fail(ErrorKind::data, "'", path, "' has no manifest.json (an incomplete save, or not a checkpoint) and no 'latest'");
+}
+
+// Every tensor of a rank file that fails to read (chunk checksum, damaged metadata): the
+// file's XXH64 says only that the file is damaged, this says where.
+std::vector<std::string> damaged_tensors(const std::string& file) {
+    std::vector<std::string> damaged;
+    try {
+        const RankFileReader reader(file);
+        for (const SavedTensor& t : reader.tensors()) {
+            try {
+                reader.read(t);
+            } catch (const Error& e) {
+                damaged.push_back(e.what());
+            }
+        }
+    } catch (const Error& e) {
+        damaged.push_back(e.what());
+    }
+    return damaged;
+}
+
+// Ranks as "0-3, 6": which rank files hold a tensor's parts, short for large worlds.
+std::string rank_ranges(const std::set<int>& ranks) {
+    std::string text;
+    for (auto it = ranks.begin(); it != ranks.end();) {
+        const int first = *it;
+        int last = first;
+        while (++it != ranks.end() && *it == last + 1) ++last;
+        text += cat(text.empty() ? "" : ", ", first, last > first ? cat(last == first + 1 ? ", " : "-", last) : "");
+    }
+    return text;
+}
+
+// How a tensor is split across tp ranks, from one of its parts.
+std::string split_description(const SavedTensor& t) {
+    if (t.split.kind == TpSplit::none || t.tp_size == 1) return "whole";
+    const std::string how = t.split.kind == TpSplit::rows ? "rows" : "cols";
+    return cat(how, " / tp ", t.tp_size, t.split.blocks > 1 ? cat(" (", t.split.blocks, " blocks)") : "");
+}
+
+std::set<int> ranks_holding(const std::vector<TensorPart>& parts) {
+    std::set<int> ranks;
+    for (const TensorPart& p : parts) ranks.insert(p.file->attributes().world_rank);
+    return ranks;
+}
+
+// ---- list ----
+
+std::string list_status(const CheckpointEntry& entry) {
+    if (!entry.committed) return "incomplete (no manifest)";
+    const std::optional<std::string> problem = checkpoint_problem(entry.path);
+    return problem ? *problem : "ok";
+}
+
+int run_list(const CheckpointArgs& args) {
+    if (!fs::is_directory(args.path)) fail(ErrorKind::data, "'", args.path, "' is not a directory (expected a checkpoint.dir)");
+    const std::vector<CheckpointEntry> entries = list_checkpoints(args.path);
+    if (entries.empty()) {
+        std::printf("no checkpoints under '%s'\n", args.path.c_str());
+        return exit_ok;
+    }
+    std::optional<std::string> latest;
+    try {
+        latest = latest_checkpoint(args.path);
+    } catch (const Error&) {
+        // A damaged `latest` marks nothing; resuming with --resume auto does not read it.
+    }
+    std::printf("%-10s %10s %6s  %s\n", "step", "size MB", "files", "status");
+    for (const CheckpointEntry& e : entries) {
+        const auto [bytes, files] = directory_size(e.path);
+        const bool is_latest = latest && fs::equivalent(*latest, e.path);
+        std::printf("%-10lld %10s %6d  %s%s\n", static_cast<long long>(e.step), megabytes(bytes).c_str(), files, list_status(e).c_str(),
+                    is_latest ? "  <- latest" : "");
+    }
+    return exit_ok;
+}
+
+// ---- verify ----
+
+// Verifies one checkpoint fully; prints its verdict. Returns its problem, if any.
+std::optional<std::string> verify_one(const std::string& path) {
+    if (!has_manifest(path)) {
+        const std::string problem = cat("'", path, "' is incomplete (no manifest.json: a save that did not finish)");
+        std::printf("%s: INCOMPLETE (no manifest.json)\n", path.c_str());
+        return problem;
+    }
+    const std::optional<std::string> problem = checkpoint_problem(path, Verification::full);
+    if (!problem) {
+        const Manifest m = read_checkpoint_manifest(path);
+        const auto [bytes, files] = directory_size(path);
+        std::printf("%s: ok (step %lld, %zu rank file(s), %s MB; sizes, XXH64 and every tensor chunk's Fletcher32 verified)\n", path.c_str(),
+                    static_cast<long long>(m.step), m.files.size(), megabytes(bytes).c_str());
+        return std::nullopt;
+    }
+    std::printf("%s: FAILED: %s\n", path.c_str(), problem->c_str());
+    std::string first_damage;
+    try {
+        for (const CheckpointFile& f : read_checkpoint_manifest(path).files) {
+            const std::string file = (fs::path(path) / f.name).string();
+            if (!fs::exists(file)) continue;
+            for (const std::string& damage : damaged_tensors(file)) {
+                std::printf("  %s\n", damage.c_str());
+                if (first_damage.empty()) first_damage = damage;
+            }
+        }
+    } catch (const Error&) {
+        // The manifest itself is the problem, already printed.
+    }
+    return first_damage.empty() ? *problem : cat(*problem, "; ", first_damage);
+}
+
+int run_verify(const CheckpointArgs& args) {
+    if (!fs::is_directory(args.path)) fail(ErrorKind::data, "'", args.path, "' is not a directory");
+    std::vector<std::string> paths;
+    const std::vector<CheckpointEntry> entries = list_checkpoints(args.path);
+    const bool single = has_manifest(args.path) || entries.empty();
+    if (single) paths.push_back(args.path);
+    else for (const CheckpointEntry& e : entries) paths.push_back(e.path);
+    std::vector<std::string> problems;
+    for (const std::string& path : paths)
+        if (const std::optional<std::string> problem = verify_one(path)) problems.push_back(*problem);
+    if (!problems.empty())
+        fail(ErrorKind::data, problems.size(), " of ", paths.size(), " checkpoint(s) failed verification; the first: ", problems.front());
+    return exit_ok;
+}
+
+// ---- inspect ----
+
+void print_state(const std::string& path, const Manifest& m) {
+    std::printf("checkpoint       %s\n", path.c_str());
+    std::printf("step             %lld\n", static_cast<long long>(m.step));
+    std::printf("tokens seen      %lld\n", static_cast<long long>(m.tokens_seen));
+    std::printf("optimizer steps  %lld\n", static_cast<long long>(m.optimizer_steps));
+    std::printf("loss scale       %g (%lld good steps)\n", m.loss_scale, static_cast<long long>(m.loss_scale_good_steps));
+    if (m.data)
+        std::printf("data position    step %llu, cursor %llu, order seed %llu\n", static_cast<unsigned long long>(m.data->step),
+                    static_cast<unsigned long long>(m.data->cursor), static_cast<unsigned long long>(m.data->seed));
+    else
+        std::printf("data position    none (training windows are drawn from (seed, step))\n");
+    std::printf("seed             %llu\n", static_cast<unsigned long long>(m.seed));
+    std::printf("mesh             tp %d x dp %d x pp %d = %d rank(s), ZeRO-1 %s\n", m.tp, m.dp, m.pp, m.world_size, m.zero1 ? "on" : "off");
+    std::printf("created          %s\n", m.created.c_str());
+    std::printf("files\n");
+    for (const CheckpointFile& f : m.files)
+        std::printf("  %-16s %10s MB  xxh64 %016llx\n", f.name.c_str(), megabytes(f.bytes).c_str(), static_cast<unsigned long long>(f.xxh64));
+}
+
+void print_tensors(const CheckpointTensors& checkpoint) {
+    const std::vector<std::string> names = checkpoint.names(TensorRole::weights);
+    size_t width = 6;
+    for (const std::string& name : names) width = std::max(width, name.size());
+    std::printf("tensors (%zu)\n  %-*s  %-14s  %-22s  %-12s  %s\n", names.size(), static_cast<int>(width), "name", "global shape", "split", "weights in",
+                "AdamW moments in");
+    for (const std::string& name : names) {
+        const std::vector<TensorPart>& weights = checkpoint.parts(TensorRole::weights, name);
+        const std::set<int> moment_ranks = ranks_holding(checkpoint.parts(TensorRole::exp_avg, name));
+        std::printf("  %-*s  %-14s  %-22s  %-12s  %s\n", static_cast<int>(width), name.c_str(), weights.front().tensor->global_shape.str().c_str(),
+                    split_description(*weights.front().tensor).c_str(), cat("rank ", rank_ranges(ranks_holding(weights))).c_str(),
+                    moment_ranks.empty() ? "none" : cat("rank ", rank_ranges(moment_ranks)).c_str());
+    }
+}
+
+int run_inspect(const CheckpointArgs& args) {
+    const std::string path = resolve_checkpoint(args.path);
+    const Manifest manifest = read_checkpoint_manifest(path);
+    if (args.config) {
+        std::printf("%s", manifest.config_toml.c_str());
+        return exit_ok;
+    }
+    print_state(path, manifest);
+    print_tensors(CheckpointTensors(path, manifest));
+    return exit_ok;
+}
+
+// ---- export ----
+
+int run_export(const CheckpointArgs& args) {
+    const std::string path = resolve_checkpoint(args.path);
+    if (const std::optional<std::string> problem = checkpoint_problem(path)) fail(ErrorKind::data, "cannot export: ", *problem);
+    const ExportSummary summary = export_checkpoint_to_hf(path, args.out_dir);
+    std::printf("exported '%s' (step %lld) as %s: %zu tensors, %s MB -> %s, %s\n", path.c_str(),
+                static_cast<long long>(read_checkpoint_manifest(path).step), summary.architecture.c_str(), summary.tensors,
+                megabytes(summary.bytes).c_str(), (fs::path(args.out_dir) / "model.safetensors").c_str(), (fs::path(args.out_dir) / "config.json").c_str());
+    return exit_ok;
+}
+
+}  // namespace
+
+void register_checkpoint_command(CLI::App& app, CommandAction& action) {
+    auto args = std::make_shared<CheckpointArgs>();
+    CLI::App* cmd = app.add_subcommand("checkpoint", "List, verify and inspect checkpoints; export their weights for Hugging Face");
+    cmd->require_subcommand(1);
+
+    CLI::App* list = cmd->add_subcommand("list", "One line per checkpoint under a checkpoint.dir: step, size, files, validity, latest");
+    list->add_option("dir", args->path, "A checkpoint.dir")->required();
+    list->callback([args, &action] { action = [args] { return run_list(*args); }; });
+
+    CLI::App* verify = cmd->add_subcommand("verify", "Check every file's size and XXH64 and every tensor chunk's Fletcher32; exit 2 if anything is wrong");
+    verify->add_option("path", args->path, "A checkpoint directory, or a checkpoint.dir (every checkpoint in it)")->required();
+    verify->callback([args, &action] { action = [args] { return run_verify(*args); }; });
+
+    CLI::App* inspect = cmd->add_subcommand("inspect", "Step, tokens, optimizer state, data position, mesh, files, and every tensor's shape and split");
+    inspect->add_option("path", args->path, "A checkpoint directory (or a checkpoint.dir: the latest)")->required();
+    inspect->add_flag("--config", args->config, "Print the saved config (TOML) instead");
+    inspect->callback([args, &action] { action = [args] { return run_inspect(*args); }; });
+
+    CLI::App* exporter = cmd->add_subcommand("export", "Write OUT_DIR/model.safetensors and config.json for Hugging Face transformers");
+    exporter->add_option("path", args->path, "A checkpoint directory (or a checkpoint.dir: the latest)")->required();
+    exporter->add_option("--format", args->format, "Output format")->check(CLI::IsMember({"safetensors"}));
+    exporter->add_option("out_dir", args->out_dir, "Output directory")->required();
+    exporter->callback([args, &action] { action = [args] { return run_export(*args); }; });
+}
+
+}  // namespace llmtrain
