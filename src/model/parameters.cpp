@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "core/philox.h"
+#include "parallel/grad_buckets.h"
 
 namespace llmtrain {
 
@@ -151,6 +152,12 @@ Tensor Parameters::view_of(const OwnedTensor& buffer, size_t first, size_t last)
     const Shape shape = first == last ? head.shape : (width ? Shape{rows, width} : Shape{rows});
     const size_t elem = dtype_size(buffer.view().dtype());
     return Tensor(static_cast<char*>(buffer.view().raw()) + static_cast<size_t>(head.offset) * elem, buffer.view().dtype(), shape, buffer.view().device());
+}
+
+FlatParameters flat_parameters(Parameters& params) {
+    FlatParameters flat{params.all_values(), params.all_grads(), {}, [&params](DType dtype, Shape shape) { return params.new_tensor(dtype, shape); }};
+    for (const ParamInfo& p : params.infos()) flat.ranges.push_back({p.offset, p.offset + p.shape.numel()});
+    return flat;
 }
 
 }  // namespace llmtrain

@@ -136,4 +136,8 @@ private:
     OwnedTensor grads_;
 };
 
+// The registry as the parallel layer sees it: flat buffers and each parameter's range.
+struct FlatParameters;
+FlatParameters flat_parameters(Parameters& params);
+
 }  // namespace llmtrain

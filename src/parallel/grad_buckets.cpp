@@ -23,24 +23,23 @@ int64_t owned_numel(int64_t total_numel, size_t elem_bytes, int dp, bool zero1, 
     return owned;
 }
 
-GradBuckets::GradBuckets(Parameters& params, Comm& dp, bool zero1, int64_t bucket_bytes)
-    : params_(params), dp_(dp), zero1_(zero1_shards(zero1, dp.size())) {
-    const Tensor grads = params.all_grads();
+GradBuckets::GradBuckets(FlatParameters params, Comm& dp, bool zero1, int64_t bucket_bytes)
+    : params_(std::move(params)), dp_(dp), zero1_(zero1_shards(zero1, dp.size())) {
+    const Tensor grads = params_.grads;
     const int64_t total = grads.numel(), parts = dp.size();
     for (const BucketRange& r : bucket_ranges(total, dtype_size(grads.dtype()), dp.size(), bucket_bytes))
         buckets_.push_back(Bucket{r.begin, r.end, 0, 0, false, CommHandle()});
 
-    buckets_of_param_.resize(params.count());
+    buckets_of_param_.resize(params_.ranges.size());
     for (size_t b = 0; b < buckets_.size(); ++b)
-        for (size_t i = 0; i < params.count(); ++i) {
-            const ParamInfo& p = params.info(i);
-            if (p.offset < buckets_[b].end && p.offset + p.shape.numel() > buckets_[b].begin) {
+        for (size_t i = 0; i < params_.ranges.size(); ++i) {
+            if (params_.ranges[i].overlaps({buckets_[b].begin, buckets_[b].end})) {
                 buckets_of_param_[i].push_back(b);
                 ++buckets_[b].params;
             }
         }
 
-    if (zero1_) shard_grads_ = params.new_tensor(grads.dtype(), {owned_numel(total, dtype_size(grads.dtype()), dp.size(), zero1, bucket_bytes)});
+    if (zero1_) shard_grads_ = params_.allocate(grads.dtype(), {owned_numel(total, dtype_size(grads.dtype()), dp.size(), zero1, bucket_bytes)});
     int64_t shard_offset = 0;
     for (const Bucket& b : buckets_) {
         if (!zero1_) break;
@@ -53,7 +52,7 @@ GradBuckets::GradBuckets(Parameters& params, Comm& dp, bool zero1, int64_t bucke
 }
 
 void GradBuckets::begin_step() {
-    param_ready_.assign(params_.count(), false);
+    param_ready_.assign(params_.ranges.size(), false);
     for (Bucket& b : buckets_) {
         b.handle.wait();
         b.waiting = b.params;
@@ -65,7 +64,7 @@ void GradBuckets::start(size_t index) {
     Bucket& bucket = buckets_[index];
     bucket.started = true;
     if (dp_.size() == 1) return;
-    const Tensor grads = flat_slice(params_.all_grads(), bucket.begin, bucket.end);
+    const Tensor grads = flat_slice(params_.grads, bucket.begin, bucket.end);
     if (!zero1_) {
         bucket.handle = dp_.all_reduce_async(grads, ReduceOp::sum);
         return;
@@ -95,7 +94,7 @@ void GradBuckets::finish() {
 
 void GradBuckets::gather_parameters() {
     if (!zero1_) return;
-    const Tensor values = params_.all_values();
+    const Tensor values = params_.values;
     for (Bucket& b : buckets_) b.handle = dp_.all_gather_async(flat_slice(values, b.begin, b.end));
     for (Bucket& b : buckets_) b.handle.wait();
 }

@@ -17,7 +17,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/parameters.h"
+#include <functional>
+
+#include "core/flat_range.h"
+#include "core/tensor.h"
 #include "parallel/comm.h"
 
 namespace llmtrain {
@@ -42,9 +45,17 @@ struct OwnedPiece {
     Tensor grads;
 };
 
+// The flat buffers the buckets work on: the parameters (master weights) and their gradients
+// in one layout, each parameter's range in it, and how to allocate more of that memory.
+struct FlatParameters {
+    Tensor values, grads;
+    std::vector<FlatRange> ranges;  // in registration order: the order mark_ready counts in
+    std::function<OwnedTensor(DType, Shape)> allocate;
+};
+
 class GradBuckets {
 public:
-    GradBuckets(Parameters& params, Comm& dp, bool zero1, int64_t bucket_bytes);
+    GradBuckets(FlatParameters params, Comm& dp, bool zero1, int64_t bucket_bytes);
 
     // Forget readiness: call before the backward whose gradients are to be reduced.
     void begin_step();
@@ -72,7 +83,7 @@ private:
     };
     void start(size_t index);
 
-    Parameters& params_;
+    FlatParameters params_;
     Comm& dp_;
     bool zero1_;
     std::vector<Bucket> buckets_;             // from the end of the buffer to its start

@@ -65,7 +65,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len,
                                            stage_partition(config_, ctx.mesh, ctx.world_rank), ctx_->tp.get());
     model_->initialize(config_.train.seed);
-    buckets_ = std::make_unique<GradBuckets>(model_->parameters(), *ctx_->dp, config_.parallel.zero1, gradient_bucket_bytes(config_.parallel));
+    buckets_ = std::make_unique<GradBuckets>(flat_parameters(model_->parameters()), *ctx_->dp, config_.parallel.zero1, gradient_bucket_bytes(config_.parallel));
     optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters(), buckets_->owned());
     // Under ZeRO-1 each rank updates its shard only: the compute copy is refreshed whole
     // after the all-gather instead.

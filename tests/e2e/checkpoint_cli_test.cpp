@@ -67,7 +67,7 @@ std::string tiny_run(const std::string& dir, const std::string& family, const st
     const std::string window = dir + "/one-window.txt";
     if (!fs::exists(window)) write_bytes(window, "Fortune favours!?");
     std::string flags = "train configs/tiny.toml --set model.n_layers=2 --set model.d_model=32 --set train.batch_size=2 --set train.seq_len=16"
-                        " --set train.eval_batches=1 --set train.sample_tokens=0 --set train.threads=1 --set optimizer.warmup_steps=1"
+                        " --set train.eval_sequences=2 --set train.sample_tokens=0 --set train.threads=1 --set optimizer.warmup_steps=1"
                         " --set data.train_path=" + window + " --set data.val_path=data/fortunes.txt"
                         " --set checkpoint.dir=" + dir + "/checkpoints --set model.family=" + family;
     if (family == "qwen2") flags = std::regex_replace(flags, std::regex("family=qwen2"), "family=llama --set model.qkv_bias=true --set model.n_kv_heads=2");

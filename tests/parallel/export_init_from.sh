@@ -10,7 +10,7 @@ mpiexec=$1 bin=$2 dir=$3
 rm -rf "$dir" && mkdir -p "$dir"
 printf 'Fortune favours!?' >"$dir/window.txt"   # seq_len + 1 bytes: one training window
 run=(--oversubscribe -np 4 "$bin" train configs/tiny.toml --set model.n_layers=2 --set model.d_model=32 --set model.vocab_size=258
-     --set train.batch_size=2 --set train.seq_len=16 --set train.grad_accum=2 --set train.eval_batches=1 --set train.sample_tokens=0
+     --set train.batch_size=2 --set train.seq_len=16 --set train.grad_accum=2 --set train.eval_sequences=2 --set train.sample_tokens=0
      --set train.threads=1 --set optimizer.warmup_steps=1 --set train.steps=4 --set parallel.tp=2 --set parallel.pp=2
      --set data.train_path="$dir/window.txt" --set data.val_path=data/fortunes.txt --set checkpoint.dir="$dir/checkpoints")
 fail() { echo "FAIL: $*"; exit 1; }
