@@ -106,6 +106,12 @@ void remove_all(const std::string& path) {
 }
 }  // namespace
 
+void create_checkpoint_root(const std::string& root) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) fail(ErrorKind::config, "checkpoint.dir: cannot create '", root, "': ", ec.message());
+}
+
 std::string checkpoint_name(int64_t step) {
     char name[32];
     std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));

@@ -22,6 +22,9 @@
 
 namespace llmtrain {
 
+// Creates checkpoint.dir if needed; a config error naming the key when it cannot be made.
+void create_checkpoint_root(const std::string& root);
+
 std::string checkpoint_name(int64_t step);          // "step_00000500"
 std::string rank_file_name(int world_rank);         // "rank_00003.h5"
 std::string rank_record_name(int world_rank);       // "rank_00003.json"

@@ -29,11 +29,7 @@ std::string megabytes(double bytes) { return cat(fixed(bytes / 1e6, 1), " MB"); 
 
 Checkpointer::Checkpointer(const CheckpointConfig& config, Comm& world, FileAttributes file, CheckpointerHooks hooks)
     : config_(config), world_(world), file_(file), hooks_(std::move(hooks)) {
-    if (file_.world_rank == 0) {
-        std::error_code ec;
-        fs::create_directories(config_.dir, ec);
-        if (ec) fail(ErrorKind::io, "checkpoint.dir: cannot create '", config_.dir, "': ", ec.message());
-    }
+    if (file_.world_rank == 0) create_checkpoint_root(config_.dir);
     writer_ = std::thread([this] { writer_loop(); });
 }
 
@@ -163,6 +159,12 @@ void Checkpointer::complete(Outcome outcome) {
         return;
     }
     if (!error.empty()) log_warn("checkpoint at step ", report.step, " failed on rank ", file_.world_rank, ": ", error);
+    // Every rank is done with the failed save: its partial files go, so that they do not fill
+    // the disk the next save needs (committed checkpoints are not touched).
+    if (file_.world_rank == 0) {
+        std::error_code ec;
+        fs::remove_all(pending_dir(config_.dir, report.step), ec);
+    }
     if (config_.on_save_error == SaveErrorPolicy::abort)
         fail(ErrorKind::io, "checkpoint at step ", report.step, " failed", error.empty() ? " on another rank" : cat(": ", error),
              " (checkpoint.on_save_error = \"abort\")");

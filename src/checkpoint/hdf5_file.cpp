@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cmath>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -16,10 +18,25 @@ constexpr const char* kFormat = "llmtrain-checkpoint-1";
 // About 1 MiB of float32 per chunk: a flipped bit costs one chunk, and checksums stay cheap.
 constexpr hsize_t kChunkElements = 262144;
 
-// HDF5 prints its error stack itself unless told not to; ours go into the Error instead.
+// Before the first HDF5 call: HDF5 prints its error stack itself unless told not to (ours go
+// into the Error instead), and its exit handler closes every file still open, which crashes
+// on a file whose close failed (a full disk): files are closed by us, so it is not needed.
 void silence_hdf5() {
-    static const bool silenced = [] { return H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr) >= 0; }();
+    static const bool silenced = [] { return H5dont_atexit() >= 0 && H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr) >= 0; }();
     (void)silenced;
+}
+
+// A file that cannot fit is refused before HDF5 writes a byte of it: HDF5 recovers badly from
+// a write that fails half-way. Room for the values and some metadata per tensor is asked.
+void check_free_space(const std::string& path, const RankSnapshot& snapshot) {
+    const std::string dir = path.substr(0, path.find_last_of('/') + 1);
+    struct statvfs disk {};
+    if (::statvfs(dir.empty() ? "." : dir.c_str(), &disk) != 0) fail(ErrorKind::io, "cannot create '", path, "': ", std::strerror(errno));
+    const double free_bytes = static_cast<double>(disk.f_bavail) * static_cast<double>(disk.f_frsize);
+    const double needed = static_cast<double>(snapshot.bytes()) + 4096.0 * static_cast<double>(snapshot.tensors.size()) + 65536.0;
+    if (free_bytes < needed)
+        fail(ErrorKind::io, "cannot write '", path, "': ", std::strerror(ENOSPC), " (needs about ", std::ceil(needed / 1e6), " MB, ", std::floor(free_bytes / 1e6),
+             " MB free)");
 }
 
 // The innermost message of HDF5's error stack: where the system's reason is
@@ -31,6 +48,7 @@ std::string hdf5_reason() {
         return 0;
     }, &reason);
     H5Eclear2(H5E_DEFAULT);
+    std::replace(reason.begin(), reason.end(), '\n', ' ');  // HDF5 puts ctime()'s newline in the middle
     return reason.empty() ? "HDF5 error" : reason;
 }
 
@@ -173,6 +191,7 @@ void sync_to_disk(const std::string& path) {
 void write_rank_file(const std::string& path, const RankSnapshot& snapshot, const FileAttributes& attributes,
                      const std::function<void()>& between_tensors) {
     silence_hdf5();
+    check_free_space(path, snapshot);
     Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     if (!file.ok()) fail(ErrorKind::io, "cannot create '", path, "': ", hdf5_reason());
     try {

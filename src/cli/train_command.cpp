@@ -260,6 +260,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     micro_batches_per_step(config, 1);  // a global batch that does not split stops the run before its directory exists
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     check_run_dir_is_free(run_dir);
+    if (config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
     check_rank_memory(config, make_mesh(config.parallel, 1), 0, 1);
     const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume(args.resume, config);
     if (resume) check_resume_config(*resume, config, true);
@@ -326,6 +327,7 @@ int train_under_mpi(const TrainArgs& args) {
         // A global batch that this dp does not split stops every rank before the run directory exists.
         micro_batches_per_step(*config, make_mesh(config->parallel, mpi.world_size()).dp());
         if (!run_dir.empty() && !args.dry_run) check_run_dir_is_free(run_dir);
+        if (!run_dir.empty() && !args.dry_run && config->checkpoint.every_steps > 0) create_checkpoint_root(config->checkpoint.dir);
     });
     if (args.dry_run) {
         if (world_rank == 0) print_dry_run(*config, make_mesh(config->parallel, mpi.world_size()));

@@ -1,0 +1,2 @@
+// Stands in for the model layer.
+#pragma once
