@@ -1,20 +1,17 @@
 #include "checkpoint/checkpoint_store.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
-#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include "checkpoint/hdf5_file.h"
+#include "core/durable_file.h"
 #include "core/error.h"
 
 namespace llmtrain {
@@ -31,38 +28,6 @@ std::string read_file(const std::string& path) {
     std::ostringstream text;
     text << in.rdbuf();
     return text.str();
-}
-
-void sync_path(const std::string& path, bool directory) {
-    const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || ::fsync(fd) != 0) {
-        const int error = errno;
-        if (fd >= 0) ::close(fd);
-        fail(ErrorKind::io, "cannot sync '", path, "' to disk: ", std::strerror(error));
-    }
-    ::close(fd);
-}
-
-// path's new contents appear whole or not at all: temporary file, fsync, rename, fsync dir.
-void write_durably(const std::string& path, const std::string& contents) {
-    const std::string tmp = path + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail(ErrorKind::io, "cannot create '", tmp, "': ", std::strerror(errno));
-    const ssize_t written = ::write(fd, contents.data(), contents.size());
-    const int write_error = errno;
-    if (written != static_cast<ssize_t>(contents.size()) || ::fsync(fd) != 0) {
-        const int error = written != static_cast<ssize_t>(contents.size()) ? write_error : errno;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        fail(ErrorKind::io, "cannot write '", tmp, "': ", written >= 0 && error == 0 ? "short write" : std::strerror(error));
-    }
-    ::close(fd);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int error = errno;
-        ::unlink(tmp.c_str());
-        fail(ErrorKind::io, "cannot rename '", tmp, "' to '", path, "': ", std::strerror(error));
-    }
-    sync_path(fs::path(path).parent_path().string(), true);
 }
 
 uint64_t file_xxh64(const std::string& path) {
@@ -137,7 +102,7 @@ void write_rank_record(const std::string& dir, int world_rank, const std::string
     const uint64_t bytes = fs::file_size(file_path, ec);
     if (ec) fail(ErrorKind::io, "cannot stat '", file_path, "': ", ec.message());
     const nlohmann::json record = {{"name", fs::path(file_path).filename().string()}, {"bytes", bytes}, {"xxh64", file_xxh64(file_path)}};
-    write_durably((fs::path(dir) / rank_record_name(world_rank)).string(), record.dump() + "\n");
+    write_file_atomically((fs::path(dir) / rank_record_name(world_rank)).string(), record.dump() + "\n");
 }
 
 Manifest commit_checkpoint(const std::string& root, Manifest manifest) {
@@ -157,7 +122,7 @@ Manifest commit_checkpoint(const std::string& root, Manifest manifest) {
         if (!listed) fs::remove(entry.path());
     }
     manifest.created = utc_now();
-    write_durably((fs::path(pending) / kManifest).string(), manifest_to_json(manifest));
+    write_file_atomically((fs::path(pending) / kManifest).string(), manifest_to_json(manifest));
     const std::string final_path = (fs::path(root) / checkpoint_name(manifest.step)).string();
     if (fs::exists(final_path)) {
         // The same step saved again (a run resumed from it and saved it anew): the new one wins.
@@ -171,8 +136,8 @@ Manifest commit_checkpoint(const std::string& root, Manifest manifest) {
         fs::rename(pending, final_path, ec);
         if (ec) fail(ErrorKind::io, "cannot rename '", pending, "' to '", final_path, "': ", ec.message());
     }
-    sync_path(root, true);
-    write_durably((fs::path(root) / kLatest).string(), checkpoint_name(manifest.step) + "\n");
+    fsync_directory(root);
+    write_file_atomically((fs::path(root) / kLatest).string(), checkpoint_name(manifest.step) + "\n");
     return manifest;
 }
 
