@@ -3,27 +3,23 @@
 // refused at the door leaves nothing behind. The run directory tells what became of the run
 // (metrics/run_log.h): start, steps, and one closing record, or none if it was killed.
 #include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <unistd.h>
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/config_changes.h"
+#include "checkpoint/resume_point.h"
 #include "checkpoint/safetensors.h"
 #include "cli/commands.h"
+#include "cli/run_directory.h"
 #include "config/config.h"
 #include "core/exit_code.h"
 #include "core/log.h"
 #include "core/signals.h"
 #include "metrics/console_observer.h"
-#include "metrics/run_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "train/memory_plan.h"
@@ -39,65 +35,6 @@ struct TrainArgs {
     std::string run_dir;
     bool dry_run = false;
     std::string resume;  // "", auto, latest or a checkpoint directory
-};
-
-struct ResumePoint {
-    std::string path;
-    Manifest manifest;
-};
-
-std::string default_run_dir(const std::string& config_path) {
-    const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-    return cat("runs/", std::filesystem::path(config_path).stem().string(), "-", stamp);
-}
-
-// The command line as the user typed it, for the start record.
-std::string command_line() {
-    std::ifstream in("/proc/self/cmdline", std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    while (!text.empty() && text.back() == '\0') text.pop_back();
-    std::replace(text.begin(), text.end(), '\0', ' ');
-    return text;
-}
-
-std::string host_name() {
-    char name[256] = {};
-    gethostname(name, sizeof name - 1);
-    return name;
-}
-
-// A run directory is never reused: a second run there would mix two runs' records.
-void check_run_dir_is_free(const std::string& dir) {
-    if (std::filesystem::exists(std::filesystem::path(dir) / "log.jsonl"))
-        fail(ErrorKind::config, "run directory '", dir, "' already holds a run (log.jsonl); choose another --run-dir");
-}
-
-// The run directory of rank 0: the effective config, log.jsonl and a copy of the console.
-// An existing run there is never overwritten.
-class RunDirectory {
-public:
-    RunDirectory(const std::string& dir, const Config& config, const std::string& config_path, int ranks) {
-        namespace fs = std::filesystem;
-        check_run_dir_is_free(dir);
-        std::error_code ec;
-        fs::create_directories(dir, ec);
-        if (ec) fail(ErrorKind::io, "cannot create run directory '", dir, "': ", ec.message());
-        const std::string config_copy = (fs::path(dir) / "config.toml").string();
-        std::ofstream out(config_copy);
-        out << "# Effective configuration of this run (defaults and --set overrides applied).\n" << dump_config(config);
-        if (!out.flush()) fail(ErrorKind::io, "cannot write '", config_copy, "'");
-        log_ = std::make_unique<RunLog>((fs::path(dir) / "log.jsonl").string());
-        install_crash_record(log_->fd());
-        set_log_copy((fs::path(dir) / "console.log").string());
-        log_->write("start", {{"version", LLMTRAIN_VERSION}, {"command", command_line()}, {"config", config_path}, {"ranks", ranks},
-                              {"host", host_name()}, {"pid", static_cast<int64_t>(getpid())}, {"steps", config.train.steps}});
-    }
-    RunLog& log() { return *log_; }
-
-private:
-    std::unique_ptr<RunLog> log_;
 };
 
 void report(const TrainResult& result) {
@@ -141,46 +78,6 @@ void print_dry_run(const Config& config, const Mesh& mesh) {
 // The world a layout asks for: tp * pp * dp (dp = 0: 1).
 int layout_ranks(const ParallelConfig& parallel) {
     return static_cast<int>(parallel.tp * parallel.pp * std::max<int64_t>(1, parallel.dp));
-}
-
-// The checkpoint's config against this run's: the model's shape must match; the layout may
-// change; other changes are listed.
-void check_resume_config(const ResumePoint& resume, const Config& config, bool report) {
-    const ConfigChanges changes = config_changes(resume.manifest.config_toml, dump_config(config));
-    if (!changes.model_shape.empty()) {
-        const ConfigChange& c = changes.model_shape.front();
-        fail(ErrorKind::config, c.key, ": the checkpoint '", resume.path, "' was saved by a model with ", c.key, " = ", c.saved, ", this config has ", c.now,
-             " (a resumed model must have the same shape; ", changes.model_shape.size(), " model key(s) differ)");
-    }
-    if (!report) return;
-    const auto listed = [](const std::vector<ConfigChange>& list) {
-        std::string text;
-        for (const ConfigChange& c : list) text += (text.empty() ? "" : ", ") + c.describe();
-        return text;
-    };
-    if (!changes.layout.empty()) log_info("resuming on another layout: ", listed(changes.layout));
-    if (!changes.other.empty()) log_warn("resuming '", resume.path, "' with a changed config: ", listed(changes.other));
-}
-
-// The checkpoint --resume names: rank 0 (or a single process) looks for it.
-std::optional<ResumePoint> find_resume(const std::string& mode, const Config& config) {
-    const std::optional<std::string> path =
-        find_resume_checkpoint(config.checkpoint.dir, mode, [&](const std::string& why) { log_warn("--resume ", mode, ": ", why); });
-    if (!path) {
-        log_info("--resume ", mode, ": no checkpoint under '", config.checkpoint.dir, "'; starting at step 0");
-        return std::nullopt;
-    }
-    return ResumePoint{*path, read_checkpoint_manifest(*path)};
-}
-
-// Whether the checkpoint has every step of the run already: a restart of a finished run
-// (the same command line for every restart) then has nothing to do.
-bool trained_already(const std::optional<ResumePoint>& resume, const Config& config, bool report) {
-    if (!resume || resume->manifest.step < config.train.steps) return false;
-    if (report)
-        log_info("'", resume->path, "' is at step ", resume->manifest.step, ": train.steps = ", config.train.steps,
-                 " is reached already, nothing to train (raise train.steps to train on)");
-    return true;
 }
 
 // The starting point: the checkpoint --resume found, else train.init_from's weights, else the
@@ -262,7 +159,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     check_run_dir_is_free(run_dir);
     if (config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
     check_rank_memory(config, make_mesh(config.parallel, 1), 0, 1);
-    const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume(args.resume, config);
+    const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume_point(args.resume, config);
     if (resume) check_resume_config(*resume, config, true);
     if (trained_already(resume, config, true)) return exit_ok;
     install_stop_signal_handlers();
@@ -300,7 +197,7 @@ std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArg
     const bool root = mpi.world_rank() == 0;
     std::optional<ResumePoint> resume;
     check_on_every_rank(mpi, [&] {
-        if (root) resume = find_resume(args.resume, config);
+        if (root) resume = find_resume_point(args.resume, config);
     });
     const int step = mpi.broadcast_from(0, resume ? static_cast<int>(resume->manifest.step) : -1);
     check_on_every_rank(mpi, [&] {
