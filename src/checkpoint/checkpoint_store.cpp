@@ -186,7 +186,8 @@ std::vector<std::string> apply_retention(const std::string& root, int64_t keep_l
 }
 
 std::optional<std::string> find_resume_checkpoint(const std::string& root, const std::string& mode,
-                                                  const std::function<void(const std::string&)>& skipped) {
+                                                  const std::function<void(const std::string&)>& skipped, const ProblemOf& problem_of) {
+    const auto problem = [&](const std::string& path) { return problem_of ? problem_of(path) : checkpoint_problem(path); };
     if (mode == "auto") {
         const std::vector<CheckpointEntry> entries = list_checkpoints(root);
         for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
@@ -194,8 +195,8 @@ std::optional<std::string> find_resume_checkpoint(const std::string& root, const
                 skipped(cat("'", e->path, "' is incomplete (no manifest: a save that did not finish); passed over"));
                 continue;
             }
-            if (const std::optional<std::string> problem = checkpoint_problem(e->path)) {
-                skipped(cat("'", e->path, "' cannot be loaded: ", *problem, "; passed over"));
+            if (const std::optional<std::string> why = problem(e->path)) {
+                skipped(cat("'", e->path, "' cannot be loaded: ", *why, "; passed over"));
                 continue;
             }
             return e->path;
@@ -209,7 +210,7 @@ std::optional<std::string> find_resume_checkpoint(const std::string& root, const
         path = *latest;
     }
     if (!fs::is_directory(path)) fail(ErrorKind::data, "--resume ", mode, ": '", path, "' is not a checkpoint directory");
-    if (const std::optional<std::string> problem = checkpoint_problem(path)) fail(ErrorKind::data, "--resume ", mode, ": ", *problem);
+    if (const std::optional<std::string> why = problem(path)) fail(ErrorKind::data, "--resume ", mode, ": ", *why);
     return path;
 }
 
@@ -219,10 +220,12 @@ Manifest read_checkpoint_manifest(const std::string& path) {
     return manifest_from_json(read_file(manifest_path), manifest_path);
 }
 
-std::optional<std::string> checkpoint_problem(const std::string& path, Verification depth) {
+std::optional<std::string> checkpoint_problem(const std::string& path, Verification depth, FileShare share) {
     try {
         const Manifest m = read_checkpoint_manifest(path);
-        for (const CheckpointFile& f : m.files) {
+        for (size_t i = 0; i < m.files.size(); ++i) {
+            if (static_cast<int>(i % static_cast<size_t>(share.count)) != share.index) continue;
+            const CheckpointFile& f = m.files[i];
             const std::string file = (fs::path(path) / f.name).string();
             std::error_code ec;
             const uint64_t bytes = fs::file_size(file, ec);

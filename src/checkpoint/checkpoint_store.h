@@ -54,14 +54,21 @@ std::optional<std::string> latest_checkpoint(const std::string& root);
 
 // Why the checkpoint at path cannot be loaded, or nothing: the manifest, every listed file's
 // presence, size and XXH64 (full: also every tensor chunk's Fletcher32 checksum).
+// share: check only files i with i % share.count == share.index (the ranks of a job split
+// the reading between them).
 enum class Verification { files, full };
-std::optional<std::string> checkpoint_problem(const std::string& path, Verification depth = Verification::files);
+struct FileShare {
+    int index = 0, count = 1;
+};
+std::optional<std::string> checkpoint_problem(const std::string& path, Verification depth = Verification::files, FileShare share = {});
 // The checkpoint a run resumes from (`--resume`): "auto", the newest committed checkpoint
 // under root without a problem (each one passed over is told to `skipped`), or none;
-// "latest", the one `latest` names; else a checkpoint directory. Throws Error(data) naming
-// the checkpoint and its problem when "latest" or the path cannot be loaded.
+// "latest", the one `latest` names; else a checkpoint directory. problem_of judges a
+// checkpoint (default: checkpoint_problem of all its files). Throws Error(data) naming the
+// checkpoint and its problem when "latest" or the path cannot be loaded.
+using ProblemOf = std::function<std::optional<std::string>(const std::string& path)>;
 std::optional<std::string> find_resume_checkpoint(const std::string& root, const std::string& mode,
-                                                  const std::function<void(const std::string&)>& skipped);
+                                                  const std::function<void(const std::string&)>& skipped, const ProblemOf& problem_of = {});
 // manifest.json of a checkpoint; throws Error(data) naming the file.
 Manifest read_checkpoint_manifest(const std::string& path);
 

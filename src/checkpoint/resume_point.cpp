@@ -25,11 +25,11 @@ void check_resume_config(const ResumePoint& resume, const Config& config, bool r
     if (!changes.other.empty()) log_warn("resuming '", resume.path, "' with a changed config: ", listed(changes.other));
 }
 
-std::optional<ResumePoint> find_resume_point(const std::string& mode, const Config& config) {
-    const std::optional<std::string> path =
-        find_resume_checkpoint(config.checkpoint.dir, mode, [&](const std::string& why) { log_warn("--resume ", mode, ": ", why); });
+std::optional<ResumePoint> find_resume_point(const std::string& mode, const Config& config, bool report, const ProblemOf& problem_of) {
+    const std::optional<std::string> path = find_resume_checkpoint(
+        config.checkpoint.dir, mode, [&](const std::string& why) { if (report) log_warn("--resume ", mode, ": ", why); }, problem_of);
     if (!path) {
-        log_info("--resume ", mode, ": no checkpoint under '", config.checkpoint.dir, "'; starting at step 0");
+        if (report) log_info("--resume ", mode, ": no checkpoint under '", config.checkpoint.dir, "'; starting at step 0");
         return std::nullopt;
     }
     return ResumePoint{*path, read_checkpoint_manifest(*path)};

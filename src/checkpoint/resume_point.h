@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
 #include "config/config.h"
 
@@ -16,8 +17,10 @@ struct ResumePoint {
 };
 
 // The checkpoint --resume names (checkpoint_store.h: find_resume_checkpoint), its manifest
-// read; nullopt for auto with nothing to resume. Checkpoints passed over are warned about.
-std::optional<ResumePoint> find_resume_point(const std::string& mode, const Config& config);
+// read; nullopt for auto with nothing to resume. Checkpoints passed over are warned about
+// when report is set. Under MPI every rank calls it with a problem_of that checks its share
+// of the files and agrees with the others, so that all choose the same checkpoint.
+std::optional<ResumePoint> find_resume_point(const std::string& mode, const Config& config, bool report = true, const ProblemOf& problem_of = {});
 // The checkpoint's config against this run's: the model's shape must match (else a config
 // error naming the key); a changed layout is reported and other changes listed in a warning
 // (when report is set: rank 0).

@@ -190,22 +190,22 @@ void check_on_every_rank(const MpiSession& mpi, Checks&& checks) {
     throw ExitNow{mpi.broadcast_from(first, error ? exit_code_for(error->kind()) : exit_failure)};
 }
 
-// Rank 0 chooses the checkpoint to resume from; the others take its step (auto, latest) and
-// read the same manifest.
+// Every rank looks for the checkpoint the same way and checks its share of the files (size,
+// XXH64), so no rank reads the whole checkpoint; one agreement per candidate keeps every rank
+// on the same choice. The rank that finds a problem says which file.
 std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArgs& args, const Config& config) {
     if (args.resume.empty()) return std::nullopt;
     const bool root = mpi.world_rank() == 0;
+    const ProblemOf shared_check = [&](const std::string& path) -> std::optional<std::string> {
+        const std::optional<std::string> mine = checkpoint_problem(path, Verification::files, {mpi.world_rank(), mpi.world_size()});
+        const int first = mpi.first_failing_rank(mine.has_value());
+        if (first < 0) return std::nullopt;
+        if (mine && !root) log_warn("--resume ", args.resume, ": ", *mine);
+        return mine ? *mine : cat("rank ", first, " found a file of it missing or damaged (its message names the file)");
+    };
     std::optional<ResumePoint> resume;
     check_on_every_rank(mpi, [&] {
-        if (root) resume = find_resume_point(args.resume, config);
-    });
-    const int step = mpi.broadcast_from(0, resume ? static_cast<int>(resume->manifest.step) : -1);
-    check_on_every_rank(mpi, [&] {
-        if (step >= 0 && !root) {
-            const bool named = args.resume != "auto" && args.resume != "latest";
-            const std::string path = named ? args.resume : (std::filesystem::path(config.checkpoint.dir) / checkpoint_name(step)).string();
-            resume = ResumePoint{path, read_checkpoint_manifest(path)};
-        }
+        resume = find_resume_point(args.resume, config, root, shared_check);
         if (resume) check_resume_config(*resume, config, root);
     });
     return resume;

@@ -30,7 +30,8 @@ void log_line(LogLevel level, const std::string& text) {
     std::lock_guard<std::mutex> lock(l.mutex);
     // Info lines are the program's output (stdout); warnings and errors go to stderr.
     std::FILE* stream = level >= LogLevel::warn ? stderr : stdout;
-    const char* tag = level == LogLevel::warn ? "warning: " : level == LogLevel::error ? "error: " : "";
+    // What goes to stderr says which program said it (a job log interleaves several).
+    const char* tag = level == LogLevel::warn ? "llmtrain: warning: " : level == LogLevel::error ? "llmtrain: error: " : "";
     for (std::FILE* out : {stream, l.copy}) {
         if (!out) continue;
         if (l.rank >= 0) std::fprintf(out, "[rank %d] ", l.rank);
