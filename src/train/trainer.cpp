@@ -53,6 +53,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
       dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)) {
     const ParallelContext& ctx = *ctx_;
     // From here on grad_accum is this run's: derived from train.global_batch_size on this mesh.
+    given_grad_accum_ = config_.train.grad_accum;
     config_.train.grad_accum = micro_batches_per_step(config_, ctx.mesh.dp());
     if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
@@ -199,7 +200,10 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.world_size = ctx_->mesh.world_size();
     m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
     m.zero1 = buckets_->zero1() && ctx_->mesh.dp() > 1;
-    m.config_toml = dump_config(config_);
+    // The config as given: a grad_accum derived from the global batch is the layout's, not the run's.
+    Config given = config_;
+    given.train.grad_accum = given_grad_accum_;
+    m.config_toml = dump_config(given);
     return m;
 }
 

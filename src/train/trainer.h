@@ -128,6 +128,7 @@ private:
     DType dtype_;
     DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
     int64_t start_step_ = 0;         // steps taken before this process (a resumed run)
+    int64_t given_grad_accum_ = 0;   // train.grad_accum as configured (0: derived)
     int64_t tokens_seen_ = 0;        // over the whole job, since the run's first step
     std::vector<std::unique_ptr<UpdateGuard>> own_guards_;
     std::vector<UpdateGuard*> guards_;  // in the order they judge
