@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/signals.h"
 #include "metrics/console_observer.h"
+#include "metrics/run_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "train/memory_plan.h"
@@ -220,6 +221,8 @@ int train_under_mpi(const TrainArgs& args) {
     std::optional<Config> config;
     check_on_every_rank(mpi, [&] { config.emplace(load_config(args.config_path, args.overrides)); });
     const std::string run_dir = world_rank != 0 ? "" : args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
+    // Every rank knows where the run is recorded: one that fails adds its error there.
+    const std::string job_run_dir = mpi.broadcast_text(0, run_dir);
     check_on_every_rank(mpi, [&] {
         // A global batch that this dp does not split stops every rank before the run directory exists.
         micro_batches_per_step(*config, make_mesh(config->parallel, mpi.world_size()).dp());
@@ -249,6 +252,10 @@ int train_under_mpi(const TrainArgs& args) {
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
         print_error_line(cat("llmtrain: ", where, ": ", error_kind_name(e.kind()), ": ", e.what()));
+        // Rank 0 records its own errors; another rank's would die with it, unrecorded, at the abort.
+        if (world_rank != 0)
+            RunLog::append_to((std::filesystem::path(job_run_dir) / "log.jsonl").string(), "error",
+                              {{"rank", world_rank}, {"kind", error_kind_name(e.kind())}, {"message", e.what()}, {"exit_code", exit_code_for(e.kind())}});
         MpiSession::abort_job(exit_code_for(e.kind()));
     }
 }

@@ -24,6 +24,13 @@ std::string utc_timestamp() {
     std::snprintf(text + n, sizeof text - n, ".%03dZ", static_cast<int>(millis));
     return text;
 }
+// One line of log.jsonl: the event, its fields and the wall-clock time (UTC).
+std::string record_line(const std::string& event, const nlohmann::json& fields) {
+    nlohmann::json record = {{"event", event}};
+    record.update(fields);
+    record["time"] = utc_timestamp();
+    return record.dump() + "\n";
+}
 }  // namespace
 
 RunLog::RunLog(const std::string& path) : path_(path) {
@@ -36,14 +43,20 @@ RunLog::~RunLog() {
 }
 
 void RunLog::write(const std::string& event, nlohmann::json fields) {
-    nlohmann::json record = {{"event", event}};
-    record.update(fields);
-    record["time"] = utc_timestamp();
-    const std::string line = record.dump() + "\n";
+    const std::string line = record_line(event, fields);
     // One write() per record: O_APPEND keeps a line whole even next to the crash handler's.
     const ssize_t written = ::write(fd_, line.data(), line.size());
     if (written != static_cast<ssize_t>(line.size()))
         fail(ErrorKind::io, "cannot write '", path_, "': ", written < 0 ? std::strerror(errno) : "short write");
+}
+
+bool RunLog::append_to(const std::string& path, const std::string& event, nlohmann::json fields) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return false;
+    const std::string line = record_line(event, fields);
+    const bool written = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+    ::close(fd);
+    return written;
 }
 
 void RunLog::after_step(const StepRecord& s) {

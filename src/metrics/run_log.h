@@ -29,6 +29,9 @@ public:
     void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
     void after_step(const StepRecord& s) override;
     void after_eval(const EvalRecord& e) override;
+    // Appends one record to the log.jsonl of another process (a rank other than 0 that ends the
+    // job with an error). Best effort: false if the file is not there or not writable.
+    static bool append_to(const std::string& path, const std::string& event, nlohmann::json fields);
     // The open file, for the crash record written from a signal handler.
     int fd() const { return fd_; }
     const std::string& path() const { return path_; }

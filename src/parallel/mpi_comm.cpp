@@ -260,6 +260,13 @@ int MpiSession::broadcast_from(int root, int value) const {
     return value;
 }
 
+std::string MpiSession::broadcast_text(int root, std::string text) const {
+    const int length = broadcast_from(root, static_cast<int>(text.size()));
+    text.resize(static_cast<size_t>(length));
+    MPI_Bcast(text.data(), length, MPI_CHAR, root, MPI_COMM_WORLD);
+    return text;
+}
+
 void MpiSession::abort_job(int exit_code) {
     MPI_Abort(MPI_COMM_WORLD, exit_code);
     std::exit(exit_code);

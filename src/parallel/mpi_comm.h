@@ -27,6 +27,7 @@ public:
     int first_failing_rank(bool failed) const;
     // root's value, on every rank (a collective over the world).
     int broadcast_from(int root, int value) const;
+    std::string broadcast_text(int root, std::string text) const;
     // Ends every rank of the job (MPI_Abort): one failed rank must not leave others waiting.
     [[noreturn]] static void abort_job(int exit_code);
 
