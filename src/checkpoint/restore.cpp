@@ -28,29 +28,31 @@ void load_checkpoint_tensors(const std::string& path, const Manifest& manifest, 
     if (params.dtype() != DType::f32 && params.dtype() != DType::f64)
         fail(ErrorKind::unsupported, "checkpoint: master weights in ", dtype_name(params.dtype()), " (expected f32 or f64)");
     const CheckpointTensors checkpoint(path, manifest);
+    // Where each parameter's elements that this rank updates sit in the moments.
+    struct Owned {
+        int64_t begin, end;  // flat elements
+        int64_t state_at;    // the moment of element begin
+    };
+    std::vector<std::vector<Owned>> owned(params.count());
+    int64_t state_offset = 0;
+    for (const OwnedPiece& piece : optimizer.pieces()) {
+        for_each_param_in(params, piece, [&](size_t i, int64_t begin, int64_t end) { owned[i].push_back({begin, end, state_offset + begin - piece.begin}); });
+        state_offset += piece.end - piece.begin;
+    }
     HostValues m(params.dtype(), optimizer.exp_avg().numel()), v(params.dtype(), optimizer.exp_avg_sq().numel());
     for (size_t i = 0; i < params.count(); ++i) {
         const ParamInfo& info = params.info(i);
         const std::vector<double> weights = assemble_global_tensor(checkpoint, TensorRole::weights, info.name, info.global_shape);
         set_master_weights(params, i, backend, [&](int64_t g) { return weights[static_cast<size_t>(g)]; });
-
-        int64_t state_offset = 0;
-        std::vector<double> exp_avg, exp_avg_sq;  // assembled on first use
-        for (const OwnedPiece& piece : optimizer.pieces()) {
-            for_each_param_in(params, piece, [&](size_t index_in_piece, int64_t begin, int64_t end) {
-                if (index_in_piece != i) return;
-                if (exp_avg.empty()) {
-                    exp_avg = assemble_global_tensor(checkpoint, TensorRole::exp_avg, info.name, info.global_shape);
-                    exp_avg_sq = assemble_global_tensor(checkpoint, TensorRole::exp_avg_sq, info.name, info.global_shape);
-                }
-                for (int64_t e = begin; e < end; ++e) {
-                    const auto g = static_cast<size_t>(params.global_index(i, e - info.offset));
-                    m.set(state_offset + e - piece.begin, exp_avg[g]);
-                    v.set(state_offset + e - piece.begin, exp_avg_sq[g]);
-                }
-            });
-            state_offset += piece.end - piece.begin;
-        }
+        if (owned[i].empty()) continue;
+        const std::vector<double> exp_avg = assemble_global_tensor(checkpoint, TensorRole::exp_avg, info.name, info.global_shape);
+        const std::vector<double> exp_avg_sq = assemble_global_tensor(checkpoint, TensorRole::exp_avg_sq, info.name, info.global_shape);
+        for (const Owned& o : owned[i])
+            for (int64_t e = o.begin; e < o.end; ++e) {
+                const auto g = static_cast<size_t>(params.global_index(i, e - info.offset));
+                m.set(o.state_at + e - o.begin, exp_avg[g]);
+                v.set(o.state_at + e - o.begin, exp_avg_sq[g]);
+            }
     }
     backend.copy_from_host(optimizer.exp_avg(), m.data());
     backend.copy_from_host(optimizer.exp_avg_sq(), v.data());
