@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# resume_after_kill.sh SCRATCH RANKS LLMTRAIN MPIEXEC CONFIG [--set ...]: a run of 40 steps
+# resume_after_kill.sh SCRATCH RANKS LLMTRAIN MPIEXEC CONFIG [--set ...]: a run of 200 steps
 # saving every 5 is killed with SIGKILL (every rank) at a random step after the first save,
 # then run again with --resume auto. Every step after the resume point must have the loss and
 # gradient norm of an uninterrupted run, bit for bit, and the final checkpoints' weights and
@@ -11,7 +11,7 @@ rm -rf "$scratch"
 mkdir -p "$scratch"
 launch=("$bin")
 [ "$ranks" -gt 1 ] && launch=("$mpiexec" --oversubscribe -np "$ranks" "$bin")
-common=("$@" --set train.steps=40 --set checkpoint.every_steps=5 --set checkpoint.keep_last=10 --set train.sample_tokens=0 --set train.log_every=100)
+common=("$@" --set train.steps=200 --set checkpoint.every_steps=5 --set checkpoint.keep_last=10 --set train.sample_tokens=0 --set train.log_every=100)
 
 "${launch[@]}" train "${common[@]}" --set checkpoint.dir=\""$scratch/reference_checkpoints"\" --run-dir "$scratch/reference" >"$scratch/reference.out" 2>&1 ||
     { echo "FAIL: the uninterrupted run failed"; tail -5 "$scratch/reference.out"; exit 1; }
@@ -41,8 +41,8 @@ if [ "$resumed_steps" -lt 2 ] || ! grep -Fxf "$scratch/resumed.figures" "$scratc
     diff <(grep -F -f <(cut -d' ' -f1 "$scratch/resumed.figures" | sed 's/^/^/; s/$/ /') "$scratch/reference.figures") "$scratch/resumed.figures" | head
     exit 1
 fi
-for file in "$scratch/reference_checkpoints/step_00000040"/rank_*.h5; do
-    other="$scratch/checkpoints/step_00000040/$(basename "$file")"
+for file in "$scratch/reference_checkpoints/step_00000200"/rank_*.h5; do
+    other="$scratch/checkpoints/step_00000200/$(basename "$file")"
     h5diff -q "$file" "$other" || { echo "FAIL: the weights or moments of $(basename "$file") differ after the resume"; exit 1; }
 done
 echo "ok: $resumed_steps steps after the resume are bitwise those of the uninterrupted run; final weights and moments identical"

@@ -8,7 +8,7 @@ scratch=$1 bin=$2 mpiexec=$3
 shift 3
 rm -rf "$scratch"
 mkdir -p "$scratch"
-common=("$@" --set train.steps=40 --set checkpoint.every_steps=1000 --set train.sample_tokens=0 --set train.log_every=1000)
+common=("$@" --set train.steps=200 --set checkpoint.every_steps=1000 --set train.sample_tokens=0 --set train.log_every=1000)
 launch=("$mpiexec" --oversubscribe -np 4 "$bin")
 
 "${launch[@]}" train "${common[@]}" --set checkpoint.dir=\""$scratch/reference_checkpoints"\" --run-dir "$scratch/reference" >"$scratch/reference.out" 2>&1 ||
@@ -42,4 +42,4 @@ figures "$scratch/resumed/log.jsonl" >"$scratch/resumed.figures"
 if ! cmp -s "$scratch/reference.figures" "$scratch/resumed.figures"; then
     echo "FAIL: steps after $step differ from the uninterrupted run:"; diff "$scratch/reference.figures" "$scratch/resumed.figures" | head; exit 1
 fi
-echo "ok: the resumed steps $((step + 1))..40 are bitwise those of the uninterrupted run"
+echo "ok: the resumed steps $((step + 1))..200 are bitwise those of the uninterrupted run"
