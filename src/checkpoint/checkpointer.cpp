@@ -26,7 +26,6 @@ std::function<void()> write_delay_hook() {
     return [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
 }
 
-std::string megabytes(double bytes) { return cat(fixed(bytes / 1e6, 1), " MB"); }
 }  // namespace
 
 Checkpointer::Checkpointer(const CheckpointConfig& config, Comm& world, FileAttributes file, CheckpointerHooks hooks)

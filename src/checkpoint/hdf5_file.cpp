@@ -4,11 +4,10 @@
 #include <cerrno>
 #include <cstring>
 #include <cmath>
-#include <fcntl.h>
 #include <hdf5.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
 
+#include "core/durable_file.h"
 #include "core/error.h"
 
 namespace llmtrain {
@@ -177,15 +176,6 @@ void write_tensor(hid_t file, hid_t link_properties, const SavedTensor& t, const
     write_hyperslab(dataset, t);
 }
 
-void sync_to_disk(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || ::fsync(fd) != 0) {
-        const int error = errno;
-        if (fd >= 0) ::close(fd);
-        fail(ErrorKind::io, "cannot sync '", path, "' to disk: ", std::strerror(error));
-    }
-    ::close(fd);
-}
 }  // namespace
 
 void write_rank_file(const std::string& path, const RankSnapshot& snapshot, const FileAttributes& attributes,
@@ -210,7 +200,7 @@ void write_rank_file(const std::string& path, const RankSnapshot& snapshot, cons
         fail(ErrorKind::io, "cannot write '", path, "': ", e.what());
     }
     if (!file.close()) fail(ErrorKind::io, "cannot write '", path, "': ", hdf5_reason());
-    sync_to_disk(path);
+    fsync_file(path);
 }
 
 RankFileReader::RankFileReader(const std::string& path) : path_(path) {

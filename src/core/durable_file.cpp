@@ -70,4 +70,13 @@ void fsync_directory(const std::string& path) {
     if (status != 0) fail(ErrorKind::io, "cannot write directory '", dir, "' to disk (fsync): ", std::strerror(reason));
 }
 
+void fsync_file(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(ErrorKind::io, "cannot open '", path, "': ", std::strerror(errno));
+    const int status = ::fsync(fd);
+    const int reason = errno;
+    ::close(fd);
+    if (status != 0) fail(ErrorKind::io, "cannot write '", path, "' to disk (fsync): ", std::strerror(reason));
+}
+
 }  // namespace llmtrain

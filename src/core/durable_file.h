@@ -34,5 +34,7 @@ void write_file_durably(const std::string& path, const std::string& bytes);
 void write_file_atomically(const std::string& path, const std::string& bytes);
 // Makes the entries of a directory (files created, renamed or removed in it) durable.
 void fsync_directory(const std::string& path);
+// Makes a file another writer closed (an HDF5 file) durable.
+void fsync_file(const std::string& path);
 
 }  // namespace llmtrain

@@ -52,6 +52,8 @@ std::string scientific(double value) {
     return buffer;
 }
 
+std::string megabytes(double bytes) { return fixed(bytes / 1e6, 1) + " MB"; }
+
 void set_log_copy(const std::string& path) {
     std::FILE* file = std::fopen(path.c_str(), "a");
     if (!file) fail(ErrorKind::io, "cannot create '", path, "': ", std::strerror(errno));

@@ -22,6 +22,8 @@ void print_error_line(const std::string& line);
 // value with a fixed number of decimals ("3.1416"), and in scientific notation ("3.00e-04").
 std::string fixed(double value, int decimals);
 std::string scientific(double value);
+// bytes in megabytes with one decimal: "12.3 MB".
+std::string megabytes(double bytes);
 
 template <class... Args> void log_info(Args&&... args) { log_line(LogLevel::info, cat(std::forward<Args>(args)...)); }
 template <class... Args> void log_warn(Args&&... args) { log_line(LogLevel::warn, cat(std::forward<Args>(args)...)); }

@@ -17,7 +17,6 @@
 namespace llmtrain {
 
 namespace {
-std::string megabytes(double bytes) { return cat(std::round(bytes / 1e5) / 10, " MB"); }
 
 // total += after - before, op by op: the op time of the training steps alone, not evaluation.
 void add_profile_difference(OpProfile& total, const OpProfile& before, const OpProfile& after) {
