@@ -77,8 +77,6 @@ void install_stop_signal_handlers() {
 
 int pending_stop_signal() { return g_stop_signal; }
 
-void clear_stop_signal() { g_stop_signal = 0; }
-
 void install_crash_record(int log_fd) {
     g_crash_log_fd = log_fd;
     for (int signal : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) handle(signal, on_fatal_signal);

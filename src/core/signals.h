@@ -15,8 +15,6 @@ namespace llmtrain {
 void install_stop_signal_handlers();
 // The first stop signal received since install_stop_signal_handlers(), or 0.
 int pending_stop_signal();
-// For tests: forget a received stop signal.
-void clear_stop_signal();
 
 // From now on a fatal signal appends {"event":"crash",...} to the file open at fd (O_APPEND).
 void install_crash_record(int log_fd);

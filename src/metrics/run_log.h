@@ -34,7 +34,6 @@ public:
     static bool append_to(const std::string& path, const std::string& event, nlohmann::json fields);
     // The open file, for the crash record written from a signal handler.
     int fd() const { return fd_; }
-    const std::string& path() const { return path_; }
 
 private:
     std::string path_;
