@@ -99,7 +99,7 @@ int run_bench_comm(const BenchCommArgs& args) {
         std::printf("busbw (nccl-tests): all_reduce algbw x 2(n-1)/n; reduce_scatter and all_gather algbw x (n-1)/n; size = the whole buffer\n");
         std::printf("%-15s %10s %12s %12s %12s %12s\n", "op", "size", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)");
     }
-    run_comm_bench(*comm, options, allocate, [&](const CommBenchRow& row) {
+    run_comm_bench(*comm, *ctx.world, options, allocate, [&](const CommBenchRow& row) {
         if (ctx.world_rank == 0) print_row(row, comm->size());
     });
     ctx.world->barrier();

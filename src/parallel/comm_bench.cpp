@@ -31,18 +31,18 @@ CommHandle launch(Comm& comm, CollectiveOp op, const Tensor& whole, const Tensor
 }
 
 // Mean seconds per operation on the slowest rank.
-double time_op(Comm& comm, CollectiveOp op, const Tensor& whole, const Tensor& piece, const CommBenchOptions& options) {
+double time_op(Comm& comm, Comm& host, CollectiveOp op, const Tensor& whole, const Tensor& piece, const CommBenchOptions& options) {
     for (int i = 0; i < options.warmup; ++i) launch(comm, op, whole, piece).wait();
-    comm.barrier();
+    host.barrier();
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < options.iterations; ++i) launch(comm, op, whole, piece).wait();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / options.iterations;
-    return comm.all_reduce_scalar(seconds, ReduceOp::max);
+    return host.all_reduce_scalar(seconds, ReduceOp::max);
 }
 
 }  // namespace
 
-std::vector<CommBenchRow> run_comm_bench(Comm& comm, const CommBenchOptions& options, const BenchAllocator& allocate,
+std::vector<CommBenchRow> run_comm_bench(Comm& comm, Comm& host, const CommBenchOptions& options, const BenchAllocator& allocate,
                                          const std::function<void(const CommBenchRow&)>& on_row) {
     const int n = comm.size();
     const size_t element = dtype_size(options.dtype);
@@ -55,7 +55,7 @@ std::vector<CommBenchRow> run_comm_bench(Comm& comm, const CommBenchOptions& opt
             const auto elements = static_cast<int64_t>(bytes / element);
             const Tensor whole(whole_memory.get(), options.dtype, {elements}, options.device);
             const Tensor piece(piece_memory.get(), options.dtype, {elements / n}, options.device);
-            const double seconds = time_op(comm, op, whole, piece, options);
+            const double seconds = time_op(comm, host, op, whole, piece, options);
             const double algbw = static_cast<double>(bytes) / seconds / 1e9;
             const int64_t count = op == CollectiveOp::all_reduce ? elements : elements / n;
             rows.push_back({op, bytes, count, seconds, algbw, algbw * bus_bandwidth_factor(op, n)});

@@ -45,7 +45,9 @@ using BenchAllocator = std::function<std::shared_ptr<void>(size_t bytes)>;
 
 // Sizes double from min_bytes to max_bytes (rounded to whole elements divisible by the rank
 // count). Every rank must call it with the same options; each row is reported by all.
-std::vector<CommBenchRow> run_comm_bench(Comm& comm, const CommBenchOptions& options, const BenchAllocator& allocate,
+// `host` (the same ranks, on host memory) agrees on the slowest rank's time: a GPU
+// communicator such as NCCL carries only device memory.
+std::vector<CommBenchRow> run_comm_bench(Comm& comm, Comm& host, const CommBenchOptions& options, const BenchAllocator& allocate,
                                          const std::function<void(const CommBenchRow&)>& on_row);
 
 }  // namespace llmtrain
