@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace llmtrain {
 
@@ -26,11 +27,23 @@ struct EvalRecord {
     double val_loss = 0;
 };
 
+// Something a health check saw in a step, and what the run did about it. Every rank sees
+// the same record (the statistic is reduced over the job before it is judged).
+struct AnomalyRecord {
+    int64_t step = 0;
+    std::string kind;    // "nonfinite", "loss_spike", "grad_spike", "divergence", "transient_fault", ...
+    std::string action;  // "skip", "rollback", "lower_lr", "abort", "exclude_node", "none"
+    double statistic = 0;  // what was measured (a z-score, a loss ratio, ...)
+    double threshold = 0;  // the limit it crossed
+    std::string detail;    // words for a person: what was seen, what was skipped
+};
+
 class StepObserver {
 public:
     virtual ~StepObserver() = default;
     virtual void after_step(const StepRecord&) {}
     virtual void after_eval(const EvalRecord&) {}
+    virtual void after_anomaly(const AnomalyRecord&) {}
 };
 
 }  // namespace llmtrain
