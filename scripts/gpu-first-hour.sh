@@ -6,7 +6,8 @@
 #
 #   device       driver and device info (nvidia-smi, llmtrain --version, nvcc)
 #   gpu-tests    ctest -L gpu (op tests against the CPU, determinism, training), with
-#                cuBLASLt's own log of every matmul it was asked for
+#                cuBLASLt's own log of every matmul it was asked for (cublaslt/, one file
+#                per test process)
 #   emu-tests    ctest -L emu (the same op tests through the CPU emulation), for comparison
 #   sanitizer    compute-sanitizer memcheck, racecheck, synccheck and initcheck over the op
 #                tests at their small shapes
@@ -79,7 +80,8 @@ figures device.log "Driver Version|Product Name|^llmtrain"
 if [ ! -s data/fortunes.txt ]; then step tiny-corpus tiny-corpus.log scripts/make-tiny-corpus.sh; fi
 
 # cuBLASLt logs each matmul's problem and the algorithm chosen (level 2: errors and traces).
-step gpu-tests ctest-gpu.log env CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE="$out/cublaslt.%i.log" \
+mkdir -p "$out/cublaslt"
+step gpu-tests ctest-gpu.log env CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE="$out/cublaslt/%i.log" \
   ctest --test-dir "$build" -L gpu --output-on-failure -j 4
 figures ctest-gpu.log "tests passed|\(Failed\)|Not Run"
 if ctest --test-dir "$build" -N -L emu 2>/dev/null | grep -q "Total Tests: [1-9]"; then
