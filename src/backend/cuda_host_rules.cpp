@@ -37,7 +37,7 @@ std::string cuda_version_text(int version) { return cat(version / 1000, ".", ver
 
 std::string cuda_driver_problem(int driver_version, int runtime_version) {
     if (driver_version <= 0)
-        return cat("train.device = \"cuda\": no NVIDIA driver found (this llmtrain needs one supporting CUDA ", cuda_version_text(runtime_version),
+        return cat("train.device = \"cuda\": no usable GPU (no NVIDIA driver found; this llmtrain needs one supporting CUDA ", cuda_version_text(runtime_version),
                    " or newer); install it, or set train.device = \"cpu\"");
     if (driver_version < runtime_version)
         return cat("train.device = \"cuda\": the NVIDIA driver supports CUDA ", cuda_version_text(driver_version), " but this llmtrain was built with CUDA ",
