@@ -24,7 +24,19 @@ bool cuda_backend_built() { return true; }
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
 
+namespace {
+// A driver older than the runtime this binary was built with fails at the first kernel
+// launch with an obscure error; say so up front, naming both versions.
+void expect_driver_supports_runtime() {
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    const std::string problem = cuda_driver_problem(driver, CUDART_VERSION);
+    if (!problem.empty()) fail(ErrorKind::unsupported, problem);
+}
+}  // namespace
+
 int cuda_device_count() {
+    expect_driver_supports_runtime();
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0)
@@ -49,21 +61,10 @@ size_t cuda_free_memory_bytes(int device_index) {
     return free_bytes;
 }
 
-namespace {
-// A driver older than the runtime this binary was built with fails at the first kernel
-// launch with an obscure error; say so up front, naming both versions.
-void expect_driver_supports_runtime() {
-    int driver = 0;
-    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
-    const std::string problem = cuda_driver_problem(driver, CUDART_VERSION);
-    if (!problem.empty()) fail(ErrorKind::unsupported, problem);
-}
-}  // namespace
 
 // Device selection: the node-local rank modulo the GPUs seen (CUDA_VISIBLE_DEVICES may
 // give each rank one GPU, which is then device 0).
 CudaBackend::CudaBackend(int device_index) {
-    expect_driver_supports_runtime();
     sync_check_ = cuda_sync_check_requested(std::getenv("LLMTRAIN_CUDA_CHECK"));
     device_index_ = device_index % cuda_device_count();
     check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
