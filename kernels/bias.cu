@@ -4,10 +4,12 @@
 // thread over a fixed set of rows and then across the block's row groups in order, and a
 // second kernel adds the chunks in order into dbias. Reads are coalesced: a warp covers 32*VEC
 // adjacent columns of a row.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/half_types.cuh"
 #include "kernels/kernels.h"
+#include "kernels/launch_check.h"
 
 namespace llmtrain::kernels {
 
@@ -20,6 +22,11 @@ struct BiasRows {
 
     __device__ __forceinline__ void add(float (&acc)[1][VEC], int64_t, int64_t i) const { add_halves(acc[0], dout + i); }
 };
+
+__global__ void accumulate_kernel(float* acc, const float* x, int64_t n) {
+    const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) acc[i] += x[i];
+}
 
 template <class T, int VEC>
 void launch_bias_grad_typed(float* dbias, const void* dout, int64_t N, int64_t C, float* partial, cudaStream_t stream) {
@@ -43,6 +50,14 @@ void launch_bias_grad(Half t, float* dbias, const void* dout, int64_t N, int64_t
         if (vec) launch_bias_grad_typed<T, 8>(dbias, dout, N, C, partial, stream);
         else launch_bias_grad_typed<T, 1>(dbias, dout, N, C, partial, stream);
     });
+}
+
+void launch_accumulate(float* acc, const float* x, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    constexpr int threads = 256;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, int64_t{threads}), int64_t{1} << 16));
+    accumulate_kernel<<<blocks, threads, 0, stream>>>(acc, x, n);
+    check_launch("accumulate");
 }
 
 }  // namespace llmtrain::kernels

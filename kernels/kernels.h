@@ -50,6 +50,29 @@ void launch_rmsnorm_bwd(Half t, void* dx, float* dw, const void* dout, const voi
 size_t bias_grad_scratch_bytes(int64_t N, int64_t C);
 void launch_bias_grad(Half t, float* dbias, const void* dout, int64_t N, int64_t C, void* scratch, cudaStream_t stream);
 
+// bias.cu: acc[i] += x[i] (fp32), e.g. a bias gradient a GEMM epilogue wrote into scratch.
+void launch_accumulate(float* acc, const float* x, int64_t n, cudaStream_t stream);
+
+// gemm_fallback.cu: one GEMM as cuBLASLt would compute it (column-major; see the file's
+// header), for the shapes cuBLASLt cannot take.
+struct FallbackGemm {
+    int64_t m = 0, n = 0, k = 0;
+    bool transpose_a = false, transpose_b = false;
+    const void* a = nullptr;  // ab_type
+    const void* b = nullptr;  // ab_type
+    void* d = nullptr;        // fp32 when d_f32, else ab_type
+    int64_t lda = 0, ldb = 0, ldd = 0;
+    Half ab_type = Half::bf16;
+    bool d_f32 = false;
+    bool accumulate = false;      // beta = 1
+    const void* bias = nullptr;   // [m], ab_type; null: none
+    enum class Gelu { none, forward_aux, backward } gelu = Gelu::none;
+    void* aux = nullptr;          // [m, n] of ab_type, leading dimension ld_aux: the pre-activation
+    int64_t ld_aux = 0;
+    float* bias_grad = nullptr;   // [m], += sums of D's rows; null: none
+};
+void launch_gemm_fallback(const FallbackGemm& gemm, cudaStream_t stream);
+
 // rope.cu: rotary embedding in place on heads [0, n_heads) of each row of x [N, width];
 // table [max_seq_len, D] fp32 (cos in [0, D/2), sin in [D/2, D)); inverse: the backward.
 void launch_rope(Half t, void* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse,
@@ -70,8 +93,8 @@ void launch_cast_to_f32(Half t, float* out, const void* in, int64_t n, cudaStrea
 // of the row (never a second full-size fp32 copy of the logits). Only the first V_real
 // columns of a row are real classes: the columns [V_real, V) are vocabulary padding, left
 // out of every max and sum and given a zero gradient.
-// losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].
-void launch_xent_fwd(Half t, float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream);
+// losses[n] = logsumexp(logits[n]) - logits[n, targets[n]]; lse[n] = logsumexp(logits[n]) (lse may be null).
+void launch_xent_fwd(Half t, float* losses, float* lse, const void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream);
 // dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [v + vocab_begin == targets[n]]) * dloss;
 // lse null: computed from the row (then vocab_begin is 0). dlogits may alias logits.
 void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* targets, const float* lse, int64_t N, int64_t V, int64_t V_real,

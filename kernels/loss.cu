@@ -1,5 +1,6 @@
 // Softmax cross-entropy over rows of logits [N, V], one block per row:
 //   forward:  loss[n] = lse[n] - logits[n, t],  lse[n] = logsumexp(logits[n]),  t = targets[n]
+//             (lse kept when asked for: the backward then reads each logit once, with no reduction)
 //   backward: dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [v + vocab_begin == t]) dloss
 // The row is read in chunks and never copied to fp32: each thread keeps an online (max, sum)
 // over its elements (the sum rescaled by exp(old max - new max) when the max grows), and the
@@ -140,7 +141,7 @@ int row_grid(int64_t N) { return static_cast<int>(std::min(N, max_row_blocks)); 
 // Rows are block-uniform (row loops step by gridDim.x), so the barriers in block_reduce are
 // reached by the whole block.
 template <class T>
-__global__ void __launch_bounds__(row_threads) xent_fwd_kernel(float* losses, const T* logits, const int32_t* targets, int64_t N, int64_t V,
+__global__ void __launch_bounds__(row_threads) xent_fwd_kernel(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V,
                                                                int64_t V_real) {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const T* row = logits + n * V;
@@ -149,7 +150,9 @@ __global__ void __launch_bounds__(row_threads) xent_fwd_kernel(float* losses, co
             // The host cannot check the targets without a sync: one outside [0, V_real) gives a
             // NaN loss rather than a read outside the row.
             const int64_t target = targets[n];
-            losses[n] = target >= 0 && target < V_real ? r.max + logf(r.sum) - to_float(row[target]) : __int_as_float(0x7fffffff);
+            const float row_lse = r.max + logf(r.sum);
+            if (lse) lse[n] = row_lse;
+            losses[n] = target >= 0 && target < V_real ? row_lse - to_float(row[target]) : __int_as_float(0x7fffffff);
         }
     }
 }
@@ -236,10 +239,10 @@ __global__ void xent_combine_kernel(float* losses, float* lse, const float* part
 
 }  // namespace
 
-void launch_xent_fwd(Half t, float* losses, const void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream) {
+void launch_xent_fwd(Half t, float* losses, float* lse, const void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream) {
     if (N <= 0 || V <= 0) return;
     dispatch_half(t, [&]<class T>() {
-        xent_fwd_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(losses, static_cast<const T*>(logits), targets, N, V, V_real);
+        xent_fwd_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(losses, lse, static_cast<const T*>(logits), targets, N, V, V_real);
         check_launch("xent_fwd");
     });
 }

@@ -19,7 +19,23 @@ const char* op_name(Op op) {
     return "?";
 }
 
-bool op_is_gemm(Op op) { return op == Op::matmul_fwd || op == Op::matmul_bwd; }
+bool op_is_gemm(Op op) { return op == Op::matmul_fwd || op == Op::matmul_bwd || op == Op::matmul_gelu_fwd || op == Op::gelu_matmul_bwd; }
+
+void Backend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
+    matmul_fwd(a.pre, a.x, a.w, a.bias);
+    gelu_fwd(a.act, a.pre);
+}
+
+void Backend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
+    matmul_bwd(a.d_pre, a.dw, a.dbias, a.dout, a.act, a.w);
+    gelu_bwd(a.d_pre, a.d_pre, a.pre);
+    if (a.d_pre_bias.empty()) return;
+    // The column sums through matmul_bwd with neither dx nor dw wanted: its x and w enter only
+    // through their shapes ([N, 0] and [IC, 0] views), so no GEMM runs.
+    const int64_t N = a.d_pre.dim(0), IC = a.d_pre.dim(1);
+    const Tensor no_x(a.d_pre.raw(), a.d_pre.dtype(), {N, 0}, a.d_pre.device()), no_w(a.d_pre.raw(), a.d_pre.dtype(), {IC, 0}, a.d_pre.device());
+    matmul_bwd(Tensor(), Tensor(), a.d_pre_bias, a.d_pre, no_x, no_w);
+}
 
 double OpProfile::total_seconds() const {
     double total = 0;

@@ -33,7 +33,8 @@ namespace llmtrain {
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(matmul_fwd) X(matmul_bwd) X(attention_fwd)       \
     X(attention_bwd) X(rope_fwd) X(rope_bwd) X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd)   \
     X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(logits_row_max) X(xent_partial)   \
-    X(xent_combine) X(adamw) X(sum_squares) X(fill_zero) X(copy)
+    X(xent_combine) X(adamw) X(sum_squares) X(fill_zero) X(copy) X(matmul_gelu_fwd)        \
+    X(gelu_matmul_bwd)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -88,6 +89,30 @@ struct AdamWStep {
     double weight_decay = 0;
     double grad_scale = 1;  // gradient clipping folds in here
     int64_t step = 1;       // t, 1-based
+};
+
+// The GPT-2 MLP's GELU fused with the GEMMs around it (CUDA: cuBLASLt's GELU epilogues).
+// Forward: pre = x w^T + bias (kept for the backward), act = gelu(pre).
+struct MatmulGeluFwd {
+    Tensor act;   // [N, OC], overwritten
+    Tensor pre;   // [N, OC], overwritten
+    Tensor x;     // [N, IC]
+    Tensor w;     // [OC, IC]
+    Tensor bias;  // [OC], optional
+};
+// Backward of out = act w^T + bias with act = gelu(pre), through to pre:
+//   d_pre = (dout w) * gelu'(pre)  (overwritten)
+//   d_pre_bias += column sums of d_pre  (optional: the bias gradient of the layer that made pre)
+//   dw += dout^T act,  dbias += column sums of dout  (each optional)
+struct GeluMatmulBwd {
+    Tensor d_pre;       // [N, IC]
+    Tensor d_pre_bias;  // [IC]
+    Tensor dw;          // [OC, IC]
+    Tensor dbias;       // [OC]
+    Tensor dout;        // [N, OC]
+    Tensor act;         // [N, IC]
+    Tensor pre;         // [N, IC]
+    Tensor w;           // [OC, IC]
 };
 
 // Seconds and calls per op, accumulated since the last reset.
@@ -145,7 +170,8 @@ public:
     // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
     virtual double peak_bf16_tflops() const { return 0; }
     // Per-op timing in profile(): always on for the CPU (wall clock); on CUDA, event pairs
-    // that timed runs turn off.
+    // recorded only while profiling is on (off by default: a training step records no event
+    // per op; bench turns it on for its time breakdown).
     virtual void set_profiling(bool /*on*/) {}
 
     // out[n] = wte[tokens[n]] + wpe[n % seq_len] (wpe optional). With a vocabulary shard, wte
@@ -201,8 +227,9 @@ public:
     // Every cross-entropy op runs over the real classes only (v < vocab.real, see VocabShard):
     // padded classes enter no max, no sum and get a zero gradient.
     // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]], over whole rows
-    // (vocab.begin = 0; vocab.total = 0 or the row width).
-    virtual void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) = 0;
+    // (vocab.begin = 0; vocab.total = 0 or the row width). lse [N] (optional) keeps each row's
+    // logsumexp, so that xent_bwd need not reduce the logits again.
+    virtual void xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) = 0;
     // dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * dloss; dlogits may alias logits.
     // With lse [N] given (the full rows' logsumexp) the rows may be a vocabulary shard:
     // softmax_v = exp(logits[n, v] - lse[n]) and the one-hot is 1 only where this shard holds
@@ -228,6 +255,12 @@ public:
     // out = in, same element count (they must not overlap); a dtype change converts (f32 to
     // bf16/f16 rounds to nearest even).
     virtual void copy(const Tensor& out, const Tensor& in) = 0;
+
+    // The fused MLP steps (MatmulGeluFwd, GeluMatmulBwd above). The defaults compose the ops
+    // above (matmul_fwd, gelu_fwd; matmul_bwd, gelu_bwd in place), so a backend without a
+    // fused form computes bitwise what the separate ops compute.
+    virtual void matmul_gelu_fwd(const MatmulGeluFwd& args);
+    virtual void gelu_matmul_bwd(const GeluMatmulBwd& args);
 
     OpProfile& profile() { return profile_; }
 

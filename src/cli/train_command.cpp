@@ -49,8 +49,10 @@ void report(const TrainResult& result) {
         top += cat(i ? ", " : "", op_name(static_cast<Op>(op)), " ", std::lround(100 * p.seconds[op] / result.train_seconds), "%");
     }
     log_info("done: ", result.steps.size(), " steps in ", std::round(result.train_seconds * 10) / 10, " s | ", std::lround(result.tokens_per_second),
-             " tokens/s (steps after the first) | time in GEMMs: ", std::lround(100 * result.gemm_fraction), "% of step time");
-    log_info("op time: ", top);
+             " tokens/s (steps after the first)",
+             p.total_seconds() > 0 ? cat(" | time in GEMMs: ", std::lround(100 * result.gemm_fraction), "% of step time") : std::string());
+    // The CUDA backend times ops only when profiling (bench): no timing events in a training step.
+    if (p.total_seconds() > 0) log_info("op time: ", top);
     if (!result.evals.empty())
         log_info("val loss: ", result.evals.front().val_loss, " at step ", result.evals.front().step, " -> ", result.evals.back().val_loss, " at step ", result.evals.back().step);
 }

@@ -373,7 +373,7 @@ double Transformer::head_and_loss(ActivationSet& a) {
     backend_.matmul_fwd(rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_), Tensor());
     if (!a.has_targets) return std::numeric_limits<double>::quiet_NaN();
     if (!tp_) {
-        backend_.xent_fwd(rows(a.losses), rows(a.logits), rows(a.targets), vocab_shard());
+        backend_.xent_fwd(rows(a.losses), rows(a.lse), rows(a.logits), rows(a.targets), vocab_shard());
     } else {
         backend_.logits_row_max(rows(a.row_max), rows(a.logits), vocab_shard());
         tp_->all_reduce(rows(a.row_max), ReduceOp::max);
@@ -399,9 +399,13 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l) {
     backend_.add(local_rows(s.resid_mid), x, reduce_rows(rows(proj_out_), proj_local_));
 
     norm_fwd(s.norm2, local_rows(s.resid_mid), p.norm2_w, p.norm2_b);
-    backend_.matmul_fwd(rows(s.mlp_up), gather_rows(local_rows(s.norm2.out), gathered_), value(p.mlp_up_w), value(p.mlp_up_b));
-    if (is_llama()) backend_.swiglu_fwd(rows(s.mlp_act), rows(s.mlp_up));
-    else backend_.gelu_fwd(rows(s.mlp_act), rows(s.mlp_up));
+    const Tensor mlp_in = gather_rows(local_rows(s.norm2.out), gathered_);
+    if (is_llama()) {
+        backend_.matmul_fwd(rows(s.mlp_up), mlp_in, value(p.mlp_up_w), value(p.mlp_up_b));
+        backend_.swiglu_fwd(rows(s.mlp_act), rows(s.mlp_up));
+    } else {
+        backend_.matmul_gelu_fwd({.act = rows(s.mlp_act), .pre = rows(s.mlp_up), .x = mlp_in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b)});
+    }
     backend_.matmul_fwd(rows(proj_out_), rows(s.mlp_act), value(p.mlp_down_w), row_parallel_bias(p.mlp_down_b));
     backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), reduce_rows(rows(proj_out_), proj_local_));
 }
@@ -424,11 +428,11 @@ void Transformer::backward(int64_t set, double loss_scale) {
 }
 
 // d(mean loss)/d(loss_n) = 1 / N for every token; the head is column-parallel over the
-// vocabulary, so the gradient of its (whole) input is summed over the tp ranks.
+// vocabulary, so the gradient of its (whole) input is summed over the tp ranks. The forward
+// kept each row's logsumexp (lse), so the backward reads the logits once.
 void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
     const double dloss = loss_scale / static_cast<double>(batch_ * seq_len_);
-    const Tensor lse = tp_ ? rows(a.lse) : Tensor();
-    backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), lse, vocab_shard(), dloss);
+    backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), rows(a.lse), vocab_shard(), dloss);
     backend_.matmul_bwd(rows(d_norm_), grad(head_w_), Tensor(), rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_));
     norm_bwd(local_rows(d_resid_), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.
@@ -447,12 +451,18 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
 
     // MLP block: out = resid_mid + down(act(up(norm2(resid_mid)))). down is row-parallel:
     // its output gradient d_resid is whole on every rank; up is column-parallel: the gradient
-    // of its input is a partial sum per rank.
-    backend_.matmul_bwd(rows(d_mlp_act_), grad(p.mlp_down_w), grad(p.mlp_down_b), gather_rows(d_resid, d_gathered_), rows(s.mlp_act),
-                        value(p.mlp_down_w));
-    if (is_llama()) backend_.swiglu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
-    else backend_.gelu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
-    backend_.matmul_bwd(d_norm, grad(p.mlp_up_w), grad(p.mlp_up_b), rows(d_mlp_up_), gather_rows(local_rows(s.norm2.out), gathered_), value(p.mlp_up_w));
+    // of its input is a partial sum per rank. GPT-2's GELU is fused into the down projection's
+    // backward, which also gives up's bias gradient.
+    const Tensor d_down = gather_rows(d_resid, d_gathered_);
+    if (is_llama()) {
+        backend_.matmul_bwd(rows(d_mlp_act_), grad(p.mlp_down_w), grad(p.mlp_down_b), d_down, rows(s.mlp_act), value(p.mlp_down_w));
+        backend_.swiglu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
+    } else {
+        backend_.gelu_matmul_bwd({.d_pre = rows(d_mlp_up_), .d_pre_bias = grad(p.mlp_up_b), .dw = grad(p.mlp_down_w), .dbias = grad(p.mlp_down_b),
+                                  .dout = d_down, .act = rows(s.mlp_act), .pre = rows(s.mlp_up), .w = value(p.mlp_down_w)});
+    }
+    backend_.matmul_bwd(d_norm, grad(p.mlp_up_w), is_llama() ? grad(p.mlp_up_b) : Tensor(), rows(d_mlp_up_), gather_rows(local_rows(s.norm2.out), gathered_),
+                        value(p.mlp_up_w));
     norm_bwd(d_resid, true, reduce_rows(d_norm, d_norm_local_), local_rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
 
     // Attention block: resid_mid = x + o(attn(rope(qkv(norm1(x))))).

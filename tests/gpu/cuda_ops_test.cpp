@@ -356,6 +356,45 @@ protected:
         expect_matches("dbias", gpu(), g_db, db, f32_sum_tolerance);  // untouched without bias
     }
 
+    // The fused MLP forward against the CPU's composition (matmul_fwd, gelu_fwd): pre and act.
+    void matmul_gelu_fwd_case(DType dt, const MatmulCase& c, uint64_t seed) {
+        SCOPED_TRACE(c.str());
+        const OwnedTensor x = random_input(dt, {c.N, c.IC}, seed), w = random_input(dt, {c.OC, c.IC}, seed + 1), bias = random_input(dt, {c.OC}, seed + 2);
+        const OwnedTensor pre(f32, {c.N, c.OC}), act(f32, {c.N, c.OC});
+        cpu().matmul_gelu_fwd({.act = act, .pre = pre, .x = x, .w = w, .bias = c.bias ? bias.view() : Tensor()});
+
+        const OwnedTensor g_x = to_device(gpu(), x, dt), g_w = to_device(gpu(), w, dt), g_bias = to_device(gpu(), bias, dt);
+        const OwnedTensor g_pre = device_tensor(gpu(), dt, {c.N, c.OC}), g_act = device_tensor(gpu(), dt, {c.N, c.OC});
+        gpu().matmul_gelu_fwd({.act = g_act, .pre = g_pre, .x = g_x, .w = g_w, .bias = c.bias ? g_bias.view() : Tensor()});
+        expect_matches("pre", gpu(), g_pre, pre, gemm_tolerance(dt));
+        expect_matches("act", gpu(), g_act, act, gemm_tolerance(dt));
+    }
+
+    // The fused MLP backward against the CPU's composition: d_pre overwritten, every gradient
+    // accumulated onto random values. Here IC is the GELU's width (the down projection's input).
+    void gelu_matmul_bwd_case(DType dt, const MatmulCase& c, uint64_t seed) {
+        SCOPED_TRACE(c.str());
+        const OwnedTensor act = random_input(dt, {c.N, c.IC}, seed), pre = random_input(dt, {c.N, c.IC}, seed + 1, -3, 3);
+        const OwnedTensor w = random_input(dt, {c.OC, c.IC}, seed + 2), dout = random_input(dt, {c.N, c.OC}, seed + 3);
+        const OwnedTensor d_pre0 = random_input(dt, {c.N, c.IC}, seed + 4), dpb0 = random_tensor(f32, {c.IC}, seed + 5);
+        const OwnedTensor dw0 = random_tensor(f32, {c.OC, c.IC}, seed + 6), db0 = random_tensor(f32, {c.OC}, seed + 7);
+        const OwnedTensor d_pre = copy_of(d_pre0), dpb = copy_of(dpb0), dw = copy_of(dw0), db = copy_of(db0);
+        cpu().gelu_matmul_bwd({.d_pre = d_pre, .d_pre_bias = c.bias ? dpb.view() : Tensor(), .dw = dw, .dbias = db, .dout = dout, .act = act, .pre = pre, .w = w});
+
+        const OwnedTensor g_act = to_device(gpu(), act, dt), g_pre = to_device(gpu(), pre, dt), g_w = to_device(gpu(), w, dt);
+        const OwnedTensor g_dout = to_device(gpu(), dout, dt), g_d_pre = to_device(gpu(), d_pre0, dt), g_dpb = to_device(gpu(), dpb0, f32);
+        const OwnedTensor g_dw = to_device(gpu(), dw0, f32), g_db = to_device(gpu(), db0, f32);
+        gpu().gelu_matmul_bwd({.d_pre = g_d_pre, .d_pre_bias = c.bias ? g_dpb.view() : Tensor(), .dw = g_dw, .dbias = g_db, .dout = g_dout, .act = g_act,
+                               .pre = g_pre, .w = g_w});
+        expect_matches("d_pre", gpu(), g_d_pre, d_pre, gemm_tolerance(dt));
+        expect_matches("dw", gpu(), g_dw, dw, f32_gemm_tolerance);
+        expect_matches("dbias", gpu(), g_db, db, f32_sum_tolerance);
+        // The bias gradient sums N values of d_pre, each within the 16-bit rounding of its own
+        // size: bound it by u of N times the largest |d_pre| (plus the GEMM margin).
+        const double d_pre_sum_scale = static_cast<double>(c.N) * max_abs(values_of(d_pre)) + max_abs(values_of(dpb));
+        expect_matches("d_pre_bias", gpu(), g_dpb, dpb, {0, 8 * unit_roundoff(dt)}, {.min_scale = d_pre_sum_scale});
+    }
+
     // Each backend keeps its own saved values (the CPU its probabilities [B, H, T, T], CUDA the
     // log-sum-exps [B, H, T]); CUDA's are checked against a double-precision reference.
     void attention_fwd_case(DType dt, const AttentionShape& s, uint64_t seed) {
@@ -470,13 +509,16 @@ protected:
         expect_matches("out aliasing b", gpu(), g_b2, out, elementwise_tolerance(dt));
     }
 
+    // Losses, and the rows' logsumexp the forward keeps for the backward.
     void xent_fwd_case(DType dt, int64_t N, int64_t V, uint64_t seed) {
         SCOPED_TRACE(cat("N ", N, " V ", V));
-        const OwnedTensor logits = random_input(dt, {N, V}, seed, -6, 6), targets = random_tokens(N, V, seed + 1), losses(f32, {N});
-        cpu().xent_fwd(losses, logits, targets, {});
+        const OwnedTensor logits = random_input(dt, {N, V}, seed, -6, 6), targets = random_tokens(N, V, seed + 1), losses(f32, {N}), lse(f32, {N});
+        cpu().xent_fwd(losses, lse, logits, targets, {});
         const OwnedTensor g_logits = to_device(gpu(), logits, dt), g_targets = to_device(gpu(), targets, i32), g_losses = device_tensor(gpu(), f32, {N});
-        gpu().xent_fwd(g_losses, g_logits, g_targets, {});
+        const OwnedTensor g_lse = device_tensor(gpu(), f32, {N});
+        gpu().xent_fwd(g_losses, g_lse, g_logits, g_targets, {});
         expect_matches("losses", gpu(), g_losses, losses, f32_loss_tolerance);
+        expect_matches("lse", gpu(), g_lse, lse, f32_loss_tolerance);
     }
 
     // Whole rows, the logsumexp computed by the op (lse empty); dlogits starts from garbage.
@@ -538,8 +580,8 @@ protected:
         const double dloss = 0.5;
 
         const OwnedTensor losses(f32, {N}), g_losses = device_tensor(gpu(), f32, {N});
-        cpu().xent_fwd(losses, full, targets, whole);
-        gpu().xent_fwd(g_losses, g_full, g_targets, whole);
+        cpu().xent_fwd(losses, Tensor(), full, targets, whole);
+        gpu().xent_fwd(g_losses, Tensor(), g_full, g_targets, whole);
         expect_matches("losses", gpu(), g_losses, losses, f32_loss_tolerance);
 
         const OwnedTensor dlogits(f32, {N, padded}), g_dlogits = to_device(gpu(), random_input(dt, {N, padded}, seed + 2), dt);  // overwritten
@@ -634,6 +676,70 @@ TEST_F(CudaOps, RmsNormFwdBwd_F16_MatchesCpu) {
 }
 
 // ---- matmul ----
+
+// Shapes cuBLASLt is not asked for (a dimension of 1: m = OC, n = N, k = IC) run the fallback
+// kernel; its results, forward and backward, match the CPU like cuBLASLt's.
+const std::vector<MatmulCase> kFallbackGemmCases = {
+    {1, 1, 1, true}, {1, 64, 50, true}, {9, 1, 13, true}, {9, 13, 1, true}, {17, 1, 1, false}, {3, 40, 24, true},
+};
+
+TEST_F(CudaOps, MatmulFwdBwd_Bf16_FallbackKernelMatchesCpuAtDimensionsOfOne) {
+    for (size_t i = 0; i < kFallbackGemmCases.size(); ++i) {
+        matmul_fwd_case(bf16, kFallbackGemmCases[i], 5000 + 10 * i);
+        matmul_bwd_case(bf16, kFallbackGemmCases[i], true, 5100 + 10 * i);
+    }
+}
+
+TEST_F(CudaOps, MatmulFwdBwd_F16_FallbackKernelMatchesCpuAtDimensionsOfOne) {
+    for (size_t i = 0; i < kFallbackGemmCases.size(); ++i) {
+        matmul_fwd_case(f16, kFallbackGemmCases[i], 5200 + 10 * i);
+        matmul_bwd_case(f16, kFallbackGemmCases[i], true, 5300 + 10 * i);
+    }
+}
+
+// The GELU epilogues: cuBLASLt where the aux matrix allows (widths multiple of 8), the fallback
+// kernel at odd widths and dimensions of 1.
+const std::vector<MatmulCase> kGeluGemmCases = {
+    {64, 64, 256, true}, {130, 96, 384, false}, {33, 64, 37, true}, {1, 64, 64, true}, {7, 1, 24, true}, {256, 128, 512, true},
+};
+
+TEST_F(CudaOps, MatmulGeluFwd_Bf16_MatchesCpuComposition) {
+    for (size_t i = 0; i < kGeluGemmCases.size(); ++i) matmul_gelu_fwd_case(bf16, kGeluGemmCases[i], 5400 + 10 * i);
+}
+
+TEST_F(CudaOps, MatmulGeluFwd_F16_MatchesCpuComposition) {
+    for (size_t i = 0; i < kGeluGemmCases.size(); ++i) matmul_gelu_fwd_case(f16, kGeluGemmCases[i], 5500 + 10 * i);
+}
+
+TEST_F(CudaOps, GeluMatmulBwd_Bf16_MatchesCpuCompositionWithAndWithoutTheBiasGradient) {
+    for (size_t i = 0; i < kGeluGemmCases.size(); ++i) {
+        // IC is the GELU width here: swap so that the aux widths are the interesting ones.
+        MatmulCase c{kGeluGemmCases[i].N, kGeluGemmCases[i].OC, kGeluGemmCases[i].IC, kGeluGemmCases[i].bias};
+        gelu_matmul_bwd_case(bf16, c, 5600 + 10 * i);
+    }
+}
+
+TEST_F(CudaOps, GeluMatmulBwd_F16_MatchesCpuComposition) {
+    for (size_t i = 0; i < kGeluGemmCases.size(); ++i) {
+        MatmulCase c{kGeluGemmCases[i].N, kGeluGemmCases[i].OC, kGeluGemmCases[i].IC, true};
+        gelu_matmul_bwd_case(f16, c, 5700 + 10 * i);
+    }
+}
+
+TEST_F(CudaOps, AttentionFwd_MisalignedQkvView_IsRefusedNamingTheTensorAndAlignment) {
+    const AttentionShape s{1, 8, 2, 2, 64};
+    const OwnedTensor g_buf = device_tensor(gpu(), bf16, {s.rows() * s.qkv_width() + 8});
+    const Tensor g_qkv = offset_view(g_buf, 1, {s.rows(), s.qkv_width()});
+    const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
+    try {
+        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        ADD_FAILURE() << "a qkv view 2 bytes past a 16-byte boundary was accepted";
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("attention_fwd: qkv"), std::string::npos) << what;
+        EXPECT_NE(what.find("16-byte aligned"), std::string::npos) << what;
+    }
+}
 
 TEST_F(CudaOps, MatmulFwd_Bf16_MatchesCpuAtOddShapes) {
     for (size_t i = 0; i < kMatmulCases.size(); ++i) {

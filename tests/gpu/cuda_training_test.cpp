@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "config/config.h"
+#include "gpu/gpu_test_util.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
 
@@ -18,13 +19,11 @@ Config tiny_run(const std::string& family, const std::string& device, const std:
     return test::tiny_cuda_shaped_run(family, device, 4, 64, {"train.recompute=\"" + recompute + "\""});
 }
 
-// Constructing the CUDA backend is the test of whether this machine and build have one.
+// Constructing the CUDA backend is the test of whether this machine and build have one:
+// skipped without a visible GPU, failed when one is visible but refused.
 void skip_without_gpu() {
-    try {
-        make_cuda_backend(0);
-    } catch (const Error& e) {
-        GTEST_SKIP() << "no GPU: " << e.what();
-    }
+    std::unique_ptr<Backend> probe;
+    gpu_test::make_cuda_backend_or_skip(probe);
 }
 
 TrainResult train_quietly(const Config& config) {
@@ -34,13 +33,13 @@ TrainResult train_quietly(const Config& config) {
 
 void expect_cuda_tracks_cpu(const std::string& family) {
     skip_without_gpu();
-    if (testing::Test::IsSkipped()) return;
+    if (testing::Test::IsSkipped() || testing::Test::HasFatalFailure()) return;
     test::expect_tracks_cpu(train_quietly(tiny_run(family, "cuda")), train_quietly(tiny_run(family, "cpu")));
 }
 
 void expect_bitwise_identical_cuda_runs(const Config& config) {
     skip_without_gpu();
-    if (testing::Test::IsSkipped()) return;
+    if (testing::Test::IsSkipped() || testing::Test::HasFatalFailure()) return;
     test::expect_bitwise_identical(train_quietly(config), train_quietly(config));
 }
 
@@ -56,13 +55,13 @@ TEST(CudaTraining, LlamaRunsWithTheSameSeed_AreBitwiseIdentical) { expect_bitwis
 
 TEST(CudaTraining, FullRecompute_GivesBitwiseTheSameLosses) {
     skip_without_gpu();
-    if (IsSkipped()) return;
+    if (IsSkipped() || HasFatalFailure()) return;
     test::expect_bitwise_identical(train_quietly(tiny_run("llama", "cuda", "full")), train_quietly(tiny_run("llama", "cuda")), "full recompute");
 }
 
 TEST(CudaTraining, Fp16WithLossScaling_TracksCpu) {
     skip_without_gpu();
-    if (IsSkipped()) return;
+    if (IsSkipped() || HasFatalFailure()) return;
     Config fp16 = tiny_run("gpt2", "cuda");
     fp16.train.precision = Precision::fp16;
     test::expect_tracks_cpu(train_quietly(fp16), train_quietly(tiny_run("gpt2", "cpu")));

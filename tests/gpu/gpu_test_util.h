@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda_host_rules.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -31,17 +32,38 @@ namespace llmtrain::gpu_test {
 
 // ---- the backends ----
 
-// Creates the CUDA backend for each test; without one (a CPU-only build, no driver, no GPU,
-// a GPU older than sm_80) the test is reported SKIPPED, never passed. The CPU reference is
+// Whether this process sees a GPU (cuda_host_rules.h): a CUDA build and an NVIDIA device
+// node or a device the runtime counts.
+inline bool gpu_visible_here() {
+    int count = 0;
+    if (cuda_backend_built()) {
+        try {
+            count = cuda_device_count();
+        } catch (const Error&) {
+        }
+    }
+    return gpu_visible(cuda_backend_built(), nvidia_device_node_present(), count);
+}
+
+// Makes the CUDA backend into `out`. Without a visible GPU (a CPU-only build, no device) the
+// test is reported SKIPPED; with one, a backend that refuses it (driver too old, compute
+// capability, a broken install) FAILS the test with the reason, never skips it.
+inline void make_cuda_backend_or_skip(std::unique_ptr<Backend>& out) {
+    try {
+        out = make_cuda_backend(0);
+    } catch (const Error& e) {
+        if (gpu_visible_here()) FAIL() << "a GPU is visible but the CUDA backend refuses it: " << e.what();
+        GTEST_SKIP() << "no GPU: " << e.what();
+    }
+}
+
+// Creates the CUDA backend for each test (make_cuda_backend_or_skip). The CPU reference is
 // single-threaded: its results are then the same on every machine.
 class CudaVsCpuTest : public ::testing::Test {
 protected:
     void SetUp() override {
-        try {
-            gpu_ = make_cuda_backend(0);
-        } catch (const Error& e) {
-            GTEST_SKIP() << "no GPU: " << e.what();
-        }
+        make_cuda_backend_or_skip(gpu_);
+        if (!gpu_) return;
         cpu_ = make_cpu_backend(1);
     }
     // Surfaces an asynchronous kernel error of the test's last ops as a failure of this test.

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -122,7 +123,7 @@ TEST(F32Forward, GeluSwigluAdd_MatchF64) {
 TEST(F32Forward, CrossEntropy_MatchesF64) {
     const OwnedTensor logits = random_tensor(f64, {7, 11}, 16, -5, 5), targets = random_tokens(7, 11, 17);
     expect_f32_matches_f64({&logits, &targets}, {{7}, {7, 11}}, [](Backend& be, const auto& in, const auto& out) {
-        be.xent_fwd(out[0], in[0], in[1], {});
+        be.xent_fwd(out[0], Tensor(), in[0], in[1], {});
         be.xent_bwd(out[1], in[0], in[1], Tensor(), {}, 0.5);
     });
 }
@@ -223,7 +224,7 @@ TEST(CrossEntropyForward, OneHotLogitsGiveKnownLoss) {
     // Row logits (2, 0, 0) with target 0: loss = log(e^2 + 2) - 2.
     const OwnedTensor logits(f64, {1, 3}), targets(DType::i32, {1}), losses(f64, {1});
     set(logits, 0, 2.0);
-    cpu_backend()->xent_fwd(losses, logits, targets, {});
+    cpu_backend()->xent_fwd(losses, Tensor(), logits, targets, {});
     EXPECT_NEAR(get(losses, 0), std::log(std::exp(2.0) + 2.0) - 2.0, 1e-15);
 }
 
@@ -451,7 +452,7 @@ TEST(ShapeErrors, NameTheOpAndTheTensor) {
     const OwnedTensor sw_out_bad(f32, {4, 6});
     expect_error(ErrorKind::shape, {"swiglu_fwd", "out"}, [&] { be->swiglu_fwd(sw_out_bad, x); });
     const OwnedTensor logits(f32, {4, 6}), targets_bad(DType::i32, {3}), losses(f32, {4});
-    expect_error(ErrorKind::shape, {"xent_fwd", "targets"}, [&] { be->xent_fwd(losses, logits, targets_bad, {}); });
+    expect_error(ErrorKind::shape, {"xent_fwd", "targets"}, [&] { be->xent_fwd(losses, Tensor(), logits, targets_bad, {}); });
     const OwnedTensor x64(f64, {4, 6});
     expect_error(ErrorKind::shape, {"add", "b", "f64"}, [&] { be->add(out, x, x64); });
     const OwnedTensor table(f32, {3, 4});
@@ -467,7 +468,7 @@ TEST(DataErrors, TokenOrTargetOutsideTheVocabularyIsReported) {
     expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] { be->embedding_bwd(wte, Tensor(), out, tokens, 4, {}); });
     const OwnedTensor logits(f32, {4, 5}), losses(f32, {4});
     tokens.data<int32_t>()[2] = -1;
-    expect_error(ErrorKind::data, {"xent_fwd", "target -1 at row 2"}, [&] { be->xent_fwd(losses, logits, tokens, {}); });
+    expect_error(ErrorKind::data, {"xent_fwd", "target -1 at row 2"}, [&] { be->xent_fwd(losses, Tensor(), logits, tokens, {}); });
     expect_error(ErrorKind::data, {"xent_bwd", "target -1"}, [&] { be->xent_bwd(logits, logits, tokens, Tensor(), {}, 1.0); });
 }
 
@@ -533,4 +534,59 @@ TEST(NormBackward, AccumulateDx_AddsTheOverwrittenResultToDx) {
         for (int64_t i = 0; i < N * C; ++i)
             EXPECT_EQ(accumulated.data<float>()[i], residual.data<float>()[i] + fresh.data<float>()[i]) << (rms ? "rmsnorm " : "layernorm ") << i;
     }
+}
+
+// ---- fused MLP ops and the kept logsumexp ----
+
+// The CPU computes the fused ops as the composition of the separate ones: bitwise the same.
+TEST(CpuFusedMlp, MatmulGeluFwd_IsBitwiseMatmulThenGelu) {
+    auto be = cpu_backend();
+    const int64_t N = 7, IC = 12, OC = 9;
+    const OwnedTensor x = random_tensor(DType::f32, {N, IC}, 1), w = random_tensor(DType::f32, {OC, IC}, 2), b = random_tensor(DType::f32, {OC}, 3);
+    const OwnedTensor pre(DType::f32, {N, OC}), act(DType::f32, {N, OC}), pre_ref(DType::f32, {N, OC}), act_ref(DType::f32, {N, OC});
+    be->matmul_gelu_fwd({.act = act, .pre = pre, .x = x, .w = w, .bias = b});
+    be->matmul_fwd(pre_ref, x, w, b);
+    be->gelu_fwd(act_ref, pre_ref);
+    EXPECT_TRUE(bitwise_equal(pre, pre_ref));
+    EXPECT_TRUE(bitwise_equal(act, act_ref));
+}
+
+TEST(CpuFusedMlp, GeluMatmulBwd_IsBitwiseMatmulBwdGeluBwdAndTheBiasColumnSums) {
+    auto be = cpu_backend();
+    const int64_t N = 7, F = 12, C = 9;
+    const OwnedTensor act = random_tensor(DType::f32, {N, F}, 4), pre = random_tensor(DType::f32, {N, F}, 5, -3, 3);
+    const OwnedTensor w = random_tensor(DType::f32, {C, F}, 6), dout = random_tensor(DType::f32, {N, C}, 7);
+    const OwnedTensor d_pre(DType::f32, {N, F}), dpb = random_tensor(DType::f32, {F}, 8), dw = random_tensor(DType::f32, {C, F}, 9);
+    const OwnedTensor db = random_tensor(DType::f32, {C}, 10);
+    const OwnedTensor d_act_ref(DType::f32, {N, F}), d_pre_ref(DType::f32, {N, F}), dpb_ref = copy_of(dpb), dw_ref = copy_of(dw), db_ref = copy_of(db);
+    be->gelu_matmul_bwd({.d_pre = d_pre, .d_pre_bias = dpb, .dw = dw, .dbias = db, .dout = dout, .act = act, .pre = pre, .w = w});
+
+    // The unfused sequence the model ran before: down's backward, GELU's, then up's bias gradient.
+    be->matmul_bwd(d_act_ref, dw_ref, db_ref, dout, act, w);
+    be->gelu_bwd(d_pre_ref, d_act_ref, pre);
+    const OwnedTensor up_x = random_tensor(DType::f32, {N, 3}, 11), up_w = random_tensor(DType::f32, {F, 3}, 12);
+    be->matmul_bwd(Tensor(), Tensor(), dpb_ref, d_pre_ref, up_x, up_w);
+    EXPECT_TRUE(bitwise_equal(d_pre, d_pre_ref));
+    EXPECT_TRUE(bitwise_equal(dpb, dpb_ref));
+    EXPECT_TRUE(bitwise_equal(dw, dw_ref));
+    EXPECT_TRUE(bitwise_equal(db, db_ref));
+}
+
+// xent_fwd keeps each row's logsumexp; xent_bwd given it equals xent_bwd computing it.
+TEST(CpuXent, ForwardKeepsTheLogsumexpThatTheBackwardWouldCompute) {
+    auto be = cpu_backend();
+    const int64_t N = 5, V = 11;
+    const OwnedTensor logits = random_tensor(DType::f64, {N, V}, 13, -4, 4), targets(DType::i32, {N});
+    for (int64_t n = 0; n < N; ++n) targets.data<int32_t>()[n] = static_cast<int32_t>((3 * n + 1) % V);
+    const OwnedTensor losses(DType::f64, {N}), lse(DType::f64, {N}), d_given(DType::f64, {N, V}), d_computed(DType::f64, {N, V});
+    be->xent_fwd(losses, lse, logits, targets, {});
+    for (int64_t n = 0; n < N; ++n) {
+        double m = -1e300, sum = 0;
+        for (int64_t v = 0; v < V; ++v) m = std::max(m, logits.data<double>()[n * V + v]);
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(logits.data<double>()[n * V + v] - m);
+        EXPECT_NEAR(lse.data<double>()[n], m + std::log(sum), 1e-12) << "row " << n;
+    }
+    be->xent_bwd(d_given, logits, targets, lse, {}, 0.5);
+    be->xent_bwd(d_computed, logits, targets, Tensor(), {}, 0.5);
+    EXPECT_TRUE(bitwise_equal(d_given, d_computed));
 }

@@ -56,7 +56,7 @@ Reference unpadded_reference(uint64_t seed) {
     Reference ref{random_tensor(f64, {kRows, kReal}, seed, -6, 6), random_tokens(kRows, kReal, seed + 1), OwnedTensor(f64, {kRows}),
                   OwnedTensor(f64, {kRows, kReal})};
     ref.targets.data<int32_t>()[0] = kReal - 1;
-    be->xent_fwd(ref.losses, ref.logits, ref.targets, {});
+    be->xent_fwd(ref.losses, Tensor(), ref.logits, ref.targets, {});
     be->xent_bwd(ref.dlogits, ref.logits, ref.targets, Tensor(), {}, 0.5);
     return ref;
 }
@@ -68,7 +68,7 @@ TEST(VocabPaddingCrossEntropy, WholeRows_GiveTheUnpaddedLossAndZeroGradientToPad
     const Reference ref = unpadded_reference(10);
     const OwnedTensor logits = padded_copy(ref.logits), losses(f64, {kRows});
     const VocabShard padded{0, kPadded, kReal};
-    be->xent_fwd(losses, logits, ref.targets, padded);
+    be->xent_fwd(losses, Tensor(), logits, ref.targets, padded);
     expect_close("losses", losses, ref.losses, 1e-14);
 
     const OwnedTensor dlogits = filled(f64, {kRows, kPadded}, kGarbage);
@@ -121,7 +121,7 @@ TEST(VocabPaddingCrossEntropy, TargetInThePadding_IsADataError) {
     const OwnedTensor logits = random_tensor(f64, {2, kPadded}, 30), losses(f64, {2}), targets(DType::i32, {2});
     targets.data<int32_t>()[1] = kReal;
     try {
-        be->xent_fwd(losses, logits, targets, {0, kPadded, kReal});
+        be->xent_fwd(losses, Tensor(), logits, targets, {0, kPadded, kReal});
         FAIL() << "expected a data error";
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::data);

@@ -201,9 +201,9 @@ public:
     void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
         binary("add", out, a, b, [&](const Tensor& o, const Tensor& x, const Tensor& y) { cpu_->add(o, x, y); });
     }
-    void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) override {
+    void xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) override {
         expect_f32("xent_fwd", "losses", losses); expect_half("xent_fwd", "logits", logits); expect_ids("xent_fwd", "targets", targets);
-        cpu_->xent_fwd(host_view(losses), widened(logits), host_view(targets), vocab);
+        cpu_->xent_fwd(host_view(losses), host_view(lse), widened(logits), host_view(targets), vocab);
     }
     void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) override {
         const char* op = "xent_bwd";

@@ -47,7 +47,7 @@ public:
     void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
     void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
 
-    void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) override;
+    void xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) override;
     void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) override;
     void logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) override;
     void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) override;

@@ -43,12 +43,14 @@ double row_logsumexp(const T* row, int64_t V) {
 }
 
 template <class T>
-void xent_fwd_rows(T* losses, const T* logits, const int32_t* targets, cpu::VocabRows whole, int64_t rows, int threads) {
+void xent_fwd_rows(T* losses, T* lse, const T* logits, const int32_t* targets, cpu::VocabRows whole, int64_t rows, int threads) {
     const int64_t V = whole.count, real = whole.real_count();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
         const T* row = logits + n * V;
-        losses[n] = static_cast<T>(row_logsumexp(row, real) - static_cast<double>(row[targets[n]]));
+        const double row_lse = row_logsumexp(row, real);
+        if (lse) lse[n] = static_cast<T>(row_lse);
+        losses[n] = static_cast<T>(row_lse - static_cast<double>(row[targets[n]]));
     }
 }
 
@@ -86,7 +88,7 @@ XentDims expect_xent_inputs(const char* op, const Tensor& logits, const Tensor& 
 
 }  // namespace
 
-void CpuBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) {
+void CpuBackend::xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) {
     cpu::OpTimer timer(profile_, Op::xent_fwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
@@ -95,7 +97,8 @@ void CpuBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tens
         if (whole.count != whole.total) fail(ErrorKind::shape, op, ": logits must hold whole rows of the vocabulary (use xent_partial for a shard)");
         const auto [N, V] = expect_xent_inputs(op, logits, targets, whole);
         cpu::expect_tensor(op, "losses", losses, {N}, logits.dtype());
-        xent_fwd_rows(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(), whole, N, threads_);
+        if (!lse.empty()) cpu::expect_tensor(op, "lse", lse, {N}, logits.dtype());
+        xent_fwd_rows(losses.data<T>(), cpu::data_or_null<T>(lse), logits.data<T>(), targets.data<int32_t>(), whole, N, threads_);
     });
 }
 

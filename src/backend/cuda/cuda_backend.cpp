@@ -2,9 +2,11 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda_host_rules.h"
 #include "core/log.h"
 #include "kernels/launch_check.h"
 
@@ -22,7 +24,19 @@ bool cuda_backend_built() { return true; }
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
 
+namespace {
+// A driver older than the runtime this binary was built with fails at the first kernel
+// launch with an obscure error; say so up front, naming both versions.
+void expect_driver_supports_runtime() {
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    const std::string problem = cuda_driver_problem(driver, CUDART_VERSION);
+    if (!problem.empty()) fail(ErrorKind::unsupported, problem);
+}
+}  // namespace
+
 int cuda_device_count() {
+    expect_driver_supports_runtime();
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0)
@@ -47,9 +61,11 @@ size_t cuda_free_memory_bytes(int device_index) {
     return free_bytes;
 }
 
+
 // Device selection: the node-local rank modulo the GPUs seen (CUDA_VISIBLE_DEVICES may
 // give each rank one GPU, which is then device 0).
 CudaBackend::CudaBackend(int device_index) {
+    sync_check_ = cuda_sync_check_requested(std::getenv("LLMTRAIN_CUDA_CHECK"));
     device_index_ = device_index % cuda_device_count();
     check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
     cudaDeviceProp prop{};

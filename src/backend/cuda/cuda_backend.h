@@ -6,8 +6,11 @@
 // ops that need scratch share one workspace, sized by the first step's largest request
 // (fixed afterwards: the shapes of a run do not grow), and cuBLASLt has its own 32 MiB.
 //
-// Profile: each op is bracketed by a pair of CUDA events; synchronize() turns the pairs
-// into per-op GPU seconds in profile(). set_profiling(false) drops the events (timed runs).
+// Profile: while set_profiling(true), each op is bracketed by a pair of CUDA events;
+// synchronize() turns the pairs into per-op GPU seconds in profile(). Off by default.
+//
+// LLMTRAIN_CUDA_CHECK=sync (cuda_host_rules.h): every op ends with a stream synchronize and
+// an error check, so an asynchronous fault is reported with the op that caused it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -62,7 +65,7 @@ public:
     void swiglu_fwd(const Tensor& out, const Tensor& x) override;
     void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
     void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
-    void xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) override;
+    void xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) override;
     void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) override;
     void logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) override;
     void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) override;
@@ -71,6 +74,8 @@ public:
     double sum_squares(const Tensor& x) override;
     void fill_zero(const Tensor& x) override;
     void copy(const Tensor& out, const Tensor& in) override;
+    void matmul_gelu_fwd(const MatmulGeluFwd& args) override;
+    void gelu_matmul_bwd(const GeluMatmulBwd& args) override;
 
 private:
     friend class CudaOpScope;
@@ -89,7 +94,8 @@ private:
     size_t workspace_size_ = 0;
     size_t allocated_bytes_ = 0, peak_allocated_bytes_ = 0;
     Memory sum_result_;  // one device double for sum_squares
-    bool profiling_ = true;
+    bool profiling_ = false;
+    bool sync_check_ = false;
     struct PendingOp {
         Op op;
         cudaEvent_t start, stop;

@@ -1,20 +1,24 @@
 // The CUDA backend's ops: host-side checks (shape, dtype, device memory), then the launch
 // of the kernel (kernels/*.cu) or the cuBLASLt GEMM on the backend's stream.
 #include <cmath>
+#include <exception>
 #include <initializer_list>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda_host_rules.h"
 #include "backend/op_checks.h"
 #include "kernels/kernels.h"
+#include "kernels/launch_check.h"
 
 namespace llmtrain {
 
-// Brackets one op with a pair of CUDA events (when profiling) for its GPU time.
+// Brackets one op with a pair of CUDA events (when profiling) for its GPU time and, under
+// LLMTRAIN_CUDA_CHECK=sync, ends it with a synchronize and an error check naming the op.
 class CudaOpScope {
 public:
-    CudaOpScope(CudaBackend& backend, Op op) : backend_(backend), op_(op) {
+    CudaOpScope(CudaBackend& backend, Op op) : backend_(backend), op_(op), exceptions_at_start_(std::uncaught_exceptions()) {
         if (!backend_.profiling_) return;
         start_ = backend_.take_event();
         if (cudaEventRecord(start_, backend_.stream_) != cudaSuccess) {
@@ -22,9 +26,26 @@ public:
             start_ = nullptr;
         }
     }
-    // A destructor must not throw (it also runs while an op's error unwinds): a failure to
-    // get or record the stop event drops this op's timing instead.
-    ~CudaOpScope() {
+    // The timing part must not throw (it also runs while an op's error unwinds): a failure
+    // to get or record the stop event drops this op's timing instead. The sync check throws
+    // only when the op itself completed without an error.
+    ~CudaOpScope() noexcept(false) {
+        record_stop();
+        if (backend_.sync_check_ && std::uncaught_exceptions() == exceptions_at_start_) check_completed();
+    }
+    CudaOpScope(const CudaOpScope&) = delete;
+    CudaOpScope& operator=(const CudaOpScope&) = delete;
+    const char* name() const { return op_name(op_); }
+
+private:
+    void check_completed() const {
+        const cudaError_t launch = cudaGetLastError();
+        const cudaError_t sync = cudaStreamSynchronize(backend_.stream_);
+        const cudaError_t status = launch != cudaSuccess ? launch : sync;
+        if (status != cudaSuccess)
+            fail(kernels::cuda_error_kind(status), op_name(op_), ": CUDA error in this op (LLMTRAIN_CUDA_CHECK=sync): ", cudaGetErrorString(status));
+    }
+    void record_stop() {
         if (!start_) return;
         try {
             cudaEvent_t stop = backend_.take_event();
@@ -37,13 +58,10 @@ public:
         } catch (...) {
         }
     }
-    CudaOpScope(const CudaOpScope&) = delete;
-    CudaOpScope& operator=(const CudaOpScope&) = delete;
-    const char* name() const { return op_name(op_); }
 
-private:
     CudaBackend& backend_;
     Op op_;
+    int exceptions_at_start_;
     cudaEvent_t start_ = nullptr;
 };
 
@@ -170,6 +188,61 @@ void CudaBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& 
     kernels::launch_rmsnorm_bwd(t, dx.raw(), f32_or_null(dw), dout.raw(), x.raw(), w.raw(), ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
 }
 
+namespace {
+// The GEMMs of a linear layer out[N, OC] = x[N, IC] w[OC, IC]^T (matmul_fwd, matmul_bwd below).
+GemmCall linear_fwd_gemm(const Tensor& out, const Tensor& x, const Tensor& w) {
+    const int64_t N = x.dim(0), IC = x.dim(1), OC = w.dim(0);
+    GemmCall c;
+    c.m = OC, c.n = N, c.k = IC;
+    c.transpose_a = true;
+    c.a = w.raw(), c.lda = IC;
+    c.b = x.raw(), c.ldb = IC;
+    c.d = out.raw(), c.ldd = OC;
+    c.ab_dtype = c.d_dtype = x.dtype();
+    return c;
+}
+
+GemmCall linear_dx_gemm(const Tensor& dx, const Tensor& dout, const Tensor& w) {
+    const int64_t N = dout.dim(0), IC = w.dim(1), OC = w.dim(0);
+    GemmCall c;
+    c.m = IC, c.n = N, c.k = OC;
+    c.a = w.raw(), c.lda = IC;
+    c.b = dout.raw(), c.ldb = OC;
+    c.d = dx.raw(), c.ldd = IC;
+    c.ab_dtype = c.d_dtype = w.dtype();
+    return c;
+}
+
+GemmCall linear_dw_gemm(const Tensor& dw, const Tensor& dout, const Tensor& x) {
+    const int64_t N = x.dim(0), IC = x.dim(1), OC = dw.dim(0);
+    GemmCall c;
+    c.m = IC, c.n = OC, c.k = N;
+    c.transpose_b = true;
+    c.a = x.raw(), c.lda = IC;
+    c.b = dout.raw(), c.ldb = OC;
+    c.d = dw.raw(), c.ldd = IC;
+    c.ab_dtype = x.dtype();
+    c.d_dtype = DType::f32;
+    c.accumulate = true;
+    return c;
+}
+
+// x [N, IC], w [OC, IC] 16-bit on the device, dout/out [N, OC] in x's dtype; returns N, IC, OC.
+struct LinearDims {
+    int64_t N, IC, OC;
+};
+LinearDims expect_linear(const char* op, const Tensor& x, const Tensor& w, const char* out_name, const Tensor& out) {
+    expect_rank(op, "x", x, 2);
+    expect_rank(op, "w", w, 2);
+    half_of(op, "x", x);
+    const int64_t N = x.dim(0), IC = x.dim(1), OC = w.dim(0);
+    expect(op, "x", x, {N, IC}, x.dtype());
+    expect(op, "w", w, {OC, IC}, x.dtype());
+    expect(op, out_name, out, {N, OC}, x.dtype());
+    return {N, IC, OC};
+}
+}  // namespace
+
 // out[N, OC] = x[N, IC] w[OC, IC]^T + bias. A row-major [r, c] matrix is a column-major
 // [c, r] one, so cuBLASLt computes D = out^T [OC, N] = op(A) B with A = w (stored [IC, OC],
 // transposed: m = OC, k = IC) and B = x (stored [IC, N]: n = N); the bias is per row of D.
@@ -184,14 +257,9 @@ void CudaBackend::matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w
     expect(op, "w", w, {OC, IC}, x.dtype());
     expect(op, "out", out, {N, OC}, x.dtype());
     if (!bias.empty()) expect(op, "bias", bias, {OC}, x.dtype());
-    GemmCall c;
-    c.m = OC, c.n = N, c.k = IC;
-    c.transpose_a = true;
-    c.a = w.raw(), c.lda = IC;
-    c.b = x.raw(), c.ldb = IC;
-    c.d = out.raw(), c.ldd = OC;
-    c.ab_dtype = c.d_dtype = x.dtype();
+    GemmCall c = linear_fwd_gemm(out, x, w);
     c.bias = ptr_or_null(bias);
+    if (c.bias) c.epilogue = GemmEpilogue::bias;
     gemm_->run(c, op);
 }
 
@@ -210,26 +278,11 @@ void CudaBackend::matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& d
     expect(op, "dout", dout, {N, OC}, x.dtype());
     if (!dx.empty()) {
         expect(op, "dx", dx, {N, IC}, x.dtype());
-        GemmCall c;
-        c.m = IC, c.n = N, c.k = OC;
-        c.a = w.raw(), c.lda = IC;
-        c.b = dout.raw(), c.ldb = OC;
-        c.d = dx.raw(), c.ldd = IC;
-        c.ab_dtype = c.d_dtype = x.dtype();
-        gemm_->run(c, op);
+        gemm_->run(linear_dx_gemm(dx, dout, w), op);
     }
     if (!dw.empty()) {
         expect(op, "dw", dw, {OC, IC}, DType::f32);
-        GemmCall c;
-        c.m = IC, c.n = OC, c.k = N;
-        c.transpose_b = true;
-        c.a = x.raw(), c.lda = IC;
-        c.b = dout.raw(), c.ldb = OC;
-        c.d = dw.raw(), c.ldd = IC;
-        c.ab_dtype = x.dtype();
-        c.d_dtype = DType::f32;
-        c.accumulate = true;
-        gemm_->run(c, op);
+        gemm_->run(linear_dw_gemm(dw, dout, x), op);
     }
     if (!dbias.empty()) {
         expect(op, "dbias", dbias, {OC}, DType::f32);
@@ -238,10 +291,64 @@ void CudaBackend::matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& d
     }
 }
 
+// matmul_fwd with cuBLASLt's GELU_AUX_BIAS epilogue: D = act^T = gelu(aux), aux = pre^T
+// [OC, N] (leading dimension OC) = w x^T + bias.
+void CudaBackend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
+    CudaOpScope scope(*this, Op::matmul_gelu_fwd);
+    const char* op = scope.name();
+    const auto [N, IC, OC] = expect_linear(op, a.x, a.w, "act", a.act);
+    expect(op, "pre", a.pre, {N, OC}, a.x.dtype());
+    if (!a.bias.empty()) expect(op, "bias", a.bias, {OC}, a.x.dtype());
+    GemmCall c = linear_fwd_gemm(a.act, a.x, a.w);
+    c.epilogue = GemmEpilogue::gelu_aux_bias;
+    c.bias = ptr_or_null(a.bias);
+    c.aux = a.pre.raw(), c.ldaux = OC;
+    gemm_->run(c, op);
+}
+
+// The dx GEMM of matmul_bwd with cuBLASLt's DGELU_BGRAD epilogue: D = d_pre^T [IC, N] =
+// (w^T dout^T) * gelu'(aux = pre^T), and the sums of D's rows (over the N tokens) are the
+// bias gradient of the layer that made pre. dw and dbias as in matmul_bwd.
+void CudaBackend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
+    CudaOpScope scope(*this, Op::gelu_matmul_bwd);
+    const char* op = scope.name();
+    const auto [N, IC, OC] = expect_linear(op, a.act, a.w, "dout", a.dout);
+    const Half t = half_of(op, "act", a.act);
+    expect(op, "pre", a.pre, {N, IC}, a.act.dtype());
+    expect(op, "d_pre", a.d_pre, {N, IC}, a.act.dtype());
+    if (!a.d_pre_bias.empty()) expect(op, "d_pre_bias", a.d_pre_bias, {IC}, DType::f32);
+    if (!a.dw.empty()) expect(op, "dw", a.dw, {OC, IC}, DType::f32);
+    if (!a.dbias.empty()) expect(op, "dbias", a.dbias, {OC}, DType::f32);
+    GemmCall c = linear_dx_gemm(a.d_pre, a.dout, a.w);
+    c.epilogue = GemmEpilogue::dgelu_bgrad;
+    c.aux = a.pre.raw(), c.ldaux = IC;
+    if (!a.d_pre_bias.empty()) {
+        c.bias_grad = ptr<float>(a.d_pre_bias);
+        c.bias_grad_scratch = static_cast<float*>(workspace(static_cast<size_t>(IC) * sizeof(float)));
+    }
+    gemm_->run(c, op);
+    // The workspace is reused below only by ops enqueued after the GEMM's use of it.
+    if (!a.dw.empty()) gemm_->run(linear_dw_gemm(a.dw, a.dout, a.act), op);
+    if (!a.dbias.empty()) {
+        void* scratch = workspace(kernels::bias_grad_scratch_bytes(N, OC));
+        kernels::launch_bias_grad(t, ptr<float>(a.dbias), a.dout.raw(), N, OC, scratch, stream_);
+    }
+}
+
 // Flash attention keeps only the log-sum-exp of each query row: [B, H, T] fp32
 // (attention_saved_shape in backend.cpp).
 
 namespace {
+// The flash kernels move 16-byte vectors (8 elements) of q, k, v, out and their gradients
+// and load WMMA fragments from shared copies of them: every 16-bit tensor's start and row
+// stride must be 16-byte aligned, and the fp32 lse 4-byte aligned.
+constexpr int attention_vector_bytes = 16;
+void expect_attention_aligned(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> halves, const Tensor& saved) {
+    for (const auto& [name, t] : halves)
+        expect_aligned(op, name, t->raw(), t->dim(1) * static_cast<int64_t>(dtype_size(t->dtype())), attention_vector_bytes);
+    expect_aligned(op, "saved", saved.raw(), 0, static_cast<int>(sizeof(float)));
+}
+
 void expect_attention(const char* op, const AttentionShape& s) {
     if (s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0)
         fail(ErrorKind::shape, op, ": ", s.n_heads, " query heads do not group evenly over ", s.n_kv_heads, " key/value heads");
@@ -258,6 +365,7 @@ void CudaBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Te
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
     expect(op, "out", out, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
+    expect_attention_aligned(op, {{"qkv", &qkv}, {"out", &out}}, saved);
     kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, stream_);
 }
 
@@ -271,6 +379,7 @@ void CudaBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Te
     expect(op, "out", out, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "dout", dout, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
+    expect_attention_aligned(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, saved);
     void* scratch = workspace(kernels::attention_bwd_scratch_bytes(s.batch, s.seq_len, s.n_heads));
     kernels::launch_attention_bwd(t, dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), s.batch, s.seq_len, s.n_heads, s.n_kv_heads,
                                   s.head_dim, scratch, stream_);
@@ -370,14 +479,15 @@ void expect_logits(const char* op, const Tensor& logits, const Tensor& targets) 
 }
 }  // namespace
 
-void CudaBackend::xent_fwd(const Tensor& losses, const Tensor& logits, const Tensor& targets, VocabShard vocab) {
+void CudaBackend::xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) {
     CudaOpScope scope(*this, Op::xent_fwd);
     const char* op = scope.name();
     expect_logits(op, logits, targets);
     expect(op, "losses", losses, {logits.dim(0)}, DType::f32);
+    if (!lse.empty()) expect(op, "lse", lse, {logits.dim(0)}, DType::f32);
     const VocabRows whole = expect_vocab(op, vocab, logits.dim(1));
     if (whole.count != whole.total) fail(ErrorKind::shape, op, ": logits must hold whole rows of the vocabulary (use xent_partial for a shard)");
-    kernels::launch_xent_fwd(half_of(op, "logits", logits), ptr<float>(losses), logits.raw(), ptr<int32_t>(targets), logits.dim(0), logits.dim(1),
+    kernels::launch_xent_fwd(half_of(op, "logits", logits), ptr<float>(losses), static_cast<float*>(ptr_or_null(lse)), logits.raw(), ptr<int32_t>(targets), logits.dim(0), logits.dim(1),
                              whole.real_count(), stream_);
 }
 

@@ -1,6 +1,8 @@
 #include "backend/cuda/gemm_cublaslt.h"
 
 #include "core/error.h"
+#include "core/log.h"
+#include "kernels/kernels.h"
 
 namespace llmtrain {
 
@@ -27,6 +29,35 @@ int alignment_of(const void* p) {
     return alignment;
 }
 
+// The cuBLASLt epilogue of a call: GELU_AUX and DGELU are the GELU epilogues without the bias
+// or its gradient.
+cublasLtEpilogue_t lt_epilogue(const GemmCall& c) {
+    switch (c.epilogue) {
+        case GemmEpilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
+        case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+        case GemmEpilogue::gelu_aux_bias: return c.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        case GemmEpilogue::dgelu_bgrad: return c.bias_grad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    }
+    return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool uses_aux(GemmEpilogue e) { return e == GemmEpilogue::gelu_aux_bias || e == GemmEpilogue::dgelu_bgrad; }
+
+GemmFacts facts_of(const GemmCall& c) {
+    GemmFacts f;
+    f.m = c.m, f.n = c.n, f.k = c.k;
+    f.epilogue = c.epilogue;
+    f.aux_ld = c.ldaux;
+    f.aux_alignment_bytes = uses_aux(c.epilogue) ? alignment_of(c.aux) : 256;
+    return f;
+}
+
+kernels::Half half_type(DType dtype, const char* op) {
+    if (dtype == DType::bf16) return kernels::Half::bf16;
+    if (dtype == DType::f16) return kernels::Half::f16;
+    fail(ErrorKind::unsupported, op, ": the GEMM inputs have dtype ", dtype_name(dtype), "; expected bf16 or f16");
+}
+
 }  // namespace
 
 CublasLtMatmul::CublasLtMatmul(cudaStream_t stream, void* workspace, size_t workspace_bytes)
@@ -36,6 +67,7 @@ CublasLtMatmul::CublasLtMatmul(cudaStream_t stream, void* workspace, size_t work
 
 CublasLtMatmul::~CublasLtMatmul() {
     for (auto& [key, plan] : plans_) {
+        if (plan.engine == GemmEngine::fallback_kernel && !plan.desc) continue;
         cublasLtMatrixLayoutDestroy(plan.a);
         cublasLtMatrixLayoutDestroy(plan.b);
         cublasLtMatrixLayoutDestroy(plan.d);
@@ -46,7 +78,8 @@ CublasLtMatmul::~CublasLtMatmul() {
 
 CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& c, const char* op) {
     const Key key{c.m, c.n, c.k, c.transpose_a, c.transpose_b, c.lda, c.ldb, c.ldd, c.ab_dtype, c.d_dtype, c.bias != nullptr,
-                  alignment_of(c.a), alignment_of(c.b), alignment_of(c.d), c.bias ? alignment_of(c.bias) : 0};
+                  alignment_of(c.a), alignment_of(c.b), alignment_of(c.d), c.bias ? alignment_of(c.bias) : 0,
+                  c.epilogue, c.bias_grad != nullptr, c.ldaux, uses_aux(c.epilogue) ? alignment_of(c.aux) : 0};
     auto found = plans_.find(key);
     if (found != plans_.end()) return found->second;
     return plans_.emplace(key, build(c, key, op)).first->second;
@@ -54,13 +87,27 @@ CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& c, const char* op
 
 CublasLtMatmul::Plan CublasLtMatmul::build(const GemmCall& c, const Key& key, const char* op) {
     Plan p;
+    const GemmFacts facts = facts_of(c);
+    if (const std::string reason = gemm_fallback_reason(facts); !reason.empty()) {
+        log_debug(op, ": GEMM m ", c.m, " x n ", c.n, " x k ", c.k, " (", gemm_epilogue_name(c.epilogue), ") runs the fallback kernel: ", reason);
+        p.engine = GemmEngine::fallback_kernel;
+        return p;
+    }
     check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), op, "descriptor");
     const cublasOperation_t ta = c.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), op, "transpose A");
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), op, "transpose B");
-    if (c.bias) {
-        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), op, "bias epilogue");
+    const cublasLtEpilogue_t epilogue = lt_epilogue(c);
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), op, "epilogue");
+    if (uses_aux(c.epilogue)) {
+        const int64_t ldaux = c.ldaux;
+        check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof ldaux), op, "aux leading dimension");
+    }
+    if (epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
+        // The bias gradient in fp32 (by default it would take D's 16-bit type).
+        const cudaDataType_t bias_type = CUDA_R_32F;
+        check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type), op, "bias gradient type");
     }
     // Stored (column-major) shapes: A is m x k, or k x m when transposed; likewise B.
     const auto rows_a = static_cast<uint64_t>(c.transpose_a ? c.k : c.m), cols_a = static_cast<uint64_t>(c.transpose_a ? c.m : c.k);
@@ -83,9 +130,10 @@ CublasLtMatmul::Plan CublasLtMatmul::build(const GemmCall& c, const Key& key, co
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, preference, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(preference);
-    if (status != CUBLAS_STATUS_SUCCESS || found == 0)
-        fail(ErrorKind::unsupported, op, ": cuBLASLt has no algorithm for m ", c.m, " x n ", c.n, " x k ", c.k, " (", dtype_name(c.ab_dtype), " -> ",
-             dtype_name(c.d_dtype), c.bias ? ", bias" : "", ")");
+    p.engine = choose_gemm_engine(facts, status == CUBLAS_STATUS_SUCCESS ? found : 0);
+    if (p.engine == GemmEngine::fallback_kernel)
+        log_warn(op, ": cuBLASLt has no algorithm for m ", c.m, " x n ", c.n, " x k ", c.k, " (", dtype_name(c.ab_dtype), " -> ", dtype_name(c.d_dtype),
+                 ", epilogue ", gemm_epilogue_name(c.epilogue), "); this GEMM runs the slower fallback kernel");
     p.algo = result.algo;
     return p;
 }
@@ -95,11 +143,38 @@ void CublasLtMatmul::run(const GemmCall& c, const char* op) {
     // k = 0 with beta = 1 (dw += dout^T x over no rows) leaves D as it is; cuBLASLt may reject
     // an empty inner dimension, so skip it.
     if (c.k == 0 && c.accumulate && !c.bias) return;
+    if (uses_aux(c.epilogue) && !c.aux) fail(ErrorKind::runtime, op, ": the ", gemm_epilogue_name(c.epilogue), " epilogue needs an aux matrix");
+    if (c.bias_grad && !c.bias_grad_scratch) fail(ErrorKind::runtime, op, ": a bias gradient needs its scratch vector");
     Plan& p = plan_for(c, op);
+    if (p.engine == GemmEngine::fallback_kernel) return run_fallback(c);
     if (c.bias) check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias), op, "bias pointer");
+    if (c.bias_grad)
+        check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias_grad_scratch, sizeof c.bias_grad_scratch), op,
+                 "bias gradient pointer");
+    if (uses_aux(c.epilogue)) check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &c.aux, sizeof c.aux), op, "aux pointer");
     const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
     check_lt(cublasLtMatmul(handle_, p.desc, &alpha, c.a, p.a, c.b, p.b, &beta, c.d, p.d, c.d, p.d, &p.algo, workspace_, workspace_bytes_, stream_), op,
              "matmul");
+    // cuBLASLt writes the bias gradient; the Backend's parameter gradients accumulate.
+    if (c.bias_grad) kernels::launch_accumulate(c.bias_grad, c.bias_grad_scratch, c.m, stream_);
+}
+
+void CublasLtMatmul::run_fallback(const GemmCall& c) {
+    kernels::FallbackGemm g;
+    g.m = c.m, g.n = c.n, g.k = c.k;
+    g.transpose_a = c.transpose_a, g.transpose_b = c.transpose_b;
+    g.a = c.a, g.b = c.b, g.d = c.d;
+    g.lda = c.lda, g.ldb = c.ldb, g.ldd = c.ldd;
+    g.ab_type = half_type(c.ab_dtype, "matmul");
+    g.d_f32 = c.d_dtype == DType::f32;
+    g.accumulate = c.accumulate;
+    g.bias = c.bias;
+    g.gelu = c.epilogue == GemmEpilogue::gelu_aux_bias ? kernels::FallbackGemm::Gelu::forward_aux
+             : c.epilogue == GemmEpilogue::dgelu_bgrad ? kernels::FallbackGemm::Gelu::backward
+                                                      : kernels::FallbackGemm::Gelu::none;
+    g.aux = c.aux, g.ld_aux = c.ldaux;
+    g.bias_grad = c.bias_grad;
+    kernels::launch_gemm_fallback(g, stream_);
 }
 
 }  // namespace llmtrain

@@ -1,7 +1,14 @@
 // GEMMs through cuBLASLt with cached plans. Row-major C = A B^T style products are issued
 // as column-major cuBLASLt calls (a row-major [r, c] matrix is a column-major [c, r] one).
 // Each distinct (shape, transposes, dtypes, epilogue, alignments) builds its descriptors and
-// asks the heuristic for an algorithm once; later calls reuse the plan.
+// asks the heuristic for an algorithm once; later calls reuse the plan. A plan that cuBLASLt
+// cannot serve (choose_gemm_engine in cuda_host_rules.h) runs the fallback kernel
+// (kernels/gemm_fallback.cu) instead, with the same semantics.
+//
+// cuBLASLt attributes used: TRANSA, TRANSB, EPILOGUE (BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU,
+// DGELU_BGRAD), BIAS_POINTER, BIAS_DATA_TYPE (CUDA_R_32F for the bias gradient),
+// EPILOGUE_AUX_POINTER, EPILOGUE_AUX_LD; preferences MAX_WORKSPACE_BYTES and
+// MIN_ALIGNMENT_{A,B,C,D}_BYTES.
 #pragma once
 
 #include <cublasLt.h>
@@ -11,11 +18,13 @@
 #include <map>
 #include <tuple>
 
+#include "backend/cuda_host_rules.h"
 #include "core/dtype.h"
 
 namespace llmtrain {
 
-// D[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * D (+ bias[m] per row), column-major.
+// D[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * D, then the epilogue (cuda_host_rules.h),
+// column-major.
 struct GemmCall {
     int64_t m = 0, n = 0, k = 0;
     bool transpose_a = false, transpose_b = false;
@@ -25,8 +34,13 @@ struct GemmCall {
     int64_t lda = 0, ldb = 0, ldd = 0;
     DType ab_dtype = DType::bf16;  // A and B
     DType d_dtype = DType::bf16;   // C = D
-    const void* bias = nullptr;    // dtype d_dtype, length m; null: none
     bool accumulate = false;       // beta = 1
+    GemmEpilogue epilogue = GemmEpilogue::none;
+    const void* bias = nullptr;    // bias, gelu_aux_bias: dtype d_dtype, length m; null: none
+    void* aux = nullptr;           // gelu_aux_bias (written), dgelu_bgrad (read): [m, n] of d_dtype
+    int64_t ldaux = 0;
+    float* bias_grad = nullptr;    // dgelu_bgrad: [m] fp32, accumulated (+=); null: none
+    float* bias_grad_scratch = nullptr;  // [m] fp32 that cuBLASLt's epilogue overwrites first
 };
 
 class CublasLtMatmul {
@@ -39,14 +53,17 @@ public:
     void run(const GemmCall& call, const char* op);
 
 private:
-    using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, DType, DType, bool, int, int, int, int>;
+    using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, DType, DType, bool, int, int, int, int,
+                           GemmEpilogue, bool, int64_t, int>;
     struct Plan {
+        GemmEngine engine = GemmEngine::cublaslt;
         cublasLtMatmulDesc_t desc = nullptr;
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
         cublasLtMatmulAlgo_t algo{};
     };
     Plan& plan_for(const GemmCall& call, const char* op);
     Plan build(const GemmCall& call, const Key& key, const char* op);
+    void run_fallback(const GemmCall& call);
 
     cublasLtHandle_t handle_ = nullptr;
     cudaStream_t stream_;
