@@ -293,9 +293,10 @@ void CudaBackend::matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& d
 
 // matmul_fwd with cuBLASLt's GELU_AUX_BIAS epilogue: D = act^T = gelu(aux), aux = pre^T
 // [OC, N] (leading dimension OC) = w x^T + bias.
+// Where cuBLASLt has no fused kernel for the shape (or a dimension is 1), the op runs as the
+// Backend's composition of matmul_fwd and gelu_fwd, each timed as itself.
 void CudaBackend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
-    CudaOpScope scope(*this, Op::matmul_gelu_fwd);
-    const char* op = scope.name();
+    const char* op = op_name(Op::matmul_gelu_fwd);
     const auto [N, IC, OC] = expect_linear(op, a.x, a.w, "act", a.act);
     expect(op, "pre", a.pre, {N, OC}, a.x.dtype());
     if (!a.bias.empty()) expect(op, "bias", a.bias, {OC}, a.x.dtype());
@@ -303,15 +304,17 @@ void CudaBackend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
     c.epilogue = GemmEpilogue::gelu_aux_bias;
     c.bias = ptr_or_null(a.bias);
     c.aux = a.pre.raw(), c.ldaux = OC;
+    if (!gemm_->served_by_cublaslt(c, op)) return Backend::matmul_gelu_fwd(a);
+    CudaOpScope scope(*this, Op::matmul_gelu_fwd);
     gemm_->run(c, op);
 }
 
 // The dx GEMM of matmul_bwd with cuBLASLt's DGELU_BGRAD epilogue: D = d_pre^T [IC, N] =
 // (w^T dout^T) * gelu'(aux = pre^T), and the sums of D's rows (over the N tokens) are the
 // bias gradient of the layer that made pre. dw and dbias as in matmul_bwd.
+// Unfused, as matmul_gelu_fwd, where cuBLASLt has no fused kernel.
 void CudaBackend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
-    CudaOpScope scope(*this, Op::gelu_matmul_bwd);
-    const char* op = scope.name();
+    const char* op = op_name(Op::gelu_matmul_bwd);
     const auto [N, IC, OC] = expect_linear(op, a.act, a.w, "dout", a.dout);
     const Half t = half_of(op, "act", a.act);
     expect(op, "pre", a.pre, {N, IC}, a.act.dtype());
@@ -326,6 +329,8 @@ void CudaBackend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
         c.bias_grad = ptr<float>(a.d_pre_bias);
         c.bias_grad_scratch = static_cast<float*>(workspace(static_cast<size_t>(IC) * sizeof(float)));
     }
+    if (!gemm_->served_by_cublaslt(c, op)) return Backend::gelu_matmul_bwd(a);
+    CudaOpScope scope(*this, Op::gelu_matmul_bwd);
     gemm_->run(c, op);
     // The workspace is reused below only by ops enqueued after the GEMM's use of it.
     if (!a.dw.empty()) gemm_->run(linear_dw_gemm(a.dw, a.dout, a.act), op);

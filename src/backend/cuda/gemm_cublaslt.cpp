@@ -133,7 +133,8 @@ CublasLtMatmul::Plan CublasLtMatmul::build(const GemmCall& c, const Key& key, co
     p.engine = choose_gemm_engine(facts, status == CUBLAS_STATUS_SUCCESS ? found : 0);
     if (p.engine == GemmEngine::fallback_kernel)
         log_warn(op, ": cuBLASLt has no algorithm for m ", c.m, " x n ", c.n, " x k ", c.k, " (", dtype_name(c.ab_dtype), " -> ", dtype_name(c.d_dtype),
-                 ", epilogue ", gemm_epilogue_name(c.epilogue), "); this GEMM runs the slower fallback kernel");
+                 ", epilogue ", gemm_epilogue_name(c.epilogue), "); ",
+                 uses_aux(c.epilogue) ? "the op runs unfused (the plain GEMM, then the GELU kernel)" : "this GEMM runs the slower fallback kernel");
     p.algo = result.algo;
     return p;
 }

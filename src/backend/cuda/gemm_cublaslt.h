@@ -51,6 +51,10 @@ public:
     CublasLtMatmul& operator=(const CublasLtMatmul&) = delete;
     // op names the Backend op in errors.
     void run(const GemmCall& call, const char* op);
+    // Whether cuBLASLt itself serves this call (its plan is built and cached on the first
+    // ask). A fused GELU call it does not serve is better run unfused (cuBLASLt's plain GEMM
+    // and the GELU kernel) than on the fallback kernel: callers of those epilogues ask first.
+    bool served_by_cublaslt(const GemmCall& call, const char* op) { return plan_for(call, op).engine == GemmEngine::cublaslt; }
 
 private:
     using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, DType, DType, bool, int, int, int, int,
