@@ -35,7 +35,7 @@ StagingBuffer StagingPool::take(size_t bytes) {
     if (slot.bytes < bytes) {
         const size_t grown = std::max(bytes, 2 * slot.bytes);
         slot.memory.reset();
-        slot.memory = staging_->allocate_host(grown);
+        slot.memory = allocate_(grown);
         slot.bytes = grown;
     }
     slot.busy = true;

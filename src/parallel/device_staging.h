@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -45,11 +46,11 @@ private:
 
 class StagingPool {
 public:
-    explicit StagingPool(std::shared_ptr<DeviceStaging> staging) : staging_(std::move(staging)) {}
+    using Allocate = std::function<std::shared_ptr<void>(size_t bytes)>;
+    explicit StagingPool(Allocate allocate) : allocate_(std::move(allocate)) {}
     // A free buffer of at least `bytes`: the smallest free one that fits, else a free one
     // grown (to twice its size at least, so that growth stops soon), else a new one.
     StagingBuffer take(size_t bytes);
-    DeviceStaging& staging() const { return *staging_; }
     size_t buffers() const { return slots_.size(); }
 
 private:
@@ -60,7 +61,7 @@ private:
         size_t bytes = 0;
         bool busy = false;
     };
-    std::shared_ptr<DeviceStaging> staging_;
+    Allocate allocate_;
     std::mutex mutex_;
     std::vector<Slot> slots_;
 };

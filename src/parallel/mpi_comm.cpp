@@ -60,23 +60,23 @@ void narrow(uint16_t* out, const float* in, int64_t n, DType dtype) {
 // costs twice the bytes on the wire, which is the fallback's price (NCCL reduces bf16 itself).
 class Staged {
 public:
-    Staged(StagingPool& pool, const Tensor& t, bool read, bool widened) : tensor_(t), widened_(widened && is_half(t.dtype())) {
-        const bool on_device = t.device() != Device::cpu;
-        if (on_device) {
-            raw_ = pool.take(t.bytes());
-            if (read) pool.staging().to_host(raw_.data(), t.raw(), t.bytes());
+    // pinned: buffers GPU memory is copied through; host: the f32 values of 16-bit tensors.
+    Staged(DeviceStaging& staging, StagingPool& pinned, StagingPool& host, const Tensor& t, bool read, bool widened)
+        : tensor_(t), widened_(widened && is_half(t.dtype())), staging_(staging) {
+        if (t.device() != Device::cpu) {
+            raw_ = pinned.take(t.bytes());
+            if (read) staging.to_host(raw_.data(), t.raw(), t.bytes());
         }
         if (widened_) {
-            wide_ = pool.take(static_cast<size_t>(t.numel()) * sizeof(float));
+            wide_ = host.take(static_cast<size_t>(t.numel()) * sizeof(float));
             if (read) widen(static_cast<float*>(wide_.data()), static_cast<const uint16_t*>(host_raw()), t.numel(), t.dtype());
         }
-        staging_ = &pool.staging();
     }
     void* data() const { return widened_ ? wide_.data() : host_raw(); }
     MPI_Datatype type() const { return widened_ ? MPI_FLOAT : mpi_type(tensor_.dtype()); }
     void write_back() const {
         if (widened_) narrow(static_cast<uint16_t*>(host_raw()), static_cast<const float*>(wide_.data()), tensor_.numel(), tensor_.dtype());
-        if (tensor_.device() != Device::cpu) staging_->to_device(tensor_.raw(), raw_.data(), tensor_.bytes());
+        if (tensor_.device() != Device::cpu) staging_.to_device(tensor_.raw(), raw_.data(), tensor_.bytes());
     }
 
 private:
@@ -86,7 +86,7 @@ private:
     bool widened_;
     StagingBuffer raw_;   // the tensor's bytes in host memory (GPU tensors)
     StagingBuffer wide_;  // its f32 values (16-bit reductions)
-    DeviceStaging* staging_ = nullptr;
+    DeviceStaging& staging_;
 };
 
 class MpiComm;
@@ -108,7 +108,8 @@ private:
 class MpiComm final : public Comm {
 public:
     MpiComm(MPI_Comm comm, std::string name, std::vector<int> world_ranks, double timeout_seconds, std::shared_ptr<DeviceStaging> staging)
-        : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)), timeout_seconds_(timeout_seconds), pool_(std::move(staging)) {
+        : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)), timeout_seconds_(timeout_seconds), staging_(std::move(staging)),
+          pinned_([s = staging_](size_t bytes) { return s->allocate_host(bytes); }), host_([](size_t bytes) { return allocate_host_memory(bytes); }) {
         MPI_Comm_rank(comm_, &rank_);
         MPI_Comm_size(comm_, &size_);
     }
@@ -196,7 +197,7 @@ public:
 
 private:
     // widened: a reduction (16-bit floats travel as f32).
-    std::unique_ptr<Staged> stage(const Tensor& t, bool read, bool widened) { return std::make_unique<Staged>(pool_, t, read, widened); }
+    std::unique_ptr<Staged> stage(const Tensor& t, bool read, bool widened) { return std::make_unique<Staged>(*staging_, pinned_, host_, t, read, widened); }
     CommHandle handle(MPI_Request r, std::string op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input = nullptr) {
         return CommHandle(std::make_unique<MpiRequest>(*this, r, std::move(op), std::move(result), std::move(input)));
     }
@@ -213,7 +214,10 @@ private:
     std::vector<int> world_ranks_;
     double timeout_seconds_;
     int rank_ = 0, size_ = 1;
-    StagingPool pool_;  // persistent host buffers for GPU tensors and 16-bit reductions
+    // Buffers kept from operation to operation: pinned ones for GPU tensors, plain ones for
+    // the f32 values of 16-bit reductions.
+    std::shared_ptr<DeviceStaging> staging_;
+    StagingPool pinned_, host_;
 };
 
 void MpiRequest::wait() {
