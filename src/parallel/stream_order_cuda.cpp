@@ -18,7 +18,7 @@ void check_cuda(cudaError_t code, const char* what) {
 
 class CudaStreamOrder final : public StreamOrder {
 public:
-    explicit CudaStreamOrder(cudaStream_t compute) : streams_{compute} {}
+    explicit CudaStreamOrder(cudaStream_t compute) : streams_{compute} { check_cuda(cudaGetDevice(&device_), "cudaGetDevice"); }
     ~CudaStreamOrder() override {
         for (size_t i = 1; i < streams_.size(); ++i) cudaStreamDestroy(streams_[i]);
     }
@@ -42,6 +42,8 @@ public:
         check_cuda(cudaStreamWaitEvent(streams_.at(static_cast<size_t>(stream)), static_cast<cudaEvent_t>(event.native()), 0), "cudaStreamWaitEvent");
     }
     bool done(const StreamEvent& event) override {
+        // The watchdog asks from a thread of its own, whose current device is 0 until set.
+        check_cuda(cudaSetDevice(device_), "cudaSetDevice in the communication watchdog");
         const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event.native()));
         if (state == cudaErrorNotReady) return false;
         check_cuda(state, "cudaEventQuery of a communication event");
@@ -49,6 +51,7 @@ public:
     }
 
 private:
+    int device_ = 0;
     std::vector<cudaStream_t> streams_;  // [0]: the backend's compute stream (not ours to destroy)
     uint64_t recorded_ = 0;
 };
