@@ -162,6 +162,9 @@ public:
     virtual void copy_to_host(void* dst, const Tensor& src) = 0;
     // Waits for every op enqueued so far (timing, host reads); a no-op on the CPU.
     virtual void synchronize() {}
+    // The native stream every op is enqueued on (cudaStream_t), for ordering communication
+    // against it with events; null on a backend without one.
+    virtual void* device_stream() const { return nullptr; }
     // Bytes the backend itself holds for scratch (workspaces), for the memory report: at
     // least reserved_workspace_bytes(device()).
     virtual size_t workspace_bytes() const { return 0; }

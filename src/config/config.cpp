@@ -41,6 +41,7 @@ constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
 constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
+constexpr const char* kCommNames[] = {"auto", "nccl", "mpi"};
 constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
 using Names = std::span<const char* const>;
@@ -52,6 +53,7 @@ Names names_of(SaveErrorPolicy) { return kSaveErrorNames; }
 Names names_of(ComputeDevice) { return kDeviceNames; }
 Names names_of(Precision) { return kPrecisionNames; }
 Names names_of(Recompute) { return kRecomputeNames; }
+Names names_of(CommBackend) { return kCommNames; }
 
 // ---- Values and the rules they must satisfy ----
 
@@ -294,6 +296,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, stage_layers).string().describe("layers per pipeline stage, e.g. \"3,3,2\"; empty: balanced"),
         CONFIG_KEY(parallel, timeout_seconds).number(excl(0), incl(86400))
             .describe("a collective or transfer that takes longer ends the whole job with a message naming the rank"),
+        CONFIG_KEY(parallel, comm).choice(kCommNames)
+            .describe("collectives of device tensors: nccl (own stream, ordered by CUDA events), mpi (host staging); auto: nccl on cuda, mpi on cpu"),
 
         CONFIG_KEY(checkpoint, dir).string().describe("directory of checkpoints"),
         CONFIG_KEY(checkpoint, every_steps).integer(0, kTrillion).describe("steps between checkpoints; 0: none"),
@@ -713,6 +717,10 @@ constexpr Check kChecks[] = {
         if (why.empty()) return std::nullopt;
         return Problem{"parallel.stage_layers", why};
     },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.parallel.comm != CommBackend::nccl || c.train.device == ComputeDevice::cuda) return std::nullopt;
+        return Problem{"parallel.comm", "\"nccl\" carries GPU memory and needs train.device = \"cuda\" (allowed on the CPU: auto, mpi)"};
+    },
 };
 
 void reject_impossible_combinations(const Config& config, const GivenKeys& given, const Origin& origin) {
@@ -765,6 +773,13 @@ std::string toml_literal(const Value& value) {
 }  // namespace
 
 const char* family_name(ModelFamily family) { return kFamilyNames[static_cast<size_t>(family)]; }
+const char* comm_backend_name(CommBackend comm) { return kCommNames[static_cast<size_t>(comm)]; }
+
+CommBackend comm_backend(const Config& config) {
+    if (config.parallel.comm != CommBackend::automatic) return config.parallel.comm;
+    return config.train.device == ComputeDevice::cuda ? CommBackend::nccl : CommBackend::mpi;
+}
+
 const char* precision_name(Precision precision) { return kPrecisionNames[static_cast<size_t>(precision)]; }
 const char* recompute_name(Recompute recompute) { return kRecomputeNames[static_cast<size_t>(recompute)]; }
 

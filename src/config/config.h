@@ -115,6 +115,10 @@ struct OptimizerConfig {
     double grad_clip = 1.0;                // max global gradient norm; 0: no clipping
 };
 
+// Who carries the device tensors' collectives: NCCL on its own stream, ordered by events
+// (CUDA runs), or MPI on host memory (GPU tensors staged through pinned buffers).
+enum class CommBackend { automatic, nccl, mpi };
+
 struct ParallelConfig {
     int64_t tp = 1;
     int64_t pp = 1;
@@ -125,6 +129,7 @@ struct ParallelConfig {
     double bucket_mb = 25;                 // gradient bucket size for the overlapped dp reduction
     std::string stage_layers;              // e.g. "3,3,2": layers per pipeline stage; empty: balanced
     double timeout_seconds = 300;          // a collective or transfer that takes longer ends the job
+    CommBackend comm = CommBackend::automatic;  // auto: nccl on CUDA, mpi on the CPU
 };
 
 enum class SaveErrorPolicy { warn, abort };
@@ -169,6 +174,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Same, from TOML text (source_name stands in for the file name in messages).
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {}, DataFiles data_files = DataFiles::checked);
+// The communication backend the config resolves to (comm auto: nccl on CUDA, mpi on the CPU).
+CommBackend comm_backend(const Config& config);
+const char* comm_backend_name(CommBackend comm);
 // The compute dtype the config resolves to (precision auto: f32 on the CPU, bf16 on CUDA).
 DType compute_dtype(const TrainConfig& train);
 // Layers per pipeline stage from parallel.stage_layers ("3,3,2"; empty: balanced, the

@@ -155,7 +155,8 @@ Tensor Parameters::view_of(const OwnedTensor& buffer, size_t first, size_t last)
 }
 
 FlatParameters flat_parameters(Parameters& params) {
-    FlatParameters flat{params.all_values(), params.all_grads(), {}, [&params](DType dtype, Shape shape) { return params.new_tensor(dtype, shape); }};
+    FlatParameters flat{params.all_values(), params.all_grads(), params.has_compute_copy() ? params.all_compute_values() : Tensor(), {},
+                        [&params](DType dtype, Shape shape) { return params.new_tensor(dtype, shape); }};
     for (const ParamInfo& p : params.infos()) flat.ranges.push_back({p.offset, p.offset + p.shape.numel()});
     return flat;
 }

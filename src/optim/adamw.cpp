@@ -28,9 +28,9 @@ AdamW::AdamW(const OptimizerConfig& config, Parameters& params, std::vector<Owne
 void AdamW::step(Backend& backend, double lr, double grad_scale) {
     ++steps_taken_;
     const Tensor values = params_.all_values();
-    // The compute copy is written with the update where this rank holds everything it reads;
-    // under ZeRO-1 the trainer refreshes it after the parameters' all-gather.
-    const Tensor copy = params_.has_compute_copy() && writes_compute_copy_ ? params_.all_compute_values() : Tensor();
+    // The compute copy of what this rank updates is written with the update; under ZeRO-1
+    // the other ranks' pieces of it arrive by the all-gather of the compute copy.
+    const Tensor copy = params_.has_compute_copy() ? params_.all_compute_values() : Tensor();
     int64_t state_offset = 0;  // where the current piece's moments start
     for (const OwnedPiece& piece : pieces_) {
         for_each_param_in(params_, piece, [&](size_t index, int64_t begin, int64_t end) {

@@ -29,10 +29,6 @@ public:
     // Every parameter, with the gradients in place (a single process).
     AdamW(const OptimizerConfig& config, Parameters& params);
     AdamW(const OptimizerConfig& config, Parameters& params, std::vector<OwnedPiece> pieces);
-    // Whether step() writes the parameters' compute copy (true by default); the trainer turns
-    // it off when an all-gather follows and refreshes the whole copy afterwards.
-    void set_writes_compute_copy(bool writes) { writes_compute_copy_ = writes; }
-    bool writes_compute_copy() const { return writes_compute_copy_; }
     // One update with learning rate lr and the gradient multiplied by grad_scale.
     void step(Backend& backend, double lr, double grad_scale);
     int64_t steps_taken() const { return steps_taken_; }
@@ -52,7 +48,6 @@ private:
     std::vector<OwnedPiece> pieces_;
     OwnedTensor m_, v_;
     int64_t steps_taken_ = 0;
-    bool writes_compute_copy_ = true;
 };
 
 // For each parameter overlapping the piece: fn(parameter index, first flat element, end).

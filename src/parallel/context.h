@@ -8,6 +8,7 @@
 
 #include "config/config.h"
 #include "parallel/comm.h"
+#include "parallel/device_staging.h"
 #include "parallel/mesh.h"
 
 namespace llmtrain {
@@ -35,7 +36,8 @@ ParallelContext make_single_process_context();
 
 // The groups of a run under MPI (MPI must be initialized). dp = 0 in the config is derived
 // as world / (tp * pp). A layout that does not fit the world is a config error naming the
-// keys; every operation gives up after timeout_seconds.
-ParallelContext make_mpi_context(const ParallelConfig& parallel);
+// keys; every operation gives up after timeout_seconds. staging: how the groups reach GPU
+// tensors (null: CUDA's copies into pinned buffers).
+ParallelContext make_mpi_context(const ParallelConfig& parallel, std::shared_ptr<DeviceStaging> staging = nullptr);
 
 }  // namespace llmtrain

@@ -92,11 +92,17 @@ void GradBuckets::finish() {
     for (Bucket& b : buckets_) b.handle.wait();
 }
 
-void GradBuckets::gather_parameters() {
-    if (!zero1_) return;
-    const Tensor values = params_.values;
-    for (Bucket& b : buckets_) b.handle = dp_.all_gather_async(flat_slice(values, b.begin, b.end));
+void GradBuckets::gather(const Tensor& flat) {
+    for (Bucket& b : buckets_) b.handle = dp_.all_gather_async(flat_slice(flat, b.begin, b.end));
     for (Bucket& b : buckets_) b.handle.wait();
+}
+
+void GradBuckets::gather_parameters() {
+    if (zero1_) gather(params_.compute_values.empty() ? params_.values : params_.compute_values);
+}
+
+void GradBuckets::gather_master_values() {
+    if (zero1_ && !params_.compute_values.empty()) gather(params_.values);
 }
 
 }  // namespace llmtrain

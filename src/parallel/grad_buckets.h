@@ -9,7 +9,14 @@
 //   plain dp: all-reduce (sum) of the bucket, in place; every rank updates everything.
 //   ZeRO-1:   reduce-scatter of the bucket; rank r receives the sum of piece r (length/dp) and
 //             owns it: it keeps AdamW moments for its pieces only and updates them, then the
-//             updated parameters are all-gathered per bucket.
+//             updated parameters are all-gathered per bucket: the 16-bit compute copy where
+//             there is one (what forward reads; half the bytes of the f32 master weights),
+//             the master weights otherwise. The master weights of other ranks' pieces are
+//             then stale here; gather_master_values() brings them in for a checkpoint.
+//
+// The reductions' handles are waited for in finish() and gather_parameters(): under an
+// event-ordered Comm (NCCL) that orders the device's compute stream after them and the
+// host goes on; under MPI it blocks.
 // Every rank of the dp group starts the same reductions in the same order (the model's
 // backward reports readiness identically on each), as collectives require.
 #pragma once
@@ -49,6 +56,7 @@ struct OwnedPiece {
 // in one layout, each parameter's range in it, and how to allocate more of that memory.
 struct FlatParameters {
     Tensor values, grads;
+    Tensor compute_values;          // the 16-bit compute copy in the same layout; empty: none
     std::vector<FlatRange> ranges;  // in registration order: the order mark_ready counts in
     std::function<OwnedTensor(DType, Shape)> allocate;
 };
@@ -64,8 +72,12 @@ public:
     // Starts what is left and waits for every reduction. Afterwards owned() holds the summed
     // gradients over the dp group.
     void finish();
-    // ZeRO-1: all-gathers the updated parameters of every bucket (no-op otherwise).
+    // ZeRO-1: all-gathers the updated parameters of every bucket: the compute copy if there
+    // is one, else the master weights (no-op without ZeRO-1).
     void gather_parameters();
+    // ZeRO-1 with a compute copy: all-gathers the master weights too (before a checkpoint
+    // reads them whole). A collective over the dp group: every rank calls it at once.
+    void gather_master_values();
 
     const std::vector<OwnedPiece>& owned() const { return owned_; }
     bool zero1() const { return zero1_; }
@@ -82,6 +94,7 @@ private:
         CommHandle handle;
     };
     void start(size_t index);
+    void gather(const Tensor& flat);  // every bucket's range of it, over the dp group
 
     FlatParameters params_;
     Comm& dp_;

@@ -30,9 +30,10 @@ MPI_Datatype mpi_type(DType dtype) {
     return MPI_BYTE;
 }
 
+bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
 MPI_Op mpi_op(ReduceOp op, DType dtype) {
-    if (dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::u16)
-        fail(ErrorKind::unsupported, "MPI reductions of ", dtype_name(dtype), " tensors: reduce in f32 or f64");
+    if (dtype == DType::u16) fail(ErrorKind::unsupported, "MPI reductions of u16 tensors");
     return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
 }
 
@@ -41,23 +42,51 @@ int count_of(const Tensor& t) {
     return static_cast<int>(t.numel());
 }
 
-// A tensor as MPI sees it: host memory as it is, GPU memory through a host copy that is
-// filled before the operation (when the operation reads it) and copied back after it.
+// 16-bit floats <-> f32, rounding to nearest even.
+void widen(float* out, const uint16_t* in, int64_t n, DType dtype) {
+    for (int64_t i = 0; i < n; ++i) out[i] = dtype == DType::bf16 ? bf16_to_float(in[i]) : f16_to_float(in[i]);
+}
+void narrow(uint16_t* out, const float* in, int64_t n, DType dtype) {
+    for (int64_t i = 0; i < n; ++i) out[i] = dtype == DType::bf16 ? float_to_bf16(in[i]) : float_to_f16(in[i]);
+}
+
+// A tensor as MPI sees it: host memory as it is, GPU memory through a pooled host buffer that
+// is filled before the operation (when the operation reads it) and copied back after it.
+//
+// bf16 / f16 reductions travel as f32 (`widened`): each rank's values are widened into an
+// f32 buffer, MPI sums those, and the sum is rounded to 16 bits once at the end. A
+// user-defined MPI_Op over the 16-bit words would round after every pairwise addition, so
+// the result would depend on the reduction tree MPI picks and on the rank count; widening
+// costs twice the bytes on the wire, which is the fallback's price (NCCL reduces bf16 itself).
 class Staged {
 public:
-    Staged(const Tensor& t, bool read) : tensor_(t) {
-        if (t.device() == Device::cpu) return;
-        host_ = HostBuffer(t.bytes());
-        if (read) copy_device_to_host(host_.data(), t.raw(), t.bytes());
+    // pinned: buffers GPU memory is copied through; host: the f32 values of 16-bit tensors.
+    Staged(DeviceStaging& staging, StagingPool& pinned, StagingPool& host, const Tensor& t, bool read, bool widened)
+        : tensor_(t), widened_(widened && is_half(t.dtype())), staging_(staging) {
+        if (t.device() != Device::cpu) {
+            raw_ = pinned.take(t.bytes());
+            if (read) staging.to_host(raw_.data(), t.raw(), t.bytes());
+        }
+        if (widened_) {
+            wide_ = host.take(static_cast<size_t>(t.numel()) * sizeof(float));
+            if (read) widen(static_cast<float*>(wide_.data()), static_cast<const uint16_t*>(host_raw()), t.numel(), t.dtype());
+        }
     }
-    void* data() const { return tensor_.device() == Device::cpu ? tensor_.raw() : host_.data(); }
+    void* data() const { return widened_ ? wide_.data() : host_raw(); }
+    MPI_Datatype type() const { return widened_ ? MPI_FLOAT : mpi_type(tensor_.dtype()); }
     void write_back() const {
-        if (tensor_.device() != Device::cpu) copy_host_to_device(tensor_.raw(), host_.data(), tensor_.bytes());
+        if (widened_) narrow(static_cast<uint16_t*>(host_raw()), static_cast<const float*>(wide_.data()), tensor_.numel(), tensor_.dtype());
+        if (tensor_.device() != Device::cpu) staging_.to_device(tensor_.raw(), raw_.data(), tensor_.bytes());
     }
 
 private:
+    void* host_raw() const { return tensor_.device() == Device::cpu ? tensor_.raw() : raw_.data(); }
+
     Tensor tensor_;
-    HostBuffer host_;
+    bool widened_;
+    StagingBuffer raw_;   // the tensor's bytes in host memory (GPU tensors)
+    StagingBuffer wide_;  // its f32 values (16-bit reductions)
+    DeviceStaging& staging_;
 };
 
 class MpiComm;
@@ -78,8 +107,9 @@ private:
 
 class MpiComm final : public Comm {
 public:
-    MpiComm(MPI_Comm comm, std::string name, std::vector<int> world_ranks, double timeout_seconds)
-        : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)), timeout_seconds_(timeout_seconds) {
+    MpiComm(MPI_Comm comm, std::string name, std::vector<int> world_ranks, double timeout_seconds, std::shared_ptr<DeviceStaging> staging)
+        : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)), timeout_seconds_(timeout_seconds), staging_(std::move(staging)),
+          pinned_([s = staging_](size_t bytes) { return s->allocate_host(bytes); }), host_([](size_t bytes) { return allocate_host_memory(bytes); }) {
         MPI_Comm_rank(comm_, &rank_);
         MPI_Comm_size(comm_, &size_);
     }
@@ -94,50 +124,49 @@ public:
 
     CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override {
         if (size_ == 1) return {};
-        auto staged = std::make_unique<Staged>(data, true);
+        auto staged = stage(data, true, true);
         MPI_Request r;
-        check(MPI_Iallreduce(MPI_IN_PLACE, staged->data(), count_of(data), mpi_type(data.dtype()), mpi_op(op, data.dtype()), comm_, &r), "all_reduce");
+        check(MPI_Iallreduce(MPI_IN_PLACE, staged->data(), count_of(data), staged->type(), mpi_op(op, data.dtype()), comm_, &r), "all_reduce");
         return handle(r, "all_reduce", std::move(staged));
     }
     CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
         if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype())
             fail(ErrorKind::shape, "reduce_scatter in the ", describe(), ": input ", in.shape().str(), " is not ", size_, " x output ", out.shape().str());
-        auto staged_out = std::make_unique<Staged>(out, false);
-        auto staged_in = std::make_unique<Staged>(in, true);
+        auto staged_out = stage(out, false, true);
+        auto staged_in = stage(in, true, true);
         MPI_Request r;
-        check(MPI_Ireduce_scatter_block(staged_in->data(), staged_out->data(), count_of(out), mpi_type(in.dtype()), mpi_op(ReduceOp::sum, in.dtype()),
-                                        comm_, &r),
+        check(MPI_Ireduce_scatter_block(staged_in->data(), staged_out->data(), count_of(out), staged_in->type(), mpi_op(ReduceOp::sum, in.dtype()), comm_, &r),
               "reduce_scatter");
         return handle(r, "reduce_scatter", std::move(staged_out), std::move(staged_in));
     }
     CommHandle all_gather_async(const Tensor& data) override {
         if (size_ == 1) return {};
         if (data.numel() % size_ != 0) fail(ErrorKind::shape, "all_gather in the ", describe(), ": ", data.numel(), " elements do not split into ", size_, " chunks");
-        auto staged = std::make_unique<Staged>(data, true);
+        auto staged = stage(data, true, false);
         MPI_Request r;
         const int chunk = static_cast<int>(data.numel() / size_);
-        check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, staged->data(), chunk, mpi_type(data.dtype()), comm_, &r), "all_gather");
+        check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, staged->data(), chunk, staged->type(), comm_, &r), "all_gather");
         return handle(r, "all_gather", std::move(staged));
     }
     CommHandle send_async(const Tensor& data, int peer) override {
-        auto staged = std::make_unique<Staged>(data, true);
+        auto staged = stage(data, true, false);
         MPI_Request r;
-        check(MPI_Isend(staged->data(), count_of(data), mpi_type(data.dtype()), peer, 0, comm_, &r), "send");
+        check(MPI_Isend(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), "send");
         return handle(r, cat("send to world rank ", world_rank(peer)), nullptr, std::move(staged));
     }
     void recv(const Tensor& data, int peer) override {
-        const Staged staged(data, false);
+        const auto staged = stage(data, false, false);
         MPI_Request r;
-        check(MPI_Irecv(staged.data(), count_of(data), mpi_type(data.dtype()), peer, 0, comm_, &r), "recv");
+        check(MPI_Irecv(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), "recv");
         wait_bounded(r, cat("recv from world rank ", world_rank(peer)));
-        staged.write_back();
+        staged->write_back();
     }
     void broadcast(const Tensor& data, int root) override {
-        const Staged staged(data, true);
+        const auto staged = stage(data, true, false);
         MPI_Request r;
-        check(MPI_Ibcast(staged.data(), count_of(data), mpi_type(data.dtype()), root, comm_, &r), "broadcast");
+        check(MPI_Ibcast(staged->data(), count_of(data), staged->type(), root, comm_, &r), "broadcast");
         wait_bounded(r, "broadcast");
-        staged.write_back();
+        staged->write_back();
     }
     void barrier() override {
         MPI_Request r;
@@ -167,6 +196,8 @@ public:
     }
 
 private:
+    // widened: a reduction (16-bit floats travel as f32).
+    std::unique_ptr<Staged> stage(const Tensor& t, bool read, bool widened) { return std::make_unique<Staged>(*staging_, pinned_, host_, t, read, widened); }
     CommHandle handle(MPI_Request r, std::string op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input = nullptr) {
         return CommHandle(std::make_unique<MpiRequest>(*this, r, std::move(op), std::move(result), std::move(input)));
     }
@@ -183,6 +214,10 @@ private:
     std::vector<int> world_ranks_;
     double timeout_seconds_;
     int rank_ = 0, size_ = 1;
+    // Buffers kept from operation to operation: pinned ones for GPU tensors, plain ones for
+    // the f32 values of 16-bit reductions.
+    std::shared_ptr<DeviceStaging> staging_;
+    StagingPool pinned_, host_;
 };
 
 void MpiRequest::wait() {
@@ -192,7 +227,8 @@ void MpiRequest::wait() {
 
 // The sub-communicator of `ranks` (world ranks, in group order) that contains this rank;
 // ranks outside any group pass an empty list.
-std::unique_ptr<Comm> split_group(const std::vector<int>& ranks, const std::string& name, double timeout_seconds) {
+std::unique_ptr<Comm> split_group(const std::vector<int>& ranks, const std::string& name, double timeout_seconds,
+                                  const std::shared_ptr<DeviceStaging>& staging) {
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     const int color = ranks.empty() ? MPI_UNDEFINED : ranks.front();
@@ -202,7 +238,7 @@ std::unique_ptr<Comm> split_group(const std::vector<int>& ranks, const std::stri
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm);
     if (ranks.empty()) return nullptr;
-    return std::make_unique<MpiComm>(comm, name, ranks, timeout_seconds);
+    return std::make_unique<MpiComm>(comm, name, ranks, timeout_seconds, staging);
 }
 
 bool env_set(const char* name) { return std::getenv(name) != nullptr; }
@@ -272,7 +308,8 @@ void MpiSession::abort_job(int exit_code) {
     std::exit(exit_code);
 }
 
-ParallelContext make_mpi_context(const ParallelConfig& parallel) {
+ParallelContext make_mpi_context(const ParallelConfig& parallel, std::shared_ptr<DeviceStaging> staging) {
+    if (!staging) staging = cuda_device_staging();
     int world_rank = 0, world_size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -283,13 +320,13 @@ ParallelContext make_mpi_context(const ParallelConfig& parallel) {
 
     std::vector<int> all(static_cast<size_t>(world_size));
     for (int r = 0; r < world_size; ++r) all[static_cast<size_t>(r)] = r;
-    ctx.world = split_group(all, "world", timeout);
-    ctx.tp = split_group(ctx.mesh.group(MeshDim::tp, world_rank), "tp", timeout);
-    ctx.dp = split_group(ctx.mesh.group(MeshDim::dp, world_rank), "dp", timeout);
-    ctx.pp = split_group(ctx.mesh.group(MeshDim::pp, world_rank), "pp", timeout);
+    ctx.world = split_group(all, "world", timeout, staging);
+    ctx.tp = split_group(ctx.mesh.group(MeshDim::tp, world_rank), "tp", timeout, staging);
+    ctx.dp = split_group(ctx.mesh.group(MeshDim::dp, world_rank), "dp", timeout, staging);
+    ctx.pp = split_group(ctx.mesh.group(MeshDim::pp, world_rank), "pp", timeout, staging);
     const std::vector<int> column = ctx.mesh.group(MeshDim::pp, world_rank);
     const bool ends = ctx.mesh.pp() > 1 && (ctx.first_stage() || ctx.last_stage());
-    ctx.embedding = split_group(ends ? std::vector<int>{column.front(), column.back()} : std::vector<int>{}, "embedding", timeout);
+    ctx.embedding = split_group(ends ? std::vector<int>{column.front(), column.back()} : std::vector<int>{}, "embedding", timeout, staging);
 
     MPI_Comm node = MPI_COMM_NULL;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);

@@ -4,6 +4,9 @@
 // handle records an event after the operation, and waiting polls that event and NCCL's
 // asynchronous error state against a deadline: a failed or hung collective aborts the
 // communicator and becomes an error naming the rank and the operation, not a silent hang.
+// That host wait per operation suits `bench comm`, which times each one; training enqueues
+// its collectives through make_nccl_collectives (stream_collectives.h) under an
+// EventOrderedComm, where the host never waits.
 //
 // In a build without CUDA these functions refuse with an "unsupported" error.
 #pragma once

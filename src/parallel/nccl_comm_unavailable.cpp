@@ -1,5 +1,7 @@
-// The NCCL entry points of a build without CUDA: each refuses with a clear error.
+// The NCCL and CUDA-stream entry points of a build without CUDA: each refuses with a clear error.
 #include "parallel/nccl_comm.h"
+#include "parallel/stream_collectives.h"
+#include "parallel/stream_order.h"
 
 namespace llmtrain {
 
@@ -10,6 +12,8 @@ namespace {
 }  // namespace
 
 std::unique_ptr<Comm> make_nccl_comm(Comm&, int, double) { no_cuda("NCCL communicator"); }
+std::unique_ptr<StreamCollectives> make_nccl_collectives(Comm&, int, double, StreamOrder&) { no_cuda("NCCL communicator"); }
+std::unique_ptr<StreamOrder> make_cuda_stream_order(void*) { no_cuda("CUDA streams"); }
 std::string nccl_library_version() { return "not built"; }
 BenchAllocator cuda_bench_allocator() { no_cuda("GPU buffers"); }
 

@@ -21,7 +21,8 @@ struct MicroBatch {
 
 class PipelineRunner {
 public:
-    PipelineRunner(Transformer& model, ParallelContext& ctx, int64_t micro_batches);
+    // pp: the Comm of the pp group's transfers (the context's, or an event-ordered one).
+    PipelineRunner(Transformer& model, const ParallelContext& ctx, Comm& pp, int64_t micro_batches);
 
     // One training step's forwards and backwards, in 1F1B order. batch_of(m) gives micro-batch
     // m (called just before its forward; the returned tensors are read at once).
@@ -36,11 +37,12 @@ public:
 private:
     void forward(int64_t micro_batch, const MicroBatch& data, int64_t batch, int64_t seq_len, double& loss_sum);
     void backward(int64_t micro_batch, int64_t batch, int64_t seq_len, double loss_scale);
-    int prev() const { return ctx_.pp->rank() - 1; }
-    int next() const { return ctx_.pp->rank() + 1; }
+    int prev() const { return pp_.rank() - 1; }
+    int next() const { return pp_.rank() + 1; }
 
     Transformer& model_;
-    ParallelContext& ctx_;
+    const ParallelContext& ctx_;
+    Comm& pp_;
     std::vector<PipeAction> schedule_;
     int64_t sets_;
     std::vector<CommHandle> activation_sends_;  // per activation set

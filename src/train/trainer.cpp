@@ -61,17 +61,15 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
     else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank);
     else backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
+    comms_ = std::make_unique<TrainingComms>(config_, *ctx_, *backend_, options_.device_comms);
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);
     model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len,
-                                           stage_partition(config_, ctx.mesh, ctx.world_rank), ctx_->tp.get());
+                                           stage_partition(config_, ctx.mesh, ctx.world_rank), &comms_->tp());
     model_->initialize(config_.train.seed);
-    buckets_ = std::make_unique<GradBuckets>(flat_parameters(model_->parameters()), *ctx_->dp, config_.parallel.zero1, gradient_bucket_bytes(config_.parallel));
+    buckets_ = std::make_unique<GradBuckets>(flat_parameters(model_->parameters()), comms_->dp(), config_.parallel.zero1, gradient_bucket_bytes(config_.parallel));
     optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters(), buckets_->owned());
-    // Under ZeRO-1 each rank updates its shard only: the compute copy is refreshed whole
-    // after the all-gather instead.
-    optimizer_->set_writes_compute_copy(!(buckets_->zero1() && ctx.mesh.dp() > 1));
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
-    pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, config_.train.grad_accum);
+    pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, comms_->pp(), config_.train.grad_accum);
     // The fp16 overflow rule first: an overflow is not a fault for the non-finite policy.
     own_guards_.push_back(std::make_unique<LossScaleGuard>(loss_scale_, options_.quiet));
     own_guards_.push_back(std::make_unique<NonFiniteGuard>(config_.monitor.on_nonfinite));
@@ -104,7 +102,8 @@ void Trainer::log_startup() const {
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
              " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
-             ") | ZeRO-1 ", buckets_->zero1() ? "on" : "off", " | ", buckets_->bucket_count(), " gradient buckets | rank 0 holds layers [",
+             ") | ZeRO-1 ", buckets_->zero1() ? "on" : "off", " | ", buckets_->bucket_count(), " gradient buckets | comm ",
+             comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers [",
              part.first_layer, ", ", part.last_layer, ")");
     log_info("memory per rank (rank 0 / largest): parameters ", megabytes(static_cast<double>(mine.parameter_bytes)), " / ", megabytes(params_max),
              ", gradients ", megabytes(static_cast<double>(mine.gradient_bytes)), " / ", megabytes(grads_max), ", optimizer ",
@@ -173,6 +172,7 @@ StepRecord Trainer::train_step(int64_t step) {
     s.lr = learning_rate_at(config_.optimizer, step, t.steps);
     update(s);
     backend_->synchronize();
+    comms_->check();
     s.step_seconds = clock.seconds();
     const int64_t tokens = t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp();
     s.tokens_per_second = static_cast<double>(tokens) / s.step_seconds;
@@ -181,6 +181,7 @@ StepRecord Trainer::train_step(int64_t step) {
 }
 
 SnapshotSource Trainer::snapshot_source() {
+    buckets_->gather_master_values();
     // The last stage's copy of a tied embedding is the first stage's tensor again.
     std::optional<size_t> tied_copy;
     if (config_.model.tied_embeddings && !ctx_->first_stage() && model_->partition().has_head) tied_copy = model_->embedding_param();
@@ -239,7 +240,6 @@ void Trainer::update(StepRecord& s) {
     if (!s.skipped) {
         optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_.scale());
         buckets_->gather_parameters();
-        if (!optimizer_->writes_compute_copy()) model_->parameters().refresh_compute_copy();
     }
     for (UpdateGuard* guard : guards_) guard->after_verdict(s, verdict.action);
 }
@@ -261,7 +261,7 @@ double Trainer::forward_backward(int64_t step) {
         if (!reducing) return;
         for (size_t i = begin; i < end; ++i) {
             // Sequence-parallel norms saw only this rank's tokens: sum over the tp group first.
-            if (params.info(i).grad_partial_over_tp) ctx_->tp->all_reduce(params.grad(i), ReduceOp::sum);
+            if (params.info(i).grad_partial_over_tp) comms_->tp().all_reduce(params.grad(i), ReduceOp::sum);
             if (!(tied_across_stages && embedding && i == *embedding)) buckets_->mark_ready(i, i + 1);
         }
     });
@@ -284,8 +284,8 @@ double Trainer::forward_backward(int64_t step) {
 // The first stage's embedding and the last stage's head are one tied tensor held twice:
 // their gradients are summed so that both copies take the same update.
 void Trainer::sync_tied_embedding() {
-    if (!ctx_->embedding) return;
-    ctx_->embedding->all_reduce(model_->parameters().grad(*model_->embedding_param()), ReduceOp::sum);
+    if (!comms_->embedding()) return;
+    comms_->embedding()->all_reduce(model_->parameters().grad(*model_->embedding_param()), ReduceOp::sum);
 }
 
 // A parameter counts once in the norm: a tensor replicated over tp on tp rank 0 only, the

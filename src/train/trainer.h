@@ -33,6 +33,7 @@
 #include "parallel/grad_buckets.h"
 #include "train/memory_plan.h"
 #include "train/pipeline_runner.h"
+#include "train/training_comms.h"
 
 namespace llmtrain {
 
@@ -58,6 +59,9 @@ struct TrainerOptions {
     std::vector<StepObserver*> observers{};
     // Polled at every step boundary: a signal number (any rank's) ends the run there; empty: never.
     std::function<int()> stop_signal{};
+    // The streams and collectives of parallel.comm = "nccl" in place of CUDA's and NCCL's
+    // (tests run the event-ordered path on a CPU stand-in); empty: CUDA and NCCL.
+    DeviceCommFactory device_comms{};
 };
 
 class Trainer {
@@ -84,6 +88,8 @@ public:
     const Config& config() const { return config_; }
 
     // Checkpoints. What this rank writes, and the manifest's fields, after step `step`.
+    // snapshot_source is a collective over the dp group (ZeRO-1 gathers the master weights
+    // the checkpoint reads): every rank calls it at the same step boundary.
     SnapshotSource snapshot_source();
     Manifest manifest_at(int64_t step) const;
     // Continues from the checkpoint at path (its manifest read already): weights, moments,
@@ -119,6 +125,7 @@ private:
     std::unique_ptr<ParallelContext> own_ctx_;  // a single process's context
     ParallelContext* ctx_;
     std::unique_ptr<Backend> backend_;
+    std::unique_ptr<TrainingComms> comms_;  // the groups' Comms for device tensors
     std::unique_ptr<BatchSource> data_;
     std::unique_ptr<Transformer> model_;
     std::unique_ptr<GradBuckets> buckets_;

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <vector>
 
 #include "core/error.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "support/host_staging.h"
 
 using namespace llmtrain;
 
@@ -103,4 +105,62 @@ TEST(World3, MeshGroupsSplitTheWorldAsTheMeshSays) {
     EXPECT_EQ(ctx.tp->size(), 1);
     EXPECT_EQ(ctx.dp->describe(), "dp group (world ranks 0, 1, 2)");
     EXPECT_EQ(ctx.embedding, nullptr);  // pp = 1: no stage holds a second embedding
+}
+
+namespace {
+
+Tensor view(std::vector<uint16_t>& v, DType dtype, Device device = Device::cpu) {
+    return Tensor(v.data(), dtype, {static_cast<int64_t>(v.size())}, device);
+}
+
+std::vector<uint16_t> rounded(DType dtype, const std::vector<float>& values) {
+    std::vector<uint16_t> out;
+    for (float v : values) out.push_back(dtype == DType::bf16 ? float_to_bf16(v) : float_to_f16(v));
+    return out;
+}
+
+}  // namespace
+
+// 1 + e + e with e half a unit in the last place of 1: adding in 16 bits rounds 1 + e to 1
+// (a tie, to even) and again, while the f32 sum 1 + 2e rounded once is the next number up.
+TEST(World3, Bf16AndF16Sums_AreTheF32SumRoundedOnce) {
+    ParallelContext ctx = world_context();
+    Comm& world = *ctx.world;
+    const float r = static_cast<float>(world.rank());
+    for (const auto& [dtype, half_ulp] : {std::pair{DType::bf16, std::ldexp(1.0f, -8)}, std::pair{DType::f16, std::ldexp(1.0f, -11)}}) {
+        std::vector<uint16_t> sum = rounded(dtype, {r == 0 ? 1.0f : half_ulp, r + 1, -r});
+        std::vector<uint16_t> max = rounded(dtype, {r, -r - 1, 0.5f});
+        world.all_reduce(view(sum, dtype), ReduceOp::sum);
+        world.all_reduce(view(max, dtype), ReduceOp::max);
+        EXPECT_EQ(sum, rounded(dtype, {1 + 2 * half_ulp, 6, -3})) << dtype_name(dtype);
+        EXPECT_EQ(max, rounded(dtype, {2, -1, 0.5f})) << dtype_name(dtype);
+
+        std::vector<uint16_t> in = rounded(dtype, {r == 0 ? 1.0f : half_ulp, r, 2 * r, 3, 4, r * r}), out(2);
+        world.reduce_scatter(view(out, dtype), view(in, dtype));
+        const std::vector<std::vector<float>> expected = {{1 + 2 * half_ulp, 3}, {6, 9}, {12, 5}};
+        EXPECT_EQ(out, rounded(dtype, expected[static_cast<size_t>(world.rank())])) << dtype_name(dtype);
+    }
+}
+
+TEST(World3, GpuTensors_AreStagedThroughBuffersReusedFromOperationToOperation) {
+    auto staging = std::make_shared<test::HostStaging>();
+    ParallelConfig config;
+    ParallelContext ctx = make_mpi_context(config, staging);
+    Comm& world = *ctx.world;
+    const float r = static_cast<float>(world.rank());
+    int allocations_after_first = 0;
+    for (int round = 0; round < 4; ++round) {
+        std::vector<uint16_t> activations = rounded(DType::bf16, std::vector<float>(96, r + 1));
+        std::vector<float> grads(96, r), piece(32);
+        world.all_reduce(view(activations, DType::bf16, Device::cuda), ReduceOp::sum);
+        world.reduce_scatter(Tensor(piece.data(), DType::f32, {32}, Device::cuda), Tensor(grads.data(), DType::f32, {96}, Device::cuda));
+        CommHandle pending = world.all_gather_async(Tensor(grads.data(), DType::f32, {96}, Device::cuda));
+        world.all_reduce(view(activations, DType::bf16, Device::cuda), ReduceOp::max);  // while the gather is in flight
+        pending.wait();
+        EXPECT_EQ(activations, rounded(DType::bf16, std::vector<float>(96, 6)));
+        EXPECT_EQ(piece, std::vector<float>(32, 3));
+        if (round == 0) allocations_after_first = staging->allocations();
+    }
+    EXPECT_GT(allocations_after_first, 0);
+    EXPECT_EQ(staging->allocations(), allocations_after_first) << "later rounds must reuse the first round's staging buffers";
 }

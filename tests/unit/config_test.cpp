@@ -722,3 +722,17 @@ TEST(Config, LoadConfig_MissingFile_IsAConfigError_Exit2) {
         EXPECT_TRUE(Contains(e.what(), "cannot read config file '" + testing::TempDir() + "config_test_does_not_exist.toml'"));
     }
 }
+
+TEST(Config, CommBackend_AutoIsNcclOnCudaAndMpiOnTheCpu) {
+    EXPECT_EQ(comm_backend(parse(TomlText::gpt2())), CommBackend::mpi);
+    const std::vector<std::string> cuda = {"train.device=\"cuda\"", "model.n_heads=1"};  // head dimension 64
+    EXPECT_EQ(comm_backend(parse(TomlText::gpt2(), cuda)), CommBackend::nccl);
+    std::vector<std::string> cuda_mpi = cuda;
+    cuda_mpi.push_back("parallel.comm=\"mpi\"");
+    EXPECT_EQ(comm_backend(parse(TomlText::gpt2(), cuda_mpi)), CommBackend::mpi);
+}
+
+TEST(Config, NcclOnTheCpu_IsAConfigErrorNamingTheKey) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.comm=\"nccl\""}), "parallel.comm: \"nccl\" carries GPU memory and needs train.device = \"cuda\""));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.comm=\"gloo\""}), "parallel.comm"));
+}

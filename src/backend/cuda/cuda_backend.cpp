@@ -77,7 +77,7 @@ CudaBackend::CudaBackend(int device_index) {
     if (sm_major_ < 8)
         fail(ErrorKind::unsupported, "train.device = \"cuda\": ", device_name_, " is compute capability ", sm_major_, ".", sm_minor_,
              "; the bf16 tensor-core kernels need 8.0 or newer (A100, H100)");
-    // A blocking stream: the legacy default stream, which MPI staging copies and NCCL use,
+    // A blocking stream: the legacy default stream, which MPI staging copies use,
     // synchronizes with it, so transfers see every op enqueued before them.
     check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     cublas_workspace_ = allocate(kCublasWorkspaceBytes);

@@ -42,6 +42,7 @@ public:
     void copy_from_host(const Tensor& dst, const void* src) override;
     void copy_to_host(void* dst, const Tensor& src) override;
     void synchronize() override;
+    void* device_stream() const override { return stream_; }
     size_t workspace_bytes() const override;
     void set_profiling(bool on) override { profiling_ = on; }
     size_t peak_memory_bytes() const override { return peak_allocated_bytes_; }

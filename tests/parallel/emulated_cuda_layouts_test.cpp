@@ -1,0 +1,92 @@
+// The CUDA path's parallel layouts under mpirun, on the CPU stand-in of the CUDA backend
+// (tests/support/emulated_cuda_backend.h): bf16 activations cross the tensor-parallel ranks
+// and ZeRO-1 all-gathers the bf16 compute copy. With parallel.comm = "nccl" the trainer runs
+// its event-ordered collectives (the path NCCL takes on a GPU), here on recorded stand-ins
+// of the streams that carry each collective out over MPI; with "mpi", MPI's staging of
+// device tensors and its f32 sums of bf16. Every run tracks the fp32 run of one CPU process.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "parallel/context.h"
+#include "support/emulated_cuda_backend.h"
+#include "support/host_staging.h"
+#include "support/run_comparisons.h"
+#include "support/stream_graph.h"
+
+using namespace llmtrain;
+
+namespace {
+
+Config tiny(const std::string& device, int64_t micro_batches, const std::vector<std::string>& layout) {
+    std::vector<std::string> more = {"train.sample_tokens=0", "train.grad_accum=" + std::to_string(micro_batches), "parallel.timeout_seconds=120"};
+    more.insert(more.end(), layout.begin(), layout.end());
+    return test::tiny_cuda_shaped_run("gpt2", device, 2, 32, more);
+}
+
+// One CPU process over the whole global batch, computed once per world.
+const TrainResult& cpu_reference(int64_t dp) {
+    static std::map<int64_t, TrainResult> done;
+    if (!done.count(dp)) {
+        Trainer trainer(tiny("cpu", 2 * dp, {}), TrainerOptions{.quiet = true});
+        done[dp] = trainer.run();
+    }
+    return done.at(dp);
+}
+
+struct EmulatedRun {
+    TrainResult result;
+    std::vector<std::string> streams;        // the recording's streams (nccl)
+    size_t collectives = 0;                  // work recorded on its communication streams
+    std::vector<std::string> races;
+};
+
+EmulatedRun run_emulated(const Config& config) {
+    ParallelContext ctx = make_mpi_context(config.parallel, std::make_shared<test::HostStaging>());
+    test::RecordingStreamOrder* recording = nullptr;
+    TrainerOptions options{.quiet = true};
+    options.make_backend = [](int) { return test::make_emulated_cuda_backend(); };
+    options.device_comms.make_order = [&recording](Backend&) {
+        auto order = std::make_unique<test::RecordingStreamOrder>();
+        recording = order.get();
+        return order;
+    };
+    options.device_comms.make_collectives = [&recording](Comm& group, StreamOrder&) { return std::make_unique<test::RecordedCollectives>(group, *recording); };
+    EmulatedRun run;
+    {
+        Trainer trainer(config, options, ctx);
+        run.result = trainer.run();
+        if (recording) {
+            run.streams = recording->stream_names();
+            for (StreamId s = 1; s < static_cast<StreamId>(run.streams.size()); ++s) run.collectives += recording->work_on(s).size();
+            run.races = recording->races();
+        }
+    }
+    ctx.world->barrier();
+    return run;
+}
+
+void expect_tracks_cpu_with(const std::string& comm, int64_t dp, const std::vector<std::string>& layout) {
+    std::vector<std::string> with_comm = layout;
+    with_comm.push_back("parallel.comm=\"" + comm + "\"");
+    const EmulatedRun run = run_emulated(tiny("cuda", 2, with_comm));
+    test::expect_tracks_cpu(run.result, cpu_reference(dp));
+    if (comm == "mpi") {
+        EXPECT_TRUE(run.streams.empty()) << "parallel.comm = \"mpi\" must not take the event-ordered path";
+        return;
+    }
+    EXPECT_GT(run.streams.size(), 1u) << "the collectives must have run on streams of their own";
+    EXPECT_GT(run.collectives, 0u);
+    for (const std::string& race : run.races) ADD_FAILURE() << race;
+}
+
+}  // namespace
+
+TEST(World2, EmulatedCudaTensorParallelBf16OverEventOrderedCollectives_TracksCpuFp32) { expect_tracks_cpu_with("nccl", 1, {"parallel.tp=2"}); }
+TEST(World2, EmulatedCudaTensorParallelBf16OverMpi_TracksCpuFp32) { expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2"}); }
+TEST(World2, EmulatedCudaDefaultComm_IsTheEventOrderedPath) {
+    const EmulatedRun run = run_emulated(tiny("cuda", 2, {"parallel.tp=2", "train.steps=2"}));
+    EXPECT_GT(run.collectives, 0u);
+}
+TEST(World4, EmulatedCudaTensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
+TEST(World4, EmulatedCudaTensorTimesDataZero1OverMpi_TracksCpuFp32) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
