@@ -21,7 +21,7 @@
 #include "core/log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "train/memory_plan.h"
+#include "ops/memory_plan.h"
 #include "train/trainer.h"
 
 namespace llmtrain {
