@@ -22,6 +22,7 @@ struct PlanArgs {
     std::string calibration_path;
     std::vector<std::string> overrides;
     int devices = 0;  // 0: every device of the cluster
+    int nodes = 0;    // 0: the cluster file's node count
     bool search = false;
     int top = 10;
     bool json = false;
@@ -138,6 +139,7 @@ int run_plan(const PlanArgs& args) {
     const Config config = load_config(args.config_path, args.overrides, DataFiles::unchecked);
     Cluster cluster = load_cluster(args.cluster_path);
     if (!args.calibration_path.empty()) apply_calibration(cluster, args.calibration_path);
+    if (args.nodes > 0) cluster.nodes = args.nodes;
     const int devices = args.devices > 0 ? args.devices : cluster.devices();
     const double parameters = model_parameter_count(config.model);
     if (args.search) {
@@ -184,6 +186,7 @@ void register_plan_command(CLI::App& app, CommandAction& action) {
     cmd->add_option("--calibration", args->calibration_path, "calibration file written by bench / bench comm (overrides the cluster's)")->check(CLI::ExistingFile);
     cmd->add_option("--set", args->overrides, "override a config key: section.key=value (repeatable)");
     cmd->add_option("--gpus", args->devices, "devices to plan for (default: all of the cluster)")->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--nodes", args->nodes, "nodes of the cluster's kind (default: the file's node.count)")->check(CLI::Range(1, 1 << 20));
     cmd->add_flag("--search", args->search, "rank the tp x pp x dp x micro-batch x recompute layouts of --gpus devices");
     cmd->add_option("--top", args->top, "layouts listed by --search")->capture_default_str()->check(CLI::Range(1, 1000));
     cmd->add_flag("--json", args->json, "print JSON instead of tables");

@@ -148,7 +148,11 @@ double device_share(const Config& config, const Mesh& mesh, const Cluster& clust
     const int ranks_on_node = std::max(1, (mesh.world_size() + cluster.nodes - 1) / cluster.nodes);
     const double cores = cluster.devices_per_node, fair = cores / ranks_on_node;
     const double threads = config.train.threads > 0 ? static_cast<double>(config.train.threads) : std::max(1.0, std::floor(fair));
-    return std::min(threads, fair);
+    // Ranks beyond the cores take turns; a pipeline stage waiting in the bubble (a share
+    // (pp - 1) / (m + pp - 1) of the step) leaves its core to the others.
+    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
+    const double busy = ranks_on_node * m / (m + mesh.pp() - 1);
+    return std::min(threads, std::max(fair, cores / busy));
 }
 
 double collective_seconds(const CollectiveCall& call, int ranks, const Link& link) {
@@ -185,21 +189,35 @@ double compute_seconds(const StageWork& w, const Cluster& c, double peak, double
 // stays inside a node when the node holds them all.
 const Link& link_for(const Cluster& c, int span) { return span <= c.devices_per_node ? c.intra_node : c.inter_node; }
 
-StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, double peak, double bandwidth) {
+// On a CPU cluster the ranks' own cores copy the collectives' data (MPI over shared memory),
+// at their share of a core, and a non-blocking collective progresses only inside MPI calls:
+// nothing overlaps with compute. On GPUs, NCCL runs beside the compute stream.
+Link effective_link(const Link& link, const Cluster& c, double share) {
+    if (c.kind == ClusterKind::gpu || share >= 1) return link;
+    Link slower = link;
+    slower.gbps *= share;
+    for (auto& [op, gbps] : slower.measured_busbw_gbps) gbps *= share;
+    return slower;
+}
+
+StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, double share) {
+    const double peak = c.peak_tflops * 1e12 * share, bandwidth = c.memory_bandwidth_gbps * 1e9 * share;
     const StageWork w = stage_work(config, mesh, stage);
     StageTime t;
     t.compute = compute_seconds(w, c, peak, bandwidth);
-    for (const CollectiveCall& call : w.tp_collectives) t.tp += collective_seconds(call, mesh.tp(), link_for(c, mesh.tp()));
-    const Link& pp_link = link_for(c, mesh.world_size());
+    const Link tp_link = effective_link(link_for(c, mesh.tp()), c, share);
+    for (const CollectiveCall& call : w.tp_collectives) t.tp += collective_seconds(call, mesh.tp(), tp_link);
+    const Link pp_link = effective_link(link_for(c, mesh.world_size()), c, share);
     t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
-    const Link& dp_link = link_for(c, mesh.tp() * mesh.dp());
+    const Link dp_link = effective_link(link_for(c, mesh.tp() * mesh.dp()), c, share);
     const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
     const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
     const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
     // Buckets go out while the last micro-batch's backward (two thirds of its compute) runs;
     // at least the last bucket waits for the end of backward.
     const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
-    t.dp = std::max(reduce - t.compute * 2.0 / 3.0, reduce / buckets) + gather;
+    const double hidden = c.kind == ClusterKind::gpu ? t.compute * 2.0 / 3.0 : 0.0;
+    t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
     t.optimizer = w.optimizer_bytes / (bandwidth * c.efficiency.memory);
     return t;
 }
@@ -208,9 +226,9 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
 
 StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
     const double share = device_share(config, mesh, cluster);
-    const double peak = cluster.peak_tflops * 1e12 * share, bandwidth = cluster.memory_bandwidth_gbps * 1e9 * share;
+    const double peak = cluster.peak_tflops * 1e12 * share;
     std::vector<StageTime> stages;
-    for (int s = 0; s < mesh.pp(); ++s) stages.push_back(stage_time(config, mesh, cluster, s, peak, bandwidth));
+    for (int s = 0; s < mesh.pp(); ++s) stages.push_back(stage_time(config, mesh, cluster, s, share));
     const auto slowest = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.micro_batch() < b.micro_batch(); });
     const auto last_to_finish = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.dp + a.optimizer < b.dp + b.optimizer; });
     const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
