@@ -66,8 +66,10 @@ void expect_plan_is_what_the_rank_holds(const std::string& name, bool fifty_mill
         resident = resident_bytes();
         planned_total = static_cast<double>(planned.total());
         relative_error = (resident - (planned_total + overhead)) / (planned_total + overhead);
-        if (fifty_million) EXPECT_LE(std::abs(relative_error), 0.05) << name << " rank " << ctx.world_rank << ": resident " << resident / 1e6 << " MB, planned "
+        if (fifty_million) {
+            EXPECT_LE(std::abs(relative_error), 0.05) << name << " rank " << ctx.world_rank << ": resident " << resident / 1e6 << " MB, planned "
                                                   << planned_total / 1e6 << " MB + fixed overhead " << overhead / 1e6 << " MB";
+        }
     }
     const double worst = ctx.world->all_reduce_scalar(std::abs(relative_error), ReduceOp::max);
     if (ctx.world_rank == 0)
