@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "ops/cluster.h"
 #include "parallel/comm_bench.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
@@ -24,7 +25,21 @@ struct BenchCommArgs {
     int warmup = 5;
     int iterations = 20;
     double timeout_seconds = 300;
+    std::string calibration_path;  // write the largest size's bus bandwidth per op for `plan`
 };
+
+// The plan's figures: bus bandwidth at the largest size, and the latency of one ring step
+// from the smallest all-reduce (2(n-1) steps).
+CollectiveCalibration collective_calibration(const std::vector<CommBenchRow>& rows, int ranks, bool inter_node) {
+    CollectiveCalibration c;
+    c.inter_node = inter_node;
+    for (const CommBenchRow& r : rows) {
+        const Collective op = r.op == CollectiveOp::all_reduce ? Collective::all_reduce : r.op == CollectiveOp::reduce_scatter ? Collective::reduce_scatter : Collective::all_gather;
+        c.busbw_gbps[op] = r.busbw_gbps;  // rows come smallest first: the last is the largest
+        if (r.op == CollectiveOp::all_reduce && c.latency_us == 0) c.latency_us = r.seconds * 1e6 / (2.0 * (ranks - 1));
+    }
+    return c;
+}
 
 std::vector<CollectiveOp> parse_ops(const std::string& op) {
     if (op == "all") return {CollectiveOp::all_reduce, CollectiveOp::reduce_scatter, CollectiveOp::all_gather};
@@ -99,10 +114,18 @@ int run_bench_comm(const BenchCommArgs& args) {
         std::printf("busbw (nccl-tests): all_reduce algbw x 2(n-1)/n; reduce_scatter and all_gather algbw x (n-1)/n; size = the whole buffer\n");
         std::printf("%-15s %10s %12s %12s %12s %12s\n", "op", "size", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)");
     }
+    std::vector<CommBenchRow> rows;
     run_comm_bench(*comm, *ctx.world, options, allocate, [&](const CommBenchRow& row) {
         if (ctx.world_rank == 0) print_row(row, comm->size());
+        rows.push_back(row);
     });
     ctx.world->barrier();
+    if (!args.calibration_path.empty() && ctx.world_rank == 0) {
+        if (comm->size() < 2) fail(ErrorKind::config, "--calibration-out: one rank measures no link; run under mpirun -np N with N >= 2");
+        const bool inter_node = ctx.local_size < comm->size();
+        write_calibration(args.calibration_path, collective_calibration(rows, comm->size(), inter_node));
+        std::printf("calibration: %s bus bandwidth and latency -> %s\n", inter_node ? "inter-node" : "intra-node", args.calibration_path.c_str());
+    }
     return 0;
 }
 
@@ -122,6 +145,7 @@ void register_bench_command(CLI::App& app, CommandAction& action) {
     comm->add_option("--warmup", args->warmup, "untimed operations per size")->capture_default_str()->check(CLI::Range(0, 100000));
     comm->add_option("--iters", args->iterations, "timed operations per size")->capture_default_str()->check(CLI::Range(1, 1000000));
     comm->add_option("--timeout", args->timeout_seconds, "seconds before a stuck collective ends the job")->capture_default_str();
+    comm->add_option("--calibration-out", args->calibration_path, "write the bus bandwidths and latency into this calibration file (for `plan`)");
     comm->callback([args, &action] { action = [args] { return run_bench_comm(*args); }; });
 }
 

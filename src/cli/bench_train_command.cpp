@@ -2,11 +2,14 @@
 // configured device, without its data files. Warm-up steps first (plans, workspaces), then
 // timed steps with the per-op events off, then one profiled step for where the time goes.
 //
-// MFU follows PaLM (Chowdhery et al. 2022, appendix B): model FLOPs per token
-//   6 N + 12 L H Q T
-// (N parameters, L layers, H heads, Q head dimension, T sequence length), times tokens per
-// second, over the chip's dense bf16 peak. N counts every parameter, embeddings included, as
-// llm.c does; recomputation is not counted (it is hardware FLOPs, not model FLOPs).
+// MFU follows PaLM (ops/step_model.h, model_flops_per_token, the plan's formula too): model
+// FLOPs per token 6 N + 12 L H Q T, times tokens per second, over the chip's dense bf16 peak.
+//
+// --calibration-out FILE (with --cluster) turns the measurement into the plan's calibration:
+// the step's time split by the profiled step's shares (GEMMs, attention, the rest) over the
+// work the plan's model counts for this rank (ops/step_model.h) gives the GEMM efficiency of
+// the step's main shape class, the attention efficiency and the memory-bound efficiency.
+// Measure on one rank, so that no communication hides in the step time.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -21,7 +24,9 @@
 #include "core/log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "train/memory_plan.h"
+#include "ops/cluster.h"
+#include "ops/memory_plan.h"
+#include "ops/step_model.h"
 #include "train/trainer.h"
 
 namespace llmtrain {
@@ -35,11 +40,33 @@ struct BenchTrainArgs {
     int steps = 10;
     double peak_tflops = 0;  // 0: the device's known peak
     int top_ops = 12;
+    std::string cluster_path;      // for --calibration-out: the peak and bandwidth efficiencies are shares of
+    std::string calibration_path;  // written (merged) here
 };
 
-double model_flops_per_token(const Config& config, double parameters) {
-    const ModelConfig& m = config.model;
-    return 6.0 * parameters + 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.head_dim() * config.train.seq_len);
+GemmClass dominant_class(const StageWork& work) {
+    GemmClass best = GemmClass::medium;
+    double most = -1;
+    for (const auto& [c, flops] : work.gemm_flops)
+        if (flops > most) best = c, most = flops;
+    return best;
+}
+
+// The measured step against the plan's count of this rank's work (stage 0's).
+ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Cluster& cluster, const OpProfile& profile, double step_seconds) {
+    const StageWork work = stage_work(config, mesh, 0);
+    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp())), share = device_share(config, mesh, cluster);
+    const double peak = cluster.peak_tflops * 1e12 * share, bandwidth = cluster.memory_bandwidth_gbps * 1e9 * share;
+    const double total = profile.total_seconds(), gemm = profile.gemm_seconds();
+    const double attention = profile.seconds[static_cast<size_t>(Op::attention_fwd)] + profile.seconds[static_cast<size_t>(Op::attention_bwd)];
+    const double rest = total - gemm - attention;
+    if (total <= 0 || gemm <= 0 || attention <= 0 || rest <= 0) fail(ErrorKind::runtime, "bench: the profiled step timed no GEMM, attention or other op; cannot calibrate");
+    ComputeCalibration c;
+    c.gemm_class = dominant_class(work);
+    c.gemm_efficiency = m * work.total_gemm_flops() / (step_seconds * gemm / total * peak);
+    c.attention_efficiency = m * work.attention_flops / (step_seconds * attention / total * peak);
+    c.memory_efficiency = (m * work.memory_bytes + work.optimizer_bytes) / (step_seconds * rest / total * bandwidth);
+    return c;
 }
 
 // The peak the MFU divides by: --peak-tflops (positive), else the GPU's data-sheet figure (0: unknown).
@@ -124,6 +151,12 @@ int run_bench_train(const BenchTrainArgs& args) {
     std::printf("%-26s %.1f MB (%s)\n", "peak memory", (device_peak > 0 ? device_peak : peak_host_rss_bytes()) / 1e6,
                 device_peak > 0 ? "device, allocated by this run" : "host resident set");
     print_top_ops(profile, args.top_ops);
+    if (!args.calibration_path.empty()) {
+        const ComputeCalibration c = calibrate(trainer.config(), ctx.mesh, load_cluster(args.cluster_path), profile, step_seconds);
+        write_calibration(args.calibration_path, c);
+        std::printf("calibration: GEMM %.3f (%s shapes), attention %.3f, memory-bound %.3f of %s's peaks -> %s\n", c.gemm_efficiency,
+                    gemm_class_name(c.gemm_class), c.attention_efficiency, c.memory_efficiency, args.cluster_path.c_str(), args.calibration_path.c_str());
+    }
     std::fflush(stdout);
     return 0;
 }
@@ -151,6 +184,9 @@ void register_bench_train(CLI::App& bench, CommandAction& action) {
     bench.add_option("--peak-tflops", args->peak_tflops, "dense peak per device in the compute dtype, for MFU (default: the GPU's data-sheet bf16 figure)")
         ->check(positive_tflops());
     bench.add_option("--top", args->top_ops, "ops listed in the time breakdown")->capture_default_str()->check(CLI::Range(1, 100));
+    bench.add_option("--cluster", args->cluster_path, "cluster file whose peaks --calibration-out divides by")->check(CLI::ExistingFile);
+    bench.add_option("--calibration-out", args->calibration_path, "write the measured efficiencies into this calibration file (for `plan`)")
+        ->needs(bench.get_option("--cluster"));
     bench.callback([args, &action, &bench] {
         if (bench.get_subcommands().empty()) {
             if (args->config_path.empty()) throw CLI::RequiredError("bench needs a CONFIG or the `comm` subcommand");

@@ -24,6 +24,8 @@ void register_tokenizer_command(CLI::App& app, CommandAction& action);
 void register_prepare_command(CLI::App& app, CommandAction& action);
 // `llmtrain bench comm [--backend mpi|nccl] [--op ...] [--min-bytes N] [--max-bytes N]`
 void register_bench_command(CLI::App& app, CommandAction& action);
+// `llmtrain plan CONFIG --cluster CLUSTER.toml [--search] [--gpus N] [--json]`
+void register_plan_command(CLI::App& app, CommandAction& action);
 // `llmtrain checkpoint list|verify|inspect|export PATH ...`
 void register_checkpoint_command(CLI::App& app, CommandAction& action);
 // `llmtrain bench CONFIG [--warmup N] [--steps M] [--set ...]`, on the `bench` app.

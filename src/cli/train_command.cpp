@@ -23,7 +23,7 @@
 #include "metrics/run_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "train/memory_plan.h"
+#include "ops/memory_plan.h"
 #include "train/trainer.h"
 
 namespace llmtrain {

@@ -75,7 +75,7 @@ DType master_dtype(DType compute);
 
 // What a part of the model holds, before anything is allocated: its parameters registered
 // (names, shapes, places in the flat buffer) and its activations planned in the arena. The
-// Transformer allocates exactly this; the memory plan (train/memory_plan.h) reads its sizes
+// Transformer allocates exactly this; the memory plan (ops/memory_plan.h) reads its sizes
 // without allocating anything.
 class TransformerLayout {
 public:

@@ -31,7 +31,7 @@
 #include "optim/loss_scale.h"
 #include "parallel/context.h"
 #include "parallel/grad_buckets.h"
-#include "train/memory_plan.h"
+#include "ops/memory_plan.h"
 #include "train/pipeline_runner.h"
 #include "train/training_comms.h"
 

@@ -6,7 +6,7 @@
 #include <regex>
 
 #include "config/config.h"
-#include "train/memory_plan.h"
+#include "ops/memory_plan.h"
 #include "train/trainer.h"
 
 using namespace llmtrain;

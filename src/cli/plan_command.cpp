@@ -1,0 +1,198 @@
+// `llmtrain plan CONFIG --cluster CLUSTER.toml [--search]`: memory per device and predicted
+// step time of a parallel layout on a described cluster, before renting it (ops/layout_plan.h);
+// with --search, the layouts of --gpus devices ranked by predicted tokens/s among those that fit.
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "ops/layout_plan.h"
+
+namespace llmtrain {
+
+namespace {
+
+struct PlanArgs {
+    std::string config_path;
+    std::string cluster_path;
+    std::string calibration_path;
+    std::vector<std::string> overrides;
+    int devices = 0;  // 0: every device of the cluster
+    int nodes = 0;    // 0: the cluster file's node count
+    bool search = false;
+    int top = 10;
+    bool json = false;
+    PlanOptions options;
+};
+
+double gb(double bytes) { return bytes / 1e9; }
+
+nlohmann::json memory_json(const LayoutPlan& p) {
+    const RankMemory& m = p.largest.memory;
+    return {{"rank", p.largest.world_rank},
+            {"tp", p.largest.coord.tp},
+            {"dp", p.largest.coord.dp},
+            {"pp", p.largest.coord.pp},
+            {"parameter_bytes", m.parameter_bytes},
+            {"gradient_bytes", m.gradient_bytes},
+            {"optimizer_bytes", m.optimizer_bytes},
+            {"activation_bytes", m.activation_bytes},
+            {"workspace_bytes", m.workspace_bytes},
+            {"runtime_and_communication_bytes", p.runtime_bytes},
+            {"checkpoint_staging_bytes", p.checkpoint_staging_bytes},
+            {"total_bytes", p.total_bytes},
+            {"capacity_bytes", p.capacity_bytes},
+            {"fits", p.fits}};
+}
+
+nlohmann::json time_json(const StepTime& t) {
+    return {{"step_seconds", t.step_seconds},
+            {"compute_seconds", t.compute_seconds},
+            {"tp_comm_seconds", t.tp_comm_seconds},
+            {"pp_comm_seconds", t.pp_comm_seconds},
+            {"bubble_seconds", t.bubble_seconds},
+            {"dp_exposed_seconds", t.dp_exposed_seconds},
+            {"optimizer_seconds", t.optimizer_seconds},
+            {"tokens_per_step", t.tokens_per_step},
+            {"tokens_per_second_per_device", t.tokens_per_second_per_device},
+            {"model_flops_per_token", t.model_flops_per_token},
+            {"mfu", t.mfu}};
+}
+
+nlohmann::json plan_json(const LayoutPlan& p) {
+    const TrainConfig& t = p.config.train;
+    return {{"layout",
+             {{"tp", p.tp},
+              {"pp", p.pp},
+              {"dp", p.dp},
+              {"micro_batch", t.batch_size},
+              {"micro_batches", p.micro_batches},
+              {"seq_len", t.seq_len},
+              {"recompute", recompute_name(t.recompute)},
+              {"sequence_parallel", p.config.parallel.sequence_parallel && p.tp > 1},
+              {"zero1", p.config.parallel.zero1}}},
+            {"memory", memory_json(p)},
+            {"time", time_json(p.time)},
+            {"tokens", p.tokens},
+            {"days", p.days},
+            {"cost_usd", p.cost_usd}};
+}
+
+void print_header(const Config& config, const Cluster& cluster, int devices, double parameters) {
+    std::printf("plan %s: %s, %.2fB parameters, on %d of %s (%d nodes x %d %s, %.0f TFLOP/s, %.0f GB each)\n", config.source_path.c_str(),
+                family_name(config.model.family), parameters / 1e9, devices, cluster.source_path.c_str(), cluster.nodes, cluster.devices_per_node,
+                cluster.device_name.c_str(), cluster.peak_tflops, cluster.memory_gb);
+    std::printf("calibration: %s\n", cluster.calibration_path.empty() ? "none (the cluster file's assumed efficiencies)" : cluster.calibration_path.c_str());
+}
+
+void print_memory(const LayoutPlan& p) {
+    const RankMemory& m = p.largest.memory;
+    std::printf("memory per device (largest: rank %d, tp %d dp %d pp %d; as the trainer allocates):\n", p.largest.world_rank, p.largest.coord.tp,
+                p.largest.coord.dp, p.largest.coord.pp);
+    std::printf("  %-44s %10.2f GB\n", "parameters (master, and 16-bit compute copy)", gb(static_cast<double>(m.parameter_bytes)));
+    std::printf("  %-44s %10.2f GB\n", "gradients (and the ZeRO-1 reduced shard)", gb(static_cast<double>(m.gradient_bytes)));
+    std::printf("  %-44s %10.2f GB\n", "optimizer state (AdamW moments owned)", gb(static_cast<double>(m.optimizer_bytes)));
+    std::printf("  %-44s %10.2f GB\n", "activations (1F1B micro-batches in flight)", gb(static_cast<double>(m.activation_bytes)));
+    std::printf("  %-44s %10.2f GB\n", "workspaces", gb(static_cast<double>(m.workspace_bytes)));
+    std::printf("  %-44s %10.2f GB\n", "runtime and communication buffers", gb(p.runtime_bytes));
+    std::printf("  %-44s %10.2f GB\n", "checkpoint staging (host copy)", gb(p.checkpoint_staging_bytes));
+    if (p.fits) std::printf("  %-44s %10.2f GB of %.2f GB: fits (%.2f GB free)\n", "total", gb(p.total_bytes), gb(p.capacity_bytes), gb(p.capacity_bytes - p.total_bytes));
+    else std::printf("  %-44s %10.2f GB of %.2f GB: does not fit by %.2f GB\n", "total", gb(p.total_bytes), gb(p.capacity_bytes), gb(p.total_bytes - p.capacity_bytes));
+}
+
+void print_time(const LayoutPlan& p, const PlanOptions& options) {
+    const StepTime& t = p.time;
+    const auto row = [&](const char* name, double seconds) { std::printf("  %-44s %10.2f ms %6.1f%%\n", name, seconds * 1e3, 100 * seconds / t.step_seconds); };
+    std::printf("step time (slowest stage %d):\n", t.slowest_stage);
+    row("compute (GEMM, attention, memory-bound ops)", t.compute_seconds);
+    row("tensor-parallel collectives", t.tp_comm_seconds);
+    row("pipeline sends", t.pp_comm_seconds);
+    row("pipeline bubble", t.bubble_seconds);
+    row("data-parallel traffic not hidden", t.dp_exposed_seconds);
+    row("optimizer", t.optimizer_seconds);
+    row("step", t.step_seconds);
+    std::printf("%-46s %.0f\n", "tokens per step", t.tokens_per_step);
+    std::printf("%-46s %.0f\n", "tokens/s per device", t.tokens_per_second_per_device);
+    std::printf("%-46s %.1f%% (PaLM: 6N + 12*L*H*Q*T = %.3g FLOPs per token)\n", "MFU", 100 * t.mfu, t.model_flops_per_token);
+    std::printf("%-46s %.3g tokens: %.2f days", "budget", p.tokens, p.days);
+    if (options.gpu_hour_usd > 0) std::printf(", $%.0f at $%.2f per device-hour", p.cost_usd, options.gpu_hour_usd);
+    std::printf("\n");
+}
+
+void print_search(const LayoutSearch& search, int top) {
+    std::printf("search: %d layouts considered (%d cannot exist), %zu fit; global batch %.0f sequences\n", search.considered, search.invalid,
+                search.ranked.size(), search.global_batch);
+    std::printf("  %-4s %-72s %10s %7s %9s %10s\n", "#", "layout", "tokens/s", "MFU", "step ms", "memory GB");
+    for (size_t i = 0; i < search.ranked.size() && static_cast<int>(i) < top; ++i) {
+        const LayoutPlan& p = search.ranked[i];
+        std::printf("  %-4zu %-72s %10.0f %6.1f%% %9.1f %10.2f\n", i + 1, layout_name(p).c_str(), p.time.tokens_per_second_per_device, 100 * p.time.mfu,
+                    p.time.step_seconds * 1e3, gb(p.total_bytes));
+    }
+    std::printf("why: %s\n", why_best(search).c_str());
+}
+
+int run_plan(const PlanArgs& args) {
+    const Config config = load_config(args.config_path, args.overrides, DataFiles::unchecked);
+    Cluster cluster = load_cluster(args.cluster_path);
+    if (!args.calibration_path.empty()) apply_calibration(cluster, args.calibration_path);
+    if (args.nodes > 0) cluster.nodes = args.nodes;
+    const int devices = args.devices > 0 ? args.devices : cluster.devices();
+    const double parameters = model_parameter_count(config.model);
+    if (args.search) {
+        const LayoutSearch search = search_layouts(config, cluster, devices, args.options, parameters);
+        if (args.json) {
+            nlohmann::json ranked = nlohmann::json::array();
+            for (size_t i = 0; i < search.ranked.size() && static_cast<int>(i) < args.top; ++i) ranked.push_back(plan_json(search.ranked[i]));
+            std::printf("%s\n", nlohmann::json{{"devices", devices}, {"considered", search.considered}, {"invalid", search.invalid},
+                                               {"fitting", search.ranked.size()}, {"ranked", ranked}, {"why", why_best(search)}}.dump(2).c_str());
+        } else {
+            print_header(config, cluster, devices, parameters);
+            print_search(search, args.top);
+        }
+        if (search.ranked.empty()) {
+            if (!search.smallest_unfit) fail(ErrorKind::config, "plan: no layout of ", devices, " devices can exist for this model (tp must divide the heads and d_ff, pp at most the layers, the global batch split over dp)");
+            const LayoutPlan& s = *search.smallest_unfit;
+            fail(ErrorKind::config, "plan: does not fit: no layout of ", devices, " devices fits; the smallest, ", layout_name(s), ", needs ",
+                 std::lround(s.total_bytes / 1e7) / 100.0, " GB per device, has ", std::lround(s.capacity_bytes / 1e7) / 100.0, " GB");
+        }
+        return 0;
+    }
+    const LayoutPlan plan = plan_layout(config, cluster, devices, args.options, parameters);
+    if (args.json) std::printf("%s\n", plan_json(plan).dump(2).c_str());
+    else {
+        print_header(config, cluster, devices, parameters);
+        std::printf("layout: %d devices = %s, %lld tokens per micro-batch, ZeRO-1 %s\n", devices, layout_name(plan).c_str(),
+                    static_cast<long long>(plan.config.train.batch_size * plan.config.train.seq_len), plan.config.parallel.zero1 ? "on" : "off");
+        print_memory(plan);
+        print_time(plan, args.options);
+    }
+    if (!plan.fits)
+        fail(ErrorKind::config, "plan: does not fit: needs ", std::lround(plan.total_bytes / 1e7) / 100.0, " GB per device, has ",
+             std::lround(plan.capacity_bytes / 1e7) / 100.0, " GB (", describe(plan.largest), "); try --search");
+    return 0;
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app, CommandAction& action) {
+    auto args = std::make_shared<PlanArgs>();
+    CLI::App* cmd = app.add_subcommand("plan", "Memory per device and predicted step time of a parallel layout on a described cluster; --search ranks layouts");
+    cmd->add_option("config", args->config_path, "TOML config (its data files are not read)")->required()->check(CLI::ExistingFile);
+    cmd->add_option("--cluster", args->cluster_path, "cluster description (configs/clusters/*.toml)")->required()->check(CLI::ExistingFile);
+    cmd->add_option("--calibration", args->calibration_path, "calibration file written by bench / bench comm (overrides the cluster's)")->check(CLI::ExistingFile);
+    cmd->add_option("--set", args->overrides, "override a config key: section.key=value (repeatable)");
+    cmd->add_option("--gpus", args->devices, "devices to plan for (default: all of the cluster)")->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--nodes", args->nodes, "nodes of the cluster's kind (default: the file's node.count)")->check(CLI::Range(1, 1 << 20));
+    cmd->add_flag("--search", args->search, "rank the tp x pp x dp x micro-batch x recompute layouts of --gpus devices");
+    cmd->add_option("--top", args->top, "layouts listed by --search")->capture_default_str()->check(CLI::Range(1, 1000));
+    cmd->add_flag("--json", args->json, "print JSON instead of tables");
+    cmd->add_option("--tokens", args->options.tokens, "token budget for days and cost (default: train.steps steps)")->check(CLI::PositiveNumber);
+    cmd->add_option("--gpu-hour-usd", args->options.gpu_hour_usd, "price of one device-hour, for the cost")->check(CLI::PositiveNumber);
+    cmd->callback([args, &action] { action = [args] { return run_plan(*args); }; });
+}
+
+}  // namespace llmtrain

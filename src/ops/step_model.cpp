@@ -1,0 +1,251 @@
+#include "ops/step_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/transformer.h"
+#include "ops/memory_plan.h"
+#include "parallel/grad_buckets.h"
+
+namespace llmtrain {
+
+namespace {
+
+struct Shapes {
+    double b, s, n, d, h, kv, hd, f, up, vocab;  // n = b * s tokens per micro-batch; up: MLP-up width
+    double t, compute_bytes, master_bytes;
+    bool sequence_parallel, llama;
+    Recompute recompute;
+};
+
+Shapes shapes_of(const Config& config, const Mesh& mesh) {
+    const ModelConfig& m = config.model;
+    Shapes x{};
+    x.b = static_cast<double>(config.train.batch_size);
+    x.s = static_cast<double>(config.train.seq_len);
+    x.n = x.b * x.s;
+    x.d = static_cast<double>(m.d_model);
+    x.h = static_cast<double>(m.n_heads);
+    x.kv = static_cast<double>(m.n_kv_heads);
+    x.hd = static_cast<double>(m.head_dim());
+    x.f = static_cast<double>(m.d_ff);
+    x.llama = m.family == ModelFamily::llama;
+    x.up = x.llama ? 2 * x.f : x.f;  // SwiGLU's gate and up are one GEMM
+    x.t = mesh.tp();
+    x.vocab = static_cast<double>(m.padded_vocab_size(mesh.tp()));
+    const DType compute = compute_dtype(config.train);
+    x.compute_bytes = static_cast<double>(dtype_size(compute));
+    x.master_bytes = static_cast<double>(dtype_size(master_dtype(compute)));
+    x.sequence_parallel = config.parallel.sequence_parallel && mesh.tp() > 1;
+    x.recompute = config.train.recompute;
+    return x;
+}
+
+// Forward, backward (two GEMMs per forward one: input and weight gradients) and, under full
+// recomputation, the forward again.
+double gemm_passes(Recompute recompute) { return recompute == Recompute::full ? 4 : 3; }
+
+void add_gemm(StageWork& w, double m, double k, double n, double passes) { w.gemm_flops[gemm_class(m, n, k)] += 2 * m * k * n * passes; }
+
+// One layer's GEMMs on one tp rank: QKV and MLP-up column-parallel, out and down row-parallel.
+void add_layer_gemms(StageWork& w, const Shapes& x) {
+    const double passes = gemm_passes(x.recompute);
+    add_gemm(w, x.n, x.d, (x.h + 2 * x.kv) * x.hd / x.t, passes);
+    add_gemm(w, x.n, x.h * x.hd / x.t, x.d, passes);
+    add_gemm(w, x.n, x.d, x.up / x.t, passes);
+    add_gemm(w, x.n, x.f / x.t, x.d, passes);
+}
+
+// Causal attention does half of the 4 b s^2 hd FLOPs per head of the full score matrix;
+// the backward twice the forward.
+double layer_attention_flops(const Shapes& x) { return 2 * x.b * x.s * x.s * x.hd * (x.h / x.t) * gemm_passes(x.recompute); }
+
+// Elements read and written by one layer's memory-bound forward ops: two norms (read x,
+// write y), two residual adds (two reads, a write), the MLP activation (GELU: read, write;
+// SwiGLU: two reads, a write), RoPE on Q and K. Norms and residuals act on this rank's
+// tokens under sequence parallelism. The backward moves about twice as much; selective
+// recomputation repeats the norms and the activation, full recomputation the whole forward.
+double layer_memory_bytes(const Shapes& x) {
+    const double rows = x.sequence_parallel ? x.n / x.t : x.n;
+    const double norms = 2 * 2 * rows * x.d, residuals = 2 * 3 * rows * x.d;
+    const double activation = (x.llama ? 3 : 2) * x.n * x.f / x.t;
+    const double rope = x.llama ? 2 * x.n * (x.h + x.kv) * x.hd / x.t : 0;
+    const double forward = norms + residuals + activation + rope;
+    const double again = x.recompute == Recompute::full ? forward : x.recompute == Recompute::selective ? norms + activation : 0;
+    return (3 * forward + again) * x.compute_bytes;
+}
+
+// Tensor-parallel traffic of one layer and micro-batch (Megatron): two all-reduces of the
+// residual stream forward, two backward; with sequence parallelism, all-gathers before the
+// column-parallel GEMMs (again in backward, for the weight gradient) and reduce-scatters
+// after the row-parallel ones, in the same volume per call.
+void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, double layers) {
+    if (x.t <= 1) return;
+    const double bytes = x.n * x.d * x.compute_bytes, forwards = x.recompute == Recompute::full ? 2 : 1;
+    if (x.sequence_parallel) {
+        calls.push_back({Collective::all_gather, bytes, layers * (2 * forwards + 4)});
+        calls.push_back({Collective::reduce_scatter, bytes, layers * (2 * forwards + 2)});
+    } else {
+        calls.push_back({Collective::all_reduce, bytes, layers * (2 * forwards + 2)});
+    }
+}
+
+int first_rank_of_stage(const Mesh& mesh, int stage) { return mesh.world_rank({0, 0, stage}); }
+
+void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int stage, const Shapes& x) {
+    const ModelPartition part = stage_partition(config, mesh, first_rank_of_stage(mesh, stage));
+    const DType compute = compute_dtype(config.train);
+    const TransformerLayout layout(config.model, compute_device(config.train), compute, config.train.batch_size, config.train.seq_len, part, 0, mesh.tp());
+    const int64_t padded = Parameters::padded_length(layout.parameters().total_numel(), part.param_pad_multiple);
+    const int64_t owned = owned_numel(padded, dtype_size(master_dtype(compute)), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
+    const double p = static_cast<double>(padded), o = static_cast<double>(owned);
+    // AdamW reads the weight, gradient and two moments and writes three of them; the
+    // gradients are zeroed and their norm read; 16-bit compute refreshes its copy.
+    w.optimizer_bytes = 7 * o * x.master_bytes + 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
+    w.dp_gradient_bytes = p * x.master_bytes;
+    w.dp_parameter_bytes = zero1_shards(config.parallel.zero1, mesh.dp()) ? p * x.master_bytes : 0;
+}
+
+}  // namespace
+
+double StageWork::total_gemm_flops() const {
+    double total = 0;
+    for (const auto& [c, flops] : gemm_flops) total += flops;
+    return total;
+}
+
+StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
+    const Shapes x = shapes_of(config, mesh);
+    const std::vector<int64_t> per_stage = parse_stage_layers(config.parallel.stage_layers, mesh.pp(), config.model.n_layers);
+    const double layers = static_cast<double>(per_stage[static_cast<size_t>(stage)]);
+    StageWork w;
+    for (int64_t l = 0; l < per_stage[static_cast<size_t>(stage)]; ++l) add_layer_gemms(w, x);
+    w.attention_flops = layers * layer_attention_flops(x);
+    w.memory_bytes = layers * layer_memory_bytes(x);
+    add_layer_collectives(w.tp_collectives, x, layers);
+    const double rows = x.sequence_parallel ? x.n / x.t : x.n;
+    if (stage == 0) {
+        // The embedding: a gather forward, a scatter-add into the master-dtype gradient backward.
+        w.memory_bytes += x.n * x.d * (2 * x.compute_bytes + 2 * x.master_bytes);
+        if (x.t > 1) w.tp_collectives.push_back({x.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce, x.n * x.d * x.compute_bytes, 1});
+    }
+    if (stage == mesh.pp() - 1) {
+        add_gemm(w, x.n, x.d, x.vocab / x.t, 3);
+        // The final norm, then the fused cross-entropy: logits read twice, their gradient written.
+        w.memory_bytes += 3 * 2 * rows * x.d * x.compute_bytes + 3 * x.n * (x.vocab / x.t) * x.compute_bytes;
+        if (x.t > 1) w.tp_collectives.push_back({Collective::all_reduce, x.n * 4, 3});  // row max, sum of exponentials, target logit
+    }
+    if (mesh.pp() > 1) {
+        w.pp_send_bytes = rows * x.d * x.compute_bytes;
+        w.pp_sends = 2;  // on the critical path per micro-batch: its activations in, its gradient back
+    }
+    add_step_work(w, config, mesh, stage, x);
+    return w;
+}
+
+double device_share(const Config& config, const Mesh& mesh, const Cluster& cluster) {
+    if (cluster.kind == ClusterKind::gpu) return 1.0;
+    const int ranks_on_node = std::max(1, (mesh.world_size() + cluster.nodes - 1) / cluster.nodes);
+    const double cores = cluster.devices_per_node, fair = cores / ranks_on_node;
+    const double threads = config.train.threads > 0 ? static_cast<double>(config.train.threads) : std::max(1.0, std::floor(fair));
+    // Ranks beyond the cores take turns; a pipeline stage waiting in the bubble (a share
+    // (pp - 1) / (m + pp - 1) of the step) leaves its core to the others.
+    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
+    const double busy = ranks_on_node * m / (m + mesh.pp() - 1);
+    return std::min(threads, std::max(fair, cores / busy));
+}
+
+double collective_seconds(const CollectiveCall& call, int ranks, const Link& link) {
+    if (ranks <= 1 || call.count <= 0) return 0;
+    const double n = ranks, busbw = link.busbw_gbps(call.op) * 1e9, latency = link.latency_us * 1e-6;
+    const double steps = call.op == Collective::all_reduce ? 2 * (n - 1) : n - 1;
+    return call.count * (steps / n * call.bytes / busbw + steps * latency);
+}
+
+double model_flops_per_token(const Config& config, double parameters) {
+    const ModelConfig& m = config.model;
+    return 6.0 * parameters + 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.head_dim() * config.train.seq_len);
+}
+
+double model_parameter_count(const ModelConfig& model) {
+    const TransformerLayout whole(model, Device::cpu, DType::f32, 1, 1, ModelPartition{}, 0, 1);
+    return static_cast<double>(whole.parameters().total_numel());
+}
+
+namespace {
+
+struct StageTime {
+    double compute = 0, tp = 0, pp = 0, dp = 0, optimizer = 0;
+    double micro_batch() const { return compute + tp + pp; }
+};
+
+double compute_seconds(const StageWork& w, const Cluster& c, double peak, double bandwidth) {
+    double seconds = 0;
+    for (const auto& [cls, flops] : w.gemm_flops) seconds += flops / (peak * c.efficiency.gemm_for(cls));
+    return seconds + w.attention_flops / (peak * c.efficiency.attention) + w.memory_bytes / (bandwidth * c.efficiency.memory);
+}
+
+// Ranks are numbered tp fastest, then dp, then pp: a group of `span` consecutive ranks
+// stays inside a node when the node holds them all.
+const Link& link_for(const Cluster& c, int span) { return span <= c.devices_per_node ? c.intra_node : c.inter_node; }
+
+// On a CPU cluster the ranks' own cores copy the collectives' data (MPI over shared memory),
+// at their share of a core, and a non-blocking collective progresses only inside MPI calls:
+// nothing overlaps with compute. On GPUs, NCCL runs beside the compute stream.
+Link effective_link(const Link& link, const Cluster& c, double share) {
+    if (c.kind == ClusterKind::gpu || share >= 1) return link;
+    Link slower = link;
+    slower.gbps *= share;
+    for (auto& [op, gbps] : slower.measured_busbw_gbps) gbps *= share;
+    return slower;
+}
+
+StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, double share) {
+    const double peak = c.peak_tflops * 1e12 * share, bandwidth = c.memory_bandwidth_gbps * 1e9 * share;
+    const StageWork w = stage_work(config, mesh, stage);
+    StageTime t;
+    t.compute = compute_seconds(w, c, peak, bandwidth);
+    const Link tp_link = effective_link(link_for(c, mesh.tp()), c, share);
+    for (const CollectiveCall& call : w.tp_collectives) t.tp += collective_seconds(call, mesh.tp(), tp_link);
+    const Link pp_link = effective_link(link_for(c, mesh.world_size()), c, share);
+    t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
+    const Link dp_link = effective_link(link_for(c, mesh.tp() * mesh.dp()), c, share);
+    const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
+    const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
+    const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
+    // Buckets go out while the last micro-batch's backward (two thirds of its compute) runs;
+    // at least the last bucket waits for the end of backward.
+    const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
+    const double hidden = c.kind == ClusterKind::gpu ? t.compute * 2.0 / 3.0 : 0.0;
+    t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
+    t.optimizer = w.optimizer_bytes / (bandwidth * c.efficiency.memory);
+    return t;
+}
+
+}  // namespace
+
+StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
+    const double share = device_share(config, mesh, cluster);
+    const double peak = cluster.peak_tflops * 1e12 * share;
+    std::vector<StageTime> stages;
+    for (int s = 0; s < mesh.pp(); ++s) stages.push_back(stage_time(config, mesh, cluster, s, share));
+    const auto slowest = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.micro_batch() < b.micro_batch(); });
+    const auto last_to_finish = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.dp + a.optimizer < b.dp + b.optimizer; });
+    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
+    StepTime r;
+    r.slowest_stage = static_cast<int>(slowest - stages.begin());
+    r.compute_seconds = m * slowest->compute;
+    r.tp_comm_seconds = m * slowest->tp;
+    r.pp_comm_seconds = m * slowest->pp;
+    r.bubble_seconds = (mesh.pp() - 1) * slowest->micro_batch();
+    r.dp_exposed_seconds = last_to_finish->dp;
+    r.optimizer_seconds = last_to_finish->optimizer;
+    r.step_seconds = (m + mesh.pp() - 1) * slowest->micro_batch() + r.dp_exposed_seconds + r.optimizer_seconds;
+    r.tokens_per_step = static_cast<double>(config.train.batch_size * config.train.seq_len) * m * mesh.dp();
+    r.tokens_per_second_per_device = r.tokens_per_step / r.step_seconds / mesh.world_size();
+    r.model_flops_per_token = model_flops_per_token(config, parameters);
+    r.mfu = r.tokens_per_second_per_device * r.model_flops_per_token / peak;
+    return r;
+}
+
+}  // namespace llmtrain

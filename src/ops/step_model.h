@@ -1,0 +1,80 @@
+// The step-time model of the plan: the work one rank of a pipeline stage does per step
+// (GEMM and attention FLOPs, bytes moved by memory-bound ops, collectives), and the time
+// that takes on a cluster.
+//
+//   micro-batch time  t_mb = GEMM FLOPs / (peak x gemm efficiency of the shape class)
+//                          + attention FLOPs / (peak x attention efficiency)
+//                          + memory-bound bytes / (bandwidth x memory efficiency)
+//                          + tensor-parallel collectives + pipeline sends
+//   step time         (m + pp - 1) x max over stages of t_mb       (1F1B: bubble (pp - 1) / (m + pp - 1))
+//                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) not hidden by the
+//                     backward of the last micro-batch, + the parameter all-gather
+//                   + optimizer bytes / (bandwidth x memory efficiency)
+//   collectives       ring: all-reduce 2(n-1)/n x bytes / busbw + 2(n-1) x latency; reduce-scatter
+//                     and all-gather (n-1)/n x bytes / busbw + (n-1) x latency (nccl-tests' busbw)
+// The same counts calibrate the cluster: `bench` divides them by what it measured.
+#pragma once
+
+#include <map>
+
+#include "config/config.h"
+#include "ops/cluster.h"
+#include "parallel/mesh.h"
+
+namespace llmtrain {
+
+struct CollectiveCall {
+    Collective op = Collective::all_reduce;
+    double bytes = 0;  // the whole buffer, as nccl-tests' size
+    double count = 0;  // calls of this size
+};
+
+// One rank of one pipeline stage.
+struct StageWork {
+    // Per micro-batch: forward, backward and recomputation.
+    std::map<GemmClass, double> gemm_flops;
+    double attention_flops = 0;
+    double memory_bytes = 0;
+    std::vector<CollectiveCall> tp_collectives;
+    double pp_send_bytes = 0;  // each pipeline send (activations forward, gradients backward)
+    int pp_sends = 0;          // per micro-batch: 0, 2 (an end stage) or 4
+    // Per step.
+    double optimizer_bytes = 0;
+    double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over dp
+    double dp_parameter_bytes = 0; // the parameters all-gathered over dp after the update (ZeRO-1)
+    double total_gemm_flops() const;
+};
+
+StageWork stage_work(const Config& config, const Mesh& mesh, int stage);
+// The share of one device a rank computes on: 1 on GPUs; on a CPU cluster its threads
+// (train.threads, 0: the node's cores shared by its ranks), at most its share of the cores.
+double device_share(const Config& config, const Mesh& mesh, const Cluster& cluster);
+
+struct StepTime {
+    double compute_seconds = 0;     // m micro-batches of the slowest stage
+    double tp_comm_seconds = 0;     // tensor-parallel collectives, exposed (m micro-batches)
+    double pp_comm_seconds = 0;     // pipeline sends on the critical path
+    double bubble_seconds = 0;      // (pp - 1) micro-batch times
+    double dp_exposed_seconds = 0;  // data-parallel traffic not hidden by backward
+    double optimizer_seconds = 0;
+    double step_seconds = 0;
+    double tokens_per_step = 0;
+    double tokens_per_second_per_device = 0;
+    double model_flops_per_token = 0;  // PaLM
+    double mfu = 0;                    // of the cluster's dense peak
+    int slowest_stage = 0;
+};
+
+// parameters: model_parameter_count(config.model), for MFU.
+StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
+
+// Model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6 N + 12 L H Q T, N all
+// parameters (embeddings included, as llm.c counts), recomputation not counted.
+double model_flops_per_token(const Config& config, double parameters);
+// The parameters of the whole model, unpadded by tensor parallelism.
+double model_parameter_count(const ModelConfig& model);
+
+// The seconds a collective takes on a link among n ranks.
+double collective_seconds(const CollectiveCall& call, int ranks, const Link& link);
+
+}  // namespace llmtrain
