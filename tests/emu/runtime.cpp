@@ -90,7 +90,8 @@ const Allocation* find_allocation(const void* p, size_t bytes) {
     if (it == allocations.begin()) return nullptr;
     --it;
     const Allocation& a = it->second;
-    if (address + bytes > reinterpret_cast<uintptr_t>(a.base) + a.bytes || bytes == 0 && address >= reinterpret_cast<uintptr_t>(a.base) + a.bytes)
+    const uintptr_t end = reinterpret_cast<uintptr_t>(a.base) + a.bytes;
+    if (address + bytes > end || (bytes == 0 && address >= end))
         return nullptr;
     return &a;
 }

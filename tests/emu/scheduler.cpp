@@ -215,7 +215,11 @@ std::string site_text(Site s) {
     return std::string(base ? base + 1 : s.file) + ":" + std::to_string(s.line);
 }
 
-std::string dim_text(dim3 d) { return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")"; }
+std::string dim_text(dim3 d) {
+    std::ostringstream text;
+    text << "(" << d.x << ", " << d.y << ", " << d.z << ")";
+    return text.str();
+}
 
 std::string where(const Launch& l, const Fiber* f) {
     std::string s = "kernel " + l.name + ", block " + dim_text(l.block_index);
@@ -703,13 +707,12 @@ bool release_barrier(Launch& l) {
 }
 
 // Resumes lane fibers of a completed collective ahead of everyone else, in the phase's order.
-void push_lanes_front(std::deque<int>& queue, const Launch& l, int warp, unsigned mask, const std::vector<int>& rank) {
+void push_lanes_front(std::deque<int>& queue, int warp, unsigned mask, const std::vector<int>& rank) {
     std::vector<int> lanes;
     for (int lane = 0; lane < 32; ++lane)
         if (mask & lane_bit(lane)) lanes.push_back(warp * 32 + lane);
     std::sort(lanes.begin(), lanes.end(), [&](int a, int b) { return rank[static_cast<size_t>(a)] < rank[static_cast<size_t>(b)]; });
     for (auto it = lanes.rbegin(); it != lanes.rend(); ++it) queue.push_front(*it);
-    (void)l;
 }
 
 void run_block(Launch& l, int schedule, uint64_t block_number) {
@@ -755,7 +758,7 @@ void run_block(Launch& l, int schedule, uint64_t block_number) {
                 complete_collective(l, f.warp, g);
                 for (int lane = 0; lane < 32; ++lane)
                     if (g.mask & lane_bit(lane)) lane_fiber(l, f.warp, lane).state = State::runnable;
-                push_lanes_front(queue, l, f.warp, g.mask, rank);
+                push_lanes_front(queue, f.warp, g.mask, rank);
             }
         }
         if (!release_barrier(l)) break;
