@@ -22,6 +22,7 @@
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "train/memory_plan.h"
+#include "train/model_flops.h"
 #include "train/trainer.h"
 
 namespace llmtrain {
@@ -36,11 +37,6 @@ struct BenchTrainArgs {
     double peak_tflops = 0;  // 0: the device's known peak
     int top_ops = 12;
 };
-
-double model_flops_per_token(const Config& config, double parameters) {
-    const ModelConfig& m = config.model;
-    return 6.0 * parameters + 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.head_dim() * config.train.seq_len);
-}
 
 // The peak the MFU divides by: --peak-tflops (positive), else the GPU's data-sheet figure (0: unknown).
 double peak_tflops(const BenchTrainArgs& args, Backend& backend) {
@@ -83,8 +79,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     Backend& backend = trainer.backend();
     const TrainConfig& t = trainer.config().train;  // grad_accum as this mesh resolves it
     const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx.mesh.dp());
-    const double parameters = ctx.world->all_reduce_scalar(
-        ctx.coord().dp == 0 ? static_cast<double>(trainer.model().parameters().total_numel()) : 0.0, ReduceOp::sum);
+    const double parameters = total_parameters(trainer);
 
     int64_t step = 0;
     for (int i = 0; i < args.warmup; ++i) trainer.train_step(step++);
