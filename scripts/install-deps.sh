@@ -9,6 +9,8 @@ packages=(
   libonig-dev  # tests: the regex engine of Hugging Face's tokenizers, for split parity
   libopenmpi-dev openmpi-bin  # MPI: parallel training and `prepare`, and the tests of every layout
   libhdf5-dev hdf5-tools  # checkpoints (serial HDF5); h5ls / h5dump read them
+  prometheus-cpp-dev  # metrics: the /metrics exposition (prometheus-cpp core and pull)
+  prometheus python3  # tests: a real Prometheus scrapes a run (driven by tests/e2e/metrics_checks.py); promtool checks the exposition and the scrape config
   fortunes  # the quickstart's corpus
 )
 missing=()

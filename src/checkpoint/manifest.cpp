@@ -26,7 +26,7 @@ std::string manifest_to_json(const Manifest& m) {
     for (const CheckpointFile& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
     nlohmann::ordered_json j = {
         {"format", "llmtrain-checkpoint"}, {"version", kFormatVersion}, {"step", m.step}, {"tokens_seen", m.tokens_seen},
-        {"optimizer_steps", m.optimizer_steps}, {"loss_scale", m.loss_scale}, {"loss_scale_good_steps", m.loss_scale_good_steps},
+        {"resumes", m.resumes},        {"optimizer_steps", m.optimizer_steps}, {"loss_scale", m.loss_scale}, {"loss_scale_good_steps", m.loss_scale_good_steps},
         {"seed", m.seed}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"zero1", m.zero1}}},
         {"created", m.created}};
     j["data"] = m.data ? nlohmann::ordered_json{{"step", m.data->step}, {"cursor", m.data->cursor}, {"seed", m.data->seed}} : nlohmann::ordered_json();
@@ -50,6 +50,7 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         m.step = get("step").get<int64_t>();
         m.tokens_seen = get("tokens_seen").get<int64_t>();
         m.optimizer_steps = get("optimizer_steps").get<int64_t>();
+        m.resumes = j.value("resumes", int64_t{0});  // absent from checkpoints of earlier versions
         m.loss_scale = get("loss_scale").get<double>();
         m.loss_scale_good_steps = get("loss_scale_good_steps").get<int64_t>();
         m.seed = get("seed").get<uint64_t>();

@@ -22,6 +22,7 @@ struct CheckpointFile {
 struct Manifest {
     int64_t step = 0;                 // optimizer steps taken: the run resumes at this step
     int64_t tokens_seen = 0;
+    int64_t resumes = 0;              // times the run that saved it had been resumed (restarts)
     int64_t optimizer_steps = 0;      // AdamW's bias-correction count (skipped steps excluded)
     double loss_scale = 1;
     int64_t loss_scale_good_steps = 0;

@@ -27,6 +27,7 @@
 #include "ops/cluster.h"
 #include "ops/memory_plan.h"
 #include "ops/step_model.h"
+#include "train/model_flops.h"
 #include "train/trainer.h"
 
 namespace llmtrain {
@@ -110,8 +111,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     Backend& backend = trainer.backend();
     const TrainConfig& t = trainer.config().train;  // grad_accum as this mesh resolves it
     const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx.mesh.dp());
-    const double parameters = ctx.world->all_reduce_scalar(
-        ctx.coord().dp == 0 ? static_cast<double>(trainer.model().parameters().total_numel()) : 0.0, ReduceOp::sum);
+    const double parameters = total_parameters(trainer);
 
     int64_t step = 0;
     for (int i = 0; i < args.warmup; ++i) trainer.train_step(step++);

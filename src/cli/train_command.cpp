@@ -15,6 +15,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli/commands.h"
 #include "cli/run_directory.h"
+#include "cli/run_metrics.h"
 #include "config/config.h"
 #include "core/exit_code.h"
 #include "core/log.h"
@@ -24,6 +25,7 @@
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "ops/memory_plan.h"
+#include "parallel/timed_comm.h"
 #include "train/trainer.h"
 
 namespace llmtrain {
@@ -109,12 +111,18 @@ void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trai
     trainer.observe(*checkpointer);
 }
 
-// Trains with everything checked; rank 0 (run_dir set) records the run. Returns the exit code.
-int train(Trainer& trainer, const Config& config, const std::string& run_dir, int ranks) {
+// The run's name: its directory's (the `job` label of its metrics).
+std::string run_name(const std::string& run_dir) { return std::filesystem::path(run_dir).lexically_normal().filename().string(); }
+
+// Trains with everything checked; rank 0 (run_dir set) records the run. job_run_dir: the
+// run directory, known to every rank. Returns the exit code.
+int train(Trainer& trainer, const Config& config, const std::string& run_dir, const std::string& job_run_dir, int ranks) {
     std::optional<RunDirectory> dir;
     std::optional<ConsoleObserver> console;
     std::optional<Checkpointer> checkpointer;
     start_checkpointer(checkpointer, trainer, config);
+    // Before the run directory: a metrics port that cannot be bound leaves nothing behind.
+    RunMetrics metrics(trainer, config, run_name(job_run_dir), checkpointer ? &*checkpointer : nullptr);
     if (!run_dir.empty()) {
         dir.emplace(run_dir, config, config.source_path, ranks);
         log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", config.source_path, " | run directory ", run_dir, ranks > 1 ? cat(" | ", ranks, " ranks") : "");
@@ -122,11 +130,13 @@ int train(Trainer& trainer, const Config& config, const std::string& run_dir, in
         trainer.observe(*console);
         if (config.metrics.jsonl) trainer.observe(dir->log());
     }
+    metrics.publish_endpoints(run_dir);
     try {
         const TrainResult result = trainer.run();
         const int64_t last_step = trainer.start_step() + static_cast<int64_t>(result.steps.size());
         // Stopped or finished: the state after the last step is saved before the process ends.
         if (checkpointer) checkpointer->save_and_wait(last_step);
+        metrics.finish();
         if (result.stop_signal != 0) {
             const ExitCode code = exit_code_of_stop(result.stop_signal);
             if (dir) {
@@ -170,7 +180,7 @@ int train_single_process(const TrainArgs& args, const Config& config) {
     options.stop_signal = pending_stop_signal;
     Trainer trainer(config, std::move(options));
     restore(trainer, resume, config);
-    return train(trainer, config, run_dir, 1);
+    return train(trainer, config, run_dir, run_dir, 1);
 }
 
 // Runs checks on every rank. If any rank fails, the first failing rank alone prints its
@@ -237,20 +247,23 @@ int train_under_mpi(const TrainArgs& args) {
     }
     const std::optional<ResumePoint> resume = agree_on_resume(mpi, args, *config);
     if (trained_already(resume, *config, world_rank == 0)) return exit_ok;
+    CommTimes comm_times;  // outlives the context's groups, which add to it
     std::optional<ParallelContext> ctx;
     std::string where = cat("rank ", world_rank);
     try {
         ctx.emplace(make_mpi_context(config->parallel));
+        time_communication(*ctx, comm_times);
         where = cat("rank ", world_rank, " (", ctx->mesh.describe(world_rank), ")");
         check_on_every_rank(mpi, [&] { check_rank_memory(*config, ctx->mesh, ctx->local_rank, ctx->local_size); });
         install_stop_signal_handlers();
         TrainerOptions options;
         options.quiet = world_rank != 0;
         options.stop_signal = pending_stop_signal;
+        options.comm_times = &comm_times;
         Trainer trainer(*config, std::move(options), *ctx);
         restore(trainer, resume, *config);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
-        return train(trainer, *config, run_dir, mpi.world_size());
+        return train(trainer, *config, run_dir, job_run_dir, mpi.world_size());
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
         print_error_line(cat("llmtrain: ", where, ": ", error_kind_name(e.kind()), ": ", e.what()));

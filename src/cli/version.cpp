@@ -28,4 +28,6 @@ std::string version_text() {
                "HDF5: ", hdf5_library_version());
 }
 
+std::string build_commit() { return LLMTRAIN_GIT_COMMIT; }
+
 }  // namespace llmtrain

@@ -5,6 +5,7 @@
 // each key in schema order (missing, type, range), impossible combinations, data files.
 #include "config/config.h"
 
+#include <arpa/inet.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -42,6 +43,7 @@ constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
 constexpr const char* kCommNames[] = {"auto", "nccl", "mpi"};
+constexpr const char* kMetricsServeNames[] = {"auto", "on", "off"};
 constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
 using Names = std::span<const char* const>;
@@ -54,6 +56,7 @@ Names names_of(ComputeDevice) { return kDeviceNames; }
 Names names_of(Precision) { return kPrecisionNames; }
 Names names_of(Recompute) { return kRecomputeNames; }
 Names names_of(CommBackend) { return kCommNames; }
+Names names_of(MetricsServe) { return kMetricsServeNames; }
 
 // ---- Values and the rules they must satisfy ----
 
@@ -310,6 +313,19 @@ const std::vector<Field>& schema() {
             .describe("on a NaN or Inf loss or gradient: abort the run or skip the step"),
 
         CONFIG_KEY(metrics, jsonl).boolean().describe("write <run_dir>/log.jsonl"),
+        CONFIG_KEY(metrics, enabled).choice(kMetricsServeNames)
+            .describe("serve Prometheus metrics on every rank; auto: when the run has more than one rank"),
+        CONFIG_KEY(metrics, listen).string().describe("address /metrics is served on: an IPv4 or IPv6 literal (\"0.0.0.0\", \"127.0.0.1\", \"::\")"),
+        CONFIG_KEY(metrics, port).integer(0, 65535)
+            .describe("each rank serves on port + its node-local rank; 0: free ports, logged and written to <run_dir>/metrics_targets.json"),
+        CONFIG_KEY(metrics, peak_tflops).number(incl(0), incl(1e6))
+            .describe("dense peak TFLOP/s per device in the compute dtype, for the MFU series; 0: the GPU's data-sheet figure (none on the CPU)"),
+        CONFIG_KEY(metrics, gpu_interval_seconds).number(incl(0.05), incl(3600)).describe("seconds between NVML readings of the GPU series"),
+        CONFIG_KEY(metrics, straggler_interval_steps).integer(0, kMillion)
+            .describe("steps between straggler scores (median compute time of each rank against the fastest); 0: none"),
+        CONFIG_KEY(metrics, straggler_threshold).number(excl(0), incl(1)).describe("a rank whose straggler score falls below this is logged"),
+        CONFIG_KEY(metrics, linger_seconds).number(incl(0), incl(3600))
+            .describe("keep serving /metrics this long after the last step, so that a scraper sees the final values"),
     };
     return fields;
 }
@@ -701,6 +717,13 @@ constexpr Check kChecks[] = {
         return Problem{"train.eval_sequences", cat("leaves a last evaluation micro-batch of ", rows, " sequences x train.seq_len = ", tokens,
                                                    " tokens, which parallel.sequence_parallel cannot split across parallel.tp = ", c.parallel.tp,
                                                    " ranks (allowed: a multiple of train.batch_size = ", c.train.batch_size, ", or a remainder whose tokens tp divides)")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        in6_addr address6{};
+        in_addr address4{};
+        const std::string& listen = c.metrics.listen;
+        if (inet_pton(AF_INET, listen.c_str(), &address4) == 1 || inet_pton(AF_INET6, listen.c_str(), &address6) == 1) return std::nullopt;
+        return Problem{"metrics.listen", cat("\"", listen, "\" is not an IPv4 or IPv6 address (allowed: e.g. \"0.0.0.0\", \"127.0.0.1\", \"::\")")};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.pp <= c.model.n_layers) return std::nullopt;

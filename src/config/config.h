@@ -149,8 +149,18 @@ struct MonitorConfig {
     NonFinitePolicy on_nonfinite = NonFinitePolicy::abort;
 };
 
+enum class MetricsServe { automatic, on, off };
+
 struct MetricsConfig {
     bool jsonl = true;                     // write <run_dir>/log.jsonl
+    MetricsServe enabled = MetricsServe::automatic;  // Prometheus /metrics on every rank; auto: runs of more than one rank
+    std::string listen = "0.0.0.0";        // address /metrics is served on (an IPv4 or IPv6 literal)
+    int64_t port = 9480;                   // rank r serves on port + local rank r; 0: a free port, written to the run directory
+    double peak_tflops = 0;                // per device, for MFU; 0: the device's data-sheet figure (none on the CPU: no MFU series)
+    double gpu_interval_seconds = 5;       // NVML sampling period
+    int64_t straggler_interval_steps = 50; // steps between straggler scores; 0: none
+    double straggler_threshold = 0.75;     // a rank scoring below it is logged
+    double linger_seconds = 0;             // keep serving this long after the last step (a last scrape)
 };
 
 struct Config {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <mutex>
+#include <unistd.h>
 
 namespace llmtrain {
 
@@ -14,6 +15,19 @@ struct Logger {
     LogLevel level = LogLevel::info;
     int rank = -1;
     std::FILE* copy = nullptr;  // the run's console.log, once there is a run directory
+    std::string status;         // the live line on the terminal; empty: none shown
+};
+// Carriage return, then erase to the end of the line (ANSI): the terminal line is blank again.
+constexpr const char* kEraseLine = "\r\033[K";
+// Takes the status line off the terminal before a log line, and puts it back after.
+struct StatusLineAside {
+    explicit StatusLineAside(const std::string& status) : status_(status) {
+        if (!status_.empty()) std::fputs(kEraseLine, stdout), std::fflush(stdout);
+    }
+    ~StatusLineAside() {
+        if (!status_.empty()) std::fputs(status_.c_str(), stdout), std::fflush(stdout);
+    }
+    const std::string& status_;
 };
 Logger& logger() {
     static Logger instance;
@@ -32,6 +46,7 @@ void log_line(LogLevel level, const std::string& text) {
     std::FILE* stream = level >= LogLevel::warn ? stderr : stdout;
     // What goes to stderr says which program said it (a job log interleaves several).
     const char* tag = level == LogLevel::warn ? "llmtrain: warning: " : level == LogLevel::error ? "llmtrain: error: " : "";
+    const StatusLineAside aside(l.status);
     for (std::FILE* out : {stream, l.copy}) {
         if (!out) continue;
         if (l.rank >= 0) std::fprintf(out, "[rank %d] ", l.rank);
@@ -66,11 +81,28 @@ void set_log_copy(const std::string& path) {
 void print_error_line(const std::string& line) {
     Logger& l = logger();
     std::lock_guard<std::mutex> lock(l.mutex);
+    const StatusLineAside aside(l.status);
     for (std::FILE* out : {stderr, l.copy}) {
         if (!out) continue;
         std::fprintf(out, "%s\n", line.c_str());
         std::fflush(out);
     }
+}
+
+}  // namespace llmtrain
+
+namespace llmtrain {
+
+bool stdout_is_terminal() { return isatty(STDOUT_FILENO) == 1; }
+
+void set_status_line(const std::string& text) {
+    Logger& l = logger();
+    std::lock_guard<std::mutex> lock(l.mutex);
+    if (text.empty() && l.status.empty()) return;
+    l.status = text;
+    std::fputs(kEraseLine, stdout);
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
 }
 
 }  // namespace llmtrain

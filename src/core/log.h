@@ -16,6 +16,10 @@ void log_line(LogLevel level, const std::string& text);
 // Also appends every line from now on to path (a run's console.log); throws Error(io) if it
 // cannot be created.
 void set_log_copy(const std::string& path);
+// A live line at the bottom of the terminal (progress), redrawn in place; log lines print
+// above it. Only where stdout is a terminal, never into the copy; "" removes it.
+void set_status_line(const std::string& text);
+bool stdout_is_terminal();
 // An error line exactly as given ("llmtrain: config error: ..."), on stderr and in the copy.
 void print_error_line(const std::string& line);
 

@@ -2,13 +2,30 @@
 // of the program sees them: the trainer hands every record to its StepObservers (console
 // line, log.jsonl, later Prometheus and checkpoint scheduling) instead of printing or
 // writing anything itself. Every figure is already reduced over the whole job, so every
-// rank sees the same record.
+// rank sees the same record, except StepRecord::rank: this rank's own timings.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace llmtrain {
+
+// Time this rank's step loop spent blocked in one operation of one group of ranks.
+struct CommTime {
+    std::string group;  // "world", "tp", "dp", "pp", "embedding"
+    std::string op;     // "all_reduce", "reduce_scatter", "all_gather", "send", "recv", "broadcast", "barrier"
+    double seconds = 0;
+};
+
+// Where this rank's step time went, besides computing. Differs between ranks.
+struct RankStepTimes {
+    double data_wait_seconds = 0;     // waiting for batches from the loader
+    double comm_seconds = 0;          // the sum of comm
+    std::vector<CommTime> comm;       // the operations that took time this step
+    // step_seconds less the waits: the time a straggler spends longer than its peers.
+    double compute_seconds(double step_seconds) const { return step_seconds > data_wait_seconds + comm_seconds ? step_seconds - data_wait_seconds - comm_seconds : 0; }
+};
 
 struct StepRecord {
     int64_t step = 0;        // 1-based: the number of optimizer steps taken after it
@@ -20,6 +37,12 @@ struct StepRecord {
     bool skipped = false;    // update skipped by the non-finite policy or a loss-scale overflow
     double loss_scale = 1;   // fp16: the dynamic loss scale this step ran with
     bool dynamic_loss_scale = false;  // loss_scale changes during the run (fp16)
+    int64_t tokens = 0;      // trained on in this step, over the whole job
+    int64_t sequences = 0;   // samples of the step, over the whole job
+    RankStepTimes rank;      // this rank's
+    // Every world rank's straggler score (the fastest rank's median compute time over its
+    // own, 1 for the fastest), on the steps where it was measured; empty on the others.
+    std::vector<double> straggler_scores;
 };
 
 struct EvalRecord {

@@ -32,6 +32,25 @@ int threads_per_rank(const TrainConfig& train, const ParallelContext& ctx) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return std::max(1, cores / std::max(1, ctx.local_size));
 }
+// What each (group, op) of the table held: the time a step spent is the difference.
+std::vector<CommTimes::Row> comm_rows(const CommTimes* times) {
+    std::vector<CommTimes::Row> rows;
+    if (times)
+        for (const CommTimes::Group& g : times->groups()) rows.push_back(g.seconds);
+    return rows;
+}
+
+void add_comm_since(RankStepTimes& out, const CommTimes* times, const std::vector<CommTimes::Row>& before) {
+    if (!times) return;
+    for (size_t g = 0; g < before.size(); ++g)
+        for (size_t op = 0; op < static_cast<size_t>(comm_op_count); ++op) {
+            const double seconds = times->groups()[g].seconds[op] - before[g][op];
+            if (seconds <= 0) continue;
+            out.comm.push_back({times->groups()[g].name, comm_op_name(static_cast<CommOp>(op)), seconds});
+            out.comm_seconds += seconds;
+        }
+}
+
 // "257", or "257 (padded to 258 rows: a multiple of tp 2 x model.pad_vocab_to 1)".
 std::string vocab_description(const ModelConfig& m, int64_t tp) {
     const int64_t padded = m.padded_vocab_size(tp);
@@ -49,7 +68,8 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     : config_(config), options_(std::move(options)),
       own_ctx_(shared_ctx ? nullptr : std::make_unique<ParallelContext>(make_single_process_context())),
       ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len),
-      dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)) {
+      dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)),
+      compute_times_(static_cast<size_t>(std::max<int64_t>(1, config.metrics.straggler_interval_steps))) {
     const ParallelContext& ctx = *ctx_;
     // From here on grad_accum is this run's: derived from train.global_batch_size on this mesh.
     given_grad_accum_ = config_.train.grad_accum;
@@ -73,6 +93,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     // The fp16 overflow rule first: an overflow is not a fault for the non-finite policy.
     own_guards_.push_back(std::make_unique<LossScaleGuard>(loss_scale_, options_.quiet));
     own_guards_.push_back(std::make_unique<NonFiniteGuard>(config_.monitor.on_nonfinite));
+    nonfinite_guard_ = own_guards_.back().get();
     for (const auto& guard : own_guards_) guards_.push_back(guard.get());
 }
 
@@ -139,9 +160,10 @@ TrainResult Trainer::run() {
     for (int64_t step = start_step_; step < steps; ++step) {
         inject_fault_if_requested(ctx_->world_rank, step + 1);
         const OpProfile before = backend_->profile();
-        const StepRecord s = train_step(step);
+        StepRecord s = train_step(step);
         add_profile_difference(result_.step_profile, before, backend_->profile());
         result_.train_seconds += s.step_seconds;
+        measure_stragglers(s);
         record(s);
         const bool last = step + 1 == steps;
         if (last || (config_.train.eval_every > 0 && (step + 1) % config_.train.eval_every == 0)) record_eval(step + 1, evaluate());
@@ -161,6 +183,8 @@ TrainResult Trainer::run() {
 StepRecord Trainer::train_step(int64_t step) {
     const TrainConfig& t = config_.train;
     Stopwatch clock;
+    const std::vector<CommTimes::Row> comm_before = comm_rows(options_.comm_times);
+    data_wait_seconds_ = 0;
     StepRecord s;
     s.step = step + 1;
     s.loss_scale = loss_scale_.scale();
@@ -174,9 +198,12 @@ StepRecord Trainer::train_step(int64_t step) {
     backend_->synchronize();
     comms_->check();
     s.step_seconds = clock.seconds();
-    const int64_t tokens = t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp();
-    s.tokens_per_second = static_cast<double>(tokens) / s.step_seconds;
-    tokens_seen_ += tokens;
+    s.sequences = t.batch_size * t.grad_accum * ctx_->mesh.dp();
+    s.tokens = s.sequences * t.seq_len;
+    s.tokens_per_second = static_cast<double>(s.tokens) / s.step_seconds;
+    tokens_seen_ += s.tokens;
+    s.rank.data_wait_seconds = data_wait_seconds_;
+    add_comm_since(s.rank, options_.comm_times, comm_before);
     return s;
 }
 
@@ -192,6 +219,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     Manifest m;
     m.step = step;
     m.tokens_seen = tokens_seen_;
+    m.resumes = resumes_;
     m.optimizer_steps = optimizer_->steps_taken();
     m.loss_scale = loss_scale_.scale();
     m.loss_scale_good_steps = loss_scale_.good_steps();
@@ -215,6 +243,7 @@ void Trainer::restore(const std::string& path, const Manifest& manifest) {
     if (manifest.data) data_ = make_batch_source(config_, manifest.data);
     start_step_ = manifest.step;
     tokens_seen_ = manifest.tokens_seen;
+    resumes_ = manifest.resumes + 1;
 }
 
 void Trainer::load_initial_weights(const std::string& path) { load_hf_weights(path, config_.model.vocab_size, model_->parameters(), *backend_); }
@@ -231,10 +260,15 @@ void Trainer::poison_gradients() {
 // every rank. The first verdict other than apply decides.
 void Trainer::update(StepRecord& s) {
     Verdict verdict;
+    UpdateGuard* decided_by = nullptr;
     for (UpdateGuard* guard : guards_) {
         verdict = guard->judge(s);
+        decided_by = guard;
         if (verdict.action != Verdict::apply) break;
     }
+    // A loss-scale overflow is expected under fp16; a non-finite value is an anomaly to count.
+    if (verdict.action != Verdict::apply && decided_by == nonfinite_guard_)
+        record_anomaly({s.step, "nonfinite", verdict.action == Verdict::skip ? "skip" : "abort", s.grad_norm, 0, verdict.reason});
     if (verdict.action == Verdict::abort) fail(ErrorKind::diverged, verdict.reason);
     s.skipped = verdict.action == Verdict::skip;
     if (!s.skipped) {
@@ -266,7 +300,9 @@ double Trainer::forward_backward(int64_t step) {
         }
     });
     const auto batch_of = [&](int64_t m) {
+        Stopwatch wait;
         data_->fill_train(batch_, step, m, static_cast<int>(dp_rank), static_cast<int>(dp));
+        data_wait_seconds_ += wait.seconds();
         return MicroBatch{batch_.inputs, batch_.targets};
     };
     const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_.scale() / static_cast<double>(M * dp),
@@ -346,6 +382,32 @@ void Trainer::record_eval(int64_t step, double val_loss) {
     const EvalRecord e{step, val_loss};
     result_.evals.push_back(e);
     for (StepObserver* observer : options_.observers) observer->after_eval(e);
+}
+
+void Trainer::record_anomaly(const AnomalyRecord& a) {
+    for (StepObserver* observer : options_.observers) observer->after_anomaly(a);
+}
+
+// One all-reduce of world_size numbers (each rank fills its own slot) every
+// straggler_interval_steps; the median keeps one slow step from marking a rank.
+void Trainer::measure_stragglers(StepRecord& s) {
+    const int64_t interval = config_.metrics.straggler_interval_steps;
+    const int world = ctx_->mesh.world_size();
+    if (interval == 0 || world == 1) return;
+    compute_times_.add(s.rank.compute_seconds(s.step_seconds));
+    if (s.step % interval != 0) return;
+    std::vector<double> medians(static_cast<size_t>(world), 0.0);
+    medians[static_cast<size_t>(ctx_->world_rank)] = compute_times_.median();
+    ctx_->world->all_reduce(Tensor(medians.data(), DType::f64, {world}), ReduceOp::sum);
+    s.straggler_scores = straggler_scores(medians);
+    if (!is_logger()) return;
+    for (int r = 0; r < world; ++r) {
+        const double score = s.straggler_scores[static_cast<size_t>(r)];
+        if (score < config_.metrics.straggler_threshold)
+            log_warn("straggler: rank ", r, " (", ctx_->mesh.describe(r), ") computes at ", fixed(score, 2), " of the fastest rank's speed (median ",
+                     fixed(medians[static_cast<size_t>(r)] * 1e3, 1), " ms against ", fixed(medians[static_cast<size_t>(r)] * score * 1e3, 1),
+                     " ms over the last ", interval, " steps; metrics.straggler_threshold = ", config_.metrics.straggler_threshold, ")");
+    }
 }
 
 // One small collective per step, and only where a stop can be asked for: a signal may reach

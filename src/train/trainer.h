@@ -25,6 +25,7 @@
 #include "config/config.h"
 #include "data/batch_source.h"
 #include "metrics/step_record.h"
+#include "metrics/straggler.h"
 #include "model/transformer.h"
 #include "monitor/update_guard.h"
 #include "optim/adamw.h"
@@ -32,6 +33,7 @@
 #include "parallel/context.h"
 #include "parallel/grad_buckets.h"
 #include "ops/memory_plan.h"
+#include "parallel/timed_comm.h"
 #include "train/pipeline_runner.h"
 #include "train/training_comms.h"
 
@@ -62,6 +64,9 @@ struct TrainerOptions {
     // The streams and collectives of parallel.comm = "nccl" in place of CUDA's and NCCL's
     // (tests run the event-ordered path on a CPU stand-in); empty: CUDA and NCCL.
     DeviceCommFactory device_comms{};
+    // The table the context's groups add their time to (parallel/timed_comm.h); each step's
+    // record gets what its step spent in each operation. Null: no communication times.
+    const CommTimes* comm_times = nullptr;
 };
 
 class Trainer {
@@ -96,6 +101,8 @@ public:
     // loss scale, data position; run() then starts at manifest.step.
     void restore(const std::string& path, const Manifest& manifest);
     int64_t start_step() const { return start_step_; }
+    // Resumes from a checkpoint before this process (0 for a fresh run).
+    int64_t restarts() const { return resumes_; }
     // Starts from Hugging Face weights (train.init_from) in place of the random initialization:
     // this rank's part of every parameter; step 0 and a fresh optimizer all the same.
     void load_initial_weights(const std::string& path);
@@ -115,6 +122,9 @@ private:
     std::string sample_text();
     void record(const StepRecord& s);
     void record_eval(int64_t step, double val_loss);
+    void record_anomaly(const AnomalyRecord& a);
+    // Every straggler_interval_steps: every rank's score into s (one collective), logged below the threshold.
+    void measure_stragglers(StepRecord& s);
     // The stop signal of any rank, the same on every rank; 0: go on.
     int agreed_stop_signal();
     bool counts_in_norm(size_t param) const;
@@ -137,6 +147,10 @@ private:
     int64_t start_step_ = 0;         // steps taken before this process (a resumed run)
     int64_t given_grad_accum_ = 0;   // train.grad_accum as configured (0: derived)
     int64_t tokens_seen_ = 0;        // over the whole job, since the run's first step
+    int64_t resumes_ = 0;            // resumes from a checkpoint before this process
+    double data_wait_seconds_ = 0;   // of the step under way
+    ComputeTimeWindow compute_times_{0};
+    UpdateGuard* nonfinite_guard_ = nullptr;
     std::vector<std::unique_ptr<UpdateGuard>> own_guards_;
     std::vector<UpdateGuard*> guards_;  // in the order they judge
     TrainResult result_;

@@ -244,12 +244,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 }
 
 cudaError_t cudaRuntimeGetVersion(int* version) {
-    *version = 12040;
+    *version = CUDART_VERSION;
     return cudaSuccess;
 }
 
 cudaError_t cudaDriverGetVersion(int* version) {
-    *version = 12040;
+    *version = CUDART_VERSION;
     return cudaSuccess;
 }
 

@@ -2,6 +2,10 @@
 // device, memory in host RAM behind guard zones, every stream call done before it returns.
 #pragma once
 
+// The runtime version the emulation stands in for (as CUDA encodes it: 1000 major + 10 minor);
+// its "driver" reports the same, so the backend's driver check passes.
+#define CUDART_VERSION 13000
+
 #include <cstddef>
 
 #include "emu/emu.h"
