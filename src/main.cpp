@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
     register_bench_command(app, action);
     register_checkpoint_command(app, action);
     register_plan_command(app, action);
+    register_generate_command(app, action);
+    register_eval_command(app, action);
+    register_doctor_command(app, action);
     try {
         if (is_unknown_subcommand(app, argc, argv)) {
             print_error_line(cat("llmtrain: usage error: unknown subcommand '", argv[1], "' (one of: ", subcommand_names(app), "; see llmtrain --help)"));

@@ -24,6 +24,16 @@ private:
 };
 }  // namespace
 
+void load_checkpoint_weights(const std::string& path, const Manifest& manifest, Parameters& params, Backend& backend) {
+    const CheckpointTensors checkpoint(path, manifest);
+    for (size_t i = 0; i < params.count(); ++i) {
+        const ParamInfo& info = params.info(i);
+        const std::vector<double> weights = assemble_global_tensor(checkpoint, TensorRole::weights, info.name, info.global_shape);
+        set_master_weights(params, i, backend, [&](int64_t g) { return weights[static_cast<size_t>(g)]; });
+    }
+    if (params.has_compute_copy()) params.refresh_compute_copy();
+}
+
 void load_checkpoint_tensors(const std::string& path, const Manifest& manifest, Parameters& params, AdamW& optimizer, Backend& backend) {
     if (params.dtype() != DType::f32 && params.dtype() != DType::f64)
         fail(ErrorKind::unsupported, "checkpoint: master weights in ", dtype_name(params.dtype()), " (expected f32 or f64)");

@@ -16,6 +16,8 @@ namespace llmtrain {
 // Fills the master weights (and rebuilds the compute copy from them) and the moments.
 // Throws Error(data) naming the file and the tensor when a part is missing, damaged or of
 // another shape.
+// The master weights alone (generate, eval: no optimizer), refreshing the compute copy.
+void load_checkpoint_weights(const std::string& path, const Manifest& manifest, Parameters& params, Backend& backend);
 void load_checkpoint_tensors(const std::string& path, const Manifest& manifest, Parameters& params, AdamW& optimizer, Backend& backend);
 
 }  // namespace llmtrain

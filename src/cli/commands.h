@@ -28,6 +28,12 @@ void register_bench_command(CLI::App& app, CommandAction& action);
 void register_plan_command(CLI::App& app, CommandAction& action);
 // `llmtrain checkpoint list|verify|inspect|export PATH ...`
 void register_checkpoint_command(CLI::App& app, CommandAction& action);
+// `llmtrain generate CKPT_OR_RUN_DIR [--prompt TEXT] [--max-tokens N] [--temperature T] ...`
+void register_generate_command(CLI::App& app, CommandAction& action);
+// `llmtrain eval CKPT_OR_RUN_DIR [--data PATH] [--json]`
+void register_eval_command(CLI::App& app, CommandAction& action);
+// `llmtrain doctor [CONFIG] [--checkpoint-dir DIR] [--json]`
+void register_doctor_command(CLI::App& app, CommandAction& action);
 // `llmtrain bench CONFIG [--warmup N] [--steps M] [--set ...]`, on the `bench` app.
 void register_bench_train(CLI::App& bench, CommandAction& action);
 

@@ -1,6 +1,7 @@
 // The process exit codes of llmtrain, one table for every subcommand (README: "Exit codes").
 // A supervisor (Slurm, a restart loop) decides from the code alone whether to restart the
-// job, fix its input first, or take a node out.
+// job, fix its input first, or take a node out. Codes 4 and 5 are the restart supervisor's
+// own (scripts/llmtrain-supervise: no progress, restarts spent) and never llmtrain's.
 #pragma once
 
 #include "core/error.h"

@@ -133,7 +133,9 @@ TrainVal open_train_and_val(const DataConfig& d, const std::string& train_path, 
     return tv;
 }
 
-std::optional<Tokenizer> sample_tokenizer(const Config& config) {
+}  // namespace
+
+std::optional<Tokenizer> run_tokenizer(const Config& config) {
     std::string path = config.data.tokenizer;
     if (path.empty() && config.data.format == DataFormat::shards) {
         const fs::path own = fs::path(config.data.train_path).parent_path() / "tokenizer.json";
@@ -142,6 +144,8 @@ std::optional<Tokenizer> sample_tokenizer(const Config& config) {
     if (path.empty()) return std::nullopt;
     return Tokenizer::load(path);
 }
+
+namespace {
 
 // Another tokenizer than a dataset's own would print its samples as the wrong text, and a
 // blend of datasets of different tokenizers would mix ids that mean different things.
@@ -154,7 +158,7 @@ void check_tokenizer_of_datasets(const DataConfig& data, const Tokenizer& tokeni
 
 class LoaderBatchSource : public BatchSource {
 public:
-    LoaderBatchSource(const Config& config, std::optional<LoaderState> resume) : config_(config), tokenizer_(sample_tokenizer(config)) {
+    LoaderBatchSource(const Config& config, std::optional<LoaderState> resume) : config_(config), tokenizer_(run_tokenizer(config)) {
         if (tokenizer_) check_tokenizer_of_datasets(config.data, *tokenizer_);
         const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
         std::vector<std::unique_ptr<TokenSource>> sources;

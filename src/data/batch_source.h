@@ -8,12 +8,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
 #include "data/batch_windows.h"
 #include "data/loader.h"
+#include "data/tokenizer.h"
 
 namespace llmtrain {
 
@@ -33,6 +35,10 @@ public:
     // stateless random windows of text / tokens.
     virtual std::optional<LoaderState> state_at(int64_t step, int dp_size) const = 0;
 };
+
+// The tokenizer a run's text goes through: data.tokenizer, else a shards dataset's own
+// tokenizer.json; none for byte-level text, token files and external formats without one.
+std::optional<Tokenizer> run_tokenizer(const Config& config);
 
 // Opens the configured data; errors name the key and the file. resume: where a resumed run's
 // loader stands (from its checkpoint); nullopt: the start.

@@ -1,5 +1,6 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,6 +29,24 @@ std::vector<double> host_doubles(Backend& backend, const Tensor& t) {
         }
     }
     return out;
+}
+
+// Writes host doubles into a tensor of any float dtype (rounded to it).
+void copy_doubles_to(Backend& backend, const Tensor& t, const std::vector<double>& values) {
+    std::vector<char> raw(t.bytes());
+    for (size_t i = 0; i < values.size(); ++i) {
+        char* p = raw.data() + i * dtype_size(t.dtype());
+        const auto f = static_cast<float>(values[i]);
+        uint16_t half = 0;
+        switch (t.dtype()) {
+            case DType::f32: std::memcpy(p, &f, sizeof f); break;
+            case DType::f64: std::memcpy(p, &values[i], sizeof(double)); break;
+            case DType::bf16: half = float_to_bf16(f); std::memcpy(p, &half, sizeof half); break;
+            case DType::f16: half = float_to_f16(f); std::memcpy(p, &half, sizeof half); break;
+            default: fail(ErrorKind::unsupported, "copy_doubles_to: dtype ", dtype_name(t.dtype()));
+        }
+    }
+    backend.copy_from_host(t, raw.data());
 }
 
 constexpr TensorSplit kRows{TpSplit::rows, 1};
@@ -361,8 +380,8 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
 
 // Each tp rank embeds the tokens of its vocabulary slice (zero rows for the others) and
 // rank 0 adds the positions: the sum over ranks is the embedding.
-void Transformer::embed(const ActivationSet& a) {
-    const Tensor wpe = tp_rank() == 0 ? value(wpe_) : Tensor();
+void Transformer::embed(const ActivationSet& a, int64_t first_position) {
+    const Tensor wpe = tp_rank() == 0 && wpe_.present ? value(wpe_).slice_rows(first_position, seq_len_) : Tensor();
     const Tensor partial = sp_ ? rows(proj_out_) : rows(a.residual.front());
     backend_.embedding_fwd(partial, rows(a.tokens), value(wte_), wpe, seq_len_, vocab_shard());
     reduce_rows(partial, a.residual.front());
@@ -384,17 +403,14 @@ double Transformer::head_and_loss(ActivationSet& a) {
     return mean_loss(a);
 }
 
-void Transformer::layer_fwd(const ActivationSet& a, int64_t l) {
+void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
     const LayerParams& p = layer_params_[static_cast<size_t>(l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
-    const AttentionShape shape = attention_shape();
     const Tensor x = local_rows(a.residual[static_cast<size_t>(l)]);
 
     norm_fwd(s.norm1, x, p.norm1_w, p.norm1_b);
     backend_.matmul_fwd(rows(s.qkv), gather_rows(local_rows(s.norm1.out), gathered_), value(p.qkv_w), value(p.qkv_b));
-    // q and k heads are adjacent in the packed QKV rows: one rotation covers both.
-    if (is_llama()) backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
-    backend_.attention_fwd(rows(s.att_out), att_saved(s.att_saved), rows(s.qkv), shape);
+    attend(s, l, cache);
     backend_.matmul_fwd(rows(proj_out_), rows(s.att_out), value(p.attn_out_w), row_parallel_bias(p.attn_out_b));
     backend_.add(local_rows(s.resid_mid), x, reduce_rows(rows(proj_out_), proj_local_));
 
@@ -408,6 +424,44 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l) {
     }
     backend_.matmul_fwd(rows(proj_out_), rows(s.mlp_act), value(p.mlp_down_w), row_parallel_bias(p.mlp_down_b));
     backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), reduce_rows(rows(proj_out_), proj_local_));
+}
+
+void Transformer::attend(const LayerSlots& s, int64_t l, KvCache* cache) {
+    const AttentionShape shape = attention_shape();
+    const int64_t first_position = cache ? cache->length : 0;
+    // q and k heads are adjacent in the packed QKV rows: one rotation covers both.
+    if (is_llama())
+        backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_).slice_rows(first_position, seq_len_), seq_len_, shape.n_heads + shape.n_kv_heads,
+                          shape.head_dim);
+    if (!cache) return backend_.attention_fwd(rows(s.att_out), att_saved(s.att_saved), rows(s.qkv), shape);
+    // One position: its key and value join the cache, its query attends to every cached one.
+    const std::vector<double> qkv = host_doubles(backend_, rows(s.qkv));
+    const int64_t q_width = shape.out_width(), at = cache->length * cache->kv_width;
+    const auto layer = static_cast<size_t>(l);
+    std::copy_n(qkv.begin() + q_width, cache->kv_width, cache->keys[layer].begin() + at);
+    std::copy_n(qkv.begin() + q_width + cache->kv_width, cache->kv_width, cache->values[layer].begin() + at);
+    std::vector<double> out(static_cast<size_t>(q_width));
+    cached_attention(out.data(), qkv.data(), cache->keys[layer], cache->values[layer], cache->length + 1, shape.n_heads, shape.n_kv_heads, shape.head_dim);
+    copy_doubles_to(backend_, rows(s.att_out), out);
+}
+
+KvCache Transformer::make_kv_cache() const { return KvCache(local_layers(), max_seq_len_, n_kv_heads_ * config_.head_dim()); }
+
+void Transformer::decode(int32_t token, KvCache& cache) {
+    if (tp_ || !part_.has_embedding || !part_.has_head || local_layers() != config_.n_layers)
+        fail(ErrorKind::unsupported, "decoding with a KV cache needs the whole model in one process (no tensor or pipeline parallelism)");
+    if (cache.length >= cache.capacity) fail(ErrorKind::runtime, "decode: the KV cache holds ", cache.capacity, " positions already");
+    ActivationSet& a = sets_.front();
+    a.batch = a.seq_len = 1;
+    a.has_targets = false;
+    use_set(0);
+    OwnedTensor id(DType::i32, {1});
+    id.data<int32_t>()[0] = token;
+    load_ids("token", a.tokens, id.view());
+    embed(a, cache.length);
+    for (int64_t l = 0; l < local_layers(); ++l) layer_fwd(a, l, &cache);
+    ++cache.length;
+    head_and_loss(a);
 }
 
 void Transformer::backward(int64_t set, double loss_scale) {

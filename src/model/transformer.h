@@ -53,6 +53,7 @@
 #include "backend/backend.h"
 #include "config/config.h"
 #include "core/arena.h"
+#include "model/kv_cache.h"
 #include "model/parameters.h"
 #include "parallel/comm.h"
 
@@ -209,6 +210,13 @@ public:
     VocabShard vocab_shard() const;
     Backend& backend() { return backend_; }
 
+    // Incremental decoding (model/kv_cache.h): runs position cache.length of one sequence on
+    // `token`, its attention reading the cached keys and values of the positions before it,
+    // and appends its own; the logits are then row 0 of logits(). Needs the whole model in
+    // this process (no tensor or pipeline parallelism).
+    KvCache make_kv_cache() const;
+    void decode(int32_t token, KvCache& cache);
+
     // Called during backward with [begin, end) parameter indices whose gradients are final
     // for this backward: data parallelism starts reducing them while backward goes on.
     void set_grads_ready_hook(std::function<void(size_t begin, size_t end)> hook) { grads_ready_ = std::move(hook); }
@@ -237,13 +245,17 @@ private:
     ActivationSet& use_set(int64_t set);
     void ready(size_t begin, size_t end) const;
 
-    void embed(const ActivationSet& a);
+    // Positions start at first_position (decoding: the cache's length).
+    void embed(const ActivationSet& a, int64_t first_position = 0);
     double head_and_loss(ActivationSet& a);
     void head_backward(const ActivationSet& a, double loss_scale);
     void norm_fwd(const NormSlots& slots, const Tensor& x, ParamSpan w, ParamSpan b);
     // dx = d(norm)/dx^T dout (or dx += that); accumulates the norm's parameter gradients.
     void norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& dout, const Tensor& x, const NormSlots& slots, ParamSpan w, ParamSpan b);
-    void layer_fwd(const ActivationSet& a, int64_t local);
+    // cache: decoding one position against it (else the whole sequence attends to itself).
+    void layer_fwd(const ActivationSet& a, int64_t local, KvCache* cache = nullptr);
+    // Rotary positions and causal attention over the layer's packed QKV rows into att_out.
+    void attend(const LayerSlots& s, int64_t local, KvCache* cache);
     // d_resid: on entry the gradient w.r.t. the layer's output, on exit w.r.t. its input.
     void layer_bwd(const ActivationSet& a, int64_t local, const Tensor& d_resid);
 

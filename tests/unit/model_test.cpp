@@ -195,6 +195,72 @@ TEST(Generate, IsReproducibleAndStaysInTheVocabulary) {
     for (int32_t t : a) EXPECT_TRUE(t >= 0 && t < 11);
 }
 
+// Decoding one position against the KV cache gives the logits of a forward over the whole
+// prefix, at every position (f64: to rounding), for GPT-2 (learned positions) and Llama
+// (RoPE, grouped-query heads).
+void expect_decode_matches_forward(const ModelConfig& config) {
+    auto backend = make_cpu_backend(1);
+    Transformer model(config, *backend, DType::f64, 1, config.max_seq_len);
+    model.initialize(3);
+    const Batch batch(config.max_seq_len, config.vocab_size, 9);
+    KvCache cache = model.make_kv_cache();
+    for (int64_t t = 0; t < config.max_seq_len; ++t) {
+        model.decode(batch.tokens.data<int32_t>()[t], cache);
+        const std::vector<double> decoded = model.logits_row(0);
+        model.forward(batch.tokens.view().slice_rows(0, t + 1), Tensor(), 1, t + 1);
+        const std::vector<double> full = model.logits_row(t);
+        for (size_t v = 0; v < full.size(); ++v) EXPECT_NEAR(decoded[v], full[v], 1e-12) << "position " << t << " class " << v;
+    }
+    EXPECT_EQ(cache.length, config.max_seq_len);
+}
+
+TEST(Generate, KvCacheDecodeEqualsFullForward_Gpt2) { expect_decode_matches_forward(tiny_gpt2()); }
+TEST(Generate, KvCacheDecodeEqualsFullForward_LlamaGqa) { expect_decode_matches_forward(tiny_llama()); }
+
+// Same seed, same tokens with and without the cache, past the window (max_seq_len 6 or 7:
+// the cache is refilled as the window slides), with top-k and top-p.
+TEST(Generate, KvCacheDrawsTheTokensOfFullRecompute) {
+    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
+        auto backend = make_cpu_backend(1);
+        Transformer model(config, *backend, DType::f32, 1, config.max_seq_len);
+        model.initialize(4);
+        SamplingOptions options;
+        options.seed = 21;
+        for (const auto& [k, p] : {std::pair<int64_t, double>{0, 1.0}, {3, 1.0}, {0, 0.8}}) {
+            options.top_k = k;
+            options.top_p = p;
+            options.kv_cache = true;
+            std::vector<int32_t> streamed;
+            const auto cached = generate_tokens(model, {1, 2, 3}, 20, options, [&](int32_t t) { streamed.push_back(t); });
+            options.kv_cache = false;
+            const auto recomputed = generate_tokens(model, {1, 2, 3}, 20, options);
+            EXPECT_EQ(cached, recomputed) << "top_k " << k << " top_p " << p;
+            EXPECT_EQ(streamed, cached);
+        }
+    }
+}
+
+TEST(Generate, TopKTopPAndGreedyKeepOnlyTheMostLikelyClasses) {
+    const std::vector<double> logits = {0.0, 3.0, 1.0, 2.9, -1.0, 9.0};  // class 5 is padding
+    SamplingOptions options;
+    options.temperature = 0;
+    EXPECT_EQ(sample_from_logits(logits, 5, options, 0.99), 1);  // greedy: the largest real class
+    options.temperature = 1;
+    options.top_k = 2;
+    for (double u = 0; u < 1; u += 0.01) {
+        const int32_t t = sample_from_logits(logits, 5, options, u);
+        EXPECT_TRUE(t == 1 || t == 3) << u;
+    }
+    options.top_k = 0;
+    options.top_p = 0.5;  // class 1 alone holds about 47% of the mass, with class 3 about 90%
+    for (double u = 0; u < 1; u += 0.01) {
+        const int32_t t = sample_from_logits(logits, 5, options, u);
+        EXPECT_TRUE(t == 1 || t == 3) << u;
+    }
+    options.top_p = 0.01;
+    EXPECT_EQ(sample_from_logits(logits, 5, options, 0.99), 1);
+}
+
 // Tensor-parallel parts hold exactly the slices of the whole tensors that the global
 // indices say, so the initialization is the same for every tp size.
 TEST(Transformer, TensorParallelShardsInitializeAsSlicesOfTheWholeTensors) {

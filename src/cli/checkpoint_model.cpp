@@ -1,0 +1,92 @@
+#include "cli/checkpoint_model.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/restore.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/batch_source.h"
+#include "data/token_source.h"
+
+namespace llmtrain {
+
+namespace fs = std::filesystem;
+
+std::string find_checkpoint(const std::string& path) {
+    if (fs::exists(fs::path(path) / "manifest.json")) return path;
+    std::string root = path;
+    const fs::path run_config = fs::path(path) / "config.toml";
+    if (fs::exists(run_config)) root = load_config(run_config.string(), {}, DataFiles::unchecked).checkpoint.dir;
+    if (!fs::is_directory(root)) fail(ErrorKind::data, "'", path, "' is not a checkpoint, a checkpoint directory or a run directory");
+    const auto skipped = [](const std::string& message) { log_warn(message); };
+    const std::optional<std::string> found = find_resume_checkpoint(root, "auto", skipped);
+    if (!found) fail(ErrorKind::data, "'", path, "': no valid checkpoint under '", root, "'");
+    return *found;
+}
+
+CheckpointModel load_checkpoint_model(const std::string& path, const ModelOptions& options) {
+    CheckpointModel m;
+    m.path = find_checkpoint(path);
+    m.manifest = read_checkpoint_manifest(m.path);
+    std::vector<std::string> overrides = options.overrides;
+    if (!options.device.empty()) overrides.push_back("train.device=" + options.device);
+    m.config = parse_config(m.manifest.config_toml, (fs::path(m.path) / "manifest.json").string() + " (config)", overrides, DataFiles::unchecked);
+    const TrainConfig& t = m.config.train;
+    m.backend = t.device == ComputeDevice::cuda ? make_cuda_backend(0) : make_cpu_backend(static_cast<int>(options.threads));
+    const int64_t batch = options.training_shape ? t.batch_size : 1, seq_len = options.training_shape ? t.seq_len : m.config.model.max_seq_len;
+    m.model = std::make_unique<Transformer>(m.config.model, *m.backend, compute_dtype(t), batch, seq_len);
+    load_checkpoint_weights(m.path, m.manifest, m.model->parameters(), *m.backend);
+    return m;
+}
+
+TextCodec::TextCodec(const Config& config, const std::string& tokenizer_path) {
+    if (!tokenizer_path.empty()) tokenizer_ = Tokenizer::load(tokenizer_path), source_ = tokenizer_path;
+    else if ((tokenizer_ = run_tokenizer(config))) source_ = "the run's tokenizer";
+    if (tokenizer_) kind_ = Kind::tokenizer;
+    else kind_ = config.data.format == DataFormat::text ? Kind::bytes : Kind::ids;
+}
+
+std::vector<int32_t> TextCodec::encode_prompt(const std::string& prompt) const {
+    std::vector<int32_t> ids;
+    if (kind_ == Kind::tokenizer) {
+        if (tokenizer_->end_of_text_id()) ids.push_back(*tokenizer_->end_of_text_id());
+        tokenizer_->encode_append(prompt, ids);
+    } else if (kind_ == Kind::bytes) {
+        ids = bytes_to_tokens(prompt, "");
+        ids.insert(ids.begin(), byte_eos_token);
+    } else {
+        std::istringstream in(prompt);
+        for (std::string word; in >> word;) {
+            try {
+                ids.push_back(static_cast<int32_t>(std::stol(word)));
+            } catch (const std::exception&) {
+                fail(ErrorKind::config, "--prompt: '", word, "' is not a token id (this run has no tokenizer: give ids, or --tokenizer)");
+            }
+        }
+    }
+    if (ids.empty()) fail(ErrorKind::config, "--prompt: no tokens to start from (this run's tokenizer has no end-of-text token: give a prompt)");
+    return ids;
+}
+
+std::string TextCodec::token_text(int32_t token) const {
+    if (kind_ == Kind::bytes) return token == byte_eos_token ? "\n<|eos|>\n" : std::string(1, static_cast<char>(token));
+    if (kind_ == Kind::ids) return cat(token, " ");
+    if (token < tokenizer_->vocab_size() && !tokenizer_->spec().token_bytes[static_cast<size_t>(token)].empty()) return tokenizer_->decode(&token, 1);
+    return cat("<|", token, "|>");
+}
+
+std::optional<int64_t> TextCodec::token_bytes(int32_t token) const {
+    if (kind_ == Kind::ids) return std::nullopt;
+    if (kind_ == Kind::bytes) return token == byte_eos_token ? 0 : 1;
+    if (token >= tokenizer_->vocab_size()) return 0;
+    return static_cast<int64_t>(tokenizer_->spec().token_bytes[static_cast<size_t>(token)].size());
+}
+
+std::string TextCodec::describe() const {
+    if (kind_ == Kind::tokenizer) return "tokenizer " + source_;
+    return kind_ == Kind::bytes ? "bytes (byte-level text)" : "token ids (the run has no tokenizer)";
+}
+
+}  // namespace llmtrain
