@@ -15,7 +15,7 @@
 #include "ops/doctor.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "train/memory_plan.h"
+#include "ops/memory_plan.h"
 
 namespace llmtrain {
 
