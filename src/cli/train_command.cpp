@@ -21,6 +21,7 @@
 #include "core/signals.h"
 #include "metrics/console_observer.h"
 #include "metrics/run_log.h"
+#include "monitor/anomaly_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "train/memory_plan.h"
@@ -105,16 +106,36 @@ void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trai
     hooks.manifest = [&trainer](int64_t step) { return trainer.manifest_at(step); };
     checkpointer.emplace(config.checkpoint, *ctx.world, file, std::move(hooks));
     trainer.observe(*checkpointer);
+    trainer.settle_checkpoints_with([&saver = *checkpointer] { saver.finish(); });
+}
+
+// Training health stopped the run (every rank agrees: the verdict is judged on reduced
+// figures): the state before the offending step is saved, if it is finite, for a person to
+// start again from with other settings.
+void save_before_abort(Trainer& trainer, std::optional<Checkpointer>& checkpointer, const std::string& checkpoint_dir) {
+    if (!checkpointer) return;
+    const int64_t step = trainer.current_step();
+    const bool root = trainer.context().world_rank == 0;
+    if (step <= trainer.start_step() || !trainer.weights_finite()) {
+        if (root) log_warn("no checkpoint saved at the abort: ", step <= trainer.start_step() ? "no step was applied in this run" : "the weights are not finite");
+        checkpointer->finish();
+        return;
+    }
+    checkpointer->save_and_wait(step);
+    if (root) log_warn("saved the state after step ", step, " (before the offending step) in '", checkpoint_dir, "'");
 }
 
 // Trains with everything checked; rank 0 (run_dir set) records the run. Returns the exit code.
 int train(Trainer& trainer, const Config& config, const std::string& run_dir, int ranks) {
     std::optional<RunDirectory> dir;
     std::optional<ConsoleObserver> console;
+    std::optional<AnomalyLog> anomalies;
     std::optional<Checkpointer> checkpointer;
     start_checkpointer(checkpointer, trainer, config);
     if (!run_dir.empty()) {
         dir.emplace(run_dir, config, config.source_path, ranks);
+        anomalies.emplace((std::filesystem::path(run_dir) / "anomalies.jsonl").string());
+        trainer.observe(*anomalies);
         log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", config.source_path, " | run directory ", run_dir, ranks > 1 ? cat(" | ", ranks, " ranks") : "");
         console.emplace(config.train.log_every, config.train.steps);
         trainer.observe(*console);
@@ -141,6 +162,7 @@ int train(Trainer& trainer, const Config& config, const std::string& run_dir, in
         }
         return exit_ok;
     } catch (const Error& e) {
+        if (e.kind() == ErrorKind::diverged) save_before_abort(trainer, checkpointer, config.checkpoint.dir);
         if (dir) dir->log().write("error", {{"kind", error_kind_name(e.kind())}, {"message", e.what()}, {"exit_code", exit_code_for(e.kind())}});
         throw;
     }
