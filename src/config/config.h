@@ -147,8 +147,8 @@ struct MonitorConfig {
     HealthAction on_divergence = HealthAction::abort;    // the window's mean loss rose by divergence_factor
     int64_t window = 128;                  // steps in the rolling window of the z-scores and of divergence
     int64_t warmup_steps = 100;            // applied steps before the spike and divergence detectors judge
-    double loss_zscore = 6;                // a loss this many standard deviations above the window's mean is a spike
-    double grad_zscore = 6;                // the same for the gradient norm
+    double loss_zscore = 6;                // a log loss this many standard deviations above the window's mean is a spike
+    double grad_zscore = 8;                // the same for the log gradient norm, whose tail is heavier
     double divergence_factor = 1.5;        // mean loss of the last window / mean of the window before it
     int64_t skip_batches = 0;              // rollback: global batches skipped beyond the offending step's
     double lr_factor = 0.5;                // lower_lr: the learning rate is multiplied by this from then on

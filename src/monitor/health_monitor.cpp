@@ -29,6 +29,11 @@ AnomalyRecord make_event(int64_t step, std::string kind, std::string action, dou
     return e;
 }
 
+// Loss and gradient norm are positive with a heavy upper tail (a norm of 3x its usual size
+// comes and goes in a healthy run): their z-scores are taken of the logarithm, so a spike is
+// a factor above the window's geometric mean, measured in the window's own spread of factors.
+double log_of(double positive) { return std::log(std::max(positive, 1e-30)); }
+
 std::vector<double> to_vector(const RollingWindow& w) { return {w.values().begin(), w.values().end()}; }
 
 void fill(RollingWindow& w, const nlohmann::json& values) {
@@ -71,15 +76,15 @@ std::optional<HealthMonitor::Finding> HealthMonitor::detect(const StepRecord& s)
         return Finding{"nonfinite", 0, 0, cat("non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", with_digits(s.loss, 4), ", grad norm ",
                                              with_digits(s.grad_norm, 4), ") on some rank"), config_.on_nonfinite};
     if (applied_ < config_.warmup_steps || losses_.size() < 2) return std::nullopt;
-    const double loss_z = losses_.zscore(s.loss);
+    const auto spread = [](const RollingWindow& w) {
+        return cat(" against a window geometric mean of ", with_digits(std::exp(w.mean()), 4), " (spread x", with_digits(std::exp(w.stddev()), 4), ", ", w.size(), " steps)");
+    };
+    const double loss_z = losses_.zscore(log_of(s.loss));
     if (loss_z > config_.loss_zscore)
-        return Finding{"loss_spike", loss_z, config_.loss_zscore, cat("loss ", with_digits(s.loss, 4), " against a window mean of ", with_digits(losses_.mean(), 4),
-                                                                    " (std ", with_digits(losses_.stddev(), 4), ", ", losses_.size(), " steps)"), config_.on_spike};
-    const double grad_z = grad_norms_.zscore(s.grad_norm);
+        return Finding{"loss_spike", loss_z, config_.loss_zscore, cat("loss ", with_digits(s.loss, 4), spread(losses_)), config_.on_spike};
+    const double grad_z = grad_norms_.zscore(log_of(s.grad_norm));
     if (grad_z > config_.grad_zscore)
-        return Finding{"grad_spike", grad_z, config_.grad_zscore, cat("grad norm ", with_digits(s.grad_norm, 4), " against a window mean of ",
-                                                                    with_digits(grad_norms_.mean(), 4), " (std ", with_digits(grad_norms_.stddev(), 4), ", ",
-                                                                    grad_norms_.size(), " steps)"), config_.on_spike};
+        return Finding{"grad_spike", grad_z, config_.grad_zscore, cat("grad norm ", with_digits(s.grad_norm, 4), spread(grad_norms_)), config_.on_spike};
     if (!divergence_losses_.full()) return std::nullopt;
     // The windows end at this step: the oldest value leaves as this one enters.
     const auto& v = divergence_losses_.values();
@@ -151,8 +156,8 @@ Verdict HealthMonitor::decide(const StepRecord& s, Finding f) {
 void HealthMonitor::after_verdict(const StepRecord& s, Verdict::Action action) {
     if (divergence_event_) divergence_losses_.clear();  // judge the new regime on windows of its own
     if (action == Verdict::apply) {
-        losses_.push(s.loss);
-        grad_norms_.push(s.grad_norm);
+        losses_.push(log_of(s.loss));
+        grad_norms_.push(log_of(s.grad_norm));
         divergence_losses_.push(s.loss);
         ++applied_;
         consecutive_skips_ = 0;

@@ -5,8 +5,9 @@
 //
 // Detectors, in the order they are asked (the first that fires names the event):
 //   nonfinite   the loss or the gradient norm is NaN or Inf;
-//   loss_spike  z = (loss - mean) / std over the last monitor.window applied steps, above
-//               monitor.loss_zscore (only upward: a loss that falls fast is no fault);
+//   loss_spike  z = (log loss - mean) / std over the logs of the last monitor.window applied
+//               steps' losses, above monitor.loss_zscore (only upward: a loss that falls
+//               fast is no fault);
 //   grad_spike  the same for the gradient norm and monitor.grad_zscore;
 //   divergence  mean(loss of the last window) > monitor.divergence_factor x mean(the window
 //               before it).

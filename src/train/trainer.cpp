@@ -424,11 +424,11 @@ void Trainer::roll_back(int64_t offending_step, AnomalyRecord& event) {
     }
     health_->rolled_back(manifest.monitor_state, offending_step);
     // The skip goes into the checkpoint's own manifest: a restart from it skips the same data
-    // and counts this rollback. Its tensors are what was just loaded.
+    // and counts this rollback. Its tensors (and the layout that saved them) stay as they are.
     if (is_logger()) {
-        Manifest rewritten = manifest_at(manifest.step);
-        rewritten.files = manifest.files;
-        rewritten.created = manifest.created;
+        Manifest rewritten = manifest;
+        rewritten.data = data_->state_at(manifest.step, ctx_->mesh.dp());
+        rewritten.monitor_state = health_->state();
         rewrite_checkpoint_manifest(path, rewritten);
     }
     event.rollback_to = manifest.step;
