@@ -187,7 +187,7 @@ StepRecord Trainer::train_step(int64_t step) {
     s.step_seconds = clock.seconds();
     const int64_t tokens = t.batch_size * t.seq_len * t.grad_accum * ctx_->mesh.dp();
     s.tokens_per_second = static_cast<double>(tokens) / s.step_seconds;
-    tokens_seen_ += tokens;
+    if (!rollback_to_) tokens_seen_ += tokens;  // a rollback restored the count of its checkpoint
     return s;
 }
 
@@ -515,7 +515,11 @@ bool Trainer::counts_in_norm(size_t param) const {
 double Trainer::global_grad_norm() {
     const Parameters& params = model_->parameters();
     double local = square_sum(*backend_, params, buckets_->owned(), [this](size_t i) { return counts_in_norm(i); });
-    const double uncounted = square_sum(*backend_, params, buckets_->owned(), [this](size_t i) { return !counts_in_norm(i); });
+    // The last stage's copy of a tied embedding holds the first stage's summed gradient: counted there.
+    const bool tied_copy_here = config_.model.tied_embeddings && !ctx_->first_stage();
+    const double uncounted = square_sum(*backend_, params, buckets_->owned(), [&](size_t i) {
+        return !counts_in_norm(i) && !(tied_copy_here && model_->embedding_param() == i);
+    });
     local_grad_square_sum_ = local + uncounted;
     if (!std::isfinite(uncounted)) local = std::numeric_limits<double>::quiet_NaN();
     if (!buckets_->zero1() && ctx_->coord().dp != 0 && std::isfinite(local)) local = 0;
