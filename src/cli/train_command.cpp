@@ -92,9 +92,11 @@ void restore(Trainer& trainer, const std::optional<ResumePoint>& resume, const C
         return;
     }
     trainer.restore(resume->path, resume->manifest);
-    if (trainer.context().world_rank == 0)
-        log_info("resumed from '", resume->path, "' at step ", resume->manifest.step, " (saved on ", resume->manifest.world_size, " rank(s): tp ",
-                 resume->manifest.tp, " x dp ", resume->manifest.dp, " x pp ", resume->manifest.pp, ")");
+    if (trainer.context().world_rank != 0) return;
+    log_info("resumed from '", resume->path, "' at step ", resume->manifest.step, " (saved on ", resume->manifest.world_size, " rank(s): tp ",
+             resume->manifest.tp, " x dp ", resume->manifest.dp, " x pp ", resume->manifest.pp, ")");
+    const std::string health = trainer.health().lasting_effects();
+    if (!health.empty()) log_info("health: in force from before the checkpoint: ", health);
 }
 
 void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config) {

@@ -215,6 +215,16 @@ void HealthMonitor::rolled_back(const std::string& checkpoint_state, int64_t off
     consecutive_skips_ = 0;
 }
 
+std::string HealthMonitor::lasting_effects() const {
+    std::string text;
+    if (lr_scale_ != 1) text = cat("learning rate x ", lr_scale_, " (lower_lr)");
+    if (!rollback_steps_.empty()) {
+        text += cat(text.empty() ? "" : ", ", rollback_steps_.size(), " rollback(s), of step");
+        for (int64_t step : rollback_steps_) text += cat(" ", step);
+    }
+    return text;
+}
+
 std::string describe_event(const AnomalyRecord& e) {
     std::string line = cat("health: step ", e.step, ": ", e.kind);
     if (e.threshold != 0) line += cat(" (", with_digits(e.statistic, 2), " > ", e.threshold, ")");

@@ -93,6 +93,9 @@ public:
 
     // Steps applied since the run began (the detectors judge after monitor.warmup_steps).
     int64_t applied_steps() const { return applied_; }
+    // What earlier events left in force ("learning rate x 0.1 (lower_lr), 1 rollback at step
+    // 140"), for the line of a resumed run; empty when nothing.
+    std::string lasting_effects() const;
 
 private:
     struct Finding {

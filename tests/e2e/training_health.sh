@@ -132,6 +132,7 @@ rollback_kill)
     "$bin" train "${common[@]}" --set checkpoint.dir=\""$scratch/killed-checkpoints"\" --run-dir "$scratch/resumed" --resume auto >"$scratch/resumed.out" 2>&1 ||
         fail "the resumed run failed: $(tail -3 "$scratch/resumed.out")"
     grep -q "resumed from '[^']*step_00000125' at step 125" "$scratch/resumed.out" || fail "not resumed from step 125: $(grep resumed "$scratch/resumed.out")"
+    grep -q "health: in force from before the checkpoint: 1 rollback(s), of step 140" "$scratch/resumed.out" || fail "the resumed run does not say a rollback is counted"
     [ "$(events resumed)" = 0 ] || fail "the resumed run met the skipped data again: $(cat "$scratch/resumed/anomalies.jsonl")"
     figures "$scratch/reference/log.jsonl" >"$scratch/reference.figures"
     figures "$scratch/resumed/log.jsonl" >"$scratch/resumed.figures"
