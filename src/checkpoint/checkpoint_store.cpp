@@ -141,6 +141,10 @@ Manifest commit_checkpoint(const std::string& root, Manifest manifest) {
     return manifest;
 }
 
+void rewrite_checkpoint_manifest(const std::string& path, const Manifest& manifest) {
+    write_file_atomically((fs::path(path) / kManifest).string(), manifest_to_json(manifest));
+}
+
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
     std::vector<CheckpointEntry> entries;
     std::error_code ec;

@@ -37,6 +37,10 @@ void write_rank_record(const std::string& dir, int world_rank, const std::string
 // manifest.files from the ranks' records and commits as above. Returns the manifest written.
 Manifest commit_checkpoint(const std::string& root, Manifest manifest);
 
+// Replaces the manifest of the committed checkpoint at path (temporary name, fsync, rename):
+// a rollback records there the data it skips, so that the skip survives a restart.
+void rewrite_checkpoint_manifest(const std::string& path, const Manifest& manifest);
+
 // Deletes committed checkpoints beyond the keep_last newest, except every keep_every-th step
 // (0: none kept forever), and pending directories older than the newest checkpoint.
 // Returns the paths deleted.

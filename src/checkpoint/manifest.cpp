@@ -30,6 +30,7 @@ std::string manifest_to_json(const Manifest& m) {
         {"seed", m.seed}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"zero1", m.zero1}}},
         {"created", m.created}};
     j["data"] = m.data ? nlohmann::ordered_json{{"step", m.data->step}, {"cursor", m.data->cursor}, {"seed", m.data->seed}} : nlohmann::ordered_json();
+    if (!m.monitor_state.empty()) j["monitor"] = nlohmann::ordered_json::parse(m.monitor_state);
     j["files"] = files;
     j["config"] = m.config_toml;
     return j.dump(2) + "\n";
@@ -64,6 +65,7 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         for (const nlohmann::json& f : get("files"))
             m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), parse_hex64(f.at("xxh64").get<std::string>())});
         m.config_toml = get("config").get<std::string>();
+        if (j.contains("monitor")) m.monitor_state = get("monitor").dump();
         if (m.step < 0 || m.world_size < 1 || static_cast<int>(m.files.size()) != m.world_size)
             fail(ErrorKind::data, "'", path, "': ", m.files.size(), " files listed for a world of ", m.world_size, " ranks");
         return m;

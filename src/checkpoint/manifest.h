@@ -30,6 +30,7 @@ struct Manifest {
     uint64_t seed = 0;
     int world_size = 1, tp = 1, dp = 1, pp = 1;
     bool zero1 = false;
+    std::string monitor_state;        // the health monitor's windows and counters (JSON); empty: none
     std::string config_toml;          // the effective config of the run that saved it
     std::string created;              // UTC time of the commit
     std::vector<CheckpointFile> files;

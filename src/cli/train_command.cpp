@@ -22,6 +22,7 @@
 #include "core/signals.h"
 #include "metrics/console_observer.h"
 #include "metrics/run_log.h"
+#include "monitor/anomaly_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "ops/memory_plan.h"
@@ -95,9 +96,11 @@ void restore(Trainer& trainer, const std::optional<ResumePoint>& resume, const C
         return;
     }
     trainer.restore(resume->path, resume->manifest);
-    if (trainer.context().world_rank == 0)
-        log_info("resumed from '", resume->path, "' at step ", resume->manifest.step, " (saved on ", resume->manifest.world_size, " rank(s): tp ",
-                 resume->manifest.tp, " x dp ", resume->manifest.dp, " x pp ", resume->manifest.pp, ")");
+    if (trainer.context().world_rank != 0) return;
+    log_info("resumed from '", resume->path, "' at step ", resume->manifest.step, " (saved on ", resume->manifest.world_size, " rank(s): tp ",
+             resume->manifest.tp, " x dp ", resume->manifest.dp, " x pp ", resume->manifest.pp, ")");
+    const std::string health = trainer.health().lasting_effects();
+    if (!health.empty()) log_info("health: in force from before the checkpoint: ", health);
 }
 
 void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config) {
@@ -109,6 +112,23 @@ void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trai
     hooks.manifest = [&trainer](int64_t step) { return trainer.manifest_at(step); };
     checkpointer.emplace(config.checkpoint, *ctx.world, file, std::move(hooks));
     trainer.observe(*checkpointer);
+    trainer.settle_checkpoints_with([&saver = *checkpointer] { saver.finish(); });
+}
+
+// Training health stopped the run (every rank agrees: the verdict is judged on reduced
+// figures): the state before the offending step is saved, if it is finite, for a person to
+// start again from with other settings.
+void save_before_abort(Trainer& trainer, std::optional<Checkpointer>& checkpointer, const std::string& checkpoint_dir) {
+    if (!checkpointer) return;
+    const int64_t step = trainer.current_step();
+    const bool root = trainer.context().world_rank == 0;
+    if (step <= trainer.start_step() || !trainer.weights_finite()) {
+        if (root) log_warn("no checkpoint saved at the abort: ", step <= trainer.start_step() ? "no step was applied in this run" : "the weights are not finite");
+        checkpointer->finish();
+        return;
+    }
+    checkpointer->save_and_wait(step);
+    if (root) log_warn("saved the state after step ", step, " (before the offending step) in '", checkpoint_dir, "'");
 }
 
 // The run's name: its directory's (the `job` label of its metrics).
@@ -119,12 +139,15 @@ std::string run_name(const std::string& run_dir) { return std::filesystem::path(
 int train(Trainer& trainer, const Config& config, const std::string& run_dir, const std::string& job_run_dir, int ranks) {
     std::optional<RunDirectory> dir;
     std::optional<ConsoleObserver> console;
+    std::optional<AnomalyLog> anomalies;
     std::optional<Checkpointer> checkpointer;
     start_checkpointer(checkpointer, trainer, config);
     // Before the run directory: a metrics port that cannot be bound leaves nothing behind.
     RunMetrics metrics(trainer, config, run_name(job_run_dir), checkpointer ? &*checkpointer : nullptr);
     if (!run_dir.empty()) {
         dir.emplace(run_dir, config, config.source_path, ranks);
+        anomalies.emplace((std::filesystem::path(run_dir) / "anomalies.jsonl").string());
+        trainer.observe(*anomalies);
         log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", config.source_path, " | run directory ", run_dir, ranks > 1 ? cat(" | ", ranks, " ranks") : "");
         console.emplace(config.train.log_every, config.train.steps);
         trainer.observe(*console);
@@ -153,6 +176,7 @@ int train(Trainer& trainer, const Config& config, const std::string& run_dir, co
         }
         return exit_ok;
     } catch (const Error& e) {
+        if (e.kind() == ErrorKind::diverged) save_before_abort(trainer, checkpointer, config.checkpoint.dir);
         if (dir) dir->log().write("error", {{"kind", error_kind_name(e.kind())}, {"message", e.what()}, {"exit_code", exit_code_for(e.kind())}});
         throw;
     }

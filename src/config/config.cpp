@@ -36,7 +36,7 @@ namespace {
 constexpr const char* kFamilyNames[] = {"gpt2", "llama"};
 constexpr const char* kFormatNames[] = {"text", "tokens", "shards", "megatron", "llmc", "nanogpt"};
 constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
-constexpr const char* kNonFiniteNames[] = {"abort", "skip"};
+constexpr const char* kHealthActionNames[] = {"abort", "skip", "rollback", "lower_lr"};
 constexpr const char* kSaveErrorNames[] = {"warn", "abort"};
 constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
 constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
@@ -50,7 +50,7 @@ using Names = std::span<const char* const>;
 Names names_of(ModelFamily) { return kFamilyNames; }
 Names names_of(DataFormat) { return kFormatNames; }
 Names names_of(LrDecay) { return kDecayNames; }
-Names names_of(NonFinitePolicy) { return kNonFiniteNames; }
+Names names_of(HealthAction) { return kHealthActionNames; }
 Names names_of(SaveErrorPolicy) { return kSaveErrorNames; }
 Names names_of(ComputeDevice) { return kDeviceNames; }
 Names names_of(Precision) { return kPrecisionNames; }
@@ -309,8 +309,22 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(checkpoint, async).boolean().describe("write checkpoints in the background while training goes on"),
         CONFIG_KEY(checkpoint, on_save_error).choice(kSaveErrorNames).describe("a failed save: warn and train on, or abort the run"),
 
-        CONFIG_KEY(monitor, on_nonfinite).choice(kNonFiniteNames)
-            .describe("on a NaN or Inf loss or gradient: abort the run or skip the step"),
+        CONFIG_KEY(monitor, on_nonfinite).choice(kHealthActionNames)
+            .describe("on a NaN or Inf loss or gradient on any rank: abort (exit 3), skip the update, rollback to the last checkpoint, or lower_lr"),
+        CONFIG_KEY(monitor, on_spike).choice(kHealthActionNames).describe("on a loss or gradient-norm spike: abort, skip, rollback or lower_lr"),
+        CONFIG_KEY(monitor, on_divergence).choice(kHealthActionNames).describe("on divergence: abort, skip, rollback or lower_lr"),
+        CONFIG_KEY(monitor, window).integer(2, kMillion).describe("steps in the rolling window of the spike z-scores and of the divergence means"),
+        CONFIG_KEY(monitor, warmup_steps).integer(0, kTrillion).describe("applied steps before the spike and divergence detectors judge"),
+        CONFIG_KEY(monitor, loss_zscore).number(excl(0), incl(1e6)).describe("loss spike: standard deviations of the log loss above the window's mean"),
+        CONFIG_KEY(monitor, grad_zscore).number(excl(0), incl(1e6)).describe("gradient-norm spike: standard deviations of the log norm above the window's mean"),
+        CONFIG_KEY(monitor, divergence_factor).number(excl(1), incl(1e6)).describe("divergence: mean loss of the last window over the mean of the one before"),
+        CONFIG_KEY(monitor, skip_batches).integer(0, kTrillion).describe("rollback: global batches skipped beyond the offending step's"),
+        CONFIG_KEY(monitor, lr_factor).number(excl(0), excl(1)).describe("lower_lr: the learning rate is multiplied by this from then on"),
+        CONFIG_KEY(monitor, max_consecutive_skips).integer(1, kMillion).describe("that many health skips in a row roll back (abort without a checkpoint)"),
+        CONFIG_KEY(monitor, max_rollbacks).integer(1, kMillion).describe("that many rollbacks within monitor.rollback_window steps abort the run"),
+        CONFIG_KEY(monitor, rollback_window).integer(1, kTrillion).describe("steps over which monitor.max_rollbacks counts"),
+        CONFIG_KEY(monitor, rerun_on_anomaly).boolean()
+            .describe("re-run an anomalous step from its starting state: the same numbers apply the policy, others name the faulty rank (exit 76)"),
 
         CONFIG_KEY(metrics, jsonl).boolean().describe("write <run_dir>/log.jsonl"),
         CONFIG_KEY(metrics, enabled).choice(kMetricsServeNames)
@@ -726,6 +740,15 @@ constexpr Check kChecks[] = {
         return Problem{"metrics.listen", cat("\"", listen, "\" is not an IPv4 or IPv6 address (allowed: e.g. \"0.0.0.0\", \"127.0.0.1\", \"::\")")};
     },
     [](const Config& c) -> std::optional<Problem> {
+        // A rollback restores the last checkpoint: there must be checkpoints.
+        const MonitorConfig& m = c.monitor;
+        if (c.checkpoint.every_steps > 0) return std::nullopt;
+        for (const auto& [key, action] : {std::pair{"monitor.on_nonfinite", m.on_nonfinite}, {"monitor.on_spike", m.on_spike}, {"monitor.on_divergence", m.on_divergence}})
+            if (action == HealthAction::rollback)
+                return Problem{key, "\"rollback\" restores the last checkpoint and needs checkpoint.every_steps > 0 (allowed without checkpoints: abort, skip, lower_lr)"};
+        return std::nullopt;
+    },
+    [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.pp <= c.model.n_layers) return std::nullopt;
         return Problem{"parallel.pp", cat("more pipeline stages than model.n_layers = ", c.model.n_layers, " (got ", c.parallel.pp, ")")};
     },
@@ -805,6 +828,7 @@ CommBackend comm_backend(const Config& config) {
 
 const char* precision_name(Precision precision) { return kPrecisionNames[static_cast<size_t>(precision)]; }
 const char* recompute_name(Recompute recompute) { return kRecomputeNames[static_cast<size_t>(recompute)]; }
+const char* health_action_name(HealthAction action) { return kHealthActionNames[static_cast<size_t>(action)]; }
 
 DType compute_dtype(const TrainConfig& train) {
     switch (train.precision) {

@@ -143,13 +143,28 @@ struct CheckpointConfig {
     SaveErrorPolicy on_save_error = SaveErrorPolicy::warn;
 };
 
-enum class NonFinitePolicy { abort, skip };
+// What the run does about a health event (monitor/health_monitor.h).
+enum class HealthAction { abort, skip, rollback, lower_lr };
 
 struct MonitorConfig {
-    NonFinitePolicy on_nonfinite = NonFinitePolicy::abort;
+    HealthAction on_nonfinite = HealthAction::abort;
+    HealthAction on_spike = HealthAction::skip;          // a loss or gradient-norm z-score above its threshold
+    HealthAction on_divergence = HealthAction::abort;    // the window's mean loss rose by divergence_factor
+    int64_t window = 128;                  // steps in the rolling window of the z-scores and of divergence
+    int64_t warmup_steps = 100;            // applied steps before the spike and divergence detectors judge
+    double loss_zscore = 6;                // a log loss this many standard deviations above the window's mean is a spike
+    double grad_zscore = 8;                // the same for the log gradient norm, whose tail is heavier
+    double divergence_factor = 1.5;        // mean loss of the last window / mean of the window before it
+    int64_t skip_batches = 0;              // rollback: global batches skipped beyond the offending step's
+    double lr_factor = 0.5;                // lower_lr: the learning rate is multiplied by this from then on
+    int64_t max_consecutive_skips = 5;     // that many skipped steps in a row: roll back
+    int64_t max_rollbacks = 3;             // that many rollbacks within rollback_window steps: abort
+    int64_t rollback_window = 1000;
+    bool rerun_on_anomaly = false;         // re-run a suspicious step to tell a real anomaly from a transient fault
 };
 
 enum class MetricsServe { automatic, on, off };
+const char* health_action_name(HealthAction action);  // "skip", ...
 
 struct MetricsConfig {
     bool jsonl = true;                     // write <run_dir>/log.jsonl

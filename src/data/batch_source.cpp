@@ -15,14 +15,20 @@ namespace {
 namespace fs = std::filesystem;
 
 // text / tokens: as before the loader existed, so runs on them stay bit for bit the same.
+// The windows are keyed by a data step, which is the training step unless a rollback skipped
+// data: global samples are numbered data step x B + (micro-batch, row), B the global batch,
+// so the cursor of a checkpoint means here what it means for the loader.
 class WindowBatchSource : public BatchSource {
 public:
-    explicit WindowBatchSource(const Config& config) : config_(config), splits_(load_token_splits(config.data, config.model.vocab_size, config.train.seq_len)) {}
+    WindowBatchSource(const Config& config, std::optional<LoaderState> resume)
+        : config_(config), splits_(load_token_splits(config.data, config.model.vocab_size, config.train.seq_len)),
+          resume_(resume.value_or(LoaderState{0, 0, config.train.seed})) {}
 
     // Ranks interleave as extra micro-batches: dp_size = 1 draws exactly the old windows.
     void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) override {
         const TrainConfig& t = config_.train;
-        fill_train_batch(out, splits_.train, t.seed, step, dp_rank * t.grad_accum + micro_batch, t.grad_accum * dp_size, t.batch_size, t.seq_len);
+        const auto data_step = static_cast<int64_t>(state_at(step, dp_size)->cursor / global_batch(dp_size));
+        fill_train_batch(out, splits_.train, t.seed, data_step, dp_rank * t.grad_accum + micro_batch, t.grad_accum * dp_size, t.batch_size, t.seq_len);
     }
     void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) override {
         fill_eval_batch(out, splits_.val, first_sequence, sequences, config_.train.seq_len);
@@ -43,11 +49,19 @@ public:
         }
         return out;
     }
-    std::optional<LoaderState> state_at(int64_t, int) const override { return std::nullopt; }
+    std::optional<LoaderState> state_at(int64_t step, int dp_size) const override {
+        return LoaderState{static_cast<uint64_t>(step), resume_.cursor + (static_cast<uint64_t>(step) - resume_.step) * global_batch(dp_size), resume_.seed};
+    }
+    std::string describe_samples(uint64_t begin, uint64_t end) const override {
+        return cat("windows at random offsets of '", config_.data.train_path, "' (the training split) drawn from (seed ", config_.train.seed,
+                   ", data step, micro-batch, row) for global samples [", begin, ", ", end, ")");
+    }
 
 private:
+    uint64_t global_batch(int dp_size) const { return static_cast<uint64_t>(config_.train.batch_size * config_.train.grad_accum * dp_size); }
     Config config_;
     TokenSplits splits_;
+    LoaderState resume_;
 };
 
 // Uniform random tokens from Philox, keyed by (seed, the global sequence): what `bench`
@@ -70,6 +84,7 @@ public:
         return out;
     }
     std::optional<LoaderState> state_at(int64_t, int) const override { return std::nullopt; }
+    std::string describe_samples(uint64_t begin, uint64_t end) const override { return cat("synthetic samples [", begin, ", ", end, ")"); }
 
 private:
     static constexpr uint64_t training = 0, evaluation = 1;
@@ -199,6 +214,15 @@ public:
         return out;
     }
     std::optional<LoaderState> state_at(int64_t step, int dp_size) const override { return loader_->state_at(step, dp_size); }
+    // One entry per sample, "1600: 'train-00000.ltshard' documents 12-14", the first
+    // kListedSamples of them.
+    std::string describe_samples(uint64_t begin, uint64_t end) const override {
+        constexpr uint64_t kListedSamples = 4096;
+        std::string text;
+        for (uint64_t g = begin; g < end && g < begin + kListedSamples; ++g) text += cat(g == begin ? "" : "; ", g, ": ", loader_->locate_sample(g));
+        if (end - begin > kListedSamples) text += cat("; and ", end - begin - kListedSamples, " more");
+        return text;
+    }
 
 private:
     Config config_;
@@ -212,7 +236,7 @@ private:
 std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config) { return std::make_unique<SyntheticBatchSource>(config); }
 
 std::unique_ptr<BatchSource> make_batch_source(const Config& config, std::optional<LoaderState> resume) {
-    if (config.data.format == DataFormat::text || config.data.format == DataFormat::tokens) return std::make_unique<WindowBatchSource>(config);
+    if (config.data.format == DataFormat::text || config.data.format == DataFormat::tokens) return std::make_unique<WindowBatchSource>(config, resume);
     return std::make_unique<LoaderBatchSource>(config, resume);
 }
 

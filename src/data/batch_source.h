@@ -31,9 +31,12 @@ public:
     // Tokens to start generation from: the prompt after an end-of-document token.
     virtual std::vector<int32_t> prompt_tokens(const std::string& prompt) const = 0;
     virtual std::string printable(const std::vector<int32_t>& tokens) const = 0;
-    // Where the data stands before step `step` (for checkpoints); nullopt for the
-    // stateless random windows of text / tokens.
+    // Where the data stands before step `step` (for checkpoints and rollbacks). Step s reads
+    // the global samples [cursor(s), cursor(s) + B), B the global batch; a source made with
+    // another state (a rollback that skips data) continues from its cursor.
     virtual std::optional<LoaderState> state_at(int64_t step, int dp_size) const = 0;
+    // Where global samples [begin, end) come from, for a person to look at them.
+    virtual std::string describe_samples(uint64_t begin, uint64_t end) const = 0;
 };
 
 // The tokenizer a run's text goes through: data.tokenizer, else a shards dataset's own
@@ -41,7 +44,7 @@ public:
 std::optional<Tokenizer> run_tokenizer(const Config& config);
 
 // Opens the configured data; errors name the key and the file. resume: where a resumed run's
-// loader stands (from its checkpoint); nullopt: the start.
+// data stands (from its checkpoint, or a rollback that skips data); nullopt: the start.
 std::unique_ptr<BatchSource> make_batch_source(const Config& config, std::optional<LoaderState> resume = std::nullopt);
 // Uniform random tokens, no files (`bench`).
 std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config);

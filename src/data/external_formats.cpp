@@ -361,6 +361,7 @@ public:
                 if (ec) bad("shard '", path, "': ", ec.message());
                 if (size != shard.at("bytes").get<uint64_t>()) bad("shard '", path, "' has ", size, " bytes, the manifest says ", shard["bytes"].get<uint64_t>(), ": truncated or replaced");
                 shards_.push_back(std::make_unique<ShardReader>(path));
+                paths_.push_back(path);
                 if (shards_.back()->token_count() != shard.at("tokens").get<uint64_t>()) bad("shard '", path, "' holds ", shards_.back()->token_count(), " tokens, the manifest says ", shard["tokens"]);
                 starts_.push_back(starts_.back() + shards_.back()->token_count());
             }
@@ -381,8 +382,19 @@ public:
         }
     }
 
+    // "'train-00000.ltshard' documents 12-14": the documents the first and the last token
+    // belong to (the file of the first token).
+    std::string locate(uint64_t start, uint64_t count) const override {
+        const size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), start) - starts_.begin() - 1);
+        const std::vector<uint64_t>& docs = shards_[s]->document_starts();
+        const uint64_t first = start - starts_[s], last = std::min(start + count, starts_[s + 1]) - 1 - starts_[s];
+        const auto document_of = [&](uint64_t token) { return std::upper_bound(docs.begin(), docs.end(), token) - docs.begin() - 1; };
+        return cat("'", paths_[s], "' documents ", document_of(first), "-", document_of(last));
+    }
+
 private:
     std::string manifest_, split_;
+    std::vector<std::string> paths_;
     std::vector<std::unique_ptr<ShardReader>> shards_;
     std::vector<uint64_t> starts_;
 };

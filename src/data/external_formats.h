@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace llmtrain {
 
 // A random-access stream of token ids (documents back to back).
@@ -26,6 +28,9 @@ public:
     // Tokens [start, start + count); each id is checked against the vocabulary.
     virtual void read(uint64_t start, uint64_t count, int32_t* out) = 0;
     virtual std::string describe() const = 0;
+    // Where tokens [start, start + count) come from, for a person to look at them: the file
+    // and, where the format records them, the document ids.
+    virtual std::string locate(uint64_t start, uint64_t count) const { return cat(describe(), " tokens [", start, ", ", start + count, ")"); }
 };
 
 class TokenStreamWriter {

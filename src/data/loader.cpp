@@ -28,6 +28,7 @@ public:
     uint64_t token_count() const override { return end_ - begin_; }
     void read(uint64_t start, uint64_t count, int32_t* out) override { source_->read(begin_ + start, count, out); }
     std::string describe() const override { return cat(source_->describe(), " tokens [", begin_, ", ", end_, ")"); }
+    std::string locate(uint64_t start, uint64_t count) const override { return source_->locate(begin_ + start, count); }
 
 private:
     std::shared_ptr<TokenSource> source_;
@@ -67,6 +68,11 @@ LoaderState DataLoader::state_at(int64_t step, int dp_size) const {
         fail(ErrorKind::runtime, "data loader: step ", step, " lies before the resumed step ", options_.resume.step);
     const auto global_batch = static_cast<uint64_t>(options_.batch_size * options_.grad_accum * dp_size);
     return {static_cast<uint64_t>(step), options_.resume.cursor + (static_cast<uint64_t>(step) - options_.resume.step) * global_batch, options_.seed};
+}
+
+std::string DataLoader::locate_sample(uint64_t global_index) const {
+    const SampleRef ref = order_->at(global_index);
+    return sources_[ref.source]->locate(ref.sample * static_cast<uint64_t>(options_.seq_len), static_cast<uint64_t>(options_.seq_len) + 1);
 }
 
 uint64_t DataLoader::global_sample(int64_t step, int64_t micro_batch, int dp_rank, int dp_size, int64_t row) const {

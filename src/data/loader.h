@@ -56,6 +56,8 @@ public:
     // Global index of row `row` of that micro-batch, and which sample it is.
     uint64_t global_sample(int64_t step, int64_t micro_batch, int dp_rank, int dp_size, int64_t row) const;
     SampleRef sample_at(uint64_t global_index) const { return order_->at(global_index); }
+    // Where global sample global_index comes from: its source's file and document ids.
+    std::string locate_sample(uint64_t global_index) const;
     uint64_t source_samples(size_t source) const { return samples_[source]; }
     std::string describe() const;
 

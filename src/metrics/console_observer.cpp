@@ -7,12 +7,11 @@
 namespace llmtrain {
 
 void ConsoleObserver::after_step(const StepRecord& s) {
-    // An fp16 overflow is reported where the loss scale changes; any other skip is the
-    // non-finite policy's.
-    if (s.skipped && !s.dynamic_loss_scale) log_warn("step ", s.step, ": non-finite loss or gradient; update skipped (monitor.on_nonfinite = \"skip\")");
-    if (s.step % log_every_ != 0 && s.step != total_steps_) return;
+    // Why an update was skipped is told where it is decided (the loss scale, the health
+    // monitor's event line); the step's line is printed whatever log_every says.
+    if (s.step % log_every_ != 0 && s.step != total_steps_ && !s.skipped) return;
     log_info("step ", s.step, "/", total_steps_, " | loss ", fixed(s.loss, 4), " | lr ", scientific(s.lr), " | grad norm ", fixed(s.grad_norm, 4), " | ",
-             std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms");
+             std::lround(s.tokens_per_second), " tok/s | ", fixed(s.step_seconds * 1e3, 1), " ms", s.skipped ? " | update skipped" : "");
 }
 
 void ConsoleObserver::after_eval(const EvalRecord& e) {

@@ -59,6 +59,11 @@ struct AnomalyRecord {
     double statistic = 0;  // what was measured (a z-score, a loss ratio, ...)
     double threshold = 0;  // the limit it crossed
     std::string detail;    // words for a person: what was seen, what was skipped
+    // The training data whose update was not applied: global samples [samples_begin,
+    // samples_end) (none when equal), and where they come from (files, documents).
+    int64_t samples_begin = 0, samples_end = 0;
+    std::string samples_origin;
+    int64_t rollback_to = -1;  // rollback: the step of the checkpoint restored
 };
 
 class StepObserver {

@@ -23,12 +23,4 @@ void LossScaleGuard::after_verdict(const StepRecord& s, Verdict::Action action) 
     }
 }
 
-Verdict NonFiniteGuard::judge(const StepRecord& s) {
-    if (std::isfinite(s.loss) && std::isfinite(s.grad_norm)) return {};
-    if (policy_ == NonFinitePolicy::abort)
-        return {Verdict::abort, cat("step ", s.step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", s.loss, ", grad norm ",
-                                    s.grad_norm, "); aborting as monitor.on_nonfinite = \"abort\" (\"skip\" skips such updates)")};
-    return {Verdict::skip, "non-finite loss or gradient (monitor.on_nonfinite = \"skip\")"};
-}
-
 }  // namespace llmtrain

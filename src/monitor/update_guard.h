@@ -2,6 +2,8 @@
 // step from values already reduced over the whole job (loss, gradient norm), so every rank
 // reaches the same verdict with no collective of its own. The first verdict other than
 // apply decides; every guard then hears the outcome (a loss scale grows after good steps).
+// The trainer carries a verdict out: apply or skip the update, restore the last checkpoint
+// (rollback), or stop the run (abort: exit 3; exclude_node: exit 76).
 #pragma once
 
 #include <string>
@@ -13,8 +15,8 @@
 namespace llmtrain {
 
 struct Verdict {
-    enum Action { apply, skip, abort } action = apply;
-    std::string reason;  // for skip and abort: what the guard saw
+    enum Action { apply, skip, rollback, abort, exclude_node } action = apply;
+    std::string reason;  // for every action but apply: what the guard saw
 };
 
 class UpdateGuard {
@@ -23,6 +25,8 @@ public:
     virtual Verdict judge(const StepRecord& step) = 0;
     // The verdict the step got in the end (from this guard or another).
     virtual void after_verdict(const StepRecord&, Verdict::Action) {}
+    // A factor on the scheduled learning rate from the next step on (1: none).
+    virtual double lr_scale() const { return 1; }
 };
 
 // fp16: gradients that overflow at the current loss scale are expected now and then, not a
@@ -37,17 +41,6 @@ public:
 private:
     DynamicLossScale& scale_;
     bool quiet_;
-};
-
-// A non-finite loss or gradient norm: abort the run (monitor.on_nonfinite = "abort") or skip
-// the update ("skip").
-class NonFiniteGuard : public UpdateGuard {
-public:
-    explicit NonFiniteGuard(NonFinitePolicy policy) : policy_(policy) {}
-    Verdict judge(const StepRecord& step) override;
-
-private:
-    NonFinitePolicy policy_;
 };
 
 }  // namespace llmtrain

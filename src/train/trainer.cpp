@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <thread>
+#include <unistd.h>
 
+#include "checkpoint/checkpoint_store.h"
 #include "checkpoint/restore.h"
 #include "checkpoint/safetensors.h"
 #include "core/log.h"
@@ -92,8 +96,10 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, comms_->pp(), config_.train.grad_accum);
     // The fp16 overflow rule first: an overflow is not a fault for the non-finite policy.
     own_guards_.push_back(std::make_unique<LossScaleGuard>(loss_scale_, options_.quiet));
-    own_guards_.push_back(std::make_unique<NonFiniteGuard>(config_.monitor.on_nonfinite));
-    nonfinite_guard_ = own_guards_.back().get();
+    auto health = std::make_unique<HealthMonitor>(config_.monitor, config_.checkpoint.every_steps > 0);
+    health_ = health.get();
+    if (config_.monitor.rerun_on_anomaly) health_->set_rerun([this](const StepRecord& first) { return rerun_step(first); });
+    own_guards_.push_back(std::move(health));
     for (const auto& guard : own_guards_) guards_.push_back(guard.get());
 }
 
@@ -163,6 +169,12 @@ TrainResult Trainer::run() {
         StepRecord s = train_step(step);
         add_profile_difference(result_.step_profile, before, backend_->profile());
         result_.train_seconds += s.step_seconds;
+        if (rollback_to_) {
+            // The step rolled back is no step: the anomaly record tells of it; go on from the checkpoint.
+            step = *rollback_to_ - 1;
+            rollback_to_.reset();
+            continue;
+        }
         measure_stragglers(s);
         record(s);
         const bool last = step + 1 == steps;
@@ -189,11 +201,9 @@ StepRecord Trainer::train_step(int64_t step) {
     s.step = step + 1;
     s.loss_scale = loss_scale_.scale();
     s.dynamic_loss_scale = loss_scale_.dynamic();
-    s.loss = forward_backward(step);
-    if (injected_nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
-    // The gradients hold loss_scale x d(loss): the norm and the update take it out again.
-    s.grad_norm = global_grad_norm() / loss_scale_.scale();
-    s.lr = learning_rate_at(config_.optimizer, step, t.steps);
+    current_step_ = step;
+    compute_step(step, s);
+    s.lr = learning_rate_at(config_.optimizer, step, t.steps) * lr_scale(s.step);
     update(s);
     backend_->synchronize();
     comms_->check();
@@ -201,10 +211,39 @@ StepRecord Trainer::train_step(int64_t step) {
     s.sequences = t.batch_size * t.grad_accum * ctx_->mesh.dp();
     s.tokens = s.sequences * t.seq_len;
     s.tokens_per_second = static_cast<double>(s.tokens) / s.step_seconds;
-    tokens_seen_ += s.tokens;
+    if (!rollback_to_) tokens_seen_ += s.tokens;  // a rollback restored the count of its checkpoint
     s.rank.data_wait_seconds = data_wait_seconds_;
     add_comm_since(s.rank, options_.comm_times, comm_before);
     return s;
+}
+
+void Trainer::compute_step(int64_t step, StepRecord& s) {
+    s.loss = forward_backward(step);
+    if (injected_nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
+    if (injected_bit_flip(ctx_->world_rank, s.step)) flip_gradient_bit();
+    const double spike = injected_spike_factor(data_step(step));
+    if (spike != 1) {
+        s.loss *= spike;
+        local_loss_ *= spike;
+        scale_gradients(spike);
+    }
+    // The gradients hold loss_scale x d(loss): the norm and the update take it out again.
+    s.grad_norm = global_grad_norm() / loss_scale_.scale();
+}
+
+uint64_t Trainer::global_batch() const {
+    return static_cast<uint64_t>(config_.train.batch_size * config_.train.grad_accum * ctx_->mesh.dp());
+}
+
+int64_t Trainer::data_step(int64_t step) const {
+    const std::optional<LoaderState> state = data_->state_at(step, ctx_->mesh.dp());
+    return state ? static_cast<int64_t>(state->cursor / global_batch()) + 1 : step + 1;
+}
+
+double Trainer::lr_scale(int64_t step) const {
+    double scale = injected_lr_factor(step);
+    for (const UpdateGuard* guard : guards_) scale *= guard->lr_scale();
+    return scale;
 }
 
 SnapshotSource Trainer::snapshot_source() {
@@ -224,6 +263,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.loss_scale = loss_scale_.scale();
     m.loss_scale_good_steps = loss_scale_.good_steps();
     m.data = data_->state_at(step, ctx_->mesh.dp());
+    m.monitor_state = health_->state();
     m.seed = config_.train.seed;
     m.world_size = ctx_->mesh.world_size();
     m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
@@ -241,6 +281,7 @@ void Trainer::restore(const std::string& path, const Manifest& manifest) {
     load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_);
     loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
     if (manifest.data) data_ = make_batch_source(config_, manifest.data);
+    health_->restore(manifest.monitor_state);
     start_step_ = manifest.step;
     tokens_seen_ = manifest.tokens_seen;
     resumes_ = manifest.resumes + 1;
@@ -248,34 +289,198 @@ void Trainer::restore(const std::string& path, const Manifest& manifest) {
 
 void Trainer::load_initial_weights(const std::string& path) { load_hf_weights(path, config_.model.vocab_size, model_->parameters(), *backend_); }
 
-// A fault for the tests of the non-finite policy: this rank's first gradient becomes NaN.
+// Drills. The faults land in the reduced gradients this rank updates (under ZeRO-1 its
+// shard), what it contributes to the norm and the update.
+
+// The non-finite policy's: the first gradient this rank updates becomes NaN.
 void Trainer::poison_gradients() {
-    const Tensor grad = model_->parameters().grad(0);
-    const auto n = static_cast<size_t>(grad.numel());
-    if (grad.dtype() == DType::f64) backend_->copy_from_host(grad, std::vector<double>(n, std::numeric_limits<double>::quiet_NaN()).data());
-    else backend_->copy_from_host(grad, std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()).data());
+    const Tensor first = buckets_->owned().front().grads.slice_rows(0, 1);
+    if (first.dtype() == DType::f64) backend_->copy_from_host(first, std::vector<double>{std::numeric_limits<double>::quiet_NaN()}.data());
+    else backend_->copy_from_host(first, std::vector<float>{std::numeric_limits<float>::quiet_NaN()}.data());
+}
+
+// Silent data corruption: the top exponent bit of the first gradient this rank updates
+// flips (|g| < 2 becomes |g| x 2^128, or 2^(exponent bias) for f64): a wrong number, no crash.
+void Trainer::flip_gradient_bit() {
+    const Tensor first = buckets_->owned().front().grads.slice_rows(0, 1);
+    if (first.dtype() == DType::f64) {
+        double value = 0;
+        backend_->copy_to_host(&value, first);
+        uint64_t bits;
+        std::memcpy(&bits, &value, sizeof bits);
+        bits ^= uint64_t{1} << 62;
+        std::memcpy(&value, &bits, sizeof bits);
+        backend_->copy_from_host(first, &value);
+        return;
+    }
+    float value = 0;
+    backend_->copy_to_host(&value, first);
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    bits ^= uint32_t{1} << 30;
+    std::memcpy(&value, &bits, sizeof bits);
+    backend_->copy_from_host(first, &value);
+}
+
+// A bad batch: every gradient this rank updates times factor (through the host: a drill).
+void Trainer::scale_gradients(double factor) {
+    for (const OwnedPiece& piece : buckets_->owned()) {
+        const auto n = static_cast<size_t>(piece.grads.numel());
+        if (piece.grads.dtype() == DType::f64) {
+            std::vector<double> values(n);
+            backend_->copy_to_host(values.data(), piece.grads);
+            for (double& v : values) v *= factor;
+            backend_->copy_from_host(piece.grads, values.data());
+        } else {
+            std::vector<float> values(n);
+            backend_->copy_to_host(values.data(), piece.grads);
+            for (float& v : values) v = static_cast<float>(v * factor);
+            backend_->copy_from_host(piece.grads, values.data());
+        }
+    }
 }
 
 // Loss and norm are reduced over the whole job: every guard reaches the same verdict on
 // every rank. The first verdict other than apply decides.
 void Trainer::update(StepRecord& s) {
     Verdict verdict;
-    UpdateGuard* decided_by = nullptr;
     for (UpdateGuard* guard : guards_) {
         verdict = guard->judge(s);
-        decided_by = guard;
         if (verdict.action != Verdict::apply) break;
     }
-    // A loss-scale overflow is expected under fp16; a non-finite value is an anomaly to count.
-    if (verdict.action != Verdict::apply && decided_by == nonfinite_guard_)
-        record_anomaly({s.step, "nonfinite", verdict.action == Verdict::skip ? "skip" : "abort", s.grad_norm, 0, verdict.reason});
+    std::optional<AnomalyRecord> event = health_->take_event();
+    if (verdict.action == Verdict::rollback) roll_back(s.step, *event);
+    if (event) report(*event, s.step - 1);
     if (verdict.action == Verdict::abort) fail(ErrorKind::diverged, verdict.reason);
-    s.skipped = verdict.action == Verdict::skip;
+    if (verdict.action == Verdict::exclude_node) fail(ErrorKind::hardware, verdict.reason);
+    s.skipped = verdict.action != Verdict::apply;
     if (!s.skipped) {
         optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_.scale());
         buckets_->gather_parameters();
     }
     for (UpdateGuard* guard : guards_) guard->after_verdict(s, verdict.action);
+}
+
+namespace {
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+std::string exact(double value) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", value);
+    return text;
+}
+}  // namespace
+
+// The weights are still the step's starting state (the update waits for the verdict), and
+// every input of the step is a function of (seed, step): a second computation must repeat
+// the first bit for bit. Each rank compares its own partial results; a few scalar reductions
+// then name the ranks that changed.
+RerunResult Trainer::rerun_step(const StepRecord& first) {
+    const double loss_partial = local_loss_, grad_partial = local_grad_square_sum_;
+    StepRecord again = first;
+    compute_step(current_step_, again);
+    const bool mine_changed = !same_bits(loss_partial, local_loss_) || !same_bits(grad_partial, local_grad_square_sum_);
+    Comm& world = *ctx_->world;
+    const int ranks = ctx_->mesh.world_size();
+    const auto changed = static_cast<int>(world.all_reduce_scalar(mine_changed ? 1.0 : 0.0, ReduceOp::sum));
+    const auto lowest = static_cast<int>(-world.all_reduce_scalar(mine_changed ? -ctx_->world_rank : -ranks, ReduceOp::max));
+    RerunResult r;
+    r.reproduced = changed == 0 && same_bits(first.loss, again.loss) && same_bits(first.grad_norm, again.grad_norm);
+    r.numbers = cat("loss ", exact(first.loss), " then ", exact(again.loss), ", grad norm ", exact(first.grad_norm), " then ", exact(again.grad_norm));
+    if (r.reproduced) return r;
+    if (changed == 0) r.culprits = "an unknown rank (every rank's partial results repeated; a reduction between them did not)";
+    else r.culprits = cat("rank ", lowest, " (", place_of(lowest), ")", changed > 1 ? cat(" and ", changed - 1, " other rank(s)") : "");
+    return r;
+}
+
+// Only the rank itself knows its host: its name travels as 6-byte pieces, each an exact
+// double in a scalar sum (the rest add 0). Rare (a fault being named) and device-agnostic.
+std::string Trainer::place_of(int rank) {
+    std::string mine;
+    if (rank == ctx_->world_rank) {
+        char host[64] = {};
+        gethostname(host, sizeof host - 1);
+        mine = cat("host ", host, ", ", config_.train.device == ComputeDevice::cuda ? cat("gpu ", ctx_->local_rank) : std::string("cpu"));
+    }
+    std::string text;
+    constexpr size_t kPiece = 6, kPieces = 16;
+    for (size_t p = 0; p < kPieces; ++p) {
+        double value = 0;
+        for (size_t i = 0; i < kPiece && p * kPiece + i < mine.size(); ++i)
+            value += static_cast<double>(static_cast<unsigned char>(mine[p * kPiece + i])) * std::ldexp(1.0, static_cast<int>(8 * i));
+        auto sum = static_cast<uint64_t>(ctx_->world->all_reduce_scalar(value, ReduceOp::sum));
+        for (size_t i = 0; i < kPiece && (sum >> (8 * i)) != 0; ++i) text += static_cast<char>((sum >> (8 * i)) & 0xff);
+    }
+    return text;
+}
+
+// Rank 0 picks the newest checkpoint that loads (checksums verified) and every rank takes
+// the same one.
+std::string Trainer::agreed_rollback_checkpoint(int64_t offending_step, const std::string& kind) {
+    const std::string& root = config_.checkpoint.dir;
+    double step = -1;
+    if (is_logger()) {
+        const auto passed_over = [&](const std::string& why) { log_warn("rollback: ", why); };
+        if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over)) step = static_cast<double>(read_checkpoint_manifest(*path).step);
+    }
+    step = ctx_->world->all_reduce_scalar(step, ReduceOp::max);
+    if (step < 0)
+        fail(ErrorKind::diverged, "step ", offending_step, ": ", kind, " calls for a rollback, but no checkpoint has been committed under '", root,
+             "' yet (checkpoint.every_steps = ", config_.checkpoint.every_steps, "); stopping instead");
+    return (std::filesystem::path(root) / checkpoint_name(static_cast<int64_t>(step))).string();
+}
+
+void Trainer::roll_back(int64_t offending_step, AnomalyRecord& event) {
+    if (options_.settle_checkpoints) options_.settle_checkpoints();
+    const std::string path = agreed_rollback_checkpoint(offending_step, event.kind);
+    const Manifest manifest = read_checkpoint_manifest(path);
+    // Every rank has read the manifest before rank 0 replaces it below.
+    ctx_->world->all_reduce_scalar(0.0, ReduceOp::sum);
+    // The data of the steps after the checkpoint up to the offending one, and skip_batches
+    // global batches more, are never trained on: the data restarts at what step
+    // offending_step + skip_batches (0-based) would have read.
+    std::optional<LoaderState> resume = data_->state_at(offending_step + config_.monitor.skip_batches, ctx_->mesh.dp());
+    load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_);
+    loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
+    tokens_seen_ = manifest.tokens_seen;
+    if (resume) {
+        if (manifest.data) {
+            event.samples_begin = static_cast<int64_t>(manifest.data->cursor);
+            event.samples_end = static_cast<int64_t>(resume->cursor);
+        }
+        resume->step = static_cast<uint64_t>(manifest.step);
+        data_ = make_batch_source(config_, resume);
+    }
+    health_->rolled_back(manifest.monitor_state, offending_step);
+    // The skip goes into the checkpoint's own manifest: a restart from it skips the same data
+    // and counts this rollback. Its tensors (and the layout that saved them) stay as they are.
+    if (is_logger()) {
+        Manifest rewritten = manifest;
+        rewritten.data = data_->state_at(manifest.step, ctx_->mesh.dp());
+        rewritten.monitor_state = health_->state();
+        rewrite_checkpoint_manifest(path, rewritten);
+    }
+    event.rollback_to = manifest.step;
+    event.detail += cat("; restored '", path, "' (step ", manifest.step, ")");
+    rollback_to_ = manifest.step;
+}
+
+void Trainer::report(AnomalyRecord& event, int64_t step) {
+    const bool skipped_update = event.action == "skip" || event.action == "lower_lr";
+    if (skipped_update) {
+        if (const std::optional<LoaderState> state = data_->state_at(step, ctx_->mesh.dp())) {
+            event.samples_begin = static_cast<int64_t>(state->cursor);
+            event.samples_end = static_cast<int64_t>(state->cursor + global_batch());
+        }
+    }
+    if (is_logger() && event.samples_end > event.samples_begin)
+        event.samples_origin = data_->describe_samples(static_cast<uint64_t>(event.samples_begin), static_cast<uint64_t>(event.samples_end));
+    if (!options_.quiet) log_warn(describe_event(event));
+    for (StepObserver* observer : options_.observers) observer->after_anomaly(event);
+}
+
+bool Trainer::weights_finite() {
+    const double local = backend_->sum_squares(model_->parameters().all_values());
+    return std::isfinite(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
 }
 
 // Global micro-batch g = dp_rank * M + m of the step (M = grad_accum): each dp rank trains
@@ -314,7 +519,8 @@ double Trainer::forward_backward(int64_t step) {
     }
     buckets_->finish();
     const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
-    return ctx_->world->all_reduce_scalar(reports_loss ? local_loss : 0.0, ReduceOp::sum) / static_cast<double>(M * dp);
+    local_loss_ = reports_loss ? local_loss : 0.0;
+    return ctx_->world->all_reduce_scalar(local_loss_, ReduceOp::sum) / static_cast<double>(M * dp);
 }
 
 // The first stage's embedding and the last stage's head are one tied tensor held twice:
@@ -334,9 +540,19 @@ bool Trainer::counts_in_norm(size_t param) const {
     return !tied_copy;
 }
 
+// A NaN or Inf on any rank must reach the sum (and so every rank's verdict), also from a
+// gradient this rank does not count: those add 0 when finite, and NaN otherwise.
 double Trainer::global_grad_norm() {
-    double local = square_sum(*backend_, model_->parameters(), buckets_->owned(), [this](size_t i) { return counts_in_norm(i); });
-    if (!buckets_->zero1() && ctx_->coord().dp != 0) local = 0;
+    const Parameters& params = model_->parameters();
+    double local = square_sum(*backend_, params, buckets_->owned(), [this](size_t i) { return counts_in_norm(i); });
+    // The last stage's copy of a tied embedding holds the first stage's summed gradient: counted there.
+    const bool tied_copy_here = config_.model.tied_embeddings && !ctx_->first_stage();
+    const double uncounted = square_sum(*backend_, params, buckets_->owned(), [&](size_t i) {
+        return !counts_in_norm(i) && !(tied_copy_here && model_->embedding_param() == i);
+    });
+    local_grad_square_sum_ = local + uncounted;
+    if (!std::isfinite(uncounted)) local = std::numeric_limits<double>::quiet_NaN();
+    if (!buckets_->zero1() && ctx_->coord().dp != 0 && std::isfinite(local)) local = 0;
     return std::sqrt(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
 }
 
@@ -382,10 +598,6 @@ void Trainer::record_eval(int64_t step, double val_loss) {
     const EvalRecord e{step, val_loss};
     result_.evals.push_back(e);
     for (StepObserver* observer : options_.observers) observer->after_eval(e);
-}
-
-void Trainer::record_anomaly(const AnomalyRecord& a) {
-    for (StepObserver* observer : options_.observers) observer->after_anomaly(a);
 }
 
 // One all-reduce of world_size numbers (each rank fills its own slot) every

@@ -2,8 +2,10 @@
 // (pipeline stage, tensor-parallel slice) over micro-batches in 1F1B order -> gradient
 // reduction over the dp group in buckets, overlapped with backward (ZeRO-1: reduce-scatter)
 // -> the true global gradient norm and clipping -> AdamW on this rank's part -> parameter
-// all-gather (ZeRO-1) -> non-finite guard -> the step record to the observers (console line,
-// log.jsonl); evaluation on the held-out split; a stop signal ends the run at a step boundary.
+// all-gather (ZeRO-1) -> update guards (fp16 overflow, training health: monitor/health_monitor.h)
+// -> the step record to the observers (console line, log.jsonl); evaluation on the held-out
+// split; a stop signal ends the run at a step boundary. A guard's rollback restores the newest
+// checkpoint and moves the data past the offending step; it is carried out here.
 //
 // Every layout computes the same run: the global batch of a step is dp * grad_accum
 // micro-batches of batch_size sequences (train.global_batch_size, when set, fixes the
@@ -27,6 +29,7 @@
 #include "metrics/step_record.h"
 #include "metrics/straggler.h"
 #include "model/transformer.h"
+#include "monitor/health_monitor.h"
 #include "monitor/update_guard.h"
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
@@ -67,6 +70,9 @@ struct TrainerOptions {
     // The table the context's groups add their time to (parallel/timed_comm.h); each step's
     // record gets what its step spent in each operation. Null: no communication times.
     const CommTimes* comm_times = nullptr;
+    // Called before a rollback: waits for a save in flight and commits it, so that the newest
+    // checkpoint is on disk; empty: nothing is saved behind the trainer's back.
+    std::function<void()> settle_checkpoints{};
 };
 
 class Trainer {
@@ -79,6 +85,8 @@ public:
     TrainResult run();
     // Adds an observer of every step and evaluation to come; it must outlive run().
     void observe(StepObserver& observer) { options_.observers.push_back(&observer); }
+    // Called before a rollback (TrainerOptions::settle_checkpoints).
+    void settle_checkpoints_with(std::function<void()> settle) { options_.settle_checkpoints = std::move(settle); }
     // Adds a guard judged after the built-in ones (fp16 overflow, non-finite); it must outlive run().
     void guard(UpdateGuard& guard) { guards_.push_back(&guard); }
     // One optimizer step (0-based), timed to the end of the device's work: what run() repeats.
@@ -103,6 +111,12 @@ public:
     int64_t start_step() const { return start_step_; }
     // Resumes from a checkpoint before this process (0 for a fresh run).
     int64_t restarts() const { return resumes_; }
+    // Steps whose updates the weights hold now: where run() is (after an abort: the state a
+    // checkpoint may save).
+    int64_t current_step() const { return current_step_; }
+    // Whether every master weight is finite (the whole job agrees): an aborted run saves only then.
+    bool weights_finite();
+    const HealthMonitor& health() const { return *health_; }
     // Starts from Hugging Face weights (train.init_from) in place of the random initialization:
     // this rank's part of every parameter; step 0 and a fresh optimizer all the same.
     void load_initial_weights(const std::string& path);
@@ -111,10 +125,31 @@ private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
     void log_startup() const;
     void log_schedule_notes() const;
-    // Applies the update of a step whose loss and gradient norm are known, or skips it.
+    // Applies the update of a step whose loss and gradient norm are known, or skips it, or
+    // rolls back (as the guards decide).
     void update(StepRecord& s);
+    // The step's loss and gradient norm from the current weights, with the faults a drill
+    // injects (a re-run meets them again, but for a bit flip, which happens once).
+    void compute_step(int64_t step, StepRecord& s);
+    // monitor.rerun_on_anomaly: computes step `first.step` again and compares, rank by rank.
+    RerunResult rerun_step(const StepRecord& first);
+    // Restores the newest checkpoint and moves the data past the offending step plus
+    // monitor.skip_batches, recording the skip in that checkpoint's manifest.
+    void roll_back(int64_t offending_step, AnomalyRecord& event);
+    std::string agreed_rollback_checkpoint(int64_t offending_step, const std::string& kind);
+    // Completes an event (the data skipped), logs it and hands it to the observers.
+    void report(AnomalyRecord& event, int64_t step);
+    // The 1-based step whose data step `step` (0-based) reads: itself unless data was skipped.
+    int64_t data_step(int64_t step) const;
+    uint64_t global_batch() const;
+    // The learning rate's factor at 1-based step `step`: the guards' (lower_lr) and a drill's.
+    double lr_scale(int64_t step) const;
+    // "host h, gpu 3" of world rank `rank`, the same text on every rank.
+    std::string place_of(int rank);
     // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.
     double forward_backward(int64_t step);
+    void scale_gradients(double factor);
+    void flip_gradient_bit();
     void sync_tied_embedding();
     void poison_gradients();
     double global_grad_norm();
@@ -122,7 +157,6 @@ private:
     std::string sample_text();
     void record(const StepRecord& s);
     void record_eval(int64_t step, double val_loss);
-    void record_anomaly(const AnomalyRecord& a);
     // Every straggler_interval_steps: every rank's score into s (one collective), logged below the threshold.
     void measure_stragglers(StepRecord& s);
     // The stop signal of any rank, the same on every rank; 0: go on.
@@ -150,9 +184,14 @@ private:
     int64_t resumes_ = 0;            // resumes from a checkpoint before this process
     double data_wait_seconds_ = 0;   // of the step under way
     ComputeTimeWindow compute_times_{0};
-    UpdateGuard* nonfinite_guard_ = nullptr;
     std::vector<std::unique_ptr<UpdateGuard>> own_guards_;
     std::vector<UpdateGuard*> guards_;  // in the order they judge
+    HealthMonitor* health_ = nullptr;   // one of own_guards_
+    int64_t current_step_ = 0;          // 0-based step being run
+    std::optional<int64_t> rollback_to_;  // set by a rollback: the loop continues from there
+    // This rank's partial results of the last computed step, which a re-run compares: its
+    // share of the loss sum and of the gradients' sum of squares.
+    double local_loss_ = 0, local_grad_square_sum_ = 0;
     TrainResult result_;
 };
 

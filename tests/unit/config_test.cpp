@@ -186,7 +186,7 @@ TEST(Config, MinimalGpt2_ParsesWithDocumentedDefaults) {
     EXPECT_TRUE(c.parallel.zero1);
     EXPECT_EQ(c.parallel.order, "tp-dp-pp");
     EXPECT_EQ(c.checkpoint.every_steps, 0);
-    EXPECT_EQ(c.monitor.on_nonfinite, NonFinitePolicy::abort);
+    EXPECT_EQ(c.monitor.on_nonfinite, HealthAction::abort);
     EXPECT_TRUE(c.metrics.jsonl);
     EXPECT_EQ(c.source_path, "");
 }
@@ -246,7 +246,7 @@ TEST(Config, EnumsAndStrings_AreReadByName) {
     EXPECT_EQ(c.data.token_dtype, "i32");
     EXPECT_EQ(c.data.document_separator, "\n%\n");
     EXPECT_EQ(c.optimizer.decay, LrDecay::linear);
-    EXPECT_EQ(c.monitor.on_nonfinite, NonFinitePolicy::skip);
+    EXPECT_EQ(c.monitor.on_nonfinite, HealthAction::skip);
 }
 
 TEST(Config, InclusiveBounds_AreAccepted) {
