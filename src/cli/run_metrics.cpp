@@ -27,6 +27,21 @@ bool serves_metrics(const MetricsConfig& metrics, int world_size) {
     return metrics.enabled == MetricsServe::on || (metrics.enabled == MetricsServe::automatic && world_size > 1);
 }
 
+// metrics.port + local rank, or a free port. Left at "auto", metrics must not stop a run:
+// where that port is taken (a second job on the node, another service), the rank serves on a
+// free one, says so, and the run directory's metrics_targets.json names it. `on` asked for
+// exactly that port: a port in use is an error naming it.
+void serve_metrics(MetricsExporter& exporter, const MetricsConfig& metrics, int local_rank) {
+    const int port = metrics.port == 0 ? 0 : static_cast<int>(metrics.port) + local_rank;
+    try {
+        exporter.serve(metrics.listen, port);
+    } catch (const Error& e) {
+        if (metrics.enabled != MetricsServe::automatic || port == 0) throw;
+        exporter.serve(metrics.listen, 0);
+        log_warn(e.what(), "; metrics.enabled = \"auto\": serving on the free port ", exporter.port(), " instead");
+    }
+}
+
 // "host:port" of every world rank, on every rank: one all-reduce of a table in which each
 // rank fills its own row (the port, then the host name's bytes).
 std::vector<std::string> gather_endpoints(Comm& world, int rank, const std::string& host, int port) {
@@ -87,7 +102,7 @@ RunMetrics::RunMetrics(Trainer& trainer, const Config& config, const std::string
     facts.world_size = ctx.mesh.world_size();
     facts.restarts = trainer.restarts();
     exporter_ = std::make_unique<MetricsExporter>(labels, facts);
-    exporter_->serve(config.metrics.listen, config.metrics.port == 0 ? 0 : static_cast<int>(config.metrics.port) + ctx.local_rank);
+    serve_metrics(*exporter_, config.metrics, ctx.local_rank);
     trainer.observe(*exporter_);
     if (checkpointer) {
         saves_ = std::make_unique<SaveCounter>(*checkpointer, *exporter_);

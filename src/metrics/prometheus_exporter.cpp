@@ -1,6 +1,10 @@
 #include "metrics/prometheus_exporter.h"
 
+#include <CivetServer.h>
 #include <arpa/inet.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +22,34 @@
 #include <unistd.h>
 
 #include "core/error.h"
+
+// Stacks for the HTTP server's threads. glibc carves a thread's static TLS out of the stack it
+// is given, and a CUDA build loads cuBLASLt (about 94 KB of static TLS) and OpenBLAS (60 KB) at
+// start-up. The HTTP server asks for 100 KB stacks (a constant of its build), which then cannot
+// even hold the TLS: pthread_create refuses (EINVAL) and the exporter does not start. So every
+// caller in this process gets the stack it asked for plus the static TLS glibc will take from it.
+namespace {
+size_t static_tls_bytes() {
+    size_t total = 0;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* sum) {
+            for (int i = 0; i < info->dlpi_phnum; ++i) {
+                const ElfW(Phdr)& h = info->dlpi_phdr[i];
+                if (h.p_type == PT_TLS) *static_cast<size_t*>(sum) += h.p_memsz + h.p_align;
+            }
+            return 0;
+        },
+        &total);
+    return total;
+}
+}  // namespace
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stack_bytes) noexcept {
+    using SetStackSize = int (*)(pthread_attr_t*, size_t);
+    static const auto glibc = reinterpret_cast<SetStackSize>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+    static const size_t tls = static_tls_bytes();
+    return glibc(attr, stack_bytes + tls);
+}
 
 namespace llmtrain {
 
@@ -50,8 +82,9 @@ std::string listening_spec(const std::string& listen, int port) {
     return listen.find(':') != std::string::npos ? cat("[", listen, "]:", port) : cat(listen, ":", port);
 }
 
-// Why listen:port cannot be bound, in the system's words (the HTTP server does not say).
-std::string bind_problem(const std::string& listen, int port) {
+// Why listen:port cannot be served: the system's words for a port that cannot be bound (the HTTP
+// server does not say), else what the server said.
+std::string bind_problem(const std::string& listen, int port, const std::string& server_error) {
     sockaddr_storage address{};
     socklen_t length = 0;
     int family = AF_INET;
@@ -73,7 +106,7 @@ std::string bind_problem(const std::string& listen, int port) {
     const int on = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
     const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0;
-    const std::string why = bound ? "the HTTP server could not start on it" : std::strerror(errno);
+    const std::string why = bound ? cat("the HTTP server could not start on it (", server_error, ")") : std::string(std::strerror(errno));
     ::close(fd);
     return why;
 }
@@ -174,15 +207,32 @@ MetricsExporter::MetricsExporter(const MetricsLabels& labels, const MetricsRunFa
 
 MetricsExporter::~MetricsExporter() = default;
 
+namespace {
+// The HTTP server's own words for why it did not start (it logs them, then fails).
+thread_local std::string server_start_log;
+int keep_server_message(const mg_connection*, const char* message) {
+    if (!server_start_log.empty()) server_start_log += "; ";
+    server_start_log += message;
+    return 1;  // handled: nothing printed
+}
+}  // namespace
+
 void MetricsExporter::serve(const std::string& listen, int port) {
+    server_start_log.clear();
     try {
         // Few threads, a bounded request and a request timeout: a slow or malformed client
         // holds a thread for at most 10 s and is refused anything larger than 16 KB.
+        static CivetCallbacks callbacks = [] {
+            CivetCallbacks c;
+            c.log_message = keep_server_message;
+            return c;
+        }();
         exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{"listening_ports", listening_spec(listen, port), "num_threads", "4",
-                                                                                  "request_timeout_ms", "10000", "max_request_size", "16384"});
-    } catch (const std::exception&) {
+                                                                                  "request_timeout_ms", "10000", "max_request_size", "16384"},
+                                                         &callbacks);
+    } catch (const std::exception& e) {
         fail(ErrorKind::config, "metrics.port: cannot serve /metrics on ", listening_spec(listen, port), " (metrics.listen = \"", listen,
-             "\", metrics.port + local rank): ", bind_problem(listen, port),
+             "\", metrics.port + local rank): ", bind_problem(listen, port, server_start_log.empty() ? e.what() : server_start_log),
              port ? "; choose another metrics.port, or 0 for a free one" : "");
     }
     exposer_->RegisterCollectable(registry_);
