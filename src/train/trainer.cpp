@@ -299,27 +299,28 @@ void Trainer::poison_gradients() {
     else backend_->copy_from_host(first, std::vector<float>{std::numeric_limits<float>::quiet_NaN()}.data());
 }
 
+namespace {
+// Flips bit `bit` of the first element of `t` (on the device), whose host type is Value.
+template <class Value, class Bits>
+void flip_first_element_bit(Backend& backend, const Tensor& t, int bit) {
+    Value value = 0;
+    backend.copy_to_host(&value, t);
+    Bits bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    bits ^= Bits{1} << bit;
+    std::memcpy(&value, &bits, sizeof bits);
+    backend.copy_from_host(t, &value);
+}
+}  // namespace
+
 // Silent data corruption: the top exponent bit of the first gradient this rank updates
 // flips (|g| < 2 becomes |g| x 2^128, or 2^(exponent bias) for f64): a wrong number, no crash.
 void Trainer::flip_gradient_bit() {
     const Tensor first = buckets_->owned().front().grads.slice_rows(0, 1);
-    if (first.dtype() == DType::f64) {
-        double value = 0;
-        backend_->copy_to_host(&value, first);
-        uint64_t bits;
-        std::memcpy(&bits, &value, sizeof bits);
-        bits ^= uint64_t{1} << 62;
-        std::memcpy(&value, &bits, sizeof bits);
-        backend_->copy_from_host(first, &value);
-        return;
-    }
-    float value = 0;
-    backend_->copy_to_host(&value, first);
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof bits);
-    bits ^= uint32_t{1} << 30;
-    std::memcpy(&value, &bits, sizeof bits);
-    backend_->copy_from_host(first, &value);
+    if (first.dtype() == DType::f64)
+        flip_first_element_bit<double, uint64_t>(*backend_, first, 62);
+    else
+        flip_first_element_bit<float, uint32_t>(*backend_, first, 30);
 }
 
 // A bad batch: every gradient this rank updates times factor (through the host: a drill).

@@ -65,7 +65,7 @@ TEST(CudaDriverCheck, DriverAtLeastTheRuntime_IsAccepted) {
     EXPECT_EQ(cuda_driver_problem(13000, 12040), "");
 }
 
-TEST(CudaDriverCheck, OlderDriver_NamesBothVersionsAndWhatToDo) {
+TEST(CudaDriverCheck, OlderDriver_NamesBothVersionsAndTheRemedy) {
     const std::string message = cuda_driver_problem(12020, 13000);
     EXPECT_NE(message.find("supports CUDA 12.2"), std::string::npos) << message;
     EXPECT_NE(message.find("built with CUDA 13.0"), std::string::npos) << message;

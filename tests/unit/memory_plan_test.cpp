@@ -7,33 +7,13 @@
 
 #include "config/config.h"
 #include "ops/memory_plan.h"
+#include "support/stream_graph.h"
 #include "train/trainer.h"
 
 using namespace llmtrain;
 
 namespace {
 
-// One rank's place in a group of `size` ranks, with no peers: a trainer's set-up reads only
-// the group sizes and ranks (its reductions here leave values as they are).
-class DetachedComm final : public Comm {
-public:
-    DetachedComm(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
-    int rank() const override { return rank_; }
-    int size() const override { return size_; }
-    int world_rank(int rank) const override { return rank; }
-    const std::string& name() const override { return name_; }
-    CommHandle all_reduce_async(const Tensor&, ReduceOp) override { return {}; }
-    CommHandle reduce_scatter_async(const Tensor&, const Tensor&) override { return {}; }
-    CommHandle all_gather_async(const Tensor&) override { return {}; }
-    CommHandle send_async(const Tensor&, int) override { return {}; }
-    void recv(const Tensor&, int) override {}
-    void broadcast(const Tensor&, int) override {}
-    void barrier() override {}
-
-private:
-    std::string name_;
-    int rank_, size_;
-};
 
 // World rank `rank` of a tp x dp x pp mesh, as one process sees it.
 ParallelContext rank_context(const Mesh& mesh, int rank) {
@@ -41,10 +21,11 @@ ParallelContext rank_context(const Mesh& mesh, int rank) {
     ctx.mesh = mesh;
     ctx.world_rank = rank;
     const MeshCoord c = mesh.coord(rank);
-    ctx.world = std::make_unique<DetachedComm>("world", rank, mesh.world_size());
-    ctx.tp = std::make_unique<DetachedComm>("tp", c.tp, mesh.tp());
-    ctx.dp = std::make_unique<DetachedComm>("dp", c.dp, mesh.dp());
-    ctx.pp = std::make_unique<DetachedComm>("pp", c.pp, mesh.pp());
+    // Groups with no peers: a trainer's set-up reads only their sizes and ranks.
+    ctx.world = test::make_idle_group("world", rank, mesh.world_size());
+    ctx.tp = test::make_idle_group("tp", c.tp, mesh.tp());
+    ctx.dp = test::make_idle_group("dp", c.dp, mesh.dp());
+    ctx.pp = test::make_idle_group("pp", c.pp, mesh.pp());
     return ctx;
 }
 
