@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Installs every Debian/Ubuntu package llmtrain needs to build, test and run its bundled
 # default. Idempotent: packages already present are left as they are.
+#
+#   install-deps.sh                         the build and test packages below
+#   install-deps.sh --runtime-list BINARY   prints the packages a built llmtrain needs to run:
+#                                           those its shared libraries come from, and the tools
+#                                           the scripts run (the Dockerfile's runtime stage)
+#   install-deps.sh --packages FILE         installs the packages FILE lists, one a line
 set -euo pipefail
+runtime_tools=(openmpi-bin bash mawk)  # mpirun; scripts/llmtrain-supervise (bash, awk)
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
@@ -12,7 +19,29 @@ packages=(
   prometheus-cpp-dev  # metrics: the /metrics exposition (prometheus-cpp core and pull)
   prometheus python3  # tests: a real Prometheus scrapes a run (driven by tests/e2e/metrics_checks.py); promtool checks the exposition and the scrape config
   fortunes  # the quickstart's corpus
+  slurmctld slurmd slurm-client munge  # tests: a single-node Slurm runs scripts/slurm/llmtrain.sbatch
 )
+
+# The package owning each shared library BINARY loads (merged /usr: dpkg may know a library by
+# its /usr/lib path, or by the file a symlink or an alternative leads to).
+runtime_list() {
+    local library candidate owner
+    for library in $(ldd "$1" | awk '$3 ~ /^\// { print $3 }'); do
+        owner=""
+        for candidate in "$library" "/usr$library" "$(realpath "$library")" "/usr$(realpath "$library")"; do
+            owner=$(dpkg-query -S "$candidate" 2>/dev/null | head -n 1 | cut -d: -f1) && [ -n "$owner" ] && break
+        done
+        [ -n "$owner" ] || { echo "install-deps: no package owns $library (a library built by hand?)" >&2; exit 1; }
+        echo "$owner"
+    done | cat - <(printf '%s\n' "${runtime_tools[@]}") | sort -u
+}
+
+case ${1:-} in
+    --runtime-list) runtime_list "${2:?--runtime-list BINARY}"; exit 0 ;;
+    --packages) mapfile -t packages < <(grep -v '^ *$' "${2:?--packages FILE}") ;;
+    "") ;;
+    *) echo "install-deps: unknown option '$1' (--runtime-list BINARY, --packages FILE)" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -15,6 +14,7 @@
 #include "core/log.h"
 #include "data/input_files.h"
 #include "data/prepare.h"
+#include "parallel/launch_env.h"
 #include "parallel/mpi_comm.h"
 
 namespace llmtrain {
@@ -50,11 +50,7 @@ std::string unescape(const std::string& text) {
 }
 
 // Ranks on this node, so that the default thread count shares the cores among them.
-int local_ranks() {
-    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
-        if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
-    return 1;
-}
+int local_ranks() { return std::max(1, launch_environment().local_size); }
 
 // MPI for the length of the command when a launcher started it; otherwise one rank.
 class RankSession {

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "parallel/context.h"
 #include "parallel/device_staging.h"
+#include "parallel/launch_env.h"
 
 namespace llmtrain {
 
@@ -241,8 +242,6 @@ std::unique_ptr<Comm> split_group(const std::vector<int>& ranks, const std::stri
     return std::make_unique<MpiComm>(comm, name, ranks, timeout_seconds, staging);
 }
 
-bool env_set(const char* name) { return std::getenv(name) != nullptr; }
-
 }  // namespace
 
 std::string mpi_library_version() {
@@ -253,9 +252,7 @@ std::string mpi_library_version() {
     return version.substr(0, version.find_first_of(",\n"));
 }
 
-bool launched_by_mpi() {
-    return env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMI_SIZE") || env_set("PMIX_RANK") || env_set("PMI_RANK") || env_set("MPI_LOCALNRANKS");
-}
+bool launched_by_mpi() { return launch_environment().needs_mpi(); }
 
 MpiSession::MpiSession() {
     int initialized = 0;
@@ -263,6 +260,12 @@ MpiSession::MpiSession() {
     if (initialized) return;
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    try {
+        check_mpi_world_matches(launch_environment(), world_size());
+    } catch (const Error&) {
+        MPI_Finalize();
+        throw;
+    }
     owns_ = true;
 }
 

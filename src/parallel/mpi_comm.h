@@ -9,7 +9,8 @@ namespace llmtrain {
 // "Open MPI v4.1.4, ..." as the library reports itself (first line).
 std::string mpi_library_version();
 
-// Whether this process was started by an MPI launcher (mpirun, srun with PMI/PMIx).
+// Whether this process was started by an MPI launcher (mpirun, srun with PMI/PMIx; see
+// parallel/launch_env.h, which also refuses srun without PMI).
 // Without one, llmtrain runs as a single process and never initializes MPI.
 bool launched_by_mpi();
 
