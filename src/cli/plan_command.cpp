@@ -74,7 +74,8 @@ nlohmann::json plan_json(const LayoutPlan& p) {
               {"seq_len", t.seq_len},
               {"recompute", recompute_name(t.recompute)},
               {"sequence_parallel", p.config.parallel.sequence_parallel && p.tp > 1},
-              {"zero1", p.config.parallel.zero1}}},
+              {"zero1", p.config.parallel.zero1},
+              {"zero_stage", p.config.parallel.zero_stage}}},
             {"memory", memory_json(p)},
             {"time", time_json(p.time)},
             {"tokens", p.tokens},
@@ -165,8 +166,8 @@ int run_plan(const PlanArgs& args) {
     if (args.json) std::printf("%s\n", plan_json(plan).dump(2).c_str());
     else {
         print_header(config, cluster, devices, parameters);
-        std::printf("layout: %d devices = %s, %lld tokens per micro-batch, ZeRO-1 %s\n", devices, layout_name(plan).c_str(),
-                    static_cast<long long>(plan.config.train.batch_size * plan.config.train.seq_len), plan.config.parallel.zero1 ? "on" : "off");
+        std::printf("layout: %d devices = %s, %lld tokens per micro-batch, ZeRO stage %lld\n", devices, layout_name(plan).c_str(),
+                    static_cast<long long>(plan.config.train.batch_size * plan.config.train.seq_len), static_cast<long long>(plan.config.parallel.zero_stage));
         print_memory(plan);
         print_time(plan, args.options);
     }

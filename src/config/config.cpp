@@ -197,6 +197,7 @@ struct Field {
 };
 
 void default_n_kv_heads(Config& c) { c.model.n_kv_heads = c.model.n_heads; }
+void default_zero_stage(Config& c) { c.parallel.zero_stage = c.parallel.zero1 ? 1 : 0; }
 
 // gpt2: 4 * d_model. llama: the SwiGLU MLP has three matrices instead of two, so 2/3 of
 // 4 * d_model keeps the parameter count; rounded up to a multiple of 64 for the GEMMs.
@@ -292,7 +293,9 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers; fewer micro-batches than stages widen the bubble"),
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
-        CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1)"),
+        CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1); the same as zero_stage = 1"),
+        CONFIG_KEY(parallel, zero_stage).integer(0, 3).derived(default_zero_stage)
+            .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); default: from zero1"),
         CONFIG_KEY(parallel, sequence_parallel).boolean()
             .describe("with tp > 1: norms and residuals hold 1/tp of the tokens per rank (batch_size * seq_len divisible by tp)"),
         CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),
@@ -767,6 +770,11 @@ constexpr Check kChecks[] = {
         if (c.parallel.comm != CommBackend::nccl || c.train.device == ComputeDevice::cuda) return std::nullopt;
         return Problem{"parallel.comm", "\"nccl\" carries GPU memory and needs train.device = \"cuda\" (allowed on the CPU: auto, mpi)"};
     },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.parallel.zero_stage != 3) return std::nullopt;
+        return Problem{"parallel.zero_stage", "3 (parameters sharded as well, FSDP) is not supported: stage 2 shards the gradients and the AdamW state "
+                                              "(allowed: 0, 1, 2)"};
+    },
 };
 
 void reject_impossible_combinations(const Config& config, const GivenKeys& given, const Origin& origin) {
@@ -777,6 +785,9 @@ void reject_impossible_combinations(const Config& config, const GivenKeys& given
     }
     for (const Check check : kChecks)
         if (auto problem = check(config)) origin.fail_at(*problem);
+    if (given.count("parallel.zero1") && given.count("parallel.zero_stage") && config.parallel.zero1 != (config.parallel.zero_stage >= 1))
+        origin.fail_at({"parallel.zero_stage", cat(config.parallel.zero_stage, " contradicts parallel.zero1 = ", config.parallel.zero1 ? "true" : "false",
+                                                   " (zero1 = true is stage 1 or above, false is stage 0): set one of the two")});
 }
 
 // ---- Data files ----
@@ -899,6 +910,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
     Config config;
     const GivenKeys given = read_keys(root, origin, config);
     reject_impossible_combinations(config, given, origin);
+    // One meaning from here on, also in a dumped config read back: zero1 = stage >= 1.
+    config.parallel.zero1 = config.parallel.zero_stage >= 1;
     if (data_files == DataFiles::checked) require_data_files(config, origin);
     return config;
 }

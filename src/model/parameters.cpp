@@ -51,15 +51,34 @@ void Parameters::allocate(DType dtype, int64_t pad_multiple) {
     const int64_t padded = allocation_length(pad_multiple);
     values_ = OwnedTensor(dtype, Shape{padded});
     grads_ = OwnedTensor(dtype, Shape{padded});
+    grad_homes_.assign(infos_.size(), GradHome{grads_.view(), 0});
 }
 
-void Parameters::allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple) {
+void Parameters::allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple, GradStorage grads) {
     const int64_t padded = allocation_length(pad_multiple);
     const auto allocate = [&backend](size_t bytes) { return backend.allocate(bytes); };
     backend_ = &backend;
     values_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
-    grads_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
+    if (grads == GradStorage::flat) grads_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
     if (compute != master) compute_ = OwnedTensor(compute, Shape{padded}, backend.device(), allocate);
+    grad_homes_.assign(infos_.size(), GradHome{grads_.view(), 0});
+}
+
+void Parameters::bind_grads(size_t first, size_t end, const Tensor& storage, int64_t storage_offset) {
+    if (first >= end) return;
+    const ParamInfo& last = infos_.at(end - 1);
+    if (storage.dtype() != dtype() || storage_offset > infos_[first].offset || last.offset + last.shape.numel() - storage_offset > storage.numel())
+        fail(ErrorKind::runtime, "gradient storage of ", storage.numel(), " elements from flat element ", storage_offset, " does not hold parameters '",
+             infos_[first].name, "'..'", last.name, "'");
+    for (size_t i = first; i < end; ++i) grad_homes_[i] = {storage, storage_offset};
+}
+
+Tensor Parameters::grad_span(size_t first, size_t last) const {
+    const GradHome& home = grad_homes_.at(first);
+    if (home.storage.empty()) fail(ErrorKind::runtime, "the gradient of '", infos_[first].name, "' is used outside the backward that binds its storage");
+    if (grad_homes_.at(last).storage.raw() != home.storage.raw())
+        fail(ErrorKind::runtime, "the gradients of '", infos_[first].name, "'..'", infos_[last].name, "' are bound to different buffers");
+    return view_of(home.storage, home.base_offset, first, last);
 }
 
 OwnedTensor Parameters::new_tensor(DType dtype, Shape shape) const {
@@ -136,8 +155,8 @@ size_t Parameters::index_of(const std::string& name) const {
     fail(ErrorKind::runtime, "no parameter named '", name, "'");
 }
 
-Tensor Parameters::view_of(const OwnedTensor& buffer, size_t first, size_t last) const {
-    if (buffer.view().empty()) fail(ErrorKind::runtime, "parameters used before allocation");
+Tensor Parameters::view_of(const Tensor& buffer, int64_t base_offset, size_t first, size_t last) const {
+    if (buffer.empty()) fail(ErrorKind::runtime, "parameters used before allocation");
     const ParamInfo& head = infos_[first];
     const int64_t width = head.shape.rank >= 2 ? head.shape.cols() : 0;
     int64_t numel = 0, rows = 0;
@@ -150,8 +169,8 @@ Tensor Parameters::view_of(const OwnedTensor& buffer, size_t first, size_t last)
         rows += p.shape.rank >= 2 ? p.shape.rows() : p.shape[0];
     }
     const Shape shape = first == last ? head.shape : (width ? Shape{rows, width} : Shape{rows});
-    const size_t elem = dtype_size(buffer.view().dtype());
-    return Tensor(static_cast<char*>(buffer.view().raw()) + static_cast<size_t>(head.offset) * elem, buffer.view().dtype(), shape, buffer.view().device());
+    const size_t elem = dtype_size(buffer.dtype());
+    return Tensor(static_cast<char*>(buffer.raw()) + static_cast<size_t>(head.offset - base_offset) * elem, buffer.dtype(), shape, buffer.device());
 }
 
 FlatParameters flat_parameters(Parameters& params) {

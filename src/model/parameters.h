@@ -16,6 +16,11 @@
 // the 16-bit copy that forward and backward compute with (value()), refreshed after every
 // update. On the CPU the compute dtype is the master's and there is no copy.
 //
+// Gradient storage: the flat gradient buffer by default. Under ZeRO-2 (GradStorage::bound)
+// no such buffer exists: while backward writes a group of parameters' gradients, they live
+// in a buffer of that group's length bound with bind_grads() (the data-parallel reduction
+// owns those buffers), in the flat layout's order, so grad_span() still joins neighbours.
+//
 // Tensor parallelism (Megatron): a parameter may be split across the tp ranks.
 //  - rows: the output rows of a [out, in] weight (column-parallel linear, vocab-parallel
 //    embedding) or a bias; `blocks` > 1 splits each of that many equal row blocks on its own
@@ -42,6 +47,9 @@ enum class ParamInit {
 };
 
 enum class TpSplit { none, rows, cols };
+
+// Where the gradients live: the flat buffer, or buffers bound per group of parameters (ZeRO-2).
+enum class GradStorage { flat, bound };
 
 struct TensorSplit {
     TpSplit kind = TpSplit::none;
@@ -83,7 +91,10 @@ public:
     void allocate(DType dtype, int64_t pad_multiple = 1);
     // The same in the backend's memory: master weights and gradients in `master`, and a
     // compute copy in `compute` when it differs.
-    void allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple = 1);
+    void allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple = 1, GradStorage grads = GradStorage::flat);
+    // Parameters [first, end) keep their gradients in `storage` from now on, whose element 0
+    // is element storage_offset of the flat layout (the offset of parameter first).
+    void bind_grads(size_t first, size_t end, const Tensor& storage, int64_t storage_offset);
     // Fills every parameter from its Philox stream (on the host, then copied to the device),
     // and the compute copy from the result.
     void initialize(uint64_t seed, double std, int64_t n_layers);
@@ -113,18 +124,20 @@ public:
     // What forward and backward read: the compute copy (the master weights on the CPU).
     Tensor value(size_t index) const { return view_of(compute_buffer(), index, index); }
     Tensor master_value(size_t index) const { return view_of(values_, index, index); }
-    Tensor grad(size_t index) const { return view_of(grads_, index, index); }
+    Tensor grad(size_t index) const { return grad_span(index, index); }
     // Parameters first..last (inclusive) registered back to back with equal row width, as one
     // tensor of stacked rows: q, k and v projections become one fused QKV weight.
     Tensor value_span(size_t first, size_t last) const { return view_of(compute_buffer(), first, last); }
-    Tensor grad_span(size_t first, size_t last) const { return view_of(grads_, first, last); }
+    Tensor grad_span(size_t first, size_t last) const;
     Tensor all_values() const { return values_.view(); }  // the master weights
     Tensor all_compute_values() const { return compute_buffer().view(); }
-    Tensor all_grads() const { return grads_.view(); }
+    Tensor all_grads() const { return grads_.view(); }  // empty under GradStorage::bound
 
 private:
     const OwnedTensor& compute_buffer() const { return compute_.view().empty() ? values_ : compute_; }
-    Tensor view_of(const OwnedTensor& buffer, size_t first, size_t last) const;
+    Tensor view_of(const OwnedTensor& buffer, size_t first, size_t last) const { return view_of(buffer.view(), 0, first, last); }
+    // Parameters first..last of a buffer whose element 0 is flat element base_offset.
+    Tensor view_of(const Tensor& buffer, int64_t base_offset, size_t first, size_t last) const;
     int64_t allocation_length(int64_t pad_multiple) const;
     Shape local_shape(const std::string& name, const Shape& global_shape, TensorSplit split) const;
     int tp_rank_, tp_size_;
@@ -133,7 +146,12 @@ private:
     Backend* backend_ = nullptr;  // null: host memory, no backend
     OwnedTensor values_;
     OwnedTensor compute_;         // empty without a compute copy
-    OwnedTensor grads_;
+    OwnedTensor grads_;           // empty under GradStorage::bound
+    struct GradHome {
+        Tensor storage;           // empty: not bound
+        int64_t base_offset = 0;  // flat element of storage's element 0
+    };
+    std::vector<GradHome> grad_homes_;  // per parameter
 };
 
 // The registry as the parallel layer sees it: flat buffers and each parameter's range.

@@ -83,7 +83,7 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
                          ModelPartition partition, Comm* tp)
     : TransformerLayout(config, backend.device(), dtype, max_batch, max_seq_len, partition, tp ? tp->rank() : 0, tp ? tp->size() : 1),
       backend_(backend), tp_(tp && tp->size() > 1 ? tp : nullptr) {
-    params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple);
+    params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple, part_.grad_storage);
     arena_.allocate(backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
     if (is_llama()) {
         const Tensor table = arena_.tensor(rope_table_);
@@ -113,7 +113,7 @@ TransformerLayout::ParamSpan TransformerLayout::add_norm(const std::string& name
     return p;
 }
 
-std::optional<size_t> Transformer::embedding_param() const {
+std::optional<size_t> TransformerLayout::embedding_param() const {
     if (part_.has_embedding) return wte_.first;
     if (config_.tied_embeddings && part_.has_head) return head_w_.first;
     return std::nullopt;
@@ -308,6 +308,19 @@ void Transformer::ready(size_t begin, size_t end) const {
     if (grads_ready_ && begin < end) grads_ready_(begin, end);
 }
 
+void Transformer::writing(size_t begin, size_t end) const {
+    if (grads_begin_ && begin < end) grads_begin_(begin, end);
+}
+
+std::vector<TransformerLayout::ParamGroup> TransformerLayout::gradient_groups() const {
+    std::vector<ParamGroup> groups;
+    if (part_.has_head) groups.push_back({head_begin_, params_.count()});
+    for (auto layer = layer_params_.rbegin(); layer != layer_params_.rend(); ++layer) groups.push_back({layer->begin, layer->end});
+    if (part_.has_embedding) groups.push_back({0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin});
+    std::erase_if(groups, [](const ParamGroup& g) { return g.begin >= g.end; });
+    return groups;
+}
+
 VocabShard Transformer::vocab_shard() const {
     const int64_t padded = padded_vocab_size(), local = padded / tp_size();
     return {tp_rank() * local, padded, config_.vocab_size};
@@ -472,12 +485,16 @@ void Transformer::backward(int64_t set, double loss_scale) {
     }
     const Tensor d_resid = local_rows(d_resid_);
     for (int64_t l = local_layers() - 1; l >= 0; --l) {
+        const LayerParams& p = layer_params_[static_cast<size_t>(l)];
+        writing(p.begin, p.end);
         layer_bwd(a, l, d_resid);
-        ready(layer_params_[static_cast<size_t>(l)].begin, layer_params_[static_cast<size_t>(l)].end);
+        ready(p.begin, p.end);
     }
     if (part_.has_embedding) {
+        const ParamGroup g = embedding_group();
+        writing(g.begin, g.end);
         backend_.embedding_bwd(grad(wte_), grad(wpe_), gather_rows(d_resid, d_gathered_), rows(a.tokens), seq_len_, vocab_shard());
-        ready(0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin);
+        ready(g.begin, g.end);
     }
 }
 
@@ -486,6 +503,7 @@ void Transformer::backward(int64_t set, double loss_scale) {
 // kept each row's logsumexp (lse), so the backward reads the logits once.
 void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
     const double dloss = loss_scale / static_cast<double>(batch_ * seq_len_);
+    writing(head_begin_, params_.count());
     backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), rows(a.lse), vocab_shard(), dloss);
     backend_.matmul_bwd(rows(d_norm_), grad(head_w_), Tensor(), rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_));
     norm_bwd(local_rows(d_resid_), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);

@@ -66,6 +66,7 @@ struct ModelPartition {
     bool has_head = true;          // the last pipeline stage
     int64_t activation_sets = 1;   // micro-batches whose activations are kept at once
     int64_t param_pad_multiple = 1;  // the flat parameter buffer's length is a multiple of this (dp)
+    GradStorage grad_storage = GradStorage::flat;  // bound: no flat gradient buffer (ZeRO-2 binds group buffers)
     bool sequence_parallel = false;  // with tp > 1: split the tokens outside the tp matmuls
     Recompute recompute = Recompute::none;  // activation recomputation (see above)
 };
@@ -98,6 +99,16 @@ public:
     // The rows of the embedding and the head: model.vocab_size rounded up to a multiple of
     // tp * model.pad_vocab_to. Rows from vocab_size on are padding (zero, masked in the loss).
     int64_t padded_vocab_size() const { return config_.padded_vocab_size(tp_size()); }
+    // The index of the token embedding (shared with the head when tied), if this part has it.
+    std::optional<size_t> embedding_param() const;
+    // Parameter indices [begin, end) whose gradients backward writes together, in the order
+    // it writes them: the final norm and head, each layer from the last, the embedding part.
+    // The hooks of a backward are called with exactly these groups. (A head tied to this
+    // stage's embedding writes the embedding's gradient too, before its group begins.)
+    struct ParamGroup {
+        size_t begin = 0, end = 0;
+    };
+    std::vector<ParamGroup> gradient_groups() const;
 
 protected:
     // A parameter, or several registered back to back and used as one (fused QKV, gate+up).
@@ -178,8 +189,6 @@ public:
                 ModelPartition partition = {}, Comm* tp = nullptr);
 
     void initialize(uint64_t seed) { params_.initialize(seed, config_.init_std, config_.n_layers); }
-    // The index of the token embedding (shared with the head when tied), if this part has it.
-    std::optional<size_t> embedding_param() const;
 
     // Runs this part of the model on activation set `set`. tokens (i32 [batch * seq_len],
     // sequences back to back) are read by the first stage, targets by the last one (empty:
@@ -220,6 +229,9 @@ public:
     // Called during backward with [begin, end) parameter indices whose gradients are final
     // for this backward: data parallelism starts reducing them while backward goes on.
     void set_grads_ready_hook(std::function<void(size_t begin, size_t end)> hook) { grads_ready_ = std::move(hook); }
+    // Called during backward with a group of gradient_groups() before backward first writes
+    // its gradients: ZeRO-2 binds their storage there.
+    void set_grads_begin_hook(std::function<void(size_t begin, size_t end)> hook) { grads_begin_ = std::move(hook); }
 
 private:
     // Rebuilds what recomputation dropped, before layer l's backward.
@@ -244,6 +256,8 @@ private:
     AttentionShape attention_shape() const;
     ActivationSet& use_set(int64_t set);
     void ready(size_t begin, size_t end) const;
+    void writing(size_t begin, size_t end) const;
+    ParamGroup embedding_group() const { return {0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin}; }
 
     // Positions start at first_position (decoding: the cache's length).
     void embed(const ActivationSet& a, int64_t first_position = 0);
@@ -262,7 +276,7 @@ private:
     Backend& backend_;
     Comm* tp_;                      // null without tensor parallelism
     int64_t batch_ = 0, seq_len_ = 0;
-    std::function<void(size_t, size_t)> grads_ready_;
+    std::function<void(size_t, size_t)> grads_ready_, grads_begin_;
 };
 
 }  // namespace llmtrain

@@ -30,9 +30,22 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     part.has_head = stage == pp - 1;
     part.activation_sets = one_f_one_b_in_flight(pp, stage, micro_batches_per_step(config, mesh.dp()));
     part.param_pad_multiple = mesh.dp();
+    part.grad_storage = shards_gradients(config.parallel, mesh.dp()) ? GradStorage::bound : GradStorage::flat;
     part.sequence_parallel = config.parallel.sequence_parallel;
     part.recompute = config.train.recompute;
     return part;
+}
+
+bool shards_gradients(const ParallelConfig& parallel, int dp) { return parallel.zero_stage >= 2 && dp > 1; }
+
+std::vector<GradGroup> zero2_gradient_groups(const TransformerLayout& model) {
+    const std::optional<size_t> embedding = model.embedding_param();
+    std::vector<GradGroup> groups;
+    for (const TransformerLayout::ParamGroup& g : model.gradient_groups()) {
+        const bool holds_tied = model.config().tied_embeddings && embedding && *embedding >= g.begin && *embedding < g.end;
+        groups.push_back({g.begin, g.end, holds_tied});
+    }
+    return groups;
 }
 
 int64_t gradient_bucket_bytes(const ParallelConfig& parallel) { return static_cast<int64_t>(parallel.bucket_mb * 1e6); }
@@ -52,11 +65,20 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
     const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord.tp, mesh.tp());
     const int64_t padded = Parameters::padded_length(model.parameters().total_numel(), part.param_pad_multiple);
     const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
-    const int64_t owned = owned_numel(padded, dtype_size(master), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
     RankMemory& m = plan.memory;
     m.parameter_bytes = bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
-    m.gradient_bytes = bytes_of(padded, master) + (zero1 ? bytes_of(owned, master) : 0);
-    m.optimizer_bytes = AdamW::state_bytes_for(owned, master);
+    if (shards_gradients(config.parallel, mesh.dp())) {
+        // ZeRO-2: no flat gradient buffer; the shard, the pool and the resident groups.
+        std::vector<FlatRange> ranges;
+        for (const ParamInfo& p : model.parameters().infos()) ranges.push_back({p.offset, p.offset + p.shape.numel()});
+        const std::vector<GradGroup> groups = zero2_gradient_groups(model);
+        m.gradient_bytes = bytes_of(sharded_gradient_numel(ranges, groups, mesh.dp()), master);
+        m.optimizer_bytes = AdamW::state_bytes_for(sharded_owned_numel(ranges, groups, mesh.dp(), plan.coord.dp), master);
+    } else {
+        const int64_t owned = owned_numel(padded, dtype_size(master), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
+        m.gradient_bytes = bytes_of(padded, master) + (zero1 ? bytes_of(owned, master) : 0);
+        m.optimizer_bytes = AdamW::state_bytes_for(owned, master);
+    }
     m.activation_bytes = model.activation_bytes();
     m.workspace_bytes = reserved_workspace_bytes(plan.device);
     return plan;

@@ -19,6 +19,7 @@
 #include "core/tensor.h"
 #include "model/transformer.h"
 #include "parallel/mesh.h"
+#include "parallel/sharded_gradients.h"
 
 namespace llmtrain {
 
@@ -44,6 +45,11 @@ struct MemoryPlan {
 // The pipeline stage of world_rank: its layers, whether it embeds or holds the head, and
 // how many micro-batches it keeps in flight (1F1B).
 ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world_rank);
+// Whether this run shards its gradients (ZeRO-2): asked for, and more than one dp rank.
+bool shards_gradients(const ParallelConfig& parallel, int dp);
+// ZeRO-2's gradient groups of a model part: its backward groups, the one holding a tied
+// embedding resident (written by the head and by the embedding, summed across stages).
+std::vector<GradGroup> zero2_gradient_groups(const TransformerLayout& model);
 // The size of a gradient bucket (parallel.bucket_mb).
 int64_t gradient_bucket_bytes(const ParallelConfig& parallel);
 // The device the config trains on.

@@ -51,6 +51,8 @@ GradBuckets::GradBuckets(FlatParameters params, Comm& dp, bool zero1, int64_t bu
     begin_step();
 }
 
+std::string GradBuckets::describe() const { return cat(zero1_ ? "ZeRO-1" : "ZeRO off", " | ", buckets_.size(), " gradient buckets"); }
+
 void GradBuckets::begin_step() {
     param_ready_.assign(params_.ranges.size(), false);
     for (Bucket& b : buckets_) {

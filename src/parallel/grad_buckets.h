@@ -29,6 +29,7 @@
 #include "core/flat_range.h"
 #include "core/tensor.h"
 #include "parallel/comm.h"
+#include "parallel/gradient_reduction.h"
 
 namespace llmtrain {
 
@@ -61,25 +62,37 @@ struct FlatParameters {
     std::function<OwnedTensor(DType, Shape)> allocate;
 };
 
-class GradBuckets {
+class GradBuckets : public GradientReduction {
 public:
     GradBuckets(FlatParameters params, Comm& dp, bool zero1, int64_t bucket_bytes);
 
+    // GradientReduction: the flat gradient buffer holds every micro-batch's gradients; the
+    // last micro-batch's readiness starts the buckets.
+    std::vector<GradStorageBinding> run_storage() const override { return {}; }
+    std::optional<GradStorageBinding> open(size_t, size_t) override { return std::nullopt; }
+    bool consumes(size_t, bool last_micro_batch) const override { return last_micro_batch; }
+    void ready(size_t first, size_t end, bool last_micro_batch) override {
+        if (last_micro_batch) mark_ready(first, end);
+    }
+    bool sharded() const override { return zero1_; }
+    size_t gradient_bytes() const override { return params_.grads.bytes() + sharded_grad_bytes(); }
+    std::string describe() const override;
+
     // Forget readiness: call before the backward whose gradients are to be reduced.
-    void begin_step();
+    void begin_step() override;
     // Parameters [begin, end) have their final gradients; starts every bucket that is ready.
     void mark_ready(size_t begin, size_t end);
     // Starts what is left and waits for every reduction. Afterwards owned() holds the summed
     // gradients over the dp group.
-    void finish();
+    void finish() override;
     // ZeRO-1: all-gathers the updated parameters of every bucket: the compute copy if there
     // is one, else the master weights (no-op without ZeRO-1).
-    void gather_parameters();
+    void gather_parameters() override;
     // ZeRO-1 with a compute copy: all-gathers the master weights too (before a checkpoint
     // reads them whole). A collective over the dp group: every rank calls it at once.
-    void gather_master_values();
+    void gather_master_values() override;
 
-    const std::vector<OwnedPiece>& owned() const { return owned_; }
+    const std::vector<OwnedPiece>& owned() const override { return owned_; }
     bool zero1() const { return zero1_; }
     size_t bucket_count() const { return buckets_.size(); }
     // An unallocated tensor still counts one element: no shards, no bytes.

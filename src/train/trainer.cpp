@@ -90,8 +90,8 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len,
                                            stage_partition(config_, ctx.mesh, ctx.world_rank), &comms_->tp());
     model_->initialize(config_.train.seed);
-    buckets_ = std::make_unique<GradBuckets>(flat_parameters(model_->parameters()), comms_->dp(), config_.parallel.zero1, gradient_bucket_bytes(config_.parallel));
-    optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters(), buckets_->owned());
+    reduction_ = make_gradient_reduction();
+    optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters(), reduction_->owned());
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, comms_->pp(), config_.train.grad_accum);
     // The fp16 overflow rule first: an overflow is not a fault for the non-finite policy.
@@ -105,10 +105,23 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
 
 Trainer::~Trainer() = default;
 
+std::unique_ptr<GradientReduction> Trainer::make_gradient_reduction() {
+    Parameters& params = model_->parameters();
+    if (!shards_gradients(config_.parallel, ctx_->mesh.dp()))
+        return std::make_unique<GradBuckets>(flat_parameters(params), comms_->dp(), config_.parallel.zero1, gradient_bucket_bytes(config_.parallel));
+    Backend& backend = *backend_;
+    FlatOps ops{[&backend](const Tensor& x) { backend.fill_zero(x); },
+                [&backend](const Tensor& out, const Tensor& a, const Tensor& b) { backend.add(out, a, b); },
+                [&backend](const Tensor& out, const Tensor& in) { backend.copy(out, in); }};
+    auto sharded = std::make_unique<ShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->dp(), std::move(ops));
+    for (const GradStorageBinding& b : sharded->run_storage()) params.bind_grads(b.first, b.end, b.values, b.flat_offset);
+    return sharded;
+}
+
 RankMemory Trainer::memory() const {
     const Parameters& p = model_->parameters();
     const size_t values = p.all_values().bytes() + (p.has_compute_copy() ? p.all_compute_values().bytes() : 0);
-    return {values, p.all_grads().bytes() + buckets_->sharded_grad_bytes(), optimizer_->state_bytes(), model_->activation_bytes(),
+    return {values, reduction_->gradient_bytes(), optimizer_->state_bytes(), model_->activation_bytes(),
             backend_->workspace_bytes()};
 }
 
@@ -129,7 +142,7 @@ void Trainer::log_startup() const {
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
              " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
-             ") | ZeRO-1 ", buckets_->zero1() ? "on" : "off", " | ", buckets_->bucket_count(), " gradient buckets | comm ",
+             ") | ", reduction_->describe(), " | comm ",
              comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers [",
              part.first_layer, ", ", part.last_layer, ")");
     log_info("memory per rank (rank 0 / largest): parameters ", megabytes(static_cast<double>(mine.parameter_bytes)), " / ", megabytes(params_max),
@@ -247,11 +260,11 @@ double Trainer::lr_scale(int64_t step) const {
 }
 
 SnapshotSource Trainer::snapshot_source() {
-    buckets_->gather_master_values();
+    reduction_->gather_master_values();
     // The last stage's copy of a tied embedding is the first stage's tensor again.
     std::optional<size_t> tied_copy;
     if (config_.model.tied_embeddings && !ctx_->first_stage() && model_->partition().has_head) tied_copy = model_->embedding_param();
-    return {model_->parameters(), *optimizer_, *backend_, ctx_->world_rank, ctx_->coord().dp, buckets_->zero1() && ctx_->mesh.dp() > 1, tied_copy};
+    return {model_->parameters(), *optimizer_, *backend_, ctx_->world_rank, ctx_->coord().dp, reduction_->sharded() && ctx_->mesh.dp() > 1, tied_copy};
 }
 
 Manifest Trainer::manifest_at(int64_t step) const {
@@ -267,7 +280,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.seed = config_.train.seed;
     m.world_size = ctx_->mesh.world_size();
     m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
-    m.zero1 = buckets_->zero1() && ctx_->mesh.dp() > 1;
+    m.zero1 = reduction_->sharded() && ctx_->mesh.dp() > 1;
     // The config as given: a grad_accum derived from the global batch is the layout's, not the run's.
     Config given = config_;
     given.train.grad_accum = given_grad_accum_;
@@ -294,7 +307,7 @@ void Trainer::load_initial_weights(const std::string& path) { load_hf_weights(pa
 
 // The non-finite policy's: the first gradient this rank updates becomes NaN.
 void Trainer::poison_gradients() {
-    const Tensor first = buckets_->owned().front().grads.slice_rows(0, 1);
+    const Tensor first = reduction_->owned().front().grads.slice_rows(0, 1);
     if (first.dtype() == DType::f64) backend_->copy_from_host(first, std::vector<double>{std::numeric_limits<double>::quiet_NaN()}.data());
     else backend_->copy_from_host(first, std::vector<float>{std::numeric_limits<float>::quiet_NaN()}.data());
 }
@@ -316,7 +329,7 @@ void flip_first_element_bit(Backend& backend, const Tensor& t, int bit) {
 // Silent data corruption: the top exponent bit of the first gradient this rank updates
 // flips (|g| < 2 becomes |g| x 2^128, or 2^(exponent bias) for f64): a wrong number, no crash.
 void Trainer::flip_gradient_bit() {
-    const Tensor first = buckets_->owned().front().grads.slice_rows(0, 1);
+    const Tensor first = reduction_->owned().front().grads.slice_rows(0, 1);
     if (first.dtype() == DType::f64)
         flip_first_element_bit<double, uint64_t>(*backend_, first, 62);
     else
@@ -325,7 +338,7 @@ void Trainer::flip_gradient_bit() {
 
 // A bad batch: every gradient this rank updates times factor (through the host: a drill).
 void Trainer::scale_gradients(double factor) {
-    for (const OwnedPiece& piece : buckets_->owned()) {
+    for (const OwnedPiece& piece : reduction_->owned()) {
         const auto n = static_cast<size_t>(piece.grads.numel());
         if (piece.grads.dtype() == DType::f64) {
             std::vector<double> values(n);
@@ -357,7 +370,7 @@ void Trainer::update(StepRecord& s) {
     s.skipped = verdict.action != Verdict::apply;
     if (!s.skipped) {
         optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_.scale());
-        buckets_->gather_parameters();
+        reduction_->gather_parameters();
     }
     for (UpdateGuard* guard : guards_) guard->after_verdict(s, verdict.action);
 }
@@ -493,16 +506,18 @@ double Trainer::forward_backward(int64_t step) {
     Parameters& params = model_->parameters();
     const std::optional<size_t> embedding = model_->embedding_param();
     const bool tied_across_stages = config_.model.tied_embeddings && ctx_->mesh.pp() > 1;
-    backend_->fill_zero(params.all_grads());
-    buckets_->begin_step();
+    if (!params.all_grads().empty()) backend_->fill_zero(params.all_grads());
+    reduction_->begin_step();
 
-    bool reducing = false;  // only the last micro-batch's backward produces final gradients
+    bool last = false;  // whether the backward running is the step's last micro-batch's
+    model_->set_grads_begin_hook([&](size_t begin, size_t end) {
+        if (const std::optional<GradStorageBinding> b = reduction_->open(begin, end)) params.bind_grads(b->first, b->end, b->values, b->flat_offset);
+    });
     model_->set_grads_ready_hook([&](size_t begin, size_t end) {
-        if (!reducing) return;
         for (size_t i = begin; i < end; ++i) {
             // Sequence-parallel norms saw only this rank's tokens: sum over the tp group first.
-            if (params.info(i).grad_partial_over_tp) comms_->tp().all_reduce(params.grad(i), ReduceOp::sum);
-            if (!(tied_across_stages && embedding && i == *embedding)) buckets_->mark_ready(i, i + 1);
+            if (params.info(i).grad_partial_over_tp && reduction_->consumes(i, last)) comms_->tp().all_reduce(params.grad(i), ReduceOp::sum);
+            if (!(tied_across_stages && embedding && i == *embedding)) reduction_->ready(i, i + 1, last);
         }
     });
     const auto batch_of = [&](int64_t m) {
@@ -512,13 +527,14 @@ double Trainer::forward_backward(int64_t step) {
         return MicroBatch{batch_.inputs, batch_.targets};
     };
     const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_.scale() / static_cast<double>(M * dp),
-                                                    [&](int64_t m) { reducing = m == M - 1; });
+                                                    [&](int64_t m) { last = m == M - 1; });
     model_->set_grads_ready_hook(nullptr);
+    model_->set_grads_begin_hook(nullptr);
     if (tied_across_stages && embedding) {
         sync_tied_embedding();
-        buckets_->mark_ready(*embedding, *embedding + 1);
+        reduction_->ready(*embedding, *embedding + 1, true);
     }
-    buckets_->finish();
+    reduction_->finish();
     const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
     local_loss_ = reports_loss ? local_loss : 0.0;
     return ctx_->world->all_reduce_scalar(local_loss_, ReduceOp::sum) / static_cast<double>(M * dp);
@@ -545,15 +561,15 @@ bool Trainer::counts_in_norm(size_t param) const {
 // gradient this rank does not count: those add 0 when finite, and NaN otherwise.
 double Trainer::global_grad_norm() {
     const Parameters& params = model_->parameters();
-    double local = square_sum(*backend_, params, buckets_->owned(), [this](size_t i) { return counts_in_norm(i); });
+    double local = square_sum(*backend_, params, reduction_->owned(), [this](size_t i) { return counts_in_norm(i); });
     // The last stage's copy of a tied embedding holds the first stage's summed gradient: counted there.
     const bool tied_copy_here = config_.model.tied_embeddings && !ctx_->first_stage();
-    const double uncounted = square_sum(*backend_, params, buckets_->owned(), [&](size_t i) {
+    const double uncounted = square_sum(*backend_, params, reduction_->owned(), [&](size_t i) {
         return !counts_in_norm(i) && !(tied_copy_here && model_->embedding_param() == i);
     });
     local_grad_square_sum_ = local + uncounted;
     if (!std::isfinite(uncounted)) local = std::numeric_limits<double>::quiet_NaN();
-    if (!buckets_->zero1() && ctx_->coord().dp != 0 && std::isfinite(local)) local = 0;
+    if (!reduction_->sharded() && ctx_->coord().dp != 0 && std::isfinite(local)) local = 0;
     return std::sqrt(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
 }
 

@@ -1,6 +1,7 @@
 // The Trainer wires the layers for one rank: data windows -> this rank's part of the model
 // (pipeline stage, tensor-parallel slice) over micro-batches in 1F1B order -> gradient
-// reduction over the dp group in buckets, overlapped with backward (ZeRO-1: reduce-scatter)
+// reduction over the dp group in buckets, overlapped with backward (ZeRO-1: reduce-scatter;
+// ZeRO-2: each micro-batch's gradients reduce-scattered group by group into this rank's shard)
 // -> the true global gradient norm and clipping -> AdamW on this rank's part -> parameter
 // all-gather (ZeRO-1) -> update guards (fp16 overflow, training health: monitor/health_monitor.h)
 // -> the step record to the observers (console line, log.jsonl); evaluation on the held-out
@@ -35,6 +36,7 @@
 #include "optim/loss_scale.h"
 #include "parallel/context.h"
 #include "parallel/grad_buckets.h"
+#include "parallel/sharded_gradients.h"
 #include "ops/memory_plan.h"
 #include "parallel/timed_comm.h"
 #include "train/pipeline_runner.h"
@@ -162,6 +164,7 @@ private:
     // The stop signal of any rank, the same on every rank; 0: go on.
     int agreed_stop_signal();
     bool counts_in_norm(size_t param) const;
+    std::unique_ptr<GradientReduction> make_gradient_reduction();
     bool is_logger() const { return ctx_->world_rank == 0; }
 
     Config config_;
@@ -172,7 +175,7 @@ private:
     std::unique_ptr<TrainingComms> comms_;  // the groups' Comms for device tensors
     std::unique_ptr<BatchSource> data_;
     std::unique_ptr<Transformer> model_;
-    std::unique_ptr<GradBuckets> buckets_;
+    std::unique_ptr<GradientReduction> reduction_;  // GradBuckets (ZeRO 0, 1) or ShardedGradients (ZeRO-2)
     std::unique_ptr<AdamW> optimizer_;
     std::unique_ptr<PipelineRunner> pipeline_;
     BatchBuffers batch_;

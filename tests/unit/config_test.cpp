@@ -736,3 +736,37 @@ TEST(Config, NcclOnTheCpu_IsAConfigErrorNamingTheKey) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.comm=\"nccl\""}), "parallel.comm: \"nccl\" carries GPU memory and needs train.device = \"cuda\""));
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.comm=\"gloo\""}), "parallel.comm"));
 }
+
+// ---- ZeRO stage ----
+
+TEST(Config, ZeroStage_FollowsZero1WhenNotGiven) {
+    EXPECT_EQ(parse(TomlText::gpt2()).parallel.zero_stage, 1);
+    const Config off = parse(TomlText::gpt2(), {"parallel.zero1=false"});
+    EXPECT_EQ(off.parallel.zero_stage, 0);
+    EXPECT_FALSE(off.parallel.zero1);
+}
+
+TEST(Config, ZeroStageTwo_ImpliesZero1AndReadsBackFromItsDump) {
+    const Config c = parse(TomlText::gpt2(), {"parallel.zero_stage=2"});
+    EXPECT_EQ(c.parallel.zero_stage, 2);
+    EXPECT_TRUE(c.parallel.zero1);
+    const Config again = parse_config(dump_config(c), "dumped.toml", {});
+    EXPECT_EQ(again.parallel.zero_stage, 2);
+    const Config none = parse(TomlText::gpt2(), {"parallel.zero_stage=0"});
+    EXPECT_FALSE(none.parallel.zero1);
+    EXPECT_EQ(parse_config(dump_config(none), "dumped.toml", {}).parallel.zero_stage, 0);
+}
+
+TEST(Config, ZeroStageContradictingZero1_NamesBothKeys) {
+    const std::string message = error_of(TomlText::gpt2(), {"parallel.zero1=false", "parallel.zero_stage=2"});
+    EXPECT_TRUE(Contains(message, "parallel.zero_stage")) << message;
+    EXPECT_TRUE(Contains(message, "parallel.zero1 = false")) << message;
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.zero1=true", "parallel.zero_stage=0"}), "contradicts parallel.zero1 = true"));
+    EXPECT_EQ(parse(TomlText::gpt2(), {"parallel.zero1=true", "parallel.zero_stage=2"}).parallel.zero_stage, 2);
+}
+
+TEST(Config, ZeroStageOutOfRangeOrThree_IsRefusedNamingTheKey) {
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.zero_stage=4"}), "parallel.zero_stage"));
+    const std::string three = error_of(TomlText::gpt2(), {"parallel.zero_stage=3"});
+    EXPECT_TRUE(Contains(three, "parallel.zero_stage: 3 (parameters sharded as well, FSDP) is not supported")) << three;
+}

@@ -1,0 +1,59 @@
+// What the trainer asks of the data-parallel gradient reduction, whatever the ZeRO stage:
+// GradBuckets (stage 0: all-reduce; stage 1: reduce-scatter, this rank updates its pieces)
+// or ShardedGradients (stage 2: no whole gradient buffer; each micro-batch's gradients are
+// reduce-scattered group by group into this rank's shard). It works on flat ranges and
+// parameter indices of the flat layout, and knows nothing of the model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace llmtrain {
+
+struct OwnedPiece;
+
+// Where the gradients of parameters [first, end) are written: `values`, whose element 0 is
+// element flat_offset of the flat layout.
+struct GradStorageBinding {
+    size_t first = 0, end = 0;
+    Tensor values;
+    int64_t flat_offset = 0;
+};
+
+class GradientReduction {
+public:
+    virtual ~GradientReduction() = default;
+    // Storage bound for the whole run (what every step accumulates into); the rest is bound by open().
+    virtual std::vector<GradStorageBinding> run_storage() const = 0;
+    // Before the backward of a step's first micro-batch.
+    virtual void begin_step() = 0;
+    // Backward is about to write the gradients of parameters [first, end) (one group of the
+    // model's): where they go now; nullopt: where they were.
+    virtual std::optional<GradStorageBinding> open(size_t first, size_t end) = 0;
+    // Whether parameter `param`'s gradient, ready after this micro-batch's backward, is handed
+    // on now (and so must be complete, e.g. summed over the tp group first).
+    virtual bool consumes(size_t param, bool last_micro_batch) const = 0;
+    // Parameters [first, end) have their gradients of this micro-batch.
+    virtual void ready(size_t first, size_t end, bool last_micro_batch) = 0;
+    // After the step's last backward: afterwards owned() holds the gradients summed over dp.
+    virtual void finish() = 0;
+    // After the update: every rank's updated parameters everywhere (compute copy, or master weights).
+    virtual void gather_parameters() = 0;
+    // Before a checkpoint reads the master weights whole (a collective over the dp group).
+    virtual void gather_master_values() = 0;
+    // The ranges this rank updates and their reduced gradients.
+    virtual const std::vector<OwnedPiece>& owned() const = 0;
+    // Whether owned() is this rank's shard (every dp rank's norm counts) or everything.
+    virtual bool sharded() const = 0;
+    // Bytes allocated for gradients: a whole flat buffer and / or shards and working buffers.
+    virtual size_t gradient_bytes() const = 0;
+    // For the start-up line, e.g. "ZeRO-2 (gradients sharded), 6 groups".
+    virtual std::string describe() const = 0;
+};
+
+}  // namespace llmtrain

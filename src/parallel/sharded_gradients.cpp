@@ -1,0 +1,187 @@
+#include "parallel/sharded_gradients.h"
+
+#include <algorithm>
+
+namespace llmtrain {
+
+namespace {
+
+int64_t piece_of(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
+
+FlatRange flat_range_of(const std::vector<FlatRange>& ranges, const GradGroup& g) {
+    if (g.first >= g.end || g.end > ranges.size()) fail(ErrorKind::runtime, "gradient group of parameters [", g.first, ", ", g.end, ") of ", ranges.size());
+    return {ranges[g.first].begin, ranges[g.end - 1].end};
+}
+
+// Element counts: the shard, the pool buffers (group-sized) and receive pieces, the resident groups.
+struct Sizes {
+    int64_t shard = 0, pool_buffer = 0, received = 0, resident = 0;
+    int64_t total() const { return shard + ShardedGradients::kPoolBuffers * (pool_buffer + received) + resident; }
+};
+
+Sizes sizes_of(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp) {
+    Sizes s;
+    for (const GradGroup& g : groups) {
+        const int64_t piece = piece_of(flat_range_of(ranges, g).size(), dp);
+        s.shard += piece;
+        s.received = std::max(s.received, piece);
+        if (g.resident) s.resident += piece * dp;
+        else s.pool_buffer = std::max(s.pool_buffer, piece * dp);
+    }
+    // The parameters' all-gather stages through a pool buffer: one exists even when every group is resident.
+    s.pool_buffer = std::max<int64_t>(s.pool_buffer, 1);
+    return s;
+}
+
+Tensor flat_slice(const Tensor& flat, int64_t begin, int64_t numel) { return flat.slice_rows(begin, numel); }
+
+// Rank `rank`'s piece of a group of numel elements cut in pieces of `piece`: [from, to) within it.
+FlatRange piece_within(int64_t numel, int64_t piece, int rank) {
+    const int64_t from = std::min(numel, rank * piece);
+    return {from, std::min(numel, from + piece)};
+}
+
+}  // namespace
+
+int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp, int dp_rank) {
+    int64_t owned = 0;
+    for (const GradGroup& g : groups) {
+        const int64_t numel = flat_range_of(ranges, g).size();
+        owned += piece_within(numel, piece_of(numel, dp), dp_rank).size();
+    }
+    return owned;
+}
+
+int64_t sharded_gradient_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp) {
+    return sizes_of(ranges, groups, dp).total();
+}
+
+ShardedGradients::ShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& dp, FlatOps ops)
+    : params_(std::move(params)), dp_(dp), ops_(std::move(ops)) {
+    const DType dtype = params_.values.dtype();
+    const int parts = dp.size();
+    const Sizes sizes = sizes_of(params_.ranges, groups, parts);
+    group_of_param_.assign(params_.ranges.size(), groups.size());
+    shard_ = params_.allocate(dtype, {sizes.shard});
+    int64_t shard_at = 0;
+    for (const GradGroup& g : groups) {
+        Group group{g, flat_range_of(params_.ranges, g), 0, shard_at, 0, -1, Tensor()};
+        group.piece = piece_of(group.flat.size(), parts);
+        shard_at += group.piece;
+        for (size_t i = g.first; i < g.end; ++i) {
+            if (group_of_param_[i] != groups.size()) fail(ErrorKind::runtime, "gradient groups overlap at parameter ", i);
+            group_of_param_[i] = groups_.size();
+        }
+        if (g.resident) {
+            resident_buffers_.push_back(params_.allocate(dtype, {group.piece * parts}));
+            group.resident_buffer = resident_buffers_.back().view();
+        }
+        // This rank's piece, clipped to the group's real elements.
+        const FlatRange mine = piece_within(group.flat.size(), group.piece, dp.rank());
+        if (mine.size() > 0) owned_.push_back({group.flat.begin + mine.begin, group.flat.begin + mine.end, flat_slice(shard_.view(), group.shard_at, mine.size())});
+        groups_.push_back(group);
+    }
+    for (size_t i = 0; i < group_of_param_.size(); ++i)
+        if (group_of_param_[i] == groups_.size()) fail(ErrorKind::runtime, "parameter ", i, " is in no gradient group");
+    for (int s = 0; s < kPoolBuffers; ++s)
+        slots_.push_back(Slot{params_.allocate(dtype, {sizes.pool_buffer}), params_.allocate(dtype, {sizes.received}), -1, CommHandle()});
+    bytes_ = static_cast<size_t>(sizes.total()) * dtype_size(dtype);
+}
+
+std::string ShardedGradients::describe() const { return cat("ZeRO-2 (gradients sharded) | ", groups_.size(), " gradient groups"); }
+
+std::vector<GradStorageBinding> ShardedGradients::run_storage() const {
+    std::vector<GradStorageBinding> bindings;
+    for (const Group& g : groups_)
+        if (g.params.resident) bindings.push_back({g.params.first, g.params.end, g.resident_buffer, g.flat.begin});
+    return bindings;
+}
+
+Tensor ShardedGradients::padded_buffer(const Group& g) const {
+    const Tensor buffer = g.params.resident ? g.resident_buffer : slots_[static_cast<size_t>(g.slot)].buffer.view();
+    return flat_slice(buffer, 0, g.piece * dp_.size());
+}
+
+void ShardedGradients::begin_step() {
+    for (Slot& slot : slots_) settle(slot);
+    ops_.zero(shard_.view());
+    for (const OwnedTensor& buffer : resident_buffers_) ops_.zero(buffer.view());
+}
+
+// Pool buffers are taken in turn: while backward writes one group, the previous group's
+// reduction proceeds from the other buffer.
+std::optional<GradStorageBinding> ShardedGradients::open(size_t first, size_t end) {
+    Group& g = groups_[group_of(first)];
+    if (g.params.first != first || g.params.end != end)
+        fail(ErrorKind::runtime, "gradients of parameters [", first, ", ", end, ") opened, but their group is [", g.params.first, ", ", g.params.end, ")");
+    g.waiting = static_cast<int>(end - first);
+    if (g.params.resident) return std::nullopt;
+    Slot& slot = slots_[static_cast<size_t>(next_slot_)];
+    settle(slot);
+    g.slot = next_slot_;
+    next_slot_ = (next_slot_ + 1) % kPoolBuffers;
+    const Tensor buffer = padded_buffer(g);
+    ops_.zero(buffer);
+    return GradStorageBinding{first, end, buffer, g.flat.begin};
+}
+
+bool ShardedGradients::consumes(size_t param, bool last_micro_batch) const {
+    return last_micro_batch || !groups_[group_of(param)].params.resident;
+}
+
+void ShardedGradients::ready(size_t first, size_t end, bool /*last_micro_batch*/) {
+    for (size_t i = first; i < end; ++i) {
+        const size_t index = group_of(i);
+        Group& g = groups_[index];
+        if (g.params.resident || --g.waiting > 0) continue;
+        Slot& slot = slots_[static_cast<size_t>(g.slot)];
+        reduce(index, slot, padded_buffer(g));
+    }
+}
+
+void ShardedGradients::reduce(size_t group, Slot& slot, const Tensor& buffer) {
+    const Group& g = groups_[group];
+    slot.group = static_cast<int>(group);
+    slot.handle = dp_.reduce_scatter_async(flat_slice(slot.received.view(), 0, g.piece), buffer);
+}
+
+void ShardedGradients::settle(Slot& slot) {
+    if (slot.group < 0) return;
+    slot.handle.wait();
+    const Group& g = groups_[static_cast<size_t>(slot.group)];
+    const Tensor mine = flat_slice(shard_.view(), g.shard_at, g.piece);
+    ops_.add(mine, mine, flat_slice(slot.received.view(), 0, g.piece));
+    slot.group = -1;
+}
+
+void ShardedGradients::finish() {
+    for (Slot& slot : slots_) settle(slot);
+    // The resident groups, whole after the step's last micro-batch (and any sum across stages).
+    for (size_t i = 0; i < groups_.size(); ++i) {
+        if (!groups_[i].params.resident) continue;
+        reduce(i, slots_.front(), padded_buffer(groups_[i]));
+        settle(slots_.front());
+    }
+}
+
+// Group by group: this rank's piece into its place in a group-sized buffer, the all-gather
+// there, and the group's real elements back into the flat buffer.
+void ShardedGradients::gather(const Tensor& flat) {
+    const int parts = dp_.size();
+    for (Group& g : groups_) {
+        const Tensor staging_memory = g.params.resident ? g.resident_buffer : slots_.front().buffer.view();
+        const Tensor staging(staging_memory.raw(), flat.dtype(), Shape{g.piece * parts}, flat.device());
+        const FlatRange mine = piece_within(g.flat.size(), g.piece, dp_.rank());
+        if (mine.size() > 0) ops_.copy(flat_slice(staging, mine.begin, mine.size()), flat_slice(flat, g.flat.begin + mine.begin, mine.size()));
+        dp_.all_gather(staging);
+        ops_.copy(flat_slice(flat, g.flat.begin, g.flat.size()), flat_slice(staging, 0, g.flat.size()));
+    }
+}
+
+void ShardedGradients::gather_parameters() { gather(params_.compute_values.empty() ? params_.values : params_.compute_values); }
+
+void ShardedGradients::gather_master_values() {
+    if (!params_.compute_values.empty()) gather(params_.values);
+}
+
+}  // namespace llmtrain

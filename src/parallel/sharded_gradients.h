@@ -1,0 +1,109 @@
+// ZeRO-2 (Rajbhandari et al., "ZeRO", SC'20): the gradients are sharded over the dp group like
+// the AdamW state. No whole gradient buffer exists: backward writes each group of parameters
+// (a layer, the head, the embedding part) into one of a small pool of group-sized buffers;
+// when the group's gradients of a micro-batch are complete, the buffer is reduce-scattered
+// (asynchronously, while backward goes on with the next group in the other pool buffer) and
+// this rank adds its piece to its shard. As in DeepSpeed, every micro-batch is reduced, so
+// the traffic grows with the micro-batches; the memory does not.
+//
+// A group of length n is padded to P = dp * ceil(n / dp) in its buffer; rank r owns the flat
+// elements [begin + r P/dp, begin + min((r + 1) P/dp, n)) of it (the last pieces may be short
+// or empty). Per rank: the shard (~total / dp), two pool buffers of the largest pooled group,
+// two receive pieces, and the resident groups whole.
+//
+// A resident group (the one holding a tied embedding, whose gradient is written twice in a
+// backward, by the head first and the embedding last, and summed across pipeline stages after
+// the last micro-batch) keeps its own buffer for the whole step and is reduce-scattered once,
+// in finish().
+//
+// After the update each group's parameters are all-gathered through a group-sized buffer (a
+// pool buffer, or a resident group's own), since a group's pieces are not aligned to dp in
+// the flat layout.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/flat_range.h"
+#include "parallel/comm.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/gradient_reduction.h"
+
+namespace llmtrain {
+
+// Parameters [first, end) whose gradients backward writes together; resident: kept whole for the step.
+struct GradGroup {
+    size_t first = 0, end = 0;
+    bool resident = false;
+};
+
+// The device operations the reduction needs on its buffers, supplied by the caller (the
+// backend's fill_zero, add and copy): the parallel layer knows no Backend.
+struct FlatOps {
+    std::function<void(const Tensor& x)> zero;
+    std::function<void(const Tensor& out, const Tensor& a, const Tensor& b)> add;
+    std::function<void(const Tensor& out, const Tensor& in)> copy;
+};
+
+// The elements ShardedGradients allocates for groups of these flat ranges on dp ranks, all in
+// the master dtype: what the memory plan predicts.
+int64_t sharded_gradient_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp);
+// The elements dp rank dp_rank updates (and keeps AdamW moments for): its clipped pieces.
+int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp, int dp_rank);
+
+class ShardedGradients : public GradientReduction {
+public:
+    // groups: in the order backward writes them; together they cover every parameter once.
+    ShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& dp, FlatOps ops);
+
+    std::vector<GradStorageBinding> run_storage() const override;
+    void begin_step() override;
+    std::optional<GradStorageBinding> open(size_t first, size_t end) override;
+    bool consumes(size_t param, bool last_micro_batch) const override;
+    void ready(size_t first, size_t end, bool last_micro_batch) override;
+    void finish() override;
+    void gather_parameters() override;
+    void gather_master_values() override;
+    const std::vector<OwnedPiece>& owned() const override { return owned_; }
+    bool sharded() const override { return true; }
+    size_t gradient_bytes() const override { return bytes_; }
+    std::string describe() const override;
+
+    static constexpr int kPoolBuffers = 2;
+
+private:
+    struct Group {
+        GradGroup params;
+        FlatRange flat;
+        int64_t piece = 0;        // padded length / dp
+        int64_t shard_at = 0;     // where its piece starts in the shard
+        int waiting = 0;          // parameters whose gradients are not ready yet in this micro-batch
+        int slot = -1;            // pooled: the pool buffer it is written into; -1: none
+        Tensor resident_buffer;   // resident: its own buffer of piece * dp
+    };
+    struct Slot {
+        OwnedTensor buffer, received;
+        int group = -1;           // whose reduction is in flight or pending accumulation
+        CommHandle handle;
+    };
+    size_t group_of(size_t param) const { return group_of_param_.at(param); }
+    Tensor padded_buffer(const Group& g) const;
+    void reduce(size_t group, Slot& slot, const Tensor& buffer);
+    void settle(Slot& slot);  // waits for the slot's reduction and adds it into the shard
+    void gather(const Tensor& flat);
+
+    FlatParameters params_;
+    std::vector<Group> groups_;
+    std::vector<size_t> group_of_param_;
+    Comm& dp_;
+    FlatOps ops_;
+    OwnedTensor shard_;
+    std::vector<OwnedTensor> resident_buffers_;
+    std::vector<Slot> slots_;
+    int next_slot_ = 0;
+    std::vector<OwnedPiece> owned_;
+    size_t bytes_ = 0;
+};
+
+}  // namespace llmtrain
