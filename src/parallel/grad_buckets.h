@@ -65,8 +65,10 @@ class GradBuckets {
 public:
     GradBuckets(FlatParameters params, Comm& dp, bool zero1, int64_t bucket_bytes);
 
-    // Forget readiness: call before the backward whose gradients are to be reduced.
-    void begin_step();
+    // Forget readiness: call before the backward whose gradients are to be reduced. reduce =
+    // false: this step's gradients stay each rank's own (1-bit Adam after its freeze step
+    // communicates the momentum instead); owned() then holds the local gradients.
+    void begin_step(bool reduce = true);
     // Parameters [begin, end) have their final gradients; starts every bucket that is ready.
     void mark_ready(size_t begin, size_t end);
     // Starts what is left and waits for every reduction. Afterwards owned() holds the summed
@@ -82,6 +84,9 @@ public:
     const std::vector<OwnedPiece>& owned() const { return owned_; }
     bool zero1() const { return zero1_; }
     size_t bucket_count() const { return buckets_.size(); }
+    // Gradient bytes this rank has sent so far: a ring all-reduce of B bytes over p ranks
+    // sends 2 (p - 1) B / p of them, a reduce-scatter (p - 1) B / p.
+    int64_t bytes_sent() const { return bytes_sent_; }
     // An unallocated tensor still counts one element: no shards, no bytes.
     size_t sharded_grad_bytes() const { return zero1_ ? shard_grads_.view().bytes() : 0; }
 
@@ -99,6 +104,8 @@ private:
     FlatParameters params_;
     Comm& dp_;
     bool zero1_;
+    bool reduce_ = true;
+    int64_t bytes_sent_ = 0;
     std::vector<Bucket> buckets_;             // from the end of the buffer to its start
     std::vector<std::vector<size_t>> buckets_of_param_;
     std::vector<bool> param_ready_;
