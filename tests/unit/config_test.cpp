@@ -736,3 +736,14 @@ TEST(Config, NcclOnTheCpu_IsAConfigErrorNamingTheKey) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.comm=\"nccl\""}), "parallel.comm: \"nccl\" carries GPU memory and needs train.device = \"cuda\""));
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.comm=\"gloo\""}), "parallel.comm"));
 }
+
+TEST(Config, OptimizerNameAndFreezeStep_ParseAndAreRangeChecked) {
+    EXPECT_EQ(parse(TomlText::gpt2()).optimizer.name, OptimizerName::adamw);
+    const Config onebit = parse(TomlText::gpt2(), {"optimizer.name=\"onebit_adam\"", "optimizer.freeze_step=7"});
+    EXPECT_EQ(onebit.optimizer.name, OptimizerName::onebit_adam);
+    EXPECT_EQ(onebit.optimizer.freeze_step, 7);
+    EXPECT_NE(error_of(TomlText::gpt2(), {"optimizer.freeze_step=0"}).find("optimizer.freeze_step"), std::string::npos);
+    const std::string bad_name = error_of(TomlText::gpt2(), {"optimizer.name=\"lamb\""});
+    EXPECT_NE(bad_name.find("optimizer.name"), std::string::npos) << bad_name;
+    EXPECT_NE(bad_name.find("onebit_adam"), std::string::npos) << bad_name;
+}
