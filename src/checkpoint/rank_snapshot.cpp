@@ -38,6 +38,8 @@ struct Copy {
 
 std::string model_dataset(const std::string& name) { return "model/" + name; }
 
+std::string rank_state_dataset(const std::string& state) { return "optimizer/" + state; }
+
 std::string moment_dataset(const char* moment, const std::string& name, int64_t begin, int64_t end) {
     return cat("optimizer/", moment, "/", name, "/elements_", begin, "_", end);
 }
@@ -70,6 +72,19 @@ void capture_snapshot(const SnapshotSource& source, int64_t step, RankSnapshot& 
             state_offset += piece.end - piece.begin;
         }
     }
+    // Rank-local state lives in host memory already.
+    std::vector<std::pair<size_t, const std::vector<float>*>> host_copies;
+    for (const RankLocalState& state : source.optimizer.rank_local_state()) {
+        SavedTensor t;
+        t.dataset = rank_state_dataset(state.name);
+        t.name = state.name;
+        const auto n = static_cast<int64_t>(state.values->size());
+        t.local_shape = t.global_shape = Shape{n};
+        t.end = n;
+        t.dtype = DType::f32;
+        host_copies.emplace_back(out.tensors.size(), state.values);
+        out.tensors.push_back(std::move(t));
+    }
     size_t bytes = 0;
     for (SavedTensor& t : out.tensors) {
         t.byte_offset = bytes;
@@ -77,6 +92,7 @@ void capture_snapshot(const SnapshotSource& source, int64_t step, RankSnapshot& 
     }
     out.data.resize(bytes);  // no reallocation when the layout is the same as last time
     for (const Copy& c : copies) source.backend.copy_to_host(out.data.data() + out.tensors[c.tensor].byte_offset, c.from);
+    for (const auto& [tensor, values] : host_copies) std::memcpy(out.data.data() + out.tensors[tensor].byte_offset, values->data(), values->size() * sizeof(float));
 }
 
 }  // namespace llmtrain

@@ -11,6 +11,8 @@
 //   optimizer/exp_avg/<name>/elements_<b>_<e>     AdamW moments of local elements [b, e) of the
 //   optimizer/exp_avg_sq/<name>/elements_<b>_<e>  tensor: every rank for the ranges it updates
 //                                                 (ZeRO-1: its shard; else dp rank 0), same rules
+//   optimizer/<state>                             state of this rank alone (1-bit Adam's error
+//                                                 feedback, f32): every rank, for the same layout
 #pragma once
 
 #include <cstdint>
@@ -67,5 +69,6 @@ void capture_snapshot(const SnapshotSource& source, int64_t step, RankSnapshot& 
 // The dataset names above.
 std::string model_dataset(const std::string& name);
 std::string moment_dataset(const char* moment, const std::string& name, int64_t begin, int64_t end);
+std::string rank_state_dataset(const std::string& state);
 
 }  // namespace llmtrain

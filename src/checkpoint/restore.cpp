@@ -1,7 +1,10 @@
 #include "checkpoint/restore.h"
 
+#include <filesystem>
 #include <vector>
 
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/hdf5_file.h"
 #include "checkpoint/tensor_assembly.h"
 #include "core/error.h"
 
@@ -68,6 +71,20 @@ void load_checkpoint_tensors(const std::string& path, const Manifest& manifest, 
     backend.copy_from_host(optimizer.exp_avg_sq(), v.data());
     optimizer.set_steps_taken(manifest.optimizer_steps);
     if (params.has_compute_copy()) params.refresh_compute_copy();
+}
+
+bool load_rank_local_state(const std::string& path, const Manifest& manifest, int world_rank, bool same_layout, AdamW& optimizer) {
+    const std::vector<RankLocalState> states = optimizer.rank_local_state();
+    if (states.empty() || !same_layout || world_rank >= static_cast<int>(manifest.files.size())) return false;
+    const RankFileReader file((std::filesystem::path(path) / rank_file_name(world_rank)).string());
+    size_t loaded = 0;
+    for (const RankLocalState& state : states)
+        for (const SavedTensor& t : file.tensors())
+            if (t.dataset == rank_state_dataset(state.name)) {
+                optimizer.set_rank_local_state(state.name, file.read(t));
+                ++loaded;
+            }
+    return loaded == states.size();
 }
 
 }  // namespace llmtrain

@@ -19,5 +19,10 @@ namespace llmtrain {
 // The master weights alone (generate, eval: no optimizer), refreshing the compute copy.
 void load_checkpoint_weights(const std::string& path, const Manifest& manifest, Parameters& params, Backend& backend);
 void load_checkpoint_tensors(const std::string& path, const Manifest& manifest, Parameters& params, AdamW& optimizer, Backend& backend);
+// The optimizer's rank-local state (1-bit Adam's error feedback) from world rank
+// `world_rank`'s file, when the checkpoint was saved by the same layout (tp, dp, pp as in
+// `manifest_of_run`); otherwise the state stays as it is (zero: a fresh error feedback).
+// Returns whether it was loaded.
+bool load_rank_local_state(const std::string& path, const Manifest& manifest, int world_rank, bool same_layout, AdamW& optimizer);
 
 }  // namespace llmtrain

@@ -36,6 +36,7 @@ namespace {
 constexpr const char* kFamilyNames[] = {"gpt2", "llama"};
 constexpr const char* kFormatNames[] = {"text", "tokens", "shards", "megatron", "llmc", "nanogpt"};
 constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
+constexpr const char* kOptimizerNames[] = {"adamw", "onebit_adam"};
 constexpr const char* kHealthActionNames[] = {"abort", "skip", "rollback", "lower_lr"};
 constexpr const char* kSaveErrorNames[] = {"warn", "abort"};
 constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
@@ -50,6 +51,7 @@ using Names = std::span<const char* const>;
 Names names_of(ModelFamily) { return kFamilyNames; }
 Names names_of(DataFormat) { return kFormatNames; }
 Names names_of(LrDecay) { return kDecayNames; }
+Names names_of(OptimizerName) { return kOptimizerNames; }
 Names names_of(HealthAction) { return kHealthActionNames; }
 Names names_of(SaveErrorPolicy) { return kSaveErrorNames; }
 Names names_of(ComputeDevice) { return kDeviceNames; }
@@ -278,6 +280,11 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(train, init_from).string()
             .describe("Hugging Face weights to start from (step 0, fresh optimizer): a .safetensors file or a directory holding model.safetensors; empty: random initialization; a checkpoint found by --resume wins"),
 
+        CONFIG_KEY(optimizer, name).choice(kOptimizerNames)
+            .describe("adamw, or onebit_adam: 1-bit Adam, AdamW for freeze_step steps, then frozen variance and the momentum all-reduced as sign bits "
+                      "with error feedback (needs parallel.zero1 = false when dp > 1)"),
+        CONFIG_KEY(optimizer, freeze_step).integer(1, kTrillion)
+            .describe("onebit_adam: full AdamW steps (gradients all-reduced) before the variance is frozen and the momentum is compressed"),
         CONFIG_KEY(optimizer, lr).number(excl(0), incl(10)).required().describe("peak learning rate"),
         CONFIG_KEY(optimizer, min_lr_ratio).number(incl(0), incl(1)).describe("floor of the decay, as a fraction of lr"),
         CONFIG_KEY(optimizer, warmup_steps).integer(0, kTrillion)

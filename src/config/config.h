@@ -102,8 +102,13 @@ struct TrainConfig {
 };
 
 enum class LrDecay { cosine, linear, constant };
+// adamw: AdamW on gradients all-reduced over dp. onebit_adam: 1-bit Adam (Tang et al. 2021):
+// AdamW for freeze_step steps, then the variance is frozen and the momentum travels as signs.
+enum class OptimizerName { adamw, onebit_adam };
 
 struct OptimizerConfig {
+    OptimizerName name = OptimizerName::adamw;
+    int64_t freeze_step = 100;             // onebit_adam: AdamW steps before the variance freezes
     double lr = 0.0;
     double min_lr_ratio = 0.1;             // floor of the decay, as a fraction of lr
     int64_t warmup_steps = 0;

@@ -191,6 +191,8 @@ MetricsExporter::MetricsExporter(const MetricsLabels& labels, const MetricsRunFa
         mfu_ = &gauge("llmtrain_mfu_ratio", "Model FLOPs utilization of the last step per device (PaLM formula 6N + 12*L*H*Q*T over the peak).");
     comm_family_ = &prometheus::BuildCounter().Name("llmtrain_communication_seconds_total")
                         .Help("Seconds this rank's step loop was blocked in communication, by group and op.").Labels(constant).Register(r);
+    dp_bytes_ = &counter("llmtrain_dp_gradient_sent_bytes_total",
+                         "Gradient bytes (1-bit Adam: compressed momentum bytes) this rank sent over its dp group.");
     data_wait_ = &counter("llmtrain_data_wait_seconds_total", "Seconds this rank's step loop waited for training batches.");
     ckpt_blocked_ = &counter("llmtrain_checkpoint_blocked_seconds_total", "Seconds the step loop was blocked by checkpoint saves (copy to host, synchronous writes).");
     ckpt_background_ = &counter("llmtrain_checkpoint_background_seconds_total", "Seconds the checkpoint writer thread spent writing this rank's files.");
@@ -256,6 +258,7 @@ void MetricsExporter::after_step(const StepRecord& s) {
     samples_->Increment(static_cast<double>(s.sequences));
     loss_->Set(s.loss);
     grad_norm_->Set(s.grad_norm);
+    dp_bytes_->Increment(static_cast<double>(s.dp_bytes_sent));
     lr_->Set(s.lr);
     loss_scale_->Set(s.loss_scale);
     step_duration_->Observe(s.step_seconds);

@@ -86,7 +86,7 @@ private:
 
     prometheus::Gauge *step_, *loss_, *val_loss_, *grad_norm_, *lr_, *loss_scale_, *tokens_per_second_, *mfu_ = nullptr;
     prometheus::Gauge *last_step_time_, *straggler_;
-    prometheus::Counter *tokens_, *samples_, *skipped_, *data_wait_, *ckpt_blocked_, *ckpt_background_, *ckpt_bytes_, *ckpt_saves_;
+    prometheus::Counter *tokens_, *samples_, *skipped_, *dp_bytes_, *data_wait_, *ckpt_blocked_, *ckpt_background_, *ckpt_bytes_, *ckpt_saves_;
     prometheus::Histogram* step_duration_;
     prometheus::Family<prometheus::Counter>* comm_family_;
     prometheus::Family<prometheus::Counter>* anomalies_;

@@ -14,7 +14,7 @@ namespace llmtrain {
 // Time this rank's step loop spent blocked in one operation of one group of ranks.
 struct CommTime {
     std::string group;  // "world", "tp", "dp", "pp", "embedding"
-    std::string op;     // "all_reduce", "reduce_scatter", "all_gather", "send", "recv", "broadcast", "barrier"
+    std::string op;     // "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv", "broadcast", "barrier"
     double seconds = 0;
 };
 
@@ -39,6 +39,9 @@ struct StepRecord {
     bool dynamic_loss_scale = false;  // loss_scale changes during the run (fp16)
     int64_t tokens = 0;      // trained on in this step, over the whole job
     int64_t sequences = 0;   // samples of the step, over the whole job
+    // Gradient (or 1-bit Adam's compressed momentum) bytes each dp rank sent over its dp
+    // group this step (ring all-reduce: 2 (dp - 1) / dp of the buffer); the same on every dp rank.
+    int64_t dp_bytes_sent = 0;
     RankStepTimes rank;      // this rank's
     // Every world rank's straggler score (the fastest rank's median compute time over its
     // own, 1 for the fastest), on the steps where it was measured; empty on the others.

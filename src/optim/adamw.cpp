@@ -25,6 +25,10 @@ AdamW::AdamW(const OptimizerConfig& config, Parameters& params, std::vector<Owne
     : config_(config), params_(params), pieces_(std::move(pieces)), m_(params.new_tensor(params.dtype(), {total_length(pieces_)})),
       v_(params.new_tensor(params.dtype(), {total_length(pieces_)})) {}
 
+void AdamW::set_rank_local_state(const std::string& name, const std::vector<double>&) {
+    fail(ErrorKind::data, "checkpoint: optimizer/", name, " is no state of AdamW");
+}
+
 void AdamW::step(Backend& backend, double lr, double grad_scale) {
     ++steps_taken_;
     const Tensor values = params_.all_values();

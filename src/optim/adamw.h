@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -24,13 +25,29 @@ double clip_scale(double grad_norm, double max_norm);
 template <class Counts>
 double square_sum(Backend& backend, const Parameters& params, const std::vector<OwnedPiece>& pieces, Counts&& counts);
 
+// State a rank keeps for itself alone (1-bit Adam's error feedback): saved in its own
+// checkpoint file under optimizer/<name> and restored on the same layout.
+struct RankLocalState {
+    std::string name;
+    const std::vector<float>* values;
+};
+
 class AdamW {
 public:
     // Every parameter, with the gradients in place (a single process).
     AdamW(const OptimizerConfig& config, Parameters& params);
     AdamW(const OptimizerConfig& config, Parameters& params, std::vector<OwnedPiece> pieces);
+    virtual ~AdamW() = default;
     // One update with learning rate lr and the gradient multiplied by grad_scale.
-    void step(Backend& backend, double lr, double grad_scale);
+    virtual void step(Backend& backend, double lr, double grad_scale);
+    // Whether the next step wants the gradients reduced over dp first (1-bit Adam after the
+    // freeze works on each rank's own gradients).
+    virtual bool reduces_gradients() const { return true; }
+    // Bytes of momentum this rank has sent so far (compressed optimizers).
+    virtual int64_t bytes_sent() const { return 0; }
+    virtual std::vector<RankLocalState> rank_local_state() const { return {}; }
+    // Sets the state named `name` (one of rank_local_state()'s) from a checkpoint.
+    virtual void set_rank_local_state(const std::string& name, const std::vector<double>& values);
     int64_t steps_taken() const { return steps_taken_; }
     // Checkpoints: the ranges this rank updates, their moments back to back in piece order,
     // and the step count a resumed run continues from.
@@ -42,7 +59,7 @@ public:
     // Moments m and v for owned_numel elements in the master dtype.
     static size_t state_bytes_for(int64_t owned_numel, DType master) { return 2 * static_cast<size_t>(owned_numel) * dtype_size(master); }
 
-private:
+protected:
     OptimizerConfig config_;
     Parameters& params_;
     std::vector<OwnedPiece> pieces_;

@@ -57,6 +57,10 @@ public:
         return {};
     }
     CommHandle all_gather_async(const Tensor&) override { return {}; }
+    CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override {
+        if (out.raw() != in.raw()) std::memcpy(out.raw(), in.raw(), out.bytes());
+        return {};
+    }
     CommHandle send_async(const Tensor&, int) override { no_peer("send"); }
     void recv(const Tensor&, int) override { no_peer("recv"); }
     void broadcast(const Tensor&, int) override {}

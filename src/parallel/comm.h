@@ -57,6 +57,10 @@ public:
     // In place: data holds size() chunks; this rank's chunk is at position rank() and every
     // rank ends with every chunk.
     virtual CommHandle all_gather_async(const Tensor& data) = 0;
+    // in and out hold size() chunks of equal bytes: chunk r of in goes to rank r, chunk r of
+    // out arrives from rank r. Bytes move as they are (no arithmetic), whatever the dtype:
+    // what compressed collectives (1-bit Adam's sign bits) send.
+    virtual CommHandle all_to_all_async(const Tensor& out, const Tensor& in) = 0;
     virtual CommHandle send_async(const Tensor& data, int peer) = 0;
     virtual void recv(const Tensor& data, int peer) = 0;
     virtual void broadcast(const Tensor& data, int root) = 0;
@@ -65,6 +69,7 @@ public:
     void all_reduce(const Tensor& data, ReduceOp op) { all_reduce_async(data, op).wait(); }
     void reduce_scatter(const Tensor& out, const Tensor& in) { reduce_scatter_async(out, in).wait(); }
     void all_gather(const Tensor& data) { all_gather_async(data).wait(); }
+    void all_to_all(const Tensor& out, const Tensor& in) { all_to_all_async(out, in).wait(); }
     void send(const Tensor& data, int peer) { send_async(data, peer).wait(); }
     // Sum (or max) of one number over the group.
     double all_reduce_scalar(double value, ReduceOp op);

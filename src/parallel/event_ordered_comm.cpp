@@ -139,6 +139,11 @@ CommHandle EventOrderedComm::all_gather_async(const Tensor& data) {
     return ordered("all_gather", main_, [&](StreamCollectives& c, StreamId s) { c.all_gather(data, s); });
 }
 
+CommHandle EventOrderedComm::all_to_all_async(const Tensor& out, const Tensor& in) {
+    if (in.device() == Device::cpu) return host_.all_to_all_async(out, in);
+    return ordered("all_to_all", main_, [&](StreamCollectives& c, StreamId s) { c.all_to_all(out, in, s); });
+}
+
 CommHandle EventOrderedComm::send_async(const Tensor& data, int peer) {
     if (data.device() == Device::cpu) return host_.send_async(data, peer);
     return ordered(cat("send to world rank ", world_rank(peer)), p2p_lane(peer, true),

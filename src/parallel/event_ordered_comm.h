@@ -96,6 +96,7 @@ public:
     CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override;
     CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override;
     CommHandle all_gather_async(const Tensor& data) override;
+    CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override;
     CommHandle send_async(const Tensor& data, int peer) override;
     void recv(const Tensor& data, int peer) override;
     void broadcast(const Tensor& data, int root) override;

@@ -48,12 +48,13 @@ GradBuckets::GradBuckets(FlatParameters params, Comm& dp, bool zero1, int64_t bu
         shard_offset += piece;
     }
     if (!zero1_) owned_.push_back({0, total, grads});
-    begin_step();
+    begin_step(true);
 }
 
 std::string GradBuckets::describe() const { return cat(zero1_ ? "ZeRO-1" : "ZeRO off", " | ", buckets_.size(), " gradient buckets"); }
 
-void GradBuckets::begin_step() {
+void GradBuckets::begin_step(bool reduce) {
+    reduce_ = reduce;
     param_ready_.assign(params_.ranges.size(), false);
     for (Bucket& b : buckets_) {
         b.handle.wait();
@@ -65,8 +66,10 @@ void GradBuckets::begin_step() {
 void GradBuckets::start(size_t index) {
     Bucket& bucket = buckets_[index];
     bucket.started = true;
-    if (dp_.size() == 1) return;
+    if (dp_.size() == 1 || !reduce_) return;
     const Tensor grads = flat_slice(params_.grads, bucket.begin, bucket.end);
+    const int64_t p = dp_.size(), share = static_cast<int64_t>(grads.bytes()) * (p - 1) / p;
+    bytes_sent_ += zero1_ ? share : 2 * share;
     if (!zero1_) {
         bucket.handle = dp_.all_reduce_async(grads, ReduceOp::sum);
         return;

@@ -78,8 +78,9 @@ public:
     size_t gradient_bytes() const override { return params_.grads.bytes() + sharded_grad_bytes(); }
     std::string describe() const override;
 
-    // Forget readiness: call before the backward whose gradients are to be reduced.
-    void begin_step() override;
+    // Forget readiness: call before the backward whose gradients are to be reduced (or,
+    // reduce = false, kept local: see GradientReduction::begin_step).
+    void begin_step(bool reduce) override;
     // Parameters [begin, end) have their final gradients; starts every bucket that is ready.
     void mark_ready(size_t begin, size_t end);
     // Starts what is left and waits for every reduction. Afterwards owned() holds the summed
@@ -95,6 +96,9 @@ public:
     const std::vector<OwnedPiece>& owned() const override { return owned_; }
     bool zero1() const { return zero1_; }
     size_t bucket_count() const { return buckets_.size(); }
+    // Gradient bytes this rank has sent so far: a ring all-reduce of B bytes over p ranks
+    // sends 2 (p - 1) B / p of them, a reduce-scatter (p - 1) B / p.
+    int64_t bytes_sent() const override { return bytes_sent_; }
     // An unallocated tensor still counts one element: no shards, no bytes.
     size_t sharded_grad_bytes() const { return zero1_ ? shard_grads_.view().bytes() : 0; }
 
@@ -112,6 +116,8 @@ private:
     FlatParameters params_;
     Comm& dp_;
     bool zero1_;
+    bool reduce_ = true;
+    int64_t bytes_sent_ = 0;
     std::vector<Bucket> buckets_;             // from the end of the buffer to its start
     std::vector<std::vector<size_t>> buckets_of_param_;
     std::vector<bool> param_ready_;

@@ -30,8 +30,10 @@ public:
     virtual ~GradientReduction() = default;
     // Storage bound for the whole run (what every step accumulates into); the rest is bound by open().
     virtual std::vector<GradStorageBinding> run_storage() const = 0;
-    // Before the backward of a step's first micro-batch.
-    virtual void begin_step() = 0;
+    // Before the backward of a step's first micro-batch. reduce = false: this step's gradients
+    // stay each rank's own (1-bit Adam after its freeze step communicates the momentum
+    // instead); owned() then holds the local gradients.
+    virtual void begin_step(bool reduce) = 0;
     // Backward is about to write the gradients of parameters [first, end) (one group of the
     // model's): where they go now; nullopt: where they were.
     virtual std::optional<GradStorageBinding> open(size_t first, size_t end) = 0;
@@ -52,6 +54,9 @@ public:
     virtual bool sharded() const = 0;
     // Bytes allocated for gradients: a whole flat buffer and / or shards and working buffers.
     virtual size_t gradient_bytes() const = 0;
+    // Gradient bytes this rank has sent so far: a ring all-reduce of B bytes over p ranks
+    // sends 2 (p - 1) B / p of them, a reduce-scatter (p - 1) B / p.
+    virtual int64_t bytes_sent() const = 0;
     // For the start-up line, e.g. "ZeRO-2 (gradients sharded), 6 groups".
     virtual std::string describe() const = 0;
 };

@@ -149,6 +149,19 @@ public:
         check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, staged->data(), chunk, staged->type(), comm_, &r), "all_gather");
         return handle(r, "all_gather", std::move(staged));
     }
+    CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override {
+        if (in.bytes() != out.bytes() || in.bytes() % static_cast<size_t>(size_) != 0)
+            fail(ErrorKind::shape, "all_to_all in the ", describe(), ": ", in.bytes(), " bytes in, ", out.bytes(), " bytes out (expected equal, in ", size_,
+                 " chunks)");
+        if (in.bytes() / static_cast<size_t>(size_) > static_cast<size_t>(std::numeric_limits<int>::max()))
+            fail(ErrorKind::unsupported, "MPI all_to_all chunk of ", in.bytes() / static_cast<size_t>(size_), " bytes exceeds 2^31 - 1");
+        auto staged_out = stage(out, false, false);
+        auto staged_in = stage(in, true, false);
+        MPI_Request r;
+        const int chunk = static_cast<int>(in.bytes() / static_cast<size_t>(size_));
+        check(MPI_Ialltoall(staged_in->data(), chunk, MPI_BYTE, staged_out->data(), chunk, MPI_BYTE, comm_, &r), "all_to_all");
+        return handle(r, "all_to_all", std::move(staged_out), std::move(staged_in));
+    }
     CommHandle send_async(const Tensor& data, int peer) override {
         auto staged = stage(data, true, false);
         MPI_Request r;

@@ -76,6 +76,22 @@ public:
         const void* mine = static_cast<const char*>(data.raw()) + chunk * dtype_size(data.dtype()) * static_cast<size_t>(rank_);
         settle(ncclAllGather(mine, data.raw(), chunk, nccl_type(data.dtype(), false), comm_, stream_of_(stream)), "all_gather");
     }
+    // NCCL has no all-to-all: one group of a send and a receive per peer (NCCL's own recipe).
+    void all_to_all(const Tensor& out, const Tensor& in, StreamId stream) override {
+        expect_device("all_to_all", out);
+        expect_device("all_to_all", in);
+        if (in.bytes() != out.bytes() || in.bytes() % static_cast<size_t>(size_) != 0)
+            fail(ErrorKind::shape, "all_to_all in the ", description_, ": ", in.bytes(), " bytes in, ", out.bytes(), " bytes out (expected equal, in ", size_,
+                 " chunks)");
+        const size_t chunk = in.bytes() / static_cast<size_t>(size_);
+        settle(ncclGroupStart(), "all_to_all");
+        for (int peer = 0; peer < size_; ++peer) {
+            const size_t at = chunk * static_cast<size_t>(peer);
+            settle(ncclSend(static_cast<const char*>(in.raw()) + at, chunk, ncclUint8, peer, comm_, stream_of_(stream)), "all_to_all");
+            settle(ncclRecv(static_cast<char*>(out.raw()) + at, chunk, ncclUint8, peer, comm_, stream_of_(stream)), "all_to_all");
+        }
+        settle(ncclGroupEnd(), "all_to_all");
+    }
     void send(const Tensor& data, int peer, StreamId stream) override {
         expect_device("send", data);
         settle(ncclSend(data.raw(), count(data), nccl_type(data.dtype(), false), peer, comm_, stream_of_(stream)), "send");
@@ -189,6 +205,10 @@ public:
     CommHandle all_gather_async(const Tensor& data) override {
         nccl_->all_gather(data, 0);
         return record("all_gather");
+    }
+    CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override {
+        nccl_->all_to_all(out, in, 0);
+        return record("all_to_all");
     }
     CommHandle send_async(const Tensor& data, int peer) override {
         nccl_->send(data, peer, 0);

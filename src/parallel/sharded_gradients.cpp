@@ -102,7 +102,8 @@ Tensor ShardedGradients::padded_buffer(const Group& g) const {
     return flat_slice(buffer, 0, g.piece * dp_.size());
 }
 
-void ShardedGradients::begin_step() {
+void ShardedGradients::begin_step(bool reduce) {
+    if (!reduce) fail(ErrorKind::runtime, "ZeRO-2 reduces every step's gradients: an optimizer that keeps them local (1-bit Adam) needs parallel.zero_stage = 0");
     for (Slot& slot : slots_) settle(slot);
     ops_.zero(shard_.view());
     for (const OwnedTensor& buffer : resident_buffers_) ops_.zero(buffer.view());
@@ -142,6 +143,8 @@ void ShardedGradients::ready(size_t first, size_t end, bool /*last_micro_batch*/
 void ShardedGradients::reduce(size_t group, Slot& slot, const Tensor& buffer) {
     const Group& g = groups_[group];
     slot.group = static_cast<int>(group);
+    const int64_t p = dp_.size();
+    bytes_sent_ += static_cast<int64_t>(buffer.bytes()) * (p - 1) / p;
     slot.handle = dp_.reduce_scatter_async(flat_slice(slot.received.view(), 0, g.piece), buffer);
 }
 

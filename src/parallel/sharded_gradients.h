@@ -58,7 +58,7 @@ public:
     ShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& dp, FlatOps ops);
 
     std::vector<GradStorageBinding> run_storage() const override;
-    void begin_step() override;
+    void begin_step(bool reduce) override;  // reduce = false is refused: stage 2 keeps no whole local gradient
     std::optional<GradStorageBinding> open(size_t first, size_t end) override;
     bool consumes(size_t param, bool last_micro_batch) const override;
     void ready(size_t first, size_t end, bool last_micro_batch) override;
@@ -68,6 +68,7 @@ public:
     const std::vector<OwnedPiece>& owned() const override { return owned_; }
     bool sharded() const override { return true; }
     size_t gradient_bytes() const override { return bytes_; }
+    int64_t bytes_sent() const override { return bytes_sent_; }
     std::string describe() const override;
 
     static constexpr int kPoolBuffers = 2;
@@ -104,6 +105,7 @@ private:
     int next_slot_ = 0;
     std::vector<OwnedPiece> owned_;
     size_t bytes_ = 0;
+    int64_t bytes_sent_ = 0;
 };
 
 }  // namespace llmtrain

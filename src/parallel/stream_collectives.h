@@ -18,6 +18,8 @@ public:
     virtual void all_reduce(const Tensor& data, ReduceOp op, StreamId stream) = 0;
     virtual void reduce_scatter(const Tensor& out, const Tensor& in, StreamId stream) = 0;
     virtual void all_gather(const Tensor& data, StreamId stream) = 0;
+    // Comm::all_to_all_async's bytes, on a stream.
+    virtual void all_to_all(const Tensor& out, const Tensor& in, StreamId stream) = 0;
     virtual void send(const Tensor& data, int peer, StreamId stream) = 0;
     virtual void recv(const Tensor& data, int peer, StreamId stream) = 0;
     virtual void broadcast(const Tensor& data, int root, StreamId stream) = 0;

@@ -43,6 +43,9 @@ public:
     CommHandle all_gather_async(const Tensor& data) override {
         return timed_async(CommOp::all_gather, [&] { return inner_->all_gather_async(data); });
     }
+    CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override {
+        return timed_async(CommOp::all_to_all, [&] { return inner_->all_to_all_async(out, in); });
+    }
     CommHandle send_async(const Tensor& data, int peer) override {
         return timed_async(CommOp::send, [&] { return inner_->send_async(data, peer); });
     }
@@ -73,7 +76,7 @@ private:
 }  // namespace
 
 const char* comm_op_name(CommOp op) {
-    static constexpr const char* names[comm_op_count] = {"all_reduce", "reduce_scatter", "all_gather", "send", "recv", "broadcast", "barrier"};
+    static constexpr const char* names[comm_op_count] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv", "broadcast", "barrier"};
     return names[static_cast<size_t>(op)];
 }
 

@@ -15,8 +15,8 @@
 
 namespace llmtrain {
 
-enum class CommOp { all_reduce, reduce_scatter, all_gather, send, recv, broadcast, barrier };
-inline constexpr int comm_op_count = 7;
+enum class CommOp { all_reduce, reduce_scatter, all_gather, all_to_all, send, recv, broadcast, barrier };
+inline constexpr int comm_op_count = 8;
 const char* comm_op_name(CommOp op);
 
 // Seconds per (group, op) since the start, added to on the thread that communicates (the

@@ -81,6 +81,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
+    check_optimizer_layout(config_.optimizer, config_.parallel, ctx.mesh.dp());
     if (!is_logger()) options_.quiet = true;
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
     else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank);
@@ -91,7 +92,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
                                            stage_partition(config_, ctx.mesh, ctx.world_rank), &comms_->tp());
     model_->initialize(config_.train.seed);
     reduction_ = make_gradient_reduction();
-    optimizer_ = std::make_unique<AdamW>(config_.optimizer, model_->parameters(), reduction_->owned());
+    optimizer_ = make_optimizer(config_.optimizer, model_->parameters(), reduction_->owned(), comms_->dp());
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, comms_->pp(), config_.train.grad_accum);
     // The fp16 overflow rule first: an overflow is not a fault for the non-finite policy.
@@ -215,9 +216,11 @@ StepRecord Trainer::train_step(int64_t step) {
     s.loss_scale = loss_scale_.scale();
     s.dynamic_loss_scale = loss_scale_.dynamic();
     current_step_ = step;
+    const int64_t bytes_before = reduction_->bytes_sent() + optimizer_->bytes_sent();
     compute_step(step, s);
     s.lr = learning_rate_at(config_.optimizer, step, t.steps) * lr_scale(s.step);
     update(s);
+    s.dp_bytes_sent = reduction_->bytes_sent() + optimizer_->bytes_sent() - bytes_before;
     backend_->synchronize();
     comms_->check();
     s.step_seconds = clock.seconds();
@@ -292,12 +295,22 @@ void Trainer::restore(const std::string& path, const Manifest& manifest) {
     if (manifest.step >= config_.train.steps)
         fail(ErrorKind::config, "train.steps = ", config_.train.steps, ": the checkpoint '", path, "' is at step ", manifest.step, " already; raise train.steps to train on");
     load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_);
+    restore_rank_local_state(path, manifest);
     loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
     if (manifest.data) data_ = make_batch_source(config_, manifest.data);
     health_->restore(manifest.monitor_state);
     start_step_ = manifest.step;
     tokens_seen_ = manifest.tokens_seen;
     resumes_ = manifest.resumes + 1;
+}
+
+// 1-bit Adam's error feedback belongs to each rank of the layout that saved it; on another
+// layout it starts again from zero, which costs a few steps of compression error, not a wrong result.
+void Trainer::restore_rank_local_state(const std::string& path, const Manifest& manifest) {
+    const Mesh& mesh = ctx_->mesh;
+    const bool same_layout = manifest.world_size == mesh.world_size() && manifest.tp == mesh.tp() && manifest.dp == mesh.dp() && manifest.pp == mesh.pp();
+    if (load_rank_local_state(path, manifest, ctx_->world_rank, same_layout, *optimizer_) || optimizer_->rank_local_state().empty()) return;
+    if (!options_.quiet) log_warn("checkpoint '", path, "': 1-bit Adam's error feedback was saved by another layout (or not at all); it starts from zero");
 }
 
 void Trainer::load_initial_weights(const std::string& path) { load_hf_weights(path, config_.model.vocab_size, model_->parameters(), *backend_); }
@@ -454,6 +467,7 @@ void Trainer::roll_back(int64_t offending_step, AnomalyRecord& event) {
     // offending_step + skip_batches (0-based) would have read.
     std::optional<LoaderState> resume = data_->state_at(offending_step + config_.monitor.skip_batches, ctx_->mesh.dp());
     load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_);
+    restore_rank_local_state(path, manifest);
     loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
     tokens_seen_ = manifest.tokens_seen;
     if (resume) {
@@ -507,7 +521,8 @@ double Trainer::forward_backward(int64_t step) {
     const std::optional<size_t> embedding = model_->embedding_param();
     const bool tied_across_stages = config_.model.tied_embeddings && ctx_->mesh.pp() > 1;
     if (!params.all_grads().empty()) backend_->fill_zero(params.all_grads());
-    reduction_->begin_step();
+    gradients_reduced_ = optimizer_->reduces_gradients();
+    reduction_->begin_step(gradients_reduced_);
 
     bool last = false;  // whether the backward running is the step's last micro-batch's
     model_->set_grads_begin_hook([&](size_t begin, size_t end) {
@@ -569,7 +584,14 @@ double Trainer::global_grad_norm() {
     });
     local_grad_square_sum_ = local + uncounted;
     if (!std::isfinite(uncounted)) local = std::numeric_limits<double>::quiet_NaN();
-    if (!reduction_->sharded() && ctx_->coord().dp != 0 && std::isfinite(local)) local = 0;
+    if (!gradients_reduced_) {
+        // Each dp rank holds its share s_r of the summed gradient; its own estimate of the
+        // gradient is dp s_r. The norm reported is the root mean square of those estimates
+        // over the dp ranks: sqrt(sum_r ||dp s_r||^2 / dp) = sqrt(dp sum_r ||s_r||^2).
+        local *= static_cast<double>(ctx_->mesh.dp());
+    } else if (!reduction_->sharded() && ctx_->coord().dp != 0 && std::isfinite(local)) {
+        local = 0;
+    }
     return std::sqrt(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
 }
 

@@ -33,6 +33,7 @@
 #include "monitor/health_monitor.h"
 #include "monitor/update_guard.h"
 #include "optim/adamw.h"
+#include "optim/onebit_adam.h"
 #include "optim/loss_scale.h"
 #include "parallel/context.h"
 #include "parallel/grad_buckets.h"
@@ -148,6 +149,7 @@ private:
     double lr_scale(int64_t step) const;
     // "host h, gpu 3" of world rank `rank`, the same text on every rank.
     std::string place_of(int rank);
+    void restore_rank_local_state(const std::string& path, const Manifest& manifest);
     // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.
     double forward_backward(int64_t step);
     void scale_gradients(double factor);
@@ -195,6 +197,7 @@ private:
     // This rank's partial results of the last computed step, which a re-run compares: its
     // share of the loss sum and of the gradients' sum of squares.
     double local_loss_ = 0, local_grad_square_sum_ = 0;
+    bool gradients_reduced_ = true;  // this step's gradients were reduced over dp (not so under 1-bit Adam after its freeze)
     TrainResult result_;
 };
 

@@ -121,6 +121,11 @@ void RecordedCollectives::all_gather(const Tensor& data, StreamId stream) {
     host_.all_gather(on_host(data));
 }
 
+void RecordedCollectives::all_to_all(const Tensor& out, const Tensor& in, StreamId stream) {
+    order_.work(stream, named("all_to_all"), {in}, {out});
+    host_.all_to_all(on_host(out), on_host(in));
+}
+
 void RecordedCollectives::send(const Tensor& data, int peer, StreamId stream) {
     order_.work(stream, named("send"), {data}, {});
     host_.send(on_host(data), peer);
@@ -148,6 +153,7 @@ public:
     CommHandle all_reduce_async(const Tensor&, ReduceOp) override { return {}; }
     CommHandle reduce_scatter_async(const Tensor&, const Tensor&) override { return {}; }
     CommHandle all_gather_async(const Tensor&) override { return {}; }
+    CommHandle all_to_all_async(const Tensor&, const Tensor&) override { return {}; }
     CommHandle send_async(const Tensor&, int) override { return {}; }
     void recv(const Tensor&, int) override {}
     void broadcast(const Tensor&, int) override {}

@@ -79,6 +79,7 @@ public:
     void all_reduce(const Tensor& data, ReduceOp op, StreamId stream) override;
     void reduce_scatter(const Tensor& out, const Tensor& in, StreamId stream) override;
     void all_gather(const Tensor& data, StreamId stream) override;
+    void all_to_all(const Tensor& out, const Tensor& in, StreamId stream) override;
     void send(const Tensor& data, int peer, StreamId stream) override;
     void recv(const Tensor& data, int peer, StreamId stream) override;
     void broadcast(const Tensor& data, int root, StreamId stream) override;

@@ -770,3 +770,14 @@ TEST(Config, ZeroStageOutOfRangeOrThree_IsRefusedNamingTheKey) {
     const std::string three = error_of(TomlText::gpt2(), {"parallel.zero_stage=3"});
     EXPECT_TRUE(Contains(three, "parallel.zero_stage: 3 (parameters sharded as well, FSDP) is not supported")) << three;
 }
+
+TEST(Config, OptimizerNameAndFreezeStep_ParseAndAreRangeChecked) {
+    EXPECT_EQ(parse(TomlText::gpt2()).optimizer.name, OptimizerName::adamw);
+    const Config onebit = parse(TomlText::gpt2(), {"optimizer.name=\"onebit_adam\"", "optimizer.freeze_step=7"});
+    EXPECT_EQ(onebit.optimizer.name, OptimizerName::onebit_adam);
+    EXPECT_EQ(onebit.optimizer.freeze_step, 7);
+    EXPECT_NE(error_of(TomlText::gpt2(), {"optimizer.freeze_step=0"}).find("optimizer.freeze_step"), std::string::npos);
+    const std::string bad_name = error_of(TomlText::gpt2(), {"optimizer.name=\"lamb\""});
+    EXPECT_NE(bad_name.find("optimizer.name"), std::string::npos) << bad_name;
+    EXPECT_NE(bad_name.find("onebit_adam"), std::string::npos) << bad_name;
+}

@@ -56,7 +56,7 @@ FlatParameters flat_of(const OwnedTensor& values, const OwnedTensor& grads, cons
 // model does; then the buckets finish.
 void backward(Rig& rig, GradBuckets& buckets, const FlatParameters& flat) {
     rig.kernel("zero gradients", {}, {flat.grads});
-    buckets.begin_step();
+    buckets.begin_step(true);
     for (size_t i = flat.ranges.size(); i-- > 0;) {
         rig.kernel(cat("backward of parameter ", i), {}, {part(flat.grads, flat.ranges[i].begin, flat.ranges[i].end)});
         buckets.mark_ready(i, i + 1);
