@@ -82,8 +82,11 @@ CheckResult judge_gpu_driver(int runtime_version, int driver_cuda_version, const
     const std::string detail = cat("driver ", driver_release.empty() ? "release unknown" : driver_release, " (CUDA ",
                                    driver_cuda_version ? cuda_version_text(driver_cuda_version) : "none", "), runtime CUDA ", cuda_version_text(runtime_version),
                                    minimum.empty() ? "" : cat("; the toolkit needs driver ", minimum, " or newer"));
-    if (driver_cuda_version == 0 && driver_release.empty())
-        return result("gpu.driver", CheckStatus::skip, "no NVIDIA driver on this node", "GPU checks need a GPU and its driver");
+    // No CUDA driver (libcuda) answers: no GPU here, as gpu.devices says too; NVML alone (a
+    // release without libcuda) cannot run kernels either.
+    if (driver_cuda_version == 0)
+        return result("gpu.driver", CheckStatus::skip, cat("no CUDA driver on this node", driver_release.empty() ? "" : cat(" (NVML reports release ", driver_release, ")")),
+                      "GPU checks need a GPU and its driver");
     if (const std::string problem = cuda_driver_problem(driver_cuda_version, runtime_version); !problem.empty())
         return result("gpu.driver", CheckStatus::fail, detail, problem);
     if (!driver_release.empty() && !minimum.empty() && release_older(driver_release, minimum))

@@ -24,7 +24,7 @@ class Nvml;
 // The oldest Linux driver the CUDA toolkit of `runtime_version` runs on (its minor-version
 // compatibility floor: "525.60.13" for 12.x), or "" for a toolkit not in the table.
 std::string minimum_driver_for_runtime(int runtime_version);
-// runtime 0: not a CUDA build (SKIP); driver 0 and no NVML driver: no driver (SKIP); a driver
+// runtime 0: not a CUDA build (SKIP); driver 0: no CUDA driver, no GPU here (SKIP); a driver
 // the CUDA backend would refuse (cuda_driver_problem): FAIL with its message.
 CheckResult judge_gpu_driver(int runtime_version, int driver_cuda_version, const std::string& driver_release);
 

@@ -43,6 +43,7 @@ TEST(GpuDriverCheck, ReleaseBelowTheToolkitsMinimumFails) {
 TEST(GpuDriverCheck, NoCudaBuildOrNoDriverSkips) {
     EXPECT_EQ(judge_gpu_driver(0, 0, "").status, CheckStatus::skip);
     EXPECT_EQ(judge_gpu_driver(12040, 0, "").status, CheckStatus::skip);
+    EXPECT_EQ(judge_gpu_driver(12040, 0, "550.54.15").status, CheckStatus::skip);
 }
 
 TEST(NodeGpusCheck, OneLinePerNodeWithCountAndModel) {
