@@ -288,5 +288,11 @@ bool cuda_backend_built();
 // "not built"; "OpenBLAS 0.3.21 DYNAMIC_ARCH ... MAX_THREADS=64" (its build configuration).
 std::string cuda_runtime_version();
 std::string blas_library_version();
+// The CUDA runtime this binary was built with and the CUDA version the installed driver
+// supports, both as 1000 * major + 10 * minor; 0 where not built / no driver.
+struct CudaVersions {
+    int runtime = 0, driver = 0;
+};
+CudaVersions cuda_versions();
 
 }  // namespace llmtrain

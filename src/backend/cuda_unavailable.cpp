@@ -17,5 +17,6 @@ std::unique_ptr<Backend> make_cuda_backend(int /*device_index*/) { refuse(); }
 int cuda_device_count() { refuse(); }
 size_t cuda_free_memory_bytes(int /*device_index*/) { refuse(); }
 std::string cuda_runtime_version() { return "not built"; }
+CudaVersions cuda_versions() { return {}; }
 
 }  // namespace llmtrain

@@ -1,20 +1,27 @@
-// `llmtrain doctor [CONFIG]`: checks a node before a run (ops/doctor.h), alone or under
-// mpirun / srun (every rank checks its node; rank 0 prints the world and its table, other
-// ranks print only their warnings and failures, naming the rank and the host).
+// `llmtrain doctor [CONFIG]`: checks a node before a run (ops/doctor.h, ops/gpu_checks.h), alone
+// or under mpirun / srun (every rank checks its node; rank 0 prints the world, one line per
+// node's GPUs and its own table, other ranks print only their warnings and failures, naming
+// the rank and the host). The measurements run in turn, never two at once: GPU-to-GPU copies
+// (each node's first rank), the NCCL all-reduce sweep (every rank), MPI point-to-point
+// within rank 0's node, then between rank 0's node and each other node.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "core/nvml.h"
 #include "data/batch_source.h"
 #include "model/transformer.h"
 #include "ops/doctor.h"
+#include "ops/gpu_checks.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "parallel/nccl_comm.h"
 #include "ops/memory_plan.h"
 
 namespace llmtrain {
@@ -25,12 +32,15 @@ struct DoctorArgs {
     std::string config_path, checkpoint_dir;
     std::vector<std::string> overrides;
     int64_t io_mb = 256;
+    int64_t nccl_max_mb = 1024;
+    double net_gbps = 0;
     bool json = false;
 };
 
 struct World {
     int rank = 0, size = 1, local_rank = 0, local_size = 1, nodes = 1;
     bool mpi = false;
+    std::vector<std::string> hosts;  // of every rank
 };
 
 std::string host_name() {
@@ -57,6 +67,7 @@ World mpi_world(const MpiSession& mpi) {
         if (r < w.rank) ++w.local_rank;
     }
     w.nodes = static_cast<int>(distinct.size());
+    w.hosts = std::move(hosts);
     return w;
 }
 
@@ -89,10 +100,148 @@ std::vector<CheckResult> config_checks(const DoctorArgs& args, const World& w, s
     return checks;
 }
 
+// Each node's GPUs (from its first rank), gathered to rank 0 through one broadcast per rank.
+std::vector<CheckResult> node_gpu_checks(const World& w, const MpiSession* mpi, const Nvml* nvml, const std::string& why_not) {
+    NodeGpus mine{host_name(), w.local_size, {}, nvml ? "" : why_not};
+    for (unsigned i = 0; nvml && i < nvml->device_count(); ++i)
+        if (const auto device = nvml->device(i)) mine.models.push_back(nvml->device_name(*device));
+    std::vector<NodeGpus> nodes;
+    if (!mpi) return judge_node_gpus({mine});
+    for (int r = 0; r < w.size; ++r) {
+        const std::string text = mpi->broadcast_text(r, w.local_rank == 0 ? node_gpus_to_text(mine) : "");
+        if (!text.empty()) nodes.push_back(node_gpus_from_text(text));
+    }
+    return w.rank == 0 ? judge_node_gpus(nodes) : std::vector<CheckResult>{};
+}
+
+// ECC, retired memory, NVLink of every GPU of this node (its first rank reads them).
+std::vector<CheckResult> node_health_checks(const Nvml* nvml, const std::string& why_not, std::vector<GpuHealth>& gpus) {
+    if (!nvml) {
+        std::vector<CheckResult> skipped;
+        for (const char* name : {"gpu.ecc", "gpu.retired_memory", "gpu.nvlink"}) skipped.push_back({name, CheckStatus::skip, why_not, "GPU checks need a GPU and its driver"});
+        return skipped;
+    }
+    gpus = read_gpu_health(*nvml);
+    return {judge_ecc(gpus), judge_retired_memory(gpus), judge_nvlink(gpus)};
+}
+
+CheckResult peer_copy_check(const std::string& model, const std::vector<GpuHealth>& gpus) {
+    if (!cuda_backend_built()) return {"gpu.p2p_copy", CheckStatus::skip, "this llmtrain was built without CUDA", "GPU checks need a CUDA build and GPUs"};
+    const bool nvlink = std::any_of(gpus.begin(), gpus.end(), [](const GpuHealth& g) {
+        return std::any_of(g.nvlinks.begin(), g.nvlinks.end(), [](const auto& link) { return link.second; });
+    });
+    try {
+        return judge_peer_copies(measure_peer_copies(size_t{256} << 20, 10), model, nvlink);
+    } catch (const Error& e) {
+        return {"gpu.p2p_copy", CheckStatus::fail, e.what(), "GPU-to-GPU copies fail: check nvidia-smi topo -m and the driver"};
+    }
+}
+
+// Why this rank cannot take part in an NCCL sweep ("" when it can).
+std::string nccl_unready_reason() {
+    if (!cuda_backend_built()) return "this llmtrain was built without CUDA and NCCL";
+    try {
+        cuda_device_count();
+        return "";
+    } catch (const Error& e) {
+        return e.what();
+    }
+}
+
+// The all-reduce sweep from 1 MB to --nccl-max-mb over every rank's GPU; every rank decides
+// to run it together (a rank without a GPU would leave the others waiting).
+CheckResult nccl_check(const DoctorArgs& args, const World& w, Comm* world, const std::string& model) {
+    if (!world || w.size < 2) return {"gpu.nccl_allreduce", CheckStatus::skip, "one rank: no peer to reduce with", "run under mpirun with one rank per GPU"};
+    const std::string why_not = nccl_unready_reason();
+    if (world->all_reduce_scalar(why_not.empty() ? 0 : 1, ReduceOp::max) > 0)
+        return {"gpu.nccl_allreduce", CheckStatus::skip, why_not.empty() ? "a rank has no usable GPU" : why_not, "GPU checks need a CUDA build and a GPU per rank"};
+    try {
+        const std::unique_ptr<Comm> nccl = make_nccl_comm(*world, w.local_rank, 300);
+        CommBenchOptions options;
+        options.ops = {CollectiveOp::all_reduce};
+        options.min_bytes = size_t{1} << 20;
+        options.max_bytes = static_cast<size_t>(args.nccl_max_mb) << 20;
+        options.warmup = 2;
+        options.iterations = 5;
+        options.device = Device::cuda;
+        const std::vector<CommBenchRow> rows = run_comm_bench(*nccl, *world, options, cuda_bench_allocator(), [](const CommBenchRow&) {});
+        return judge_allreduce(rows.back().busbw_gbps, rows.back().bytes, w.size, w.nodes, model);
+    } catch (const Error& e) {
+        return {"gpu.nccl_allreduce", CheckStatus::fail, e.what(), "NCCL cannot reduce across these GPUs: check NCCL_DEBUG=INFO output and the interconnect"};
+    }
+}
+
+constexpr size_t kP2pBytes = size_t{16} << 20;
+constexpr int kP2pIterations = 16;
+
+// MPI point-to-point between rank 0 and the next rank on its node (reported, not judged:
+// shared memory, not the network).
+CheckResult intranode_check(const World& w, Comm* world) {
+    int peer = -1;
+    for (int r = 1; r < w.size && peer < 0; ++r)
+        if (w.hosts[static_cast<size_t>(r)] == w.hosts[0]) peer = r;
+    if (!world || peer < 0) return {"mpi.intranode_bandwidth", CheckStatus::skip, "rank 0 is alone on its node", "run 2 or more ranks per node to measure it"};
+    const double gbps = measure_p2p_gbps(*world, 0, peer, kP2pBytes, kP2pIterations);
+    return {"mpi.intranode_bandwidth", CheckStatus::pass,
+            cat("MPI point-to-point rank 0 -> rank ", peer, " on ", w.hosts[0], ": ", static_cast<int64_t>(gbps * 10) / 10.0, " GB/s (", kP2pBytes >> 20,
+                " MB messages, host memory; within a node: not the network)"), ""};
+}
+
+// MPI point-to-point from rank 0 to the first rank of each other node, one pair at a time.
+CheckResult internode_check(const DoctorArgs& args, const World& w, Comm* world) {
+    if (!world || w.nodes < 2) return {"mpi.internode_bandwidth", CheckStatus::skip, "one node: nothing crosses the network", "run across nodes"};
+    std::vector<std::pair<std::string, double>> pairs;
+    std::vector<std::string> seen{w.hosts[0]};
+    for (int r = 1; r < w.size; ++r) {
+        const std::string& host = w.hosts[static_cast<size_t>(r)];
+        if (std::find(seen.begin(), seen.end(), host) != seen.end()) continue;
+        seen.push_back(host);
+        pairs.emplace_back(cat(w.hosts[0], " -> ", host), measure_p2p_gbps(*world, 0, r, kP2pBytes, kP2pIterations));
+    }
+    return judge_internode(pairs, args.net_gbps);
+}
+
+std::vector<CheckResult> gpu_and_network_checks(const DoctorArgs& args, const World& w, const MpiSession* mpi, Comm* world) {
+    std::string why_not;
+    const std::unique_ptr<Nvml> nvml = Nvml::load(why_not);
+    std::optional<XidWatch> xids;
+    if (nvml && w.local_rank == 0) xids.emplace(*nvml);
+    const CudaVersions versions = cuda_versions();
+    std::vector<CheckResult> checks{judge_gpu_driver(versions.runtime, versions.driver, nvml ? nvml->driver_version() : ""), check_gpu_devices()};
+    for (CheckResult& c : node_gpu_checks(w, mpi, nvml.get(), why_not)) checks.push_back(std::move(c));
+    std::string model = "unknown GPU", no_device;
+    if (nvml)
+        if (const auto device = nvml->device_of_local_rank(w.local_rank, no_device)) model = nvml->device_name(*device);
+    std::vector<GpuHealth> gpus;
+    if (w.local_rank == 0) {
+        for (CheckResult& c : node_health_checks(nvml.get(), why_not, gpus)) checks.push_back(std::move(c));
+        checks.push_back(peer_copy_check(model, gpus));
+    }
+    if (world) world->barrier();  // the copies are done before NCCL uses the GPUs
+    checks.push_back(nccl_check(args, w, world, model));
+    CheckResult intranode = intranode_check(w, world), internode = internode_check(args, w, world);
+    if (w.rank == 0) {
+        checks.push_back(std::move(intranode));
+        checks.push_back(std::move(internode));
+    }
+    if (w.local_rank == 0) {
+        if (xids && xids->watching()) checks.push_back(judge_gpu_health(gpus, xids->events()));
+        else checks.push_back({"gpu.health", CheckStatus::skip, nvml ? "NVML offers no XID events here" : why_not, "GPU checks need a GPU and its driver"});
+    }
+    return checks;
+}
+
 int run_doctor(const DoctorArgs& args) {
     std::optional<MpiSession> mpi;
     if (launched_by_mpi()) mpi.emplace();
-    const World w = mpi ? mpi_world(*mpi) : World{};
+    World w = mpi ? mpi_world(*mpi) : World{};
+    if (w.hosts.empty()) w.hosts = {host_name()};
+    std::optional<ParallelContext> ctx;
+    if (mpi) {
+        ParallelConfig world_only;
+        world_only.timeout_seconds = 300;
+        ctx.emplace(make_mpi_context(world_only));
+    }
     std::vector<CheckResult> checks{world_check(w)};
     std::optional<Config> config;
     uint64_t rank_bytes = 0;
@@ -108,8 +257,7 @@ int run_doctor(const DoctorArgs& args) {
         const int64_t keep = config ? config->checkpoint.keep_last + 1 : 1;
         for (CheckResult& c : check_checkpoint_storage(dir, checkpoint_bytes, keep, static_cast<uint64_t>(args.io_mb) << 20)) checks.push_back(std::move(c));
     }
-    checks.push_back(check_gpu_devices());
-    if (w.size < 2 || w.nodes < 2) checks.push_back({"mpi.internode_bandwidth", CheckStatus::skip, "one node: nothing crosses the network", "run across nodes"});
+    for (CheckResult& c : gpu_and_network_checks(args, w, mpi ? &*mpi : nullptr, ctx ? ctx->world.get() : nullptr)) checks.push_back(std::move(c));
     const int code = doctor_exit_code(checks);
     if (w.rank == 0) {
         std::printf("%s\n", args.json ? checks_to_json(checks).c_str() : format_checks(checks).c_str());
@@ -130,6 +278,10 @@ void register_doctor_command(CLI::App& app, CommandAction& action) {
     cmd->add_option("--set", args->overrides, "Override a config key (repeatable)")->type_name("KEY=VALUE");
     cmd->add_option("--checkpoint-dir", args->checkpoint_dir, "Storage to check (default: the config's checkpoint.dir)");
     cmd->add_option("--io-mb", args->io_mb, "Size of the storage test file in MB")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    cmd->add_option("--nccl-max-mb", args->nccl_max_mb, "Largest message of the NCCL all-reduce sweep in MB (from 1 MB, doubling)")
+        ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 14));
+    cmd->add_option("--net-gbps", args->net_gbps, "The network's line rate between two nodes in Gbit/s (e.g. 400 for NDR InfiniBand): "
+                    "inter-node MPI bandwidth below 80% of it warns")->check(CLI::NonNegativeNumber);
     cmd->add_flag("--json", args->json, "One JSON object instead of the table");
     cmd->callback([args, &action] { action = [args] { return run_doctor(*args); }; });
 }

@@ -54,6 +54,13 @@ std::string cuda_runtime_version() {
     return cat("CUDA runtime ", text(runtime), has_driver ? cat(" (driver ", text(driver), ")") : std::string(" (no driver)"));
 }
 
+CudaVersions cuda_versions() {
+    CudaVersions v;
+    v.runtime = CUDART_VERSION;
+    if (cudaDriverGetVersion(&v.driver) != cudaSuccess) v.driver = 0;
+    return v;
+}
+
 size_t cuda_free_memory_bytes(int device_index) {
     check_cuda(cudaSetDevice(device_index % cuda_device_count()), "cudaSetDevice");
     size_t free_bytes = 0, total_bytes = 0;
