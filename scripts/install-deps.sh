@@ -23,10 +23,15 @@ packages=(
 )
 
 # The package owning each shared library BINARY loads (merged /usr: dpkg may know a library by
-# its /usr/lib path, or by the file a symlink or an alternative leads to).
+# its /usr/lib path, or by the file a symlink or an alternative leads to). The CUDA toolkit's
+# libraries (cuBLASLt, NCCL, the runtime) come with the CUDA runtime image and the driver's
+# with the container runtime, so they are not listed.
 runtime_list() {
     local library candidate owner
     for library in $(ldd "$1" | awk '$3 ~ /^\// { print $3 }'); do
+        case "$(realpath "$library")" in
+            /usr/local/cuda*/* | */libcuda.so* | */libnvidia-*) continue ;;
+        esac
         owner=""
         for candidate in "$library" "/usr$library" "$(realpath "$library")" "/usr$(realpath "$library")"; do
             owner=$(dpkg-query -S "$candidate" 2>/dev/null | head -n 1 | cut -d: -f1) && [ -n "$owner" ] && break
