@@ -42,7 +42,8 @@ struct MemoryPlan {
 };
 
 // The pipeline stage of world_rank: its layers, whether it embeds or holds the head, and
-// how many micro-batches it keeps in flight (1F1B).
+// how many micro-batches it keeps in flight (1F1B), per model chunk under interleaving
+// (parallel.virtual_stages). Throws a config error for micro-batches interleaving cannot group.
 ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world_rank);
 // The size of a gradient bucket (parallel.bucket_mb).
 int64_t gradient_bucket_bytes(const ParallelConfig& parallel);

@@ -63,18 +63,40 @@ TEST(InterleavedSchedule, Bubble_IsLowerThanOneFOneBsForTheSameMicroBatches) {
 // of ranks that carry activations and gradients alike (NCCL, or MPI without tags, match
 // messages in order). Model chunk g = c * P + s; a forward of g > 0 receives g - 1's output,
 // a backward of g < P * V - 1 receives g + 1's input gradient. A receive whose channel
-// holds another message first is a mismatch; a table that cannot go on is a deadlock.
+// holds another message first is a mismatch; a table that cannot go on is a deadlock. Sends
+// are asynchronous but, as large messages do, complete only once received: an action on an
+// activation set (chunk c, micro-batch m % sets of c) first waits for that set's previous
+// send, and a backward for its gradient buffer's (one per set with chunks, else one shared).
 struct Message {
     PipeOp op;
     int64_t model_chunk, micro_batch;  // the receiver's
-    bool operator==(const Message&) const = default;
+    int64_t id;
+    bool same(const Message& o) const { return op == o.op && model_chunk == o.model_chunk && micro_batch == o.micro_batch; }
+};
+
+struct StageBuffers {
+    std::vector<int64_t> first_set, sets;
+    std::map<int64_t, int64_t> activation_send, grad_send;  // buffer -> id of its last send
 };
 
 std::string run_tables(int64_t stages, int64_t micro_batches, int64_t chunks) {
     const int64_t pieces = stages * chunks;
     std::vector<std::vector<PipeAction>> tables;
-    for (int64_t s = 0; s < stages; ++s) tables.push_back(interleaved_schedule(stages, s, micro_batches, chunks));
+    std::vector<StageBuffers> buffers(static_cast<size_t>(stages));
+    for (int64_t s = 0; s < stages; ++s) {
+        tables.push_back(interleaved_schedule(stages, s, micro_batches, chunks));
+        StageBuffers& b = buffers[static_cast<size_t>(s)];
+        for (int64_t c = 0, total = 0; c < chunks; total += b.sets.back(), ++c) {
+            b.first_set.push_back(total);
+            b.sets.push_back(chunk_in_flight(tables.back(), c));
+        }
+    }
     std::map<std::pair<int64_t, int64_t>, std::deque<Message>> channels;  // (from, to)
+    std::vector<bool> received;
+    const auto done = [&](const std::map<int64_t, int64_t>& sends, int64_t buffer) {
+        const auto it = sends.find(buffer);
+        return it == sends.end() || received[static_cast<size_t>(it->second)];
+    };
     std::vector<size_t> next(static_cast<size_t>(stages), 0);
     for (bool progressed = true; progressed;) {
         progressed = false;
@@ -82,20 +104,30 @@ std::string run_tables(int64_t stages, int64_t micro_batches, int64_t chunks) {
             auto& at = next[static_cast<size_t>(s)];
             if (at == tables[static_cast<size_t>(s)].size()) continue;
             const PipeAction a = tables[static_cast<size_t>(s)][at];
+            StageBuffers& b = buffers[static_cast<size_t>(s)];
+            const auto c = static_cast<size_t>(a.chunk);
+            const int64_t set = b.first_set[c] + a.micro_batch % b.sets[c], grad_buffer = chunks == 1 ? 0 : set;
             const int64_t g = a.chunk * stages + s;
             const bool forward = a.op == PipeOp::forward;
+            if (!(forward ? done(b.activation_send, set) : done(b.grad_send, grad_buffer))) continue;
             const bool receives = forward ? g > 0 : g < pieces - 1;
             const int64_t from = (s + (forward ? stages - 1 : 1)) % stages;
             if (receives) {
                 std::deque<Message>& in = channels[{from, s}];
                 if (in.empty()) continue;
-                if (!(in.front() == Message{a.op, g, a.micro_batch}))
+                if (!in.front().same(Message{a.op, g, a.micro_batch, 0}))
                     return cat("stage ", s, " action ", at, " (", schedule_text({a}), ") finds another message first");
+                received[static_cast<size_t>(in.front().id)] = true;
                 in.pop_front();
             }
             const bool sends = forward ? g < pieces - 1 : g > 0;
             const int64_t to = (s + (forward ? 1 : stages - 1)) % stages;
-            if (sends) channels[{s, to}].push_back({a.op, forward ? g + 1 : g - 1, a.micro_batch});
+            if (sends) {
+                const auto id = static_cast<int64_t>(received.size());
+                received.push_back(false);
+                channels[{s, to}].push_back({a.op, forward ? g + 1 : g - 1, a.micro_batch, id});
+                (forward ? b.activation_send[set] : b.grad_send[grad_buffer]) = id;
+            }
             ++at;
             progressed = true;
         }
