@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # resume_on_other_layouts.sh SCRATCH LLMTRAIN MPIEXEC CONFIG [--set ...]: a checkpoint saved
-# at step 5 by TP2 x PP2 x DP2 (8 ranks) is resumed as 1 process, as DP4 (ZeRO-1), as
-# TP2 x DP2 and as PP4 (only parallel.* differs: train.global_batch_size keeps the batch);
-# the losses of steps 6..10 must equal those of an uninterrupted single-process run within
-# 1e-5 relative.
+# at step 5 by TP2 x PP2 x DP2 (8 ranks; or SAVED_LAYOUT="RANKS [--set ...]") is resumed as 1
+# process, as DP4 (ZeRO-1), as TP2 x DP2 and as PP4 (only parallel.* differs:
+# train.global_batch_size keeps the batch); the losses of steps 6..10 must equal those of an
+# uninterrupted single-process run within 1e-5 relative.
 set -u
 scratch=$1 bin=$2 mpiexec=$3
 shift 3
@@ -24,7 +24,8 @@ losses() { grep '"event":"step"' "$1/log.jsonl" | sed -E 's/.*"loss":([^,]*).*"s
 
 run reference 1
 losses "$scratch/reference" >"$scratch/reference.losses"
-run saved 8 --set parallel.tp=2 --set parallel.pp=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
+read -r -a saved_layout <<<"${SAVED_LAYOUT:-8 --set parallel.tp=2 --set parallel.pp=2}"
+run saved "${saved_layout[@]}" --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
 checkpoint=$scratch/checkpoints/step_00000005
 failures=0
 for layout in "one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4"; do
