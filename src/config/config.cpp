@@ -289,7 +289,7 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(optimizer, grad_clip).number(incl(0), incl(1e6)).describe("max global gradient norm; 0: no clipping"),
 
         CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads and d_ff (the vocabulary is padded, see model.pad_vocab_to)"),
-        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers; fewer micro-batches than stages widen the bubble"),
+        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B, interleaved with virtual_stages > 1); at most n_layers; fewer micro-batches than stages widen the bubble"),
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1)"),
