@@ -297,7 +297,7 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(optimizer, grad_clip).number(incl(0), incl(1e6)).describe("max global gradient norm; 0: no clipping"),
 
         CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads and d_ff (the vocabulary is padded, see model.pad_vocab_to)"),
-        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B); at most n_layers; fewer micro-batches than stages widen the bubble"),
+        CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B, interleaved with virtual_stages > 1); at most n_layers; fewer micro-batches than stages widen the bubble"),
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1); the same as zero_stage = 1"),
@@ -307,6 +307,9 @@ const std::vector<Field>& schema() {
             .describe("with tp > 1: norms and residuals hold 1/tp of the tokens per rank (batch_size * seq_len divisible by tp)"),
         CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),
         CONFIG_KEY(parallel, stage_layers).string().describe("layers per pipeline stage, e.g. \"3,3,2\"; empty: balanced"),
+        CONFIG_KEY(parallel, virtual_stages).integer(1, 1024)
+            .describe("model chunks per pipeline stage (interleaved 1F1B): the bubble falls to (pp - 1) / (virtual_stages x grad_accum + pp - 1); "
+                      "needs pp > 1, n_layers a multiple of pp x virtual_stages, grad_accum a multiple of pp"),
         CONFIG_KEY(parallel, timeout_seconds).number(excl(0), incl(86400))
             .describe("a collective or transfer that takes longer ends the whole job with a message naming the rank"),
         CONFIG_KEY(parallel, comm).choice(kCommNames)
@@ -649,6 +652,20 @@ std::optional<Problem> batch_split_problem(const TrainConfig& t, int64_t dp) {
                                            "; set one of the two; grad_accum = 0 derives it)")};
 }
 
+// Interleaved 1F1B's micro-batches come in groups of pp (Megatron's rule); nullopt also when
+// the count is not known yet (a global batch on parallel.dp = 0).
+std::optional<Problem> interleaving_micro_batch_problem(const Config& c, int64_t dp) {
+    const TrainConfig& t = c.train;
+    const int64_t pp = c.parallel.pp;
+    if (c.parallel.virtual_stages == 1 || batch_split_problem(t, dp)) return std::nullopt;
+    if (t.grad_accum == 0 && t.global_batch_size > 0 && dp == 0) return std::nullopt;
+    const int64_t m = t.grad_accum > 0 ? t.grad_accum : (t.global_batch_size > 0 ? t.global_batch_size / (t.batch_size * dp) : 1);
+    if (m % pp == 0) return std::nullopt;
+    return Problem{t.grad_accum > 0 ? "train.grad_accum" : "train.global_batch_size",
+                   cat("gives ", m, " micro-batches per step; parallel.virtual_stages = ", c.parallel.virtual_stages,
+                       " runs them in groups of parallel.pp = ", pp, " stages: the micro-batches per step must be a multiple of pp")};
+}
+
 using Check = std::optional<Problem> (*)(const Config&);
 
 // In the order of the key each one names.
@@ -774,6 +791,17 @@ constexpr Check kChecks[] = {
         return Problem{"parallel.stage_layers", why};
     },
     [](const Config& c) -> std::optional<Problem> {
+        const int64_t v = c.parallel.virtual_stages, pp = c.parallel.pp, layers = c.model.n_layers;
+        if (v == 1) return std::nullopt;
+        if (pp == 1) return Problem{"parallel.virtual_stages", cat("= ", v, " interleaves pipeline stages and needs parallel.pp > 1 (allowed with pp = 1: 1)")};
+        if (!c.parallel.stage_layers.empty())
+            return Problem{"parallel.stage_layers", cat("sets uneven stages; parallel.virtual_stages = ", v, " needs balanced ones (leave stage_layers empty)")};
+        if (layers % (pp * v) == 0) return std::nullopt;
+        return Problem{"parallel.virtual_stages", cat("= ", v, " must divide the layers of each of the parallel.pp = ", pp, " stages (model.n_layers = ",
+                                                      layers, " must be a multiple of pp x virtual_stages = ", pp * v, ")")};
+    },
+    [](const Config& c) { return interleaving_micro_batch_problem(c, c.parallel.dp); },
+    [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.comm != CommBackend::nccl || c.train.device == ComputeDevice::cuda) return std::nullopt;
         return Problem{"parallel.comm", "\"nccl\" carries GPU memory and needs train.device = \"cuda\" (allowed on the CPU: auto, mpi)"};
     },
@@ -882,6 +910,11 @@ int64_t micro_batches_per_step(const Config& config, int64_t dp) {
         fail(ErrorKind::config, config.source_path.empty() ? "" : config.source_path + ": ", problem->where, ": ", problem->text);
     if (t.grad_accum > 0) return t.grad_accum;
     return t.global_batch_size > 0 ? t.global_batch_size / (t.batch_size * dp) : 1;
+}
+
+void require_interleavable_micro_batches(const Config& config, int64_t dp) {
+    if (const auto problem = interleaving_micro_batch_problem(config, dp))
+        fail(ErrorKind::config, config.source_path.empty() ? "" : config.source_path + ": ", problem->where, ": ", problem->text);
 }
 
 std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers) {

@@ -134,6 +134,7 @@ struct ParallelConfig {
     bool sequence_parallel = false;        // split the tokens across tp ranks outside the tp matmuls
     double bucket_mb = 25;                 // gradient bucket size for the overlapped dp reduction
     std::string stage_layers;              // e.g. "3,3,2": layers per pipeline stage; empty: balanced
+    int64_t virtual_stages = 1;            // model chunks per pipeline stage (interleaved 1F1B)
     double timeout_seconds = 300;          // a collective or transfer that takes longer ends the job
     CommBackend comm = CommBackend::automatic;  // auto: nccl on CUDA, mpi on the CPU
 };
@@ -220,6 +221,10 @@ std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages,
 // Error(config) naming the file, the keys and the numbers when the global batch does not
 // split into whole micro-batches on dp ranks, or disagrees with an explicit train.grad_accum.
 int64_t micro_batches_per_step(const Config& config, int64_t dp);
+// Interleaved 1F1B (parallel.virtual_stages > 1) runs micro-batches in groups of parallel.pp:
+// throws Error(config) naming the keys when micro_batches_per_step(config, dp) is not a
+// multiple of pp. The layer rules are checked when the config is read.
+void require_interleavable_micro_batches(const Config& config, int64_t dp);
 
 // The effective config (defaults filled in) as TOML that parse_config accepts again.
 std::string dump_config(const Config& config);

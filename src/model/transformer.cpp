@@ -63,9 +63,13 @@ TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, D
     if (max_seq_len > config.max_seq_len)
         fail(ErrorKind::config, "sequence length ", max_seq_len, " exceeds model.max_seq_len = ", config.max_seq_len);
     if (part_.last_layer < 0) part_.last_layer = config.n_layers;
-    if (part_.first_layer < 0 || part_.first_layer > part_.last_layer || part_.last_layer > config.n_layers || part_.activation_sets < 1)
-        fail(ErrorKind::runtime, "model partition: layers [", part_.first_layer, ", ", part_.last_layer, ") of ", config.n_layers, ", ",
-             part_.activation_sets, " activation sets");
+    const int64_t last_chunk_end = part_.last_layer + (part_.chunks - 1) * part_.chunk_stride;
+    const bool sets_ok = static_cast<int64_t>(part_.activation_sets.size()) == part_.chunks &&
+                         std::all_of(part_.activation_sets.begin(), part_.activation_sets.end(), [](int64_t n) { return n >= 1; });
+    if (part_.first_layer < 0 || part_.first_layer > part_.last_layer || part_.chunks < 1 || last_chunk_end > config.n_layers ||
+        (part_.chunks > 1 && part_.chunk_stride < part_.last_layer - part_.first_layer) || !sets_ok)
+        fail(ErrorKind::runtime, "model partition: ", part_.chunks, " chunks of layers [", part_.first_layer, ", ", part_.last_layer, ") every ",
+             part_.chunk_stride, " layers of ", config.n_layers, ", activation sets for ", part_.activation_sets.size(), " chunks");
     // The vocabulary rows need no check: padded_vocab_size() is a multiple of tp.
     if (config.n_heads % tp_size() || config.n_kv_heads % tp_size())
         fail(ErrorKind::config, "tp = ", tp_size(), " must divide model.n_heads = ", config.n_heads, " and model.n_kv_heads = ", config.n_kv_heads);
@@ -129,7 +133,7 @@ void TransformerLayout::register_gpt2_params() {
     }
     const char* h = "transformer.h.";
     const TensorSplit qkv_rows{TpSplit::rows, 3};  // q, k and v blocks, each split by heads
-    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
+    for (const int64_t l : global_layers()) {
         LayerParams p;
         p.begin = params_.count();
         p.norm1_w = add_norm(layer_name(h, l, "ln_1.weight"), ParamInit::ones);
@@ -163,7 +167,7 @@ void TransformerLayout::register_llama_params() {
     const int64_t q_width = config_.n_heads * D, kv_width = config_.n_kv_heads * D;
     if (part_.has_embedding) wte_ = add_vocab_rows("model.embed_tokens.weight");
     const char* m = "model.layers.";
-    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) {
+    for (const int64_t l : global_layers()) {
         LayerParams p;
         p.begin = params_.count();
         p.norm1_w = add_norm(layer_name(m, l, "input_layernorm.weight"), ParamInit::ones);
@@ -223,18 +227,34 @@ TransformerLayout::LayerSlots TransformerLayout::reserve_layer(const std::string
     return ls;
 }
 
-TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set) {
+std::vector<int64_t> TransformerLayout::global_layers() const {
+    std::vector<int64_t> layers;
+    for (int64_t c = 0; c < part_.chunks; ++c)
+        for (int64_t l = part_.first_layer; l < part_.last_layer; ++l) layers.push_back(l + c * part_.chunk_stride);
+    return layers;
+}
+
+TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set, int64_t chunk) {
     const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model;
     const std::string s = cat("set.", set, ".");
     ActivationSet a;
+    a.chunk = chunk;
+    a.embeds = part_.has_embedding && chunk == 0;
+    a.heads = part_.has_head && chunk == part_.chunks - 1;
     a.tokens = arena_.reserve(s + "tokens", DType::i32, {N});
     a.targets = arena_.reserve(s + "targets", DType::i32, {N});
     const int64_t local = local_tokens(max_batch_, max_seq_len_);
-    for (int64_t l = part_.first_layer; l <= part_.last_layer; ++l) a.residual.push_back(arena_.reserve(cat(s, "residual.", l), dtype_, {local, C}));
+    // The input gradient is sent on while later backwards run. Under 1F1B one buffer serves:
+    // its send is received before the previous stage sends anything back. Interleaving's ring
+    // lets two stages each wait for the other to take a gradient before receiving the next,
+    // so there every set has its own.
+    a.d_resid = part_.chunks == 1 && !sets_.empty() ? sets_.front().d_resid : arena_.reserve(s + "grad.resid", dtype_, {local, C});
+    const int64_t first = part_.first_layer + chunk * part_.chunk_stride;
+    for (int64_t l = first; l <= first + chunk_layers(); ++l) a.residual.push_back(arena_.reserve(cat(s, "residual.", l), dtype_, {local, C}));
     // Under full recomputation a layer keeps only its input (the residual above).
-    for (int64_t l = part_.first_layer; l < part_.last_layer; ++l)
+    for (int64_t l = first; l < first + chunk_layers(); ++l)
         a.layers.push_back(part_.recompute == Recompute::full ? shared_layer_ : reserve_layer(cat(s, "layer.", l), part_.recompute == Recompute::none));
-    if (part_.has_head) {
+    if (a.heads) {
         a.norm_f = reserve_norm(s + "norm_f");
         a.logits = arena_.reserve(s + "logits", dtype_, {N, padded_vocab_size() / tp_size()});
         a.losses = arena_.reserve(s + "losses", stat_dtype_, {N});
@@ -256,13 +276,15 @@ void TransformerLayout::plan_activations() {
         shared_layer_.norm2 = reserve_norm("recompute.norm2");
         shared_layer_.mlp_act = arena_.reserve("recompute.mlp_act", dtype_, {N, F});
     }
-    for (int64_t set = 0; set < part_.activation_sets; ++set) sets_.push_back(reserve_set(set));
+    for (int64_t c = 0; c < part_.chunks; ++c) {
+        chunk_first_set_.push_back(static_cast<int64_t>(sets_.size()));
+        for (int64_t i = 0; i < part_.activation_sets[static_cast<size_t>(c)]; ++i) sets_.push_back(reserve_set(static_cast<int64_t>(sets_.size()), c));
+    }
     const int64_t local = local_tokens(max_batch_, max_seq_len_);
     const int64_t gathered = sp_ ? N : 0;  // the scratch rows of sequence parallelism
     proj_out_ = arena_.reserve("proj_out", dtype_, {N, C});
     proj_local_ = arena_.reserve("proj_local", dtype_, {sp_ ? local : 0, C});
     gathered_ = arena_.reserve("gathered", dtype_, {gathered, C});
-    d_resid_ = arena_.reserve("grad.resid", dtype_, {local, C});
     d_norm_ = arena_.reserve("grad.norm", dtype_, {N, C});
     d_norm_local_ = arena_.reserve("grad.norm_local", dtype_, {sp_ ? local : 0, C});
     d_gathered_ = arena_.reserve("grad.gathered", dtype_, {gathered, C});
@@ -327,7 +349,7 @@ VocabShard Transformer::vocab_shard() const {
 }
 
 Transformer::ActivationSet& Transformer::use_set(int64_t set) {
-    if (set < 0 || set >= part_.activation_sets) fail(ErrorKind::runtime, "activation set ", set, " of ", part_.activation_sets);
+    if (set < 0 || set >= static_cast<int64_t>(sets_.size())) fail(ErrorKind::runtime, "activation set ", set, " of ", sets_.size());
     ActivationSet& a = sets_[static_cast<size_t>(set)];
     batch_ = a.batch;
     seq_len_ = a.seq_len;
@@ -341,9 +363,18 @@ Tensor Transformer::hidden_out(int64_t set) const {
     const ActivationSet& a = sets_.at(static_cast<size_t>(set));
     return arena_.tensor(a.residual.back()).slice_rows(0, local_tokens(a.batch, a.seq_len));
 }
-Tensor Transformer::grad_output(int64_t batch, int64_t seq_len) const { return arena_.tensor(d_resid_).slice_rows(0, local_tokens(batch, seq_len)); }
-Tensor Transformer::grad_input() const { return local_rows(d_resid_); }
-Tensor Transformer::logits() const { return rows(sets_.front().logits); }
+Tensor Transformer::grad_output(int64_t set, int64_t batch, int64_t seq_len) const {
+    return arena_.tensor(sets_.at(static_cast<size_t>(set)).d_resid).slice_rows(0, local_tokens(batch, seq_len));
+}
+Tensor Transformer::grad_input(int64_t set) const { return local_rows(sets_.at(static_cast<size_t>(set)).d_resid); }
+int64_t TransformerLayout::grad_buffer(int64_t set) const { return part_.chunks == 1 ? 0 : set; }
+Tensor Transformer::logits() const { return rows(sets_[static_cast<size_t>(chunk_first_set_.back())].logits); }
+
+int64_t TransformerLayout::activation_set(int64_t chunk, int64_t micro_batch) const {
+    if (chunk < 0 || chunk >= part_.chunks || micro_batch < 0) fail(ErrorKind::runtime, "micro-batch ", micro_batch, " of chunk ", chunk, " of ", part_.chunks);
+    const auto c = static_cast<size_t>(chunk);
+    return chunk_first_set_[c] + micro_batch % part_.activation_sets[c];
+}
 
 std::vector<double> Transformer::logits_row(int64_t row) const { return host_doubles(backend_, logits().slice_rows(row, 1)); }
 
@@ -380,12 +411,12 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
     a.batch = batch;
     a.seq_len = seq_len;
     use_set(set);
-    if (part_.has_embedding) {
+    if (a.embeds) {
         load_ids("tokens", a.tokens, tokens);
         embed(a);
     }
-    for (int64_t l = 0; l < local_layers(); ++l) layer_fwd(a, l);
-    if (!part_.has_head) return std::numeric_limits<double>::quiet_NaN();
+    for (int64_t l = 0; l < chunk_layers(); ++l) layer_fwd(a, l);
+    if (!a.heads) return std::numeric_limits<double>::quiet_NaN();
     a.has_targets = !targets.empty();
     if (a.has_targets) load_ids("targets", a.targets, targets);
     return head_and_loss(a);
@@ -417,7 +448,7 @@ double Transformer::head_and_loss(ActivationSet& a) {
 }
 
 void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
-    const LayerParams& p = layer_params_[static_cast<size_t>(l)];
+    const LayerParams& p = layer_params_[param_layer(a, l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     const Tensor x = local_rows(a.residual[static_cast<size_t>(l)]);
 
@@ -461,7 +492,7 @@ void Transformer::attend(const LayerSlots& s, int64_t l, KvCache* cache) {
 KvCache Transformer::make_kv_cache() const { return KvCache(local_layers(), max_seq_len_, n_kv_heads_ * config_.head_dim()); }
 
 void Transformer::decode(int32_t token, KvCache& cache) {
-    if (tp_ || !part_.has_embedding || !part_.has_head || local_layers() != config_.n_layers)
+    if (tp_ || !part_.has_embedding || !part_.has_head || part_.chunks != 1 || local_layers() != config_.n_layers)
         fail(ErrorKind::unsupported, "decoding with a KV cache needs the whole model in one process (no tensor or pipeline parallelism)");
     if (cache.length >= cache.capacity) fail(ErrorKind::runtime, "decode: the KV cache holds ", cache.capacity, " positions already");
     ActivationSet& a = sets_.front();
@@ -479,18 +510,18 @@ void Transformer::decode(int32_t token, KvCache& cache) {
 
 void Transformer::backward(int64_t set, double loss_scale) {
     const ActivationSet& a = use_set(set);
-    if (part_.has_head) {
+    if (a.heads) {
         if (!a.has_targets) fail(ErrorKind::runtime, "backward called after a forward without targets");
         head_backward(a, loss_scale);
     }
-    const Tensor d_resid = local_rows(d_resid_);
-    for (int64_t l = local_layers() - 1; l >= 0; --l) {
-        const LayerParams& p = layer_params_[static_cast<size_t>(l)];
+    const Tensor d_resid = local_rows(a.d_resid);
+    for (int64_t l = chunk_layers() - 1; l >= 0; --l) {
+        const LayerParams& p = layer_params_[param_layer(a, l)];
         writing(p.begin, p.end);
         layer_bwd(a, l, d_resid);
         ready(p.begin, p.end);
     }
-    if (part_.has_embedding) {
+    if (a.embeds) {
         const ParamGroup g = embedding_group();
         writing(g.begin, g.end);
         backend_.embedding_bwd(grad(wte_), grad(wpe_), gather_rows(d_resid, d_gathered_), rows(a.tokens), seq_len_, vocab_shard());
@@ -506,7 +537,7 @@ void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
     writing(head_begin_, params_.count());
     backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), rows(a.lse), vocab_shard(), dloss);
     backend_.matmul_bwd(rows(d_norm_), grad(head_w_), Tensor(), rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_));
-    norm_bwd(local_rows(d_resid_), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
+    norm_bwd(local_rows(a.d_resid), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.
     ready(head_begin_, params_.count());
 }
@@ -515,7 +546,7 @@ void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
 // backward needs the whole rows (gathered), and the gradients of the column-parallel
 // matmuls' inputs are reduce-scattered back to this rank's tokens.
 void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_resid) {
-    const LayerParams& p = layer_params_[static_cast<size_t>(l)];
+    const LayerParams& p = layer_params_[param_layer(a, l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     const AttentionShape shape = attention_shape();
     const Tensor d_norm = rows(d_norm_);
@@ -551,7 +582,7 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
 void Transformer::recompute_layer(const ActivationSet& a, int64_t l) {
     if (part_.recompute == Recompute::none) return;
     if (part_.recompute == Recompute::full) return layer_fwd(a, l);
-    const LayerParams& p = layer_params_[static_cast<size_t>(l)];
+    const LayerParams& p = layer_params_[param_layer(a, l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     norm_fwd(s.norm1, local_rows(a.residual[static_cast<size_t>(l)]), p.norm1_w, p.norm1_b);
     norm_fwd(s.norm2, local_rows(s.resid_mid), p.norm2_w, p.norm2_b);

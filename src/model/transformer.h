@@ -11,6 +11,10 @@
 //  - Pipeline parallel: the layers [first_layer, last_layer); the first stage embeds, the
 //    last one holds the final norm, the head and the loss. A stage's input and output are the
 //    residual stream [B*T, d_model] (hidden_in / hidden_out, grad_output / grad_input).
+//    Interleaved pipelines hold several chunks of as many layers each, chunk_stride layers
+//    apart (chunk c: [first_layer + c * chunk_stride, last_layer + c * chunk_stride)); an
+//    activation set belongs to one chunk, and forward / backward of a set run that chunk's
+//    layers only. The embedding belongs to chunk 0, the head to the last chunk.
 //  - Tensor parallel (Megatron-LM, Shoeybi et al. 2019): the heads and the MLP hidden units
 //    are split across the tp ranks. QKV and MLP-up are column-parallel (their weight rows are
 //    split, the input is whole: the input gradient is all-reduced in backward); attention-out
@@ -61,10 +65,13 @@ namespace llmtrain {
 
 struct ModelPartition {
     int64_t first_layer = 0;
-    int64_t last_layer = -1;       // exclusive; -1: n_layers
-    bool has_embedding = true;     // the first pipeline stage
-    bool has_head = true;          // the last pipeline stage
-    int64_t activation_sets = 1;   // micro-batches whose activations are kept at once
+    int64_t last_layer = -1;       // exclusive; -1: n_layers (with chunks: chunk 0's layers)
+    int64_t chunks = 1;            // model chunks held (interleaved pipeline), alike in size
+    int64_t chunk_stride = 0;      // global layers from one chunk's first layer to the next's
+    bool has_embedding = true;     // chunk 0 of the first pipeline stage
+    bool has_head = true;          // the last chunk of the last pipeline stage
+    // Per chunk: micro-batches whose activations are kept at once.
+    std::vector<int64_t> activation_sets = {1};
     int64_t param_pad_multiple = 1;  // the flat parameter buffer's length is a multiple of this (dp)
     GradStorage grad_storage = GradStorage::flat;  // bound: no flat gradient buffer (ZeRO-2 binds group buffers)
     bool sequence_parallel = false;  // with tp > 1: split the tokens outside the tp matmuls
@@ -95,7 +102,15 @@ public:
     size_t activation_bytes() const { return arena_.total_bytes(); }
     int64_t max_batch() const { return max_batch_; }
     int64_t max_seq_len() const { return max_seq_len_; }
-    int64_t local_layers() const { return part_.last_layer - part_.first_layer; }
+    int64_t chunk_layers() const { return part_.last_layer - part_.first_layer; }
+    int64_t local_layers() const { return part_.chunks * chunk_layers(); }
+    // The activation set that micro-batch m of `chunk` uses: a chunk's micro-batches run
+    // forward and backward in order, so those in flight are consecutive and m modulo the
+    // chunk's sets never collide.
+    int64_t activation_set(int64_t chunk, int64_t micro_batch) const;
+    // Which gradient buffer backward(set) works in (sets share one under a single chunk): a
+    // send from it must complete before another backward on that buffer receives into it.
+    int64_t grad_buffer(int64_t set) const;
     // The rows of the embedding and the head: model.vocab_size rounded up to a multiple of
     // tp * model.pad_vocab_to. Rows from vocab_size on are padding (zero, masked in the loss).
     int64_t padded_vocab_size() const { return config_.padded_vocab_size(tp_size()); }
@@ -135,6 +150,9 @@ protected:
         std::vector<LayerSlots> layers;
         NormSlots norm_f;
         Arena::Slot logits, losses, lse, row_max, xent_partial;
+        Arena::Slot d_resid;  // the residual stream's gradient in backward (shared under one chunk)
+        int64_t chunk = 0;
+        bool embeds = false, heads = false;  // chunk 0 with the embedding; the last chunk with the head
         int64_t batch = 0, seq_len = 0;
         bool has_targets = false;
     };
@@ -149,7 +167,10 @@ protected:
     ParamSpan join(ParamSpan first, ParamSpan last) const { return {first.first, last.last, true}; }
 
     void plan_activations();
-    ActivationSet reserve_set(int64_t set);
+    std::vector<int64_t> global_layers() const;  // the layers held, chunk by chunk
+    ActivationSet reserve_set(int64_t set, int64_t chunk);
+    // The index in layer_params_ of a set's local layer l.
+    size_t param_layer(const ActivationSet& a, int64_t l) const { return static_cast<size_t>(a.chunk * chunk_layers() + l); }
     LayerSlots reserve_layer(const std::string& prefix, bool keep_recomputed);
     NormSlots reserve_norm(const std::string& prefix);
     int64_t local_tokens(int64_t batch, int64_t seq_len) const;
@@ -175,8 +196,9 @@ protected:
     Arena arena_;
     Arena::Slot rope_table_;
     LayerSlots shared_layer_;  // recomputation's scratch (unused with Recompute::none)
-    std::vector<ActivationSet> sets_;
-    Arena::Slot proj_out_, proj_local_, gathered_, d_resid_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
+    std::vector<ActivationSet> sets_;  // chunk by chunk
+    std::vector<int64_t> chunk_first_set_;
+    Arena::Slot proj_out_, proj_local_, gathered_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
         d_mlp_up_;
 };
 
@@ -208,9 +230,9 @@ public:
     // share of them under sequence parallelism), filled before forward(set).
     Tensor hidden_in(int64_t set, int64_t batch, int64_t seq_len) const;
     Tensor hidden_out(int64_t set) const;  // a non-last stage's output, after forward(set)
-    // d(loss)/d(hidden_out) of the micro-batch to run backward on, filled before backward.
-    Tensor grad_output(int64_t batch, int64_t seq_len) const;
-    Tensor grad_input() const;             // d(loss)/d(hidden_in), after backward
+    // d(loss)/d(hidden_out) of set's micro-batch, filled before backward(set).
+    Tensor grad_output(int64_t set, int64_t batch, int64_t seq_len) const;
+    Tensor grad_input(int64_t set) const;  // d(loss)/d(hidden_in), after backward(set)
     // Logits [batch * seq_len, padded vocab / tp] of set 0's last forward (this rank's vocab
     // slice). Columns of padded classes (global index >= vocab_size) are not predictions.
     Tensor logits() const;

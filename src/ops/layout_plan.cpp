@@ -99,6 +99,7 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
                         c.parallel.pp = pp;
                         c.parallel.dp = dp;
                         c.parallel.stage_layers.clear();
+                        c.parallel.virtual_stages = 1;  // the search weighs plain 1F1B layouts
                         c.parallel.sequence_parallel = sp;
                         c.train.batch_size = b;
                         c.train.global_batch_size = batch;

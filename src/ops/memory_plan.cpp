@@ -20,15 +20,30 @@ std::string gigabytes(size_t bytes) {
 size_t bytes_of(int64_t numel, DType dtype) { return static_cast<size_t>(numel) * dtype_size(dtype); }
 }  // namespace
 
+// Interleaved (virtual_stages = V > 1): the model is cut into pp * V chunks of
+// n_layers / (pp * V) layers; stage s holds chunks s, s + pp, ..., and each keeps the
+// activation sets its schedule has in flight at most.
 ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world_rank) {
-    const int64_t pp = mesh.pp(), stage = mesh.coord(world_rank).pp;
-    const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, pp, config.model.n_layers);
+    const int64_t pp = mesh.pp(), stage = mesh.coord(world_rank).pp, chunks = config.parallel.virtual_stages;
+    const int64_t micro_batches = micro_batches_per_step(config, mesh.dp());
     ModelPartition part;
-    for (int64_t s = 0; s < stage; ++s) part.first_layer += layers[static_cast<size_t>(s)];
-    part.last_layer = part.first_layer + layers[static_cast<size_t>(stage)];
+    if (chunks > 1) {
+        require_interleavable_micro_batches(config, mesh.dp());
+        const int64_t per_chunk = config.model.n_layers / (pp * chunks);
+        part.first_layer = stage * per_chunk;
+        part.last_layer = part.first_layer + per_chunk;
+        part.chunks = chunks;
+        part.chunk_stride = pp * per_chunk;
+    } else {
+        const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, pp, config.model.n_layers);
+        for (int64_t s = 0; s < stage; ++s) part.first_layer += layers[static_cast<size_t>(s)];
+        part.last_layer = part.first_layer + layers[static_cast<size_t>(stage)];
+    }
     part.has_embedding = stage == 0;
     part.has_head = stage == pp - 1;
-    part.activation_sets = one_f_one_b_in_flight(pp, stage, micro_batches_per_step(config, mesh.dp()));
+    const std::vector<PipeAction> schedule = interleaved_schedule(pp, stage, micro_batches, chunks);
+    part.activation_sets.clear();
+    for (int64_t c = 0; c < chunks; ++c) part.activation_sets.push_back(chunk_in_flight(schedule, c));
     part.param_pad_multiple = mesh.dp();
     part.grad_storage = shards_gradients(config.parallel, mesh.dp()) ? GradStorage::bound : GradStorage::flat;
     part.sequence_parallel = config.parallel.sequence_parallel;

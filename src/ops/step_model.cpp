@@ -6,6 +6,7 @@
 #include "model/transformer.h"
 #include "ops/memory_plan.h"
 #include "parallel/grad_buckets.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace llmtrain {
 
@@ -137,7 +138,9 @@ StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
     }
     if (mesh.pp() > 1) {
         w.pp_send_bytes = rows * x.d * x.compute_bytes;
-        w.pp_sends = 2;  // on the critical path per micro-batch: its activations in, its gradient back
+        // On the critical path per micro-batch: its activations in, its gradient back, once per
+        // model chunk under interleaving.
+        w.pp_sends = 2 * static_cast<double>(config.parallel.virtual_stages);
     }
     add_step_work(w, config, mesh, stage, x);
     return w;
@@ -148,10 +151,10 @@ double device_share(const Config& config, const Mesh& mesh, const Cluster& clust
     const int ranks_on_node = std::max(1, (mesh.world_size() + cluster.nodes - 1) / cluster.nodes);
     const double cores = cluster.devices_per_node, fair = cores / ranks_on_node;
     const double threads = config.train.threads > 0 ? static_cast<double>(config.train.threads) : std::max(1.0, std::floor(fair));
-    // Ranks beyond the cores take turns; a pipeline stage waiting in the bubble (a share
-    // (pp - 1) / (m + pp - 1) of the step) leaves its core to the others.
-    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
-    const double busy = ranks_on_node * m / (m + mesh.pp() - 1);
+    // Ranks beyond the cores take turns; a pipeline stage waiting in the bubble leaves its
+    // core to the others.
+    const double bubble = pipeline_bubble_fraction(mesh.pp(), micro_batches_per_step(config, mesh.dp()), config.parallel.virtual_stages);
+    const double busy = ranks_on_node * (1 - bubble);
     return std::min(threads, std::max(fair, cores / busy));
 }
 
@@ -237,10 +240,12 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     r.compute_seconds = m * slowest->compute;
     r.tp_comm_seconds = m * slowest->tp;
     r.pp_comm_seconds = m * slowest->pp;
-    r.bubble_seconds = (mesh.pp() - 1) * slowest->micro_batch();
+    // Interleaving idles pp - 1 chunk slots, each 1/V of a micro-batch's time on the stage.
+    const double bubble_slots = static_cast<double>(mesh.pp() - 1) / static_cast<double>(config.parallel.virtual_stages);
+    r.bubble_seconds = bubble_slots * slowest->micro_batch();
     r.dp_exposed_seconds = last_to_finish->dp;
     r.optimizer_seconds = last_to_finish->optimizer;
-    r.step_seconds = (m + mesh.pp() - 1) * slowest->micro_batch() + r.dp_exposed_seconds + r.optimizer_seconds;
+    r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + r.dp_exposed_seconds + r.optimizer_seconds;
     r.tokens_per_step = static_cast<double>(config.train.batch_size * config.train.seq_len) * m * mesh.dp();
     r.tokens_per_second_per_device = r.tokens_per_step / r.step_seconds / mesh.world_size();
     r.model_flops_per_token = model_flops_per_token(config, parameters);

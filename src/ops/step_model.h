@@ -6,7 +6,8 @@
 //                          + attention FLOPs / (peak x attention efficiency)
 //                          + memory-bound bytes / (bandwidth x memory efficiency)
 //                          + tensor-parallel collectives + pipeline sends
-//   step time         (m + pp - 1) x max over stages of t_mb       (1F1B: bubble (pp - 1) / (m + pp - 1))
+//   step time         (m + (pp - 1) / V) x max over stages of t_mb  (bubble (pp - 1) / (V x m + pp - 1);
+//                     V = parallel.virtual_stages, 1 for plain 1F1B; pipeline sends V times as many)
 //                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) not hidden by the
 //                     backward of the last micro-batch, + the parameter all-gather
 //                   + optimizer bytes / (bandwidth x memory efficiency)
@@ -54,7 +55,7 @@ struct StepTime {
     double compute_seconds = 0;     // m micro-batches of the slowest stage
     double tp_comm_seconds = 0;     // tensor-parallel collectives, exposed (m micro-batches)
     double pp_comm_seconds = 0;     // pipeline sends on the critical path
-    double bubble_seconds = 0;      // (pp - 1) micro-batch times
+    double bubble_seconds = 0;      // (pp - 1) / virtual_stages micro-batch times
     double dp_exposed_seconds = 0;  // data-parallel traffic not hidden by backward
     double optimizer_seconds = 0;
     double step_seconds = 0;

@@ -62,6 +62,14 @@ std::string vocab_description(const ModelConfig& m, int64_t tp) {
     return cat(m.vocab_size, " (padded to ", padded, " rows: a multiple of tp ", tp, " x model.pad_vocab_to ", m.pad_vocab_to, ")");
 }
 
+// "[0, 4)", or the chunks of an interleaved stage: "[0, 2) [4, 6)".
+std::string held_layers(const ModelPartition& part) {
+    std::string text;
+    for (int64_t c = 0; c < part.chunks; ++c)
+        text += cat(c ? " " : "", "[", part.first_layer + c * part.chunk_stride, ", ", part.last_layer + c * part.chunk_stride, ")");
+    return text;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, TrainerOptions options) : Trainer(config, std::move(options), nullptr) {}
@@ -144,8 +152,7 @@ void Trainer::log_startup() const {
              " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
              ") | ", reduction_->describe(), " | comm ",
-             comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers [",
-             part.first_layer, ", ", part.last_layer, ")");
+             comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers ", held_layers(part));
     log_info("memory per rank (rank 0 / largest): parameters ", megabytes(static_cast<double>(mine.parameter_bytes)), " / ", megabytes(params_max),
              ", gradients ", megabytes(static_cast<double>(mine.gradient_bytes)), " / ", megabytes(grads_max), ", optimizer ",
              megabytes(static_cast<double>(mine.optimizer_bytes)), " / ", megabytes(optim_max), ", activations ",
@@ -164,8 +171,13 @@ void Trainer::log_schedule_notes() const {
     const int64_t warmup = config_.optimizer.warmup_steps, steps = config_.train.steps;
     if (warmup > steps)
         log_info("optimizer: warmup over ", steps, " steps, the whole run (optimizer.warmup_steps = ", warmup, " > train.steps = ", steps, ")");
-    // 1F1B idles each stage for pp - 1 micro-batch slots of the M + pp - 1 a step takes.
-    const int64_t pp = ctx_->mesh.pp(), micro_batches = config_.train.grad_accum;
+    // 1F1B idles each stage for pp - 1 micro-batch slots of the M + pp - 1 a step takes;
+    // interleaving with V chunks for pp - 1 chunk slots of the V * M + pp - 1.
+    const int64_t pp = ctx_->mesh.pp(), micro_batches = config_.train.grad_accum, chunks = config_.parallel.virtual_stages;
+    if (pp > 1)
+        log_info("pipeline: ", chunks > 1 ? cat("interleaved 1F1B, ", chunks, " virtual stages") : std::string("1F1B"), ", ", micro_batches,
+                 " micro-batches | bubble ", fixed(100 * pipeline_bubble_fraction(pp, micro_batches, chunks), 1), "% of the step ((pp - 1) / (",
+                 chunks > 1 ? "virtual_stages x " : "", "grad_accum + pp - 1))");
     if (micro_batches < pp)
         log_warn("pipeline: train.grad_accum = ", micro_batches, " micro-batches per step for parallel.pp = ", pp, " stages: each stage idles ",
                  std::lround(100.0 * static_cast<double>(pp - 1) / static_cast<double>(micro_batches + pp - 1)),

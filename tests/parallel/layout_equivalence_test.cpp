@@ -149,6 +149,16 @@ TEST(World2, LlamaPipelineOneMicroBatchUnevenStages_MatchesSingleProcess) {
     expect_layout_matches_single_process("llama", 1, {"parallel.pp=2", "parallel.stage_layers=\"1,3\""});
 }
 
+// Interleaved 1F1B: each stage holds two chunks of layers, the transfers wrap around the
+// ring (here both directions between the two ranks carry activations and gradients).
+TEST(World2, Gpt2InterleavedTwoStagesTwoChunks_MatchesSingleProcess) {
+    expect_layout_matches_single_process("gpt2", 4, {"model.n_layers=8", "parallel.pp=2", "parallel.virtual_stages=2"});
+}
+// As many micro-batches as stages, one layer per chunk, and (llama) an untied head.
+TEST(World2, LlamaInterleavedTwoStagesTwoChunksTwoMicroBatches_MatchesSingleProcess) {
+    expect_layout_matches_single_process("llama", 2, {"parallel.pp=2", "parallel.virtual_stages=2"});
+}
+
 TEST(World2, Zero1OptimizerState_IsHalfOfPlainDataParallel) {
     const RankMemory plain = run_parallel(tiny("gpt2", 2, {"parallel.zero1=false", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
     const RankMemory sharded = run_parallel(tiny("gpt2", 2, {"parallel.zero1=true", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
@@ -161,6 +171,16 @@ TEST(World2, Zero1OptimizerState_IsHalfOfPlainDataParallel) {
 
 TEST(World4, Gpt2FourStagesEightMicroBatches_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 8, {"parallel.pp=4"}); }
 TEST(World4, Gpt2FourStagesTwoMicroBatches_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=4"}); }
+TEST(World4, Gpt2InterleavedFourStagesTwoChunks_MatchesSingleProcess) {
+    expect_layout_matches_single_process("gpt2", 4, {"model.n_layers=8", "parallel.pp=4", "parallel.virtual_stages=2"});
+}
+TEST(World4, LlamaInterleavedFourStagesTwoChunksEightMicroBatches_MatchesSingleProcess) {
+    expect_layout_matches_single_process("llama", 8, {"model.n_layers=8", "parallel.pp=4", "parallel.virtual_stages=2"});
+}
+// dp 2 x pp 2 with two chunks per stage: the gradients of every chunk are reduced over dp.
+TEST(World4, Gpt2InterleavedPipelineTimesData_MatchesSingleProcess) {
+    expect_layout_matches_single_process("gpt2", 2, {"model.n_layers=8", "parallel.pp=2", "parallel.virtual_stages=2"});
+}
 // dp = 2 x pp = 2: 4 sequences per step give each dp rank one micro-batch for two stages.
 TEST(World4, Gpt2GlobalBatchSizePipelineTimesData_MatchesSingleProcess) {
     expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"});

@@ -92,6 +92,10 @@ TEST(World4, PlanMemory_TinyTensorTimesPipeline) { expect_plan_is_what_the_rank_
 TEST(World4, PlanMemory_TinyFourStagesFullRecompute) {
     expect_plan_is_what_the_rank_holds("tiny pp4 m4 recompute full", false, {"parallel.pp=4", "train.grad_accum=4", "train.recompute=\"full\""});
 }
+// Interleaved: two chunks per stage, each with the activation sets its schedule keeps.
+TEST(World4, PlanMemory_TinyFourStagesTwoVirtualStages) {
+    expect_plan_is_what_the_rank_holds("tiny pp4 v2 m4", false, {"model.n_layers=8", "parallel.pp=4", "parallel.virtual_stages=2", "train.grad_accum=4"});
+}
 TEST(World4, PlanMemory_TinyTensorFourSequenceParallel) { expect_plan_is_what_the_rank_holds("tiny tp4 sp", false, {"parallel.tp=4", "parallel.sequence_parallel=true"}); }
 TEST(World4, PlanMemory_TinyLlamaSelectiveRecompute) {
     expect_plan_is_what_the_rank_holds("tiny llama tp2 dp2 selective", false,

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # resume_on_other_layouts.sh SCRATCH LLMTRAIN MPIEXEC CONFIG [--set ...]: a checkpoint saved
-# at step 5 by TP2 x PP2 x DP2 (8 ranks) is resumed as 1 process, as DP4 (ZeRO-1), as
-# TP2 x DP2, as PP4 and as DP4 under ZeRO-2; and one saved by DP2 x PP2 under ZeRO-2 (its
-# gradient shards and AdamW pieces cut along layer groups) is resumed as 1 process, as DP4
-# without ZeRO and as TP2 x DP2 under ZeRO-1 (only parallel.* differs: train.global_batch_size
-# keeps the batch); the losses of steps 6..10 must equal those of an uninterrupted
-# single-process run within 1e-5 relative.
+# at step 5 by TP2 x PP2 x DP2 (8 ranks; or SAVED_LAYOUT="RANKS [--set ...]") is resumed as 1
+# process, as DP4 (ZeRO-1), as TP2 x DP2, as PP4 and as DP4 under ZeRO-2; and one saved by
+# DP2 x PP2 under ZeRO-2 (its gradient shards and AdamW pieces cut along layer groups) is
+# resumed as 1 process, as DP4 without ZeRO and as TP2 x DP2 under ZeRO-1 (only parallel.*
+# differs: train.global_batch_size keeps the batch); the losses of steps 6..10 must equal
+# those of an uninterrupted single-process run within 1e-5 relative. With SAVED_LAYOUT the
+# ZeRO-2 save is left out (it is the same with any first save).
 set -u
 scratch=$1 bin=$2 mpiexec=$3
 shift 3
@@ -26,11 +27,15 @@ losses() { grep '"event":"step"' "$1/log.jsonl" | sed -E 's/.*"loss":([^,]*).*"s
 
 run reference 1
 losses "$scratch/reference" >"$scratch/reference.losses"
-run saved 8 --set parallel.tp=2 --set parallel.pp=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
-run saved_zero2 4 --set parallel.pp=2 --set parallel.zero_stage=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints_zero2"\"
+read -r -a saved_layout <<<"${SAVED_LAYOUT:-8 --set parallel.tp=2 --set parallel.pp=2}"
+run saved "${saved_layout[@]}" --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
+layouts=("one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4" "dp4_zero2 4 --set parallel.zero_stage=2")
+if [ -z "${SAVED_LAYOUT:-}" ]; then  # the ZeRO-2 save, once
+    run saved_zero2 4 --set parallel.pp=2 --set parallel.zero_stage=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints_zero2"\"
+    layouts+=("zero2_saved:one_process 1" "zero2_saved:dp4_no_zero 4 --set parallel.zero_stage=0" "zero2_saved:tp2_dp2_zero1 4 --set parallel.tp=2")
+fi
 failures=0
-for layout in "one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4" "dp4_zero2 4 --set parallel.zero_stage=2" \
-              "zero2_saved:one_process 1" "zero2_saved:dp4_no_zero 4 --set parallel.zero_stage=0" "zero2_saved:tp2_dp2_zero1 4 --set parallel.tp=2"; do
+for layout in "${layouts[@]}"; do
     set -- $layout
     name=$1
     shift

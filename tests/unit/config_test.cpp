@@ -537,6 +537,36 @@ TEST(Config, StageLayersThatDoNotAddUp_AreRejected) {
     EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.stage_layers", "'1,x'")), "is not a comma-separated list of positive layer counts"));
 }
 
+// Interleaved 1F1B: each stage's layers split into virtual_stages chunks, micro-batches in
+// groups of pp, and a pipeline to interleave.
+TEST(Config, VirtualStagesThatDoNotFitTheLayout_AreRejectedWithTheKeyNamed) {
+    const TomlText two_stages = TomlText::gpt2().set("model.n_layers", "6").set("parallel.pp", "2").set("train.grad_accum", "4");
+    EXPECT_NO_THROW(parse(TomlText(two_stages).set("parallel.virtual_stages", "3")));  // 6 layers: 3 per stage, 1 per chunk
+    EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.virtual_stages", "2")),
+                         "run.toml: parallel.virtual_stages: = 2 must divide the layers of each of the parallel.pp = 2 stages"));
+    EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.virtual_stages", "3").set("train.grad_accum", "3")),
+                         "run.toml: train.grad_accum: gives 3 micro-batches per step; parallel.virtual_stages = 3 runs them in groups of parallel.pp = 2"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.virtual_stages", "2")), "run.toml: parallel.virtual_stages: = 2 interleaves pipeline stages and needs parallel.pp > 1"));
+    EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.virtual_stages", "3").set("parallel.stage_layers", "'3,3'")),
+                         "run.toml: parallel.stage_layers: sets uneven stages; parallel.virtual_stages = 3 needs balanced ones"));
+    EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.virtual_stages", "0")), "parallel.virtual_stages: 0 is out of range"));
+}
+
+// With parallel.dp = 0 the micro-batches of a global batch are known once the world is: the
+// partition refuses them before anything is allocated.
+TEST(Config, InterleavedGlobalBatchNotInGroupsOfStages_IsRefusedOnTheMesh) {
+    const Config config = parse(TomlText::gpt2().set("model.n_layers", "6").set("parallel.pp", "2").set("parallel.virtual_stages", "3")
+                                    .set("train.global_batch_size", "12"));
+    EXPECT_NO_THROW(require_interleavable_micro_batches(config, 1));  // 6 micro-batches of 2 sequences
+    try {
+        require_interleavable_micro_batches(config, 2);  // 3 per dp rank
+        FAIL() << "3 micro-batches for 2 stages were accepted";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::config);
+        EXPECT_TRUE(Contains(e.what(), "train.global_batch_size: gives 3 micro-batches per step")) << e.what();
+    }
+}
+
 TEST(Config, StageLayers_DefaultToBalancedWithTheRemainderFirst) {
     EXPECT_EQ(parse_stage_layers("", 3, 8), (std::vector<int64_t>{3, 3, 2}));
     EXPECT_EQ(parse_stage_layers(" 1, 3 ", 2, 4), (std::vector<int64_t>{1, 3}));
