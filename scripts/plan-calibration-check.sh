@@ -4,8 +4,9 @@
 # 8 other CPU layouts (1, 2 and 4 ranks), which `bench` measures. Calibration and the benches
 # alternate, two rounds, and each layout compares the medians: the machine's load drifts.
 # Exits 0 when every prediction is within 15% of the measured step time; prints the table.
-# A measurement (about 6 minutes a round on 2 cores), not a CTest: timings on a loaded
-# machine drift. PLAN_CALIBRATION_ROUNDS (2) sets the rounds.
+# About 1.5 minutes a round on 2 cores; the CTest plan.calibrated_step_time runs it alone
+# (RUN_SERIAL: other tests' load would skew the timings). PLAN_CALIBRATION_ROUNDS (2) sets
+# the rounds.
 # usage: scripts/plan-calibration-check.sh [LLMTRAIN [MPIEXEC [SCRATCH_DIR]]]
 set -eu
 cd "$(dirname "$0")/.."
