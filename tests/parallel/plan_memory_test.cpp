@@ -1,5 +1,5 @@
-// `llmtrain plan`'s memory is exact where it can be measured: under mpirun, for 12 layouts of
-// the tiny model and a 50M-parameter one (tp, pp, dp, ZeRO-1, recompute, sequence parallel),
+// `llmtrain plan`'s memory is exact where it can be measured: under mpirun, for 14 layouts of
+// the tiny model and a 50M-parameter one (tp, pp, dp, ZeRO-1/2, recompute, sequence parallel),
 // every rank's planned bytes per category equal what its trainer allocated, and its resident
 // set after two steps is within 5% of the plan plus the process' fixed overhead.
 //
