@@ -56,8 +56,9 @@ GemmClass dominant_class(const StageWork& work) {
 // The measured step against the plan's count of this rank's work (stage 0's).
 ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Cluster& cluster, const OpProfile& profile, double step_seconds) {
     const StageWork work = stage_work(config, mesh, 0);
-    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp())), share = device_share(config, mesh, cluster);
-    const double peak = cluster.peak_tflops * 1e12 * share, bandwidth = cluster.memory_bandwidth_gbps * 1e9 * share;
+    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
+    const DeviceShare share = device_share(config, mesh, cluster);
+    const double peak = cluster.peak_tflops * 1e12 * share.pipeline, bandwidth = cluster.memory_bandwidth_gbps * 1e9;
     const double total = profile.total_seconds(), gemm = profile.gemm_seconds();
     const double attention = profile.seconds[static_cast<size_t>(Op::attention_fwd)] + profile.seconds[static_cast<size_t>(Op::attention_bwd)];
     const double rest = total - gemm - attention;
@@ -66,7 +67,8 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     c.gemm_class = dominant_class(work);
     c.gemm_efficiency = m * work.total_gemm_flops() / (step_seconds * gemm / total * peak);
     c.attention_efficiency = m * work.attention_flops / (step_seconds * attention / total * peak);
-    c.memory_efficiency = (m * work.memory_bytes + work.optimizer_bytes) / (step_seconds * rest / total * bandwidth);
+    // The micro-batches' memory-bound ops run at the pipeline's share of the core, the optimizer at the step end's.
+    c.memory_efficiency = (m * work.memory_bytes / share.pipeline + work.optimizer_bytes / share.step_end) / (step_seconds * rest / total * bandwidth);
     return c;
 }
 

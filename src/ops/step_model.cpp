@@ -93,6 +93,13 @@ void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, 
 
 int first_rank_of_stage(const Mesh& mesh, int stage) { return mesh.world_rank({0, 0, stage}); }
 
+// A GPU node holds one rank per device; a CPU node holds the job's ranks spread evenly over
+// the nodes, however many cores it has (ranks beyond the cores share them).
+int ranks_per_node(const Mesh& mesh, const Cluster& cluster) {
+    if (cluster.kind == ClusterKind::gpu) return cluster.devices_per_node;
+    return std::max(1, (mesh.world_size() + cluster.nodes - 1) / cluster.nodes);
+}
+
 void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int stage, const Shapes& x) {
     const ModelPartition part = stage_partition(config, mesh, first_rank_of_stage(mesh, stage));
     const DType compute = compute_dtype(config.train);
@@ -146,16 +153,16 @@ StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
     return w;
 }
 
-double device_share(const Config& config, const Mesh& mesh, const Cluster& cluster) {
-    if (cluster.kind == ClusterKind::gpu) return 1.0;
-    const int ranks_on_node = std::max(1, (mesh.world_size() + cluster.nodes - 1) / cluster.nodes);
+DeviceShare device_share(const Config& config, const Mesh& mesh, const Cluster& cluster) {
+    if (cluster.kind == ClusterKind::gpu) return {};
+    const int ranks_on_node = ranks_per_node(mesh, cluster);
     const double cores = cluster.devices_per_node, fair = cores / ranks_on_node;
     const double threads = config.train.threads > 0 ? static_cast<double>(config.train.threads) : std::max(1.0, std::floor(fair));
-    // Ranks beyond the cores take turns; a pipeline stage waiting in the bubble leaves its
-    // core to the others.
+    // A pipeline stage waiting in the bubble (a share (pp - 1) / (v m + pp - 1) of the
+    // micro-batch phase) leaves its core to the others; at the step's end nobody waits.
     const double bubble = pipeline_bubble_fraction(mesh.pp(), micro_batches_per_step(config, mesh.dp()), config.parallel.virtual_stages);
     const double busy = ranks_on_node * (1 - bubble);
-    return std::min(threads, std::max(fair, cores / busy));
+    return {std::min(threads, std::max(fair, cores / busy)), std::min(threads, fair)};
 }
 
 double collective_seconds(const CollectiveCall& call, int ranks, const Link& link) {
@@ -189,8 +196,9 @@ double compute_seconds(const StageWork& w, const Cluster& c, double peak, double
 }
 
 // Ranks are numbered tp fastest, then dp, then pp: a group of `span` consecutive ranks
-// stays inside a node when the node holds them all.
-const Link& link_for(const Cluster& c, int span) { return span <= c.devices_per_node ? c.intra_node : c.inter_node; }
+// stays inside a node when the node holds them all. (Four ranks on a node of two cores talk
+// over its shared memory, not over the inter-node network.)
+const Link& link_for(const Cluster& c, const Mesh& mesh, int span) { return span <= ranks_per_node(mesh, c) ? c.intra_node : c.inter_node; }
 
 // On a CPU cluster the ranks' own cores copy the collectives' data (MPI over shared memory),
 // at their share of a core, and a non-blocking collective progresses only inside MPI calls:
@@ -203,16 +211,16 @@ Link effective_link(const Link& link, const Cluster& c, double share) {
     return slower;
 }
 
-StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, double share) {
-    const double peak = c.peak_tflops * 1e12 * share, bandwidth = c.memory_bandwidth_gbps * 1e9 * share;
+StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, const DeviceShare& share) {
+    const double peak = c.peak_tflops * 1e12 * share.pipeline, bandwidth = c.memory_bandwidth_gbps * 1e9 * share.pipeline;
     const StageWork w = stage_work(config, mesh, stage);
     StageTime t;
     t.compute = compute_seconds(w, c, peak, bandwidth);
-    const Link tp_link = effective_link(link_for(c, mesh.tp()), c, share);
+    const Link tp_link = effective_link(link_for(c, mesh, mesh.tp()), c, share.pipeline);
     for (const CollectiveCall& call : w.tp_collectives) t.tp += collective_seconds(call, mesh.tp(), tp_link);
-    const Link pp_link = effective_link(link_for(c, mesh.world_size()), c, share);
+    const Link pp_link = effective_link(link_for(c, mesh, mesh.world_size()), c, share.pipeline);
     t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
-    const Link dp_link = effective_link(link_for(c, mesh.tp() * mesh.dp()), c, share);
+    const Link dp_link = effective_link(link_for(c, mesh, mesh.tp() * mesh.dp()), c, share.step_end);
     const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
     const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
     const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
@@ -221,15 +229,15 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
     const double hidden = c.kind == ClusterKind::gpu ? t.compute * 2.0 / 3.0 : 0.0;
     t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
-    t.optimizer = w.optimizer_bytes / (bandwidth * c.efficiency.memory);
+    t.optimizer = w.optimizer_bytes / (c.memory_bandwidth_gbps * 1e9 * share.step_end * c.efficiency.memory);
     return t;
 }
 
 }  // namespace
 
 StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
-    const double share = device_share(config, mesh, cluster);
-    const double peak = cluster.peak_tflops * 1e12 * share;
+    const DeviceShare share = device_share(config, mesh, cluster);
+    const double peak = cluster.peak_tflops * 1e12 * share.pipeline;
     std::vector<StageTime> stages;
     for (int s = 0; s < mesh.pp(); ++s) stages.push_back(stage_time(config, mesh, cluster, s, share));
     const auto slowest = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.micro_batch() < b.micro_batch(); });

@@ -11,6 +11,8 @@
 //                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) not hidden by the
 //                     backward of the last micro-batch, + the parameter all-gather
 //                   + optimizer bytes / (bandwidth x memory efficiency)
+//   CPU cores         ranks beyond a node's cores share them: each runs at its share of a core
+//                     (DeviceShare), and collectives among them go over the node's shared memory
 //   collectives       ring: all-reduce 2(n-1)/n x bytes / busbw + 2(n-1) x latency; reduce-scatter
 //                     and all-gather (n-1)/n x bytes / busbw + (n-1) x latency (nccl-tests' busbw)
 // The same counts calibrate the cluster: `bench` divides them by what it measured.
@@ -49,7 +51,12 @@ struct StageWork {
 StageWork stage_work(const Config& config, const Mesh& mesh, int stage);
 // The share of one device a rank computes on: 1 on GPUs; on a CPU cluster its threads
 // (train.threads, 0: the node's cores shared by its ranks), at most its share of the cores.
-double device_share(const Config& config, const Mesh& mesh, const Cluster& cluster);
+// Ranks beyond the cores take turns, and how many want a core differs in the step's two phases.
+struct DeviceShare {
+    double pipeline = 1;  // the micro-batches: stages idle in the 1F1B bubble leave their cores to the others
+    double step_end = 1;  // the data-parallel collectives and the optimizer: every rank of the node at once
+};
+DeviceShare device_share(const Config& config, const Mesh& mesh, const Cluster& cluster);
 
 struct StepTime {
     double compute_seconds = 0;     // m micro-batches of the slowest stage

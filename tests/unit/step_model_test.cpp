@@ -1,0 +1,87 @@
+// The plan's step-time model on a CPU node with more ranks than cores: the ranks share the
+// node's cores and its shared memory, and how many of them want a core at once differs
+// between the micro-batches (stages idle in the 1F1B bubble) and the step's end.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "config/config.h"
+#include "ops/step_model.h"
+#include "parallel/context.h"
+
+using namespace llmtrain;
+
+namespace {
+
+// One node of two cores (configs/clusters/this-cpu.toml), calibrated figures written in.
+Cluster two_core_node() {
+    Cluster c = load_cluster("configs/clusters/this-cpu.toml");
+    c.intra_node.measured_busbw_gbps = {{Collective::all_reduce, 0.7}, {Collective::reduce_scatter, 0.5}, {Collective::all_gather, 3.3}};
+    return c;
+}
+
+Config fifty_million(std::vector<std::string> layout) {
+    std::vector<std::string> overrides = {"model.n_layers=16", "model.d_model=512", "model.n_heads=8", "model.max_seq_len=64",
+                                          "train.seq_len=64",  "train.batch_size=2", "train.threads=1"};
+    overrides.insert(overrides.end(), layout.begin(), layout.end());
+    return load_config("configs/tiny.toml", overrides, DataFiles::unchecked);
+}
+
+StepTime predict(const Config& config, const Cluster& cluster, int ranks) {
+    return predict_step_time(config, make_mesh(config.parallel, ranks), cluster, model_parameter_count(config.model));
+}
+
+}  // namespace
+
+// Four ranks on a node of two cores: their data-parallel reduce-scatter goes over the node's
+// shared memory, whatever the inter-node network is.
+TEST(StepModel, RanksBeyondTheCoresOfOneNode_UseTheIntraNodeLink) {
+    const Config config = fifty_million({"train.batch_size=1"});
+    Cluster slow_network = two_core_node(), fast_network = two_core_node();
+    slow_network.inter_node.gbps = 0.001;
+    fast_network.inter_node.gbps = 1000;
+    const StepTime slow = predict(config, slow_network, 4), fast = predict(config, fast_network, 4);
+    EXPECT_GT(slow.dp_exposed_seconds, 0);
+    EXPECT_DOUBLE_EQ(slow.dp_exposed_seconds, fast.dp_exposed_seconds);
+    // The dp group of 4 reduce-scatters 3/4 of the gradients at the calibrated bus bandwidth,
+    // at half a core each (4 ranks, 2 cores), then all-gathers the parameters.
+    const StageWork w = stage_work(config, make_mesh(config.parallel, 4), 0);
+    const double latency = 3 * 2e-6;  // n - 1 ring steps of the file's intra-node latency
+    const double expected = 0.75 * w.dp_gradient_bytes / (0.5 * 0.5e9) + latency + 0.75 * w.dp_parameter_bytes / (0.5 * 3.3e9) + latency;
+    EXPECT_NEAR(slow.dp_exposed_seconds, expected, 1e-9 * expected);
+}
+
+// Two nodes of two cores: a dp group of four spans both, and pays the inter-node link.
+TEST(StepModel, GroupsSpanningNodes_UseTheInterNodeLink) {
+    const Config config = fifty_million({"train.batch_size=1"});
+    Cluster slow_network = two_core_node(), fast_network = two_core_node();
+    slow_network.nodes = fast_network.nodes = 2;
+    slow_network.inter_node.gbps = 0.001;
+    fast_network.inter_node.gbps = 1000;
+    EXPECT_GT(predict(config, slow_network, 4).dp_exposed_seconds, 100 * predict(config, fast_network, 4).dp_exposed_seconds);
+}
+
+// tp 2 x pp 2, 2 micro-batches, 4 ranks on 2 cores: during the micro-batches a third of the
+// stage-time is bubble, so on average 4 x 2/3 ranks want the 2 cores (a share of 3/4); the
+// optimizer runs on every rank at once, at half a core.
+TEST(StepModel, OptimizerRunsAtTheStepEndShare_MicroBatchesAtThePipelineShare) {
+    const Config config = fifty_million({"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"});
+    const Cluster cluster = two_core_node();
+    const Mesh mesh = make_mesh(config.parallel, 4);
+    const DeviceShare share = device_share(config, mesh, cluster);
+    EXPECT_DOUBLE_EQ(share.pipeline, 0.75);
+    EXPECT_DOUBLE_EQ(share.step_end, 0.5);
+    const StepTime t = predict(config, cluster, 4);
+    double most_optimizer_bytes = 0;
+    for (int stage = 0; stage < 2; ++stage) most_optimizer_bytes = std::max(most_optimizer_bytes, stage_work(config, mesh, stage).optimizer_bytes);
+    const double bandwidth = cluster.memory_bandwidth_gbps * 1e9 * cluster.efficiency.memory;
+    EXPECT_DOUBLE_EQ(t.optimizer_seconds, most_optimizer_bytes / (0.5 * bandwidth));
+}
+
+// As many ranks as cores: every phase has a whole core (train.threads = 1).
+TEST(StepModel, OneRankPerCore_HasAWholeCoreInEveryPhase) {
+    const Config config = fifty_million({"parallel.pp=2", "train.grad_accum=2"});
+    const DeviceShare share = device_share(config, make_mesh(config.parallel, 2), two_core_node());
+    EXPECT_DOUBLE_EQ(share.pipeline, 1.0);
+    EXPECT_DOUBLE_EQ(share.step_end, 1.0);
+}
