@@ -143,6 +143,8 @@ void apply_calibration(Cluster& cluster, const std::string& path) {
     }
     cluster.efficiency.attention = keys.optional_number("compute.attention_efficiency", "measured share of peak", 0, 1, cluster.efficiency.attention);
     cluster.efficiency.memory = keys.optional_number("compute.memory_efficiency", "measured share of the memory bandwidth", 0, 2, cluster.efficiency.memory);
+    cluster.efficiency.optimizer = keys.optional_number("compute.optimizer_efficiency", "measured share of the memory bandwidth AdamW's update reaches", 0, 2,
+                                                        cluster.efficiency.optimizer);
     read_link_calibration(keys, "collectives.intra_node", cluster.intra_node);
     read_link_calibration(keys, "collectives.inter_node", cluster.inter_node);
     cluster.calibration_path = path;
@@ -171,6 +173,7 @@ Cluster load_cluster(const std::string& path) {
     c.efficiency.gemm_default = keys.number("efficiency.gemm", "share of peak a GEMM reaches", 0, 1);
     c.efficiency.attention = keys.number("efficiency.attention", "share of peak attention reaches", 0, 1);
     c.efficiency.memory = keys.number("efficiency.memory", "share of the memory bandwidth memory-bound ops reach", 0, 1);
+    c.efficiency.optimizer = keys.optional_number("efficiency.optimizer", "share of the memory bandwidth AdamW's update reaches (default: efficiency.memory)", 0, 1, 0);
     if (keys.find("calibration")) {
         const std::filesystem::path relative = keys.text("calibration", "a calibration file, relative to this one");
         apply_calibration(c, (std::filesystem::path(path).parent_path() / relative).string());
@@ -184,6 +187,7 @@ void write_calibration(const std::string& path, const ComputeCalibration& comput
     subtable(section, "gemm_efficiency").insert_or_assign(gemm_class_name(compute.gemm_class), compute.gemm_efficiency);
     section.insert_or_assign("attention_efficiency", compute.attention_efficiency);
     section.insert_or_assign("memory_efficiency", compute.memory_efficiency);
+    if (compute.optimizer_efficiency > 0) section.insert_or_assign("optimizer_efficiency", compute.optimizer_efficiency);
     write_toml(path, root);
 }
 

@@ -109,7 +109,8 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     const double p = static_cast<double>(padded), o = static_cast<double>(owned);
     // AdamW reads the weight, gradient and two moments and writes three of them; the
     // gradients are zeroed and their norm read; 16-bit compute refreshes its copy.
-    w.optimizer_bytes = 7 * o * x.master_bytes + 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
+    w.update_bytes = 7 * o * x.master_bytes;
+    w.optimizer_bytes = w.update_bytes + 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
     w.dp_gradient_bytes = p * x.master_bytes;
     w.dp_parameter_bytes = zero1_shards(config.parallel.zero1, mesh.dp()) ? p * x.master_bytes : 0;
 }
@@ -229,7 +230,11 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
     const double hidden = c.kind == ClusterKind::gpu ? t.compute * 2.0 / 3.0 : 0.0;
     t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
-    t.optimizer = w.optimizer_bytes / (c.memory_bandwidth_gbps * 1e9 * share.step_end * c.efficiency.memory);
+    // AdamW's update has its own efficiency: on a CPU its square root and division per element
+    // make it slower per byte than a plain pass over the gradients.
+    const double step_end_bandwidth = c.memory_bandwidth_gbps * 1e9 * share.step_end;
+    t.optimizer = w.update_bytes / (step_end_bandwidth * c.efficiency.optimizer_or_memory()) +
+                  (w.optimizer_bytes - w.update_bytes) / (step_end_bandwidth * c.efficiency.memory);
     return t;
 }
 
