@@ -3,8 +3,10 @@
 # at step 5 by TP2 x PP2 x DP2 (8 ranks) is resumed as 1 process, as DP4 (ZeRO-1), as
 # TP2 x DP2, as PP4 and as DP4 under ZeRO-2; and one saved by DP2 x PP2 under ZeRO-2 (its
 # gradient shards and AdamW pieces cut along layer groups) is resumed as 1 process, as DP4
-# without ZeRO and as TP2 x DP2 under ZeRO-1 (only parallel.* differs: train.global_batch_size
-# keeps the batch); the losses of steps 6..10 must equal those of an uninterrupted
+# without ZeRO and as TP2 x DP2 under ZeRO-1; the TP2 x PP2 x DP2 one is also resumed as DP4
+# under ZeRO-2 sharded within blocks of 2 (hybrid), and one saved by that hybrid layout (two
+# blocks holding the same AdamW shards, the first one's saved) as 1 process and as DP4 under
+# plain ZeRO-2 (only parallel.* differs: train.global_batch_size keeps the batch); the losses of steps 6..10 must equal those of an uninterrupted
 # single-process run within 1e-5 relative.
 set -u
 scratch=$1 bin=$2 mpiexec=$3
@@ -28,14 +30,20 @@ run reference 1
 losses "$scratch/reference" >"$scratch/reference.losses"
 run saved 8 --set parallel.tp=2 --set parallel.pp=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
 run saved_zero2 4 --set parallel.pp=2 --set parallel.zero_stage=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints_zero2"\"
+hybrid=(--set parallel.zero_stage=2 --set parallel.shard_size=2)
+run saved_hybrid 4 "${hybrid[@]}" --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints_hybrid"\"
 failures=0
 for layout in "one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4" "dp4_zero2 4 --set parallel.zero_stage=2" \
-              "zero2_saved:one_process 1" "zero2_saved:dp4_no_zero 4 --set parallel.zero_stage=0" "zero2_saved:tp2_dp2_zero1 4 --set parallel.tp=2"; do
+              "zero2_saved:one_process 1" "zero2_saved:dp4_no_zero 4 --set parallel.zero_stage=0" "zero2_saved:tp2_dp2_zero1 4 --set parallel.tp=2" \
+              "dp4_hybrid 4 ${hybrid[*]}" "hybrid_saved:one_process 1" "hybrid_saved:dp4_zero2 4 --set parallel.zero_stage=2"; do
     set -- $layout
     name=$1
     shift
     checkpoint=$scratch/checkpoints/step_00000005
-    case $name in zero2_saved:*) checkpoint=$scratch/checkpoints_zero2/step_00000005 name=from_zero2_${name#zero2_saved:} ;; esac
+    case $name in
+        zero2_saved:*) checkpoint=$scratch/checkpoints_zero2/step_00000005 name=from_zero2_${name#zero2_saved:} ;;
+        hybrid_saved:*) checkpoint=$scratch/checkpoints_hybrid/step_00000005 name=from_hybrid_${name#hybrid_saved:} ;;
+    esac
     run "$name" "$@" --resume "$checkpoint"
     losses "$scratch/$name" >"$scratch/$name.losses"
     if [ "$(wc -l <"$scratch/$name.losses")" -ne 5 ] ||

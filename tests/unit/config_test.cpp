@@ -770,3 +770,19 @@ TEST(Config, ZeroStageOutOfRangeOrThree_IsRefusedNamingTheKey) {
     const std::string three = error_of(TomlText::gpt2(), {"parallel.zero_stage=3"});
     EXPECT_TRUE(Contains(three, "parallel.zero_stage: 3 (parameters sharded as well, FSDP) is not supported")) << three;
 }
+
+TEST(Config, ShardSizeDefaultsToTheWholeDpGroupAndIsKeptInADump) {
+    EXPECT_EQ(parse(TomlText::gpt2()).parallel.shard_size, 0);
+    const Config hybrid = parse(TomlText::gpt2(), {"parallel.zero_stage=2", "parallel.shard_size=2"});
+    EXPECT_EQ(hybrid.parallel.shard_size, 2);
+    EXPECT_EQ(parse_config(dump_config(hybrid), "dumped.toml", {}).parallel.shard_size, 2);
+}
+
+TEST(Config, ShardSizeBelowStageTwoOrNegative_IsRefusedNamingTheKey) {
+    for (const char* stage : {"parallel.zero_stage=0", "parallel.zero_stage=1"}) {
+        const std::string message = error_of(TomlText::gpt2(), {stage, "parallel.shard_size=2"});
+        EXPECT_TRUE(Contains(message, "parallel.shard_size: 2 shards the gradients")) << message;
+        EXPECT_TRUE(Contains(message, "needs parallel.zero_stage = 2")) << message;
+    }
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.zero_stage=2", "parallel.shard_size=-1"}), "parallel.shard_size"));
+}
