@@ -138,3 +138,12 @@ TEST(World4, Zero2PerRankBytes_AreTheExpectedFractions) {
                     plain.memory.gradient_bytes, zero1.memory.gradient_bytes, zero2.memory.gradient_bytes, hybrid.memory.gradient_bytes,
                     plain.memory.optimizer_bytes, zero1.memory.optimizer_bytes, zero2.memory.optimizer_bytes, hybrid.memory.optimizer_bytes);
 }
+
+// ---- 8 ranks ----
+
+// Hybrid sharding beside the other dimensions: each (tp, pp) position's dp group of 4 is cut
+// into blocks of 2; across pipeline stages the tied embedding's resident group is summed first.
+TEST(World8, Gpt2Zero2HybridPipelineTimesData_MatchesSingleProcess) {
+    expect_zero2_matches_single_process("gpt2", 2, {"parallel.pp=2", "parallel.shard_size=2"});
+}
+TEST(World8, LlamaZero2HybridTensorTimesData_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 1, {"parallel.tp=2", "parallel.shard_size=2"}); }
