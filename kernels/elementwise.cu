@@ -213,6 +213,8 @@ void launch_add(Half t, void* out, const void* a, const void* b, int64_t n, cuda
     });
 }
 
+void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) { launch_map("add_f32", out, n, stream, Sum{}, a, b); }
+
 void launch_cast_from_f32(Half t, void* out, const float* in, int64_t n, cudaStream_t stream) {
     dispatch_half(t, [&]<class T>() { launch_map("cast_from_f32", static_cast<T*>(out), n, stream, Identity{}, in); });
 }

@@ -85,6 +85,8 @@ void launch_gelu_bwd(Half t, void* dx, const void* dout, const void* x, int64_t 
 void launch_swiglu_fwd(Half t, void* out, const void* x, int64_t N, int64_t F, cudaStream_t stream);
 void launch_swiglu_bwd(Half t, void* dx, const void* dout, const void* x, int64_t N, int64_t F, cudaStream_t stream);
 void launch_add(Half t, void* out, const void* a, const void* b, int64_t n, cudaStream_t stream);
+// The same in f32: sharded gradients summed over micro-batches (ZeRO-2).
+void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 // out (Half) = in (fp32), rounded to nearest even; and back.
 void launch_cast_from_f32(Half t, void* out, const float* in, int64_t n, cudaStream_t stream);
 void launch_cast_to_f32(Half t, float* out, const void* in, int64_t n, cudaStream_t stream);

@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "ops/layout_plan.h"
+#include "parallel/context.h"
 
 namespace llmtrain {
 
@@ -75,7 +76,8 @@ nlohmann::json plan_json(const LayoutPlan& p) {
               {"recompute", recompute_name(t.recompute)},
               {"sequence_parallel", p.config.parallel.sequence_parallel && p.tp > 1},
               {"zero1", p.config.parallel.zero1},
-              {"zero_stage", p.config.parallel.zero_stage}}},
+              {"zero_stage", p.config.parallel.zero_stage},
+              {"shard_size", shard_size_of(p.config.parallel, static_cast<int>(p.dp))}}},
             {"memory", memory_json(p)},
             {"time", time_json(p.time)},
             {"tokens", p.tokens},

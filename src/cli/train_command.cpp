@@ -69,8 +69,11 @@ void print_dry_run(const Config& config, const Mesh& mesh) {
     const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, mesh.pp(), config.model.n_layers);
     std::string stages;
     for (size_t s = 0; s < layers.size(); ++s) stages += cat(s ? ", " : "", layers[s]);
-    std::printf("layout: %d ranks = tp %d x dp %d x pp %d (order %s) | layers per stage: %s | ZeRO stage %lld\n", mesh.world_size(), mesh.tp(),
-                mesh.dp(), mesh.pp(), config.parallel.order.c_str(), stages.c_str(), static_cast<long long>(mesh.dp() > 1 ? config.parallel.zero_stage : 0));
+    const int shard_size = shard_size_of(config.parallel, mesh.dp());
+    const std::string hybrid = shard_size < mesh.dp() ? cat(" (sharded within blocks of ", shard_size, " dp ranks)") : "";
+    std::printf("layout: %d ranks = tp %d x dp %d x pp %d (order %s) | layers per stage: %s | ZeRO stage %lld%s\n", mesh.world_size(), mesh.tp(),
+                mesh.dp(), mesh.pp(), config.parallel.order.c_str(), stages.c_str(), static_cast<long long>(mesh.dp() > 1 ? config.parallel.zero_stage : 0),
+                hybrid.c_str());
     const int64_t micro_batches = micro_batches_per_step(config, mesh.dp());
     std::printf("batch: %lld x %lld tokens x %lld micro-batches x dp %d = %lld tokens per step\n", static_cast<long long>(config.train.batch_size),
                 static_cast<long long>(config.train.seq_len), static_cast<long long>(micro_batches), mesh.dp(),

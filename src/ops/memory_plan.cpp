@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "optim/adamw.h"
+#include "parallel/context.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -83,12 +84,14 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
     RankMemory& m = plan.memory;
     m.parameter_bytes = bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
     if (shards_gradients(config.parallel, mesh.dp())) {
-        // ZeRO-2: no flat gradient buffer; the shard, the pool and the resident groups.
+        // ZeRO-2: no flat gradient buffer; the shard, the pool and the resident groups, cut
+        // among the ranks of a shard group (the dp group, or a block of it).
         std::vector<FlatRange> ranges;
         for (const ParamInfo& p : model.parameters().infos()) ranges.push_back({p.offset, p.offset + p.shape.numel()});
         const std::vector<GradGroup> groups = zero2_gradient_groups(model);
-        m.gradient_bytes = bytes_of(sharded_gradient_numel(ranges, groups, mesh.dp()), master);
-        m.optimizer_bytes = AdamW::state_bytes_for(sharded_owned_numel(ranges, groups, mesh.dp(), plan.coord.dp), master);
+        const int shard_size = shard_size_of(config.parallel, mesh.dp());
+        m.gradient_bytes = bytes_of(sharded_gradient_numel(ranges, groups, shard_size), master);
+        m.optimizer_bytes = AdamW::state_bytes_for(sharded_owned_numel(ranges, groups, shard_size, plan.coord.dp % shard_size), master);
     } else {
         const int64_t owned = owned_numel(padded, dtype_size(master), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
         m.gradient_bytes = bytes_of(padded, master) + (zero1 ? bytes_of(owned, master) : 0);

@@ -19,7 +19,12 @@ Mesh make_mesh(const ParallelConfig& parallel, int world_size) {
     if (tp * pp * dp != world_size)
         fail(ErrorKind::config, "parallel: tp * pp * dp = ", tp, " * ", pp, " * ", dp, " = ", tp * pp * dp, " but ", world_size,
              " ranks were launched (set parallel.dp = 0 to derive it)");
+    if (parallel.shard_size > 0 && dp % parallel.shard_size != 0)
+        fail(ErrorKind::config, "parallel.shard_size = ", parallel.shard_size, " does not divide dp = ", dp,
+             " (allowed: a divisor of dp, e.g. the dp ranks of a node; 0: dp)");
     return Mesh(world_size, static_cast<int>(tp), static_cast<int>(dp), static_cast<int>(pp), parallel.order);
 }
+
+int shard_size_of(const ParallelConfig& parallel, int dp) { return parallel.shard_size > 0 ? static_cast<int>(parallel.shard_size) : dp; }
 
 }  // namespace llmtrain

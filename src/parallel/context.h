@@ -22,14 +22,20 @@ struct ParallelContext {
     // The first and the last pipeline stage of this (tp, dp) column, which both hold the
     // tied token embedding; null on other stages and when pp = 1.
     std::unique_ptr<Comm> embedding;
+    // Hybrid sharding (parallel.shard_size < dp): this rank's block of the dp group, which
+    // shards, and its replica group across the blocks. Null otherwise: the dp group shards.
+    std::unique_ptr<Comm> shard, replica;
 
     MeshCoord coord() const { return mesh.coord(world_rank); }
     bool first_stage() const { return coord().pp == 0; }
     bool last_stage() const { return coord().pp == mesh.pp() - 1; }
 };
 
-// The mesh of a world of world_size ranks; dp = 0 is derived. Config errors name the keys.
+// The mesh of a world of world_size ranks; dp = 0 is derived. Config errors name the keys
+// (also a parallel.shard_size that does not divide dp).
 Mesh make_mesh(const ParallelConfig& parallel, int world_size);
+// The dp ranks that shard together: parallel.shard_size, or dp when it is 0.
+int shard_size_of(const ParallelConfig& parallel, int dp);
 
 // A run of one process: every group is that process alone.
 ParallelContext make_single_process_context();

@@ -75,6 +75,7 @@ public:
         if (last_micro_batch) mark_ready(first, end);
     }
     bool sharded() const override { return zero1_; }
+    bool holds_first_copy() const override { return zero1_ || dp_.rank() == 0; }
     size_t gradient_bytes() const override { return params_.grads.bytes() + sharded_grad_bytes(); }
     std::string describe() const override;
 

@@ -50,8 +50,12 @@ public:
     virtual void gather_master_values() = 0;
     // The ranges this rank updates and their reduced gradients.
     virtual const std::vector<OwnedPiece>& owned() const = 0;
-    // Whether owned() is this rank's shard (every dp rank's norm counts) or everything.
+    // Whether owned() is this rank's shard or everything.
     virtual bool sharded() const = 0;
+    // Whether owned() is the first copy of its reduced gradients in the dp group: the copy the
+    // global norm counts and a checkpoint saves (plain dp: dp rank 0; a shard: the rank in the
+    // first block of hybrid sharding, every rank otherwise).
+    virtual bool holds_first_copy() const = 0;
     // Bytes allocated for gradients: a whole flat buffer and / or shards and working buffers.
     virtual size_t gradient_bytes() const = 0;
     // Gradient bytes this rank has sent so far: a ring all-reduce of B bytes over p ranks

@@ -65,6 +65,27 @@ std::vector<int> Mesh::group(MeshDim dim, int rank) const {
     return ranks;
 }
 
+namespace {
+void check_shard_size(int dp, int shard_size) {
+    if (shard_size < 1 || dp % shard_size != 0) fail(ErrorKind::config, "shard size ", shard_size, " does not divide dp = ", dp);
+}
+}  // namespace
+
+std::vector<int> Mesh::shard_group(int rank, int shard_size) const {
+    check_shard_size(dp(), shard_size);
+    const std::vector<int> dp_group = group(MeshDim::dp, rank);
+    const auto block = dp_group.begin() + coord(rank).dp / shard_size * shard_size;
+    return {block, block + shard_size};
+}
+
+std::vector<int> Mesh::replica_group(int rank, int shard_size) const {
+    check_shard_size(dp(), shard_size);
+    const std::vector<int> dp_group = group(MeshDim::dp, rank);
+    std::vector<int> ranks;
+    for (size_t i = static_cast<size_t>(coord(rank).dp % shard_size); i < dp_group.size(); i += static_cast<size_t>(shard_size)) ranks.push_back(dp_group[i]);
+    return ranks;
+}
+
 std::string Mesh::describe(int rank) const {
     const MeshCoord c = coord(rank);
     return cat("tp ", c.tp, ", dp ", c.dp, ", pp ", c.pp);

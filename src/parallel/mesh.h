@@ -38,6 +38,12 @@ public:
     int world_rank(const MeshCoord& coord) const;
     // World ranks of the group along dim that contains world_rank, in group-rank order.
     std::vector<int> group(MeshDim dim, int world_rank) const;
+    // Hybrid sharding: the dp group cut into blocks of shard_size consecutive dp ranks (a
+    // divisor of dp). The shard group of world_rank is its block (gradients and AdamW state
+    // are sharded within it); its replica group holds the rank at its place in every block
+    // (the shards' sums are all-reduced across it). shard_size = dp: one block, replicas alone.
+    std::vector<int> shard_group(int world_rank, int shard_size) const;
+    std::vector<int> replica_group(int world_rank, int shard_size) const;
     // "tp 1, dp 0, pp 1"
     std::string describe(int world_rank) const;
 

@@ -343,6 +343,12 @@ ParallelContext make_mpi_context(const ParallelConfig& parallel, std::shared_ptr
     const std::vector<int> column = ctx.mesh.group(MeshDim::pp, world_rank);
     const bool ends = ctx.mesh.pp() > 1 && (ctx.first_stage() || ctx.last_stage());
     ctx.embedding = split_group(ends ? std::vector<int>{column.front(), column.back()} : std::vector<int>{}, "embedding", timeout, staging);
+    // Every rank decides alike (from the config) whether the dp group is cut into blocks.
+    const int shard_size = shard_size_of(parallel, ctx.mesh.dp());
+    if (shard_size < ctx.mesh.dp()) {
+        ctx.shard = split_group(ctx.mesh.shard_group(world_rank, shard_size), "shard", timeout, staging);
+        ctx.replica = split_group(ctx.mesh.replica_group(world_rank, shard_size), "replica", timeout, staging);
+    }
 
     MPI_Comm node = MPI_COMM_NULL;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);

@@ -6,7 +6,7 @@ namespace llmtrain {
 
 namespace {
 
-int64_t piece_of(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
+int64_t piece_of(int64_t numel, int parts) { return (numel + parts - 1) / parts; }
 
 FlatRange flat_range_of(const std::vector<FlatRange>& ranges, const GradGroup& g) {
     if (g.first >= g.end || g.end > ranges.size()) fail(ErrorKind::runtime, "gradient group of parameters [", g.first, ", ", g.end, ") of ", ranges.size());
@@ -19,14 +19,14 @@ struct Sizes {
     int64_t total() const { return shard + ShardedGradients::kPoolBuffers * (pool_buffer + received) + resident; }
 };
 
-Sizes sizes_of(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp) {
+Sizes sizes_of(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int parts) {
     Sizes s;
     for (const GradGroup& g : groups) {
-        const int64_t piece = piece_of(flat_range_of(ranges, g).size(), dp);
+        const int64_t piece = piece_of(flat_range_of(ranges, g).size(), parts);
         s.shard += piece;
         s.received = std::max(s.received, piece);
-        if (g.resident) s.resident += piece * dp;
-        else s.pool_buffer = std::max(s.pool_buffer, piece * dp);
+        if (g.resident) s.resident += piece * parts;
+        else s.pool_buffer = std::max(s.pool_buffer, piece * parts);
     }
     // The parameters' all-gather stages through a pool buffer: one exists even when every group is resident.
     s.pool_buffer = std::max<int64_t>(s.pool_buffer, 1);
@@ -43,23 +43,23 @@ FlatRange piece_within(int64_t numel, int64_t piece, int rank) {
 
 }  // namespace
 
-int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp, int dp_rank) {
+int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int parts, int rank) {
     int64_t owned = 0;
     for (const GradGroup& g : groups) {
         const int64_t numel = flat_range_of(ranges, g).size();
-        owned += piece_within(numel, piece_of(numel, dp), dp_rank).size();
+        owned += piece_within(numel, piece_of(numel, parts), rank).size();
     }
     return owned;
 }
 
-int64_t sharded_gradient_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp) {
-    return sizes_of(ranges, groups, dp).total();
+int64_t sharded_gradient_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int parts) {
+    return sizes_of(ranges, groups, parts).total();
 }
 
-ShardedGradients::ShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& dp, FlatOps ops)
-    : params_(std::move(params)), dp_(dp), ops_(std::move(ops)) {
+ShardedGradients::ShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& shard, Comm* replicas, FlatOps ops)
+    : params_(std::move(params)), group_(shard), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), ops_(std::move(ops)) {
     const DType dtype = params_.values.dtype();
-    const int parts = dp.size();
+    const int parts = group_.size();
     const Sizes sizes = sizes_of(params_.ranges, groups, parts);
     group_of_param_.assign(params_.ranges.size(), groups.size());
     shard_ = params_.allocate(dtype, {sizes.shard});
@@ -77,7 +77,7 @@ ShardedGradients::ShardedGradients(FlatParameters params, std::vector<GradGroup>
             group.resident_buffer = resident_buffers_.back().view();
         }
         // This rank's piece, clipped to the group's real elements.
-        const FlatRange mine = piece_within(group.flat.size(), group.piece, dp.rank());
+        const FlatRange mine = piece_within(group.flat.size(), group.piece, group_.rank());
         if (mine.size() > 0) owned_.push_back({group.flat.begin + mine.begin, group.flat.begin + mine.end, flat_slice(shard_.view(), group.shard_at, mine.size())});
         groups_.push_back(group);
     }
@@ -88,7 +88,10 @@ ShardedGradients::ShardedGradients(FlatParameters params, std::vector<GradGroup>
     bytes_ = static_cast<size_t>(sizes.total()) * dtype_size(dtype);
 }
 
-std::string ShardedGradients::describe() const { return cat("ZeRO-2 (gradients sharded) | ", groups_.size(), " gradient groups"); }
+std::string ShardedGradients::describe() const {
+    if (!replicas_) return cat("ZeRO-2 (gradients sharded) | ", groups_.size(), " gradient groups");
+    return cat("ZeRO-2 (gradients sharded over ", group_.size(), " dp ranks, replicated ", replicas_->size(), "x) | ", groups_.size(), " gradient groups");
+}
 
 std::vector<GradStorageBinding> ShardedGradients::run_storage() const {
     std::vector<GradStorageBinding> bindings;
@@ -99,7 +102,7 @@ std::vector<GradStorageBinding> ShardedGradients::run_storage() const {
 
 Tensor ShardedGradients::padded_buffer(const Group& g) const {
     const Tensor buffer = g.params.resident ? g.resident_buffer : slots_[static_cast<size_t>(g.slot)].buffer.view();
-    return flat_slice(buffer, 0, g.piece * dp_.size());
+    return flat_slice(buffer, 0, g.piece * group_.size());
 }
 
 void ShardedGradients::begin_step(bool reduce) {
@@ -143,9 +146,9 @@ void ShardedGradients::ready(size_t first, size_t end, bool /*last_micro_batch*/
 void ShardedGradients::reduce(size_t group, Slot& slot, const Tensor& buffer) {
     const Group& g = groups_[group];
     slot.group = static_cast<int>(group);
-    const int64_t p = dp_.size();
+    const int64_t p = group_.size();
     bytes_sent_ += static_cast<int64_t>(buffer.bytes()) * (p - 1) / p;
-    slot.handle = dp_.reduce_scatter_async(flat_slice(slot.received.view(), 0, g.piece), buffer);
+    slot.handle = group_.reduce_scatter_async(flat_slice(slot.received.view(), 0, g.piece), buffer);
 }
 
 void ShardedGradients::settle(Slot& slot) {
@@ -165,18 +168,23 @@ void ShardedGradients::finish() {
         reduce(i, slots_.front(), padded_buffer(groups_[i]));
         settle(slots_.front());
     }
+    // Hybrid sharding: each block summed its own ranks' gradients; the sum over the blocks.
+    if (!replicas_) return;
+    const int64_t r = replicas_->size();
+    bytes_sent_ += 2 * static_cast<int64_t>(shard_.view().bytes()) * (r - 1) / r;
+    replicas_->all_reduce(shard_.view(), ReduceOp::sum);
 }
 
 // Group by group: this rank's piece into its place in a group-sized buffer, the all-gather
 // there, and the group's real elements back into the flat buffer.
 void ShardedGradients::gather(const Tensor& flat) {
-    const int parts = dp_.size();
+    const int parts = group_.size();
     for (Group& g : groups_) {
         const Tensor staging_memory = g.params.resident ? g.resident_buffer : slots_.front().buffer.view();
         const Tensor staging(staging_memory.raw(), flat.dtype(), Shape{g.piece * parts}, flat.device());
-        const FlatRange mine = piece_within(g.flat.size(), g.piece, dp_.rank());
+        const FlatRange mine = piece_within(g.flat.size(), g.piece, group_.rank());
         if (mine.size() > 0) ops_.copy(flat_slice(staging, mine.begin, mine.size()), flat_slice(flat, g.flat.begin + mine.begin, mine.size()));
-        dp_.all_gather(staging);
+        group_.all_gather(staging);
         ops_.copy(flat_slice(flat, g.flat.begin, g.flat.size()), flat_slice(staging, 0, g.flat.size()));
     }
 }

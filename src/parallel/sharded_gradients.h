@@ -19,6 +19,14 @@
 // After the update each group's parameters are all-gathered through a group-sized buffer (a
 // pool buffer, or a resident group's own), since a group's pieces are not aligned to dp in
 // the flat layout.
+//
+// Hybrid sharding (parallel.shard_size = s < dp): the shard group is a block of s dp ranks,
+// and "dp" above reads s. The blocks hold the same shards, each summed over its own ranks'
+// micro-batches; after the step's last backward every shard is all-reduced once across the
+// replica group (the ranks at the same place in every block), which makes it the sum over
+// all dp ranks. The updates then agree in every block, so the parameters are all-gathered
+// within the block only: the large all-gathers and reduce-scatters stay inside it (a node's
+// fast links), and only 1/s of the gradients crosses between the blocks.
 #pragma once
 
 #include <cstdint>
@@ -46,16 +54,18 @@ struct FlatOps {
     std::function<void(const Tensor& out, const Tensor& in)> copy;
 };
 
-// The elements ShardedGradients allocates for groups of these flat ranges on dp ranks, all in
-// the master dtype: what the memory plan predicts.
-int64_t sharded_gradient_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp);
-// The elements dp rank dp_rank updates (and keeps AdamW moments for): its clipped pieces.
-int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int dp, int dp_rank);
+// The elements ShardedGradients allocates for groups of these flat ranges sharded over
+// shard_size ranks, all in the master dtype: what the memory plan predicts.
+int64_t sharded_gradient_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int shard_size);
+// The elements shard rank shard_rank updates (and keeps AdamW moments for): its clipped pieces.
+int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int shard_size, int shard_rank);
 
 class ShardedGradients : public GradientReduction {
 public:
     // groups: in the order backward writes them; together they cover every parameter once.
-    ShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& dp, FlatOps ops);
+    // shard: the ranks that shard (the dp group, or a block of it); replicas: the ranks at
+    // this one's place in every block (null, or a group of one, without hybrid sharding).
+    ShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& shard, Comm* replicas, FlatOps ops);
 
     std::vector<GradStorageBinding> run_storage() const override;
     void begin_step(bool reduce) override;  // reduce = false is refused: stage 2 keeps no whole local gradient
@@ -67,6 +77,7 @@ public:
     void gather_master_values() override;
     const std::vector<OwnedPiece>& owned() const override { return owned_; }
     bool sharded() const override { return true; }
+    bool holds_first_copy() const override { return !replicas_ || replicas_->rank() == 0; }
     size_t gradient_bytes() const override { return bytes_; }
     int64_t bytes_sent() const override { return bytes_sent_; }
     std::string describe() const override;
@@ -97,7 +108,8 @@ private:
     FlatParameters params_;
     std::vector<Group> groups_;
     std::vector<size_t> group_of_param_;
-    Comm& dp_;
+    Comm& group_;      // the shard group
+    Comm* replicas_;   // null: none
     FlatOps ops_;
     OwnedTensor shard_;
     std::vector<OwnedTensor> resident_buffers_;

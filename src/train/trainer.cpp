@@ -122,7 +122,8 @@ std::unique_ptr<GradientReduction> Trainer::make_gradient_reduction() {
     FlatOps ops{[&backend](const Tensor& x) { backend.fill_zero(x); },
                 [&backend](const Tensor& out, const Tensor& a, const Tensor& b) { backend.add(out, a, b); },
                 [&backend](const Tensor& out, const Tensor& in) { backend.copy(out, in); }};
-    auto sharded = std::make_unique<ShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->dp(), std::move(ops));
+    auto sharded = std::make_unique<ShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->shard(), comms_->replicas(),
+                                                      std::move(ops));
     for (const GradStorageBinding& b : sharded->run_storage()) params.bind_grads(b.first, b.end, b.values, b.flat_offset);
     return sharded;
 }
@@ -279,7 +280,9 @@ SnapshotSource Trainer::snapshot_source() {
     // The last stage's copy of a tied embedding is the first stage's tensor again.
     std::optional<size_t> tied_copy;
     if (config_.model.tied_embeddings && !ctx_->first_stage() && model_->partition().has_head) tied_copy = model_->embedding_param();
-    return {model_->parameters(), *optimizer_, *backend_, ctx_->world_rank, ctx_->coord().dp, reduction_->sharded() && ctx_->mesh.dp() > 1, tied_copy};
+    // Under hybrid sharding the first block's ranks save the AdamW shards; the other blocks hold copies.
+    const bool saves_optimizer_shard = reduction_->sharded() && ctx_->mesh.dp() > 1 && reduction_->holds_first_copy();
+    return {model_->parameters(), *optimizer_, *backend_, ctx_->world_rank, ctx_->coord().dp, saves_optimizer_shard, tied_copy};
 }
 
 Manifest Trainer::manifest_at(int64_t step) const {
@@ -576,7 +579,7 @@ void Trainer::sync_tied_embedding() {
 
 // A parameter counts once in the norm: a tensor replicated over tp on tp rank 0 only, the
 // tied embedding on the first stage only; under plain dp every rank holds every reduced
-// gradient, so dp rank 0 alone counts them.
+// gradient, so dp rank 0 alone counts them (under hybrid sharding: the first block's ranks).
 bool Trainer::counts_in_norm(size_t param) const {
     const ParamInfo& info = model_->parameters().info(param);
     if (info.replicated() && ctx_->coord().tp != 0) return false;
@@ -601,7 +604,7 @@ double Trainer::global_grad_norm() {
         // gradient is dp s_r. The norm reported is the root mean square of those estimates
         // over the dp ranks: sqrt(sum_r ||dp s_r||^2 / dp) = sqrt(dp sum_r ||s_r||^2).
         local *= static_cast<double>(ctx_->mesh.dp());
-    } else if (!reduction_->sharded() && ctx_->coord().dp != 0 && std::isfinite(local)) {
+    } else if (!reduction_->holds_first_copy() && std::isfinite(local)) {
         local = 0;
     }
     return std::sqrt(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));

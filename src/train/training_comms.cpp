@@ -24,13 +24,13 @@ DeviceCommFactory with_defaults(DeviceCommFactory factory, const ParallelContext
 }  // namespace
 
 TrainingComms::TrainingComms(const Config& config, ParallelContext& ctx, Backend& backend, const DeviceCommFactory& overrides)
-    : tp_(ctx.tp.get()), dp_(ctx.dp.get()), pp_(ctx.pp.get()), embedding_(ctx.embedding.get()) {
+    : tp_(ctx.tp.get()), dp_(ctx.dp.get()), pp_(ctx.pp.get()), embedding_(ctx.embedding.get()), shard_(ctx.shard.get()), replica_(ctx.replica.get()) {
     if (comm_backend(config) != CommBackend::nccl || !any_group_communicates(ctx)) return;
     const DeviceCommFactory factory = with_defaults(overrides, ctx, config.parallel.timeout_seconds);
     order_ = factory.make_order(backend);
     watchdog_ = std::make_unique<CommWatchdog>(*order_, config.parallel.timeout_seconds, ctx.world_rank);
     // Every rank builds the communicators of its groups in the same order (tp, dp, pp,
-    // embedding): each bootstrap is a broadcast over that group's MPI Comm.
+    // embedding, shard, replica): each bootstrap is a broadcast over that group's MPI Comm.
     const auto ordered = [&](Comm*& slot, bool point_to_point) {
         if (!slot || slot->size() == 1) return;
         std::unique_ptr<StreamCollectives> main = factory.make_collectives(*slot, *order_);
@@ -42,6 +42,8 @@ TrainingComms::TrainingComms(const Config& config, ParallelContext& ctx, Backend
     ordered(dp_, false);
     ordered(pp_, true);
     ordered(embedding_, false);
+    ordered(shard_, false);
+    ordered(replica_, false);
     // A collective is looked at ten times per second: a hang is found within the timeout
     // plus 0.1 s, and the polling costs nothing measurable.
     watchdog_->start(std::chrono::milliseconds(100));

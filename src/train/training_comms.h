@@ -32,6 +32,9 @@ public:
     Comm& dp() const { return *dp_; }
     Comm& pp() const { return *pp_; }
     Comm* embedding() const { return embedding_; }  // null where the context has none
+    // The dp ranks ZeRO-2 shards over: a block of the dp group under hybrid sharding, else the dp group.
+    Comm& shard() const { return shard_ ? *shard_ : *dp_; }
+    Comm* replicas() const { return replica_; }     // across the blocks; null without hybrid sharding
     bool event_ordered() const { return watchdog_ != nullptr; }
     // At a step's end: one more look at the collectives in flight, and their failure thrown
     // (naming the rank, the operation and the group) if there is one.
@@ -40,7 +43,7 @@ public:
 private:
     std::unique_ptr<StreamOrder> order_;
     std::vector<std::unique_ptr<Comm>> owned_;
-    Comm *tp_ = nullptr, *dp_ = nullptr, *pp_ = nullptr, *embedding_ = nullptr;
+    Comm *tp_ = nullptr, *dp_ = nullptr, *pp_ = nullptr, *embedding_ = nullptr, *shard_ = nullptr, *replica_ = nullptr;
     std::unique_ptr<CommWatchdog> watchdog_;  // last: stopped before the comms it watches go
 };
 

@@ -858,6 +858,11 @@ TEST_F(CudaOps, Add_F16_MatchesCpuIncludingOutAliasingAnInput) {
     for (size_t i = 0; i < kElementwiseShapes.size(); ++i) add_case(f16, kElementwiseShapes[i], 3200 + 10 * i);
 }
 
+// ZeRO-2 adds each micro-batch's reduced piece into an f32 gradient shard: one rounding, as on the CPU.
+TEST_F(CudaOps, Add_F32_MatchesCpuIncludingOutAliasingAnInput) {
+    for (size_t i = 0; i < kElementwiseShapes.size(); ++i) add_case(f32, kElementwiseShapes[i], 3300 + 10 * i);
+}
+
 // Views one element past an aligned start take the kernels' scalar paths; the guard elements
 // around each output show that nothing is written outside it.
 TEST_F(CudaOps, ElementwiseOps_Bf16_MatchCpuOnMisalignedViewsAndWriteNothingOutside) {
@@ -1193,6 +1198,9 @@ TEST_F(CudaOps, Supports_16BitActivationOpsAndF32OptimizerOps) {
         } else {
             EXPECT_TRUE(gpu().supports(op, bf16));
             EXPECT_TRUE(gpu().supports(op, f16));
+        }
+        if (op == Op::add) {
+            EXPECT_TRUE(gpu().supports(op, f32)) << "ZeRO-2 sums gradient shards in f32";
         }
         EXPECT_FALSE(gpu().supports(op, DType::f64));
     }

@@ -4,8 +4,11 @@
 // its event-ordered collectives (the path NCCL takes on a GPU), here on recorded stand-ins
 // of the streams that carry each collective out over MPI; with "mpi", MPI's staging of
 // device tensors and its f32 sums of bf16. Every run tracks the fp32 run of one CPU process.
+// ZeRO-2 sharded within blocks of 2 dp ranks takes the event-ordered path over the shard
+// and replica groups' own communicators, with no race between them and the compute stream.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "parallel/context.h"
@@ -90,3 +93,10 @@ TEST(World2, EmulatedCudaDefaultComm_IsTheEventOrderedPath) {
 }
 TEST(World4, EmulatedCudaTensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
 TEST(World4, EmulatedCudaTensorTimesDataZero1OverMpi_TracksCpuFp32) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
+TEST(World4, EmulatedCudaHybridZero2OverEventOrderedCollectives_TracksCpuFp32) {
+    const EmulatedRun run = run_emulated(tiny("cuda", 2, {"parallel.zero_stage=2", "parallel.shard_size=2", "parallel.comm=\"nccl\""}));
+    test::expect_tracks_cpu(run.result, cpu_reference(4));
+    for (const char* group : {"shard", "replica"})
+        EXPECT_NE(std::find(run.streams.begin(), run.streams.end(), group), run.streams.end()) << "no stream of the " << group << " group's communicator";
+    for (const std::string& race : run.races) ADD_FAILURE() << race;
+}

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # resume_on_other_layouts.sh SCRATCH LLMTRAIN MPIEXEC CONFIG [--set ...]: a checkpoint saved
 # at step 5 by TP2 x PP2 x DP2 (8 ranks; or SAVED_LAYOUT="RANKS [--set ...]") is resumed as 1
-# process, as DP4 (ZeRO-1), as TP2 x DP2, as PP4 and as DP4 under ZeRO-2; and one saved by
-# DP2 x PP2 under ZeRO-2 (its gradient shards and AdamW pieces cut along layer groups) is
-# resumed as 1 process, as DP4 without ZeRO and as TP2 x DP2 under ZeRO-1 (only parallel.*
-# differs: train.global_batch_size keeps the batch); the losses of steps 6..10 must equal
-# those of an uninterrupted single-process run within 1e-5 relative. With SAVED_LAYOUT the
-# ZeRO-2 save is left out (it is the same with any first save).
+# process, as DP4 (ZeRO-1), as TP2 x DP2, as PP4, as DP4 under ZeRO-2 and as DP4 under ZeRO-2
+# sharded within blocks of 2 (hybrid); one saved by DP2 x PP2 under ZeRO-2 (its gradient
+# shards and AdamW pieces cut along layer groups) is resumed as 1 process, as DP4 without ZeRO
+# and as TP2 x DP2 under ZeRO-1; one saved by the hybrid layout (two blocks holding the same
+# AdamW shards, the first one's saved) as 1 process and as DP4 under plain ZeRO-2 (only
+# parallel.* differs: train.global_batch_size keeps the batch). The losses of steps 6..10 must
+# equal those of an uninterrupted single-process run within 1e-5 relative. With SAVED_LAYOUT
+# the ZeRO-2 and hybrid saves are left out (they are the same with any first save).
 set -u
 scratch=$1 bin=$2 mpiexec=$3
 shift 3
@@ -29,10 +31,13 @@ run reference 1
 losses "$scratch/reference" >"$scratch/reference.losses"
 read -r -a saved_layout <<<"${SAVED_LAYOUT:-8 --set parallel.tp=2 --set parallel.pp=2}"
 run saved "${saved_layout[@]}" --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
-layouts=("one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4" "dp4_zero2 4 --set parallel.zero_stage=2")
-if [ -z "${SAVED_LAYOUT:-}" ]; then  # the ZeRO-2 save, once
+hybrid=(--set parallel.zero_stage=2 --set parallel.shard_size=2)
+layouts=("one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4" "dp4_zero2 4 --set parallel.zero_stage=2" "dp4_hybrid 4 ${hybrid[*]}")
+if [ -z "${SAVED_LAYOUT:-}" ]; then  # the ZeRO-2 and hybrid saves, once
     run saved_zero2 4 --set parallel.pp=2 --set parallel.zero_stage=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints_zero2"\"
-    layouts+=("zero2_saved:one_process 1" "zero2_saved:dp4_no_zero 4 --set parallel.zero_stage=0" "zero2_saved:tp2_dp2_zero1 4 --set parallel.tp=2")
+    run saved_hybrid 4 "${hybrid[@]}" --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints_hybrid"\"
+    layouts+=("zero2_saved:one_process 1" "zero2_saved:dp4_no_zero 4 --set parallel.zero_stage=0" "zero2_saved:tp2_dp2_zero1 4 --set parallel.tp=2"
+              "hybrid_saved:one_process 1" "hybrid_saved:dp4_zero2 4 --set parallel.zero_stage=2")
 fi
 failures=0
 for layout in "${layouts[@]}"; do
@@ -40,7 +45,10 @@ for layout in "${layouts[@]}"; do
     name=$1
     shift
     checkpoint=$scratch/checkpoints/step_00000005
-    case $name in zero2_saved:*) checkpoint=$scratch/checkpoints_zero2/step_00000005 name=from_zero2_${name#zero2_saved:} ;; esac
+    case $name in
+        zero2_saved:*) checkpoint=$scratch/checkpoints_zero2/step_00000005 name=from_zero2_${name#zero2_saved:} ;;
+        hybrid_saved:*) checkpoint=$scratch/checkpoints_hybrid/step_00000005 name=from_hybrid_${name#hybrid_saved:} ;;
+    esac
     run "$name" "$@" --resume "$checkpoint"
     losses "$scratch/$name" >"$scratch/$name.losses"
     if [ "$(wc -l <"$scratch/$name.losses")" -ne 5 ] ||

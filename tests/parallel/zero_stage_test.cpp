@@ -1,8 +1,9 @@
 // ZeRO-2 (parallel.zero_stage = 2) computes the run of one process on every layout it shards
 // over (dp; dp x tp, with sequence parallelism; dp x pp with an embedding tied across the
-// stages): losses, gradient norms and validation losses within 1e-5 relative over 10 steps.
-// And it holds what it should: no whole gradient buffer, a gradient shard of 1/dp plus two
-// group-sized working buffers, the AdamW state of ZeRO-1, the parameters of plain dp.
+// stages; hybrid sharding within blocks of 2 of dp 4): losses, gradient norms and validation
+// losses within 1e-5 relative over 10 steps. And it holds what it should: no whole gradient
+// buffer, a gradient shard of 1/dp (1/shard_size) plus two group-sized working buffers, the
+// AdamW state of ZeRO-1 (over the shard group), the parameters of plain dp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -87,6 +88,15 @@ TEST(World4, Gpt2Zero2SequenceParallelTensorTimesData_MatchesSingleProcess) {
 // The embedding tied across the stages: summed between them after the last micro-batch.
 TEST(World4, Gpt2Zero2PipelineTimesData_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
 
+// Hybrid sharding: dp ranks {0, 1} and {2, 3} shard, 0 and 2, 1 and 3 hold the same shards.
+// The norm counts the first block's shards only: a doubled count would show in the grad norm.
+TEST(World4, Gpt2Zero2HybridShardsOfTwo_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {"parallel.shard_size=2"}); }
+TEST(World4, LlamaZero2HybridShardsOfTwoUntied_MatchesSingleProcess) {
+    expect_zero2_matches_single_process("llama", 1, {"parallel.shard_size=2", "model.tied_embeddings=false"});
+}
+// Blocks of one rank: nothing sharded, every gradient all-reduced across the replicas (dp 4).
+TEST(World4, Gpt2Zero2ShardsOfOne_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 1, {"parallel.shard_size=1"}); }
+
 // 12 untied layers on dp 4: every group is pooled. Gradients: a shard of the whole / 4 (each
 // group padded to a multiple of 4), two buffers of the largest group padded, two pieces of it.
 TEST(World4, Zero2PerRankBytes_AreTheExpectedFractions) {
@@ -97,23 +107,43 @@ TEST(World4, Zero2PerRankBytes_AreTheExpectedFractions) {
         overrides.push_back("parallel.zero_stage=" + stage);
         return tiny("gpt2", 1, overrides);
     };
+    std::vector<std::string> hybrid_overrides = shape;
+    hybrid_overrides.insert(hybrid_overrides.end(), {"parallel.zero_stage=2", "parallel.shard_size=2"});
     const ParallelRun plain = run_parallel(with("0")), zero1 = run_parallel(with("1")), zero2 = run_parallel(with("2"));
+    const ParallelRun hybrid = run_parallel(tiny("gpt2", 1, hybrid_overrides));
     const Config config = with("2");
-    const int64_t C = config.model.d_model, F = config.model.d_ff, V = config.model.padded_vocab_size(1), dp = 4;
+    const int64_t C = config.model.d_model, F = config.model.d_ff, V = config.model.padded_vocab_size(1);
     const int64_t layer = 4 * C + 3 * C * C + 3 * C + C * C + C + F * C + F + C * F + C;  // GPT-2: 2 LayerNorms, c_attn, c_proj, c_fc, mlp c_proj
     const std::vector<int64_t> groups = {C + C + V * C, V * C + config.model.max_seq_len * C};  // final norm + head; wte + wpe
-    const auto padded = [dp](int64_t n) { return (n + dp - 1) / dp * dp; };
-    int64_t shard = 12 * padded(layer) / dp, largest = padded(layer);
-    for (int64_t g : groups) shard += padded(g) / dp, largest = std::max(largest, padded(g));
     const auto bytes = [](int64_t numel) { return static_cast<size_t>(numel) * sizeof(float); };
-    EXPECT_EQ(zero2.memory.gradient_bytes, bytes(shard + 2 * (largest + largest / dp)));
+    // Sharded over `parts` ranks: each group padded to a multiple of parts, the shard, two
+    // buffers of the largest group and two pieces of it.
+    const auto gradient_bytes = [&](int64_t parts) {
+        const auto padded = [parts](int64_t n) { return (n + parts - 1) / parts * parts; };
+        int64_t shard = 12 * padded(layer) / parts, largest = padded(layer);
+        for (int64_t g : groups) shard += padded(g) / parts, largest = std::max(largest, padded(g));
+        return bytes(shard + 2 * (largest + largest / parts));
+    };
+    EXPECT_EQ(zero2.memory.gradient_bytes, gradient_bytes(4));
+    EXPECT_EQ(hybrid.memory.gradient_bytes, gradient_bytes(2));
+    EXPECT_NEAR(static_cast<double>(hybrid.memory.optimizer_bytes) / static_cast<double>(plain.memory.optimizer_bytes), 0.5, 1e-3);
+    EXPECT_EQ(hybrid.memory.parameter_bytes, plain.memory.parameter_bytes);
     EXPECT_EQ(plain.memory.gradient_bytes, bytes(plain.padded_numel));
     EXPECT_LT(static_cast<double>(zero2.memory.gradient_bytes) / static_cast<double>(plain.memory.gradient_bytes), 0.5);
     EXPECT_NEAR(static_cast<double>(zero2.memory.optimizer_bytes) / static_cast<double>(plain.memory.optimizer_bytes), 0.25, 1e-3);
     EXPECT_NEAR(static_cast<double>(zero2.memory.optimizer_bytes) / static_cast<double>(zero1.memory.optimizer_bytes), 1.0, 1e-3);
     EXPECT_EQ(zero2.memory.parameter_bytes, plain.memory.parameter_bytes);
     if (MpiSession().world_rank() == 0)
-        std::printf("gradient bytes per rank, dp 4: stage 0 %zu, stage 1 %zu, stage 2 %zu; optimizer bytes: %zu, %zu, %zu\n", plain.memory.gradient_bytes,
-                    zero1.memory.gradient_bytes, zero2.memory.gradient_bytes, plain.memory.optimizer_bytes, zero1.memory.optimizer_bytes,
-                    zero2.memory.optimizer_bytes);
+        std::printf("gradient bytes per rank, dp 4: stage 0 %zu, stage 1 %zu, stage 2 %zu, stage 2 in shards of 2 %zu; optimizer bytes: %zu, %zu, %zu, %zu\n",
+                    plain.memory.gradient_bytes, zero1.memory.gradient_bytes, zero2.memory.gradient_bytes, hybrid.memory.gradient_bytes,
+                    plain.memory.optimizer_bytes, zero1.memory.optimizer_bytes, zero2.memory.optimizer_bytes, hybrid.memory.optimizer_bytes);
 }
+
+// ---- 8 ranks ----
+
+// Hybrid sharding beside the other dimensions: each (tp, pp) position's dp group of 4 is cut
+// into blocks of 2; across pipeline stages the tied embedding's resident group is summed first.
+TEST(World8, Gpt2Zero2HybridPipelineTimesData_MatchesSingleProcess) {
+    expect_zero2_matches_single_process("gpt2", 2, {"parallel.pp=2", "parallel.shard_size=2"});
+}
+TEST(World8, LlamaZero2HybridTensorTimesData_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 1, {"parallel.tp=2", "parallel.shard_size=2"}); }

@@ -90,6 +90,7 @@ public:
         switch (op) {
             case Op::adamw: case Op::sum_squares: case Op::xent_combine: return dtype == DType::f32;
             case Op::fill_zero: case Op::copy: return dtype != DType::f64;
+            case Op::add: return dtype == DType::f32 || is_half(dtype);
             default: return is_half(dtype);
         }
     }
@@ -199,6 +200,10 @@ public:
         binary("swiglu_bwd", dx, dout, x, [&](const Tensor& o, const Tensor& a, const Tensor& b) { cpu_->swiglu_bwd(o, a, b); });
     }
     void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
+        if (a.dtype() == DType::f32) {  // a gradient shard's sum over micro-batches (ZeRO-2)
+            expect_f32("add", "out", out); expect_f32("add", "b", b); expect_device("add", "a", a);
+            return cpu_->add(host_view(out), host_view(a), host_view(b));
+        }
         binary("add", out, a, b, [&](const Tensor& o, const Tensor& x, const Tensor& y) { cpu_->add(o, x, y); });
     }
     void xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) override {

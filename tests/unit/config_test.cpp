@@ -811,3 +811,19 @@ TEST(Config, OptimizerNameAndFreezeStep_ParseAndAreRangeChecked) {
     EXPECT_NE(bad_name.find("optimizer.name"), std::string::npos) << bad_name;
     EXPECT_NE(bad_name.find("onebit_adam"), std::string::npos) << bad_name;
 }
+
+TEST(Config, ShardSizeDefaultsToTheWholeDpGroupAndIsKeptInADump) {
+    EXPECT_EQ(parse(TomlText::gpt2()).parallel.shard_size, 0);
+    const Config hybrid = parse(TomlText::gpt2(), {"parallel.zero_stage=2", "parallel.shard_size=2"});
+    EXPECT_EQ(hybrid.parallel.shard_size, 2);
+    EXPECT_EQ(parse_config(dump_config(hybrid), "dumped.toml", {}).parallel.shard_size, 2);
+}
+
+TEST(Config, ShardSizeBelowStageTwoOrNegative_IsRefusedNamingTheKey) {
+    for (const char* stage : {"parallel.zero_stage=0", "parallel.zero_stage=1"}) {
+        const std::string message = error_of(TomlText::gpt2(), {stage, "parallel.shard_size=2"});
+        EXPECT_TRUE(Contains(message, "parallel.shard_size: 2 shards the gradients")) << message;
+        EXPECT_TRUE(Contains(message, "needs parallel.zero_stage = 2")) << message;
+    }
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.zero_stage=2", "parallel.shard_size=-1"}), "parallel.shard_size"));
+}

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/context.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -46,6 +47,44 @@ TEST(Mesh, EveryRankIsInExactlyOneGroupOfEachDimension) {
                 for (int member : mesh.group(dim, r)) ++seen[static_cast<size_t>(member)];
         for (int r = 0; r < 24; ++r) EXPECT_EQ(seen[static_cast<size_t>(r)], 1) << mesh_dim_name(dim) << " rank " << r;
     }
+}
+
+// dp 4 of tp 2 x dp 4: dp ranks {0, 1} and {2, 3} shard together; 0 and 2, 1 and 3 replicate.
+TEST(Mesh, ShardAndReplicaGroupsOfHybridShardingForTp2Dp4) {
+    const Mesh mesh(8, 2, 4, 1);
+    EXPECT_EQ(mesh.group(MeshDim::dp, 5), (std::vector<int>{1, 3, 5, 7}));
+    EXPECT_EQ(mesh.shard_group(5, 2), (std::vector<int>{5, 7}));
+    EXPECT_EQ(mesh.replica_group(5, 2), (std::vector<int>{1, 5}));
+    EXPECT_EQ(mesh.shard_group(0, 2), (std::vector<int>{0, 2}));
+    EXPECT_EQ(mesh.replica_group(6, 2), (std::vector<int>{2, 6}));
+    EXPECT_EQ(mesh.shard_group(3, 4), (std::vector<int>{1, 3, 5, 7}));
+    EXPECT_EQ(mesh.replica_group(3, 4), (std::vector<int>{3}));
+    EXPECT_EQ(mesh.shard_group(3, 1), (std::vector<int>{3}));
+    EXPECT_EQ(mesh.replica_group(3, 1), (std::vector<int>{1, 3, 5, 7}));
+}
+
+TEST(Mesh, ShardSizeNotDividingDp_IsAConfigError) {
+    const Mesh mesh(6, 1, 6, 1);
+    EXPECT_THROW(mesh.shard_group(0, 4), Error);
+    EXPECT_THROW(mesh.replica_group(0, 0), Error);
+    EXPECT_EQ(mesh.shard_group(4, 3), (std::vector<int>{3, 4, 5}));
+}
+
+TEST(Mesh, ShardSizeNotDividingTheDerivedDp_IsRefusedNamingTheKey) {
+    ParallelConfig parallel;
+    parallel.tp = 2;
+    parallel.shard_size = 3;
+    try {
+        make_mesh(parallel, 8);
+        FAIL() << "expected a config error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::config);
+        EXPECT_STREQ(e.what(), "parallel.shard_size = 3 does not divide dp = 4 (allowed: a divisor of dp, e.g. the dp ranks of a node; 0: dp)");
+    }
+    parallel.shard_size = 2;
+    EXPECT_EQ(shard_size_of(parallel, make_mesh(parallel, 8).dp()), 2);
+    parallel.shard_size = 0;
+    EXPECT_EQ(shard_size_of(parallel, make_mesh(parallel, 8).dp()), 4);
 }
 
 TEST(Mesh, WorldSizeNotTheProduct_IsAConfigError) {

@@ -98,6 +98,7 @@ bool CudaBackend::supports(Op op, DType dtype) const {
     switch (op) {
         case Op::adamw: case Op::sum_squares: case Op::xent_combine: return dtype == DType::f32;
         case Op::fill_zero: case Op::copy: return dtype != DType::f64;
+        case Op::add: return dtype == DType::f32 || is_half(dtype);
         default: return is_half(dtype);
     }
 }
@@ -462,8 +463,14 @@ void CudaBackend::swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor&
     kernels::launch_swiglu_bwd(t, dx.raw(), dout.raw(), x.raw(), N, F, stream_);
 }
 
+// 16-bit activations (residual adds), or f32 (ZeRO-2 sums a gradient shard over micro-batches).
 void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
     CudaOpScope scope(*this, Op::add);
+    if (a.dtype() == DType::f32) {
+        for (const auto& [name, t] : {std::pair{"a", &a}, {"b", &b}, {"out", &out}}) expect(scope.name(), name, *t, a.shape(), DType::f32);
+        return kernels::launch_add_f32(static_cast<float*>(out.raw()), static_cast<const float*>(a.raw()), static_cast<const float*>(b.raw()), a.numel(),
+                                       stream_);
+    }
     const Half t = expect_same_as(scope.name(), "a", a, {{"b", &b}, {"out", &out}});
     kernels::launch_add(t, out.raw(), a.raw(), b.raw(), a.numel(), stream_);
 }
