@@ -5,9 +5,9 @@
 # alternate, three rounds, and each layout compares the medians: the machine's load drifts,
 # and the median of three drops a round slowed by something else.
 # Exits 0 when every prediction is within 15% of the measured step time; prints the table.
-# About 1.5 minutes a round on 2 cores; the CTest plan.calibrated_step_time runs it alone
-# (RUN_SERIAL: other tests' load would skew the timings). PLAN_CALIBRATION_ROUNDS (3) sets
-# the rounds.
+# About 1.5 minutes a round on 2 cores. A benchmark, not a test: run it on an otherwise idle
+# machine (other load skews the timings, four ranks on two cores most).
+# PLAN_CALIBRATION_ROUNDS (3) sets the rounds.
 # usage: scripts/plan-calibration-check.sh [LLMTRAIN [MPIEXEC [SCRATCH_DIR]]]
 set -eu
 cd "$(dirname "$0")/.."

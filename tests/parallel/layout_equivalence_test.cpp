@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "support/run_comparisons.h"
 #include "train/trainer.h"
 
 using namespace llmtrain;
@@ -62,20 +63,7 @@ ParallelRun run_parallel(const Config& config) {
     return run;
 }
 
-void expect_close(double actual, double expected, const std::string& what) {
-    EXPECT_LE(std::abs(actual - expected), kTolerance * std::abs(expected)) << what << ": parallel " << actual << ", single process " << expected;
-}
-
-void expect_same_run(const TrainResult& parallel, const TrainResult& single) {
-    ASSERT_EQ(parallel.steps.size(), single.steps.size());
-    for (size_t i = 0; i < single.steps.size(); ++i) {
-        expect_close(parallel.steps[i].loss, single.steps[i].loss, "loss at step " + std::to_string(i + 1));
-        expect_close(parallel.steps[i].grad_norm, single.steps[i].grad_norm, "grad norm at step " + std::to_string(i + 1));
-    }
-    ASSERT_EQ(parallel.evals.size(), single.evals.size());
-    for (size_t i = 0; i < single.evals.size(); ++i) expect_close(parallel.evals[i].val_loss, single.evals[i].val_loss, "val loss");
-    EXPECT_LT(single.steps.back().loss, single.steps.front().loss) << "the reference run must learn for the comparison to mean much";
-}
+void expect_same_run(const TrainResult& parallel, const TrainResult& single) { test::expect_matches_single_process(parallel, single, kTolerance); }
 
 // layout: "parallel.tp=2", ...; micro_batches per dp rank.
 void expect_same_run_as_single_process(const Config& config) {

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "support/run_comparisons.h"
 #include "train/trainer.h"
 
 using namespace llmtrain;
@@ -48,10 +49,6 @@ ParallelRun run_parallel(const Config& config) {
     return run;
 }
 
-void expect_close(double actual, double expected, const std::string& what) {
-    EXPECT_LE(std::abs(actual - expected), kTolerance * std::abs(expected)) << what << ": ZeRO-2 " << actual << ", single process " << expected;
-}
-
 void expect_zero2_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout) {
     const Config config = tiny(family, micro_batches, layout);
     const int64_t dp = make_mesh(config.parallel, MpiSession().world_size()).dp();
@@ -59,15 +56,7 @@ void expect_zero2_matches_single_process(const std::string& family, int64_t micr
     single.train.grad_accum *= dp;
     single.parallel = ParallelConfig{};
     const TrainResult reference = Trainer(single, TrainerOptions{.dtype = DType::f32, .quiet = true}).run();
-    const TrainResult sharded = run_parallel(config).result;
-    ASSERT_EQ(sharded.steps.size(), reference.steps.size());
-    for (size_t i = 0; i < reference.steps.size(); ++i) {
-        expect_close(sharded.steps[i].loss, reference.steps[i].loss, "loss at step " + std::to_string(i + 1));
-        expect_close(sharded.steps[i].grad_norm, reference.steps[i].grad_norm, "grad norm at step " + std::to_string(i + 1));
-    }
-    ASSERT_EQ(sharded.evals.size(), reference.evals.size());
-    for (size_t i = 0; i < reference.evals.size(); ++i) expect_close(sharded.evals[i].val_loss, reference.evals[i].val_loss, "val loss");
-    EXPECT_LT(reference.steps.back().loss, reference.steps.front().loss) << "the reference run must learn for the comparison to mean much";
+    test::expect_matches_single_process(run_parallel(config).result, reference, kTolerance, "ZeRO-2");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// Comparisons of whole training runs, shared by the e2e tests (CPU, and the CUDA path on
-// its CPU stand-in) and the GPU tests: the same tiny CUDA-shaped run, "bitwise the same"
-// and "tracks the fp32 CPU run within bf16's drift".
+// Comparisons of whole training runs, shared by the e2e, parallel and GPU tests: the same
+// tiny CUDA-shaped run, "bitwise the same", "a layout matches the single process" and
+// "tracks the fp32 CPU run within bf16's drift".
 #pragma once
 
 #include <gtest/gtest.h>
@@ -38,6 +38,23 @@ inline void expect_bitwise_identical(const TrainResult& a, const TrainResult& b,
         EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm) << what << " step " << i + 1;
     }
     EXPECT_EQ(a.evals.back().val_loss, b.evals.back().val_loss) << what;
+}
+
+// A parallel layout against the single process that computes the same run (fp32 or f64):
+// losses, gradient norms and validation losses within `relative` of the single process's
+// (the layouts sum in other orders), and a reference that learns at all.
+inline void expect_matches_single_process(const TrainResult& parallel, const TrainResult& single, double relative, const std::string& what = "parallel") {
+    const auto expect_close = [&](double actual, double expected, const std::string& of) {
+        EXPECT_LE(std::abs(actual - expected), relative * std::abs(expected)) << of << ": " << what << " " << actual << ", single process " << expected;
+    };
+    ASSERT_EQ(parallel.steps.size(), single.steps.size());
+    for (size_t i = 0; i < single.steps.size(); ++i) {
+        expect_close(parallel.steps[i].loss, single.steps[i].loss, "loss at step " + std::to_string(i + 1));
+        expect_close(parallel.steps[i].grad_norm, single.steps[i].grad_norm, "grad norm at step " + std::to_string(i + 1));
+    }
+    ASSERT_EQ(parallel.evals.size(), single.evals.size());
+    for (size_t i = 0; i < single.evals.size(); ++i) expect_close(parallel.evals[i].val_loss, single.evals[i].val_loss, "val loss");
+    EXPECT_LT(single.steps.back().loss, single.steps.front().loss) << "the reference run must learn for the comparison to mean much";
 }
 
 // A 16-bit run against the fp32 CPU run of the same config: bf16 rounds activations at 2^-8
