@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/exit_code.h"
 
 namespace llmtrain {
 
@@ -100,7 +101,7 @@ void inject_fault_if_requested(int world_rank, int64_t step) {
         if (!requested(injected, world_rank, step)) continue;
         std::fprintf(stderr, "[rank %d] injected fault: %s at step %lld\n", world_rank, injected.c_str(), static_cast<long long>(step));
         std::fflush(stderr);
-        if (injected == "exit") std::_Exit(3);
+        if (injected == "exit") std::_Exit(exit_failure);  // a crash, which a supervisor restarts (not 3: diverged)
         if (injected == "abort") std::abort();
         if (injected == "hardware") fail(ErrorKind::hardware, "step ", step, ": injected uncorrectable ECC error on this rank's device");
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
