@@ -92,27 +92,30 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
             for (int64_t b : micro_batches) {
                 if (batch % (b * dp) != 0) continue;
                 for (Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full})
-                    for (bool sp : {false, true}) {
-                        if (sp && tp == 1) continue;
-                        Config c = config;
-                        c.parallel.tp = tp;
-                        c.parallel.pp = pp;
-                        c.parallel.dp = dp;
-                        c.parallel.stage_layers.clear();
-                        c.parallel.virtual_stages = 1;  // the search weighs plain 1F1B layouts
-                        c.parallel.sequence_parallel = sp;
-                        c.train.batch_size = b;
-                        c.train.global_batch_size = batch;
-                        c.train.grad_accum = 0;
-                        c.train.recompute = recompute;
-                        ++search.considered;
-                        try {
-                            LayoutPlan plan = plan_layout(c, cluster, devices, options, parameters);
-                            (plan.fits ? search.ranked : unfit).push_back(std::move(plan));
-                        } catch (const Error&) {
-                            ++search.invalid;  // a layout the model or the batch cannot take
+                    for (bool sp : {false, true})
+                        for (int64_t v : {1, 2, 4}) {
+                            // Interleaving needs pp > 1 and n_layers a multiple of pp x v (and
+                            // micro-batches in groups of pp: stage_partition refuses the rest).
+                            if ((sp && tp == 1) || (v > 1 && (pp == 1 || config.model.n_layers % (pp * v) != 0))) continue;
+                            Config c = config;
+                            c.parallel.tp = tp;
+                            c.parallel.pp = pp;
+                            c.parallel.dp = dp;
+                            c.parallel.stage_layers.clear();
+                            c.parallel.virtual_stages = v;
+                            c.parallel.sequence_parallel = sp;
+                            c.train.batch_size = b;
+                            c.train.global_batch_size = batch;
+                            c.train.grad_accum = 0;
+                            c.train.recompute = recompute;
+                            ++search.considered;
+                            try {
+                                LayoutPlan plan = plan_layout(c, cluster, devices, options, parameters);
+                                (plan.fits ? search.ranked : unfit).push_back(std::move(plan));
+                            } catch (const Error&) {
+                                ++search.invalid;  // a layout the model or the batch cannot take
+                            }
                         }
-                    }
             }
         }
     }
@@ -130,7 +133,8 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
 std::string layout_name(const LayoutPlan& plan) {
     const TrainConfig& t = plan.config.train;
     return cat("tp ", plan.tp, " x pp ", plan.pp, " x dp ", plan.dp, ", micro-batch ", t.batch_size, " x ", plan.micro_batches, ", recompute ",
-               recompute_name(t.recompute), plan.config.parallel.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "");
+               recompute_name(t.recompute), plan.config.parallel.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
+               plan.config.parallel.virtual_stages > 1 ? cat(", ", plan.config.parallel.virtual_stages, " virtual stages") : "");
 }
 
 namespace {
