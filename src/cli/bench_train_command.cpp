@@ -62,18 +62,20 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     const double total = profile.total_seconds(), gemm = profile.gemm_seconds();
     const double attention = profile.seconds[static_cast<size_t>(Op::attention_fwd)] + profile.seconds[static_cast<size_t>(Op::attention_bwd)];
     const double update = profile.seconds[static_cast<size_t>(Op::adamw)];
-    const double rest = total - gemm - attention - update;
-    if (total <= 0 || gemm <= 0 || attention <= 0 || update <= 0 || rest <= 0)
-        fail(ErrorKind::runtime, "bench: the profiled step timed no GEMM, attention, AdamW or other op; cannot calibrate");
+    const double passes = profile.seconds[static_cast<size_t>(Op::fill_zero)] + profile.seconds[static_cast<size_t>(Op::sum_squares)];
+    const double rest = total - gemm - attention - update - passes;
+    if (total <= 0 || gemm <= 0 || attention <= 0 || update <= 0 || passes <= 0 || rest <= 0)
+        fail(ErrorKind::runtime, "bench: the profiled step timed no GEMM, attention, AdamW, gradient pass or other op; cannot calibrate");
     ComputeCalibration c;
     c.gemm_class = dominant_class(work);
     c.gemm_efficiency = m * work.total_gemm_flops() / (step_seconds * gemm / total * peak);
     c.attention_efficiency = m * work.attention_flops / (step_seconds * attention / total * peak);
-    // The micro-batches' memory-bound ops run at the pipeline's share of the core, the
-    // optimizer's passes at the step end's; AdamW's update is measured on its own.
-    const double gradient_passes = work.optimizer_bytes - work.update_bytes;
-    c.memory_efficiency = (m * work.memory_bytes / share.pipeline + gradient_passes / share.step_end) / (step_seconds * rest / total * bandwidth);
+    // The micro-batches' memory-bound ops run at the pipeline's share of the core; AdamW's
+    // update and the passes over every gradient (zeroing, the norm) at the step end's, each
+    // measured on its own.
+    c.memory_efficiency = m * work.memory_bytes / share.pipeline / (step_seconds * rest / total * bandwidth);
     c.optimizer_efficiency = work.update_bytes / share.step_end / (step_seconds * update / total * bandwidth);
+    c.gradient_pass_efficiency = (work.optimizer_bytes - work.update_bytes) / share.step_end / (step_seconds * passes / total * bandwidth);
     return c;
 }
 
@@ -161,9 +163,9 @@ int run_bench_train(const BenchTrainArgs& args) {
     if (!args.calibration_path.empty()) {
         const ComputeCalibration c = calibrate(trainer.config(), ctx.mesh, load_cluster(args.cluster_path), profile, step_seconds);
         write_calibration(args.calibration_path, c);
-        std::printf("calibration: GEMM %.3f (%s shapes), attention %.3f, memory-bound %.3f, AdamW %.3f of %s's peaks -> %s\n", c.gemm_efficiency,
-                    gemm_class_name(c.gemm_class), c.attention_efficiency, c.memory_efficiency, c.optimizer_efficiency, args.cluster_path.c_str(),
-                    args.calibration_path.c_str());
+        std::printf("calibration: GEMM %.3f (%s shapes), attention %.3f, memory-bound %.3f, AdamW %.3f, gradient passes %.3f of %s's peaks -> %s\n",
+                    c.gemm_efficiency, gemm_class_name(c.gemm_class), c.attention_efficiency, c.memory_efficiency, c.optimizer_efficiency,
+                    c.gradient_pass_efficiency, args.cluster_path.c_str(), args.calibration_path.c_str());
     }
     std::fflush(stdout);
     return 0;

@@ -145,6 +145,9 @@ void apply_calibration(Cluster& cluster, const std::string& path) {
     cluster.efficiency.memory = keys.optional_number("compute.memory_efficiency", "measured share of the memory bandwidth", 0, 2, cluster.efficiency.memory);
     cluster.efficiency.optimizer = keys.optional_number("compute.optimizer_efficiency", "measured share of the memory bandwidth AdamW's update reaches", 0, 2,
                                                         cluster.efficiency.optimizer);
+    cluster.efficiency.gradient_pass = keys.optional_number("compute.gradient_pass_efficiency",
+                                                            "measured share of the memory bandwidth zeroing the gradients and reading their norm reach", 0, 4,
+                                                            cluster.efficiency.gradient_pass);
     read_link_calibration(keys, "collectives.intra_node", cluster.intra_node);
     read_link_calibration(keys, "collectives.inter_node", cluster.inter_node);
     cluster.calibration_path = path;
@@ -188,6 +191,7 @@ void write_calibration(const std::string& path, const ComputeCalibration& comput
     section.insert_or_assign("attention_efficiency", compute.attention_efficiency);
     section.insert_or_assign("memory_efficiency", compute.memory_efficiency);
     if (compute.optimizer_efficiency > 0) section.insert_or_assign("optimizer_efficiency", compute.optimizer_efficiency);
+    if (compute.gradient_pass_efficiency > 0) section.insert_or_assign("gradient_pass_efficiency", compute.gradient_pass_efficiency);
     write_toml(path, root);
 }
 

@@ -51,8 +51,10 @@ struct ComputeEfficiency {
     double attention = 0;
     double memory = 0;
     double optimizer = 0;  // AdamW's update, a share of the memory bandwidth; 0: as `memory`
+    double gradient_pass = 0;  // zeroing the gradients and reading their norm (plain streams); 0: as `memory`
     double gemm_for(GemmClass c) const;
     double optimizer_or_memory() const { return optimizer > 0 ? optimizer : memory; }
+    double gradient_pass_or_memory() const { return gradient_pass > 0 ? gradient_pass : memory; }
 };
 
 struct Cluster {
@@ -81,7 +83,7 @@ void apply_calibration(Cluster& cluster, const std::string& path);
 // What `bench` measured on this machine, to be merged into a calibration file.
 struct ComputeCalibration {
     GemmClass gemm_class = GemmClass::medium;
-    double gemm_efficiency = 0, attention_efficiency = 0, memory_efficiency = 0, optimizer_efficiency = 0;
+    double gemm_efficiency = 0, attention_efficiency = 0, memory_efficiency = 0, optimizer_efficiency = 0, gradient_pass_efficiency = 0;
 };
 struct CollectiveCalibration {
     bool inter_node = false;

@@ -230,11 +230,12 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
     const double hidden = c.kind == ClusterKind::gpu ? t.compute * 2.0 / 3.0 : 0.0;
     t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
-    // AdamW's update has its own efficiency: on a CPU its square root and division per element
-    // make it slower per byte than a plain pass over the gradients.
+    // AdamW's update has its own efficiency (on a CPU its square root and division per element
+    // make it slower per byte), and so do the plain streams over every gradient (zeroing,
+    // the norm), which run nearer the bandwidth than the micro-batches' memory-bound ops.
     const double step_end_bandwidth = c.memory_bandwidth_gbps * 1e9 * share.step_end;
     t.optimizer = w.update_bytes / (step_end_bandwidth * c.efficiency.optimizer_or_memory()) +
-                  (w.optimizer_bytes - w.update_bytes) / (step_end_bandwidth * c.efficiency.memory);
+                  (w.optimizer_bytes - w.update_bytes) / (step_end_bandwidth * c.efficiency.gradient_pass_or_memory());
     return t;
 }
 

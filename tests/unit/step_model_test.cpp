@@ -78,13 +78,15 @@ TEST(StepModel, OptimizerRunsAtTheStepEndShare_MicroBatchesAtThePipelineShare) {
     EXPECT_DOUBLE_EQ(t.optimizer_seconds, most_optimizer_bytes / (0.5 * bandwidth));
 }
 
-// AdamW's update has its own calibrated efficiency (its square root and division make it
-// slower per byte than the passes over the gradients, which keep the memory-bound one): under
+// AdamW's update and the plain passes over every gradient (zeroing, the norm) have their own
+// calibrated efficiencies (the update's square root and division make it slower per byte, the
+// passes run nearer the bandwidth than the micro-batches' memory-bound ops): under
 // ZeRO-1 on dp 2 each rank updates half the elements but zeroes and reads every gradient.
-TEST(StepModel, AdamwUpdateAtItsOwnEfficiency_GradientPassesAtTheMemoryOne) {
+TEST(StepModel, AdamwUpdateAndGradientPassesAtTheirOwnEfficiencies) {
     const Config config = fifty_million({"parallel.zero1=true"});
     Cluster cluster = two_core_node();
     cluster.efficiency.optimizer = cluster.efficiency.memory / 4;
+    cluster.efficiency.gradient_pass = cluster.efficiency.memory * 3;
     const Mesh mesh = make_mesh(config.parallel, 2);
     const StageWork w = stage_work(config, mesh, 0);
     EXPECT_GT(w.update_bytes, 0);
@@ -92,8 +94,8 @@ TEST(StepModel, AdamwUpdateAtItsOwnEfficiency_GradientPassesAtTheMemoryOne) {
     const double bandwidth = cluster.memory_bandwidth_gbps * 1e9;  // one rank per core: a whole one at the step end
     const StepTime t = predict(config, cluster, 2);
     EXPECT_DOUBLE_EQ(t.optimizer_seconds, w.update_bytes / (bandwidth * cluster.efficiency.optimizer) +
-                                              (w.optimizer_bytes - w.update_bytes) / (bandwidth * cluster.efficiency.memory));
-    cluster.efficiency.optimizer = 0;  // not calibrated: the memory-bound efficiency
+                                              (w.optimizer_bytes - w.update_bytes) / (bandwidth * cluster.efficiency.gradient_pass));
+    cluster.efficiency.optimizer = cluster.efficiency.gradient_pass = 0;  // not calibrated: the memory-bound efficiency
     EXPECT_DOUBLE_EQ(predict(config, cluster, 2).optimizer_seconds, w.optimizer_bytes / (bandwidth * cluster.efficiency.memory));
 }
 
