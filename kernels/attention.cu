@@ -16,7 +16,9 @@
 // Tiles are 64 query rows x 64 keys. The 16-bit tiles (q, k, v, dout) are staged in shared
 // memory; score tiles go through shared memory in fp32 so that plain threads apply the causal
 // mask and the softmax, then back as 16-bit probabilities for the next WMMA. Rows past the end
-// of the sequence are zero-filled on load, masked in the scores and never written.
+// of the sequence are zero-filled on load, masked in the scores and never written. The tiles a
+// loop step loads (k and v, or q, dout and the row statistics) are fetched into registers one
+// step ahead, so global-memory latency overlaps the tensor-core work of the step before.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -89,6 +91,31 @@ __device__ void load_tile(T* tile, const T* src, int64_t src_ld, int rows, int t
     }
 }
 
+// The next step's 16-bit tile, fetched into registers while the current step computes and
+// written to its shared buffer after the step's last read of it: the global-memory latency hides
+// behind the tensor-core work instead of stalling every step between two barriers. The rows past
+// `rows` become zeros, as in load_tile.
+template <class T, int D, int threads>
+struct TileInFlight {
+    static constexpr int vecs_per_row = D / 8;
+    static constexpr int per_thread = tile_rows * vecs_per_row / threads;
+    static_assert(tile_rows * vecs_per_row % threads == 0, "every thread carries the same number of 16-byte vectors");
+    uint4 v[per_thread];
+
+    __device__ void fetch(const T* src, int64_t src_ld, int rows, int tid) {
+        for (int i = 0; i < per_thread; ++i) {
+            const int e = tid + i * threads, r = e / vecs_per_row, c = (e % vecs_per_row) * 8;
+            v[i] = r < rows ? *reinterpret_cast<const uint4*>(src + r * src_ld + c) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    __device__ void store(T* tile, int tid) const {
+        for (int i = 0; i < per_thread; ++i) {
+            const int e = tid + i * threads, r = e / vecs_per_row, c = (e % vecs_per_row) * 8;
+            *reinterpret_cast<uint4*>(tile + r * TileShape<D>::half_ld + c) = v[i];
+        }
+    }
+};
+
 // Writes the first `rows` rows of an fp32 tile (stride acc_ld), times `factor`, as 16-bit.
 template <class T, int D>
 __device__ void store_rows(T* dst, int64_t dst_ld, const float* tile, float factor, int rows, int tid, int threads) {
@@ -111,6 +138,21 @@ __device__ void load_row_stats(float* lse_tile, float* delta_tile, const float* 
         delta_tile[r] = r < rows ? delta[r] : 0.f;
     }
 }
+
+// The next step's lse and Delta of a query tile, in flight like TileInFlight: thread r < 64
+// carries lse of row r, thread 64 + r its Delta (padded rows get zeros: they are masked).
+struct RowStatsInFlight {
+    float value = 0.f;
+    __device__ void fetch(const float* lse, const float* delta, int rows, int tid) {
+        const int r = tid % tile_rows;
+        if (tid < 2 * tile_rows) value = r < rows ? (tid < tile_rows ? lse : delta)[r] : 0.f;
+    }
+    __device__ void store(float* lse_tile, float* delta_tile, int tid) const {
+        if (tid < tile_rows) lse_tile[tid] = value;
+        else if (tid < 2 * tile_rows) delta_tile[tid - tile_rows] = value;
+    }
+};
+static_assert(bwd_threads >= 2 * tile_rows, "a thread per row statistic");
 
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 template <class T>
@@ -191,13 +233,22 @@ __global__ void __launch_bounds__(fwd_threads) attention_fwd_kernel(T* __restric
     for (int c = part; c < D; c += 2) warp_acc[row * S::acc_ld + c] = 0.f;
     float m = -INFINITY, l = 0.f;
 
+    // k and v of key tile kb + 1 travel while tile kb computes.
+    TileInFlight<T, D, fwd_threads> k_next, v_next;
+    const auto fetch_keys = [&](int kb) {
+        const int k0 = kb * tile_rows, rows = min(tile_rows, hd.T - k0);
+        const T* keys = seq + k0 * hd.qkv_ld;
+        k_next.fetch(keys + (hd.H + g) * D, hd.qkv_ld, rows, tid);
+        v_next.fetch(keys + (hd.H + hd.Hkv + g) * D, hd.qkv_ld, rows, tid);
+    };
+    fetch_keys(0);
     for (int kb = 0; kb <= qb; ++kb) {
         const int k0 = kb * tile_rows;
         __syncthreads();  // every warp is done with the previous k and v
-        const T* keys = seq + k0 * hd.qkv_ld;
-        load_tile<T, D>(k_tile, keys + (hd.H + g) * D, hd.qkv_ld, min(tile_rows, hd.T - k0), tid, fwd_threads);
-        load_tile<T, D>(v_tile, keys + (hd.H + hd.Hkv + g) * D, hd.qkv_ld, min(tile_rows, hd.T - k0), tid, fwd_threads);
+        k_next.store(k_tile, tid);
+        v_next.store(v_tile, tid);
         __syncthreads();
+        if (kb < qb) fetch_keys(kb + 1);
 
         Acc s[tile_rows / 16];
         mma_abt<T, D>(s, q_tile + 16 * warp * S::half_ld, k_tile);
@@ -353,26 +404,38 @@ __global__ void __launch_bounds__(bwd_threads, D == 64 ? 2 : 1)
         wmma::fill_fragment(dk[j], 0.f);
         wmma::fill_fragment(dv[j], 0.f);
     }
-    for (int h = g * hd.group; h < (g + 1) * hd.group; ++h) {
-        for (int qb = kb; qb < n_qb; ++qb) {
-            const int q0 = qb * tile_rows, rows = min(tile_rows, hd.T - q0);
-            __syncthreads();  // the previous step is done with q, dout, P and dS
-            const int64_t stats = (static_cast<int64_t>(b) * hd.H + h) * hd.T + q0;
-            load_tile<T, D>(q_tile, qkv + (seq_row + q0) * hd.qkv_ld + h * D, hd.qkv_ld, rows, tid, bwd_threads);
-            load_tile<T, D>(dout_tile, dout + (seq_row + q0) * hd.out_ld + h * D, hd.out_ld, rows, tid, bwd_threads);
-            load_row_stats(sm.lse, sm.delta, lse + stats, delta + stats, rows, tid);
-            __syncthreads();
+    // Step i is query head g * group + i / tiles_per_head and query tile kb + i % tiles_per_head:
+    // the heads in order, and within a head the query tiles in order. Step i + 1's q, dout and
+    // row statistics travel while step i computes.
+    const int tiles_per_head = n_qb - kb, steps = hd.group * tiles_per_head;
+    TileInFlight<T, D, bwd_threads> q_next, dout_next;
+    RowStatsInFlight stats_next;
+    const auto fetch_queries = [&](int i) {
+        const int h = g * hd.group + i / tiles_per_head, q0 = (kb + i % tiles_per_head) * tile_rows, rows = min(tile_rows, hd.T - q0);
+        const int64_t stats = (static_cast<int64_t>(b) * hd.H + h) * hd.T + q0;
+        q_next.fetch(qkv + (seq_row + q0) * hd.qkv_ld + h * D, hd.qkv_ld, rows, tid);
+        dout_next.fetch(dout + (seq_row + q0) * hd.out_ld + h * D, hd.out_ld, rows, tid);
+        stats_next.fetch(lse + stats, delta + stats, rows, tid);
+    };
+    fetch_queries(0);
+    for (int i = 0; i < steps; ++i) {
+        const int q0 = (kb + i % tiles_per_head) * tile_rows;
+        __syncthreads();  // the previous step is done with q, dout, P, dS and the row statistics
+        q_next.store(q_tile, tid);
+        dout_next.store(dout_tile, tid);
+        stats_next.store(sm.lse, sm.delta, tid);
+        __syncthreads();
+        if (i + 1 < steps) fetch_queries(i + 1);
 
-            // S^T = k q^T and dP^T = v dout^T: rows are keys, columns queries.
-            scores_of<T, D>(sm.scores, k_tile, q_tile, wt);
-            scores_of<T, D>(sm.dp, v_tile, dout_tile, wt);
-            __syncthreads();
-            probs_and_grads<T, true>(sm.p, sm.ds, sm.scores, sm.dp, sm.lse, sm.delta, q0, k0, hd.T, hd.scale, tid);
+        // S^T = k q^T and dP^T = v dout^T: rows are keys, columns queries.
+        scores_of<T, D>(sm.scores, k_tile, q_tile, wt);
+        scores_of<T, D>(sm.dp, v_tile, dout_tile, wt);
+        __syncthreads();
+        probs_and_grads<T, true>(sm.p, sm.ds, sm.scores, sm.dp, sm.lse, sm.delta, q0, k0, hd.T, hd.scale, tid);
 
-            // dv += P^T dout, dk += dS^T q.
-            mma_pv<T, D>(dv, sm.p + wt.row * prob_ld, dout_tile + wt.dim_col);
-            mma_pv<T, D>(dk, sm.ds + wt.row * prob_ld, q_tile + wt.dim_col);
-        }
+        // dv += P^T dout, dk += dS^T q.
+        mma_pv<T, D>(dv, sm.p + wt.row * prob_ld, dout_tile + wt.dim_col);
+        mma_pv<T, D>(dk, sm.ds + wt.row * prob_ld, q_tile + wt.dim_col);
     }
 
     // Stage both results in fp32 over the score and the q/dout buffers, then write the key rows.
@@ -414,13 +477,22 @@ __global__ void __launch_bounds__(bwd_threads, 2)
 
     Acc dq[D / 32];
     for (int j = 0; j < D / 32; ++j) wmma::fill_fragment(dq[j], 0.f);
+    // k and v of key tile kb + 1 travel while tile kb computes.
+    TileInFlight<T, D, bwd_threads> k_next, v_next;
+    const auto fetch_keys = [&](int kb) {
+        const int k0 = kb * tile_rows, key_rows = min(tile_rows, hd.T - k0);
+        const T* keys = qkv + (seq_row + k0) * hd.qkv_ld;
+        k_next.fetch(keys + (hd.H + g) * D, hd.qkv_ld, key_rows, tid);
+        v_next.fetch(keys + (hd.H + hd.Hkv + g) * D, hd.qkv_ld, key_rows, tid);
+    };
+    fetch_keys(0);
     for (int kb = 0; kb <= qb; ++kb) {
         const int k0 = kb * tile_rows;
         __syncthreads();  // the previous step is done with k, v and dS
-        const T* keys = qkv + (seq_row + k0) * hd.qkv_ld;
-        load_tile<T, D>(k_tile, keys + (hd.H + g) * D, hd.qkv_ld, min(tile_rows, hd.T - k0), tid, bwd_threads);
-        load_tile<T, D>(v_tile, keys + (hd.H + hd.Hkv + g) * D, hd.qkv_ld, min(tile_rows, hd.T - k0), tid, bwd_threads);
+        k_next.store(k_tile, tid);
+        v_next.store(v_tile, tid);
         __syncthreads();
+        if (kb < qb) fetch_keys(kb + 1);
 
         // S = q k^T and dP = dout v^T: rows are queries, columns keys.
         scores_of<T, D>(sm.scores, q_tile, k_tile, wt);
