@@ -306,6 +306,9 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, shard_size).integer(0, 65536)
             .describe("zero_stage 2: shard within groups of this many consecutive dp ranks (e.g. a node) and replicate across the groups (hybrid "
                       "sharding); divides dp; 0: dp (one group)"),
+        CONFIG_KEY(parallel, prefetch_layers).integer(0, 64)
+            .describe("zero_stage 3: parameter groups (layers) whose all-gathers are started before the current group computes, hiding them "
+                      "behind its compute; each holds one more gather buffer; 0: every group gathered when it runs"),
         CONFIG_KEY(parallel, sequence_parallel).boolean()
             .describe("with tp > 1: norms and residuals hold 1/tp of the tokens per rank (batch_size * seq_len divisible by tp)"),
         CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),
@@ -807,11 +810,6 @@ constexpr Check kChecks[] = {
     [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.comm != CommBackend::nccl || c.train.device == ComputeDevice::cuda) return std::nullopt;
         return Problem{"parallel.comm", "\"nccl\" carries GPU memory and needs train.device = \"cuda\" (allowed on the CPU: auto, mpi)"};
-    },
-    [](const Config& c) -> std::optional<Problem> {
-        if (c.parallel.zero_stage != 3) return std::nullopt;
-        return Problem{"parallel.zero_stage", "3 (parameters sharded as well, FSDP) is not supported: stage 2 shards the gradients and the AdamW state "
-                                              "(allowed: 0, 1, 2)"};
     },
     [](const Config& c) -> std::optional<Problem> {
         // Below stage 2 nothing is reduce-scattered within a shard group: the key would do nothing.

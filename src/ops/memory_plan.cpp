@@ -47,12 +47,14 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     for (int64_t c = 0; c < chunks; ++c) part.activation_sets.push_back(chunk_in_flight(schedule, c));
     part.param_pad_multiple = mesh.dp();
     part.grad_storage = shards_gradients(config.parallel, mesh.dp()) ? GradStorage::bound : GradStorage::flat;
+    part.value_storage = shards_parameters(config.parallel, mesh.dp()) ? ValueStorage::bound : ValueStorage::flat;
     part.sequence_parallel = config.parallel.sequence_parallel;
     part.recompute = config.train.recompute;
     return part;
 }
 
 bool shards_gradients(const ParallelConfig& parallel, int dp) { return parallel.zero_stage >= 2 && dp > 1; }
+bool shards_parameters(const ParallelConfig& parallel, int dp) { return parallel.zero_stage >= 3 && dp > 1; }
 
 std::vector<GradGroup> zero2_gradient_groups(const TransformerLayout& model) {
     const std::optional<size_t> embedding = model.embedding_param();

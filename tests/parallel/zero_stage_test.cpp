@@ -44,19 +44,29 @@ ParallelRun run_parallel(const Config& config) {
     ParallelContext ctx = make_mpi_context(config.parallel);
     Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true}, ctx);
     ParallelRun run{trainer.run(), trainer.memory(), trainer.model().parameters().padded_numel()};
-    EXPECT_TRUE(trainer.model().parameters().all_grads().empty() == (config.parallel.zero_stage == 2)) << "a whole gradient buffer exists exactly below stage 2";
+    EXPECT_TRUE(trainer.model().parameters().all_grads().empty() == (config.parallel.zero_stage >= 2)) << "a whole gradient buffer exists exactly below stage 2";
+    const bool stage3 = config.parallel.zero_stage == 3;
+    EXPECT_TRUE(trainer.model().parameters().has_master_values() != stage3) << "whole master weights exist exactly below stage 3";
+    EXPECT_FALSE(stage3 && trainer.model().parameters().has_compute_copy()) << "stage 3 keeps no flat compute copy";
     ctx.world->barrier();
     return run;
 }
 
-void expect_zero2_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout) {
-    const Config config = tiny(family, micro_batches, layout);
+void expect_zero2_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout,
+                                         const std::string& stage = "2") {
+    std::vector<std::string> overrides = layout;
+    overrides.push_back("parallel.zero_stage=" + stage);
+    const Config config = tiny(family, micro_batches, overrides);
     const int64_t dp = make_mesh(config.parallel, MpiSession().world_size()).dp();
     Config single = config;
     single.train.grad_accum *= dp;
     single.parallel = ParallelConfig{};
     const TrainResult reference = Trainer(single, TrainerOptions{.dtype = DType::f32, .quiet = true}).run();
-    test::expect_matches_single_process(run_parallel(config).result, reference, kTolerance, "ZeRO-2");
+    test::expect_matches_single_process(run_parallel(config).result, reference, kTolerance, "ZeRO-" + stage);
+}
+
+void expect_zero3_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout) {
+    expect_zero2_matches_single_process(family, micro_batches, layout, "3");
 }
 
 }  // namespace
@@ -67,7 +77,24 @@ void expect_zero2_matches_single_process(const std::string& family, int64_t micr
 TEST(World2, Gpt2Zero2DataParallelTwoMicroBatches_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {}); }
 TEST(World2, LlamaZero2DataParallelUntied_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 3, {"model.tied_embeddings=false"}); }
 
+// ZeRO-3: the embedding tied to the head is gathered once per step (resident), the layers
+// before each forward and backward; eval runs as many forwards on every rank (7 sequences
+// in micro-batches of 2: 4 micro-batches on 2 ranks, but also an odd count below).
+TEST(World2, Gpt2Zero3DataParallelTwoMicroBatches_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {}); }
+TEST(World2, LlamaZero3DataParallelUntiedNoPrefetch_MatchesSingleProcess) {
+    expect_zero3_matches_single_process("llama", 3, {"model.tied_embeddings=false", "parallel.prefetch_layers=0", "train.eval_sequences=5"});
+}
+TEST(World2, Gpt2Zero3PrefetchBeyondThePassAndFullRecompute_MatchesSingleProcess) {
+    expect_zero3_matches_single_process("gpt2", 1, {"parallel.prefetch_layers=3", "train.recompute=\"full\""});
+}
+
 // ---- 4 ranks ----
+
+TEST(World4, Gpt2Zero3DataParallel_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {}); }
+TEST(World4, LlamaZero3TensorTimesData_MatchesSingleProcess) { expect_zero3_matches_single_process("llama", 2, {"parallel.tp=2"}); }
+// The embedding tied across the stages: each stage's copy resident, their gradients summed.
+TEST(World4, Gpt2Zero3PipelineTimesData_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
+TEST(World4, Gpt2Zero3HybridShardsOfTwo_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {"parallel.shard_size=2"}); }
 
 TEST(World4, Gpt2Zero2DataParallel_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {}); }
 TEST(World4, LlamaZero2TensorTimesData_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 2, {"parallel.tp=2"}); }
