@@ -302,9 +302,10 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1); the same as zero_stage = 1"),
         CONFIG_KEY(parallel, zero_stage).integer(0, 3).derived(default_zero_stage)
-            .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); default: from zero1"),
+            .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); 3: parameters "
+                      "sharded too, all-gathered group by group before each forward and backward (ZeRO-3 / FSDP); default: from zero1"),
         CONFIG_KEY(parallel, shard_size).integer(0, 65536)
-            .describe("zero_stage 2: shard within groups of this many consecutive dp ranks (e.g. a node) and replicate across the groups (hybrid "
+            .describe("zero_stage 2 or 3: shard within groups of this many consecutive dp ranks (e.g. a node) and replicate across the groups (hybrid "
                       "sharding); divides dp; 0: dp (one group)"),
         CONFIG_KEY(parallel, prefetch_layers).integer(0, 64)
             .describe("zero_stage 3: parameter groups (layers) whose all-gathers are started before the current group computes, hiding them "
@@ -815,7 +816,7 @@ constexpr Check kChecks[] = {
         // Below stage 2 nothing is reduce-scattered within a shard group: the key would do nothing.
         if (c.parallel.shard_size == 0 || c.parallel.zero_stage >= 2) return std::nullopt;
         return Problem{"parallel.shard_size", cat(c.parallel.shard_size, " shards the gradients and the AdamW state within groups of dp ranks and needs "
-                                                  "parallel.zero_stage = 2 (got ", c.parallel.zero_stage, "; allowed below stage 2: 0)")};
+                                                  "parallel.zero_stage = 2 or 3 (got ", c.parallel.zero_stage, "; allowed below stage 2: 0)")};
     },
 };
 

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "optim/adamw.h"
 #include "parallel/context.h"
+#include "parallel/fully_sharded.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -94,6 +95,9 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
         const int shard_size = shard_size_of(config.parallel, mesh.dp());
         m.gradient_bytes = bytes_of(sharded_gradient_numel(ranges, groups, shard_size), master);
         m.optimizer_bytes = AdamW::state_bytes_for(sharded_owned_numel(ranges, groups, shard_size, plan.coord.dp % shard_size), master);
+        // ZeRO-3: no flat parameter buffers; the shards, the ring of gather buffers, the resident groups.
+        if (shards_parameters(config.parallel, mesh.dp()))
+            m.parameter_bytes = fully_sharded_value_bytes(ranges, groups, shard_size, static_cast<int>(config.parallel.prefetch_layers), master, compute);
     } else {
         const int64_t owned = owned_numel(padded, dtype_size(master), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
         m.gradient_bytes = bytes_of(padded, master) + (zero1 ? bytes_of(owned, master) : 0);

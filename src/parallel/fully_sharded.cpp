@@ -40,7 +40,7 @@ size_t fully_sharded_value_bytes(const std::vector<FlatRange>& ranges, const std
 FullyShardedGradients::FullyShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& shard, Comm* replicas, FlatOps ops,
                                              DType compute, int prefetch, ShardedValueHooks hooks)
     : ShardedGradients(params, groups, shard, replicas, ops), groups_(groups), compute_(compute), prefetch_(prefetch), hooks_(std::move(hooks)),
-      value_ops_(std::move(ops)), allocate_(params.allocate) {
+      value_ops_(std::move(ops)), allocate_(params.allocate), replicas_(replicas ? replicas->size() : 1) {
     if (prefetch_ < 0) fail(ErrorKind::config, "parallel.prefetch_layers = ", prefetch_, " (expected 0 or more)");
     const int parts = shard.size();
     layout_ = sharded_group_layout(ranges_of(params), groups_, parts, shard.rank());
@@ -72,7 +72,8 @@ size_t FullyShardedGradients::group_starting_at(size_t param) const {
 }
 
 std::string FullyShardedGradients::describe() const {
-    return cat("ZeRO-3 (parameters gathered per group, ", prefetch_, " prefetched) + ", ShardedGradients::describe());
+    const std::string hybrid = replicas_ > 1 ? cat(" over ", shard_group().size(), " dp ranks, replicated ", replicas_, "x") : "";
+    return cat("ZeRO-3 (parameters and gradients sharded", hybrid, "; gathers started ", prefetch_, " groups ahead) | ", groups_.size(), " parameter groups");
 }
 
 // This rank's piece of every group, from the whole master weights into the shards.

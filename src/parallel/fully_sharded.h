@@ -82,6 +82,7 @@ private:
     ShardedValueHooks hooks_;
     FlatOps value_ops_;
     std::function<OwnedTensor(DType, Shape)> allocate_;
+    int replicas_;  // blocks holding the same shards (hybrid sharding); 1: none
     OwnedTensor master_shard_, compute_shard_;
     std::vector<OwnedTensor> resident_;  // per group; empty unless resident
     std::vector<Ring> ring_;

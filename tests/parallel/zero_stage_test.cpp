@@ -155,6 +155,44 @@ TEST(World4, Zero2PerRankBytes_AreTheExpectedFractions) {
                     plain.memory.optimizer_bytes, zero1.memory.optimizer_bytes, zero2.memory.optimizer_bytes, hybrid.memory.optimizer_bytes);
 }
 
+// ZeRO-3 on dp 4 (12 untied layers: no resident group): parameters are a master shard of
+// the whole / 4 (groups padded to a multiple of 4) plus prefetch_layers + 1 gather buffers of
+// the largest group; gradients and AdamW state are stage 2's.
+TEST(World4, Zero3PerRankBytes_AreTheExpectedFractions) {
+    const std::vector<std::string> shape = {"model.n_layers=12", "model.tied_embeddings=false", "train.steps=1", "optimizer.warmup_steps=0",
+                                            "train.eval_every=0"};
+    const auto with = [&](const std::vector<std::string>& more) {
+        std::vector<std::string> overrides = shape;
+        overrides.insert(overrides.end(), more.begin(), more.end());
+        return tiny("gpt2", 1, overrides);
+    };
+    const ParallelRun plain = run_parallel(with({"parallel.zero_stage=0"})), zero2 = run_parallel(with({"parallel.zero_stage=2"}));
+    const ParallelRun zero3 = run_parallel(with({"parallel.zero_stage=3"})), no_prefetch = run_parallel(with({"parallel.zero_stage=3", "parallel.prefetch_layers=0"}));
+    const ParallelRun hybrid = run_parallel(with({"parallel.zero_stage=3", "parallel.shard_size=2"}));
+    const Config config = with({});
+    const int64_t C = config.model.d_model, F = config.model.d_ff, V = config.model.padded_vocab_size(1);
+    const int64_t layer = 4 * C + 3 * C * C + 3 * C + C * C + C + F * C + F + C * F + C;
+    const std::vector<int64_t> groups = {C + C + V * C, V * C + config.model.max_seq_len * C};
+    const auto bytes = [](int64_t numel) { return static_cast<size_t>(numel) * sizeof(float); };
+    const auto parameter_bytes = [&](int64_t parts, int64_t buffers) {
+        const auto padded = [parts](int64_t n) { return (n + parts - 1) / parts * parts; };
+        int64_t shard = 12 * padded(layer) / parts, largest = padded(layer);
+        for (int64_t g : groups) shard += padded(g) / parts, largest = std::max(largest, padded(g));
+        return bytes(shard + buffers * largest);
+    };
+    EXPECT_EQ(zero3.memory.parameter_bytes, parameter_bytes(4, 2));
+    EXPECT_EQ(no_prefetch.memory.parameter_bytes, parameter_bytes(4, 1));
+    EXPECT_EQ(hybrid.memory.parameter_bytes, parameter_bytes(2, 2));
+    EXPECT_EQ(plain.memory.parameter_bytes, bytes(plain.padded_numel));
+    EXPECT_LT(static_cast<double>(zero3.memory.parameter_bytes) / static_cast<double>(plain.memory.parameter_bytes), 0.5);
+    EXPECT_EQ(zero3.memory.gradient_bytes, zero2.memory.gradient_bytes);
+    EXPECT_EQ(zero3.memory.optimizer_bytes, zero2.memory.optimizer_bytes);
+    EXPECT_NEAR(static_cast<double>(zero3.memory.optimizer_bytes) / static_cast<double>(plain.memory.optimizer_bytes), 0.25, 1e-3);
+    if (MpiSession().world_rank() == 0)
+        std::printf("parameter bytes per rank, dp 4: stage 0 %zu, stage 3 %zu (prefetch 0: %zu), stage 3 in shards of 2 %zu\n", plain.memory.parameter_bytes,
+                    zero3.memory.parameter_bytes, no_prefetch.memory.parameter_bytes, hybrid.memory.parameter_bytes);
+}
+
 // ---- 8 ranks ----
 
 // Hybrid sharding beside the other dimensions: each (tp, pp) position's dp group of 4 is cut
