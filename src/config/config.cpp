@@ -302,10 +302,14 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1); the same as zero_stage = 1"),
         CONFIG_KEY(parallel, zero_stage).integer(0, 3).derived(default_zero_stage)
-            .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); default: from zero1"),
+            .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); 3: parameters "
+                      "sharded too, all-gathered group by group before each forward and backward (ZeRO-3 / FSDP); default: from zero1"),
         CONFIG_KEY(parallel, shard_size).integer(0, 65536)
-            .describe("zero_stage 2: shard within groups of this many consecutive dp ranks (e.g. a node) and replicate across the groups (hybrid "
+            .describe("zero_stage 2 or 3: shard within groups of this many consecutive dp ranks (e.g. a node) and replicate across the groups (hybrid "
                       "sharding); divides dp; 0: dp (one group)"),
+        CONFIG_KEY(parallel, prefetch_layers).integer(0, 64)
+            .describe("zero_stage 3: parameter groups (layers) whose all-gathers are started before the current group computes, hiding them "
+                      "behind its compute; each holds one more gather buffer; 0: every group gathered when it runs"),
         CONFIG_KEY(parallel, sequence_parallel).boolean()
             .describe("with tp > 1: norms and residuals hold 1/tp of the tokens per rank (batch_size * seq_len divisible by tp)"),
         CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),
@@ -809,15 +813,10 @@ constexpr Check kChecks[] = {
         return Problem{"parallel.comm", "\"nccl\" carries GPU memory and needs train.device = \"cuda\" (allowed on the CPU: auto, mpi)"};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (c.parallel.zero_stage != 3) return std::nullopt;
-        return Problem{"parallel.zero_stage", "3 (parameters sharded as well, FSDP) is not supported: stage 2 shards the gradients and the AdamW state "
-                                              "(allowed: 0, 1, 2)"};
-    },
-    [](const Config& c) -> std::optional<Problem> {
         // Below stage 2 nothing is reduce-scattered within a shard group: the key would do nothing.
         if (c.parallel.shard_size == 0 || c.parallel.zero_stage >= 2) return std::nullopt;
         return Problem{"parallel.shard_size", cat(c.parallel.shard_size, " shards the gradients and the AdamW state within groups of dp ranks and needs "
-                                                  "parallel.zero_stage = 2 (got ", c.parallel.zero_stage, "; allowed below stage 2: 0)")};
+                                                  "parallel.zero_stage = 2 or 3 (got ", c.parallel.zero_stage, "; allowed below stage 2: 0)")};
     },
 };
 

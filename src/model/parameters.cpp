@@ -49,19 +49,57 @@ int64_t Parameters::allocation_length(int64_t pad_multiple) const {
 
 void Parameters::allocate(DType dtype, int64_t pad_multiple) {
     const int64_t padded = allocation_length(pad_multiple);
+    padded_numel_ = padded;
     values_ = OwnedTensor(dtype, Shape{padded});
     grads_ = OwnedTensor(dtype, Shape{padded});
+    master_dtype_ = compute_dtype_ = dtype;
     grad_homes_.assign(infos_.size(), GradHome{grads_.view(), 0});
 }
 
-void Parameters::allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple, GradStorage grads) {
+void Parameters::allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple, GradStorage grads, ValueStorage values) {
     const int64_t padded = allocation_length(pad_multiple);
     const auto allocate = [&backend](size_t bytes) { return backend.allocate(bytes); };
     backend_ = &backend;
+    padded_numel_ = padded;
+    master_dtype_ = master;
+    compute_dtype_ = compute;
+    device_ = backend.device();
+    value_storage_ = values;
     values_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
     if (grads == GradStorage::flat) grads_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
-    if (compute != master) compute_ = OwnedTensor(compute, Shape{padded}, backend.device(), allocate);
+    if (compute != master && values == ValueStorage::flat) compute_ = OwnedTensor(compute, Shape{padded}, backend.device(), allocate);
     grad_homes_.assign(infos_.size(), GradHome{grads_.view(), 0});
+    value_homes_.assign(infos_.size(), GradHome{});
+}
+
+void Parameters::bind_values(size_t first, size_t end, const Tensor& storage, int64_t storage_offset) {
+    if (first >= end) return;
+    const ParamInfo& last = infos_.at(end - 1);
+    if (value_storage_ != ValueStorage::bound || storage.dtype() != compute_dtype_ || storage_offset > infos_[first].offset ||
+        last.offset + last.shape.numel() - storage_offset > storage.numel())
+        fail(ErrorKind::runtime, "value storage of ", storage.numel(), " ", dtype_name(storage.dtype()), " elements from flat element ", storage_offset,
+             " does not hold parameters '", infos_[first].name, "'..'", last.name, "' (or their values are not bound per group)");
+    for (size_t i = first; i < end; ++i) value_homes_[i] = {storage, storage_offset};
+}
+
+Tensor Parameters::value_span(size_t first, size_t last) const {
+    if (value_storage_ == ValueStorage::flat) return view_of(compute_buffer(), first, last);
+    const GradHome& home = value_homes_.at(first);
+    if (home.storage.empty()) fail(ErrorKind::runtime, "the value of '", infos_[first].name, "' is read before its group was gathered");
+    if (value_homes_.at(last).storage.raw() != home.storage.raw())
+        fail(ErrorKind::runtime, "the values of '", infos_[first].name, "'..'", infos_[last].name, "' are bound to different buffers");
+    return view_of(home.storage, home.base_offset, first, last);
+}
+
+void Parameters::release_master_values() {
+    if (value_storage_ != ValueStorage::bound) fail(ErrorKind::runtime, "the whole master weights are released only when values are bound per group");
+    values_ = OwnedTensor();
+}
+
+void Parameters::allocate_master_values() {
+    if (value_storage_ != ValueStorage::bound) fail(ErrorKind::runtime, "the whole master weights are allocated again only when values are bound per group");
+    if (has_master_values()) return;
+    values_ = new_tensor(master_dtype_, Shape{padded_numel_});
 }
 
 void Parameters::bind_grads(size_t first, size_t end, const Tensor& storage, int64_t storage_offset) {

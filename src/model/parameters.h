@@ -21,6 +21,12 @@
 // in a buffer of that group's length bound with bind_grads() (the data-parallel reduction
 // owns those buffers), in the flat layout's order, so grad_span() still joins neighbours.
 //
+// Value storage: the flat buffers by default. Under ZeRO-3 (ValueStorage::bound) the whole
+// master weights exist only for a while (initialization, loading, a checkpoint's save:
+// allocate_master_values() / release_master_values()), and there is no flat compute copy:
+// forward and backward read each group of parameters from a buffer of that group's length
+// bound with bind_values() (an all-gathered group of the data-parallel shards).
+//
 // Tensor parallelism (Megatron): a parameter may be split across the tp ranks.
 //  - rows: the output rows of a [out, in] weight (column-parallel linear, vocab-parallel
 //    embedding) or a bias; `blocks` > 1 splits each of that many equal row blocks on its own
@@ -50,6 +56,8 @@ enum class TpSplit { none, rows, cols };
 
 // Where the gradients live: the flat buffer, or buffers bound per group of parameters (ZeRO-2).
 enum class GradStorage { flat, bound };
+// Where the values forward and backward read live: the flat buffers, or buffers bound per group (ZeRO-3).
+enum class ValueStorage { flat, bound };
 
 struct TensorSplit {
     TpSplit kind = TpSplit::none;
@@ -91,10 +99,19 @@ public:
     void allocate(DType dtype, int64_t pad_multiple = 1);
     // The same in the backend's memory: master weights and gradients in `master`, and a
     // compute copy in `compute` when it differs.
-    void allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple = 1, GradStorage grads = GradStorage::flat);
+    void allocate(Backend& backend, DType master, DType compute, int64_t pad_multiple = 1, GradStorage grads = GradStorage::flat,
+                  ValueStorage values = ValueStorage::flat);
     // Parameters [first, end) keep their gradients in `storage` from now on, whose element 0
     // is element storage_offset of the flat layout (the offset of parameter first).
     void bind_grads(size_t first, size_t end, const Tensor& storage, int64_t storage_offset);
+    // ValueStorage::bound: forward and backward read the values of parameters [first, end)
+    // from `storage` (compute dtype) from now on, whose element 0 is flat element storage_offset.
+    void bind_values(size_t first, size_t end, const Tensor& storage, int64_t storage_offset);
+    // ValueStorage::bound: frees the whole master weights (their shards live elsewhere), or
+    // allocates them again (zeroed) for a load or a checkpoint's gather.
+    void release_master_values();
+    void allocate_master_values();
+    bool has_master_values() const { return !values_.view().empty(); }
     // Fills every parameter from its Philox stream (on the host, then copied to the device),
     // and the compute copy from the result.
     void initialize(uint64_t seed, double std, int64_t n_layers);
@@ -109,25 +126,27 @@ public:
     // Index of the parameter with this name; throws if absent.
     size_t index_of(const std::string& name) const;
     int64_t total_numel() const { return total_numel_; }
-    int64_t padded_numel() const { return values_.numel(); }
+    int64_t padded_numel() const { return padded_numel_; }
     // The flat buffers' length for total_numel elements: rounded up to a multiple of pad_multiple.
     static int64_t padded_length(int64_t total_numel, int64_t pad_multiple);
     int tp_rank() const { return tp_rank_; }
     int tp_size() const { return tp_size_; }
     // Flat index in the global tensor of element `local` of parameter `index`.
     int64_t global_index(size_t index, int64_t local) const;
-    DType dtype() const { return all_values().dtype(); }  // the master weights' and the gradients'
-    DType compute_dtype() const { return compute_buffer().view().dtype(); }
+    DType dtype() const { return master_dtype_; }  // the master weights' and the gradients'
+    DType compute_dtype() const { return compute_dtype_; }
+    // Whether a flat compute copy exists (16-bit compute with ValueStorage::flat).
     bool has_compute_copy() const { return !compute_.view().empty(); }
-    Device device() const { return all_values().device(); }
+    Device device() const { return device_; }
+    ValueStorage value_storage() const { return value_storage_; }
 
     // What forward and backward read: the compute copy (the master weights on the CPU).
-    Tensor value(size_t index) const { return view_of(compute_buffer(), index, index); }
+    Tensor value(size_t index) const { return value_span(index, index); }
     Tensor master_value(size_t index) const { return view_of(values_, index, index); }
     Tensor grad(size_t index) const { return grad_span(index, index); }
     // Parameters first..last (inclusive) registered back to back with equal row width, as one
     // tensor of stacked rows: q, k and v projections become one fused QKV weight.
-    Tensor value_span(size_t first, size_t last) const { return view_of(compute_buffer(), first, last); }
+    Tensor value_span(size_t first, size_t last) const;
     Tensor grad_span(size_t first, size_t last) const;
     Tensor all_values() const { return values_.view(); }  // the master weights
     Tensor all_compute_values() const { return compute_buffer().view(); }
@@ -143,7 +162,11 @@ private:
     int tp_rank_, tp_size_;
     std::vector<ParamInfo> infos_;
     int64_t total_numel_ = 0;
+    int64_t padded_numel_ = 0;  // the flat buffers' length
     Backend* backend_ = nullptr;  // null: host memory, no backend
+    DType master_dtype_ = DType::f32, compute_dtype_ = DType::f32;
+    Device device_ = Device::cpu;
+    ValueStorage value_storage_ = ValueStorage::flat;
     OwnedTensor values_;
     OwnedTensor compute_;         // empty without a compute copy
     OwnedTensor grads_;           // empty under GradStorage::bound
@@ -152,6 +175,7 @@ private:
         int64_t base_offset = 0;  // flat element of storage's element 0
     };
     std::vector<GradHome> grad_homes_;  // per parameter
+    std::vector<GradHome> value_homes_;  // per parameter, under ValueStorage::bound
 };
 
 // The registry as the parallel layer sees it: flat buffers and each parameter's range.

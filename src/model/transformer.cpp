@@ -87,7 +87,7 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
                          ModelPartition partition, Comm* tp)
     : TransformerLayout(config, backend.device(), dtype, max_batch, max_seq_len, partition, tp ? tp->rank() : 0, tp ? tp->size() : 1),
       backend_(backend), tp_(tp && tp->size() > 1 ? tp : nullptr) {
-    params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple, part_.grad_storage);
+    params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple, part_.grad_storage, part_.value_storage);
     arena_.allocate(backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
     if (is_llama()) {
         const Tensor table = arena_.tensor(rope_table_);
@@ -334,6 +334,27 @@ void Transformer::writing(size_t begin, size_t end) const {
     if (grads_begin_ && begin < end) grads_begin_(begin, end);
 }
 
+void Transformer::computing(const std::vector<ParamGroup>& pass, size_t position) const {
+    if (group_compute_) group_compute_(pass, position);
+}
+
+std::vector<TransformerLayout::ParamGroup> Transformer::forward_groups(int64_t set) const {
+    const ActivationSet& a = sets_.at(static_cast<size_t>(set));
+    std::vector<ParamGroup> groups;
+    if (a.embeds) groups.push_back(embedding_group());
+    for (int64_t l = 0; l < chunk_layers(); ++l) groups.push_back(layer_group(a, l));
+    if (a.heads) groups.push_back(head_group());
+    return groups;
+}
+
+std::vector<TransformerLayout::ParamGroup> Transformer::backward_groups(int64_t set) const {
+    const ActivationSet& a = sets_.at(static_cast<size_t>(set));
+    std::vector<ParamGroup> groups;
+    if (a.heads) groups.push_back(head_group());
+    for (int64_t l = chunk_layers() - 1; l >= 0; --l) groups.push_back(layer_group(a, l));
+    return groups;
+}
+
 std::vector<TransformerLayout::ParamGroup> TransformerLayout::gradient_groups() const {
     std::vector<ParamGroup> groups;
     if (part_.has_head) groups.push_back({head_begin_, params_.count()});
@@ -411,14 +432,21 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
     a.batch = batch;
     a.seq_len = seq_len;
     use_set(set);
+    const std::vector<ParamGroup> pass = forward_groups(set);
+    size_t position = 0;
     if (a.embeds) {
         load_ids("tokens", a.tokens, tokens);
+        computing(pass, position++);
         embed(a);
     }
-    for (int64_t l = 0; l < chunk_layers(); ++l) layer_fwd(a, l);
+    for (int64_t l = 0; l < chunk_layers(); ++l) {
+        computing(pass, position++);
+        layer_fwd(a, l);
+    }
     if (!a.heads) return std::numeric_limits<double>::quiet_NaN();
     a.has_targets = !targets.empty();
     if (a.has_targets) load_ids("targets", a.targets, targets);
+    computing(pass, position);
     return head_and_loss(a);
 }
 
@@ -502,21 +530,32 @@ void Transformer::decode(int32_t token, KvCache& cache) {
     OwnedTensor id(DType::i32, {1});
     id.data<int32_t>()[0] = token;
     load_ids("token", a.tokens, id.view());
+    const std::vector<ParamGroup> pass = forward_groups(0);
+    size_t position = 0;
+    computing(pass, position++);
     embed(a, cache.length);
-    for (int64_t l = 0; l < local_layers(); ++l) layer_fwd(a, l, &cache);
+    for (int64_t l = 0; l < local_layers(); ++l) {
+        computing(pass, position++);
+        layer_fwd(a, l, &cache);
+    }
     ++cache.length;
+    computing(pass, position);
     head_and_loss(a);
 }
 
 void Transformer::backward(int64_t set, double loss_scale) {
     const ActivationSet& a = use_set(set);
+    const std::vector<ParamGroup> pass = backward_groups(set);
+    size_t position = 0;
     if (a.heads) {
         if (!a.has_targets) fail(ErrorKind::runtime, "backward called after a forward without targets");
+        computing(pass, position++);
         head_backward(a, loss_scale);
     }
     const Tensor d_resid = local_rows(a.d_resid);
     for (int64_t l = chunk_layers() - 1; l >= 0; --l) {
         const LayerParams& p = layer_params_[param_layer(a, l)];
+        computing(pass, position++);
         writing(p.begin, p.end);
         layer_bwd(a, l, d_resid);
         ready(p.begin, p.end);

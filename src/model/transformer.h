@@ -74,6 +74,7 @@ struct ModelPartition {
     std::vector<int64_t> activation_sets = {1};
     int64_t param_pad_multiple = 1;  // the flat parameter buffer's length is a multiple of this (dp)
     GradStorage grad_storage = GradStorage::flat;  // bound: no flat gradient buffer (ZeRO-2 binds group buffers)
+    ValueStorage value_storage = ValueStorage::flat;  // bound: no flat compute copy (ZeRO-3 binds gathered groups)
     bool sequence_parallel = false;  // with tp > 1: split the tokens outside the tp matmuls
     Recompute recompute = Recompute::none;  // activation recomputation (see above)
 };
@@ -254,6 +255,16 @@ public:
     // Called during backward with a group of gradient_groups() before backward first writes
     // its gradients: ZeRO-2 binds their storage there.
     void set_grads_begin_hook(std::function<void(size_t begin, size_t end)> hook) { grads_begin_ = std::move(hook); }
+    // Called before each group of gradient_groups() that a pass (one forward or backward of a
+    // set, or one decoding step) computes with: `pass` lists those groups in the order the
+    // pass takes them, `position` the one about to run. ZeRO-3 gathers the group's values
+    // there and starts the gathers of the groups after it. A backward lists the groups whose
+    // backward reads their values: not the embedding's (its gradient needs only the tokens).
+    using GroupComputeHook = std::function<void(const std::vector<ParamGroup>& pass, size_t position)>;
+    void set_group_compute_hook(GroupComputeHook hook) { group_compute_ = std::move(hook); }
+    // The groups a forward (or backward) of `set` computes with, in order.
+    std::vector<ParamGroup> forward_groups(int64_t set) const;
+    std::vector<ParamGroup> backward_groups(int64_t set) const;
 
 private:
     // Rebuilds what recomputation dropped, before layer l's backward.
@@ -279,6 +290,12 @@ private:
     ActivationSet& use_set(int64_t set);
     void ready(size_t begin, size_t end) const;
     void writing(size_t begin, size_t end) const;
+    void computing(const std::vector<ParamGroup>& pass, size_t position) const;
+    ParamGroup head_group() const { return {head_begin_, params_.count()}; }
+    ParamGroup layer_group(const ActivationSet& a, int64_t l) const {
+        const LayerParams& p = layer_params_[param_layer(a, l)];
+        return {p.begin, p.end};
+    }
     ParamGroup embedding_group() const { return {0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin}; }
 
     // Positions start at first_position (decoding: the cache's length).
@@ -299,6 +316,7 @@ private:
     Comm* tp_;                      // null without tensor parallelism
     int64_t batch_ = 0, seq_len_ = 0;
     std::function<void(size_t, size_t)> grads_ready_, grads_begin_;
+    GroupComputeHook group_compute_;
 };
 
 }  // namespace llmtrain

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "optim/adamw.h"
 #include "parallel/context.h"
+#include "parallel/fully_sharded.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -47,12 +48,14 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     for (int64_t c = 0; c < chunks; ++c) part.activation_sets.push_back(chunk_in_flight(schedule, c));
     part.param_pad_multiple = mesh.dp();
     part.grad_storage = shards_gradients(config.parallel, mesh.dp()) ? GradStorage::bound : GradStorage::flat;
+    part.value_storage = shards_parameters(config.parallel, mesh.dp()) ? ValueStorage::bound : ValueStorage::flat;
     part.sequence_parallel = config.parallel.sequence_parallel;
     part.recompute = config.train.recompute;
     return part;
 }
 
 bool shards_gradients(const ParallelConfig& parallel, int dp) { return parallel.zero_stage >= 2 && dp > 1; }
+bool shards_parameters(const ParallelConfig& parallel, int dp) { return parallel.zero_stage >= 3 && dp > 1; }
 
 std::vector<GradGroup> zero2_gradient_groups(const TransformerLayout& model) {
     const std::optional<size_t> embedding = model.embedding_param();
@@ -92,6 +95,9 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
         const int shard_size = shard_size_of(config.parallel, mesh.dp());
         m.gradient_bytes = bytes_of(sharded_gradient_numel(ranges, groups, shard_size), master);
         m.optimizer_bytes = AdamW::state_bytes_for(sharded_owned_numel(ranges, groups, shard_size, plan.coord.dp % shard_size), master);
+        // ZeRO-3: no flat parameter buffers; the shards, the ring of gather buffers, the resident groups.
+        if (shards_parameters(config.parallel, mesh.dp()))
+            m.parameter_bytes = fully_sharded_value_bytes(ranges, groups, shard_size, static_cast<int>(config.parallel.prefetch_layers), master, compute);
     } else {
         const int64_t owned = owned_numel(padded, dtype_size(master), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
         m.gradient_bytes = bytes_of(padded, master) + (zero1 ? bytes_of(owned, master) : 0);

@@ -48,6 +48,8 @@ struct MemoryPlan {
 ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world_rank);
 // Whether this run shards its gradients (ZeRO-2): asked for, and more than one dp rank.
 bool shards_gradients(const ParallelConfig& parallel, int dp);
+// Whether this run shards its parameters too (ZeRO-3): asked for, and more than one dp rank.
+bool shards_parameters(const ParallelConfig& parallel, int dp);
 // ZeRO-2's gradient groups of a model part: its backward groups, the one holding a tied
 // embedding resident (written by the head and by the embedding, summed across stages).
 std::vector<GradGroup> zero2_gradient_groups(const TransformerLayout& model);

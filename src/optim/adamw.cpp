@@ -10,7 +10,7 @@ double clip_scale(double grad_norm, double max_norm) {
 }
 
 namespace {
-std::vector<OwnedPiece> everything(const Parameters& params) { return {{0, params.all_grads().numel(), params.all_grads()}}; }
+std::vector<OwnedPiece> everything(const Parameters& params) { return {{0, params.all_grads().numel(), params.all_grads(), {}, {}}}; }
 
 int64_t total_length(const std::vector<OwnedPiece>& pieces) {
     int64_t n = 0;
@@ -47,9 +47,12 @@ void AdamW::step(Backend& backend, double lr, double grad_scale) {
             s.grad_scale = grad_scale;
             s.step = steps_taken_;
             const int64_t in_piece = begin - piece.begin, count = end - begin;
-            backend.adamw(values.slice_rows(begin, count), piece.grads.slice_rows(in_piece, count),
-                          m_.view().slice_rows(state_offset + in_piece, count), v_.view().slice_rows(state_offset + in_piece, count),
-                          copy.empty() ? Tensor() : copy.slice_rows(begin, count), s);
+            const bool own_values = !piece.values.empty();  // ZeRO-3: the piece's shards
+            const Tensor master = own_values ? piece.values.slice_rows(in_piece, count) : values.slice_rows(begin, count);
+            const Tensor compute = own_values ? (piece.compute_values.empty() ? Tensor() : piece.compute_values.slice_rows(in_piece, count))
+                                              : (copy.empty() ? Tensor() : copy.slice_rows(begin, count));
+            backend.adamw(master, piece.grads.slice_rows(in_piece, count), m_.view().slice_rows(state_offset + in_piece, count),
+                          v_.view().slice_rows(state_offset + in_piece, count), compute, s);
         });
         state_offset += piece.end - piece.begin;
     }

@@ -44,10 +44,10 @@ GradBuckets::GradBuckets(FlatParameters params, Comm& dp, bool zero1, int64_t bu
     for (const Bucket& b : buckets_) {
         if (!zero1_) break;
         const int64_t piece = (b.end - b.begin) / parts, begin = b.begin + dp.rank() * piece;
-        owned_.push_back({begin, begin + piece, flat_slice(shard_grads_.view(), shard_offset, shard_offset + piece)});
+        owned_.push_back({begin, begin + piece, flat_slice(shard_grads_.view(), shard_offset, shard_offset + piece), {}, {}});
         shard_offset += piece;
     }
-    if (!zero1_) owned_.push_back({0, total, grads});
+    if (!zero1_) owned_.push_back({0, total, grads, {}, {}});
     begin_step(true);
 }
 

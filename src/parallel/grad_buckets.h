@@ -51,6 +51,9 @@ int64_t owned_numel(int64_t total_numel, size_t elem_bytes, int dp, bool zero1, 
 struct OwnedPiece {
     int64_t begin = 0, end = 0;
     Tensor grads;
+    // ZeRO-3: the piece's master weights (and compute copy; empty without one), kept in this
+    // rank's shards, not in flat buffers. Empty values: the flat buffers hold them.
+    Tensor values, compute_values;
 };
 
 // The flat buffers the buckets work on: the parameters (master weights) and their gradients

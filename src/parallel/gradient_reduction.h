@@ -48,6 +48,16 @@ public:
     virtual void gather_parameters() = 0;
     // Before a checkpoint reads the master weights whole (a collective over the dp group).
     virtual void gather_master_values() = 0;
+    // After the master weights were written whole (a load): this rank keeps its pieces of them
+    // (ZeRO-3, which then frees them; nothing to do otherwise).
+    virtual void scatter_master_values() {}
+    // ZeRO-3: group `position` of a pass is about to compute (forward or backward); `pass`
+    // lists the first parameter of each group the pass computes with, in order. Its values
+    // are gathered when this returns, and the next groups' gathers may be under way.
+    virtual void before_group(const std::vector<size_t>& /*pass*/, size_t /*position*/) {}
+    // Bytes allocated for parameter values beside the model's flat buffers (ZeRO-3's shards
+    // and gather buffers).
+    virtual size_t value_bytes() const { return 0; }
     // The ranges this rank updates and their reduced gradients.
     virtual const std::vector<OwnedPiece>& owned() const = 0;
     // Whether owned() is this rank's shard or everything.

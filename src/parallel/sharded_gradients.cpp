@@ -43,6 +43,19 @@ FlatRange piece_within(int64_t numel, int64_t piece, int rank) {
 
 }  // namespace
 
+std::vector<ShardedGroupLayout> sharded_group_layout(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int parts, int rank) {
+    std::vector<ShardedGroupLayout> layout;
+    int64_t shard_at = 0;
+    for (const GradGroup& g : groups) {
+        ShardedGroupLayout l{flat_range_of(ranges, g), 0, shard_at, {}, g.resident};
+        l.piece = piece_of(l.flat.size(), parts);
+        l.mine = piece_within(l.flat.size(), l.piece, rank);
+        shard_at += l.piece;
+        layout.push_back(l);
+    }
+    return layout;
+}
+
 int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int parts, int rank) {
     int64_t owned = 0;
     for (const GradGroup& g : groups) {
@@ -78,7 +91,7 @@ ShardedGradients::ShardedGradients(FlatParameters params, std::vector<GradGroup>
         }
         // This rank's piece, clipped to the group's real elements.
         const FlatRange mine = piece_within(group.flat.size(), group.piece, group_.rank());
-        if (mine.size() > 0) owned_.push_back({group.flat.begin + mine.begin, group.flat.begin + mine.end, flat_slice(shard_.view(), group.shard_at, mine.size())});
+        if (mine.size() > 0) owned_.push_back({group.flat.begin + mine.begin, group.flat.begin + mine.end, flat_slice(shard_.view(), group.shard_at, mine.size()), {}, {}});
         groups_.push_back(group);
     }
     for (size_t i = 0; i < group_of_param_.size(); ++i)

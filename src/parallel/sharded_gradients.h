@@ -60,6 +60,17 @@ int64_t sharded_gradient_numel(const std::vector<FlatRange>& ranges, const std::
 // The elements shard rank shard_rank updates (and keeps AdamW moments for): its clipped pieces.
 int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int shard_size, int shard_rank);
 
+// Where a group lies when sharded over `parts` ranks: its flat range, its piece (padded
+// length / parts), where its piece starts in a shard laid out group by group, and rank
+// `rank`'s elements [begin, end) within the group (clipped to the real ones; may be empty).
+struct ShardedGroupLayout {
+    FlatRange flat;
+    int64_t piece = 0, shard_at = 0;
+    FlatRange mine;
+    bool resident = false;
+};
+std::vector<ShardedGroupLayout> sharded_group_layout(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int parts, int rank);
+
 class ShardedGradients : public GradientReduction {
 public:
     // groups: in the order backward writes them; together they cover every parameter once.
@@ -83,6 +94,10 @@ public:
     std::string describe() const override;
 
     static constexpr int kPoolBuffers = 2;
+
+protected:
+    std::vector<OwnedPiece> owned_;
+    Comm& shard_group() const { return group_; }
 
 private:
     struct Group {
@@ -115,7 +130,6 @@ private:
     std::vector<OwnedTensor> resident_buffers_;
     std::vector<Slot> slots_;
     int next_slot_ = 0;
-    std::vector<OwnedPiece> owned_;
     size_t bytes_ = 0;
     int64_t bytes_sent_ = 0;
 };

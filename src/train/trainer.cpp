@@ -122,15 +122,45 @@ std::unique_ptr<GradientReduction> Trainer::make_gradient_reduction() {
     FlatOps ops{[&backend](const Tensor& x) { backend.fill_zero(x); },
                 [&backend](const Tensor& out, const Tensor& a, const Tensor& b) { backend.add(out, a, b); },
                 [&backend](const Tensor& out, const Tensor& in) { backend.copy(out, in); }};
-    auto sharded = std::make_unique<ShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->shard(), comms_->replicas(),
-                                                      std::move(ops));
+    std::unique_ptr<ShardedGradients> sharded;
+    if (shards_parameters(config_.parallel, ctx_->mesh.dp())) {
+        ShardedValueHooks hooks{[&params] {
+                                    params.allocate_master_values();
+                                    return params.all_values();
+                                },
+                                [&params] { params.release_master_values(); },
+                                [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) { params.bind_values(first, end, storage, offset); }};
+        sharded = std::make_unique<FullyShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->shard(), comms_->replicas(),
+                                                          std::move(ops), params.compute_dtype(), static_cast<int>(config_.parallel.prefetch_layers),
+                                                          std::move(hooks));
+        model_->set_group_compute_hook([this](const std::vector<TransformerLayout::ParamGroup>& pass, size_t position) {
+            std::vector<size_t> firsts;
+            for (const TransformerLayout::ParamGroup& g : pass) firsts.push_back(g.begin);
+            reduction_->before_group(firsts, position);
+        });
+    } else {
+        sharded = std::make_unique<ShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->shard(), comms_->replicas(),
+                                                     std::move(ops));
+    }
     for (const GradStorageBinding& b : sharded->run_storage()) params.bind_grads(b.first, b.end, b.values, b.flat_offset);
     return sharded;
 }
 
+bool Trainer::shards_parameters_here() const { return model_->parameters().value_storage() == ValueStorage::bound; }
+
+// ZeRO-3 holds no whole master weights: they are allocated for the load and cut into this
+// rank's shards after it.
+void Trainer::load_master_values(const std::function<void()>& load) {
+    if (shards_parameters_here()) model_->parameters().allocate_master_values();
+    load();
+    reduction_->scatter_master_values();
+}
+
 RankMemory Trainer::memory() const {
     const Parameters& p = model_->parameters();
-    const size_t values = p.all_values().bytes() + (p.has_compute_copy() ? p.all_compute_values().bytes() : 0);
+    // ZeRO-3: the shards and gather buffers (the whole master weights exist only around a load or a save).
+    const size_t flat = shards_parameters_here() ? 0 : p.all_values().bytes() + (p.has_compute_copy() ? p.all_compute_values().bytes() : 0);
+    const size_t values = flat + reduction_->value_bytes();
     return {values, reduction_->gradient_bytes(), optimizer_->state_bytes(), model_->activation_bytes(),
             backend_->workspace_bytes()};
 }
@@ -309,7 +339,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
 void Trainer::restore(const std::string& path, const Manifest& manifest) {
     if (manifest.step >= config_.train.steps)
         fail(ErrorKind::config, "train.steps = ", config_.train.steps, ": the checkpoint '", path, "' is at step ", manifest.step, " already; raise train.steps to train on");
-    load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_);
+    load_master_values([&] { load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_); });
     restore_rank_local_state(path, manifest);
     loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
     if (manifest.data) data_ = make_batch_source(config_, manifest.data);
@@ -328,7 +358,9 @@ void Trainer::restore_rank_local_state(const std::string& path, const Manifest& 
     if (!options_.quiet) log_warn("checkpoint '", path, "': 1-bit Adam's error feedback was saved by another layout (or not at all); it starts from zero");
 }
 
-void Trainer::load_initial_weights(const std::string& path) { load_hf_weights(path, config_.model.vocab_size, model_->parameters(), *backend_); }
+void Trainer::load_initial_weights(const std::string& path) {
+    load_master_values([&] { load_hf_weights(path, config_.model.vocab_size, model_->parameters(), *backend_); });
+}
 
 // Drills. The faults land in the reduced gradients this rank updates (under ZeRO-1 its
 // shard), what it contributes to the norm and the update.
@@ -481,7 +513,7 @@ void Trainer::roll_back(int64_t offending_step, AnomalyRecord& event) {
     // global batches more, are never trained on: the data restarts at what step
     // offending_step + skip_batches (0-based) would have read.
     std::optional<LoaderState> resume = data_->state_at(offending_step + config_.monitor.skip_batches, ctx_->mesh.dp());
-    load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_);
+    load_master_values([&] { load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_); });
     restore_rank_local_state(path, manifest);
     loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
     tokens_seen_ = manifest.tokens_seen;
@@ -522,7 +554,10 @@ void Trainer::report(AnomalyRecord& event, int64_t step) {
 }
 
 bool Trainer::weights_finite() {
-    const double local = backend_->sum_squares(model_->parameters().all_values());
+    double local = 0;
+    if (!shards_parameters_here()) local = backend_->sum_squares(model_->parameters().all_values());
+    else
+        for (const OwnedPiece& piece : reduction_->owned()) local += backend_->sum_squares(piece.values);
     return std::isfinite(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
 }
 
@@ -618,12 +653,17 @@ double Trainer::evaluate() {
     const TrainConfig& t = config_.train;
     const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
     const int64_t micro_batches = (t.eval_sequences + t.batch_size - 1) / t.batch_size;
+    // ZeRO-3 gathers parameters in every forward, a collective over the dp group: every dp
+    // rank runs as many forwards, those past the last micro-batch on the first one, unweighted.
+    const int64_t rounds = shards_parameters_here() ? (micro_batches + dp - 1) / dp * dp : micro_batches;
     double total = 0;
-    for (int64_t i = dp_rank; i < micro_batches; i += dp) {
-        const int64_t first = i * t.batch_size, rows = std::min(t.batch_size, t.eval_sequences - first);
+    for (int64_t i = dp_rank; i < rounds; i += dp) {
+        const bool counted = i < micro_batches;
+        const int64_t first = counted ? i * t.batch_size : 0, rows = std::min(t.batch_size, t.eval_sequences - first);
         data_->fill_eval(batch_, first, rows);
         const MicroBatch micro_batch{batch_.inputs.view().slice_rows(0, rows * t.seq_len), batch_.targets.view().slice_rows(0, rows * t.seq_len)};
-        total += static_cast<double>(rows) * pipeline_->forward_only(micro_batch, rows, t.seq_len);
+        const double loss = pipeline_->forward_only(micro_batch, rows, t.seq_len);
+        if (counted) total += static_cast<double>(rows) * loss;
     }
     const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
     return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_sequences);
@@ -632,6 +672,10 @@ double Trainer::evaluate() {
 std::string Trainer::sample_text() {
     const TrainConfig& t = config_.train;
     if (t.sample_tokens == 0 || !is_logger()) return "";
+    if (shards_parameters_here()) {
+        if (!options_.quiet) log_info("sample: not generated; under parallel.zero_stage = 3 every forward gathers the parameters over the dp group");
+        return "";
+    }
     if (ctx_->mesh.tp() > 1 || ctx_->mesh.pp() > 1) {
         if (!options_.quiet) log_info("sample: not generated; sampling runs on a model held whole by one rank (tp = pp = 1)");
         return "";

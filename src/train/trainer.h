@@ -37,6 +37,7 @@
 #include "optim/loss_scale.h"
 #include "parallel/context.h"
 #include "parallel/grad_buckets.h"
+#include "parallel/fully_sharded.h"
 #include "parallel/sharded_gradients.h"
 #include "ops/memory_plan.h"
 #include "parallel/timed_comm.h"
@@ -167,6 +168,10 @@ private:
     int agreed_stop_signal();
     bool counts_in_norm(size_t param) const;
     std::unique_ptr<GradientReduction> make_gradient_reduction();
+    // Whether the parameters are sharded (ZeRO-3): no whole master weights or compute copy.
+    bool shards_parameters_here() const;
+    // Runs `load`, which writes the whole master weights (a checkpoint, Hugging Face weights).
+    void load_master_values(const std::function<void()>& load);
     bool is_logger() const { return ctx_->world_rank == 0; }
 
     Config config_;

@@ -93,6 +93,16 @@ TEST(World2, EmulatedCudaDefaultComm_IsTheEventOrderedPath) {
 }
 TEST(World4, EmulatedCudaTensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
 TEST(World4, EmulatedCudaTensorTimesDataZero1OverMpi_TracksCpuFp32) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
+// ZeRO-3 under bf16: the compute shard is gathered (16-bit) into the ring on the dp group's
+// stream, ordered against the compute stream by events, with no race the stream graph sees.
+TEST(World4, EmulatedCudaZero3OverEventOrderedCollectives_TracksCpuFp32) {
+    const EmulatedRun run = run_emulated(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"nccl\""}));
+    test::expect_tracks_cpu(run.result, cpu_reference(4));
+    for (const std::string& race : run.races) ADD_FAILURE() << race;
+}
+TEST(World4, EmulatedCudaZero3OverMpi_TracksCpuFp32) {
+    test::expect_tracks_cpu(run_emulated(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"mpi\""})).result, cpu_reference(4));
+}
 TEST(World4, EmulatedCudaHybridZero2OverEventOrderedCollectives_TracksCpuFp32) {
     const EmulatedRun run = run_emulated(tiny("cuda", 2, {"parallel.zero_stage=2", "parallel.shard_size=2", "parallel.comm=\"nccl\""}));
     test::expect_tracks_cpu(run.result, cpu_reference(4));

@@ -100,6 +100,16 @@ TEST(World4, PlanMemory_TinyPipelineTimesDataZero2) {
 TEST(World4, PlanMemory_TinyHybridShardsOfTwoZero2) {
     expect_plan_is_what_the_rank_holds("tiny dp4 shard2 zero2", false, {"parallel.zero_stage=2", "parallel.shard_size=2"});
 }
+TEST(World4, PlanMemory_TinyDataParallelZero3) { expect_plan_is_what_the_rank_holds("tiny dp4 zero3", false, {"parallel.zero_stage=3"}); }
+TEST(World4, PlanMemory_TinyPipelineTimesDataZero3PrefetchTwo) {
+    expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2 zero3 prefetch2", false,
+                                       {"parallel.pp=2", "train.grad_accum=2", "parallel.zero_stage=3", "parallel.prefetch_layers=2"});
+}
+TEST(World4, PlanMemory_TinyTensorTimesDataZero3) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2 zero3", false, {"parallel.tp=2", "parallel.zero_stage=3"}); }
+TEST(World4, PlanMemory_TinyHybridShardsOfTwoZero3) {
+    expect_plan_is_what_the_rank_holds("tiny dp4 shard2 zero3", false, {"parallel.zero_stage=3", "parallel.shard_size=2"});
+}
+TEST(World4, PlanMemory_50MDataParallelZero3) { expect_plan_is_what_the_rank_holds("50M dp4 zero3", true, {"parallel.zero_stage=3"}); }
 TEST(World4, PlanMemory_TinyDataParallelNoZero1) { expect_plan_is_what_the_rank_holds("tiny dp4 no zero1", false, {"parallel.zero1=false"}); }
 TEST(World4, PlanMemory_TinyTensorTimesData) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2", false, {"parallel.tp=2"}); }
 TEST(World4, PlanMemory_TinyPipelineTimesData) { expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2", false, {"parallel.pp=2", "train.grad_accum=2"}); }

@@ -44,19 +44,29 @@ ParallelRun run_parallel(const Config& config) {
     ParallelContext ctx = make_mpi_context(config.parallel);
     Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true}, ctx);
     ParallelRun run{trainer.run(), trainer.memory(), trainer.model().parameters().padded_numel()};
-    EXPECT_TRUE(trainer.model().parameters().all_grads().empty() == (config.parallel.zero_stage == 2)) << "a whole gradient buffer exists exactly below stage 2";
+    EXPECT_TRUE(trainer.model().parameters().all_grads().empty() == (config.parallel.zero_stage >= 2)) << "a whole gradient buffer exists exactly below stage 2";
+    const bool stage3 = config.parallel.zero_stage == 3;
+    EXPECT_TRUE(trainer.model().parameters().has_master_values() != stage3) << "whole master weights exist exactly below stage 3";
+    EXPECT_FALSE(stage3 && trainer.model().parameters().has_compute_copy()) << "stage 3 keeps no flat compute copy";
     ctx.world->barrier();
     return run;
 }
 
-void expect_zero2_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout) {
-    const Config config = tiny(family, micro_batches, layout);
+void expect_zero2_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout,
+                                         const std::string& stage = "2") {
+    std::vector<std::string> overrides = layout;
+    overrides.push_back("parallel.zero_stage=" + stage);
+    const Config config = tiny(family, micro_batches, overrides);
     const int64_t dp = make_mesh(config.parallel, MpiSession().world_size()).dp();
     Config single = config;
     single.train.grad_accum *= dp;
     single.parallel = ParallelConfig{};
     const TrainResult reference = Trainer(single, TrainerOptions{.dtype = DType::f32, .quiet = true}).run();
-    test::expect_matches_single_process(run_parallel(config).result, reference, kTolerance, "ZeRO-2");
+    test::expect_matches_single_process(run_parallel(config).result, reference, kTolerance, "ZeRO-" + stage);
+}
+
+void expect_zero3_matches_single_process(const std::string& family, int64_t micro_batches, const std::vector<std::string>& layout) {
+    expect_zero2_matches_single_process(family, micro_batches, layout, "3");
 }
 
 }  // namespace
@@ -67,7 +77,24 @@ void expect_zero2_matches_single_process(const std::string& family, int64_t micr
 TEST(World2, Gpt2Zero2DataParallelTwoMicroBatches_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {}); }
 TEST(World2, LlamaZero2DataParallelUntied_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 3, {"model.tied_embeddings=false"}); }
 
+// ZeRO-3: the embedding tied to the head is gathered once per step (resident), the layers
+// before each forward and backward; eval runs as many forwards on every rank (7 sequences
+// in micro-batches of 2: 4 micro-batches on 2 ranks, but also an odd count below).
+TEST(World2, Gpt2Zero3DataParallelTwoMicroBatches_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {}); }
+TEST(World2, LlamaZero3DataParallelUntiedNoPrefetch_MatchesSingleProcess) {
+    expect_zero3_matches_single_process("llama", 3, {"model.tied_embeddings=false", "parallel.prefetch_layers=0", "train.eval_sequences=5"});
+}
+TEST(World2, Gpt2Zero3PrefetchBeyondThePassAndFullRecompute_MatchesSingleProcess) {
+    expect_zero3_matches_single_process("gpt2", 1, {"parallel.prefetch_layers=3", "train.recompute=\"full\""});
+}
+
 // ---- 4 ranks ----
+
+TEST(World4, Gpt2Zero3DataParallel_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {}); }
+TEST(World4, LlamaZero3TensorTimesData_MatchesSingleProcess) { expect_zero3_matches_single_process("llama", 2, {"parallel.tp=2"}); }
+// The embedding tied across the stages: each stage's copy resident, their gradients summed.
+TEST(World4, Gpt2Zero3PipelineTimesData_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
+TEST(World4, Gpt2Zero3HybridShardsOfTwo_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {"parallel.shard_size=2"}); }
 
 TEST(World4, Gpt2Zero2DataParallel_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {}); }
 TEST(World4, LlamaZero2TensorTimesData_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 2, {"parallel.tp=2"}); }
@@ -126,6 +153,44 @@ TEST(World4, Zero2PerRankBytes_AreTheExpectedFractions) {
         std::printf("gradient bytes per rank, dp 4: stage 0 %zu, stage 1 %zu, stage 2 %zu, stage 2 in shards of 2 %zu; optimizer bytes: %zu, %zu, %zu, %zu\n",
                     plain.memory.gradient_bytes, zero1.memory.gradient_bytes, zero2.memory.gradient_bytes, hybrid.memory.gradient_bytes,
                     plain.memory.optimizer_bytes, zero1.memory.optimizer_bytes, zero2.memory.optimizer_bytes, hybrid.memory.optimizer_bytes);
+}
+
+// ZeRO-3 on dp 4 (12 untied layers: no resident group): parameters are a master shard of
+// the whole / 4 (groups padded to a multiple of 4) plus prefetch_layers + 1 gather buffers of
+// the largest group; gradients and AdamW state are stage 2's.
+TEST(World4, Zero3PerRankBytes_AreTheExpectedFractions) {
+    const std::vector<std::string> shape = {"model.n_layers=12", "model.tied_embeddings=false", "train.steps=1", "optimizer.warmup_steps=0",
+                                            "train.eval_every=0"};
+    const auto with = [&](const std::vector<std::string>& more) {
+        std::vector<std::string> overrides = shape;
+        overrides.insert(overrides.end(), more.begin(), more.end());
+        return tiny("gpt2", 1, overrides);
+    };
+    const ParallelRun plain = run_parallel(with({"parallel.zero_stage=0"})), zero2 = run_parallel(with({"parallel.zero_stage=2"}));
+    const ParallelRun zero3 = run_parallel(with({"parallel.zero_stage=3"})), no_prefetch = run_parallel(with({"parallel.zero_stage=3", "parallel.prefetch_layers=0"}));
+    const ParallelRun hybrid = run_parallel(with({"parallel.zero_stage=3", "parallel.shard_size=2"}));
+    const Config config = with({});
+    const int64_t C = config.model.d_model, F = config.model.d_ff, V = config.model.padded_vocab_size(1);
+    const int64_t layer = 4 * C + 3 * C * C + 3 * C + C * C + C + F * C + F + C * F + C;
+    const std::vector<int64_t> groups = {C + C + V * C, V * C + config.model.max_seq_len * C};
+    const auto bytes = [](int64_t numel) { return static_cast<size_t>(numel) * sizeof(float); };
+    const auto parameter_bytes = [&](int64_t parts, int64_t buffers) {
+        const auto padded = [parts](int64_t n) { return (n + parts - 1) / parts * parts; };
+        int64_t shard = 12 * padded(layer) / parts, largest = padded(layer);
+        for (int64_t g : groups) shard += padded(g) / parts, largest = std::max(largest, padded(g));
+        return bytes(shard + buffers * largest);
+    };
+    EXPECT_EQ(zero3.memory.parameter_bytes, parameter_bytes(4, 2));
+    EXPECT_EQ(no_prefetch.memory.parameter_bytes, parameter_bytes(4, 1));
+    EXPECT_EQ(hybrid.memory.parameter_bytes, parameter_bytes(2, 2));
+    EXPECT_EQ(plain.memory.parameter_bytes, bytes(plain.padded_numel));
+    EXPECT_LT(static_cast<double>(zero3.memory.parameter_bytes) / static_cast<double>(plain.memory.parameter_bytes), 0.5);
+    EXPECT_EQ(zero3.memory.gradient_bytes, zero2.memory.gradient_bytes);
+    EXPECT_EQ(zero3.memory.optimizer_bytes, zero2.memory.optimizer_bytes);
+    EXPECT_NEAR(static_cast<double>(zero3.memory.optimizer_bytes) / static_cast<double>(plain.memory.optimizer_bytes), 0.25, 1e-3);
+    if (MpiSession().world_rank() == 0)
+        std::printf("parameter bytes per rank, dp 4: stage 0 %zu, stage 3 %zu (prefetch 0: %zu), stage 3 in shards of 2 %zu\n", plain.memory.parameter_bytes,
+                    zero3.memory.parameter_bytes, no_prefetch.memory.parameter_bytes, hybrid.memory.parameter_bytes);
 }
 
 // ---- 8 ranks ----

@@ -795,10 +795,15 @@ TEST(Config, ZeroStageContradictingZero1_NamesBothKeys) {
     EXPECT_EQ(parse(TomlText::gpt2(), {"parallel.zero1=true", "parallel.zero_stage=2"}).parallel.zero_stage, 2);
 }
 
-TEST(Config, ZeroStageOutOfRangeOrThree_IsRefusedNamingTheKey) {
+TEST(Config, ZeroStageOutOfRange_IsRefusedNamingTheKey) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.zero_stage=4"}), "parallel.zero_stage"));
-    const std::string three = error_of(TomlText::gpt2(), {"parallel.zero_stage=3"});
-    EXPECT_TRUE(Contains(three, "parallel.zero_stage: 3 (parameters sharded as well, FSDP) is not supported")) << three;
+    EXPECT_EQ(parse(TomlText::gpt2(), {"parallel.zero_stage=3"}).parallel.zero_stage, 3);
+}
+
+TEST(Config, PrefetchLayers_DefaultsToOneAndRefusesNegativeNamingTheKey) {
+    EXPECT_EQ(parse(TomlText::gpt2()).parallel.prefetch_layers, 1);
+    EXPECT_EQ(parse(TomlText::gpt2(), {"parallel.zero_stage=3", "parallel.prefetch_layers=0"}).parallel.prefetch_layers, 0);
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.prefetch_layers=-1"}), "parallel.prefetch_layers"));
 }
 
 TEST(Config, OptimizerNameAndFreezeStep_ParseAndAreRangeChecked) {

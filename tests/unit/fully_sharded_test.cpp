@@ -1,0 +1,200 @@
+// ZeRO-3's gathers against a recording stand-in for the dp group (one rank: every collective
+// is the identity, so the model computes what the unsharded one does): the all-gather of the
+// group after L is issued before group L computes, in forward and in backward, with
+// parallel.prefetch_layers = 1, and only when L itself runs with prefetch_layers = 0. The
+// gathers come in the order the pass takes the groups, and the loss and gradients are those
+// of the same model with flat parameters (the initialization written into the shards).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/transformer.h"
+#include "ops/memory_plan.h"
+#include "parallel/fully_sharded.h"
+
+using namespace llmtrain;
+
+namespace {
+
+// What a pass did, in order: "gather <elements>" when an all-gather is issued, "compute" when
+// a group begins to compute (the model's hook has returned).
+using Events = std::vector<std::string>;
+
+class RecordingComm final : public Comm {
+public:
+    explicit RecordingComm(Events& events) : events_(events) {}
+    int rank() const override { return 0; }
+    int size() const override { return 1; }
+    int world_rank(int) const override { return 0; }
+    const std::string& name() const override { return name_; }
+    CommHandle all_reduce_async(const Tensor&, ReduceOp) override { return {}; }
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
+        std::memcpy(out.raw(), in.raw(), out.bytes());
+        return {};
+    }
+    CommHandle all_gather_async(const Tensor& data) override {
+        events_.push_back("gather " + std::to_string(data.numel()));
+        return {};
+    }
+    CommHandle all_to_all_async(const Tensor&, const Tensor&) override { return {}; }
+    CommHandle send_async(const Tensor&, int) override { return {}; }
+    void recv(const Tensor&, int) override {}
+    void broadcast(const Tensor&, int) override {}
+    void barrier() override {}
+
+private:
+    Events& events_;
+    std::string name_ = "dp";
+};
+
+ModelConfig tiny_gpt2() {
+    ModelConfig m;
+    m.family = ModelFamily::gpt2;
+    m.n_layers = 4;
+    m.d_model = 8;
+    m.n_heads = 2;
+    m.n_kv_heads = 2;
+    m.d_ff = 16;
+    m.vocab_size = 13;
+    m.max_seq_len = 8;
+    m.tied_embeddings = false;  // every group gathered per pass: none resident
+    return m;
+}
+
+constexpr int64_t kBatch = 2, kSeq = 6;
+
+struct Tokens {
+    OwnedTensor tokens{DType::i32, {kBatch * kSeq}}, targets{DType::i32, {kBatch * kSeq}};
+    Tokens() {
+        std::mt19937 rng(3);
+        for (int64_t i = 0; i < kBatch * kSeq; ++i) {
+            tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % 13);
+            targets.data<int32_t>()[i] = static_cast<int32_t>(rng() % 13);
+        }
+    }
+};
+
+struct ShardedModel {
+    Events events;
+    std::unique_ptr<Backend> backend = make_cpu_backend(1);
+    RecordingComm comm{events};
+    std::unique_ptr<Transformer> model;
+    std::unique_ptr<FullyShardedGradients> reduction;
+
+    explicit ShardedModel(int prefetch) {
+        ModelPartition part;
+        part.grad_storage = GradStorage::bound;
+        part.value_storage = ValueStorage::bound;
+        model = std::make_unique<Transformer>(tiny_gpt2(), *backend, DType::f32, kBatch, kSeq, part);
+        model->initialize(7);
+        Parameters& params = model->parameters();
+        Backend& b = *backend;
+        FlatOps ops{[&b](const Tensor& x) { b.fill_zero(x); }, [&b](const Tensor& out, const Tensor& x, const Tensor& y) { b.add(out, x, y); },
+                    [&b](const Tensor& out, const Tensor& in) { b.copy(out, in); }};
+        ShardedValueHooks hooks{[&params] {
+                                    params.allocate_master_values();
+                                    return params.all_values();
+                                },
+                                [&params] { params.release_master_values(); },
+                                [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) { params.bind_values(first, end, storage, offset); }};
+        reduction = std::make_unique<FullyShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model), comm, nullptr, std::move(ops),
+                                                            DType::f32, prefetch, std::move(hooks));
+        model->set_group_compute_hook([this](const std::vector<TransformerLayout::ParamGroup>& pass, size_t position) {
+            std::vector<size_t> firsts;
+            for (const TransformerLayout::ParamGroup& g : pass) firsts.push_back(g.begin);
+            reduction->before_group(firsts, position);
+            events.push_back("compute");
+        });
+        model->set_grads_begin_hook([this, &params](size_t begin, size_t end) {
+            if (const std::optional<GradStorageBinding> g = reduction->open(begin, end)) params.bind_grads(g->first, g->end, g->values, g->flat_offset);
+        });
+        model->set_grads_ready_hook([this](size_t begin, size_t end) { reduction->ready(begin, end, true); });
+    }
+};
+
+// Elements of each group of a pass, in its order: what its gathers should carry (one rank: no padding).
+std::vector<int64_t> group_sizes(const Transformer& model, const std::vector<TransformerLayout::ParamGroup>& pass) {
+    std::vector<int64_t> sizes;
+    for (const TransformerLayout::ParamGroup& g : pass) {
+        const ParamInfo& last = model.parameters().info(g.end - 1);
+        sizes.push_back(last.offset + last.shape.numel() - model.parameters().info(g.begin).offset);
+    }
+    return sizes;
+}
+
+// For each group of the pass (events from `from` on): how many gathers had been issued when it began to compute.
+std::vector<size_t> gathers_before_each_compute(const Events& events, size_t from, size_t to) {
+    std::vector<size_t> counts;
+    size_t gathers = 0;
+    for (size_t i = from; i < to; ++i) {
+        if (events[i] == "compute") counts.push_back(gathers);
+        else ++gathers;
+    }
+    return counts;
+}
+
+std::vector<int64_t> gathered_sizes(const Events& events, size_t from, size_t to) {
+    std::vector<int64_t> sizes;
+    for (size_t i = from; i < to; ++i)
+        if (events[i].rfind("gather ", 0) == 0) sizes.push_back(std::stoll(events[i].substr(7)));
+    return sizes;
+}
+
+// prefetch p: group L computes once the gathers of groups 0..L+p (within the pass) are issued.
+std::vector<size_t> expected_counts(size_t groups, size_t prefetch) {
+    std::vector<size_t> counts;
+    for (size_t l = 0; l < groups; ++l) counts.push_back(std::min(groups, l + 1 + prefetch));
+    return counts;
+}
+
+void expect_gather_order(int prefetch) {
+    ShardedModel s(prefetch);
+    const Tokens batch;
+    s.reduction->begin_step(true);
+    s.events.clear();
+    s.model->forward(batch.tokens, batch.targets, kBatch, kSeq);
+    const size_t forward_end = s.events.size();
+    s.model->backward(1.0);
+    const auto p = static_cast<size_t>(prefetch);
+    const std::vector<TransformerLayout::ParamGroup> forward = s.model->forward_groups(0), backward = s.model->backward_groups(0);
+    ASSERT_EQ(forward.size(), 6u) << "embedding, 4 layers, final norm and head";
+    ASSERT_EQ(backward.size(), 5u) << "head, 4 layers (the embedding's backward reads no values)";
+    EXPECT_EQ(gathers_before_each_compute(s.events, 0, forward_end), expected_counts(forward.size(), p)) << "forward, prefetch " << prefetch;
+    EXPECT_EQ(gathers_before_each_compute(s.events, forward_end, s.events.size()), expected_counts(backward.size(), p)) << "backward, prefetch " << prefetch;
+    EXPECT_EQ(gathered_sizes(s.events, 0, forward_end), group_sizes(*s.model, forward));
+    EXPECT_EQ(gathered_sizes(s.events, forward_end, s.events.size()), group_sizes(*s.model, backward));
+}
+
+}  // namespace
+
+TEST(FullySharded, PrefetchOne_IssuesTheNextGroupsGatherBeforeEachGroupComputes) { expect_gather_order(1); }
+TEST(FullySharded, PrefetchZero_GathersEachGroupOnlyWhenItComputes) { expect_gather_order(0); }
+TEST(FullySharded, PrefetchTwo_KeepsTwoGathersAhead) { expect_gather_order(2); }
+
+// The shards hold the initialization, the gathered groups compute the unsharded model's loss
+// and the reduce-scattered shard its gradients; no whole master weights remain.
+TEST(FullySharded, OneRank_LossAndGradientsAreTheFlatModels) {
+    ShardedModel s(1);
+    EXPECT_FALSE(s.model->parameters().has_master_values());
+    auto backend = make_cpu_backend(1);
+    Transformer flat(tiny_gpt2(), *backend, DType::f32, kBatch, kSeq);
+    flat.initialize(7);
+    const Tokens batch;
+    s.reduction->begin_step(true);
+    EXPECT_EQ(s.model->forward(batch.tokens, batch.targets, kBatch, kSeq), flat.forward(batch.tokens, batch.targets, kBatch, kSeq));
+    s.model->backward(1.0);
+    flat.backward(1.0);
+    s.reduction->finish();
+    const Tensor flat_grads = flat.parameters().all_grads();
+    int64_t compared = 0;
+    for (const OwnedPiece& piece : s.reduction->owned()) {
+        for (int64_t i = 0; i < piece.end - piece.begin; ++i)
+            EXPECT_EQ(piece.grads.data<float>()[i], flat_grads.data<float>()[piece.begin + i]) << "flat element " << piece.begin + i;
+        compared += piece.end - piece.begin;
+    }
+    EXPECT_EQ(compared, flat.parameters().total_numel());
+}
