@@ -33,6 +33,7 @@ struct BenchCommArgs {
 CollectiveCalibration collective_calibration(const std::vector<CommBenchRow>& rows, int ranks, bool inter_node) {
     CollectiveCalibration c;
     c.inter_node = inter_node;
+    c.ranks = ranks;
     for (const CommBenchRow& r : rows) {
         const Collective op = r.op == CollectiveOp::all_reduce ? Collective::all_reduce : r.op == CollectiveOp::reduce_scatter ? Collective::reduce_scatter : Collective::all_gather;
         c.busbw_gbps[op] = r.busbw_gbps;  // rows come smallest first: the last is the largest

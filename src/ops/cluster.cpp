@@ -30,6 +30,7 @@ public:
     Keys(const toml::table& root, std::string path) : root_(root), path_(std::move(path)) {}
 
     const toml::node* find(const std::string& key) const { return root_.at_path(key).node(); }
+    const std::string& path() const { return path_; }
 
     double number(const std::string& key, const char* meaning, double lo, double hi) const {
         const toml::node* node = find(key);
@@ -65,13 +66,30 @@ private:
 constexpr Collective kCollectives[] = {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather};
 constexpr GemmClass kGemmClasses[] = {GemmClass::small, GemmClass::medium, GemmClass::large};
 
-void read_link_calibration(const Keys& keys, const std::string& table, Link& link) {
+void read_measurement(const Keys& keys, const std::string& table, std::map<Collective, double>& busbw, double& latency_us) {
     for (Collective op : kCollectives) {
         const std::string key = cat(table, ".", collective_key(op), "_busbw_gbps");
-        if (keys.find(key)) link.measured_busbw_gbps[op] = keys.number(key, "measured bus bandwidth, GB/s", 0, 1e6);
+        if (keys.find(key)) busbw[op] = keys.number(key, "measured bus bandwidth, GB/s", 0, 1e6);
     }
     const std::string latency = table + ".latency_us";
-    if (keys.find(latency)) link.latency_us = keys.number(latency, "measured latency of one ring step, microseconds", 0, 1e6);
+    if (keys.find(latency)) latency_us = keys.number(latency, "measured latency of one ring step, microseconds", 0, 1e6);
+}
+
+constexpr std::string_view kRanksPrefix = "ranks_";
+
+void read_link_calibration(const Keys& keys, const std::string& table, Link& link) {
+    read_measurement(keys, table, link.measured_busbw_gbps, link.latency_us);
+    const toml::node* node = keys.find(table);
+    if (!node || !node->is_table()) return;
+    for (const auto& [name, value] : *node->as_table()) {
+        const std::string_view key = name.str();
+        if (!value.is_table() || !key.starts_with(kRanksPrefix)) continue;
+        const std::string digits(key.substr(kRanksPrefix.size()));
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6 || std::stoi(digits) < 2)
+            fail(ErrorKind::config, keys.path(), ": ", table, ".", key, ": expected ranks_N with N >= 2, the ranks that measured the figures in it");
+        LinkMeasurement& m = link.measured_by_ranks[std::stoi(digits)];
+        read_measurement(keys, cat(table, ".", key), m.busbw_gbps, m.latency_us);
+    }
 }
 
 toml::table read_or_empty(const std::string& path) {
@@ -106,6 +124,15 @@ const char* collective_key(Collective op) {
 double Link::busbw_gbps(Collective op) const {
     const auto found = measured_busbw_gbps.find(op);
     return found != measured_busbw_gbps.end() ? found->second : gbps;
+}
+
+std::optional<Link> Link::as_measured_by(int ranks) const {
+    const auto found = measured_by_ranks.find(ranks);
+    if (found == measured_by_ranks.end()) return std::nullopt;
+    Link measured = *this;
+    measured.measured_busbw_gbps = found->second.busbw_gbps;
+    if (found->second.latency_us > 0) measured.latency_us = found->second.latency_us;
+    return measured;
 }
 
 GemmClass gemm_class(double m, double n, double k) {
@@ -195,11 +222,23 @@ void write_calibration(const std::string& path, const ComputeCalibration& comput
     write_toml(path, root);
 }
 
+// The measurement goes under its number of ranks; the link's general figures (used for any
+// group without a measurement of its own) are those of the fewest ranks measured: on a CPU
+// node, the measurement least slowed by ranks crowding the cores, which the plan scales by
+// each layout's share of a core.
 void write_calibration(const std::string& path, const CollectiveCalibration& collectives) {
     toml::table root = read_or_empty(path);
     toml::table& link = subtable(subtable(root, "collectives"), collectives.inter_node ? "inter_node" : "intra_node");
-    for (const auto& [op, gbps] : collectives.busbw_gbps) link.insert_or_assign(cat(collective_key(op), "_busbw_gbps"), gbps);
-    link.insert_or_assign("latency_us", collectives.latency_us);
+    const auto write_figures = [&](toml::table& table) {
+        for (const auto& [op, gbps] : collectives.busbw_gbps) table.insert_or_assign(cat(collective_key(op), "_busbw_gbps"), gbps);
+        table.insert_or_assign("latency_us", collectives.latency_us);
+    };
+    write_figures(subtable(link, cat(kRanksPrefix, collectives.ranks)));
+    const std::optional<int64_t> general_ranks = link.get_as<int64_t>("ranks") ? std::optional<int64_t>(**link.get_as<int64_t>("ranks")) : std::nullopt;
+    if (!general_ranks || *general_ranks >= collectives.ranks) {
+        write_figures(link);
+        link.insert_or_assign("ranks", collectives.ranks);
+    }
     write_toml(path, root);
 }
 

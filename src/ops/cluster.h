@@ -17,7 +17,9 @@
 //                                  replace the assumed ones (the same tables as below)
 // A calibration file holds [compute] (gemm_efficiency.<shape class>, attention_efficiency,
 // memory_efficiency) and [collectives.intra_node] / [collectives.inter_node]
-// (all_reduce_busbw_gbps, reduce_scatter_busbw_gbps, all_gather_busbw_gbps, latency_us).
+// (all_reduce_busbw_gbps, reduce_scatter_busbw_gbps, all_gather_busbw_gbps, latency_us, and
+// the ranks that measured them: the fewest measured), with every measurement also under
+// its number of ranks ([collectives.intra_node.ranks_4]).
 #pragma once
 
 #include <map>
@@ -31,12 +33,23 @@ enum class ClusterKind { gpu, cpu };
 // The collectives the plan times, as `bench comm` names them.
 enum class Collective { all_reduce, reduce_scatter, all_gather };
 
+// What `bench comm` measured over one group of ranks.
+struct LinkMeasurement {
+    std::map<Collective, double> busbw_gbps;
+    double latency_us = 0;
+};
+
 struct Link {
     double gbps = 0;        // bus bandwidth per device, GB/s
     double latency_us = 0;  // per step of a ring
     // Measured bus bandwidth per collective (0: not measured; gbps applies).
     std::map<Collective, double> measured_busbw_gbps;
+    // Every measurement by the number of ranks that ran it (on a CPU node they include those
+    // ranks' crowding of the cores; on GPUs, the bandwidth of that group size).
+    std::map<int, LinkMeasurement> measured_by_ranks;
     double busbw_gbps(Collective op) const;
+    // This link with the measurement of `ranks` ranks in place of the general one, if any.
+    std::optional<Link> as_measured_by(int ranks) const;
 };
 
 // GEMM shape classes, by the smallest of a GEMM's three dimensions: efficiency depends on
@@ -87,6 +100,7 @@ struct ComputeCalibration {
 };
 struct CollectiveCalibration {
     bool inter_node = false;
+    int ranks = 0;
     std::map<Collective, double> busbw_gbps;
     double latency_us = 0;
 };

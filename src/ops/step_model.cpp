@@ -201,10 +201,10 @@ double compute_seconds(const StageWork& w, const Cluster& c, double peak, double
 // over its shared memory, not over the inter-node network.)
 const Link& link_for(const Cluster& c, const Mesh& mesh, int span) { return span <= ranks_per_node(mesh, c) ? c.intra_node : c.inter_node; }
 
-// On a CPU cluster the ranks' own cores copy the collectives' data (MPI over shared memory),
-// at their share of a core, and a non-blocking collective progresses only inside MPI calls:
-// nothing overlaps with compute. On GPUs, NCCL runs beside the compute stream.
-Link effective_link(const Link& link, const Cluster& c, double share) {
+// On a CPU cluster the ranks' own cores copy the data (MPI over shared memory), at their
+// share of a core, and a non-blocking collective progresses only inside MPI calls: nothing
+// overlaps with compute. On GPUs, NCCL runs beside the compute stream.
+Link shared_link(const Link& link, const Cluster& c, double share) {
     if (c.kind == ClusterKind::gpu || share >= 1) return link;
     Link slower = link;
     slower.gbps *= share;
@@ -212,16 +212,28 @@ Link effective_link(const Link& link, const Cluster& c, double share) {
     return slower;
 }
 
+// The link the collectives of a group of `group` ranks (spanning `span` consecutive ranks)
+// run over. On GPUs: the bandwidth measured for that group size, where one was. On a CPU
+// node: a measurement taken with as many ranks as the layout puts on the node includes their
+// crowding of the cores and applies as it is; otherwise the general one, scaled by the
+// rank's share of a core.
+Link collective_link(const Cluster& c, const Mesh& mesh, int group, int span, double share) {
+    const Link& link = link_for(c, mesh, span);
+    const int crowd = c.kind == ClusterKind::gpu ? group : std::min(ranks_per_node(mesh, c), mesh.world_size());
+    if (std::optional<Link> measured = link.as_measured_by(crowd)) return *measured;
+    return shared_link(link, c, share);
+}
+
 StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, const DeviceShare& share) {
     const double peak = c.peak_tflops * 1e12 * share.pipeline, bandwidth = c.memory_bandwidth_gbps * 1e9 * share.pipeline;
     const StageWork w = stage_work(config, mesh, stage);
     StageTime t;
     t.compute = compute_seconds(w, c, peak, bandwidth);
-    const Link tp_link = effective_link(link_for(c, mesh, mesh.tp()), c, share.pipeline);
+    const Link tp_link = collective_link(c, mesh, mesh.tp(), mesh.tp(), share.pipeline);
     for (const CollectiveCall& call : w.tp_collectives) t.tp += collective_seconds(call, mesh.tp(), tp_link);
-    const Link pp_link = effective_link(link_for(c, mesh, mesh.world_size()), c, share.pipeline);
+    const Link pp_link = shared_link(link_for(c, mesh, mesh.world_size()), c, share.pipeline);
     t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
-    const Link dp_link = effective_link(link_for(c, mesh, mesh.tp() * mesh.dp()), c, share.step_end);
+    const Link dp_link = collective_link(c, mesh, mesh.dp(), mesh.tp() * mesh.dp(), share.step_end);
     const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
     const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
     const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);

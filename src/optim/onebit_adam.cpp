@@ -36,7 +36,7 @@ const OwnedPiece& whole_buffer(const std::vector<OwnedPiece>& pieces, const Para
 void check_optimizer_layout(const OptimizerConfig& optimizer, const ParallelConfig& parallel, int64_t dp) {
     if (optimizer.name != OptimizerName::onebit_adam) return;
     if (zero1_shards(parallel.zero1, static_cast<int>(dp)))
-        fail(ErrorKind::config, "optimizer.name = \"onebit_adam\" with parallel.zero_stage = ", parallel.zero_stage, " (parallel.zero1 = true) on dp ", dp,
+        fail(ErrorKind::config, "optimizer.name = \"onebit_adam\" with parallel.zero_stage = ", parallel.zero_stage, parallel.zero_stage == 1 ? " (parallel.zero1 = true, the default)" : "", " on dp ", dp,
              ": 1-bit Adam keeps the full momentum on every rank and all-reduces it compressed, so it cannot shard the optimizer state or the gradients; set parallel.zero_stage = 0 (or parallel.zero1 = false)");
 }
 

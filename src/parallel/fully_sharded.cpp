@@ -73,7 +73,7 @@ size_t FullyShardedGradients::group_starting_at(size_t param) const {
 
 std::string FullyShardedGradients::describe() const {
     const std::string hybrid = replicas_ > 1 ? cat(" over ", shard_group().size(), " dp ranks, replicated ", replicas_, "x") : "";
-    return cat("ZeRO-3 (parameters and gradients sharded", hybrid, "; gathers started ", prefetch_, " groups ahead) | ", groups_.size(), " parameter groups");
+    return cat("ZeRO-3 (parameters and gradients sharded", hybrid, "; gathers started ", prefetch_, prefetch_ == 1 ? " group" : " groups", " ahead) | ", groups_.size(), " parameter groups");
 }
 
 // This rank's piece of every group, from the whole master weights into the shards.

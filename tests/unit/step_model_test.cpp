@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "config/config.h"
 #include "ops/step_model.h"
@@ -105,4 +106,55 @@ TEST(StepModel, OneRankPerCore_HasAWholeCoreInEveryPhase) {
     const DeviceShare share = device_share(config, make_mesh(config.parallel, 2), two_core_node());
     EXPECT_DOUBLE_EQ(share.pipeline, 1.0);
     EXPECT_DOUBLE_EQ(share.step_end, 1.0);
+}
+
+// A collective measurement taken with four ranks on the two cores already includes their
+// crowding: a four-rank layout uses it as measured, not the two-rank one halved.
+TEST(StepModel, MeasurementWithAsManyRanksAsTheNodeRuns_AppliesUnscaled) {
+    const Config config = fifty_million({"train.batch_size=1"});
+    Cluster crowded = two_core_node();
+    crowded.intra_node.measured_by_ranks[4] = {{{Collective::reduce_scatter, 0.4}, {Collective::all_gather, 2.0}}, 5.0};
+    const StageWork w = stage_work(config, make_mesh(config.parallel, 4), 0);
+    const double latency = 3 * 5e-6;  // n - 1 ring steps at the four-rank measurement's latency
+    const double expected = 0.75 * w.dp_gradient_bytes / 0.4e9 + latency + 0.75 * w.dp_parameter_bytes / 2.0e9 + latency;
+    const StepTime four = predict(config, crowded, 4);
+    EXPECT_NEAR(four.dp_exposed_seconds, expected, 1e-9 * expected);
+    // Two ranks (one per core) have no four-rank crowding: the general figures, unscaled.
+    EXPECT_DOUBLE_EQ(predict(fifty_million({"train.batch_size=2"}), crowded, 2).dp_exposed_seconds,
+                     predict(fifty_million({"train.batch_size=2"}), two_core_node(), 2).dp_exposed_seconds);
+}
+
+// On GPUs the measurement of the group's own size applies (NCCL's bus bandwidth depends on
+// it); a group size nobody measured takes the general figures.
+TEST(StepModel, GpuGroups_TakeTheMeasurementOfTheirSize) {
+    const Config config = load_config("configs/tiny.toml", {"train.device=\"cuda\"", "model.n_heads=2"}, DataFiles::unchecked);
+    Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    const Mesh dp8 = make_mesh(config.parallel, 8);
+    const double general = predict_step_time(config, dp8, h100, model_parameter_count(config.model)).dp_exposed_seconds;
+    EXPECT_GT(general, 0);  // the parameters' all-gather is never hidden
+    h100.intra_node.measured_by_ranks[2] = {{{Collective::reduce_scatter, 1.0}, {Collective::all_gather, 1.0}}, 0};
+    EXPECT_DOUBLE_EQ(predict_step_time(config, dp8, h100, model_parameter_count(config.model)).dp_exposed_seconds, general);
+    h100.intra_node.measured_by_ranks[8] = {{{Collective::reduce_scatter, 1.0}, {Collective::all_gather, 1.0}}, 0};
+    EXPECT_GT(predict_step_time(config, dp8, h100, model_parameter_count(config.model)).dp_exposed_seconds, 10 * general);
+}
+
+// bench comm writes each measurement under its number of ranks; the general figures stay
+// those of the fewest ranks, whatever order the measurements come in; plan reads both back.
+TEST(Calibration, CollectivesByRanks_RoundTripAndTheFewestRanksAreTheGeneralFigures) {
+    const std::string path = testing::TempDir() + "collectives_by_ranks.toml";
+    std::remove(path.c_str());
+    CollectiveCalibration four{false, 4, {{Collective::all_reduce, 1.05}}, 3.0};
+    CollectiveCalibration two{false, 2, {{Collective::all_reduce, 0.9}}, 15.0};
+    write_calibration(path, four);
+    write_calibration(path, two);
+    write_calibration(path, four);  // again: replaces its own table, not the general figures
+    Cluster c = load_cluster("configs/clusters/this-cpu.toml");
+    apply_calibration(c, path);
+    EXPECT_DOUBLE_EQ(c.intra_node.busbw_gbps(Collective::all_reduce), 0.9);
+    EXPECT_DOUBLE_EQ(c.intra_node.latency_us, 15.0);
+    ASSERT_EQ(c.intra_node.measured_by_ranks.size(), 2u);
+    EXPECT_DOUBLE_EQ(c.intra_node.measured_by_ranks.at(4).busbw_gbps.at(Collective::all_reduce), 1.05);
+    EXPECT_DOUBLE_EQ(c.intra_node.as_measured_by(4)->latency_us, 3.0);
+    EXPECT_FALSE(c.intra_node.as_measured_by(8).has_value());
+    std::remove(path.c_str());
 }
