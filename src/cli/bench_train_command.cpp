@@ -75,7 +75,7 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     // measured on its own.
     c.memory_efficiency = m * work.memory_bytes / share.pipeline / (step_seconds * rest / total * bandwidth);
     c.optimizer_efficiency = work.update_bytes / share.step_end / (step_seconds * update / total * bandwidth);
-    c.gradient_pass_efficiency = (work.optimizer_bytes - work.update_bytes) / share.step_end / (step_seconds * passes / total * bandwidth);
+    c.gradient_pass_efficiency = work.gradient_pass_bytes / share.step_end / (step_seconds * passes / total * bandwidth);
     return c;
 }
 

@@ -110,7 +110,7 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     // AdamW reads the weight, gradient and two moments and writes three of them; the
     // gradients are zeroed and their norm read; 16-bit compute refreshes its copy.
     w.update_bytes = 7 * o * x.master_bytes;
-    w.optimizer_bytes = w.update_bytes + 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
+    w.gradient_pass_bytes = 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
     w.dp_gradient_bytes = p * x.master_bytes;
     w.dp_parameter_bytes = zero1_shards(config.parallel.zero1, mesh.dp()) ? p * x.master_bytes : 0;
 }
@@ -247,7 +247,7 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     // the norm), which run nearer the bandwidth than the micro-batches' memory-bound ops.
     const double step_end_bandwidth = c.memory_bandwidth_gbps * 1e9 * share.step_end;
     t.optimizer = w.update_bytes / (step_end_bandwidth * c.efficiency.optimizer_or_memory()) +
-                  (w.optimizer_bytes - w.update_bytes) / (step_end_bandwidth * c.efficiency.gradient_pass_or_memory());
+                  w.gradient_pass_bytes / (step_end_bandwidth * c.efficiency.gradient_pass_or_memory());
     return t;
 }
 

@@ -42,8 +42,9 @@ struct StageWork {
     double pp_send_bytes = 0;  // each pipeline send (activations forward, gradients backward)
     int pp_sends = 0;          // per micro-batch: 0, 2 (an end stage) or 4
     // Per step.
-    double optimizer_bytes = 0;    // update_bytes + the passes over every gradient (below)
-    double update_bytes = 0;       // what AdamW's update of the owned elements reads and writes
+    double update_bytes = 0;         // what AdamW's update of the owned elements reads and writes
+    double gradient_pass_bytes = 0;  // zeroing every gradient, reading their norm, refreshing a 16-bit copy
+    double optimizer_bytes() const { return update_bytes + gradient_pass_bytes; }
     double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over dp
     double dp_parameter_bytes = 0; // the parameters all-gathered over dp after the update (ZeRO-1)
     double total_gemm_flops() const;

@@ -74,7 +74,7 @@ TEST(StepModel, OptimizerRunsAtTheStepEndShare_MicroBatchesAtThePipelineShare) {
     EXPECT_DOUBLE_EQ(share.step_end, 0.5);
     const StepTime t = predict(config, cluster, 4);
     double most_optimizer_bytes = 0;
-    for (int stage = 0; stage < 2; ++stage) most_optimizer_bytes = std::max(most_optimizer_bytes, stage_work(config, mesh, stage).optimizer_bytes);
+    for (int stage = 0; stage < 2; ++stage) most_optimizer_bytes = std::max(most_optimizer_bytes, stage_work(config, mesh, stage).optimizer_bytes());
     const double bandwidth = cluster.memory_bandwidth_gbps * 1e9 * cluster.efficiency.memory;
     EXPECT_DOUBLE_EQ(t.optimizer_seconds, most_optimizer_bytes / (0.5 * bandwidth));
 }
@@ -91,13 +91,13 @@ TEST(StepModel, AdamwUpdateAndGradientPassesAtTheirOwnEfficiencies) {
     const Mesh mesh = make_mesh(config.parallel, 2);
     const StageWork w = stage_work(config, mesh, 0);
     EXPECT_GT(w.update_bytes, 0);
-    EXPECT_LT(w.update_bytes, w.optimizer_bytes);
+    EXPECT_GT(w.gradient_pass_bytes, 0);
     const double bandwidth = cluster.memory_bandwidth_gbps * 1e9;  // one rank per core: a whole one at the step end
     const StepTime t = predict(config, cluster, 2);
     EXPECT_DOUBLE_EQ(t.optimizer_seconds, w.update_bytes / (bandwidth * cluster.efficiency.optimizer) +
-                                              (w.optimizer_bytes - w.update_bytes) / (bandwidth * cluster.efficiency.gradient_pass));
+                                              w.gradient_pass_bytes / (bandwidth * cluster.efficiency.gradient_pass));
     cluster.efficiency.optimizer = cluster.efficiency.gradient_pass = 0;  // not calibrated: the memory-bound efficiency
-    EXPECT_DOUBLE_EQ(predict(config, cluster, 2).optimizer_seconds, w.optimizer_bytes / (bandwidth * cluster.efficiency.memory));
+    EXPECT_DOUBLE_EQ(predict(config, cluster, 2).optimizer_seconds, w.optimizer_bytes() / (bandwidth * cluster.efficiency.memory));
 }
 
 // As many ranks as cores: every phase has a whole core (train.threads = 1).
