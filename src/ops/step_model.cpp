@@ -113,6 +113,7 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     w.gradient_pass_bytes = 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
     w.dp_gradient_bytes = p * x.master_bytes;
     w.dp_parameter_bytes = zero1_shards(config.parallel.zero1, mesh.dp()) ? p * x.master_bytes : 0;
+    w.compute_parameter_bytes = p * x.compute_bytes;
 }
 
 }  // namespace
@@ -187,7 +188,8 @@ namespace {
 
 struct StageTime {
     double compute = 0, tp = 0, pp = 0, dp = 0, optimizer = 0;
-    double micro_batch() const { return compute + tp + pp; }
+    double dp_micro = 0;  // ZeRO-2/3: data-parallel collectives of each micro-batch, exposed
+    double micro_batch() const { return compute + tp + pp + dp_micro; }
 };
 
 double compute_seconds(const StageWork& w, const Cluster& c, double peak, double bandwidth) {
@@ -224,6 +226,31 @@ Link collective_link(const Cluster& c, const Mesh& mesh, int group, int span, do
     return shared_link(link, c, share);
 }
 
+// ZeRO-2/3 over blocks of `shard` dp ranks (parallel.shard_size; 0: all of dp). Every
+// micro-batch reduce-scatters its gradients within the block as backward produces them
+// (behind the rest of backward on GPUs, all but the last bucket); ZeRO-3 also all-gathers
+// the compute copy of the parameters before each micro-batch's forward and again before its
+// backward, behind the previous group's compute when gathers are prefetched on GPUs (all
+// but the first group's). At the step's end the blocks all-reduce their shards (hybrid
+// sharding) and ZeRO-2 all-gathers the updated parameters within the block.
+void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, const Cluster& c, const StageWork& w, const DeviceShare& share,
+                       double hidden, double buckets) {
+    const int shard = config.parallel.shard_size > 0 ? static_cast<int>(config.parallel.shard_size) : mesh.dp();
+    const Link micro_link = collective_link(c, mesh, shard, mesh.tp() * shard, share.pipeline);
+    const double reduce = collective_seconds({Collective::reduce_scatter, w.dp_gradient_bytes, 1}, shard, micro_link);
+    t.dp_micro = std::max(reduce - hidden, reduce / buckets);
+    if (config.parallel.zero_stage >= 3) {
+        const double gathers = collective_seconds({Collective::all_gather, w.compute_parameter_bytes, 2}, shard, micro_link);
+        const bool overlapped = c.kind == ClusterKind::gpu && config.parallel.prefetch_layers > 0;
+        t.dp_micro += overlapped ? std::max(gathers - t.compute, gathers / buckets) : gathers;
+    }
+    const int blocks = mesh.dp() / shard;
+    const Link end_link = collective_link(c, mesh, blocks, mesh.tp() * mesh.dp(), share.step_end);
+    t.dp = collective_seconds({Collective::all_reduce, w.dp_gradient_bytes / shard, 1}, blocks, end_link);
+    if (config.parallel.zero_stage == 2)
+        t.dp += collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, shard, collective_link(c, mesh, shard, mesh.tp() * shard, share.step_end));
+}
+
 StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, const DeviceShare& share) {
     const double peak = c.peak_tflops * 1e12 * share.pipeline, bandwidth = c.memory_bandwidth_gbps * 1e9 * share.pipeline;
     const StageWork w = stage_work(config, mesh, stage);
@@ -233,15 +260,19 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     for (const CollectiveCall& call : w.tp_collectives) t.tp += collective_seconds(call, mesh.tp(), tp_link);
     const Link pp_link = shared_link(link_for(c, mesh, mesh.world_size()), c, share.pipeline);
     t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
-    const Link dp_link = collective_link(c, mesh, mesh.dp(), mesh.tp() * mesh.dp(), share.step_end);
-    const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
-    const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
-    const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
     // Buckets go out while the last micro-batch's backward (two thirds of its compute) runs;
     // at least the last bucket waits for the end of backward.
     const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
     const double hidden = c.kind == ClusterKind::gpu ? t.compute * 2.0 / 3.0 : 0.0;
-    t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
+    if (mesh.dp() > 1 && config.parallel.zero_stage >= 2) {
+        zero_sharded_time(t, config, mesh, c, w, share, hidden, buckets);
+    } else {
+        const Link dp_link = collective_link(c, mesh, mesh.dp(), mesh.tp() * mesh.dp(), share.step_end);
+        const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
+        const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
+        const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
+        t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
+    }
     // AdamW's update has its own efficiency (on a CPU its square root and division per element
     // make it slower per byte), and so do the plain streams over every gradient (zeroing,
     // the norm), which run nearer the bandwidth than the micro-batches' memory-bound ops.
@@ -269,9 +300,9 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     // Interleaving idles pp - 1 chunk slots, each 1/V of a micro-batch's time on the stage.
     const double bubble_slots = static_cast<double>(mesh.pp() - 1) / static_cast<double>(config.parallel.virtual_stages);
     r.bubble_seconds = bubble_slots * slowest->micro_batch();
-    r.dp_exposed_seconds = last_to_finish->dp;
+    r.dp_exposed_seconds = last_to_finish->dp + m * slowest->dp_micro;
     r.optimizer_seconds = last_to_finish->optimizer;
-    r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + r.dp_exposed_seconds + r.optimizer_seconds;
+    r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + last_to_finish->dp + r.optimizer_seconds;
     r.tokens_per_step = static_cast<double>(config.train.batch_size * config.train.seq_len) * m * mesh.dp();
     r.tokens_per_second_per_device = r.tokens_per_step / r.step_seconds / mesh.world_size();
     r.model_flops_per_token = model_flops_per_token(config, parameters);

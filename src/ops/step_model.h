@@ -47,6 +47,7 @@ struct StageWork {
     double optimizer_bytes() const { return update_bytes + gradient_pass_bytes; }
     double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over dp
     double dp_parameter_bytes = 0; // the parameters all-gathered over dp after the update (ZeRO-1)
+    double compute_parameter_bytes = 0;  // the parameters in the compute dtype (ZeRO-3 gathers them per micro-batch)
     double total_gemm_flops() const;
 };
 

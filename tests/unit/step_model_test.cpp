@@ -158,3 +158,37 @@ TEST(Calibration, CollectivesByRanks_RoundTripAndTheFewestRanksAreTheGeneralFigu
     EXPECT_FALSE(c.intra_node.as_measured_by(8).has_value());
     std::remove(path.c_str());
 }
+
+// ZeRO-3 on a CPU node: every micro-batch all-gathers the parameters twice (before forward
+// and before backward; nothing overlaps on a CPU), and the step's end gathers none, where
+// ZeRO-2 gathers the updated parameters once.
+TEST(StepModel, Zero3GathersTheParametersTwicePerMicroBatch_Zero2OncePerStep) {
+    const Config zero2 = fifty_million({"train.batch_size=1", "train.grad_accum=2", "parallel.zero_stage=2"});
+    const Config zero3 = fifty_million({"train.batch_size=1", "train.grad_accum=2", "parallel.zero_stage=3"});
+    const Cluster node = two_core_node();
+    const Mesh mesh = make_mesh(zero3.parallel, 4);
+    const StageWork w = stage_work(zero3, mesh, 0);
+    const DeviceShare share = device_share(zero3, mesh, node);
+    Link at_share = node.intra_node;
+    for (auto& [op, gbps] : at_share.measured_busbw_gbps) gbps *= share.step_end;  // 4 ranks, 2 cores: half a core in both phases
+    ASSERT_DOUBLE_EQ(share.pipeline, share.step_end);
+    const double per_micro_batch = collective_seconds({Collective::all_gather, w.compute_parameter_bytes, 2}, 4, at_share);
+    const double step_end_gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, 4, at_share);
+    const StepTime two = predict(zero2, node, 4), three = predict(zero3, node, 4);
+    EXPECT_GT(per_micro_batch, 0);
+    EXPECT_NEAR(three.dp_exposed_seconds - two.dp_exposed_seconds, 2 * per_micro_batch - step_end_gather, 1e-9 * three.dp_exposed_seconds);
+    EXPECT_NEAR(three.step_seconds - two.step_seconds, 2 * per_micro_batch - step_end_gather, 1e-9 * three.step_seconds);
+}
+
+// On GPUs a prefetched gather hides behind the previous group's compute; without prefetch
+// (parallel.prefetch_layers = 0) it waits in front of every group.
+TEST(StepModel, Zero3PrefetchHidesTheGathersOnGpus) {
+    const auto config = [](const char* prefetch) {
+        return load_config("configs/gpt2-124m.toml", {"parallel.zero_stage=3", prefetch}, DataFiles::unchecked);
+    };
+    const Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    const Config ahead = config("parallel.prefetch_layers=1"), none = config("parallel.prefetch_layers=0");
+    const Mesh mesh = make_mesh(ahead.parallel, 8);
+    const double params = model_parameter_count(ahead.model);
+    EXPECT_LT(predict_step_time(ahead, mesh, h100, params).dp_exposed_seconds, predict_step_time(none, mesh, h100, params).dp_exposed_seconds);
+}
