@@ -298,21 +298,36 @@ __global__ void __launch_bounds__(fwd_threads) attention_fwd_kernel(T* __restric
 
 // ---------------------------------------------------------------- backward
 
-// delta[(b H + h) T + t] = sum_d dout[b T + t, h D + d] * out[b T + t, h D + d]: one warp per
-// (row, head), lanes summed in a fixed butterfly.
+// delta[(b H + h) T + t] = sum_d dout[b T + t, h D + d] * out[b T + t, h D + d]: D / 8 lanes
+// per (row, head) item, each reading 8 elements of both in one 16-byte load, summed in a
+// fixed butterfly. Every lane of a warp reaches the shuffles; lanes past the last item
+// contribute nothing and write nothing.
+template <int D>
+constexpr int delta_lanes = D / 8;
+
 template <class T, int D>
 __global__ void attention_bwd_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout, const T* __restrict__ out, int64_t rows, int T_len,
                                            int H) {
-    const int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (w >= rows * H) return;  // whole warps leave together; no barrier follows
-    const int64_t n = w / H;
-    const int h = static_cast<int>(w % H);
-    const int64_t offset = n * H * D + h * D;
+    constexpr int lanes = delta_lanes<D>;
+    static_assert(32 % lanes == 0, "an item's lanes lie in one warp");
+    const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / lanes;  // row n, head h: n H + h
+    const int part = static_cast<int>(threadIdx.x % lanes);
+    const bool active = item < rows * H;
     float sum = 0.f;
-    for (int d = lane; d < D; d += 32) sum += to_float(dout[offset + d]) * to_float(out[offset + d]);
-    for (int mask = 16; mask > 0; mask /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, mask);
-    if (lane == 0) delta[((n / T_len) * H + h) * T_len + n % T_len] = sum;
+    if (active) {
+        // The rows of out and dout are [H heads x D]: (row, head) starts at item * D.
+        const int64_t offset = item * D + part * 8;
+        alignas(16) T a[8], b[8];
+        const uint4 va = *reinterpret_cast<const uint4*>(dout + offset), vb = *reinterpret_cast<const uint4*>(out + offset);
+        memcpy(a, &va, sizeof va);
+        memcpy(b, &vb, sizeof vb);
+        for (int e = 0; e < 8; ++e) sum += to_float(a[e]) * to_float(b[e]);
+    }
+    for (int mask = lanes / 2; mask > 0; mask /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, mask);
+    if (!active || part != 0) return;  // no barrier follows
+    const int64_t n = item / H;
+    const int h = static_cast<int>(item % H);
+    delta[((n / T_len) * H + h) * T_len + n % T_len] = sum;
 }
 
 // Warp w of the 8 owns the 16-row strip w % 4 of a 64-row product and, of its columns, the half
@@ -334,19 +349,48 @@ __device__ void scores_of(float* dst, const T* a, const T* b, WarpTiles wt) {
     for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(dst + wt.row * score_ld + wt.score_col + 16 * j, acc[j], score_ld, wmma::mem_row_major);
 }
 
-// Turns the fp32 score and dP tiles into the 16-bit P (when p_tile is not null) and dS tiles.
-// Rows are keys and columns queries when keys_are_rows (the dk/dv kernel), the reverse otherwise.
+// Two adjacent 16-bit elements from fp32, in one 4-byte store.
+template <class T>
+__device__ void store_pair(T* dst, float a, float b) {
+    alignas(4) T packed[2] = {from_float<T>(a), from_float<T>(b)};
+    uint32_t v;
+    memcpy(&v, packed, sizeof v);
+    *reinterpret_cast<uint32_t*>(dst) = v;
+}
+
+// Turns the fp32 score and dP tiles into the 16-bit P (when p_tile is not null) and dS tiles:
+//   P = exp(scale S - lse) = 2^(log2(e) scale S - log2(e) lse),  dS = P (dP - Delta).
+// Rows are keys and columns queries when keys_are_rows (the dk/dv kernel), the reverse
+// otherwise. Each thread takes two adjacent columns (one 8-byte load from each fp32 tile, one
+// 4-byte store into each 16-bit one) in every eighth row; a warp covers a row, so the loads
+// and stores are contiguous. The row statistics of a thread's columns (keys_are_rows) or of
+// its row are read once.
 template <class T, bool keys_are_rows>
 __device__ void probs_and_grads(T* p_tile, T* ds_tile, const float* scores, const float* dp, const float* lse_tile, const float* delta_tile, int q0,
                                 int k0, int T_len, float scale, int tid) {
+    constexpr float log2e = 1.4426950408889634f;
+    constexpr int pairs_per_row = tile_rows / 2, rows_per_pass = bwd_threads / pairs_per_row;
+    static_assert(bwd_threads % pairs_per_row == 0 && tile_rows % rows_per_pass == 0, "every thread covers the same rows");
+    const float scale2 = scale * log2e;
+    const int c = 2 * (tid % pairs_per_row);
+    float col_lse2[2] = {0.f, 0.f}, col_delta[2] = {0.f, 0.f};
+    if constexpr (keys_are_rows)
+        for (int e = 0; e < 2; ++e) col_lse2[e] = lse_tile[c + e] * log2e, col_delta[e] = delta_tile[c + e];
 #pragma unroll 4
-    for (int i = tid; i < tile_rows * tile_rows; i += bwd_threads) {
-        const int r = i / tile_rows, c = i % tile_rows;
-        const int qi = keys_are_rows ? c : r, key = k0 + (keys_are_rows ? r : c), query = q0 + qi;
-        const bool visible = key <= query && query < T_len;  // implies key < T_len
-        const float p = visible ? expf(scores[r * score_ld + c] * scale - lse_tile[qi]) : 0.f;
-        if (p_tile) p_tile[r * prob_ld + c] = from_float<T>(p);
-        ds_tile[r * prob_ld + c] = from_float<T>(p * (dp[r * score_ld + c] - delta_tile[qi]));
+    for (int r = tid / pairs_per_row; r < tile_rows; r += rows_per_pass) {
+        const float2 s = *reinterpret_cast<const float2*>(scores + r * score_ld + c);
+        const float2 d = *reinterpret_cast<const float2*>(dp + r * score_ld + c);
+        const float sv[2] = {s.x, s.y}, dv[2] = {d.x, d.y};
+        const float row_lse2 = keys_are_rows ? 0.f : lse_tile[r] * log2e, row_delta = keys_are_rows ? 0.f : delta_tile[r];
+        float p[2], ds[2];
+        for (int e = 0; e < 2; ++e) {
+            const int qi = keys_are_rows ? c + e : r, key = k0 + (keys_are_rows ? r : c + e), query = q0 + qi;
+            const bool visible = key <= query && query < T_len;  // implies key < T_len
+            p[e] = visible ? exp2f(sv[e] * scale2 - (keys_are_rows ? col_lse2[e] : row_lse2)) : 0.f;
+            ds[e] = p[e] * (dv[e] - (keys_are_rows ? col_delta[e] : row_delta));
+        }
+        if (p_tile) store_pair(p_tile + r * prob_ld + c, p[0], p[1]);
+        store_pair(ds_tile + r * prob_ld + c, ds[0], ds[1]);
     }
     __syncthreads();
 }
@@ -567,9 +611,9 @@ void launch_attention_bwd(Half t, void* dqkv, const void* dout, const void* qkv,
     dispatch("attention_bwd", t, D, B, T, H, [&]<class E, int HD>() {
         float* delta = static_cast<float*>(scratch);
         const Heads hd = heads_of(T, H, Hkv, HD);
-        const int64_t warps = B * T * H;
+        const int64_t delta_items = B * T * H;
         constexpr int delta_threads = 256;
-        const int64_t delta_blocks = (warps * 32 + delta_threads - 1) / delta_threads;
+        const int64_t delta_blocks = (delta_items * delta_lanes<HD> + delta_threads - 1) / delta_threads;
         attention_bwd_delta_kernel<E, HD>
             <<<static_cast<unsigned>(delta_blocks), delta_threads, 0, stream>>>(delta, static_cast<const E*>(dout), static_cast<const E*>(out), B * T,
                                                                                  static_cast<int>(T), static_cast<int>(H));
