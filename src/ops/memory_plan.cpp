@@ -96,8 +96,10 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
         m.gradient_bytes = bytes_of(sharded_gradient_numel(ranges, groups, shard_size), master);
         m.optimizer_bytes = AdamW::state_bytes_for(sharded_owned_numel(ranges, groups, shard_size, plan.coord.dp % shard_size), master);
         // ZeRO-3: no flat parameter buffers; the shards, the ring of gather buffers, the resident groups.
-        if (shards_parameters(config.parallel, mesh.dp()))
+        if (shards_parameters(config.parallel, mesh.dp())) {
             m.parameter_bytes = fully_sharded_value_bytes(ranges, groups, shard_size, static_cast<int>(config.parallel.prefetch_layers), master, compute);
+            plan.transient_bytes = bytes_of(padded, master);
+        }
     } else {
         const int64_t owned = owned_numel(padded, dtype_size(master), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
         m.gradient_bytes = bytes_of(padded, master) + (zero1 ? bytes_of(owned, master) : 0);
@@ -134,14 +136,15 @@ size_t available_memory_per_rank(const Config& config, int local_rank, int ranks
 std::string describe(const MemoryPlan& plan) {
     const RankMemory& m = plan.memory;
     return cat("parameters ", gigabytes(m.parameter_bytes), ", gradients ", gigabytes(m.gradient_bytes), ", optimizer ", gigabytes(m.optimizer_bytes),
-               ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes), " (rank ", plan.world_rank, ": tp ",
+               ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes),
+               plan.transient_bytes ? cat(", and for moments the whole master weights ", gigabytes(plan.transient_bytes)) : std::string(), " (rank ", plan.world_rank, ": tp ",
                plan.coord.tp, ", dp ", plan.coord.dp, ", pp ", plan.coord.pp, ")");
 }
 
 void check_memory_fits(const MemoryPlan& plan, size_t available_bytes) {
-    if (plan.total() <= available_bytes) return;
+    if (plan.peak() <= available_bytes) return;
     const char* where = plan.device == Device::cuda ? "free on the GPU" : "available on this node";
-    fail(ErrorKind::config, "memory: this run needs ", gigabytes(plan.total()), " per rank, has ", gigabytes(available_bytes), " (", where,
+    fail(ErrorKind::config, "memory: this run needs ", gigabytes(plan.peak()), " per rank, has ", gigabytes(available_bytes), " (", where,
          "): ", describe(plan), ". Lower train.batch_size or train.seq_len, set train.recompute = \"selective\" or \"full\", "
          "shrink the model, or spread it over more ranks (parallel.tp, parallel.pp; ZeRO-1 shards the optimizer over parallel.dp)");
 }

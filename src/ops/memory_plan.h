@@ -36,10 +36,14 @@ struct RankMemory {
 
 struct MemoryPlan {
     RankMemory memory;
+    // ZeRO-3: the whole master weights of the rank's (tp, pp) part, held for moments beside
+    // the rest (at start-up, around a load, around a checkpoint's save); 0 otherwise.
+    size_t transient_bytes = 0;
     int world_rank = 0;  // the rank planned
     MeshCoord coord;
     Device device = Device::cpu;
     size_t total() const { return memory.total(); }
+    size_t peak() const { return total() + transient_bytes; }
 };
 
 // The pipeline stage of world_rank: its layers, whether it embeds or holds the head, and

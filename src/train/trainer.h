@@ -58,7 +58,7 @@ struct TrainResult {
 };
 
 struct TrainerOptions {
-    std::optional<DType> dtype;     // the config's compute dtype unless set (f64: reference runs in tests)
+    std::optional<DType> dtype{};   // the config's compute dtype unless set (f64: reference runs in tests)
     bool quiet = false;             // no log lines (tests)
     bool synthetic_data = false;    // uniform random tokens instead of the configured data (bench)
     // The backend for the local rank in place of the configured device's (tests run the CUDA

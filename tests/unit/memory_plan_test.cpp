@@ -113,6 +113,26 @@ TEST(MemoryPlan, PlanThatDoesNotFit_IsAConfigErrorWithTheBreakdown) {
     }
 }
 
+// ZeRO-3 holds the whole master weights of a rank's part for moments (start-up, a load, a
+// checkpoint's save) beside its shards: a device that holds the shards but not that peak is
+// refused before anything is allocated, naming the moment.
+TEST(MemoryPlan, Zero3_CountsTheMomentaryWholeMasterWeightsInTheFitCheck) {
+    const Config zero3 = small("gpt2", {"parallel.zero_stage=3"}), zero2 = small("gpt2", {"parallel.zero_stage=2"});
+    const Mesh dp4(4, 1, 4, 1);
+    const MemoryPlan sharded = plan_memory(zero3, dp4, 0), plain = plan_memory(zero2, dp4, 0);
+    EXPECT_EQ(plain.transient_bytes, 0u);
+    // The whole master weights are what stage 2 holds as its flat f32 parameter buffer.
+    EXPECT_EQ(sharded.transient_bytes, plain.memory.parameter_bytes);
+    EXPECT_LT(sharded.memory.parameter_bytes, plain.memory.parameter_bytes);
+    EXPECT_NO_THROW(check_memory_fits(sharded, sharded.peak()));
+    try {
+        check_memory_fits(sharded, sharded.peak() - 1);
+        FAIL() << "expected a config error";
+    } catch (const Error& e) {
+        EXPECT_TRUE(std::regex_search(e.what(), std::regex("for moments the whole master weights"))) << e.what();
+    }
+}
+
 TEST(MemoryPlan, AvailableMemory_IsTheHostsSharedByTheRanksOnTheNode) {
     const Config config = small("gpt2");
     const size_t one = available_memory_per_rank(config, 0, 1), four = available_memory_per_rank(config, 0, 4);
