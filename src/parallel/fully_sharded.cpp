@@ -51,7 +51,6 @@ FullyShardedGradients::FullyShardedGradients(FlatParameters params, std::vector<
     ring_elements_ = sizes.ring_buffer;
     for (int i = 0; i <= prefetch_; ++i) ring_.push_back(Ring{params.allocate(compute_, {ring_elements_}), -1, CommHandle()});
     for (const ShardedGroupLayout& g : layout_) resident_.push_back(g.resident ? params.allocate(compute_, {g.piece * parts}) : OwnedTensor());
-    ring_of_group_.assign(groups_.size(), -1);
     value_bytes_ = value_bytes_of(sizes, prefetch_, master, compute_);
     // The optimizer updates this rank's pieces where they now live.
     for (OwnedPiece& piece : owned_)
@@ -105,7 +104,16 @@ void FullyShardedGradients::begin_step(bool reduce) {
     holds_whole_master_ = false;
 }
 
+// The updated (or loaded) values make every gathered group stale.
+void FullyShardedGradients::empty_ring() {
+    for (Ring& ring : ring_) {
+        ring.handle.wait();  // a gather issued but never used (a pass cut short): done before reuse
+        ring.group = -1;
+    }
+}
+
 void FullyShardedGradients::gather_parameters() {
+    empty_ring();
     for (size_t g = 0; g < groups_.size(); ++g) {
         if (!groups_[g].resident) continue;
         start_gather(g, resident_[g].view()).wait();
@@ -113,24 +121,40 @@ void FullyShardedGradients::gather_parameters() {
     }
 }
 
+FullyShardedGradients::Ring* FullyShardedGradients::ring_holding(size_t group) {
+    for (Ring& ring : ring_)
+        if (ring.group == static_cast<int>(group)) return &ring;
+    return nullptr;
+}
+
+FullyShardedGradients::Ring& FullyShardedGradients::free_ring(const std::vector<size_t>& window) {
+    for (size_t k = 0; k < ring_.size(); ++k) {
+        const size_t slot = (next_ring_ + k) % ring_.size();
+        const int held = ring_[slot].group;
+        if (held >= 0 && std::find(window.begin(), window.end(), static_cast<size_t>(held)) != window.end()) continue;
+        next_ring_ = (slot + 1) % ring_.size();
+        return ring_[slot];
+    }
+    fail(ErrorKind::runtime, "ZeRO-3: every gather buffer holds a group of the window (", window.size(), " groups, ", ring_.size(), " buffers)");
+}
+
 // Group `position` of the pass is about to compute: the gathers of it and of the next
-// prefetch_ non-resident groups are started where not yet, then its own is waited for.
+// prefetch_ non-resident groups are started where the ring does not hold them yet, then its
+// own is waited for.
 void FullyShardedGradients::before_group(const std::vector<size_t>& pass, size_t position) {
-    if (position == 0) std::fill(ring_of_group_.begin(), ring_of_group_.end(), -1);
     const size_t last = std::min(pass.size(), position + static_cast<size_t>(prefetch_) + 1);
-    for (size_t i = position; i < last; ++i) {
-        const size_t g = group_starting_at(pass[i]);
-        if (groups_[g].resident || ring_of_group_[g] >= 0) continue;
-        Ring& ring = ring_[next_ring_];
+    std::vector<size_t> window;
+    for (size_t i = position; i < last; ++i) window.push_back(group_starting_at(pass[i]));
+    for (size_t g : window) {
+        if (groups_[g].resident || ring_holding(g)) continue;
+        Ring& ring = free_ring(window);
         ring.handle.wait();  // a gather issued but never used (a pass cut short): done before reuse
         ring.group = static_cast<int>(g);
         ring.handle = start_gather(g, ring.buffer.view());
-        ring_of_group_[g] = static_cast<int>(next_ring_);
-        next_ring_ = (next_ring_ + 1) % ring_.size();
     }
-    const size_t g = group_starting_at(pass[position]);
+    const size_t g = window.front();
     if (groups_[g].resident) return;
-    Ring& ring = ring_[static_cast<size_t>(ring_of_group_[g])];
+    Ring& ring = *ring_holding(g);
     ring.handle.wait();
     bind(g, ring.buffer.view());
 }

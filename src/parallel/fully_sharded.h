@@ -10,7 +10,12 @@
 // prefetch = p, the gathers of the next p groups of the pass are started (asynchronously)
 // before the current group computes, so they proceed behind its compute; a group's gather
 // is waited for just before it runs. p + 1 buffers of the largest group make the ring: the
-// buffer a new gather takes is the one of the group p + 1 places before it, done by then.
+// buffer a new gather takes is one whose group is not among the current and the next p
+// groups of the pass (there is always one: p + 1 buffers, p + 1 groups, the new one in none).
+// A group still in the ring from an earlier pass, with the values unchanged since, is not
+// gathered again: the last p + 1 groups of a forward pass are the first p + 1 of its
+// backward, and the last ones of a backward may start the next micro-batch's forward. An
+// update (gather_parameters) or a load empties the ring.
 //
 // A resident group (the one holding a tied embedding, read by the embedding and by the head)
 // keeps its own gathered buffer for the whole step, gathered again after every update.
@@ -68,6 +73,11 @@ private:
         CommHandle handle;
     };
     size_t group_starting_at(size_t param) const;
+    // The ring buffer holding (or gathering) the group; nullptr: none.
+    Ring* ring_holding(size_t group);
+    // A buffer for a new gather: one whose group is not in `window`, the oldest first.
+    Ring& free_ring(const std::vector<size_t>& window);
+    void empty_ring();
     // The group's pieces (compute copy, or master weights) into place in `buffer` and the
     // all-gather started there.
     CommHandle start_gather(size_t group, const Tensor& buffer);
@@ -86,8 +96,7 @@ private:
     OwnedTensor master_shard_, compute_shard_;
     std::vector<OwnedTensor> resident_;  // per group; empty unless resident
     std::vector<Ring> ring_;
-    size_t next_ring_ = 0;
-    std::vector<int> ring_of_group_;     // this pass: the ring buffer holding each group's gather; -1: none
+    size_t next_ring_ = 0;  // where the search for a free buffer starts: the oldest gather
     bool holds_whole_master_ = false;
     size_t value_bytes_ = 0;
     int64_t ring_elements_ = 0;

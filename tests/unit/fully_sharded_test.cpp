@@ -144,10 +144,11 @@ std::vector<int64_t> gathered_sizes(const Events& events, size_t from, size_t to
     return sizes;
 }
 
-// prefetch p: group L computes once the gathers of groups 0..L+p (within the pass) are issued.
-std::vector<size_t> expected_counts(size_t groups, size_t prefetch) {
+// prefetch p: group L computes once the gathers of groups 0..L+p (within the pass) are
+// issued, less the first `reused` groups, still in the ring from the pass before.
+std::vector<size_t> expected_counts(size_t groups, size_t prefetch, size_t reused = 0) {
     std::vector<size_t> counts;
-    for (size_t l = 0; l < groups; ++l) counts.push_back(std::min(groups, l + 1 + prefetch));
+    for (size_t l = 0; l < groups; ++l) counts.push_back(std::min(groups, l + 1 + prefetch) - reused);
     return counts;
 }
 
@@ -164,9 +165,13 @@ void expect_gather_order(int prefetch) {
     ASSERT_EQ(forward.size(), 6u) << "embedding, 4 layers, final norm and head";
     ASSERT_EQ(backward.size(), 5u) << "head, 4 layers (the embedding's backward reads no values)";
     EXPECT_EQ(gathers_before_each_compute(s.events, 0, forward_end), expected_counts(forward.size(), p)) << "forward, prefetch " << prefetch;
-    EXPECT_EQ(gathers_before_each_compute(s.events, forward_end, s.events.size()), expected_counts(backward.size(), p)) << "backward, prefetch " << prefetch;
+    // The forward's last p + 1 groups (the head, the last layers) are still in the ring of
+    // p + 1 buffers, and they are the backward's first: not gathered again.
+    EXPECT_EQ(gathers_before_each_compute(s.events, forward_end, s.events.size()), expected_counts(backward.size(), p, p + 1))
+        << "backward, prefetch " << prefetch;
     EXPECT_EQ(gathered_sizes(s.events, 0, forward_end), group_sizes(*s.model, forward));
-    EXPECT_EQ(gathered_sizes(s.events, forward_end, s.events.size()), group_sizes(*s.model, backward));
+    const std::vector<int64_t> backward_sizes = group_sizes(*s.model, backward);
+    EXPECT_EQ(gathered_sizes(s.events, forward_end, s.events.size()), std::vector<int64_t>(backward_sizes.begin() + (p + 1), backward_sizes.end()));
 }
 
 }  // namespace
@@ -174,6 +179,18 @@ void expect_gather_order(int prefetch) {
 TEST(FullySharded, PrefetchOne_IssuesTheNextGroupsGatherBeforeEachGroupComputes) { expect_gather_order(1); }
 TEST(FullySharded, PrefetchZero_GathersEachGroupOnlyWhenItComputes) { expect_gather_order(0); }
 TEST(FullySharded, PrefetchTwo_KeepsTwoGathersAhead) { expect_gather_order(2); }
+
+// An update changes the values: every group is gathered again, none reused from the ring.
+TEST(FullySharded, AnUpdateEmptiesTheRing) {
+    ShardedModel s(1);
+    const Tokens batch;
+    s.reduction->begin_step(true);
+    s.model->forward(batch.tokens, batch.targets, kBatch, kSeq);
+    s.reduction->gather_parameters();  // what the trainer calls after the optimizer's step
+    s.events.clear();
+    s.model->forward(batch.tokens, batch.targets, kBatch, kSeq);
+    EXPECT_EQ(gathered_sizes(s.events, 0, s.events.size()), group_sizes(*s.model, s.model->forward_groups(0)));
+}
 
 // The shards hold the initialization, the gathered groups compute the unsharded model's loss
 // and the reduce-scattered shard its gradients; no whole master weights remain.
