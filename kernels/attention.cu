@@ -425,7 +425,7 @@ struct BwdSmem {
 // One block per (batch, kv head, key tile): dk and dv of its 64 keys, summed over the group's
 // query heads (in order) and the query tiles at or after the key tile (in order), in registers.
 template <class T, int D>
-__global__ void __launch_bounds__(bwd_threads, D == 64 ? 2 : 1)
+__global__ void __launch_bounds__(bwd_threads, D <= 64 ? 2 : 1)
     attention_bwd_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
                               const float* __restrict__ delta, Heads hd) {
     using S = TileShape<D>;
@@ -567,16 +567,18 @@ Heads heads_of(int64_t T, int64_t H, int64_t Hkv, int64_t D) {
 // an empty batch: a grid of size 0 is a launch error).
 template <class F>
 void dispatch(const char* op, Half t, int64_t D, int64_t B, int64_t T, int64_t H, F&& f) {
-    if (!attention_supports_head_dim(D)) fail(ErrorKind::unsupported, op, ": head_dim ", D, " is not supported (64 or 128)");
+    if (!attention_supports_head_dim(D)) fail(ErrorKind::unsupported, op, ": head_dim ", D, " is not supported (32, 64 or 128)");
     if (B * T * H == 0) return;
     const int64_t tiles = (T + tile_rows - 1) / tile_rows;  // grid y, at most 65535
     if (tiles > 65535 || B * H > INT32_MAX || (B * T * H + 7) / 8 > INT32_MAX)
         fail(ErrorKind::unsupported, op, ": batch ", B, ", seq_len ", T, ", heads ", H, " exceed the launch grid");
     if (t == Half::bf16) {
-        if (D == 64) f.template operator()<__nv_bfloat16, 64>();
+        if (D == 32) f.template operator()<__nv_bfloat16, 32>();
+        else if (D == 64) f.template operator()<__nv_bfloat16, 64>();
         else f.template operator()<__nv_bfloat16, 128>();
     } else {
-        if (D == 64) f.template operator()<__half, 64>();
+        if (D == 32) f.template operator()<__half, 32>();
+        else if (D == 64) f.template operator()<__half, 64>();
         else f.template operator()<__half, 128>();
     }
 }
@@ -592,7 +594,7 @@ void allow_smem(Kernel kernel, int bytes, const char* name) {
 
 }  // namespace
 
-bool attention_supports_head_dim(int64_t D) { return D == 64 || D == 128; }
+bool attention_supports_head_dim(int64_t D) { return D == 32 || D == 64 || D == 128; }
 
 void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
     dispatch("attention_fwd", t, D, B, T, H, [&]<class E, int HD>() {

@@ -740,10 +740,10 @@ constexpr Check kChecks[] = {
     [](const Config& c) -> std::optional<Problem> {
         // The flash-attention kernels are instantiated for these head dimensions.
         const int64_t d = c.model.head_dim();
-        if (c.train.device != ComputeDevice::cuda || d == 64 || d == 128) return std::nullopt;
+        if (c.train.device != ComputeDevice::cuda || d == 32 || d == 64 || d == 128) return std::nullopt;
         const std::string suggestion = c.model.d_model % 64 == 0 ? cat(" (model.n_heads = ", c.model.d_model / 64, " gives 64)") : "";
         return Problem{"model.n_heads", cat(c.model.n_heads, " heads give head dimension model.d_model / model.n_heads = ", c.model.d_model, " / ",
-                                            c.model.n_heads, " = ", d, "; train.device = \"cuda\" needs 64 or 128", suggestion)};
+                                            c.model.n_heads, " = ", d, "; train.device = \"cuda\" needs 32, 64 or 128", suggestion)};
     },
     [](const Config& c) -> std::optional<Problem> {
         const int64_t tp = c.parallel.tp;

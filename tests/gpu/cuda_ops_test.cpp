@@ -217,6 +217,8 @@ const std::vector<AttentionShape> kAttentionShapes = {
     {1, 65, 4, 2, 128}, // one past a tile
     {2, 128, 4, 2, 128},
     {1, 100, 2, 1, 128},
+    {2, 7, 4, 2, 32},    // head dim 32 (the bundled tiny config's): GQA, a partial tile
+    {1, 130, 4, 4, 32},  // three tiles, the last partial
 };
 
 struct NormCase {

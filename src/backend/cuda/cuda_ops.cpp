@@ -359,7 +359,7 @@ void expect_attention(const char* op, const AttentionShape& s) {
     if (s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0)
         fail(ErrorKind::shape, op, ": ", s.n_heads, " query heads do not group evenly over ", s.n_kv_heads, " key/value heads");
     if (!kernels::attention_supports_head_dim(s.head_dim))
-        fail(ErrorKind::unsupported, op, ": head_dim ", s.head_dim, "; the flash-attention kernels take 64 or 128 (model.d_model / model.n_heads)");
+        fail(ErrorKind::unsupported, op, ": head_dim ", s.head_dim, "; the flash-attention kernels take 32, 64 or 128 (model.d_model / model.n_heads)");
 }
 }  // namespace
 

@@ -209,7 +209,7 @@ T shfl(Site site, Shuffle kind, unsigned mask, T value, int arg, int width) {
 #define EMU_KERNEL_ADDRESS(...)                                                                 \
     ([]() -> const void* {                                                                      \
         if constexpr (requires { &__VA_ARGS__; }) return reinterpret_cast<const void*>(&__VA_ARGS__); \
-        else return nullptr;                                                                    \
+        return static_cast<const void*>(nullptr); /* a template: the launch deduces it */      \
     }())
 
 // ---- barriers, collectives, fences -----------------------------------------------------------
