@@ -334,8 +334,15 @@ void Transformer::writing(size_t begin, size_t end) const {
     if (grads_begin_ && begin < end) grads_begin_(begin, end);
 }
 
-void Transformer::computing(const std::vector<ParamGroup>& pass, size_t position) const {
+void Transformer::computing(const std::vector<size_t>& pass, size_t position) const {
     if (group_compute_) group_compute_(pass, position);
+}
+
+std::vector<size_t> Transformer::hooked_pass(bool forward, int64_t set) const {
+    std::vector<size_t> firsts;
+    if (!group_compute_) return firsts;
+    for (const ParamGroup& g : forward ? forward_groups(set) : backward_groups(set)) firsts.push_back(g.begin);
+    return firsts;
 }
 
 std::vector<TransformerLayout::ParamGroup> Transformer::forward_groups(int64_t set) const {
@@ -432,7 +439,7 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
     a.batch = batch;
     a.seq_len = seq_len;
     use_set(set);
-    const std::vector<ParamGroup> pass = forward_groups(set);
+    const std::vector<size_t> pass = hooked_pass(true, set);
     size_t position = 0;
     if (a.embeds) {
         load_ids("tokens", a.tokens, tokens);
@@ -530,7 +537,7 @@ void Transformer::decode(int32_t token, KvCache& cache) {
     OwnedTensor id(DType::i32, {1});
     id.data<int32_t>()[0] = token;
     load_ids("token", a.tokens, id.view());
-    const std::vector<ParamGroup> pass = forward_groups(0);
+    const std::vector<size_t> pass = hooked_pass(true, 0);
     size_t position = 0;
     computing(pass, position++);
     embed(a, cache.length);
@@ -545,7 +552,7 @@ void Transformer::decode(int32_t token, KvCache& cache) {
 
 void Transformer::backward(int64_t set, double loss_scale) {
     const ActivationSet& a = use_set(set);
-    const std::vector<ParamGroup> pass = backward_groups(set);
+    const std::vector<size_t> pass = hooked_pass(false, set);
     size_t position = 0;
     if (a.heads) {
         if (!a.has_targets) fail(ErrorKind::runtime, "backward called after a forward without targets");

@@ -256,11 +256,11 @@ public:
     // its gradients: ZeRO-2 binds their storage there.
     void set_grads_begin_hook(std::function<void(size_t begin, size_t end)> hook) { grads_begin_ = std::move(hook); }
     // Called before each group of gradient_groups() that a pass (one forward or backward of a
-    // set, or one decoding step) computes with: `pass` lists those groups in the order the
-    // pass takes them, `position` the one about to run. ZeRO-3 gathers the group's values
+    // set, or one decoding step) computes with: `pass` lists those groups by their first
+    // parameter in the order the pass takes them, `position` the one about to run. ZeRO-3 gathers the group's values
     // there and starts the gathers of the groups after it. A backward lists the groups whose
     // backward reads their values: not the embedding's (its gradient needs only the tokens).
-    using GroupComputeHook = std::function<void(const std::vector<ParamGroup>& pass, size_t position)>;
+    using GroupComputeHook = std::function<void(const std::vector<size_t>& pass, size_t position)>;
     void set_group_compute_hook(GroupComputeHook hook) { group_compute_ = std::move(hook); }
     // The groups a forward (or backward) of `set` computes with, in order.
     std::vector<ParamGroup> forward_groups(int64_t set) const;
@@ -290,7 +290,10 @@ private:
     ActivationSet& use_set(int64_t set);
     void ready(size_t begin, size_t end) const;
     void writing(size_t begin, size_t end) const;
-    void computing(const std::vector<ParamGroup>& pass, size_t position) const;
+    void computing(const std::vector<size_t>& pass, size_t position) const;
+    // What the group-compute hook is given for a forward (or backward) of `set`: each group's
+    // first parameter; nothing without a hook.
+    std::vector<size_t> hooked_pass(bool forward, int64_t set) const;
     ParamGroup head_group() const { return {head_begin_, params_.count()}; }
     ParamGroup layer_group(const ActivationSet& a, int64_t l) const {
         const LayerParams& p = layer_params_[param_layer(a, l)];

@@ -76,6 +76,41 @@ LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices
     return plan;
 }
 
+namespace {
+
+// One layout the search weighs: the config's model and global batch on a tp x pp x dp mesh.
+struct Candidate {
+    int tp, pp, dp;
+    int64_t micro_batch;
+    Recompute recompute;
+    bool sequence_parallel;
+    int64_t virtual_stages;
+};
+
+// Sequence parallelism needs tp > 1; interleaving needs pp > 1 and n_layers a multiple of
+// pp x v (and micro-batches in groups of pp: stage_partition refuses the rest).
+bool can_exist(const Candidate& k, const ModelConfig& model) {
+    if (k.sequence_parallel && k.tp == 1) return false;
+    return k.virtual_stages == 1 || (k.pp > 1 && model.n_layers % (k.pp * k.virtual_stages) == 0);
+}
+
+Config config_of(const Config& base, const Candidate& k, int64_t global_batch) {
+    Config c = base;
+    c.parallel.tp = k.tp;
+    c.parallel.pp = k.pp;
+    c.parallel.dp = k.dp;
+    c.parallel.stage_layers.clear();
+    c.parallel.virtual_stages = k.virtual_stages;
+    c.parallel.sequence_parallel = k.sequence_parallel;
+    c.train.batch_size = k.micro_batch;
+    c.train.global_batch_size = global_batch;
+    c.train.grad_accum = 0;
+    c.train.recompute = k.recompute;
+    return c;
+}
+
+}  // namespace
+
 LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int devices, const PlanOptions& options, double parameters) {
     LayoutSearch search;
     const int64_t batch = global_batch(config, devices);
@@ -84,6 +119,7 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
     const int max_tp = cluster.kind == ClusterKind::gpu ? cluster.devices_per_node : devices;
     std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16};
     if (std::find(micro_batches.begin(), micro_batches.end(), config.train.batch_size) == micro_batches.end()) micro_batches.push_back(config.train.batch_size);
+    std::vector<Candidate> candidates;
     for (int tp : divisors(devices)) {
         if (tp > max_tp || !tp_splits_model(config.model, tp)) continue;
         for (int pp : divisors(devices / tp)) {
@@ -93,30 +129,18 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
                 if (batch % (b * dp) != 0) continue;
                 for (Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full})
                     for (bool sp : {false, true})
-                        for (int64_t v : {1, 2, 4}) {
-                            // Interleaving needs pp > 1 and n_layers a multiple of pp x v (and
-                            // micro-batches in groups of pp: stage_partition refuses the rest).
-                            if ((sp && tp == 1) || (v > 1 && (pp == 1 || config.model.n_layers % (pp * v) != 0))) continue;
-                            Config c = config;
-                            c.parallel.tp = tp;
-                            c.parallel.pp = pp;
-                            c.parallel.dp = dp;
-                            c.parallel.stage_layers.clear();
-                            c.parallel.virtual_stages = v;
-                            c.parallel.sequence_parallel = sp;
-                            c.train.batch_size = b;
-                            c.train.global_batch_size = batch;
-                            c.train.grad_accum = 0;
-                            c.train.recompute = recompute;
-                            ++search.considered;
-                            try {
-                                LayoutPlan plan = plan_layout(c, cluster, devices, options, parameters);
-                                (plan.fits ? search.ranked : unfit).push_back(std::move(plan));
-                            } catch (const Error&) {
-                                ++search.invalid;  // a layout the model or the batch cannot take
-                            }
-                        }
+                        for (int64_t v : {1, 2, 4}) candidates.push_back({tp, pp, dp, b, recompute, sp, v});
             }
+        }
+    }
+    for (const Candidate& k : candidates) {
+        if (!can_exist(k, config.model)) continue;
+        ++search.considered;
+        try {
+            LayoutPlan plan = plan_layout(config_of(config, k, batch), cluster, devices, options, parameters);
+            (plan.fits ? search.ranked : unfit).push_back(std::move(plan));
+        } catch (const Error&) {
+            ++search.invalid;  // a layout the model or the batch cannot take
         }
     }
     const auto faster = [](const LayoutPlan& a, const LayoutPlan& b) { return a.time.tokens_per_second_per_device > b.time.tokens_per_second_per_device; };

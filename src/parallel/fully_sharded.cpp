@@ -28,8 +28,6 @@ size_t value_bytes_of(const ValueSizes& s, int prefetch, DType master, DType com
     return bytes_of(s.shard, master) + compute_shard + static_cast<size_t>(prefetch + 1) * bytes_of(s.ring_buffer, compute) + bytes_of(s.resident, compute);
 }
 
-std::vector<FlatRange> ranges_of(const FlatParameters& params) { return params.ranges; }
-
 }  // namespace
 
 size_t fully_sharded_value_bytes(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int shard_size, int prefetch,
@@ -43,7 +41,7 @@ FullyShardedGradients::FullyShardedGradients(FlatParameters params, std::vector<
       value_ops_(std::move(ops)), allocate_(params.allocate), replicas_(replicas ? replicas->size() : 1) {
     if (prefetch_ < 0) fail(ErrorKind::config, "parallel.prefetch_layers = ", prefetch_, " (expected 0 or more)");
     const int parts = shard.size();
-    layout_ = sharded_group_layout(ranges_of(params), groups_, parts, shard.rank());
+    layout_ = sharded_group_layout(params.ranges, groups_, parts, shard.rank());
     const ValueSizes sizes = value_sizes(layout_, parts);
     const DType master = params.values.dtype();
     master_shard_ = params.allocate(master, {sizes.shard});

@@ -58,10 +58,7 @@ std::vector<ShardedGroupLayout> sharded_group_layout(const std::vector<FlatRange
 
 int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int parts, int rank) {
     int64_t owned = 0;
-    for (const GradGroup& g : groups) {
-        const int64_t numel = flat_range_of(ranges, g).size();
-        owned += piece_within(numel, piece_of(numel, parts), rank).size();
-    }
+    for (const ShardedGroupLayout& l : sharded_group_layout(ranges, groups, parts, rank)) owned += l.mine.size();
     return owned;
 }
 
@@ -76,11 +73,11 @@ ShardedGradients::ShardedGradients(FlatParameters params, std::vector<GradGroup>
     const Sizes sizes = sizes_of(params_.ranges, groups, parts);
     group_of_param_.assign(params_.ranges.size(), groups.size());
     shard_ = params_.allocate(dtype, {sizes.shard});
-    int64_t shard_at = 0;
-    for (const GradGroup& g : groups) {
-        Group group{g, flat_range_of(params_.ranges, g), 0, shard_at, 0, -1, Tensor()};
-        group.piece = piece_of(group.flat.size(), parts);
-        shard_at += group.piece;
+    const std::vector<ShardedGroupLayout> layout = sharded_group_layout(params_.ranges, groups, parts, group_.rank());
+    for (size_t k = 0; k < groups.size(); ++k) {
+        const GradGroup& g = groups[k];
+        const ShardedGroupLayout& l = layout[k];
+        Group group{g, l.flat, l.piece, l.shard_at, 0, -1, Tensor()};
         for (size_t i = g.first; i < g.end; ++i) {
             if (group_of_param_[i] != groups.size()) fail(ErrorKind::runtime, "gradient groups overlap at parameter ", i);
             group_of_param_[i] = groups_.size();
@@ -90,8 +87,8 @@ ShardedGradients::ShardedGradients(FlatParameters params, std::vector<GradGroup>
             group.resident_buffer = resident_buffers_.back().view();
         }
         // This rank's piece, clipped to the group's real elements.
-        const FlatRange mine = piece_within(group.flat.size(), group.piece, group_.rank());
-        if (mine.size() > 0) owned_.push_back({group.flat.begin + mine.begin, group.flat.begin + mine.end, flat_slice(shard_.view(), group.shard_at, mine.size()), {}, {}});
+        if (l.mine.size() > 0)
+            owned_.push_back({l.flat.begin + l.mine.begin, l.flat.begin + l.mine.end, flat_slice(shard_.view(), l.shard_at, l.mine.size()), {}, {}});
         groups_.push_back(group);
     }
     for (size_t i = 0; i < group_of_param_.size(); ++i)

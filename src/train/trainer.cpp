@@ -133,11 +133,7 @@ std::unique_ptr<GradientReduction> Trainer::make_gradient_reduction() {
         sharded = std::make_unique<FullyShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->shard(), comms_->replicas(),
                                                           std::move(ops), params.compute_dtype(), static_cast<int>(config_.parallel.prefetch_layers),
                                                           std::move(hooks));
-        model_->set_group_compute_hook([this](const std::vector<TransformerLayout::ParamGroup>& pass, size_t position) {
-            std::vector<size_t> firsts;
-            for (const TransformerLayout::ParamGroup& g : pass) firsts.push_back(g.begin);
-            reduction_->before_group(firsts, position);
-        });
+        model_->set_group_compute_hook([this](const std::vector<size_t>& pass, size_t position) { reduction_->before_group(pass, position); });
     } else {
         sharded = std::make_unique<ShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->shard(), comms_->replicas(),
                                                      std::move(ops));

@@ -103,10 +103,8 @@ struct ShardedModel {
                                 [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) { params.bind_values(first, end, storage, offset); }};
         reduction = std::make_unique<FullyShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model), comm, nullptr, std::move(ops),
                                                             DType::f32, prefetch, std::move(hooks));
-        model->set_group_compute_hook([this](const std::vector<TransformerLayout::ParamGroup>& pass, size_t position) {
-            std::vector<size_t> firsts;
-            for (const TransformerLayout::ParamGroup& g : pass) firsts.push_back(g.begin);
-            reduction->before_group(firsts, position);
+        model->set_group_compute_hook([this](const std::vector<size_t>& pass, size_t position) {
+            reduction->before_group(pass, position);
             events.push_back("compute");
         });
         model->set_grads_begin_hook([this, &params](size_t begin, size_t end) {
