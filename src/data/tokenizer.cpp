@@ -100,6 +100,7 @@ void Tokenizer::index_spec() {
             fail(ErrorKind::data, source_, ": added token #", i, " (id ", t.id, ") is empty or outside the id range [0, ", vocab, ")");
         is_added_[static_cast<size_t>(t.id)] = true;
         added_by_first_byte_[static_cast<uint8_t>(t.content[0])].push_back(i);
+        starts_added_[static_cast<uint8_t>(t.content[0])] = true;
     }
     for (auto& list : added_by_first_byte_)
         std::stable_sort(list.begin(), list.end(), [&](size_t a, size_t b) { return spec_.added[a].content.size() > spec_.added[b].content.size(); });
@@ -157,6 +158,7 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, 
     if (spec_.added.empty()) return encode_ordinary(text, out, cache);
     size_t start = 0;
     for (size_t pos = 0; pos < text.size();) {
+        if (!starts_added_[static_cast<uint8_t>(text[pos])]) { ++pos; continue; }
         const auto added = added_token_at(text, pos);
         if (!added) { ++pos; continue; }
         encode_ordinary(text.substr(start, pos - start), out, cache);
@@ -170,9 +172,10 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, 
 void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const {
     pretokenizer_->for_each_piece(text, [&](std::string_view piece) {
         if (piece.size() == 1) return out.push_back(byte_id_[static_cast<uint8_t>(piece[0])]);
-        if (cache) {
-            size_t count = 0;
-            if (const int32_t* ids = cache->find(piece, count)) return out.insert(out.end(), ids, ids + count), void();
+        size_t count = 0;
+        if (const int32_t* ids = cache ? cache->find(piece, count) : nullptr) {
+            out.insert(out.end(), ids, ids + count);
+            return;
         }
         const size_t before = out.size();
         encode_piece(piece, out);

@@ -110,6 +110,12 @@ public:
     std::string decode(const int32_t* ids, size_t count) const;
     std::string decode(const std::vector<int32_t>& ids) const { return decode(ids.data(), ids.size()); }
 
+    // BPE of one pre-tokenized piece (no added-token matching, no cache): its ids appended to out.
+    void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+    const Pretokenizer& pretokenizer() const { return *pretokenizer_; }
+    // Splits with this engine from now on (the ids do not change; `bench tokenizer` compares).
+    void use_split_engine(SplitEngine engine) { pretokenizer_ = std::make_shared<Pretokenizer>(spec_.pattern, engine); }
+
     int64_t vocab_size() const { return static_cast<int64_t>(spec_.token_bytes.size()); }
     // The end-of-document token: <|endoftext|> (GPT-2), <|end_of_text|> (Llama 3), else none.
     std::optional<int32_t> end_of_text_id() const;
@@ -121,7 +127,6 @@ public:
 private:
     void index_spec();
     void encode_ordinary(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const;
-    void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
     void merge_short_piece(std::string_view piece, std::vector<int32_t>& out) const;
     void merge_long_piece(std::string_view piece, std::vector<int32_t>& out) const;
     std::optional<size_t> added_token_at(std::string_view text, size_t pos) const;
@@ -137,6 +142,7 @@ private:
     std::unordered_map<std::string, int32_t, BytesHash, std::equal_to<>> id_of_bytes_;  // model tokens only
     MergeTable merges_;
     std::array<std::vector<size_t>, 256> added_by_first_byte_;      // indices into spec_.added, longest first
+    std::array<bool, 256> starts_added_{};                          // some added token starts with this byte
     std::vector<bool> is_added_;
 };
 
