@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "data/bpe_trainer.h"
 #include "data/input_files.h"
+#include "data/text_input.h"
 #include "data/tokenizer.h"
 
 namespace llmtrain {
@@ -34,15 +35,19 @@ struct TokenizerArgs {
 int run_train(const TokenizerArgs& args) {
     BpeTrainOptions options;
     options.vocab_size = args.vocab_size;
-    options.pattern = args.pattern == "cl100k" ? kCl100kPattern : kGpt2Pattern;
+    options.pattern = args.pattern == "cl100k" ? kCl100kPattern : args.pattern == "qwen2" ? kQwen2Pattern : kGpt2Pattern;
     options.special_tokens = args.special_tokens;
     options.min_frequency = args.min_frequency;
     // Refused before training, not after minutes of it.
     if (!args.force && std::filesystem::exists(args.output)) fail(ErrorKind::config, "'", args.output, "' exists; pass --force to replace it");
+    require_creatable(args.output, OutputKind::file, "--output");
     BpeTrainer trainer(options);
     const std::vector<std::string> files = expand_inputs(args.inputs);
-    for (const std::string& file : files) trainer.add_text(read_whole_file(file));
+    for (const std::string& file : files) trainer.add_text(read_input_text(file));
     const Tokenizer tokenizer = trainer.train(args.output);
+    std::error_code ec;
+    if (const auto parent = std::filesystem::path(args.output).parent_path(); !parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) fail(ErrorKind::io, "cannot create the directory of --output '", args.output, "': ", ec.message());
     write_file_atomically(args.output, tokenizer.to_hf_json());
     if (tokenizer.vocab_size() < args.vocab_size)
         log_warn("tokenizer: no pair occurs ", args.min_frequency, " times any more; the vocabulary stops at ", tokenizer.vocab_size(), " of ", args.vocab_size, " tokens");
@@ -91,10 +96,10 @@ void register_tokenizer_command(CLI::App& app, CommandAction& action) {
     cmd->require_subcommand(1);
     CLI::App* train = cmd->add_subcommand("train", "Train a byte-level BPE on text files and write tokenizer.json");
     train->add_option("--vocab-size", args->vocab_size, "Tokens in all: 256 bytes + merges + special tokens")->required();
-    train->add_option("--input", args->inputs, "Text files or glob patterns")->required();
+    train->add_option("--input", args->inputs, "Text files or glob patterns (gzip / zstd read by their magic bytes)")->required();
     train->add_option("--output", args->output, "tokenizer.json to write (through a temporary file and a rename)")->required();
     train->add_flag("--force", args->force, "Replace an existing --output file");
-    train->add_option("--pattern", args->pattern, "Pre-tokenizer split pattern")->check(CLI::IsMember({"gpt2", "cl100k"}))->capture_default_str();
+    train->add_option("--pattern", args->pattern, "Pre-tokenizer split pattern: gpt2, cl100k (Llama 3's) or qwen2 (cl100k's with single digits)")->check(CLI::IsMember({"gpt2", "cl100k", "qwen2"}))->capture_default_str();
     train->add_option("--special", args->special_tokens, "Special tokens, given the last ids")->capture_default_str();
     train->add_option("--min-frequency", args->min_frequency, "Stop merging below this pair count")->capture_default_str();
     train->callback([args, &action] { action = [args] { return run_train(*args); }; });
