@@ -193,7 +193,8 @@ std::string hex64(uint64_t v) {
     return text;
 }
 
-void write_manifest(const std::vector<uint64_t>& stats, size_t units, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o) {
+// tokenizer_hash: Tokenizer::hash(), taken from the JSON already in hand.
+void write_manifest(const std::vector<uint64_t>& stats, size_t units, const Tokenizer& tokenizer, uint64_t tokenizer_hash, int32_t eos, const PrepareOptions& o) {
     using ojson = nlohmann::ordered_json;
     ojson splits = ojson::object();
     for (int val = 0; val < 2; ++val) {
@@ -212,7 +213,7 @@ void write_manifest(const std::vector<uint64_t>& stats, size_t units, const Toke
     uint64_t skipped_records = 0;
     for (size_t u = 0; u < units; ++u) skipped_records += stats[u * stat_count + skipped];
     ojson manifest = {{"format", "llmtrain-token-shards"}, {"version", 1},
-                            {"tokenizer", {{"file", "tokenizer.json"}, {"xxh3", hex64(tokenizer.hash())}, {"vocab_size", tokenizer.vocab_size()}, {"eos_id", eos}}},
+                            {"tokenizer", {{"file", "tokenizer.json"}, {"xxh3", hex64(tokenizer_hash)}, {"vocab_size", tokenizer.vocab_size()}, {"eos_id", eos}}},
                             {"dtype", tokenizer.vocab_size() <= 65536 ? "u16" : "u32"},
                             {"split", {{"val_fraction", o.val_fraction}, {"seed", o.seed}}},
                             {"train", splits["train"]}, {"val", splits["val"]},
@@ -355,7 +356,7 @@ void finish_dataset(const std::vector<uint64_t>& stats, size_t units, const Toke
                     const PrepareOptions& staged, StagedDirectory& output) {
     write_file_durably((fs::path(staged.output_dir) / "tokenizer.json").string(), tokenizer_json);
     gather_skipped_records(stats, units, staged.output_dir);
-    if (staged.output_format == OutputFormat::shards) write_manifest(stats, units, tokenizer, eos, staged);
+    if (staged.output_format == OutputFormat::shards) write_manifest(stats, units, tokenizer, XXH3_64bits(tokenizer_json.data(), tokenizer_json.size()), eos, staged);
     else convert_shards(units, stats, tokenizer, staged);
     output.commit();
 }
