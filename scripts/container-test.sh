@@ -117,8 +117,12 @@ apt_uris() {
 }
 
 # The base's apt sources: bookworm from the machine's Debian mirror (or LLMTRAIN_DEBIAN_MIRROR),
-# with its updates and security suites where the machine has them.
+# with its updates and security suites where the machine has them. On another Debian release
+# the mirror of its own suite serves bookworm too.
 mirror=${LLMTRAIN_DEBIAN_MIRROR:-$(apt_uris bookworm | head -n 1)}
+if [ -z "$mirror" ] && [ "$(sed -n 's/^ID=//p' /etc/os-release 2>/dev/null)" = debian ]; then
+    mirror=$(apt_uris "$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release)" | head -n 1)
+fi
 [ -n "$mirror" ] || skip "no Debian 12 (bookworm) mirror in this machine's apt sources: set LLMTRAIN_DEBIAN_MIRROR"
 {
     echo "deb $mirror bookworm main"
