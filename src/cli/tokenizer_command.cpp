@@ -11,6 +11,8 @@
 #include "core/log.h"
 #include "data/bpe_trainer.h"
 #include "data/input_files.h"
+#include "data/prepare.h"
+#include "data/prepare_plan.h"
 #include "data/text_input.h"
 #include "data/tokenizer.h"
 
@@ -24,6 +26,8 @@ struct TokenizerArgs {
     std::string output;
     bool force = false;
     std::string pattern = "gpt2";
+    std::string input_format = "auto";
+    std::string json_key = "text";
     std::vector<std::string> special_tokens = {"<|endoftext|>"};
     int64_t min_frequency = 2;
     std::string tokenizer;
@@ -31,6 +35,19 @@ struct TokenizerArgs {
     bool per_line = false;
     std::vector<int32_t> ids;
 };
+
+// A text file is trained on as it is; a JSONL file (by --input-format, or by its name: .jsonl,
+// .json, also under .gz / .zst) on its --json-key documents, bad records left out and counted.
+void add_training_text(BpeTrainer& trainer, const std::string& file, const TokenizerArgs& args) {
+    PrepareOptions o;
+    o.input_format = resolve_input_format(args.input_format == "jsonl" ? InputFormat::jsonl : args.input_format == "text" ? InputFormat::text : InputFormat::automatic, file);
+    if (o.input_format == InputFormat::text) return trainer.add_text(read_input_text(file));
+    o.json_key = args.json_key;
+    o.on_bad_record = BadRecordPolicy::skip;
+    std::vector<SkippedRecord> skipped;
+    for (const std::string& document : split_documents(read_input_text(file), o, file, 1, &skipped)) trainer.add_text(document);
+    if (!skipped.empty()) log_warn("tokenizer: ", skipped.size(), " record(s) of '", file, "' without a string \"", args.json_key, "\" left out (the first: line ", skipped.front().line, ")");
+}
 
 int run_train(const TokenizerArgs& args) {
     BpeTrainOptions options;
@@ -43,7 +60,7 @@ int run_train(const TokenizerArgs& args) {
     require_creatable(args.output, OutputKind::file, "--output");
     BpeTrainer trainer(options);
     const std::vector<std::string> files = expand_inputs(args.inputs);
-    for (const std::string& file : files) trainer.add_text(read_input_text(file));
+    for (const std::string& file : files) add_training_text(trainer, file, args);
     const Tokenizer tokenizer = trainer.train(args.output);
     std::error_code ec;
     if (const auto parent = std::filesystem::path(args.output).parent_path(); !parent.empty()) std::filesystem::create_directories(parent, ec);
@@ -99,6 +116,9 @@ void register_tokenizer_command(CLI::App& app, CommandAction& action) {
     train->add_option("--input", args->inputs, "Text files or glob patterns (gzip / zstd read by their magic bytes)")->required();
     train->add_option("--output", args->output, "tokenizer.json to write (through a temporary file and a rename)")->required();
     train->add_flag("--force", args->force, "Replace an existing --output file");
+    train->add_option("--input-format", args->input_format, "text or jsonl (auto: per file, jsonl for .jsonl/.json, also under .gz/.zst)")
+        ->check(CLI::IsMember({"auto", "text", "jsonl"}))->capture_default_str();
+    train->add_option("--json-key", args->json_key, "jsonl: the field holding the text")->capture_default_str();
     train->add_option("--pattern", args->pattern, "Pre-tokenizer split pattern: gpt2, cl100k (Llama 3's) or qwen2 (cl100k's with single digits)")->check(CLI::IsMember({"gpt2", "cl100k", "qwen2"}))->capture_default_str();
     train->add_option("--special", args->special_tokens, "Special tokens, given the last ids")->capture_default_str();
     train->add_option("--min-frequency", args->min_frequency, "Stop merging below this pair count")->capture_default_str();

@@ -43,9 +43,15 @@ public:
     GzipDecoder& operator=(const GzipDecoder&) = delete;
 
     size_t decode(std::string_view& in, char* out, size_t capacity) override {
-        if (in.empty() || capacity == 0) return 0;
-        if (complete_ && !is_gzip_magic(in) && in.size() >= 2)
-            fail(ErrorKind::data, "'", name_, "': ", in.size(), " byte(s) after the end of the gzip data are not another gzip member (corrupt or appended data)");
+        if (capacity == 0) return 0;
+        if (complete_ && !in.empty()) {
+            if (in.find_first_not_of('\0') == std::string_view::npos) {  // zero padding after the last member, which gzip ignores too
+                in = {};
+                return 0;
+            }
+            if (!is_gzip_magic(in) && in.size() >= 2)
+                fail(ErrorKind::data, "'", name_, "': ", in.size(), " byte(s) after the end of the gzip data are not another gzip member (corrupt or appended data)");
+        }
         z_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
         const auto offered = static_cast<uInt>(std::min<size_t>(in.size(), UINT32_MAX));
         z_.avail_in = offered;
@@ -84,7 +90,7 @@ public:
     ZstdDecoder& operator=(const ZstdDecoder&) = delete;
 
     size_t decode(std::string_view& in, char* out, size_t capacity) override {
-        if (in.empty() || capacity == 0) return 0;
+        if (capacity == 0) return 0;
         ZSTD_inBuffer input{in.data(), in.size(), 0};
         ZSTD_outBuffer output{out, capacity, 0};
         const size_t rc = ZSTD_decompressStream(context_, &output, &input);
@@ -199,21 +205,24 @@ size_t TextReader::read(char* out, size_t capacity) {
     if (capacity == 0) return 0;
     for (;;) {
         std::string_view pending(input_.data() + input_used_, input_.size() - input_used_);
+        const size_t before = pending.size();
         size_t produced = 0;
         if (!decoder_) {
             produced = std::min(capacity, pending.size());
             std::memcpy(out, pending.data(), produced);
-            input_used_ += produced;
+            pending.remove_prefix(produced);
         } else {
-            const size_t before = pending.size();
+            // Asked even when all input has been handed over: it may hold decoded bytes that
+            // did not fit the last call.
             produced = decoder_->decode(pending, out, capacity);
-            input_used_ += before - pending.size();
         }
+        const size_t consumed = before - pending.size();
+        input_used_ += consumed;
         if (produced > 0) {
             text_offset_ += produced;
             return produced;
         }
-        if (input_used_ < input_.size() && decoder_) continue;  // the decoder consumed headers only
+        if (consumed > 0) continue;  // headers, or a member's end: no text yet
         if (!fill_input()) {
             if (decoder_ && !decoder_->complete())
                 fail(ErrorKind::data, "input '", path_, "': the ", compression_name(compression_), " data ends early after ", text_offset_, " bytes of text (truncated file?)");

@@ -2,7 +2,7 @@
 # Compressed and dirty input through the command line, on 1 process and under mpirun with 4
 # ranks: the .gz, .zst, .jsonl.gz and .jsonl.zst forms of a corpus (made by the gzip and zstd
 # tools), and a gzip file named .txt, give the same dataset bytes as the plain files; a
-# binary input is refused (exit 2) naming it; a JSONL file with bad records stops at the
+# binary input is refused (exit 2) naming it; `tokenizer train` reads the JSONL's documents; a JSONL file with bad records stops at the
 # first naming file:line (exit 2), and with --on-bad-record skip gives the tokens of the
 # file without those lines, counting and listing them.
 # usage: prepare_compressed.sh LLMTRAIN MPIEXEC CORPUS WORK_DIR
@@ -34,6 +34,14 @@ for input in corpus.txt.gz corpus.txt.zst gzip-named.txt corpus.jsonl.gz corpus.
     diff -r "$work/$expected" "$work/$input.np4" || fail "$input on 4 ranks differs from the plain file's dataset"
 done
 echo "prepare_compressed: .gz, .zst, .jsonl.gz, .jsonl.zst and gzip named .txt give the plain files' dataset on 1 and 4 ranks"
+
+# tokenizer train reads a JSONL corpus, compressed or not, as its documents, not as JSON text.
+for input in corpus.jsonl corpus.jsonl.zst; do
+    "$llmtrain" tokenizer train --vocab-size 600 --input "$work/$input" --output "$work/tok-$input.json" >/dev/null
+done
+"$llmtrain" tokenizer train --vocab-size 600 --input-format text --input "$work/corpus.jsonl" --output "$work/tok-json-as-text.json" >/dev/null
+cmp "$work/tok-corpus.jsonl.json" "$work/tok-corpus.jsonl.zst.json" || fail "tokenizer train: .jsonl.zst differs from .jsonl"
+if cmp -s "$work/tok-corpus.jsonl.json" "$work/tok-json-as-text.json"; then fail "tokenizer train: JSONL was trained on as JSON text"; fi
 
 status=0
 "$llmtrain" prepare "${common[@]}" --input "$llmtrain" --output "$work/binary" 2>"$work/stderr" || status=$?

@@ -124,6 +124,16 @@ TEST(TextInput, SniffRefusesBinaryAndUtf16ButNotTextWithAFewStrayBytes) {
     EXPECT_NE(error.find("program.txt' does not look like text"), std::string::npos) << error;
 }
 
+// A few hundred bytes that decode to megabytes: the decoders hold what does not fit a read
+// and must be asked again after their input is spent.
+TEST(TextInput, HighlyCompressedTextIsReadWhole) {
+    const std::string text(5 << 20, 'a');
+    EXPECT_EQ(read_input_text(write_temp("runs.zst", zstd_of(text))), text);
+    EXPECT_EQ(read_input_text(write_temp("runs.gz", gzip_of(text))), text);
+    EXPECT_EQ(read_input_text(write_temp("padded.gz", gzip_of(text) + std::string(512, '\0'))), text);
+    EXPECT_EQ(decompress(Compression::zstd, zstd_of(text), "mem", text.size()), text);
+}
+
 TEST(TextInput, DecompressStopsAtItsLimit) {
     const std::string zeros(4 << 20, 'a');
     EXPECT_NE(error_of([&] { decompress(Compression::zstd, zstd_of(zeros), "bomb", 1 << 20); }).find("bomb': decompresses to more than 1048576 bytes"), std::string::npos);
