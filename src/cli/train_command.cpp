@@ -83,17 +83,19 @@ void print_dry_run(const Config& config, const Mesh& mesh) {
     std::printf("batch: %lld x %lld tokens x %lld micro-batches x dp %d = %lld tokens per step\n", static_cast<long long>(config.train.batch_size),
                 static_cast<long long>(config.train.seq_len), static_cast<long long>(micro_batches), mesh.dp(),
                 static_cast<long long>(config.train.batch_size * config.train.seq_len * micro_batches * mesh.dp()));
-    // The data as the run opens it: files, headers, ids against model.vocab_size, the tokenizer's hash.
-    std::printf("data: %s\n", make_batch_source(config)->describe().c_str());
     const MemoryPlan plan = largest_rank_plan(config, mesh);
     std::printf("memory plan of the largest rank: %s\n", describe(plan).c_str());
     check_memory_fits(plan, available_memory_per_rank(config, 0, 1));  // as if each rank had a node of this machine's size
     std::printf("dry run: every check passed; nothing was allocated or written\n");
 }
 
-void print_effective_config(const Config& config) {
+// --dry-run's first output: the effective config (the key reference: every key with its
+// default and description), then the data as the run opens it (files, headers, every id
+// against model.vocab_size, the tokenizer's hash against the dataset's).
+void print_effective_config_and_data(const Config& config) {
     std::printf("# Effective configuration (defaults and --set overrides applied)\n%s\n", dump_config(config).c_str());
     std::fflush(stdout);
+    std::printf("data: %s\n", make_batch_source(config)->describe().c_str());
 }
 
 // Where a run stands before anything is written: the checkpoint it starts from, and who it is.
@@ -157,7 +159,7 @@ RunStart check_run_start(const TrainArgs& args, const std::string& run_dir, cons
 void print_next_commands(const std::string& run_dir, const std::string& checkpoint) {
     const std::string target = run_dir.empty() ? checkpoint : run_dir;
     const std::string out = (std::filesystem::path(run_dir.empty() ? checkpoint : run_dir) / "hf").string();
-    log_info("next: llmtrain generate ", target, " --prompt \"...\"  |  llmtrain eval ", target, "  |  llmtrain checkpoint export ", target, " ", out);
+    log_info("next: llmtrain generate ", target, "  |  llmtrain eval ", target, "  |  llmtrain checkpoint export ", target, " ", out);
 }
 
 // The world a layout asks for: tp * pp * dp (dp = 0: 1).
@@ -294,7 +296,7 @@ int train_single_process(const TrainArgs& args, const Config& as_given) {
     Config config = as_given;
     const int ranks = layout_ranks(config.parallel);
     const Mesh mesh = make_mesh(config.parallel, ranks);
-    if (args.dry_run) print_effective_config(config);
+    if (args.dry_run) print_effective_config_and_data(config);
     if (ranks > 1 && !args.dry_run)
         fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp, ", pp ", config.parallel.pp,
              ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
@@ -372,7 +374,7 @@ int train_under_mpi(const TrainArgs& args) {
     std::optional<Config> as_given;
     check_on_every_rank(mpi, [&] { as_given.emplace(load_config(args.config_path, args.overrides)); });
     Config config = *as_given;
-    if (args.dry_run && world_rank == 0) print_effective_config(config);
+    if (args.dry_run) check_on_every_rank(mpi, [&] { if (world_rank == 0) print_effective_config_and_data(config); });
     const std::string run_dir = world_rank != 0 ? "" : args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     // Every rank knows where the run is recorded: one that fails adds its error there.
     const std::string job_run_dir = mpi.broadcast_text(0, run_dir);
