@@ -66,14 +66,14 @@ export_hf)
     saved_run
     dataset_tokenizer=$(sed -n 's/^train_path = "\(.*\)\/dataset.json".*/\1/p' "$scratch/saved/config.toml")/tokenizer.json
     [ -f "$dataset_tokenizer" ] || fail "the run's dataset has no tokenizer.json ($dataset_tokenizer)"
-    out=$scratch/hf
+    out=$scratch/hf checkpoint=$scratch/ck/step_00000004
     mkdir -p "$out" && echo "my notes" >"$out/notes.txt"
-    expect_refused "export into a non-empty directory" "output directory '$out' is not empty .*--force" "$bin" checkpoint export "$scratch/saved" "$out"
-    expect_refused "--force over a directory that is not an export" "holds no model.safetensors or config.json" "$bin" checkpoint export "$scratch/saved" "$out" --force
+    expect_refused "export into a non-empty directory" "output directory '$out' is not empty .*--force" "$bin" checkpoint export "$checkpoint" "$out"
+    expect_refused "--force over a directory that is not an export" "holds no model.safetensors or config.json" "$bin" checkpoint export "$checkpoint" "$out" --force
     [ "$(ls "$out")" = notes.txt ] || fail "the refused exports touched $out: $(ls "$out")"
     echo "ok   a non-empty output is refused without --force, and --force does not replace a directory of other files"
     rm -r "$out"
-    "$bin" checkpoint export "$scratch/saved" "$out" >"$scratch/export.out" 2>&1 || fail "export failed: $(cat "$scratch/export.out")"
+    "$bin" checkpoint export "$checkpoint" "$out" >"$scratch/export.out" 2>&1 || fail "export failed: $(cat "$scratch/export.out")"
     for file in model.safetensors config.json tokenizer.json tokenizer_config.json; do [ -s "$out/$file" ] || fail "the export has no $file"; done
     grep -q '"tokenizer_class": "PreTrainedTokenizerFast"' "$out/tokenizer_config.json" || fail "tokenizer_config.json: $(cat "$out/tokenizer_config.json")"
     grep -q '"eos_token_id"' "$out/config.json" || fail "config.json names no eos_token_id"
@@ -81,7 +81,8 @@ export_hf)
     [ "$("$bin" tokenizer encode --tokenizer "$out" --text "$text")" = "$("$bin" tokenizer encode --tokenizer "$dataset_tokenizer" --text "$text")" ] ||
         fail "the exported tokenizer.json encodes otherwise than the dataset's"
     echo "ok   the export holds $(ls "$out" | tr '\n' ' ')and its tokenizer encodes as the dataset's"
-    expect_refused "export over an earlier export without --force" "is not empty" "$bin" checkpoint export "$scratch/saved" "$out"
+    expect_refused "export over an earlier export without --force" "is not empty" "$bin" checkpoint export "$checkpoint" "$out"
+    # A run directory names its own newest checkpoint, here the same.
     "$bin" checkpoint export "$scratch/saved" "$out" --force >"$scratch/export2.out" 2>&1 || fail "export --force over the earlier export: $(cat "$scratch/export2.out")"
     ls "$out"/*.llmtrain-staging >/dev/null 2>&1 && fail "a staging directory was left"
     echo "ok   --force replaces the earlier export"

@@ -34,11 +34,11 @@ fresh_run_refused)
     "$bin" train "${config[@]}" --set train.steps=15 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$ck"\" --run-dir "$scratch/a" \
         >"$scratch/a.out" 2>&1 || fail "run A failed: $(tail -2 "$scratch/a.out")"
     before=$(listing "$ck") latest=$(cat "$ck/latest") run_a=$(run_id_of "$scratch/a")
-    [ -n "$run_a" ] || fail "run A's log.jsonl records no run id"
     "$bin" train "${config[@]}" --set train.steps=15 --set checkpoint.every_steps=2 --set checkpoint.dir=\""$ck"\" --run-dir "$scratch/b" \
         >"$scratch/b.out" 2>&1
     status=$?
     [ "$status" -eq 2 ] || fail "run B into run A's checkpoint.dir: exit $status, expected 2: $(tail -3 "$scratch/b.out")"
+    [ -n "$run_a" ] || fail "run A's log.jsonl records no run id"
     grep -q "^llmtrain: config error: checkpoint.dir '$ck' holds the checkpoints of another run (run $run_a: steps 5 to 15 .*--resume auto.*--set checkpoint.dir=DIR" \
         "$scratch/b.out" || fail "the refusal does not name the directory, run A and the flags: $(cat "$scratch/b.out")"
     [ "$(listing "$ck")" = "$before" ] && [ "$(cat "$ck/latest")" = "$latest" ] || fail "run B changed ck/: $(listing "$ck"), latest $(cat "$ck/latest")"
