@@ -378,15 +378,19 @@ int train_under_mpi(const TrainArgs& args) {
     const std::string run_dir = world_rank != 0 ? "" : args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     // Every rank knows where the run is recorded: one that fails adds its error there.
     const std::string job_run_dir = mpi.broadcast_text(0, run_dir);
-    const Mesh mesh = make_mesh(config.parallel, mpi.world_size());
-    // A global batch that this dp does not split stops every rank before the run directory exists.
-    check_on_every_rank(mpi, [&] { micro_batches_per_step(config, mesh.dp()); });
+    // A layout this world cannot hold, or a global batch its dp does not split, stops every
+    // rank before the run directory exists.
+    std::optional<Mesh> mesh;
+    check_on_every_rank(mpi, [&] {
+        mesh.emplace(make_mesh(config.parallel, mpi.world_size()));
+        micro_batches_per_step(config, mesh->dp());
+    });
     const RunRecord record = agree_on_run_record(mpi, run_dir);
     RunStart start;
     check_on_every_rank(mpi, [&] {
-        start = check_run_start(args, run_dir, record, config, mesh.dp(), world_rank == 0,
+        start = check_run_start(args, run_dir, record, config, mesh->dp(), world_rank == 0,
                                 [&](const std::optional<std::string>& run_id) { return agree_on_resume(mpi, args, config, run_id); });
-        if (args.dry_run && world_rank == 0) print_dry_run(config, mesh);
+        if (args.dry_run && world_rank == 0) print_dry_run(config, *mesh);
         if (!args.dry_run && !run_dir.empty() && config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
     });
     if (args.dry_run) return exit_ok;

@@ -64,20 +64,6 @@ std::string vocab_description(const ModelConfig& m, int64_t tp) {
     return cat(m.vocab_size, " (padded to ", padded, " rows: a multiple of tp ", tp, " x model.pad_vocab_to ", m.pad_vocab_to, ")");
 }
 
-// Why the parameters the ranks hold outnumber the model's: the vocabulary rows padded for tp,
-// and a tied embedding held by the first and the last pipeline stage. "" when they do not.
-std::string held_beyond_the_model(const ModelConfig& m, int64_t tp, int64_t pp, double held) {
-    const double model = model_parameter_count(m);
-    if (held <= model) return "";
-    const int64_t padded = m.padded_vocab_size(tp);
-    const double padding = static_cast<double>((padded - m.vocab_size) * m.d_model * (m.tied_embeddings ? 1 : 2));
-    const double tied_copy = pp > 1 && m.tied_embeddings ? static_cast<double>(padded * m.d_model) : 0;
-    std::string why;
-    if (padding > 0) why += cat(" + ", fixed(padding / 1e6, 3), "M vocabulary padding rows for tp ", tp);
-    if (tied_copy > 0) why += cat(" + ", fixed(tied_copy / 1e6, 3), "M the tied embedding's copy on the last pipeline stage");
-    return cat(" (the model's ", fixed(model / 1e6, 3), "M", why, ")");
-}
-
 // "[0, 4)", or the chunks of an interleaved stage: "[0, 2) [4, 6)".
 std::string held_layers(const ModelPartition& part) {
     std::string text;
@@ -193,7 +179,7 @@ void Trainer::log_startup() const {
     if (options_.quiet) return;
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
              " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks",
-             held_beyond_the_model(m, mesh.tp(), mesh.pp(), total_params));
+             parameters_beyond_the_model(m, mesh.tp(), mesh.pp(), total_params));
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
              ") | ", reduction_->describe(), " | comm ",
              comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers ", held_layers(part));

@@ -10,6 +10,8 @@
 #                   --force replaces an earlier export but never a directory of other files;
 #                   train.init_from reads the export back and refuses it once a byte of its
 #                   data is flipped.
+#   eval_other_format eval of a shards run on --data in another format (nanoGPT's .bin, the same
+#                   tokenizer's ids) gives bits per byte through the run's own tokenizer.
 set -u
 scenario=$1 scratch=$2 bin=$3
 shift 3
@@ -93,6 +95,17 @@ export_hf)
     expect_refused "init_from a damaged export" "model.safetensors' fails its data checksum" \
         "$bin" train "${config[@]}" --set train.steps=1 --set train.init_from=\""$out"\" --run-dir "$scratch/from-damaged"
     echo "ok   train.init_from reads the export, and refuses it once a byte of its data is flipped"
+    ;;
+eval_other_format)
+    saved_run
+    tokenizer=$(sed -n 's/^train_path = "\(.*\)\/dataset.json".*/\1/p' "$scratch/saved/config.toml")/tokenizer.json
+    head -c 200000 data/fortunes.txt >"$scratch/slice.txt"
+    "$bin" prepare --tokenizer "$tokenizer" --input "$scratch/slice.txt" --separator '\n%\n' --output-format nanogpt --output "$scratch/nano" \
+        >"$scratch/prepare.out" 2>&1 || fail "prepare --output-format nanogpt failed: $(tail -2 "$scratch/prepare.out")"
+    "$bin" eval "$scratch/saved" --data "$scratch/nano/train.bin" --format nanogpt --sequences 4 >"$scratch/eval.out" 2>&1 ||
+        fail "eval --format nanogpt failed: $(cat "$scratch/eval.out")"
+    grep -Eq "bits per byte [0-9.]+$" "$scratch/eval.out" || fail "no bits per byte: $(tail -1 "$scratch/eval.out")"
+    echo "ok   eval --format nanogpt of a shards run: $(tail -1 "$scratch/eval.out")"
     ;;
 *) fail "unknown scenario '$scenario'" ;;
 esac

@@ -238,3 +238,18 @@ TEST(MetricsExporter, AfterStepCostsMicrosecondsNotMilliseconds) {
     std::printf("after_step: %.2f us per step; one scrape: %.0f us, %zu bytes\n", per_step * 1e6, scrape * 1e6, bytes);
     EXPECT_LT(per_step, 50e-6);
 }
+
+// A TOML boolean where the choices are strings: refused as before, saying which string to write.
+TEST(MetricsConfig, EnabledTrue_IsRefusedSayingToWriteOn) {
+    const std::string base = "[model]\nfamily = \"gpt2\"\nn_layers = 1\nd_model = 32\nn_heads = 2\nvocab_size = 257\nmax_seq_len = 16\n"
+                             "[data]\ntrain_path = \"x.txt\"\n[train]\nsteps = 1\nbatch_size = 1\nseq_len = 16\n[optimizer]\nlr = 1e-3\n";
+    for (const auto& [value, word] : std::vector<std::pair<std::string, std::string>>{{"true", "on"}, {"false", "off"}}) {
+        try {
+            parse_config(base + "[metrics]\nenabled = " + value + "\n", "t.toml", {}, DataFiles::unchecked);
+            FAIL() << "metrics.enabled = " << value << " was taken";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("metrics.enabled: expected a string, got the boolean " + value + ": write \"" + word + "\""), std::string::npos)
+                << e.what();
+        }
+    }
+}
