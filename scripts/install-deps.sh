@@ -3,23 +3,31 @@
 # default. Idempotent: packages already present are left as they are.
 #
 #   install-deps.sh                         the build and test packages below
+#   install-deps.sh --build                 the build packages only: what compiling llmtrain
+#                                           needs, without its tests (the image's build stage)
 #   install-deps.sh --runtime-list BINARY   prints the packages a built llmtrain needs to run:
 #                                           those its shared libraries come from, and the tools
 #                                           the scripts run (the Dockerfile's runtime stage)
 #   install-deps.sh --packages FILE         installs the packages FILE lists, one a line
 set -euo pipefail
 runtime_tools=(openmpi-bin bash mawk)  # mpirun; scripts/llmtrain-supervise (bash, awk)
-packages=(
-  build-essential cmake ninja-build pkg-config git
-  libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev
+build_packages=(
+  build-essential cmake ninja-build pkg-config
+  libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libpcre2-dev libzstd-dev libxxhash-dev  # tokenizer regex, token shards, checksums
-  libonig-dev  # tests: the regex engine of Hugging Face's tokenizers, for split parity
   libopenmpi-dev openmpi-bin  # MPI: parallel training and `prepare`, and the tests of every layout
-  libhdf5-dev hdf5-tools  # checkpoints (serial HDF5); h5ls / h5dump read them
+  libhdf5-dev  # checkpoints (serial HDF5)
   prometheus-cpp-dev  # metrics: the /metrics exposition (prometheus-cpp core and pull)
+)
+packages=(
+  "${build_packages[@]}"
+  git libgtest-dev
+  libonig-dev  # tests: the regex engine of Hugging Face's tokenizers, for split parity
+  hdf5-tools  # h5ls / h5dump read checkpoints; the tests compare them with h5diff
   prometheus python3  # tests: a real Prometheus scrapes a run (driven by tests/e2e/metrics_checks.py); promtool checks the exposition and the scrape config
   fortunes  # the quickstart's corpus
   slurmctld slurmd slurm-client munge  # tests: a single-node Slurm runs scripts/slurm/llmtrain.sbatch
+  debootstrap debian-archive-keyring buildah podman runc  # tests: scripts/container-test.sh builds the image on a Debian 12 base and runs it (runc: podman run on hybrid cgroups)
 )
 
 # The package owning each shared library BINARY loads (merged /usr: dpkg may know a library by
@@ -44,8 +52,9 @@ runtime_list() {
 case ${1:-} in
     --runtime-list) runtime_list "${2:?--runtime-list BINARY}"; exit 0 ;;
     --packages) mapfile -t packages < <(grep -v '^ *$' "${2:?--packages FILE}") ;;
+    --build) packages=("${build_packages[@]}") ;;
     "") ;;
-    *) echo "install-deps: unknown option '$1' (--runtime-list BINARY, --packages FILE)" >&2; exit 2 ;;
+    *) echo "install-deps: unknown option '$1' (--build, --runtime-list BINARY, --packages FILE)" >&2; exit 2 ;;
 esac
 missing=()
 for p in "${packages[@]}"; do
