@@ -155,10 +155,13 @@ RunStart check_run_start(const TrainArgs& args, const std::string& run_dir, cons
     return start;
 }
 
-// The lines that use a run's checkpoints, printed when a run leaves one.
+// The lines that use a run's checkpoints, printed when a run leaves one: on its run directory
+// (its own newest checkpoint), else on the checkpoint; the export beside them, not inside a
+// checkpoint directory.
 void print_next_commands(const std::string& run_dir, const std::string& checkpoint) {
     const std::string target = run_dir.empty() ? checkpoint : run_dir;
-    const std::string out = (std::filesystem::path(run_dir.empty() ? checkpoint : run_dir) / "hf").string();
+    const std::string out = run_dir.empty() ? (std::filesystem::path("exports") / std::filesystem::path(checkpoint).filename()).string()
+                                            : (std::filesystem::path(run_dir) / "hf").string();
     log_info("next: llmtrain generate ", target, "  |  llmtrain eval ", target, "  |  llmtrain checkpoint export ", target, " ", out);
 }
 
