@@ -262,7 +262,8 @@ const std::vector<Field>& schema() {
             .describe("sequences per optimizer step over the whole job; 0: batch_size * grad_accum * dp"),
         CONFIG_KEY(train, grad_accum).integer(0, 65536)
             .describe("micro-batches per optimizer step on each dp rank; 0: global_batch_size / (batch_size * dp), or 1"),
-        CONFIG_KEY(train, eval_every).integer(0, kTrillion).describe("steps between evaluations; 0: only after the last step"),
+        CONFIG_KEY(train, eval_every).integer(0, kTrillion)
+            .describe("steps between evaluations; a fresh run also evaluates before its first step, every run after its last; 0: only those two"),
         CONFIG_KEY(train, eval_sequences).integer(1, kTrillion)
             .describe("validation sequences per evaluation: the same set whatever batch_size and the layout"),
         CONFIG_KEY(train, log_every).integer(1, kTrillion).describe("steps between log lines"),
@@ -278,7 +279,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(train, loss_scale).number(incl(1), incl(16777216)).describe("fp16: initial dynamic loss scale"),
         CONFIG_KEY(train, loss_scale_window).integer(1, kMillion).describe("fp16: steps without overflow before the loss scale doubles"),
         CONFIG_KEY(train, init_from).string()
-            .describe("Hugging Face weights to start from (step 0, fresh optimizer): a .safetensors file or a directory holding model.safetensors; empty: random initialization; a checkpoint found by --resume wins"),
+            .describe("weights to start from (step 0, fresh optimizer), verified first: a .safetensors file, a directory holding model.safetensors, "
+                      "or an llmtrain checkpoint directory; empty: random initialization; a checkpoint found by --resume wins"),
 
         CONFIG_KEY(optimizer, name).choice(kOptimizerNames)
             .describe("adamw, or onebit_adam: 1-bit Adam, AdamW for freeze_step steps, then frozen variance and the momentum all-reduced as sign bits "
@@ -591,6 +593,13 @@ struct KeyReader {
     Value operator()(const StringRule&, const toml::node& node) const { return string_of(node); }
     Value operator()(const FileRule&, const toml::node& node) const { return string_of(node); }
     Value operator()(const ChoiceRule& rule, const toml::node& node) const {
+        // A TOML boolean where the choices are the strings "on" and "off" (metrics.enabled = true):
+        // refused, as another type is, saying which string to write (a third choice, "auto", is
+        // why the key is not a boolean).
+        const auto allows = [&](const char* name) { return std::find(rule.names.begin(), rule.names.end(), std::string_view(name)) != rule.names.end(); };
+        if (node.is_boolean() && allows("on") && allows("off"))
+            reject(cat("expected a string, got the boolean ", node.as_boolean()->get() ? "true" : "false", ": write \"", node.as_boolean()->get() ? "on" : "off",
+                       "\" (allowed: ", describe(field.rule), ")"));
         const std::string value = string_of(node);
         if (std::find(rule.names.begin(), rule.names.end(), value) == rule.names.end())
             reject(cat('"', value, "\" is not a known value (allowed: ", describe(field.rule), ")"));

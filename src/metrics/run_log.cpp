@@ -33,9 +33,9 @@ std::string record_line(const std::string& event, const nlohmann::json& fields) 
 }
 }  // namespace
 
-RunLog::RunLog(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(ErrorKind::io, "cannot create '", path, "': ", std::strerror(errno));
+RunLog::RunLog(const std::string& path, bool append) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? 0 : O_EXCL) | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(ErrorKind::io, "cannot ", append ? "open" : "create", " '", path, "': ", std::strerror(errno));
 }
 
 RunLog::~RunLog() {

@@ -10,11 +10,13 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/initial_weights.h"
 #include "checkpoint/restore.h"
 #include "checkpoint/safetensors.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/generate.h"
+#include "ops/step_model.h"
 #include "optim/lr_schedule.h"
 #include "train/fault_injection.h"
 
@@ -176,7 +178,8 @@ void Trainer::log_startup() const {
         ctx_->coord().dp == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
     if (options_.quiet) return;
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
-             " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
+             " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks",
+             parameters_beyond_the_model(m, mesh.tp(), mesh.pp(), total_params));
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
              ") | ", reduction_->describe(), " | comm ",
              comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers ", held_layers(part));
@@ -313,6 +316,7 @@ SnapshotSource Trainer::snapshot_source() {
 
 Manifest Trainer::manifest_at(int64_t step) const {
     Manifest m;
+    m.run_id = options_.run_id;
     m.step = step;
     m.tokens_seen = tokens_seen_;
     m.resumes = resumes_;
@@ -322,6 +326,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.data = data_->state_at(step, ctx_->mesh.dp());
     m.monitor_state = health_->state();
     m.seed = config_.train.seed;
+    m.global_batch = static_cast<int64_t>(global_batch());
     m.world_size = ctx_->mesh.world_size();
     m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
     m.zero1 = reduction_->sharded() && ctx_->mesh.dp() > 1;
@@ -355,7 +360,7 @@ void Trainer::restore_rank_local_state(const std::string& path, const Manifest& 
 }
 
 void Trainer::load_initial_weights(const std::string& path) {
-    load_master_values([&] { load_hf_weights(path, config_.model.vocab_size, model_->parameters(), *backend_); });
+    load_master_values([&] { load_weights_to_start_from(path, config_, model_->parameters(), *backend_); });
 }
 
 // Drills. The faults land in the reduced gradients this rank updates (under ZeRO-1 its
@@ -490,7 +495,8 @@ std::string Trainer::agreed_rollback_checkpoint(int64_t offending_step, const st
     double step = -1;
     if (is_logger()) {
         const auto passed_over = [&](const std::string& why) { log_warn("rollback: ", why); };
-        if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over)) step = static_cast<double>(read_checkpoint_manifest(*path).step);
+        if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over, {}, options_.run_id))
+            step = static_cast<double>(read_checkpoint_manifest(*path).step);
     }
     step = ctx_->world->all_reduce_scalar(step, ReduceOp::max);
     if (step < 0)

@@ -77,6 +77,9 @@ struct TrainerOptions {
     // Called before a rollback: waits for a save in flight and commits it, so that the newest
     // checkpoint is on disk; empty: nothing is saved behind the trainer's back.
     std::function<void()> settle_checkpoints{};
+    // The run this process starts or continues (checkpoint/manifest.h): its checkpoints carry
+    // it, and a rollback restores only its own. Empty: the chain of a format-1 checkpoint.
+    std::string run_id{};
 };
 
 class Trainer {
@@ -121,8 +124,9 @@ public:
     // Whether every master weight is finite (the whole job agrees): an aborted run saves only then.
     bool weights_finite();
     const HealthMonitor& health() const { return *health_; }
-    // Starts from Hugging Face weights (train.init_from) in place of the random initialization:
-    // this rank's part of every parameter; step 0 and a fresh optimizer all the same.
+    // Starts from Hugging Face weights or an llmtrain checkpoint's (train.init_from,
+    // checkpoint/initial_weights.h) in place of the random initialization: this rank's part of
+    // every parameter; step 0 and a fresh optimizer all the same.
     void load_initial_weights(const std::string& path);
 
 private:
