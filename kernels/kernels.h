@@ -122,8 +122,8 @@ void launch_sum_squares(double* result, const float* x, int64_t n, void* scratch
 
 // attention.cu: causal flash attention (tensor cores, online softmax, no T x T matrix in
 // memory) on packed qkv [B*T, (H + 2*Hkv) * D], out [B*T, H*D], lse [B, H, T] fp32 (natural
-// log of the softmax denominator of each query row, scores scaled by 1/sqrt(D)). D is 32, 64 or 128.
-bool attention_supports_head_dim(int64_t D);
+// log of the softmax denominator of each query row, scores scaled by 1/sqrt(D)). D is one of
+// native_attention_head_dims (core/attention_head_dims.h).
 void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
 // dqkv overwritten (the q, k and v parts); dk and dv of a kv head sum over its query heads.
 // scratch: attention_bwd_scratch_bytes(B, T, H) bytes (rowsum(dout * out) per query row).

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 
+#include "config/config.h"
 #include "core/tensor.h"
 
 namespace llmtrain {
@@ -136,6 +137,11 @@ Shape attention_saved_shape(Device device, const AttentionShape& shape);
 // Scratch a backend allocates when it is made (CUDA: cuBLASLt's workspace); the ops' own
 // scratch grows on top of it during the first step.
 size_t reserved_workspace_bytes(Device device);
+// The scratch attention adds to that at most for `shape`: on CUDA the native backward's
+// Delta rows [B, H, T] fp32, and unless impl is native the bound of cuDNN's (its Delta rows
+// and the deterministic backward's dP tiles, B H T_64 T_128 16-bit, with T rounded up to 64
+// and 128 as its tiles), which the memory plan counts whether or not cuDNN loads.
+size_t attention_workspace_bytes(Device device, AttentionImpl impl, const AttentionShape& shape);
 
 // Memory free for a run on this machine: the host's MemAvailable (/proc/meminfo), and the
 // free memory of CUDA device `device_index` modulo the devices seen. The CUDA functions
@@ -172,6 +178,9 @@ public:
     virtual size_t peak_memory_bytes() const { return 0; }
     // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
     virtual double peak_bf16_tflops() const { return 0; }
+    // Which kernels run attention at this shape, and how ("native flash kernels", or cuDNN's
+    // engines with their notes and workspace), planning it if it was not yet.
+    virtual std::string describe_attention(const AttentionShape& /*shape*/, DType /*dtype*/) { return "native"; }
     // Per-op timing in profile(): always on for the CPU (wall clock); on CUDA, event pairs
     // recorded only while profiling is on (off by default: a training step records no event
     // per op; bench turns it on for its time breakdown).
@@ -278,10 +287,11 @@ void fill_rope_table(const Tensor& table, double theta);
 // means every core.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 
-// The CUDA backend on GPU `device_index` (the node-local rank picks it under mpirun).
-// Throws an unsupported error naming the cause when this build has no CUDA, or the machine
-// no driver or GPU.
-std::unique_ptr<Backend> make_cuda_backend(int device_index);
+// The CUDA backend on GPU `device_index` (the node-local rank picks it under mpirun), its
+// attention by `attention` (config.h's model.attention). Throws an unsupported error naming
+// the cause when this build has no CUDA, the machine no driver or GPU, or attention is
+// cudnn and libcudnn cannot be loaded.
+std::unique_ptr<Backend> make_cuda_backend(int device_index, AttentionImpl attention = AttentionImpl::automatic);
 bool cuda_backend_built();
 
 // The libraries under the backends, for `--version`: "CUDA runtime 12.4 (driver 12.6)" or

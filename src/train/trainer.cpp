@@ -92,7 +92,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     check_optimizer_layout(config_.optimizer, config_.parallel, ctx.mesh.dp());
     if (!is_logger()) options_.quiet = true;
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
-    else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank);
+    else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank, config_.model.attention);
     else backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
     comms_ = std::make_unique<TrainingComms>(config_, *ctx_, *backend_, options_.device_comms);
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);

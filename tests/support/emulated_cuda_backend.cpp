@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/attention_head_dims.h"
+
 namespace llmtrain::test {
 
 namespace {
@@ -168,7 +170,7 @@ public:
         const char* op = "attention_fwd";
         expect_half(op, "out", out); expect_half(op, "qkv", qkv); expect_f32(op, "saved", saved);
         if (saved.shape() != attention_saved_shape(s)) refuse(op, "saved", cat("has shape ", saved.shape().str()));
-        if (s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128) refuse(op, "qkv", cat("has head_dim ", s.head_dim, "; the flash kernels take 32, 64 or 128"));
+        if (!native_attention_takes(s.head_dim)) refuse(op, "qkv", cat("has head_dim ", s.head_dim, "; the flash kernels take ", native_attention_head_dims_text()));
         const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
         cpu_->attention_fwd(result, probs, q, s);
         store(out, result);

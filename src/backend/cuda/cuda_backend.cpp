@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda_host_rules.h"
+#include "backend/cudnn/cudnn_attention.h"
 #include "core/log.h"
 #include "kernels/launch_check.h"
 
@@ -22,7 +24,7 @@ void check_cuda(cudaError_t status, const char* what) {
 
 bool cuda_backend_built() { return true; }
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+std::unique_ptr<Backend> make_cuda_backend(int device_index, AttentionImpl attention) { return std::make_unique<CudaBackend>(device_index, attention); }
 
 namespace {
 // A driver older than the runtime this binary was built with fails at the first kernel
@@ -71,7 +73,7 @@ size_t cuda_free_memory_bytes(int device_index) {
 
 // Device selection: the node-local rank modulo the GPUs seen (CUDA_VISIBLE_DEVICES may
 // give each rank one GPU, which is then device 0).
-CudaBackend::CudaBackend(int device_index) {
+CudaBackend::CudaBackend(int device_index, AttentionImpl attention) : attention_impl_(attention) {
     sync_check_ = cuda_sync_check_requested(std::getenv("LLMTRAIN_CUDA_CHECK"));
     device_index_ = device_index % cuda_device_count();
     check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
@@ -90,10 +92,28 @@ CudaBackend::CudaBackend(int device_index) {
     cublas_workspace_ = allocate(kCublasWorkspaceBytes);
     gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace_.get(), kCublasWorkspaceBytes);
     sum_result_ = allocate(sizeof(double));
+    open_cudnn();
+}
+
+// model.attention = "auto" says once per process which kernels it got; "cudnn" without a
+// loadable libcudnn is a configuration the run cannot honour.
+void CudaBackend::open_cudnn() {
+    if (attention_impl_ == AttentionImpl::native) return;
+    std::string why_not;
+    cudnn_ = CudnnAttention::open(stream_, why_not);
+    static bool said = false;
+    if (cudnn_) {
+        if (!std::exchange(said, true)) log_info("attention: ", cudnn_->describe(), " fused flash attention, deterministic engines (model.attention = \"",
+                                                 attention_impl_name(attention_impl_), "\")");
+        return;
+    }
+    if (attention_impl_ == AttentionImpl::cudnn) fail(ErrorKind::unsupported, "model.attention = \"cudnn\": ", why_not);
+    if (!std::exchange(said, true)) log_info("attention: native flash kernels (model.attention = \"auto\": ", why_not, ")");
 }
 
 CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(stream_);
+    cudnn_.reset();
     for (const PendingOp& p : pending_) {
         cudaEventDestroy(p.start);
         cudaEventDestroy(p.stop);

@@ -9,6 +9,10 @@
 // Profile: while set_profiling(true), each op is bracketed by a pair of CUDA events;
 // synchronize() turns the pairs into per-op GPU seconds in profile(). Off by default.
 //
+// Attention: cuDNN's fused flash attention (backend/cudnn) where model.attention allows it,
+// libcudnn loads and cuDNN plans the shape; else the native kernels (kernels/attention.cu).
+// The choice is per shape and the same for forward and backward.
+//
 // LLMTRAIN_CUDA_CHECK=sync (cuda_host_rules.h): every op ends with a stream synchronize and
 // an error check, so an asynchronous fault is reported with the op that caused it.
 #pragma once
@@ -27,10 +31,11 @@
 namespace llmtrain {
 
 class CublasLtMatmul;
+class CudnnAttention;
 
 class CudaBackend final : public Backend {
 public:
-    explicit CudaBackend(int device_index);
+    CudaBackend(int device_index, AttentionImpl attention);
     ~CudaBackend() override;
     CudaBackend(const CudaBackend&) = delete;
     CudaBackend& operator=(const CudaBackend&) = delete;
@@ -47,6 +52,7 @@ public:
     void set_profiling(bool on) override { profiling_ = on; }
     size_t peak_memory_bytes() const override { return peak_allocated_bytes_; }
     double peak_bf16_tflops() const override;
+    std::string describe_attention(const AttentionShape& shape, DType dtype) override;
 
     void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) override;
     void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) override;
@@ -84,6 +90,10 @@ private:
     void* workspace(size_t bytes);
     cudaEvent_t take_event();
     void resolve_profile();
+    void open_cudnn();
+    // Whether cuDNN runs attention at this shape (planning it on the first ask); refuses a
+    // shape cuDNN cannot plan when model.attention = "cudnn".
+    bool cudnn_runs(const AttentionShape& shape, DType dtype, const char* op);
 
     int device_index_;
     std::string device_name_;
@@ -95,6 +105,8 @@ private:
     size_t workspace_size_ = 0;
     size_t allocated_bytes_ = 0, peak_allocated_bytes_ = 0;
     Memory sum_result_;  // one device double for sum_squares
+    AttentionImpl attention_impl_;
+    std::unique_ptr<CudnnAttention> cudnn_;  // null: the native kernels only
     bool profiling_ = false;
     bool sync_check_ = false;
     struct PendingOp {

@@ -3,13 +3,18 @@
 #include <cmath>
 #include <exception>
 #include <initializer_list>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda_host_rules.h"
+#include "backend/cudnn/cudnn_attention.h"
 #include "backend/op_checks.h"
+#include "core/attention_head_dims.h"
 #include "kernels/kernels.h"
+#include "core/log.h"
 #include "kernels/launch_check.h"
 
 namespace llmtrain {
@@ -355,30 +360,60 @@ void expect_attention_aligned(const char* op, std::initializer_list<std::pair<co
     expect_aligned(op, "saved", saved.raw(), 0, static_cast<int>(sizeof(float)));
 }
 
-void expect_attention(const char* op, const AttentionShape& s) {
+void expect_head_groups(const char* op, const AttentionShape& s) {
     if (s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0)
         fail(ErrorKind::shape, op, ": ", s.n_heads, " query heads do not group evenly over ", s.n_kv_heads, " key/value heads");
-    if (!kernels::attention_supports_head_dim(s.head_dim))
-        fail(ErrorKind::unsupported, op, ": head_dim ", s.head_dim, "; the flash-attention kernels take 32, 64 or 128 (model.d_model / model.n_heads)");
+}
+
+void expect_native_head_dim(const char* op, const AttentionShape& s) {
+    if (!native_attention_takes(s.head_dim))
+        fail(ErrorKind::unsupported, op, ": head_dim ", s.head_dim, "; the flash-attention kernels take ", native_attention_head_dims_text(), " (model.d_model / model.n_heads)");
 }
 }  // namespace
+
+// cuDNN where it plans the shape (and is wanted), else the native kernels; the same choice
+// for forward and backward, whose saved tensor (the log-sum-exp rows) both share.
+bool CudaBackend::cudnn_runs(const AttentionShape& s, DType dtype, const char* op) {
+    if (!cudnn_) return false;
+    const CudnnAttentionReport& report = cudnn_->plan(s, dtype);
+    if (report.planned) return true;
+    if (attention_impl_ == AttentionImpl::cudnn) fail(ErrorKind::unsupported, op, ": model.attention = \"cudnn\", but cuDNN cannot run ", report.failure);
+    static std::set<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>> told;
+    if (told.insert({s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim}).second)
+        log_info("attention: cuDNN cannot run ", report.failure, "; the native kernels run this shape");
+    return false;
+}
+
+std::string CudaBackend::describe_attention(const AttentionShape& s, DType dtype) {
+    if (!cudnn_) return cat("native flash kernels (model.attention = \"", attention_impl_name(attention_impl_), "\")");
+    const CudnnAttentionReport& r = cudnn_->plan(s, dtype);
+    if (!r.planned) return cat("native flash kernels: cuDNN cannot run ", r.failure);
+    return cat(cudnn_->describe(), ", graphs with ", r.mask_form, ": forward engine ", r.forward.global_index, " (", r.forward.notes_text(), ", from ",
+               r.forward.found_by, "), backward engine ", r.backward.global_index, " (", r.backward.notes_text(), ", from ", r.backward.found_by,
+               "), workspace ", fixed(static_cast<double>(r.workspace_bytes) / 1e6, 1), " MB");
+}
 
 void CudaBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) {
     CudaOpScope scope(*this, Op::attention_fwd);
     const char* op = scope.name();
-    expect_attention(op, s);
+    expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
     expect(op, "out", out, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
     expect_attention_aligned(op, {{"qkv", &qkv}, {"out", &out}}, saved);
+    if (cudnn_runs(s, qkv.dtype(), op)) {
+        void* scratch = workspace(cudnn_->plan(s, qkv.dtype()).workspace_bytes);
+        return cudnn_->forward(s, qkv.dtype(), out.raw(), ptr<float>(saved), qkv.raw(), scratch);
+    }
+    expect_native_head_dim(op, s);
     kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, stream_);
 }
 
 void CudaBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& s) {
     CudaOpScope scope(*this, Op::attention_bwd);
     const char* op = scope.name();
-    expect_attention(op, s);
+    expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
     expect(op, "dqkv", dqkv, {s.rows(), s.qkv_width()}, qkv.dtype());
@@ -386,6 +421,11 @@ void CudaBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Te
     expect(op, "dout", dout, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
     expect_attention_aligned(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, saved);
+    if (cudnn_runs(s, qkv.dtype(), op)) {
+        void* scratch = workspace(cudnn_->plan(s, qkv.dtype()).workspace_bytes);
+        return cudnn_->backward(s, qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), scratch);
+    }
+    expect_native_head_dim(op, s);
     void* scratch = workspace(kernels::attention_bwd_scratch_bytes(s.batch, s.seq_len, s.n_heads));
     kernels::launch_attention_bwd(t, dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), s.batch, s.seq_len, s.n_heads, s.n_kv_heads,
                                   s.head_dim, scratch, stream_);
