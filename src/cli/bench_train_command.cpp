@@ -106,6 +106,21 @@ void print_top_ops(const OpProfile& profile, int top) {
     }
 }
 
+// Attention's share of the profiled step as TFLOP/s (FlashAttention's convention: forward
+// 4 B H T^2 D / 2, causal half of the score square; backward 2.5 x forward), and which
+// kernels ran it.
+void print_attention_rate(const Config& config, const Mesh& mesh, Backend& backend, DType dtype, const OpProfile& profile) {
+    const int64_t tp = mesh.tp();
+    const AttentionShape s{config.train.batch_size, config.train.seq_len, config.model.n_heads / tp, config.model.n_kv_heads / tp, config.model.head_dim()};
+    const double forward = 4.0 * static_cast<double>(s.batch * s.n_heads) * static_cast<double>(s.seq_len * s.seq_len) * static_cast<double>(s.head_dim) / 2;
+    const auto rate = [&profile](Op op, double flops_per_call) {
+        const auto i = static_cast<size_t>(op);
+        return profile.seconds[i] > 0 ? flops_per_call * static_cast<double>(profile.calls[i]) / profile.seconds[i] / 1e12 : 0.0;
+    };
+    std::printf("attention: forward %.1f TFLOP/s, backward %.1f TFLOP/s (FLOPs: forward 4*B*H*T^2*D/2, causal half; backward 2.5 x forward); %s\n",
+                rate(Op::attention_fwd, forward), rate(Op::attention_bwd, 2.5 * forward), backend.describe_attention(s, dtype).c_str());
+}
+
 int run_bench_train(const BenchTrainArgs& args) {
     MpiSession mpi;
     Config config = load_config(args.config_path, args.overrides, DataFiles::unchecked);
@@ -160,6 +175,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     std::printf("%-26s %.1f MB (%s)\n", "peak memory", (device_peak > 0 ? device_peak : peak_host_rss_bytes()) / 1e6,
                 device_peak > 0 ? "device, allocated by this run" : "host resident set");
     print_top_ops(profile, args.top_ops);
+    print_attention_rate(trainer.config(), ctx.mesh, backend, trainer.compute_dtype(), profile);
     if (!args.calibration_path.empty()) {
         const ComputeCalibration c = calibrate(trainer.config(), ctx.mesh, load_cluster(args.cluster_path), profile, step_seconds);
         write_calibration(args.calibration_path, c);

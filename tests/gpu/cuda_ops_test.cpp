@@ -1295,3 +1295,135 @@ TEST_F(CudaDeterminism, SumSquares_TwoRunsAreBitwiseEqual) {
     EXPECT_EQ(first, second);
     EXPECT_GT(first, 0.0);
 }
+
+// ---- cuDNN's fused attention (model.attention = "cudnn") ----
+// The same checks as the native kernels' against the CPU reference and the double-precision
+// log-sum-exps, at head dims 64 and 128, with and without grouped-query heads; then against
+// the native kernels themselves, and bitwise across two runs. Skipped where libcudnn cannot
+// be loaded (a GPU without it, the CUDA emulation).
+
+namespace {
+
+const std::vector<AttentionShape> kCudnnShapes = {
+    {2, 64, 4, 4, 64},    // MHA, head dim 64
+    {2, 128, 8, 2, 64},   // GQA 4:1
+    {1, 100, 4, 1, 64},   // MQA, a partial tile
+    {2, 128, 4, 4, 128},  // head dim 128
+    {1, 256, 8, 2, 128},  // GQA at 128
+};
+
+class CudnnOps : public CudaOps {
+protected:
+    AttentionImpl attention() const override { return AttentionImpl::cudnn; }
+    // cudnn refuses a shape it cannot plan, so a test that ran used cuDNN; the description
+    // names the engines for the log.
+    void expect_cudnn_runs(const AttentionShape& s, DType dt) {
+        const std::string how = gpu().describe_attention(s, dt);
+        EXPECT_EQ(how.rfind("cuDNN", 0), 0u) << how;
+        std::printf("%s %s: %s\n", describe(s).c_str(), dtype_name(dt), how.c_str());
+    }
+};
+
+class CudnnDeterminism : public CudaDeterminism {
+protected:
+    AttentionImpl attention() const override { return AttentionImpl::cudnn; }
+};
+
+}  // namespace
+
+TEST_F(CudnnOps, AttentionFwd_Bf16_MatchesCpuAtHeadDims64And128WithAndWithoutGqa) {
+    for (size_t i = 0; i < kCudnnShapes.size(); ++i) {
+        expect_cudnn_runs(kCudnnShapes[i], bf16);
+        attention_fwd_case(bf16, kCudnnShapes[i], 6100 + 10 * i);
+    }
+}
+
+TEST_F(CudnnOps, AttentionFwd_F16_MatchesCpuAtHeadDims64And128WithAndWithoutGqa) {
+    for (size_t i = 0; i < kCudnnShapes.size(); ++i) attention_fwd_case(f16, kCudnnShapes[i], 6200 + 10 * i);
+}
+
+TEST_F(CudnnOps, AttentionBwd_Bf16_MatchesCpuAtHeadDims64And128WithAndWithoutGqa) {
+    for (size_t i = 0; i < kCudnnShapes.size(); ++i) attention_bwd_case(bf16, kCudnnShapes[i], 6300 + 10 * i);
+}
+
+TEST_F(CudnnOps, AttentionBwd_F16_MatchesCpuAtHeadDims64And128WithAndWithoutGqa) {
+    for (size_t i = 0; i < kCudnnShapes.size(); ++i) attention_bwd_case(f16, kCudnnShapes[i], 6400 + 10 * i);
+}
+
+// Both implementations save the same log-sum-exp rows: each one's backward may follow the
+// other's forward, and their results agree within the 16-bit tolerance.
+TEST_F(CudnnOps, AttentionFwdBwd_MatchTheNativeKernelsAndShareTheSavedRows) {
+    std::unique_ptr<Backend> native;
+    make_cuda_backend_or_skip(native, AttentionImpl::native);
+    if (!native) return;
+    for (const AttentionShape& s : {AttentionShape{2, 128, 8, 2, 64}, AttentionShape{1, 192, 4, 4, 128}}) {
+        SCOPED_TRACE(describe(s));
+        const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 6500, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 6501);
+        const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
+        struct Run {
+            OwnedTensor out, saved, dqkv;
+        };
+        const auto run = [&](Backend& be) {
+            Run r{device_tensor(be, bf16, {s.rows(), s.out_width()}), device_tensor(be, f32, be.attention_saved_shape(s)),
+                  device_tensor(be, bf16, {s.rows(), s.qkv_width()})};
+            be.attention_fwd(r.out, r.saved, g_qkv, s);
+            be.attention_bwd(r.dqkv, g_dout, g_qkv, r.out, r.saved, s);
+            be.synchronize();
+            return r;
+        };
+        const Run c = run(gpu()), n = run(*native);
+        const std::vector<double> c_out = download(gpu(), c.out), n_out = download(*native, n.out);
+        expect_matches("out", c_out, n_out, attention_tolerance(bf16));
+        expect_matches("lse", download(gpu(), c.saved), download(*native, n.saved), f32_sum_tolerance);
+        const std::vector<double> c_d = download(gpu(), c.dqkv), n_d = download(*native, n.dqkv);
+        expect_matches("dqkv", c_d, n_d, attention_tolerance(bf16), {1e-2 * max_abs(n_d), false});
+        // cuDNN's backward from the native forward's saved rows gives cuDNN's own result.
+        const OwnedTensor cross = device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()});
+        gpu().attention_bwd(cross, g_dout, g_qkv, n.out, n.saved, s);
+        expect_matches("dqkv after the native forward", download(gpu(), cross), n_d, attention_tolerance(bf16), {1e-2 * max_abs(n_d), false});
+    }
+}
+
+TEST_F(CudnnDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
+    for (const AttentionShape& s : {AttentionShape{2, 256, 4, 2, 64}, AttentionShape{1, 256, 8, 2, 128}}) {
+        SCOPED_TRACE(describe(s));
+        const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 6600, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 6601);
+        const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
+        const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
+        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        expect_two_runs_identical([&] {
+            std::vector<OwnedTensor> g;
+            g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}));
+            gpu().attention_bwd(g[0], g_dout, g_qkv, g_out, g_saved, s);
+            return g;
+        });
+    }
+}
+
+// Where libcudnn cannot be loaded, model.attention = "auto" runs the native kernels and says
+// so, and "cudnn" is refused naming the library and where to point the loader.
+TEST(CudaAttentionChoice, WithoutLibcudnn_AutoRunsTheNativeKernelsAndCudnnIsRefused) {
+    const char* before = std::getenv("LLMTRAIN_CUDNN_LIBRARY");
+    const std::string saved = before ? before : "";
+    setenv("LLMTRAIN_CUDNN_LIBRARY", "/nonexistent/libcudnn.so.9", 1);
+    std::unique_ptr<Backend> automatic;
+    make_cuda_backend_or_skip(automatic, AttentionImpl::automatic);
+    if (automatic) {
+        const AttentionShape s{1, 16, 2, 2, 64};
+        EXPECT_EQ(automatic->describe_attention(s, bf16).rfind("native flash kernels", 0), 0u) << automatic->describe_attention(s, bf16);
+        const OwnedTensor g_qkv = to_device(*automatic, random_input(bf16, {s.rows(), s.qkv_width()}, 6700), bf16);
+        const OwnedTensor g_out = device_tensor(*automatic, bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(*automatic, f32, automatic->attention_saved_shape(s));
+        automatic->attention_fwd(g_out, g_saved, g_qkv, s);
+        EXPECT_GT(max_abs(download(*automatic, g_out)), 0.0);
+        try {
+            make_cuda_backend(0, AttentionImpl::cudnn);
+            ADD_FAILURE() << "model.attention = \"cudnn\" was accepted without libcudnn";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+            EXPECT_NE(std::string(e.what()).find("model.attention = \"cudnn\": /nonexistent/libcudnn.so.9 (cuDNN) cannot be loaded"), std::string::npos)
+                << e.what();
+        }
+    }
+    if (before) setenv("LLMTRAIN_CUDNN_LIBRARY", saved.c_str(), 1);
+    else unsetenv("LLMTRAIN_CUDNN_LIBRARY");
+}
