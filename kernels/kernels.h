@@ -120,6 +120,20 @@ void launch_adamw(float* param, const float* grad, float* m, float* v, void* cop
 size_t sum_squares_scratch_bytes(int64_t n);
 void launch_sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaStream_t stream);
 
+// *total (device, double) += scale * sum over the ranges of x_i^2 (squares) or x_i, in a fixed
+// order: the gradient norm over many parameter runs, or a micro-batch's loss, without a host
+// read. At most max_pieces ranges per launch; first_block is the launcher's to fill.
+// scratch: reduce_into_scratch_bytes(pieces).
+struct ReducePieces {
+    static constexpr int max_pieces = 48;
+    const float* x[max_pieces];
+    int64_t n[max_pieces];
+    int64_t first_block[max_pieces + 1];
+    int count;
+};
+size_t reduce_into_scratch_bytes(const ReducePieces& pieces);
+void launch_reduce_into(double* total, ReducePieces pieces, bool squares, double scale, void* scratch, cudaStream_t stream);
+
 // attention.cu: causal flash attention (tensor cores, online softmax, no T x T matrix in
 // memory) on packed qkv [B*T, (H + 2*Hkv) * D], out [B*T, H*D], lse [B, H, T] fp32 (natural
 // log of the softmax denominator of each query row, scores scaled by 1/sqrt(D)). D is one of

@@ -11,7 +11,8 @@
 //  - An optional tensor is passed as an empty Tensor() when absent.
 //  - Every tensor lives in the backend's memory (device()): allocate() gives it, and
 //    copy_from_host / copy_to_host move data across. Ops are enqueued in order on one stream;
-//    copy_to_host and sum_squares wait for what they read, synchronize() for everything.
+//    copy_to_host and sum_squares wait for what they read, synchronize() for everything;
+//    each such wait counts in profile().host_syncs.
 //  - Mixed precision (CUDA): activations and the weights used for compute are 16-bit, while
 //    parameter gradients, norm statistics, attention's saved values, losses and AdamW's
 //    master weights and moments are f32. The CPU computes everything in one dtype (f32/f64).
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "core/tensor.h"
@@ -35,7 +37,7 @@ namespace llmtrain {
     X(attention_bwd) X(rope_fwd) X(rope_bwd) X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd)   \
     X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(logits_row_max) X(xent_partial)   \
     X(xent_combine) X(adamw) X(sum_squares) X(fill_zero) X(copy) X(matmul_gelu_fwd)        \
-    X(gelu_matmul_bwd)
+    X(gelu_matmul_bwd) X(accumulate_sum) X(accumulate_sum_squares)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -116,10 +118,13 @@ struct GeluMatmulBwd {
     Tensor w;           // [OC, IC]
 };
 
-// Seconds and calls per op, accumulated since the last reset.
+// Seconds and calls per op, accumulated since the last reset, and the host synchronizations:
+// every time the host waited for the device (copy_to_host, synchronize, a workspace that had
+// to grow), counted whether or not per-op timing is on.
 struct OpProfile {
     std::array<double, op_count> seconds{};
     std::array<int64_t, op_count> calls{};
+    int64_t host_syncs = 0;
     double total_seconds() const;
     double gemm_seconds() const;
     void reset() { *this = OpProfile{}; }
@@ -261,8 +266,14 @@ public:
     // param, grad, m, v in one dtype (the master weights'); param_copy (optional) receives the
     // updated values in the compute dtype (bf16/f16 weights for the next forward).
     virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) = 0;
-    // Sum of squares of every element, accumulated in double.
+    // Sum of squares of every element, accumulated in double (a host read: a synchronization).
     virtual double sum_squares(const Tensor& x) = 0;
+    // total (f64 [1], in this backend's memory) += scale * the sum of x's elements, in a fixed
+    // order: a micro-batch's mean loss added on the device, read once per step.
+    virtual void accumulate_sum(const Tensor& total, const Tensor& x, double scale) = 0;
+    // total (f64 [1]) += the sum of squares of every element of every piece, pieces in order,
+    // in one pass where the device can: the gradient norm of many parameter runs.
+    virtual void accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) = 0;
     virtual void fill_zero(const Tensor& x) = 0;
     // out = in, same element count (they must not overlap); a dtype change converts (f32 to
     // bf16/f16 rounds to nearest even).

@@ -141,7 +141,12 @@ int run_bench_train(const BenchTrainArgs& args) {
     for (int i = 0; i < args.warmup; ++i) trainer.train_step(step++);
     backend.set_profiling(false);
     double seconds = 0;
-    for (int i = 0; i < args.steps; ++i) seconds += trainer.train_step(step++).step_seconds;
+    int64_t host_syncs = 0;
+    for (int i = 0; i < args.steps; ++i) {
+        const StepRecord s = trainer.train_step(step++);
+        seconds += s.step_seconds;
+        host_syncs += s.rank.host_syncs;
+    }
     backend.set_profiling(true);
     backend.profile().reset();
     trainer.train_step(step++);
@@ -163,6 +168,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     std::printf("timed: %d steps after %d warm-up steps, synthetic tokens\n", args.steps, args.warmup);
     std::printf("%-26s %.2f\n", "ms/step", step_seconds * 1e3);
     std::printf("%-26s %.0f\n", "tokens/s", tokens_per_second);
+    std::printf("%-26s %.1f (times the host waited for the device; rank 0)\n", "host syncs per step", static_cast<double>(host_syncs) / args.steps);
     std::printf("%-26s %.3g (%.3g per device)\n", "model TFLOP/s", tflops, per_device);
     std::printf("%-26s 6N + 12*L*H*Q*T = %.3g FLOPs per token (PaLM; N = all parameters)\n", "FLOPs formula", flops_per_token);
     if (peak > 0)

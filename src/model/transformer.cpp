@@ -270,6 +270,7 @@ void TransformerLayout::plan_activations() {
     const int64_t up_width = is_llama() ? 2 * F : F;
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
     rope_table_ = arena_.reserve("rope_table", stat_dtype_, {config_.max_seq_len, config_.head_dim()});
+    loss_sum_ = arena_.reserve("loss_sum", DType::f64, {1});
     if (part_.recompute == Recompute::full) shared_layer_ = reserve_layer("recompute", true);
     if (part_.recompute == Recompute::selective) {
         shared_layer_.norm1 = reserve_norm("recompute.norm1");
@@ -433,6 +434,12 @@ void Transformer::norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& d
 }
 
 double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
+    forward_pass(set, tokens, targets, batch, seq_len);
+    const ActivationSet& a = sets_.at(static_cast<size_t>(set));
+    return a.heads && a.has_targets ? mean_loss(a) : std::numeric_limits<double>::quiet_NaN();
+}
+
+void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
     if (batch < 1 || batch > max_batch_ || seq_len < 1 || seq_len > max_seq_len_)
         fail(ErrorKind::shape, "forward: batch ", batch, " x seq_len ", seq_len, " outside the planned ", max_batch_, " x ", max_seq_len_);
     ActivationSet& a = sets_.at(static_cast<size_t>(set));
@@ -450,11 +457,11 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
         computing(pass, position++);
         layer_fwd(a, l);
     }
-    if (!a.heads) return std::numeric_limits<double>::quiet_NaN();
-    a.has_targets = !targets.empty();
+    a.has_targets = a.heads && !targets.empty();
+    if (!a.heads) return;
     if (a.has_targets) load_ids("targets", a.targets, targets);
     computing(pass, position);
-    return head_and_loss(a);
+    head_and_loss(a);
 }
 
 // Each tp rank embeds the tokens of its vocabulary slice (zero rows for the others) and
@@ -466,10 +473,10 @@ void Transformer::embed(const ActivationSet& a, int64_t first_position) {
     reduce_rows(partial, a.residual.front());
 }
 
-double Transformer::head_and_loss(ActivationSet& a) {
+void Transformer::head_and_loss(ActivationSet& a) {
     norm_fwd(a.norm_f, local_rows(a.residual.back()), norm_f_w_, norm_f_b_);
     backend_.matmul_fwd(rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_), Tensor());
-    if (!a.has_targets) return std::numeric_limits<double>::quiet_NaN();
+    if (!a.has_targets) return;
     if (!tp_) {
         backend_.xent_fwd(rows(a.losses), rows(a.lse), rows(a.logits), rows(a.targets), vocab_shard());
     } else {
@@ -479,7 +486,7 @@ double Transformer::head_and_loss(ActivationSet& a) {
         tp_->all_reduce(rows(a.xent_partial), ReduceOp::sum);
         backend_.xent_combine(rows(a.losses), rows(a.lse), rows(a.xent_partial), rows(a.row_max));
     }
-    return mean_loss(a);
+    backend_.accumulate_sum(loss_sum(), rows(a.losses), 1.0 / static_cast<double>(batch_ * seq_len_));
 }
 
 void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {

@@ -196,6 +196,7 @@ protected:
 
     Arena arena_;
     Arena::Slot rope_table_;
+    Arena::Slot loss_sum_;
     LayerSlots shared_layer_;  // recomputation's scratch (unused with Recompute::none)
     std::vector<ActivationSet> sets_;  // chunk by chunk
     std::vector<int64_t> chunk_first_set_;
@@ -215,9 +216,16 @@ public:
 
     // Runs this part of the model on activation set `set`. tokens (i32 [batch * seq_len],
     // sequences back to back) are read by the first stage, targets by the last one (empty:
-    // logits only). A stage without the embedding reads hidden_in(set). Returns the mean loss
-    // on the last stage with targets, NaN otherwise.
+    // logits only). A stage without the embedding reads hidden_in(set). On the last stage
+    // with targets the mean loss is added to loss_sum() on the device; nothing is read back.
+    void forward_pass(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len);
+    // forward_pass, then the mean loss read to the host (a host synchronization) on the last
+    // stage with targets, NaN otherwise: evaluation and tools, not the training step.
     double forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len);
+    // The sum of the mean losses of the forwards since reset_loss_sum(): f64 [1] in the
+    // backend's memory (the training step's, read once when the step closes).
+    Tensor loss_sum() const { return arena_.tensor(loss_sum_); }
+    void reset_loss_sum() { backend_.fill_zero(loss_sum()); }
     // Accumulates d(loss_scale * mean loss)/d(parameters) of set's last forward into the
     // parameter gradients. A stage without the head first reads grad_output(); a stage
     // without the embedding leaves d(loss)/d(input) in grad_input(). Overwrites the logits.
@@ -303,7 +311,8 @@ private:
 
     // Positions start at first_position (decoding: the cache's length).
     void embed(const ActivationSet& a, int64_t first_position = 0);
-    double head_and_loss(ActivationSet& a);
+    // The final norm, the head and (with targets) the loss, its mean added to loss_sum().
+    void head_and_loss(ActivationSet& a);
     void head_backward(const ActivationSet& a, double loss_scale);
     void norm_fwd(const NormSlots& slots, const Tensor& x, ParamSpan w, ParamSpan b);
     // dx = d(norm)/dx^T dout (or dx += that); accumulates the norm's parameter gradients.

@@ -16,6 +16,10 @@ namespace llmtrain {
 
 namespace {
 const size_t kCublasWorkspaceBytes = reserved_workspace_bytes(Device::cuda);
+// Pinned staging: enough buffers that the one a copy takes has long completed (a step's
+// micro-batches take two each: tokens, targets), each up to this size.
+constexpr size_t kStagingSlots = 16;
+constexpr size_t kStagingMaxBytes = 16u << 20;
 }  // namespace
 
 void check_cuda(cudaError_t status, const char* what) {
@@ -119,6 +123,10 @@ CudaBackend::~CudaBackend() {
         cudaEventDestroy(p.stop);
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (StagingSlot& slot : staging_) {
+        if (slot.host) cudaFreeHost(slot.host);
+        if (slot.copied) cudaEventDestroy(slot.copied);
+    }
     gemm_.reset();
     if (stream_) cudaStreamDestroy(stream_);
 }
@@ -157,19 +165,54 @@ Memory CudaBackend::allocate(size_t bytes) {
 
 void CudaBackend::copy_from_host(const Tensor& dst, const void* src) {
     if (dst.device() != Device::cuda) fail(ErrorKind::unsupported, "copy_from_host: destination is in ", llmtrain::device_name(dst.device()), " memory");
-    if (dst.numel() > 0) check_cuda(cudaMemcpyAsync(dst.raw(), src, dst.bytes(), cudaMemcpyHostToDevice, stream_), "copy_from_host");
-    // Pageable host memory: the call returns once the source is staged, so it may be reused.
+    if (dst.numel() == 0) return;
+    if (dst.bytes() > kStagingMaxBytes) {
+        // Pageable host memory: the call returns once the source is staged, so it may be reused.
+        check_cuda(cudaMemcpyAsync(dst.raw(), src, dst.bytes(), cudaMemcpyHostToDevice, stream_), "copy_from_host");
+        return;
+    }
+    StagingSlot& slot = staging_slot(dst.bytes());
+    std::memcpy(slot.host, src, dst.bytes());
+    check_cuda(cudaMemcpyAsync(dst.raw(), slot.host, dst.bytes(), cudaMemcpyHostToDevice, stream_), "copy_from_host");
+    check_cuda(cudaEventRecord(slot.copied, stream_), "copy_from_host");
+}
+
+CudaBackend::StagingSlot& CudaBackend::staging_slot(size_t bytes) {
+    if (staging_.empty()) staging_.resize(kStagingSlots);
+    StagingSlot& slot = staging_[next_staging_];
+    next_staging_ = (next_staging_ + 1) % staging_.size();
+    if (!slot.copied) check_cuda(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), "staging event");
+    else if (const cudaError_t done = cudaEventQuery(slot.copied); done == cudaErrorNotReady) {
+        // Sixteen copies later and still queued: the stream is far behind; wait for this one.
+        (void)cudaGetLastError();  // "not ready" is no error for the launch checks to find
+        ++profile_.host_syncs;
+        check_cuda(cudaEventSynchronize(slot.copied), "staging buffer");
+    } else {
+        check_cuda(done, "staging buffer");
+    }
+    if (slot.capacity < bytes) {
+        if (slot.host) check_cuda(cudaFreeHost(slot.host), "staging buffer");
+        slot.host = nullptr;
+        slot.capacity = std::max<size_t>(bytes, 64u << 10);
+        check_cuda(cudaMallocHost(&slot.host, slot.capacity), "staging buffer");
+    }
+    return slot;
 }
 
 void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
     if (src.device() != Device::cuda) fail(ErrorKind::unsupported, "copy_to_host: source is in ", llmtrain::device_name(src.device()), " memory");
     if (src.numel() > 0) check_cuda(cudaMemcpyAsync(dst, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, stream_), "copy_to_host");
-    check_cuda(cudaStreamSynchronize(stream_), "copy_to_host");
+    wait_for_stream("copy_to_host");
 }
 
 void CudaBackend::synchronize() {
-    check_cuda(cudaStreamSynchronize(stream_), "synchronize");
+    wait_for_stream("synchronize");
     resolve_profile();
+}
+
+void CudaBackend::wait_for_stream(const char* what) {
+    ++profile_.host_syncs;
+    check_cuda(cudaStreamSynchronize(stream_), what);
 }
 
 size_t CudaBackend::workspace_bytes() const { return workspace_size_ + kCublasWorkspaceBytes; }
@@ -177,7 +220,7 @@ size_t CudaBackend::workspace_bytes() const { return workspace_size_ + kCublasWo
 void* CudaBackend::workspace(size_t bytes) {
     if (bytes <= workspace_size_) return workspace_.get();
     // Only the first step's ops grow it: wait for the ops still using the old one.
-    check_cuda(cudaStreamSynchronize(stream_), "workspace");
+    wait_for_stream("workspace");
     workspace_.reset();
     workspace_ = allocate(bytes);
     workspace_size_ = (bytes + 255) / 256 * 256;

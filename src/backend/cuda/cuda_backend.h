@@ -6,6 +6,12 @@
 // ops that need scratch share one workspace, sized by the first step's largest request
 // (fixed afterwards: the shapes of a run do not grow), and cuBLASLt has its own 32 MiB.
 //
+// Host to device: copy_from_host of up to staging_max_bytes goes through a ring of pinned
+// host buffers (the token batches, every micro-batch): the copy is truly asynchronous, and a
+// buffer is written again only once its copy has completed (an event), so the host never
+// waits for the stream there. Larger copies (weights at start-up) go straight from pageable
+// memory.
+//
 // Profile: while set_profiling(true), each op is bracketed by a pair of CUDA events;
 // synchronize() turns the pairs into per-op GPU seconds in profile(). Off by default.
 //
@@ -79,6 +85,8 @@ public:
     void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) override;
     void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) override;
     double sum_squares(const Tensor& x) override;
+    void accumulate_sum(const Tensor& total, const Tensor& x, double scale) override;
+    void accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) override;
     void fill_zero(const Tensor& x) override;
     void copy(const Tensor& out, const Tensor& in) override;
     void matmul_gelu_fwd(const MatmulGeluFwd& args) override;
@@ -88,6 +96,15 @@ private:
     friend class CudaOpScope;
     // The workspace, grown (with a synchronize) when a request is larger than it.
     void* workspace(size_t bytes);
+    // cudaStreamSynchronize, counted as a host synchronization.
+    void wait_for_stream(const char* what);
+    // The next pinned staging buffer of at least `bytes`, its last copy completed.
+    struct StagingSlot {
+        void* host = nullptr;
+        size_t capacity = 0;
+        cudaEvent_t copied = nullptr;
+    };
+    StagingSlot& staging_slot(size_t bytes);
     cudaEvent_t take_event();
     void resolve_profile();
     void open_cudnn();
@@ -115,6 +132,8 @@ private:
     };
     std::vector<PendingOp> pending_;
     std::vector<cudaEvent_t> free_events_;
+    std::vector<StagingSlot> staging_;
+    size_t next_staging_ = 0;
 };
 
 // Throws "<what>: <CUDA error>" unless status is cudaSuccess.

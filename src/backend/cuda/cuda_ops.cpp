@@ -101,7 +101,7 @@ VocabRows expect_vocab(const char* op, VocabShard shard, int64_t rows) {
 
 bool CudaBackend::supports(Op op, DType dtype) const {
     switch (op) {
-        case Op::adamw: case Op::sum_squares: case Op::xent_combine: return dtype == DType::f32;
+        case Op::adamw: case Op::sum_squares: case Op::xent_combine: case Op::accumulate_sum: case Op::accumulate_sum_squares: return dtype == DType::f32;
         case Op::fill_zero: case Op::copy: return dtype != DType::f64;
         case Op::add: return dtype == DType::f32 || is_half(dtype);
         default: return is_half(dtype);
@@ -616,6 +616,37 @@ void CudaBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m
     kernels::launch_adamw(ptr<float>(param), ptr<float>(grad), ptr<float>(m), ptr<float>(v), ptr_or_null(param_copy), copy_type, param.numel(), a, stream_);
 }
 
+namespace {
+// The ranges of f32 tensors in launches of at most max_pieces each.
+std::vector<kernels::ReducePieces> reduce_pieces(const char* op, const std::vector<Tensor>& tensors) {
+    std::vector<kernels::ReducePieces> launches;
+    for (const Tensor& t : tensors) {
+        expect(op, "piece", t, t.shape(), DType::f32);
+        if (t.numel() == 0) continue;
+        if (launches.empty() || launches.back().count == kernels::ReducePieces::max_pieces) launches.push_back(kernels::ReducePieces{});
+        kernels::ReducePieces& p = launches.back();
+        p.x[p.count] = ptr<float>(t);
+        p.n[p.count] = t.numel();
+        ++p.count;
+    }
+    return launches;
+}
+}  // namespace
+
+void CudaBackend::accumulate_sum(const Tensor& total, const Tensor& x, double scale) {
+    CudaOpScope scope(*this, Op::accumulate_sum);
+    expect(scope.name(), "total", total, {1}, DType::f64);
+    for (const kernels::ReducePieces& p : reduce_pieces(scope.name(), {x}))
+        kernels::launch_reduce_into(ptr<double>(total), p, false, scale, workspace(kernels::reduce_into_scratch_bytes(p)), stream_);
+}
+
+void CudaBackend::accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) {
+    CudaOpScope scope(*this, Op::accumulate_sum_squares);
+    expect(scope.name(), "total", total, {1}, DType::f64);
+    for (const kernels::ReducePieces& p : reduce_pieces(scope.name(), pieces))
+        kernels::launch_reduce_into(ptr<double>(total), p, true, 1.0, workspace(kernels::reduce_into_scratch_bytes(p)), stream_);
+}
+
 double CudaBackend::sum_squares(const Tensor& x) {
     double result = 0;
     {
@@ -626,7 +657,7 @@ double CudaBackend::sum_squares(const Tensor& x) {
         kernels::launch_sum_squares(static_cast<double*>(sum_result_.get()), ptr<float>(x), x.numel(), scratch, stream_);
     }
     check_cuda(cudaMemcpyAsync(&result, sum_result_.get(), sizeof result, cudaMemcpyDeviceToHost, stream_), "sum_squares");
-    check_cuda(cudaStreamSynchronize(stream_), "sum_squares");
+    wait_for_stream("sum_squares");
     return result;
 }
 
