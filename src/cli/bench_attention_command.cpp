@@ -169,6 +169,7 @@ void bench_shape(Backend& native, Backend* cudnn, const NamedShape& named, DType
     else std::printf("    native  head dim %lld: not instantiated (%s)\n", static_cast<long long>(s.head_dim), native_attention_head_dims_text().c_str());
     if (!cudnn || cudnn->describe_attention(s, dtype).rfind("cuDNN", 0) != 0) return;
     Buffers c = buffers(*cudnn, s, dtype);
+    native.synchronize();  // the inputs were written on the other backend's stream
     cudnn->copy(c.qkv, n.qkv);
     cudnn->copy(c.dout, n.dout);
     try {

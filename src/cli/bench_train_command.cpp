@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 
 #include "backend/backend.h"
 #include "cli/commands.h"
@@ -122,7 +123,9 @@ void print_attention_rate(const Config& config, const Mesh& mesh, Backend& backe
 }
 
 int run_bench_train(const BenchTrainArgs& args) {
-    MpiSession mpi;
+    // MPI only under mpirun, as `train`: one process needs no MPI runtime.
+    std::optional<MpiSession> mpi;
+    if (launched_by_mpi()) mpi.emplace();
     Config config = load_config(args.config_path, args.overrides, DataFiles::unchecked);
     config.train.steps = std::max<int64_t>(config.train.steps, args.warmup + args.steps + 1);
     config.train.sample_tokens = 0;
