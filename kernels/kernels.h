@@ -90,6 +90,9 @@ void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaS
 // out (Half) = in (fp32), rounded to nearest even; and back.
 void launch_cast_from_f32(Half t, void* out, const float* in, int64_t n, cudaStream_t stream);
 void launch_cast_to_f32(Half t, float* out, const void* in, int64_t n, cudaStream_t stream);
+// *count += the 16-bit words in which a and b ([bytes], even) differ: bitwise comparison of two
+// results on the device (the GEMM candidates' outputs).
+void launch_count_differences(unsigned long long* count, const void* a, const void* b, size_t bytes, cudaStream_t stream);
 
 // loss.cu: softmax cross-entropy over rows of logits [N, V], one block per row, in chunks
 // of the row (never a second full-size fp32 copy of the logits). Only the first V_real

@@ -90,7 +90,8 @@ environment() {
   ldd "$bin/llmtrain" | grep -E "not found|mpi|hdf5|blas|nccl|cublas" 
   "$bin/llmtrain" --version
 }
-step environment env.log 60 environment
+environment >"$out/env.log" 2>&1
+echo "environment: see env.log" >>"$summary"
 figures env.log "^NVIDIA|^name|libcudnn|not found|^llmtrain"
 
 [ -s data/fortunes.txt ] || step "tiny corpus" env.log 60 scripts/make-tiny-corpus.sh

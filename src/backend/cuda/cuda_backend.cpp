@@ -94,7 +94,8 @@ CudaBackend::CudaBackend(int device_index, AttentionImpl attention) : attention_
     // synchronizes with it, so transfers see every op enqueued before them.
     check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     cublas_workspace_ = allocate(kCublasWorkspaceBytes);
-    gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace_.get(), kCublasWorkspaceBytes);
+    GemmTuningHooks hooks{[this](size_t bytes) { return std::shared_ptr<void>(allocate(bytes)); }, [this] { ++profile_.host_syncs; }};
+    gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace_.get(), kCublasWorkspaceBytes, std::move(hooks));
     sum_result_ = allocate(sizeof(double));
     open_cudnn();
 }

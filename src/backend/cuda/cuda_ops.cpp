@@ -318,7 +318,10 @@ void CudaBackend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
 // The dx GEMM of matmul_bwd with cuBLASLt's DGELU_BGRAD epilogue: D = d_pre^T [IC, N] =
 // (w^T dout^T) * gelu'(aux = pre^T), and the sums of D's rows (over the N tokens) are the
 // bias gradient of the layer that made pre. dw and dbias as in matmul_bwd.
-// Unfused, as matmul_gelu_fwd, where cuBLASLt has no fused kernel.
+// cuBLASLt 13.0 has no DGELU_BGRAD with an fp32 bias gradient on Hopper: there the GEMM takes
+// the DGELU epilogue alone and the bias gradient is the column sums of d_pre (one read of it,
+// instead of a GELU backward pass that reads pre and rewrites d_pre). Unfused, as
+// matmul_gelu_fwd, where cuBLASLt has neither.
 void CudaBackend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
     const char* op = op_name(Op::gelu_matmul_bwd);
     const auto [N, IC, OC] = expect_linear(op, a.act, a.w, "dout", a.dout);
@@ -335,10 +338,19 @@ void CudaBackend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
         c.bias_grad = ptr<float>(a.d_pre_bias);
         c.bias_grad_scratch = static_cast<float*>(workspace(static_cast<size_t>(IC) * sizeof(float)));
     }
+    bool bias_apart = false;  // the bias gradient by a column-sum kernel after the GEMM
+    if (c.bias_grad && !gemm_->served_by_cublaslt(c, op)) {
+        c.bias_grad = c.bias_grad_scratch = nullptr;
+        bias_apart = true;
+    }
     if (!gemm_->served_by_cublaslt(c, op)) return Backend::gelu_matmul_bwd(a);
     CudaOpScope scope(*this, Op::gelu_matmul_bwd);
     gemm_->run(c, op);
     // The workspace is reused below only by ops enqueued after the GEMM's use of it.
+    if (bias_apart) {
+        void* scratch = workspace(kernels::bias_grad_scratch_bytes(N, IC));
+        kernels::launch_bias_grad(t, ptr<float>(a.d_pre_bias), a.d_pre.raw(), N, IC, scratch, stream_);
+    }
     if (!a.dw.empty()) gemm_->run(linear_dw_gemm(a.dw, a.dout, a.act), op);
     if (!a.dbias.empty()) {
         void* scratch = workspace(kernels::bias_grad_scratch_bytes(N, OC));
