@@ -38,6 +38,10 @@ void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, co
 void launch_layernorm_fwd(Half t, void* out, float* mean, float* rstd, const void* x, const void* w, const void* b, int64_t N, int64_t C, float eps,
                    cudaStream_t stream);
 void launch_rmsnorm_fwd(Half t, void* out, float* rstd, const void* x, const void* w, int64_t N, int64_t C, float eps, cudaStream_t stream);
+// sum = a + b (rounded to t), then out = LayerNorm (or, rms, RMSNorm) of sum with its
+// statistics: one pass for the residual add and the norm after it. mean and bias may be null.
+void launch_add_norm_fwd(Half t, bool rms, void* sum, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w, const void* bias,
+                        int64_t N, int64_t C, float eps, cudaStream_t stream);
 // dx overwritten (or accumulated into when accumulate_dx: a residual gradient), dw and db
 // accumulated. scratch: norm_bwd_scratch_bytes(N, C) bytes for the per-block partial sums.
 size_t norm_bwd_scratch_bytes(int64_t N, int64_t C);
@@ -104,6 +108,10 @@ void launch_xent_fwd(Half t, float* losses, float* lse, const void* logits, cons
 // lse null: computed from the row (then vocab_begin is 0). dlogits may alias logits.
 void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* targets, const float* lse, int64_t N, int64_t V, int64_t V_real,
               int64_t vocab_begin, float dloss, cudaStream_t stream);
+// Both in one pass: losses and lse (may be null) as launch_xent_fwd, then logits overwritten
+// by their gradient with dloss (whole rows: vocab_begin 0).
+void launch_xent_fwd_bwd(Half t, float* losses, float* lse, void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, float dloss,
+                         cudaStream_t stream);
 void launch_logits_row_max(Half t, float* row_max, const void* logits, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream);
 // partial [N, 2]: (sum_v exp(logits[n, v] - row_max[n]), the target's logit if in this shard else 0).
 void launch_xent_partial(Half t, float* partial, const void* logits, const int32_t* targets, const float* row_max, int64_t N, int64_t V,

@@ -5,12 +5,16 @@
 //   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dw += sum_rows dout xhat,  db += sum_rows dout
 // Row statistics: one warp per row, fp32, the variance in a second pass over the row (more
 // accurate than E[x^2] - mean^2); mean and rstd are saved in fp32 and backward recomputes
-// xhat from them exactly as forward did.
-// dw and db reduce over rows with the column sums of half_types.cuh. Atomics would make the
-// sums depend on timing, so a first kernel writes per-(row chunk, column) partial sums to
-// scratch (each column summed by a fixed thread over a fixed set of rows, then across the
-// block's row groups in order) and a second adds the chunks in order into dw and db. They run
-// before dx is written, so dx may alias dout.
+// xhat from them exactly as forward did. add_norm_fwd first adds the residual (a + b, kept as
+// the stream's next value) in the same pass.
+// Backward in one pass over dout and x where a row fits a warp's registers (up to 2048
+// channels, norm_bwd_fused_kernel): each warp computes its rows' dx and adds their dw / db
+// terms in registers; the warps' sums are added in a fixed order after. Wider rows, or a call
+// without the parameter gradients, take two passes: dw and db reduce over rows with the
+// column sums of half_types.cuh (per-(row chunk, column) partial sums to scratch, each column
+// summed by a fixed thread over a fixed set of rows, then the chunks in order), then dx.
+// Atomics would make the sums depend on timing; both orders are fixed. dx may alias dout.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/half_types.cuh"
@@ -78,6 +82,55 @@ __global__ void __launch_bounds__(kThreads) norm_fwd_kernel(T* out, float* mean,
     }
 }
 
+// The residual add before the norm, in the same row pass: sum = a + b rounded to T and
+// stored, then the statistics and the output of that stored sum, exactly as norm_fwd_kernel
+// computes them from a tensor holding it. sum may alias a or b: each element is read before
+// its thread writes it, and later passes read sum only.
+template <class T, int VEC, bool LAYER>
+__global__ void __launch_bounds__(kThreads) add_norm_fwd_kernel(T* sum, T* out, float* mean, float* rstd, const T* a, const T* b, const T* w, const T* bias,
+                                                                int64_t N, int64_t C, float eps) {
+    const int lane = threadIdx.x % 32;
+    const int64_t n = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
+    if (n >= N) return;  // whole warps leave; no block barrier below
+    const int64_t step = 32 * VEC;
+    T* xr = sum + n * C;
+    float total = 0.0f;
+    for (int64_t c = lane * VEC; c < C; c += step) {
+        float va[VEC], vb[VEC];
+        load_halves(va, a + n * C + c);
+        load_halves(vb, b + n * C + c);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) va[i] = to_float(from_float<T>(va[i] + vb[i]));
+        store_halves(xr + c, va);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) total += va[i];
+    }
+    float mu = 0.0f;
+    if constexpr (LAYER) mu = warp_sum(total) / static_cast<float>(C);
+    float sq = 0.0f;
+    for (int64_t c = lane * VEC; c < C; c += step) {
+        float v[VEC];
+        load_halves(v, xr + c);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) sq += (v[i] - mu) * (v[i] - mu);
+    }
+    const float r = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
+    if (lane == 0) {
+        if (LAYER && mean) mean[n] = mu;
+        rstd[n] = r;
+    }
+    T* o = out + n * C;
+    for (int64_t c = lane * VEC; c < C; c += step) {
+        float v[VEC], wv[VEC], bv[VEC] = {};
+        load_halves(v, xr + c);
+        load_halves(wv, w + c);
+        if (LAYER && bias) load_halves(bv, bias + c);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[i] = (v[i] - mu) * r * wv[i] + bv[i];
+        store_halves(o + c, v);
+    }
+}
+
 // One warp per row. dx may alias dout: a warp reads the whole row (first pass) before the
 // shuffles of warp_sum, and in the second pass each thread reads an element before it writes it.
 template <class T, int VEC, bool LAYER>
@@ -120,6 +173,79 @@ __global__ void __launch_bounds__(kThreads) norm_bwd_dx_kernel(T* dx, const T* d
     }
 }
 
+// The one-pass backward for rows of up to 32 * VEC * CHUNKS channels: one warp per row, as
+// norm_bwd_dx_kernel, and each warp also adds its rows' dw (and db) terms in registers (lane
+// l: the same columns as its dx). Warp k of the grid takes rows k, k + warps, ... in order and
+// writes its sums to partial[s][k][C]; add_partials_kernel then adds the warps in order. So
+// dout and x leave memory once (the second read of a row hits the cache), and the sums have a
+// fixed order: a function of N and C only (fused_norm_warps).
+template <class T, int VEC, bool LAYER, int CHUNKS>
+__global__ void __launch_bounds__(kThreads) norm_bwd_fused_kernel(T* dx, float* partial, const T* dout, const T* x, const T* w, const float* mean,
+                                                                  const float* rstd, int64_t N, int64_t C, bool accumulate) {
+    constexpr int SUMS = LAYER ? 2 : 1;
+    const int lane = threadIdx.x % 32;
+    const int64_t warp = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32, warps = int64_t{gridDim.x} * kWarps;
+    const int64_t step = 32 * VEC;
+    float acc[SUMS][CHUNKS][VEC] = {};
+    for (int64_t n = warp; n < N; n += warps) {
+        const T* dr = dout + n * C;
+        const T* xr = x + n * C;
+        const float mu = LAYER ? mean[n] : 0.0f, r = rstd[n];
+        float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < CHUNKS; ++k) {
+            const int64_t c = lane * VEC + k * step;
+            if (c >= C) break;
+            float d[VEC], v[VEC], wv[VEC];
+            load_halves(d, dr + c);
+            load_halves(v, xr + c);
+            load_halves(wv, w + c);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                const float xhat = (v[i] - mu) * r, g = d[i] * wv[i];
+                sum_g += g;
+                sum_gx += g * xhat;
+                acc[0][k][i] += d[i] * xhat;
+                if constexpr (LAYER) acc[SUMS - 1][k][i] += d[i];
+            }
+        }
+        const float mean_g = LAYER ? warp_sum(sum_g) / static_cast<float>(C) : 0.0f;
+        const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
+        T* o = dx + n * C;
+#pragma unroll
+        for (int k = 0; k < CHUNKS; ++k) {
+            const int64_t c = lane * VEC + k * step;
+            if (c >= C) break;
+            float d[VEC], v[VEC], wv[VEC], prev[VEC] = {};
+            load_halves(d, dr + c);
+            load_halves(v, xr + c);
+            load_halves(wv, w + c);
+            if (accumulate) load_halves(prev, o + c);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) d[i] = prev[i] + r * (d[i] * wv[i] - mean_g - ((v[i] - mu) * r) * mean_gx);
+            store_halves(o + c, d);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < SUMS; ++s)
+#pragma unroll
+        for (int k = 0; k < CHUNKS; ++k) {
+            const int64_t c = lane * VEC + k * step;
+            if (c >= C) break;
+            float* out = partial + (int64_t{s} * warps + warp) * C + c;
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) out[i] = acc[s][k][i];
+        }
+}
+
+// The warps of the one-pass backward: about 32 rows each, at most 1024 (their partial sums
+// are read once more); a function of N alone.
+int64_t fused_norm_warps(int64_t N) { return std::clamp<int64_t>(ceil_div(N, int64_t{32}), kWarps, 1024) / kWarps * kWarps; }
+
+// Channels per lane chunk for the one-pass backward: it takes rows up to 32 * 8 * 8 = 2048
+// channels at 8 per lane, 256 at 1 per lane; wider rows take the two-pass path.
+constexpr int kMaxFusedChunks = 8;
+
 // The terms of dw (s = 0) and, when SUMS == 2, db (s = 1) for column_partials_kernel:
 // dout xhat and dout of row n, for the VEC columns at element offset i = n * C + c.
 template <class T, int VEC, bool LAYER, int SUMS>
@@ -152,10 +278,40 @@ void launch_norm_fwd_typed(void* out, float* mean, float* rstd, const void* x, c
     check_launch(LAYER ? "layernorm_fwd" : "rmsnorm_fwd");
 }
 
-// dw (and db) += column sums through scratch, then dx.
+// The one-pass kernel for rows of CHUNKS lane chunks, then the warps' partials added in
+// order into dw (and db).
+template <class T, int VEC, bool LAYER, int CHUNKS>
+void launch_norm_bwd_fused(void* dx, float* dw, float* db, const void* dout, const void* x, const void* w, const float* mean, const float* rstd, int64_t N,
+                           int64_t C, bool accumulate_dx, void* scratch, cudaStream_t stream) {
+    const int64_t warps = fused_norm_warps(N);
+    float* partial = static_cast<float*>(scratch);
+    norm_bwd_fused_kernel<T, VEC, LAYER, CHUNKS><<<static_cast<unsigned>(warps / kWarps), kThreads, 0, stream>>>(
+        static_cast<T*>(dx), partial, static_cast<const T*>(dout), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd, N, C, accumulate_dx);
+    check_launch(LAYER ? "layernorm_bwd" : "rmsnorm_bwd");
+    float* grads[2] = {dw, db};
+    for (int s = 0; s < (LAYER ? 2 : 1); ++s) {
+        if (!grads[s]) continue;
+        add_partials_kernel<<<static_cast<unsigned>(ceil_div(C, int64_t{256})), 256, 0, stream>>>(grads[s], partial + s * warps * C, warps, C);
+        check_launch("norm_bwd add partials");
+    }
+}
+
+// One pass (launch_norm_bwd_fused) where a row fits its registers and both gradients are
+// wanted as they come (dw, and db for LayerNorm); else dw (and db) += column sums through
+// scratch, then dx.
 template <class T, int VEC, bool LAYER>
 void launch_norm_bwd_typed(void* dx, float* dw, float* db, const void* dout, const void* x, const void* w, const float* mean, const float* rstd,
                            int64_t N, int64_t C, bool accumulate_dx, void* scratch, cudaStream_t stream) {
+    const int64_t chunks = ceil_div(C, int64_t{32 * VEC});
+    if (dw && (db || !LAYER) && chunks <= kMaxFusedChunks) {
+        const auto fused = [&]<int CHUNKS>() {
+            launch_norm_bwd_fused<T, VEC, LAYER, CHUNKS>(dx, dw, db, dout, x, w, mean, rstd, N, C, accumulate_dx, scratch, stream);
+        };
+        if (chunks <= 1) return fused.template operator()<1>();
+        if (chunks <= 2) return fused.template operator()<2>();
+        if (chunks <= 4) return fused.template operator()<4>();
+        return fused.template operator()<kMaxFusedChunks>();
+    }
     const T* dout_t = static_cast<const T*>(dout);
     const T* x_t = static_cast<const T*>(x);
     if (dw || db) {
@@ -209,10 +365,28 @@ void launch_rmsnorm_fwd(Half t, void* out, float* rstd, const void* x, const voi
     norm_fwd<false>(t, out, nullptr, rstd, x, w, nullptr, N, C, eps, stream);
 }
 
-// Partials for dw and db: [2, chunks, C] fp32.
+void launch_add_norm_fwd(Half t, bool rms, void* sum, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w, const void* bias,
+                        int64_t N, int64_t C, float eps, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return;
+    const bool vec = C % 8 == 0 && aligned16(sum) && aligned16(out) && aligned16(a) && aligned16(b) && aligned16(w) && aligned16(bias);
+    dispatch_half(t, [&]<class T>() {
+        const auto launch = [&]<int VEC, bool LAYER>() {
+            add_norm_fwd_kernel<T, VEC, LAYER><<<row_blocks(N), kThreads, 0, stream>>>(static_cast<T*>(sum), static_cast<T*>(out), mean, rstd,
+                                                                                     static_cast<const T*>(a), static_cast<const T*>(b),
+                                                                                     static_cast<const T*>(w), static_cast<const T*>(bias), N, C, eps);
+            check_launch(rms ? "add_rmsnorm_fwd" : "add_layernorm_fwd");
+        };
+        if (vec && rms) launch.template operator()<8, false>();
+        else if (vec) launch.template operator()<8, true>();
+        else if (rms) launch.template operator()<1, false>();
+        else launch.template operator()<1, true>();
+    });
+}
+
+// Partials for dw and db: [2, chunks, C] fp32 (two-pass), or [2, warps, C] (one pass).
 size_t norm_bwd_scratch_bytes(int64_t N, int64_t C) {
     if (N <= 0 || C <= 0) return 0;
-    return static_cast<size_t>(2 * column_chunk_count(N, C) * C) * sizeof(float);
+    return static_cast<size_t>(2 * std::max(column_chunk_count(N, C), fused_norm_warps(N)) * C) * sizeof(float);
 }
 
 void launch_layernorm_bwd(Half t, void* dx, float* dw, float* db, const void* dout, const void* x, const void* w, const float* mean, const float* rstd,

@@ -38,6 +38,17 @@ void Backend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
     matmul_bwd(Tensor(), Tensor(), a.d_pre_bias, a.d_pre, no_x, no_w);
 }
 
+void Backend::xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss) {
+    xent_fwd(losses, lse, logits, targets, vocab);
+    xent_bwd(logits, logits, targets, lse, vocab, dloss);
+}
+
+void Backend::add_norm_fwd(const AddNormFwd& a) {
+    add(a.sum, a.a, a.b);
+    if (a.rms) rmsnorm_fwd(a.out, a.rstd, a.sum, a.w, a.eps);
+    else layernorm_fwd(a.out, a.mean, a.rstd, a.sum, a.w, a.bias, a.eps);
+}
+
 double OpProfile::total_seconds() const {
     double total = 0;
     for (double s : seconds) total += s;

@@ -37,7 +37,7 @@ namespace llmtrain {
     X(attention_bwd) X(rope_fwd) X(rope_bwd) X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd)   \
     X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(logits_row_max) X(xent_partial)   \
     X(xent_combine) X(adamw) X(sum_squares) X(fill_zero) X(copy) X(matmul_gelu_fwd)        \
-    X(gelu_matmul_bwd) X(accumulate_sum) X(accumulate_sum_squares)
+    X(gelu_matmul_bwd) X(accumulate_sum) X(accumulate_sum_squares) X(xent_fwd_bwd) X(add_norm_fwd)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -116,6 +116,22 @@ struct GeluMatmulBwd {
     Tensor act;         // [N, IC]
     Tensor pre;         // [N, IC]
     Tensor w;           // [OC, IC]
+};
+
+// The residual add fused into the norm after it: sum = a + b (the residual stream, kept),
+// then out = norm(sum) as layernorm_fwd (bias optional) or, with rms, rmsnorm_fwd (mean and
+// bias empty). The norm reads sum as stored (rounded to the activation dtype), so the result
+// is bitwise the two ops'.
+struct AddNormFwd {
+    Tensor sum;   // [N, C], overwritten (may alias a or b)
+    Tensor out;   // [N, C], overwritten
+    Tensor mean;  // [N], LayerNorm only
+    Tensor rstd;  // [N]
+    Tensor a, b;  // [N, C]
+    Tensor w;     // [C]
+    Tensor bias;  // [C], optional
+    double eps = 1e-5;
+    bool rms = false;
 };
 
 // Seconds and calls per op, accumulated since the last reset, and the host synchronizations:
@@ -284,6 +300,12 @@ public:
     // fused form computes bitwise what the separate ops compute.
     virtual void matmul_gelu_fwd(const MatmulGeluFwd& args);
     virtual void gelu_matmul_bwd(const GeluMatmulBwd& args);
+    // The fused classifier of a training step (whole rows): xent_fwd's losses and lse, then
+    // logits overwritten by xent_bwd's gradient with dloss, in one pass over the logits where
+    // the backend can (the default is the two ops).
+    virtual void xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss);
+    // AddNormFwd above, in one pass where the backend can (the default is the two ops).
+    virtual void add_norm_fwd(const AddNormFwd& args);
 
     OpProfile& profile() { return profile_; }
 

@@ -439,7 +439,8 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
     return a.heads && a.has_targets ? mean_loss(a) : std::numeric_limits<double>::quiet_NaN();
 }
 
-void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
+void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len,
+                               std::optional<double> backward_loss_scale) {
     if (batch < 1 || batch > max_batch_ || seq_len < 1 || seq_len > max_seq_len_)
         fail(ErrorKind::shape, "forward: batch ", batch, " x seq_len ", seq_len, " outside the planned ", max_batch_, " x ", max_seq_len_);
     ActivationSet& a = sets_.at(static_cast<size_t>(set));
@@ -461,7 +462,7 @@ void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& 
     if (!a.heads) return;
     if (a.has_targets) load_ids("targets", a.targets, targets);
     computing(pass, position);
-    head_and_loss(a);
+    head_and_loss(a, backward_loss_scale);
 }
 
 // Each tp rank embeds the tokens of its vocabulary slice (zero rows for the others) and
@@ -473,11 +474,15 @@ void Transformer::embed(const ActivationSet& a, int64_t first_position) {
     reduce_rows(partial, a.residual.front());
 }
 
-void Transformer::head_and_loss(ActivationSet& a) {
+void Transformer::head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale) {
     norm_fwd(a.norm_f, local_rows(a.residual.back()), norm_f_w_, norm_f_b_);
     backend_.matmul_fwd(rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_), Tensor());
+    a.logits_hold_gradient = false;
     if (!a.has_targets) return;
-    if (!tp_) {
+    if (!tp_ && backward_loss_scale) {
+        backend_.xent_fwd_bwd(rows(a.losses), rows(a.lse), rows(a.logits), rows(a.targets), vocab_shard(), loss_gradient(*backward_loss_scale));
+        a.logits_hold_gradient = true;
+    } else if (!tp_) {
         backend_.xent_fwd(rows(a.losses), rows(a.lse), rows(a.logits), rows(a.targets), vocab_shard());
     } else {
         backend_.logits_row_max(rows(a.row_max), rows(a.logits), vocab_shard());
@@ -498,9 +503,10 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
     backend_.matmul_fwd(rows(s.qkv), gather_rows(local_rows(s.norm1.out), gathered_), value(p.qkv_w), value(p.qkv_b));
     attend(s, l, cache);
     backend_.matmul_fwd(rows(proj_out_), rows(s.att_out), value(p.attn_out_w), row_parallel_bias(p.attn_out_b));
-    backend_.add(local_rows(s.resid_mid), x, reduce_rows(rows(proj_out_), proj_local_));
-
-    norm_fwd(s.norm2, local_rows(s.resid_mid), p.norm2_w, p.norm2_b);
+    // resid_mid = x + attention's output, and norm2 of it, in one pass.
+    backend_.add_norm_fwd({.sum = local_rows(s.resid_mid), .out = local_rows(s.norm2.out), .mean = is_llama() ? Tensor() : local_rows(s.norm2.mean),
+                           .rstd = local_rows(s.norm2.rstd), .a = x, .b = reduce_rows(rows(proj_out_), proj_local_), .w = value(p.norm2_w),
+                           .bias = value(p.norm2_b), .eps = config_.norm_eps, .rms = is_llama()});
     const Tensor mlp_in = gather_rows(local_rows(s.norm2.out), gathered_);
     if (is_llama()) {
         backend_.matmul_fwd(rows(s.mlp_up), mlp_in, value(p.mlp_up_w), value(p.mlp_up_b));
@@ -585,10 +591,11 @@ void Transformer::backward(int64_t set, double loss_scale) {
 // d(mean loss)/d(loss_n) = 1 / N for every token; the head is column-parallel over the
 // vocabulary, so the gradient of its (whole) input is summed over the tp ranks. The forward
 // kept each row's logsumexp (lse), so the backward reads the logits once.
+double Transformer::loss_gradient(double loss_scale) const { return loss_scale / static_cast<double>(batch_ * seq_len_); }
+
 void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
-    const double dloss = loss_scale / static_cast<double>(batch_ * seq_len_);
     writing(head_begin_, params_.count());
-    backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), rows(a.lse), vocab_shard(), dloss);
+    if (!a.logits_hold_gradient) backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), rows(a.lse), vocab_shard(), loss_gradient(loss_scale));
     backend_.matmul_bwd(rows(d_norm_), grad(head_w_), Tensor(), rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_));
     norm_bwd(local_rows(a.d_resid), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.

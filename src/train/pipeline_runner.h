@@ -38,7 +38,7 @@ public:
     double forward_only(const MicroBatch& micro_batch, int64_t batch, int64_t seq_len);
 
 private:
-    void forward(const PipeAction& action, const MicroBatch& data, int64_t batch, int64_t seq_len);
+    void forward(const PipeAction& action, const MicroBatch& data, int64_t batch, int64_t seq_len, double loss_scale);
     void backward(const PipeAction& action, int64_t batch, int64_t seq_len, double loss_scale);
     // The chunk this stage reads micro-batches for: the head's on the last stage (targets),
     // chunk 0 elsewhere (tokens on the first stage).

@@ -9,6 +9,7 @@
 // the same), in-place and misaligned calls. Each test is SKIPPED without a GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -946,6 +947,68 @@ TEST_F(CudaOps, XentBwd_Bf16_InPlaceOnLogitsEqualsSeparateOutput) {
         gpu().xent_bwd(g_logits, g_logits, g_targets, with_lse ? g_lse.view() : Tensor(), {}, 0.5);
         expect_bitwise_equal("dlogits in place", download_bytes(gpu(), g_logits), download_bytes(gpu(), g_separate), 2);
     }
+}
+
+// The fused classifier: losses and lse as xent_fwd, the logits overwritten by xent_bwd's
+// gradient; against the CPU reference, and bitwise the GPU's own two ops (padded vocabulary
+// and a vocabulary whose rows are not 16-byte multiples included).
+TEST_F(CudaOps, XentFwdBwd_Bf16AndF16_MatchCpuAndAreBitwiseTheTwoOps) {
+    struct Case {
+        int64_t N, V, real;
+    };
+    for (const DType dt : {bf16, f16})
+        for (const Case c : {Case{33, 1000, 1000}, Case{17, 50257, 50257}, Case{9, 1024, 1001}}) {
+            SCOPED_TRACE(cat(dtype_name(dt), " N ", c.N, " V ", c.V, " real ", c.real));
+            const double dloss = 0.37;
+            const VocabShard whole{0, c.V, c.real};
+            const OwnedTensor logits = random_input(dt, {c.N, c.V}, 7100, -6, 6), targets = random_tokens(c.N, c.real, 7101);
+            const OwnedTensor losses(f32, {c.N}), lse(f32, {c.N}), dlogits = copy_of(logits);
+            cpu().xent_fwd(losses, lse, logits, targets, whole);
+            cpu().xent_bwd(dlogits, dlogits, targets, lse, whole, dloss);
+            const OwnedTensor g_targets = to_device(gpu(), targets, i32), g_fused = to_device(gpu(), logits, dt), g_apart = to_device(gpu(), logits, dt);
+            const OwnedTensor g_losses = device_tensor(gpu(), f32, {c.N}), g_lse = device_tensor(gpu(), f32, {c.N});
+            const OwnedTensor a_losses = device_tensor(gpu(), f32, {c.N}), a_lse = device_tensor(gpu(), f32, {c.N});
+            gpu().xent_fwd_bwd(g_losses, g_lse, g_fused, g_targets, whole, dloss);
+            gpu().xent_fwd(a_losses, a_lse, g_apart, g_targets, whole);
+            gpu().xent_bwd(g_apart, g_apart, g_targets, a_lse, whole, dloss);
+            expect_matches("losses", gpu(), g_losses, losses, f32_loss_tolerance);
+            expect_matches("dlogits", gpu(), g_fused, dlogits, elementwise_tolerance(dt));
+            expect_bitwise_equal("losses against the two ops", download_bytes(gpu(), g_losses), download_bytes(gpu(), a_losses), 4);
+            expect_bitwise_equal("dlogits against the two ops", download_bytes(gpu(), g_fused), download_bytes(gpu(), g_apart), 2);
+        }
+}
+
+// The residual add and the norm after it in one pass: sum and out against the CPU, and
+// bitwise the GPU's add then layernorm_fwd / rmsnorm_fwd; sum aliasing a (the model's use).
+TEST_F(CudaOps, AddNormFwd_LayerAndRms_MatchCpuAndAreBitwiseTheTwoOps) {
+    for (const DType dt : {bf16, f16})
+        for (const NormCase c : kNormCases)
+            for (const bool rms : {false, true}) {
+                SCOPED_TRACE(cat(dtype_name(dt), " N ", c.N, " C ", c.C, rms ? " rms" : " layer"));
+                const OwnedTensor a = random_input(dt, {c.N, c.C}, 7200, -2, 3), b = random_input(dt, {c.N, c.C}, 7201, -1, 1);
+                const OwnedTensor w = random_input(dt, {c.C}, 7202, -1.5, 1.5), bias = random_input(dt, {c.C}, 7203);
+                const OwnedTensor sum(f32, {c.N, c.C}), out(f32, {c.N, c.C}), mean(f32, {c.N}), rstd(f32, {c.N});
+                const OwnedTensor sum_rounded(f32, {c.N, c.C});
+                cpu().add(sum, a, b);
+                for (int64_t i = 0; i < sum.view().numel(); ++i) sum_rounded.data<float>()[i] = round_to(dt, sum.data<float>()[i]);
+                if (rms) cpu().rmsnorm_fwd(out, rstd, sum_rounded, w, kNormEps);
+                else cpu().layernorm_fwd(out, mean, rstd, sum_rounded, w, bias, kNormEps);
+
+                const OwnedTensor g_w = to_device(gpu(), w, dt), g_bias = to_device(gpu(), bias, dt), g_b = to_device(gpu(), b, dt);
+                const OwnedTensor g_fused = to_device(gpu(), a, dt), g_apart = to_device(gpu(), a, dt);
+                const auto stats = [&] { return std::array<OwnedTensor, 3>{device_tensor(gpu(), dt, {c.N, c.C}), device_tensor(gpu(), f32, {c.N}), device_tensor(gpu(), f32, {c.N})}; };
+                const std::array<OwnedTensor, 3> f = stats(), p = stats();
+                gpu().add_norm_fwd({.sum = g_fused, .out = f[0], .mean = rms ? Tensor() : f[1].view(), .rstd = f[2], .a = g_fused, .b = g_b, .w = g_w,
+                                    .bias = rms ? Tensor() : g_bias.view(), .eps = kNormEps, .rms = rms});
+                gpu().add(g_apart, g_apart, g_b);
+                if (rms) gpu().rmsnorm_fwd(p[0], p[2], g_apart, g_w, kNormEps);
+                else gpu().layernorm_fwd(p[0], p[1], p[2], g_apart, g_w, g_bias, kNormEps);
+                expect_matches("sum", gpu(), g_fused, sum, elementwise_tolerance(dt));
+                expect_matches("out", gpu(), f[0], out, elementwise_tolerance(dt));
+                expect_bitwise_equal("sum against the two ops", download_bytes(gpu(), g_fused), download_bytes(gpu(), g_apart), 2);
+                expect_bitwise_equal("out against the two ops", download_bytes(gpu(), f[0]), download_bytes(gpu(), p[0]), 2);
+                expect_bitwise_equal("rstd against the two ops", download_bytes(gpu(), f[2]), download_bytes(gpu(), p[2]), 4);
+            }
 }
 
 // The max of 16-bit values, widened to f32: exact. One case has only negative logits (a max

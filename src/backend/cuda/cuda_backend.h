@@ -91,6 +91,8 @@ public:
     void copy(const Tensor& out, const Tensor& in) override;
     void matmul_gelu_fwd(const MatmulGeluFwd& args) override;
     void gelu_matmul_bwd(const GeluMatmulBwd& args) override;
+    void xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss) override;
+    void add_norm_fwd(const AddNormFwd& args) override;
 
 private:
     friend class CudaOpScope;

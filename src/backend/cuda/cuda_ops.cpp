@@ -179,6 +179,15 @@ void CudaBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor
                                   ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
 }
 
+void CudaBackend::add_norm_fwd(const AddNormFwd& a) {
+    CudaOpScope scope(*this, Op::add_norm_fwd);
+    const char* op = scope.name();
+    const auto [N, C] = a.rms ? expect_norm(op, a.sum, a.w, Tensor(), {{{"out", &a.out}, {"a", &a.a}, {"b", &a.b}}, {{"rstd", &a.rstd}}, {}})
+                              : expect_norm(op, a.sum, a.w, a.bias, {{{"out", &a.out}, {"a", &a.a}, {"b", &a.b}}, {{"mean", &a.mean}, {"rstd", &a.rstd}}, {}});
+    kernels::launch_add_norm_fwd(half_of(op, "sum", a.sum), a.rms, a.sum.raw(), a.out.raw(), a.rms ? nullptr : ptr<float>(a.mean), ptr<float>(a.rstd),
+                                 a.a.raw(), a.b.raw(), a.w.raw(), a.rms ? nullptr : ptr_or_null(a.bias), N, C, static_cast<float>(a.eps), stream_);
+}
+
 void CudaBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
     CudaOpScope scope(*this, Op::rmsnorm_fwd);
     const auto [N, C] = expect_norm(scope.name(), x, w, Tensor(), {{{"out", &out}}, {{"rstd", &rstd}}, {}});
@@ -566,6 +575,18 @@ void CudaBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Te
     const VocabRows local = expect_vocab(op, shard, logits.dim(1));
     kernels::launch_xent_bwd(half_of(op, "logits", logits), dlogits.raw(), logits.raw(), ptr<int32_t>(targets), static_cast<float*>(ptr_or_null(lse)),
                              logits.dim(0), logits.dim(1), local.real_count(), shard.begin, static_cast<float>(dloss), stream_);
+}
+
+void CudaBackend::xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss) {
+    CudaOpScope scope(*this, Op::xent_fwd_bwd);
+    const char* op = scope.name();
+    expect_logits(op, logits, targets);
+    expect(op, "losses", losses, {logits.dim(0)}, DType::f32);
+    if (!lse.empty()) expect(op, "lse", lse, {logits.dim(0)}, DType::f32);
+    const VocabRows whole = expect_vocab(op, vocab, logits.dim(1));
+    if (whole.count != whole.total) fail(ErrorKind::shape, op, ": logits must hold whole rows of the vocabulary");
+    kernels::launch_xent_fwd_bwd(half_of(op, "logits", logits), ptr<float>(losses), static_cast<float*>(ptr_or_null(lse)), logits.raw(), ptr<int32_t>(targets),
+                                 logits.dim(0), logits.dim(1), whole.real_count(), static_cast<float>(dloss), stream_);
 }
 
 void CudaBackend::logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) {
