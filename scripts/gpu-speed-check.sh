@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-speed-check.sh --bin DIR [--libs DIR] [--out DIR] [--part attention|tests|bench|all]...
+# gpu-speed-check.sh --bin DIR [--before DIR] [--libs DIR] [--out DIR] [--part NAME]...
 #
 # The checks of the GPU speed work on one GPU, from binaries built elsewhere (DIR holds
 # llmtrain and gpu_tests), each step logged to its own file under the output folder and
@@ -7,14 +7,18 @@
 #
 #   env.log        nvidia-smi, where libcudnn / NCCL / cuBLASLt were found, the loader's view
 #                  of both binaries
-#   attention.log  llmtrain bench attention: every shape in bf16 and fp16, cuDNN's plans
-#                  (engines, notes, workspace, or its error) and both implementations'
-#                  forward / backward TFLOP/s and agreement
-#   tests.log      gpu_tests: cuDNN attention against the CPU and the native kernels, its
-#                  determinism, the native attention ops, CudaTraining on both paths
-#   bench.log      llmtrain bench of gpt2-124m and llama-1b (64 sequences per step), each
-#                  with model.attention = "cudnn" and "native": before and after on one GPU
-#   sanitizer.log  compute-sanitizer memcheck over the cuDNN and native attention op tests
+#   attention.log  (part attention) llmtrain bench attention: every shape in bf16 and fp16,
+#                  cuDNN's plans (engines, notes, workspace, or its error) and both
+#                  implementations' forward / backward TFLOP/s and agreement; (part
+#                  attention-models) the two configs' shapes in bf16 only
+#   tests.log      (part tests) gpu_tests: cuDNN attention against the CPU and the native
+#                  kernels, its determinism, the native attention ops, CudaTraining on both
+#                  paths; (part all-tests) every test of gpu_tests
+#   bench.log      (parts gpt2, llama, or bench for both) llmtrain bench of gpt2-124m and
+#                  llama-1b (64 sequences per step) with model.attention = "cudnn", then the
+#                  --before build's llmtrain the same way, then "native": before and after on
+#                  one GPU in one call
+#   sanitizer.log  (part sanitizer) compute-sanitizer memcheck over the attention op tests
 #
 # cuDNN, NCCL and cuBLASLt are looked for in the CUDA toolkit and in Python's NVIDIA wheels
 # (nvidia-cudnn-cu13 and friends); --libs names a folder of other shared libraries the
@@ -23,14 +27,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-bin="" libs="" out="gpu-speed-$(date -u +%Y%m%dT%H%M%SZ)" parts=""
+bin="" before="" libs="" out="gpu-speed-$(date -u +%Y%m%dT%H%M%SZ)" parts=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
+    --before) before=$2; shift 2 ;;
     --libs) libs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --part) parts="$parts $2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-speed-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -78,6 +83,16 @@ step() {
 }
 figures() { grep -E "$2" "$out/$1" 2>/dev/null | sed 's/^/    /' >>"$summary"; }
 
+# bench_model NAME CONFIG SETTINGS...: the new build with cuDNN, the --before build with
+# cuDNN, the new build with the native kernels.
+bench_model() {
+  local name=$1 config=$2; shift 2
+  step "bench $name (cudnn)" bench.log 200 "$bin/llmtrain" bench "$config" "$@" --set 'model.attention="cudnn"'
+  [ -n "$before" ] && step "bench $name (cudnn, --before build)" bench.log 200 "$before/llmtrain" bench "$config" "$@" --set 'model.attention="cudnn"'
+  step "bench $name (native)" bench.log 200 "$bin/llmtrain" bench "$config" "$@" --set 'model.attention="native"'
+  figures bench.log "^bench |ms/step|tokens/s|^MFU|host syncs|^attention:|attention_(fwd|bwd)|peak memory"
+}
+
 environment() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
@@ -109,14 +124,20 @@ for part in $parts; do
       step "gpu tests: CudaTraining on both paths" tests.log 300 "$bin/gpu_tests" --gtest_filter='Attention/CudaTraining.*'
       figures tests.log "^\[  (PASSED|FAILED) .*CudaTraining|^\[  PASSED|tests ran"
       ;;
+    gpt2) bench_model gpt2-124m configs/gpt2-124m.toml --steps 5 --warmup 2 ;;
+    llama) bench_model llama-1b configs/llama-1b.toml --steps 2 --warmup 1 --set train.global_batch_size=64 ;;
     bench)
-      for attention in cudnn native; do
-        step "bench gpt2-124m ($attention)" bench.log 150 "$bin/llmtrain" bench configs/gpt2-124m.toml --steps 5 --warmup 2 \
-          --set "model.attention=\"$attention\""
-        step "bench llama-1b ($attention)" bench.log 150 "$bin/llmtrain" bench configs/llama-1b.toml --steps 3 --warmup 1 \
-          --set train.global_batch_size=64 --set "model.attention=\"$attention\""
-      done
-      figures bench.log "^bench |ms/step|tokens/s|^MFU|host syncs|^attention:|attention_(fwd|bwd)|peak memory"
+      bench_model gpt2-124m configs/gpt2-124m.toml --steps 5 --warmup 2
+      bench_model llama-1b configs/llama-1b.toml --steps 2 --warmup 1 --set train.global_batch_size=64
+      ;;
+    attention-models)
+      step "bench attention (the configs' shapes)" attention.log 120 "$bin/llmtrain" bench attention --iters 10 --dtype bf16 \
+        --shape 32,1024,12,12,64 --shape 8,2048,32,8,64
+      figures attention.log "^--shape|cudnn: |native  |cudnn  |against native|FAILED"
+      ;;
+    all-tests)
+      step "gpu tests: all" tests.log 300 "$bin/gpu_tests"
+      figures tests.log "^\[  (PASSED|FAILED|SKIPPED) |tests ran"
       ;;
     sanitizer)
       if command -v compute-sanitizer >/dev/null; then

@@ -63,7 +63,9 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     const double total = profile.total_seconds(), gemm = profile.gemm_seconds();
     const double attention = profile.seconds[static_cast<size_t>(Op::attention_fwd)] + profile.seconds[static_cast<size_t>(Op::attention_bwd)];
     const double update = profile.seconds[static_cast<size_t>(Op::adamw)];
-    const double passes = profile.seconds[static_cast<size_t>(Op::fill_zero)] + profile.seconds[static_cast<size_t>(Op::sum_squares)];
+    // The passes over every gradient: zeroing them and the norm's sum of squares.
+    const double passes = profile.seconds[static_cast<size_t>(Op::fill_zero)] + profile.seconds[static_cast<size_t>(Op::sum_squares)] +
+                          profile.seconds[static_cast<size_t>(Op::accumulate_sum_squares)];
     const double rest = total - gemm - attention - update - passes;
     if (total <= 0 || gemm <= 0 || attention <= 0 || update <= 0 || passes <= 0 || rest <= 0)
         fail(ErrorKind::runtime, "bench: the profiled step timed no GEMM, attention, AdamW, gradient pass or other op; cannot calibrate");

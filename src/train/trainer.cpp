@@ -235,7 +235,7 @@ TrainResult Trainer::run() {
         record(s);
         const bool last = step + 1 == steps;
         if (last || (config_.train.eval_every > 0 && (step + 1) % config_.train.eval_every == 0)) record_eval(step + 1, evaluate());
-        if (!last && (result_.stop_signal = agreed_stop_signal_) != 0) break;
+        if (!last && (result_.stop_signal = stop_signal_after_step()) != 0) break;
     }
     result_.gemm_fraction = result_.train_seconds > 0 ? result_.step_profile.gemm_seconds() / result_.train_seconds : 0;
     double timed_seconds = 0;
@@ -735,6 +735,13 @@ void Trainer::measure_stragglers(StepRecord& s) {
                      fixed(medians[static_cast<size_t>(r)] * 1e3, 1), " ms against ", fixed(medians[static_cast<size_t>(r)] * score * 1e3, 1),
                      " ms over the last ", interval, " steps; metrics.straggler_threshold = ", config_.metrics.straggler_threshold, ")");
     }
+}
+
+// One process asks at the step boundary itself; ranks go by what the step's closing
+// reduction agreed (no collective of its own: a signal raised after that waits a step).
+int Trainer::stop_signal_after_step() {
+    if (ctx_->mesh.world_size() == 1) return options_.stop_signal ? options_.stop_signal() : 0;
+    return agreed_stop_signal_;
 }
 
 // A signal may reach one rank alone (Slurm signals the batch step, a user kills one pid),

@@ -173,6 +173,8 @@ private:
     // The stop signal of any rank, the same on every rank (the closing reduction's sum told
     // that one was raised; this agrees which); 0: go on.
     int agreed_stop_signal(int local_signal);
+    // The signal that ends the run after the step just recorded; 0: go on.
+    int stop_signal_after_step();
     bool counts_in_norm(size_t param) const;
     std::unique_ptr<GradientReduction> make_gradient_reduction();
     // Whether the parameters are sharded (ZeRO-3): no whole master weights or compute copy.

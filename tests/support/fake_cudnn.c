@@ -17,6 +17,7 @@
  *   op G reduction op R comp T x U y U | op G reshape x U y U
  *   tensor G uid U dtype D dims a,b,c,d strides a,b,c,d virtual V by_value V align A
  *   plan G engine E status S
+ *   pack 0                            (a variant pack finalized)
  *   execute G uid U ptr P [value F]   (one line per binding; F for by-value floats)
  * fake_cudnn_reset() empties it. */
 #include <stdint.h>
@@ -295,6 +296,7 @@ cudnnStatus_t cudnnBackendFinalize(void* descriptor) {
             break;
         }
         case T_PLAN: s = finalize_plan(d); break;
+        case T_VARIANT_PACK: say("pack 0"); break;
         default: break;
     }
     if (s == SUCCESS) d->finalized = 1;

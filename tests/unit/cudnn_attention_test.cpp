@@ -291,6 +291,29 @@ TEST(CudnnAttentionRun, VariantPacksBindQkvViewsOfThePackedRowsAndTheScalarsByVa
     EXPECT_EQ(std::stod(bound.at({2, 13}).fields.at("value")), 1.0);
 }
 
+// A layer's activations keep their addresses from step to step: its variant pack is built
+// once and reused; other addresses get their own.
+TEST(CudnnAttentionRun, VariantPacksAreBuiltOncePerBinding) {
+    FakeCudnn fake;
+    auto attention = open_attention();
+    ASSERT_TRUE(attention->plan(kMha, DType::bf16).planned);
+    char* qkv = reinterpret_cast<char*>(0x10000000), *out = reinterpret_cast<char*>(0x20000000), *workspace = reinterpret_cast<char*>(0x50000000);
+    auto* stats = reinterpret_cast<float*>(0x30000000);
+    const auto packs = [&] {
+        int n = 0;
+        for (const Line& l : fake.lines()) n += l.kind == "pack";
+        return n;
+    };
+    attention->forward(kMha, DType::bf16, out, stats, qkv, workspace);
+    attention->forward(kMha, DType::bf16, out, stats, qkv, workspace);
+    EXPECT_EQ(packs(), 1);
+    attention->forward(kMha, DType::bf16, out + 4096, stats, qkv, workspace);
+    EXPECT_EQ(packs(), 2);
+    int executions = 0;
+    for (const Line& l : fake.lines()) executions += l.kind == "execute" && l.num("uid") == 1;
+    EXPECT_EQ(executions, 3);
+}
+
 TEST(CudnnLibrary, Missing_IsReportedNamingItAndWhereToPointTheLoader) {
     setenv("LLMTRAIN_CUDNN_LIBRARY", "/nonexistent/libcudnn.so.9", 1);
     std::string why_not;

@@ -69,6 +69,8 @@ void CudnnAttention::build(ShapePlans& p, const AttentionShape& shape, DType dty
             auto bwd_graph = cudnn::backward_graph(*library_, handle_, shape, io, form);
             cudnn::Plan bwd = cudnn::make_plan(*bwd_graph, handle_);
             p.form = form;
+            p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
+            p.fill = cudnn::mask_fill_value(form);
             p.report.planned = true;
             p.report.mask_form = cudnn::mask_form_name(form);
             p.report.forward = fwd.engine;
@@ -104,31 +106,37 @@ CudnnAttention::ShapePlans& CudnnAttention::planned(const AttentionShape& shape,
     return p;
 }
 
+const cudnn::Owned& CudnnAttention::pack(ShapePlans& p, const std::vector<int64_t>& uids, std::vector<void*> pointers) {
+    auto found = p.packs.find(pointers);
+    if (found != p.packs.end()) return found->second;
+    if (p.packs.size() >= 256) p.packs.clear();  // addresses that keep changing: no reuse to keep
+    void* workspace = pointers.back();
+    pointers.pop_back();
+    cudnn::Owned built = cudnn::variant_pack(*library_, uids, pointers, workspace);
+    pointers.push_back(workspace);
+    return p.packs.emplace(std::move(pointers), std::move(built)).first->second;
+}
+
 void CudnnAttention::forward(const AttentionShape& shape, DType dtype, void* out, float* stats, const void* qkv, void* workspace) {
     ShapePlans& p = planned(shape, dtype, "attention_fwd");
-    float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
-    float fill = cudnn::mask_fill_value(p.form);
-    const std::vector<int64_t> uids{cudnn::kUidQ, cudnn::kUidK, cudnn::kUidV, cudnn::kUidO, cudnn::kUidStats, cudnn::kUidScale, cudnn::kUidMaskFill};
+    static const std::vector<int64_t> uids{cudnn::kUidQ, cudnn::kUidK, cudnn::kUidV, cudnn::kUidO, cudnn::kUidStats, cudnn::kUidScale, cudnn::kUidMaskFill};
     const std::vector<void*> pointers{const_cast<void*>(qkv), const_cast<void*>(shifted(qkv, k_offset(shape), dtype)),
-                                      const_cast<void*>(shifted(qkv, v_offset(shape), dtype)), out, stats, &scale, &fill};
-    cudnn::execute(*library_, handle_, *p.forward, uids, pointers, workspace);
+                                      const_cast<void*>(shifted(qkv, v_offset(shape), dtype)), out, stats, &p.scale, &p.fill, workspace};
+    cudnn::execute(*library_, handle_, *p.forward, pack(p, uids, pointers));
 }
 
 void CudnnAttention::backward(const AttentionShape& shape, DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
                               const float* stats, void* workspace) {
     ShapePlans& p = planned(shape, dtype, "attention_bwd");
-    float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
-    float fill = cudnn::mask_fill_value(p.form);
-    float one = 1.0f;
     void* delta = workspace;
     void* plan_workspace = static_cast<char*>(workspace) + cudnn_attention_delta_bytes(shape);
     const auto in = [](const void* pointer) { return const_cast<void*>(pointer); };
-    const std::vector<int64_t> uids{cudnn::kUidQ,  cudnn::kUidK,  cudnn::kUidV,  cudnn::kUidO,  cudnn::kUidStats,       cudnn::kUidScale, cudnn::kUidMaskFill,
-                                    cudnn::kUidDO, cudnn::kUidDQ, cudnn::kUidDK, cudnn::kUidDV, cudnn::kUidSoftmaxSum, cudnn::kUidOne};
+    static const std::vector<int64_t> uids{cudnn::kUidQ,  cudnn::kUidK,  cudnn::kUidV,  cudnn::kUidO,  cudnn::kUidStats,       cudnn::kUidScale, cudnn::kUidMaskFill,
+                                           cudnn::kUidDO, cudnn::kUidDQ, cudnn::kUidDK, cudnn::kUidDV, cudnn::kUidSoftmaxSum, cudnn::kUidOne};
     const std::vector<void*> pointers{in(qkv), in(shifted(qkv, k_offset(shape), dtype)), in(shifted(qkv, v_offset(shape), dtype)), in(out),
-                                      in(stats), &scale, &fill, in(dout), dqkv, shifted(dqkv, k_offset(shape), dtype),
-                                      shifted(dqkv, v_offset(shape), dtype), delta, &one};
-    cudnn::execute(*library_, handle_, *p.backward, uids, pointers, plan_workspace);
+                                      in(stats), &p.scale, &p.fill, in(dout), dqkv, shifted(dqkv, k_offset(shape), dtype),
+                                      shifted(dqkv, v_offset(shape), dtype), delta, &p.one, plan_workspace};
+    cudnn::execute(*library_, handle_, *p.backward, pack(p, uids, pointers));
 }
 
 }  // namespace llmtrain

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cudnn/attention_graphs.h"
@@ -56,11 +57,18 @@ private:
         cudnn::MaskForm form = cudnn::MaskForm::int32_indices;
         std::unique_ptr<cudnn::Graph> forward_graph, backward_graph;
         std::optional<cudnn::Plan> forward, backward;
+        // The by-value scalars, where the variant packs point (read at each execution).
+        float scale = 0, fill = 0, one = 1;
+        // Finalized variant packs by their bindings: a layer's activations keep their
+        // addresses from step to step, so each is built once.
+        std::map<std::vector<void*>, cudnn::Owned> packs;
     };
     using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, DType>;
 
     CudnnAttention(std::unique_ptr<cudnn::Library> library, cudnn::Handle handle) : library_(std::move(library)), handle_(handle) {}
     ShapePlans& planned(const AttentionShape& shape, DType dtype, const char* op);
+    // The variant pack binding these pointers (the workspace last), built on the first use.
+    const cudnn::Owned& pack(ShapePlans& p, const std::vector<int64_t>& uids, std::vector<void*> pointers);
     void build(ShapePlans& plans, const AttentionShape& shape, DType dtype);
 
     std::unique_ptr<cudnn::Library> library_;

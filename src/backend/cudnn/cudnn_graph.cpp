@@ -309,18 +309,22 @@ private:
 
 Plan make_plan(const Graph& graph, Handle handle) { return Planner(graph, handle).run(); }
 
-void execute(const Library& library, Handle handle, const Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& pointers,
-             void* workspace) {
+Owned variant_pack(const Library& library, const std::vector<int64_t>& uids, const std::vector<void*>& pointers, void* workspace) {
     const Api& api = library.api();
     Descriptor pack = nullptr;
     Status s = api.create_descriptor(kVariantPackDescriptor, &pack);
-    const Owned owned(&api, s == kSuccess ? pack : nullptr);
+    Owned owned(&api, s == kSuccess ? pack : nullptr);
     const auto count = static_cast<int64_t>(uids.size());
     if (s == kSuccess) s = api.set_attribute(pack, kVariantPackUniqueIds, kTypeInt64, count, uids.data());
     if (s == kSuccess) s = api.set_attribute(pack, kVariantPackDataPointers, kTypeVoidPtr, count, pointers.data());
     if (s == kSuccess) s = api.set_attribute(pack, kVariantPackWorkspace, kTypeVoidPtr, 1, &workspace);
     if (s == kSuccess) s = api.finalize(pack);
-    if (s == kSuccess) s = api.execute(handle, plan.plan.get(), pack);
+    if (s != kSuccess) fail(ErrorKind::runtime, "cuDNN attention: the variant pack does not finalize: ", library.describe(s));
+    return owned;
+}
+
+void execute(const Library& library, Handle handle, const Plan& plan, const Owned& pack) {
+    const Status s = library.api().execute(handle, plan.plan.get(), pack.get());
     if (s != kSuccess) fail(ErrorKind::runtime, "cuDNN attention: execution failed: ", library.describe(s));
 }
 

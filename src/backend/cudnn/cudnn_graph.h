@@ -105,10 +105,11 @@ struct Plan {
 // tried (and cuDNN's last error) when none finalizes.
 Plan make_plan(const Graph& graph, Handle handle);
 
-// Runs the plan on the stream of `handle`: uids[i] is bound to pointers[i] (device memory,
-// or a host value for a by-value tensor).
-void execute(const Library& library, Handle handle, const Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& pointers,
-             void* workspace);
+// A finalized variant pack: uids[i] bound to pointers[i] (device memory, or a host value for
+// a by-value tensor, read at each execution), and the workspace.
+Owned variant_pack(const Library& library, const std::vector<int64_t>& uids, const std::vector<void*>& pointers, void* workspace);
+// Runs the plan on the stream of `handle` with that binding.
+void execute(const Library& library, Handle handle, const Plan& plan, const Owned& pack);
 
 const char* numerical_note_name(Enum note);
 const char* behavior_note_name(Enum note);
