@@ -7,14 +7,12 @@
 // accurate than E[x^2] - mean^2); mean and rstd are saved in fp32 and backward recomputes
 // xhat from them exactly as forward did. add_norm_fwd first adds the residual (a + b, kept as
 // the stream's next value) in the same pass.
-// Backward in one pass over dout and x where a row fits a warp's registers (up to 2048
-// channels, norm_bwd_fused_kernel): each warp computes its rows' dx and adds their dw / db
-// terms in registers; the warps' sums are added in a fixed order after. Wider rows, or a call
-// without the parameter gradients, take two passes: dw and db reduce over rows with the
-// column sums of half_types.cuh (per-(row chunk, column) partial sums to scratch, each column
-// summed by a fixed thread over a fixed set of rows, then the chunks in order), then dx.
-// Atomics would make the sums depend on timing; both orders are fixed. dx may alias dout.
-#include <algorithm>
+// dw and db reduce over rows with the column sums of half_types.cuh. Atomics would make the
+// sums depend on timing, so a first kernel writes per-(row chunk, column) partial sums to
+// scratch (each column summed by a fixed thread over a fixed set of rows, then across the
+// block's row groups in order) and a second adds the chunks in order into dw and db. They run
+// before dx is written, so dx may alias dout. (A one-pass form, each warp adding its rows'
+// terms in registers over 1024 warps, measured twice as slow on an H100: docs/performance.md.)
 #include <cstdint>
 
 #include "kernels/half_types.cuh"
@@ -173,79 +171,6 @@ __global__ void __launch_bounds__(kThreads) norm_bwd_dx_kernel(T* dx, const T* d
     }
 }
 
-// The one-pass backward for rows of up to 32 * VEC * CHUNKS channels: one warp per row, as
-// norm_bwd_dx_kernel, and each warp also adds its rows' dw (and db) terms in registers (lane
-// l: the same columns as its dx). Warp k of the grid takes rows k, k + warps, ... in order and
-// writes its sums to partial[s][k][C]; add_partials_kernel then adds the warps in order. So
-// dout and x leave memory once (the second read of a row hits the cache), and the sums have a
-// fixed order: a function of N and C only (fused_norm_warps).
-template <class T, int VEC, bool LAYER, int CHUNKS>
-__global__ void __launch_bounds__(kThreads) norm_bwd_fused_kernel(T* dx, float* partial, const T* dout, const T* x, const T* w, const float* mean,
-                                                                  const float* rstd, int64_t N, int64_t C, bool accumulate) {
-    constexpr int SUMS = LAYER ? 2 : 1;
-    const int lane = threadIdx.x % 32;
-    const int64_t warp = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32, warps = int64_t{gridDim.x} * kWarps;
-    const int64_t step = 32 * VEC;
-    float acc[SUMS][CHUNKS][VEC] = {};
-    for (int64_t n = warp; n < N; n += warps) {
-        const T* dr = dout + n * C;
-        const T* xr = x + n * C;
-        const float mu = LAYER ? mean[n] : 0.0f, r = rstd[n];
-        float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma unroll
-        for (int k = 0; k < CHUNKS; ++k) {
-            const int64_t c = lane * VEC + k * step;
-            if (c >= C) break;
-            float d[VEC], v[VEC], wv[VEC];
-            load_halves(d, dr + c);
-            load_halves(v, xr + c);
-            load_halves(wv, w + c);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) {
-                const float xhat = (v[i] - mu) * r, g = d[i] * wv[i];
-                sum_g += g;
-                sum_gx += g * xhat;
-                acc[0][k][i] += d[i] * xhat;
-                if constexpr (LAYER) acc[SUMS - 1][k][i] += d[i];
-            }
-        }
-        const float mean_g = LAYER ? warp_sum(sum_g) / static_cast<float>(C) : 0.0f;
-        const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
-        T* o = dx + n * C;
-#pragma unroll
-        for (int k = 0; k < CHUNKS; ++k) {
-            const int64_t c = lane * VEC + k * step;
-            if (c >= C) break;
-            float d[VEC], v[VEC], wv[VEC], prev[VEC] = {};
-            load_halves(d, dr + c);
-            load_halves(v, xr + c);
-            load_halves(wv, w + c);
-            if (accumulate) load_halves(prev, o + c);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) d[i] = prev[i] + r * (d[i] * wv[i] - mean_g - ((v[i] - mu) * r) * mean_gx);
-            store_halves(o + c, d);
-        }
-    }
-#pragma unroll
-    for (int s = 0; s < SUMS; ++s)
-#pragma unroll
-        for (int k = 0; k < CHUNKS; ++k) {
-            const int64_t c = lane * VEC + k * step;
-            if (c >= C) break;
-            float* out = partial + (int64_t{s} * warps + warp) * C + c;
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) out[i] = acc[s][k][i];
-        }
-}
-
-// The warps of the one-pass backward: about 32 rows each, at most 1024 (their partial sums
-// are read once more); a function of N alone.
-int64_t fused_norm_warps(int64_t N) { return std::clamp<int64_t>(ceil_div(N, int64_t{32}), kWarps, 1024) / kWarps * kWarps; }
-
-// Channels per lane chunk for the one-pass backward: it takes rows up to 32 * 8 * 8 = 2048
-// channels at 8 per lane, 256 at 1 per lane; wider rows take the two-pass path.
-constexpr int kMaxFusedChunks = 8;
-
 // The terms of dw (s = 0) and, when SUMS == 2, db (s = 1) for column_partials_kernel:
 // dout xhat and dout of row n, for the VEC columns at element offset i = n * C + c.
 template <class T, int VEC, bool LAYER, int SUMS>
@@ -278,40 +203,10 @@ void launch_norm_fwd_typed(void* out, float* mean, float* rstd, const void* x, c
     check_launch(LAYER ? "layernorm_fwd" : "rmsnorm_fwd");
 }
 
-// The one-pass kernel for rows of CHUNKS lane chunks, then the warps' partials added in
-// order into dw (and db).
-template <class T, int VEC, bool LAYER, int CHUNKS>
-void launch_norm_bwd_fused(void* dx, float* dw, float* db, const void* dout, const void* x, const void* w, const float* mean, const float* rstd, int64_t N,
-                           int64_t C, bool accumulate_dx, void* scratch, cudaStream_t stream) {
-    const int64_t warps = fused_norm_warps(N);
-    float* partial = static_cast<float*>(scratch);
-    norm_bwd_fused_kernel<T, VEC, LAYER, CHUNKS><<<static_cast<unsigned>(warps / kWarps), kThreads, 0, stream>>>(
-        static_cast<T*>(dx), partial, static_cast<const T*>(dout), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd, N, C, accumulate_dx);
-    check_launch(LAYER ? "layernorm_bwd" : "rmsnorm_bwd");
-    float* grads[2] = {dw, db};
-    for (int s = 0; s < (LAYER ? 2 : 1); ++s) {
-        if (!grads[s]) continue;
-        add_partials_kernel<<<static_cast<unsigned>(ceil_div(C, int64_t{256})), 256, 0, stream>>>(grads[s], partial + s * warps * C, warps, C);
-        check_launch("norm_bwd add partials");
-    }
-}
-
-// One pass (launch_norm_bwd_fused) where a row fits its registers and both gradients are
-// wanted as they come (dw, and db for LayerNorm); else dw (and db) += column sums through
-// scratch, then dx.
+// dw (and db) += column sums through scratch, then dx.
 template <class T, int VEC, bool LAYER>
 void launch_norm_bwd_typed(void* dx, float* dw, float* db, const void* dout, const void* x, const void* w, const float* mean, const float* rstd,
                            int64_t N, int64_t C, bool accumulate_dx, void* scratch, cudaStream_t stream) {
-    const int64_t chunks = ceil_div(C, int64_t{32 * VEC});
-    if (dw && (db || !LAYER) && chunks <= kMaxFusedChunks) {
-        const auto fused = [&]<int CHUNKS>() {
-            launch_norm_bwd_fused<T, VEC, LAYER, CHUNKS>(dx, dw, db, dout, x, w, mean, rstd, N, C, accumulate_dx, scratch, stream);
-        };
-        if (chunks <= 1) return fused.template operator()<1>();
-        if (chunks <= 2) return fused.template operator()<2>();
-        if (chunks <= 4) return fused.template operator()<4>();
-        return fused.template operator()<kMaxFusedChunks>();
-    }
     const T* dout_t = static_cast<const T*>(dout);
     const T* x_t = static_cast<const T*>(x);
     if (dw || db) {
@@ -383,10 +278,10 @@ void launch_add_norm_fwd(Half t, bool rms, void* sum, void* out, float* mean, fl
     });
 }
 
-// Partials for dw and db: [2, chunks, C] fp32 (two-pass), or [2, warps, C] (one pass).
+// Partials for dw and db: [2, chunks, C] fp32.
 size_t norm_bwd_scratch_bytes(int64_t N, int64_t C) {
     if (N <= 0 || C <= 0) return 0;
-    return static_cast<size_t>(2 * std::max(column_chunk_count(N, C), fused_norm_warps(N)) * C) * sizeof(float);
+    return static_cast<size_t>(2 * column_chunk_count(N, C) * C) * sizeof(float);
 }
 
 void launch_layernorm_bwd(Half t, void* dx, float* dw, float* db, const void* dout, const void* x, const void* w, const float* mean, const float* rstd,

@@ -1258,7 +1258,7 @@ TEST_F(CudaOps, Supports_16BitActivationOpsAndF32OptimizerOps) {
     for (int i = 0; i < op_count; ++i) {
         const auto op = static_cast<Op>(i);
         SCOPED_TRACE(op_name(op));
-        if (op == Op::adamw || op == Op::sum_squares || op == Op::xent_combine) {
+        if (op == Op::adamw || op == Op::sum_squares || op == Op::xent_combine || op == Op::accumulate_sum || op == Op::accumulate_sum_squares) {
             EXPECT_TRUE(gpu().supports(op, f32));
         } else {
             EXPECT_TRUE(gpu().supports(op, bf16));
