@@ -57,7 +57,7 @@ CheckpointModel load_checkpoint_model(const std::string& path, const ModelOption
     if (!options.device.empty()) overrides.push_back("train.device=" + options.device);
     m.config = parse_config(m.manifest.config_toml, (fs::path(m.path) / "manifest.json").string() + " (config)", overrides, DataFiles::unchecked);
     const TrainConfig& t = m.config.train;
-    m.backend = t.device == ComputeDevice::cuda ? make_cuda_backend(0) : make_cpu_backend(static_cast<int>(options.threads));
+    m.backend = t.device == ComputeDevice::cuda ? make_cuda_backend(0, m.config.model.attention) : make_cpu_backend(static_cast<int>(options.threads));
     const int64_t batch = options.training_shape ? t.batch_size : 1, seq_len = options.training_shape ? t.seq_len : m.config.model.max_seq_len;
     m.model = std::make_unique<Transformer>(m.config.model, *m.backend, compute_dtype(t), batch, seq_len);
     load_checkpoint_weights(m.path, m.manifest, m.model->parameters(), *m.backend);

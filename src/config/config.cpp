@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "core/attention_head_dims.h"
 #include "core/error.h"
 
 namespace llmtrain {
@@ -42,6 +43,7 @@ constexpr const char* kSaveErrorNames[] = {"warn", "abort"};
 constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
 constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
+constexpr const char* kAttentionNames[] = {"auto", "cudnn", "native"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
 constexpr const char* kCommNames[] = {"auto", "nccl", "mpi"};
 constexpr const char* kMetricsServeNames[] = {"auto", "on", "off"};
@@ -57,6 +59,7 @@ Names names_of(SaveErrorPolicy) { return kSaveErrorNames; }
 Names names_of(ComputeDevice) { return kDeviceNames; }
 Names names_of(Precision) { return kPrecisionNames; }
 Names names_of(Recompute) { return kRecomputeNames; }
+Names names_of(AttentionImpl) { return kAttentionNames; }
 Names names_of(CommBackend) { return kCommNames; }
 Names names_of(MetricsServe) { return kMetricsServeNames; }
 
@@ -240,6 +243,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(model, tied_embeddings).boolean().derived(default_tied_embeddings)
             .describe("output projection shares the token embedding; default true for gpt2, false for llama"),
         CONFIG_KEY(model, init_std).number(excl(0), incl(1)).describe("standard deviation of the initial weights"),
+        CONFIG_KEY(model, attention).choice(kAttentionNames)
+            .describe("CUDA attention kernels: auto (cuDNN's fused attention where libcudnn loads and takes the shape, else native), cudnn, native"),
 
         CONFIG_KEY(data, format).choice(kFormatNames)
             .describe("text: bytes, vocabulary 256 + end-of-document; tokens: a flat file of token ids"),
@@ -747,12 +752,24 @@ constexpr Check kChecks[] = {
                                               : cat("\"fp32\" is the CPU backend's; train.device = \"cuda\" computes in bf16 or fp16 (allowed: auto, bf16, fp16)")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        // The flash-attention kernels are instantiated for these head dimensions.
+        // The native flash kernels are instantiated for a few head dimensions; cuDNN takes
+        // multiples of 8 (core/attention_head_dims.h).
         const int64_t d = c.model.head_dim();
-        if (c.train.device != ComputeDevice::cuda || d == 32 || d == 64 || d == 128) return std::nullopt;
+        if (c.train.device != ComputeDevice::cuda) return std::nullopt;
+        if (c.model.attention == AttentionImpl::cudnn) {
+            if (cudnn_attention_takes(d)) return std::nullopt;
+            return Problem{"model.n_heads", cat(c.model.n_heads, " heads give head dimension model.d_model / model.n_heads = ", c.model.d_model, " / ",
+                                                c.model.n_heads, " = ", d, "; model.attention = \"cudnn\" needs a multiple of 8 up to ", cudnn_max_head_dim)};
+        }
+        if (native_attention_takes(d)) return std::nullopt;
         const std::string suggestion = c.model.d_model % 64 == 0 ? cat(" (model.n_heads = ", c.model.d_model / 64, " gives 64)") : "";
         return Problem{"model.n_heads", cat(c.model.n_heads, " heads give head dimension model.d_model / model.n_heads = ", c.model.d_model, " / ",
-                                            c.model.n_heads, " = ", d, "; train.device = \"cuda\" needs 32, 64 or 128", suggestion)};
+                                            c.model.n_heads, " = ", d, "; train.device = \"cuda\" needs ", native_attention_head_dims_text(), suggestion,
+                                            cudnn_attention_takes(d) ? " or model.attention = \"cudnn\"" : "")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.model.attention != AttentionImpl::cudnn || c.train.device == ComputeDevice::cuda) return std::nullopt;
+        return Problem{"model.attention", "\"cudnn\" is the CUDA backend's; set train.device = \"cuda\", or model.attention = \"auto\" or \"native\""};
     },
     [](const Config& c) -> std::optional<Problem> {
         const int64_t tp = c.parallel.tp;
@@ -892,6 +909,7 @@ CommBackend comm_backend(const Config& config) {
 
 const char* precision_name(Precision precision) { return kPrecisionNames[static_cast<size_t>(precision)]; }
 const char* recompute_name(Recompute recompute) { return kRecomputeNames[static_cast<size_t>(recompute)]; }
+const char* attention_impl_name(AttentionImpl impl) { return kAttentionNames[static_cast<size_t>(impl)]; }
 const char* health_action_name(HealthAction action) { return kHealthActionNames[static_cast<size_t>(action)]; }
 
 DType compute_dtype(const TrainConfig& train) {
