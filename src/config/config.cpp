@@ -355,7 +355,7 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(metrics, jsonl).boolean().describe("write <run_dir>/log.jsonl"),
         CONFIG_KEY(metrics, enabled).choice(kMetricsServeNames)
-            .describe("serve Prometheus metrics on every rank; auto: when the run has more than one rank"),
+            .describe("serve Prometheus metrics on every rank; auto: when the run has more than one rank (true and false mean on and off)"),
         CONFIG_KEY(metrics, listen).string().describe("address /metrics is served on: an IPv4 or IPv6 literal (\"0.0.0.0\", \"127.0.0.1\", \"::\")"),
         CONFIG_KEY(metrics, port).integer(0, 65535)
             .describe("each rank serves on port + its node-local rank; 0: free ports, logged and written to <run_dir>/metrics_targets.json"),
@@ -598,13 +598,10 @@ struct KeyReader {
     Value operator()(const StringRule&, const toml::node& node) const { return string_of(node); }
     Value operator()(const FileRule&, const toml::node& node) const { return string_of(node); }
     Value operator()(const ChoiceRule& rule, const toml::node& node) const {
-        // A TOML boolean where the choices are the strings "on" and "off" (metrics.enabled = true):
-        // refused, as another type is, saying which string to write (a third choice, "auto", is
-        // why the key is not a boolean).
+        // A TOML boolean where the choices include the strings "on" and "off" (metrics.enabled =
+        // true) means the one it names; the key stays a string for its third choice, "auto".
         const auto allows = [&](const char* name) { return std::find(rule.names.begin(), rule.names.end(), std::string_view(name)) != rule.names.end(); };
-        if (node.is_boolean() && allows("on") && allows("off"))
-            reject(cat("expected a string, got the boolean ", node.as_boolean()->get() ? "true" : "false", ": write \"", node.as_boolean()->get() ? "on" : "off",
-                       "\" (allowed: ", describe(field.rule), ")"));
+        if (node.is_boolean() && allows("on") && allows("off")) return std::string(node.as_boolean()->get() ? "on" : "off");
         const std::string value = string_of(node);
         if (std::find(rule.names.begin(), rule.names.end(), value) == rule.names.end())
             reject(cat('"', value, "\" is not a known value (allowed: ", describe(field.rule), ")"));

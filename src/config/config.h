@@ -93,7 +93,7 @@ struct TrainConfig {
     // Micro-batches per optimizer step on each dp rank; 0: derived, global_batch_size /
     // (batch_size * dp) or 1 without a global batch size (see micro_batches_per_step).
     int64_t grad_accum = 0;
-    int64_t eval_every = 0;                // 0: evaluate only after the last step
+    int64_t eval_every = 0;                // steps between evaluations (0: none); a fresh run also evaluates before its first step, every run after its last
     int64_t eval_sequences = 128;          // validation sequences per evaluation, whatever batch_size and layout
     int64_t log_every = 1;
     int64_t threads = 0;                   // 0: all cores

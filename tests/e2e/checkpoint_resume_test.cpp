@@ -22,6 +22,7 @@ namespace {
 
 struct Outcome {
     std::vector<StepRecord> steps;
+    std::vector<EvalRecord> evals;
     std::vector<float> master_weights;
 };
 
@@ -55,7 +56,9 @@ Outcome train_checkpointed(Config config, const std::string& dir, bool resume, i
     trainer.observe(checkpointer);
     trainer.observe(counter);
     Outcome outcome;
-    outcome.steps = trainer.run().steps;
+    const TrainResult result = trainer.run();
+    outcome.steps = result.steps;
+    outcome.evals = result.evals;
     const Tensor master = trainer.model().parameters().all_values();
     outcome.master_weights.resize(static_cast<size_t>(master.numel()));
     trainer.backend().copy_to_host(outcome.master_weights.data(), master);
@@ -78,6 +81,12 @@ void expect_resume_is_bitwise_uninterrupted(const Config& config, const std::str
         EXPECT_EQ(resumed.steps[i].loss_scale, want.loss_scale) << name << " step " << want.step;
     }
     EXPECT_EQ(resumed.master_weights, uninterrupted.master_weights) << name;
+    // No evaluation falls between (train.eval_every 100 > 20 steps): the resumed run evaluates
+    // after its last step only (step 0 was the first attempt's), to the uninterrupted value.
+    ASSERT_EQ(resumed.evals.size(), 1u) << name;
+    EXPECT_EQ(resumed.evals[0].step, 20) << name;
+    ASSERT_EQ(uninterrupted.evals.size(), 2u) << name;
+    EXPECT_EQ(resumed.evals[0].val_loss, uninterrupted.evals[1].val_loss) << name;
     std::filesystem::remove_all(root);
 }
 
