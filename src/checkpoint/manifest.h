@@ -29,7 +29,7 @@ struct Manifest {
     std::optional<LoaderState> data;  // the loader's position; none for the stateless text / tokens windows
     uint64_t seed = 0;
     int world_size = 1, tp = 1, dp = 1, pp = 1;
-    bool zero1 = false;
+    int zero_stage = 0;               // as it applied (0 on one dp rank)
     std::string monitor_state;        // the health monitor's windows and counters (JSON); empty: none
     std::string config_toml;          // the effective config of the run that saved it
     std::string created;              // UTC time of the commit
@@ -37,7 +37,8 @@ struct Manifest {
 };
 
 std::string manifest_to_json(const Manifest& manifest);
-// Throws Error(data) naming path and the key that is missing or malformed.
+// Throws Error(data) naming path and the key that is missing or malformed. A checkpoint of an
+// earlier version is read as this one (its config's retired keys replaced).
 Manifest manifest_from_json(const std::string& text, const std::string& path);
 
 }  // namespace llmtrain

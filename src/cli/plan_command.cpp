@@ -43,7 +43,6 @@ nlohmann::json memory_json(const LayoutPlan& p) {
             {"optimizer_bytes", m.optimizer_bytes},
             {"activation_bytes", m.activation_bytes},
             {"workspace_bytes", m.workspace_bytes},
-            {"transient_master_bytes", p.largest.transient_bytes},
             {"runtime_and_communication_bytes", p.runtime_bytes},
             {"checkpoint_staging_bytes", p.checkpoint_staging_bytes},
             {"total_bytes", p.total_bytes},
@@ -76,7 +75,6 @@ nlohmann::json plan_json(const LayoutPlan& p) {
               {"seq_len", t.seq_len},
               {"recompute", recompute_name(t.recompute)},
               {"sequence_parallel", p.config.parallel.sequence_parallel && p.tp > 1},
-              {"zero1", p.config.parallel.zero1},
               {"zero_stage", p.config.parallel.zero_stage},
               {"shard_size", shard_size_of(p.config.parallel, static_cast<int>(p.dp))}}},
             {"memory", memory_json(p)},
@@ -102,8 +100,6 @@ void print_memory(const LayoutPlan& p) {
     std::printf("  %-44s %10.2f GB\n", "optimizer state (AdamW moments owned)", gb(static_cast<double>(m.optimizer_bytes)));
     std::printf("  %-44s %10.2f GB\n", "activations (1F1B micro-batches in flight)", gb(static_cast<double>(m.activation_bytes)));
     std::printf("  %-44s %10.2f GB\n", "workspaces", gb(static_cast<double>(m.workspace_bytes)));
-    if (p.largest.transient_bytes)
-        std::printf("  %-44s %10.2f GB\n", "ZeRO-3: whole master weights, for moments", gb(static_cast<double>(p.largest.transient_bytes)));
     std::printf("  %-44s %10.2f GB\n", "runtime and communication buffers", gb(p.runtime_bytes));
     std::printf("  %-44s %10.2f GB\n", "checkpoint staging (host copy)", gb(p.checkpoint_staging_bytes));
     if (p.fits) std::printf("  %-44s %10.2f GB of %.2f GB: fits (%.2f GB free)\n", "total", gb(p.total_bytes), gb(p.capacity_bytes), gb(p.capacity_bytes - p.total_bytes));

@@ -84,7 +84,7 @@ TEST(StepModel, OptimizerRunsAtTheStepEndShare_MicroBatchesAtThePipelineShare) {
 // passes run nearer the bandwidth than the micro-batches' memory-bound ops): under
 // ZeRO-1 on dp 2 each rank updates half the elements but zeroes and reads every gradient.
 TEST(StepModel, AdamwUpdateAndGradientPassesAtTheirOwnEfficiencies) {
-    const Config config = fifty_million({"parallel.zero1=true"});
+    const Config config = fifty_million({"parallel.zero_stage=1"});
     Cluster cluster = two_core_node();
     cluster.efficiency.optimizer = cluster.efficiency.memory / 4;
     cluster.efficiency.gradient_pass = cluster.efficiency.memory * 3;
