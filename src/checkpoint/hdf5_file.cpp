@@ -15,9 +15,10 @@ namespace llmtrain {
 namespace {
 constexpr const char* kFormat = "llmtrain-checkpoint-2";
 constexpr const char* kFormatOne = "llmtrain-checkpoint-1";
-// About 256 KiB of float32 per chunk: a flipped bit costs one chunk, checksums stay cheap,
-// and a reader that needs part of a piece reads at most a chunk more at each end of it.
-constexpr hsize_t kChunkElements = 65536;
+// About 64 KiB of float32 per chunk: a flipped bit costs one chunk, checksums stay cheap,
+// and a reader that needs part of a piece (another layout's) reads at most a chunk more at
+// each end of it.
+constexpr hsize_t kChunkElements = 16384;
 
 // Before the first HDF5 call: HDF5 prints its error stack itself unless told not to (ours go
 // into the Error instead), and its exit handler closes every file still open, which crashes
@@ -306,7 +307,7 @@ void RankFileReader::read_all(const SavedTensor& tensor, void* out, DType as) co
 }
 
 void RankFileReader::read_part(const SavedTensor& tensor, const GlobalBox& part, void* out, DType as, const Shape& out_shape, const Shape& out_start) const {
-    if (tensor.boxes.size() != 1) fail(ErrorKind::runtime, "'", path_, "': tensor '", tensor.dataset, "' holds ", tensor.boxes.size(), " boxes: read it whole");
+    if (format_ < 2 || tensor.boxes.size() != 1) fail(ErrorKind::runtime, "'", path_, "': tensor '", tensor.dataset, "' is not shaped as one box: read it whole");
     const GlobalBox& box = tensor.boxes.front().box;
     Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
     if (!dataset.ok()) fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' cannot be opened (", hdf5_reason(), ")");

@@ -58,7 +58,8 @@ public:
     // Every value of a dataset into `out` (tensor.numel() elements of dtype `as`, converted
     // from the stored dtype), checksums verified.
     void read_all(const SavedTensor& tensor, void* out, DType as) const;
-    // The values of `part`, a box inside the dataset's single box, into `out`: a row-major
+    // The values of `part`, a box inside the dataset's single box (this format's datasets
+    // are shaped as their box), into `out`: a row-major
     // buffer of dtype `as` and shape out_shape, at box position out_start (a hyperslab of
     // the memory: the rest of `out` is left as it is). Only the chunks that hold `part` are
     // read (and their checksums verified).

@@ -201,11 +201,12 @@ void CheckpointTensors::read_box(TensorRole role, const TensorPlace& t, const Gl
             if (!part) continue;
             hits.push_back({p, b.box});
             covered += part->numel();
-            if (p->tensor.boxes.size() == 1) {
+            if (file_format(p->file) >= 2) {
                 reader(p->file).read_part(p->tensor, *part, out, as, wanted.count, relative_start(*part, wanted));
                 continue;
             }
-            // The earlier format: the dataset whole, then the part of this box copied out.
+            // The earlier format (its datasets are tp parts, or ranges of them, laid out flat):
+            // the dataset whole, then the part of this box copied out.
             if (cached_ != p || cached_dtype_ != as) {
                 cached_values_.resize(static_cast<size_t>(p->tensor.numel()) * elem);
                 reader(p->file).read_all(p->tensor, cached_values_.data(), as);

@@ -64,6 +64,13 @@ nlohmann::json time_json(const StepTime& t) {
             {"mfu", t.mfu}};
 }
 
+nlohmann::json checkpoint_json(const LayoutPlan& p) {
+    if (!p.checkpoint) return nullptr;
+    const CheckpointTime& c = *p.checkpoint;
+    return {{"bytes", c.bytes}, {"bytes_per_rank", c.bytes_per_rank}, {"blocked_seconds", c.blocked_seconds},
+            {"background_seconds", c.background_seconds}, {"resume_seconds", c.resume_seconds}};
+}
+
 nlohmann::json plan_json(const LayoutPlan& p) {
     const TrainConfig& t = p.config.train;
     return {{"layout",
@@ -79,6 +86,7 @@ nlohmann::json plan_json(const LayoutPlan& p) {
               {"shard_size", shard_size_of(p.config.parallel, static_cast<int>(p.dp))}}},
             {"memory", memory_json(p)},
             {"time", time_json(p.time)},
+            {"checkpoint", checkpoint_json(p)},
             {"tokens", p.tokens},
             {"days", p.days},
             {"cost_usd", p.cost_usd}};
@@ -123,6 +131,21 @@ void print_time(const LayoutPlan& p, const PlanOptions& options) {
     std::printf("%-46s %.3g tokens: %.2f days", "budget", p.tokens, p.days);
     if (options.gpu_hour_usd > 0) std::printf(", $%.0f at $%.2f per device-hour", p.cost_usd, options.gpu_hour_usd);
     std::printf("\n");
+}
+
+void print_checkpoint(const LayoutPlan& p, const Cluster& cluster) {
+    if (!p.checkpoint) {
+        std::printf("checkpoint: no [storage] in %s (aggregate and per-node read/write GB/s, host copy GB/s) to time it\n", cluster.source_path.c_str());
+        return;
+    }
+    const CheckpointTime& c = *p.checkpoint;
+    const Storage& st = *cluster.storage;
+    std::printf("checkpoint (fp32 master weights and AdamW moments, written by placement; storage %.0f GB/s write, %.0f GB/s read, %.0f / %.0f GB/s per node):\n",
+                st.write_gbps, st.read_gbps, st.node_write_gbps, st.node_read_gbps);
+    std::printf("  %-44s %10.1f GB (%.2f GB per rank)\n", "size", gb(c.bytes), gb(c.bytes_per_rank));
+    std::printf("  %-44s %10.2f s\n", "save: step loop blocked (copy to host)", c.blocked_seconds);
+    std::printf("  %-44s %10.1f s\n", "save: written in the background", c.background_seconds);
+    std::printf("  %-44s %10.1f s\n", "resume: verify, load, all-gather over dp", c.resume_seconds);
 }
 
 void print_search(const LayoutSearch& search, int top) {
@@ -171,6 +194,7 @@ int run_plan(const PlanArgs& args) {
                     static_cast<long long>(plan.config.train.batch_size * plan.config.train.seq_len), static_cast<long long>(plan.config.parallel.zero_stage));
         print_memory(plan);
         print_time(plan, args.options);
+        print_checkpoint(plan, cluster);
     }
     if (!plan.fits)
         fail(ErrorKind::config, "plan: does not fit: needs ", std::lround(plan.total_bytes / 1e7) / 100.0, " GB per device, has ",

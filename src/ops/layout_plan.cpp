@@ -69,6 +69,7 @@ LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices
     plan.capacity_bytes = capacity_bytes(cluster, mesh);
     plan.fits = plan.total_bytes <= plan.capacity_bytes;
     plan.time = predict_step_time(config, mesh, cluster, parameters);
+    if (cluster.storage) plan.checkpoint = predict_checkpoint_time(config, mesh, cluster, parameters);
     plan.tokens = token_budget(config, options, plan.time.tokens_per_step);
     const double seconds = plan.tokens / (plan.time.tokens_per_second_per_device * devices);
     plan.days = seconds / 86400;

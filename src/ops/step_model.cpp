@@ -312,4 +312,28 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     return r;
 }
 
+CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
+    if (!cluster.storage) fail(ErrorKind::config, cluster.source_path, ": storage: missing (the shared storage checkpoints go to: write_gbps, read_gbps, node_write_gbps, node_read_gbps, host_copy_gbps)");
+    const Storage& st = *cluster.storage;
+    const double master_bytes = static_cast<double>(dtype_size(master_dtype(compute_dtype(config.train))));
+    const int nodes = std::max(1, (mesh.world_size() + ranks_per_node(mesh, cluster) - 1) / ranks_per_node(mesh, cluster));
+    CheckpointTime t;
+    t.bytes = 3 * master_bytes * parameters;
+    t.bytes_per_rank = t.bytes / mesh.world_size();
+    // Every node moves its ranks' shares over its own link; together at most the storage's bandwidth.
+    const auto transfer = [&](double aggregate_gbps, double node_gbps) { return std::max(t.bytes / (aggregate_gbps * 1e9), t.bytes / nodes / (node_gbps * 1e9)); };
+    t.blocked_seconds = t.bytes_per_rank / (st.host_copy_gbps * 1e9);
+    t.background_seconds = transfer(st.write_gbps, st.node_write_gbps);
+    const double reads = 2 * transfer(st.read_gbps, st.node_read_gbps);
+    // Below ZeRO-3 the dp ranks hold the master weights whole: each loads 1/dp and the group all-gathers the rest.
+    double exchange = 0;
+    if (mesh.dp() > 1 && config.parallel.zero_stage < 3) {
+        const double part_weights = master_bytes * parameters / (mesh.tp() * mesh.pp());
+        const Link dp_link = collective_link(cluster, mesh, mesh.dp(), mesh.tp() * mesh.dp(), device_share(config, mesh, cluster).step_end);
+        exchange = collective_seconds({Collective::all_gather, part_weights, 1}, mesh.dp(), dp_link);
+    }
+    t.resume_seconds = reads + exchange;
+    return t;
+}
+
 }  // namespace llmtrain

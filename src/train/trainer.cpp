@@ -499,16 +499,17 @@ std::string Trainer::place_of(int rank) {
     return text;
 }
 
-// Rank 0 picks the newest checkpoint that loads (checksums verified) and every rank takes
-// the same one.
+// Every rank checks its share of each candidate's files (checkpoint_store.h:
+// shared_problem_check) and every rank takes the same one: the newest that loads.
 std::string Trainer::agreed_rollback_checkpoint(int64_t offending_step, const std::string& kind) {
     const std::string& root = config_.checkpoint.dir;
+    Comm& world = *ctx_->world;
     double step = -1;
-    if (is_logger()) {
-        const auto passed_over = [&](const std::string& why) { log_warn("rollback: ", why); };
-        if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over)) step = static_cast<double>(read_checkpoint_manifest(*path).step);
-    }
-    step = ctx_->world->all_reduce_scalar(step, ReduceOp::max);
+    const auto passed_over = [&](const std::string& why) {
+        if (is_logger()) log_warn("rollback: ", why);
+    };
+    if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over, shared_problem_check(world))) step = static_cast<double>(read_checkpoint_manifest(*path).step);
+    step = world.all_reduce_scalar(step, ReduceOp::max);
     if (step < 0)
         fail(ErrorKind::diverged, "step ", offending_step, ": ", kind, " calls for a rollback, but no checkpoint has been committed under '", root,
              "' yet (checkpoint.every_steps = ", config_.checkpoint.every_steps, "); stopping instead");
