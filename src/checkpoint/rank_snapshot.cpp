@@ -64,7 +64,6 @@ void capture_snapshot(const SnapshotSource& source, int64_t step, RankSnapshot& 
     std::vector<Copy> copies;
     const std::vector<TensorRange> share = placement.checkpoint_share(true);
     for (TensorRole role : kTensorRoles) {
-        if (role != TensorRole::weights && !source.has_optimizer) continue;
         for (const TensorRange& r : share) {
             const TensorPlace& t = placement.tensors()[r.tensor];
             copies.push_back({source.state(role, {t.flat.begin + r.local.begin, t.flat.begin + r.local.end}), out.tensors.size()});

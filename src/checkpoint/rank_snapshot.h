@@ -68,7 +68,6 @@ struct SnapshotSource {
     const Placement& placement;
     // This rank's values of a role for flat elements `range` (a range of its share).
     std::function<Tensor(TensorRole role, FlatRange range)> state;
-    bool has_optimizer = true;          // AdamW moments to save
     std::vector<RankLocalState> rank_local;
     Backend& backend;                   // copies device memory to the host
     int world_rank = 0;

@@ -307,7 +307,7 @@ SnapshotSource Trainer::snapshot_source() {
             [&store, &optimizer](TensorRole role, FlatRange range) {
                 return role == TensorRole::weights ? store.master(range) : optimizer.moment(role == TensorRole::exp_avg_sq, range);
             },
-            true, optimizer.rank_local_state(), *backend_, ctx_->world_rank, params.dtype()};
+            optimizer.rank_local_state(), *backend_, ctx_->world_rank, params.dtype()};
 }
 
 Manifest Trainer::manifest_at(int64_t step) const {
