@@ -18,12 +18,14 @@ this size):
             "resumed from" line (printed after the load) and the fresh start's first line of the
             run (printed at the same point of the start-up).
 Every rank runs under this script's `wrap` mode, which starts llmtrain, timestamps rank 0's
-output lines and records the process's I/O counters. Needs mpirun and about 16 GB of memory
-(run it alone: it holds the machine for about half an hour on 2 cores).
+output lines and records the process's I/O counters and peak resident memory. Needs mpirun
+and about 16 GB of memory (run it alone: it holds the machine for about half an hour on 2
+cores).
 """
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -57,8 +59,9 @@ def wrap(record, command):
             key, value = row.split(":")
             counters[key] = int(value)
     code = child.wait()
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the one child's peak resident set
     with open(f"{record}.rank{rank}.json", "w") as out:
-        json.dump({"rank": rank, "rchar": counters["rchar"], "wchar": counters["wchar"], "lines": lines, "exit": code}, out)
+        json.dump({"rank": rank, "rchar": counters["rchar"], "wchar": counters["wchar"], "peak_rss": peak_kb * 1024, "lines": lines, "exit": code}, out)
     return code
 
 
@@ -94,7 +97,8 @@ def measure(binary, scratch, tag):
     save_seconds = first_time(saved, "checkpoint " + checkpoints) - step_line
     manifest = json.load(open(os.path.join(checkpoints, "step_00000001", "manifest.json")))
     file_bytes = [f["bytes"] for f in manifest["files"]]
-    figures = {"checkpoint_bytes": sum(file_bytes), "save_seconds": save_seconds, "written_per_rank": spread(file_bytes)}
+    figures = {"checkpoint_bytes": sum(file_bytes), "save_seconds": save_seconds, "written_per_rank": spread(file_bytes),
+               "save_peak_rss": max(r["peak_rss"] for r in saved)}
     for layout, args in LAYOUTS.items():
         key = layout.split(" (")[0].replace(" ", "_")
         fresh = run(binary, scratch, f"{tag}-fresh-{key}", [*args, "--set", "train.steps=1"])
@@ -104,7 +108,7 @@ def measure(binary, scratch, tag):
         read = [r["rchar"] - f["rchar"] - corpus for r, f in zip(resumed, fresh)]
         seconds = first_time(resumed, "resumed from") - first_time(fresh, "llmtrain ")
         figures[key] = {"layout": layout, "seconds": seconds, "read_per_rank": spread(read),
-                        "read_total": sum(read)}
+                        "read_total": sum(read), "peak_rss": max(r["peak_rss"] for r in resumed)}
     shutil.rmtree(checkpoints)
     return figures
 
@@ -113,12 +117,13 @@ def report(name, f):
     mb = 1e6
     print(f"{name}: checkpoint {f['checkpoint_bytes'] / mb:.0f} MB")
     high, mean = f["written_per_rank"]
-    print(f"  save  {f['save_seconds']:7.1f} s | written per rank: max {high / mb:7.1f} MB, mean {mean / mb:7.1f} MB (max / mean {high / mean:.2f})")
+    print(f"  save  {f['save_seconds']:7.1f} s | written per rank: max {high / mb:7.1f} MB, mean {mean / mb:7.1f} MB (max / mean {high / mean:.2f})"
+          f" | peak memory of a rank {f['save_peak_rss'] / mb:.0f} MB")
     for key in ("same_layout", "another_layout"):
         r = f[key]
         high, mean = r["read_per_rank"]
         print(f"  resume, {r['layout']}: {r['seconds']:7.1f} s | read per rank: max {high / mb:7.1f} MB, mean {mean / mb:7.1f} MB, "
-              f"{r['read_total'] / f['checkpoint_bytes']:.2f}x the checkpoint in all")
+              f"{r['read_total'] / f['checkpoint_bytes']:.2f}x the checkpoint in all | peak memory of a rank {r['peak_rss'] / mb:.0f} MB")
 
 
 def main():

@@ -154,7 +154,8 @@ void Checkpointer::complete(Outcome outcome) {
             log_info("checkpoint ", (fs::path(config_.dir) / checkpoint_name(report.step)).string(), ": ", megabytes(static_cast<double>(checkpoint_bytes(committed))),
                      " in ", committed.files.size(), " file(s) | step loop blocked ", fixed(report.blocked_seconds, 3), " s | written in ", fixed(figures.seconds, 3),
                      " s", report.synchronous ? "" : " in the background", " | ", describe_io(figures, "written"));
-            for (const std::string& deleted : apply_retention(config_.dir, config_.keep_last, config_.keep_every)) log_info("checkpoint retention: deleted ", deleted);
+            for (const std::string& deleted : apply_retention(config_.dir, config_.keep_last, config_.keep_every, committed.run_id))
+                log_info("checkpoint retention: deleted ", deleted);
         } catch (const Error& e) {
             outcome = Outcome::failed;
             error = e.what();
