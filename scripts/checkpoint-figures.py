@@ -19,7 +19,7 @@ this size):
             run (printed at the same point of the start-up).
 Every rank runs under this script's `wrap` mode, which starts llmtrain, timestamps rank 0's
 output lines and records the process's I/O counters and peak resident memory. Needs mpirun
-and about 16 GB of memory (run it alone: it holds the machine for about half an hour on 2
+and about 18 GB of memory (run it alone: it holds the machine for about a quarter of an hour on 2
 cores).
 """
 import argparse
