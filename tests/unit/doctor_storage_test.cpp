@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 #include "ops/doctor.h"
 
