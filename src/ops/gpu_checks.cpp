@@ -109,7 +109,9 @@ std::vector<CheckResult> judge_node_gpus(const std::vector<NodeGpus>& nodes) {
     for (const NodeGpus& node : nodes) {
         const std::string name = cat("gpu.node.", node.host);
         if (!node.why_not.empty()) {
-            checks.push_back(result(name, CheckStatus::skip, node.why_not, "GPU checks need a GPU and its driver"));
+            // The reason itself is gpu.ecc's detail, reported by the node's first rank: said once.
+            checks.push_back(result(name, CheckStatus::skip, "needs NVML, which is not loaded on this node (gpu.ecc says why)",
+                                    "GPU checks need a GPU and its driver"));
             continue;
         }
         if (node.models.empty()) {
