@@ -287,6 +287,6 @@ for row in flags:
           f"({pct(f['largest_cost_share'])} of the step)")
 if not flags and len(rows) > 1:
     print("every step between sizes scaled at 80% or better")
-print("exposed communication: time ranks were blocked in each group's collectives (mean over ranks; pp includes the "
+print("exposed communication: time ranks were blocked in each group's collectives, over all ranks (pp includes the "
       "bubble's waits); bubble: the schedule's idle slots; predicted: llmtrain plan on " + cluster)
 EOF
