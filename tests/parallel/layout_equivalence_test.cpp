@@ -90,8 +90,8 @@ void expect_global_batch_matches_single_process(const std::string& family, int64
 
 // ---- 2 ranks ----
 
-TEST(World2, Gpt2DataParallel_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero1=false"}); }
-TEST(World2, Gpt2DataParallelZero1_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero1=true"}); }
+TEST(World2, Gpt2DataParallel_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero_stage=0"}); }
+TEST(World2, Gpt2DataParallelZero1_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero_stage=1"}); }
 TEST(World2, LlamaDataParallelZero1SmallBuckets_MatchesSingleProcess) {
     // Buckets of about 4 KB: many reductions overlap backward and split parameters.
     expect_layout_matches_single_process("llama", 2, {"parallel.bucket_mb=0.004"});
@@ -128,7 +128,7 @@ TEST(World2, Gpt2GlobalBatchSizeDataParallel_MatchesSingleProcess) { expect_glob
 TEST(World2, Gpt2GlobalBatchSizeTensorParallel_MatchesSingleProcess) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.tp=2"}); }
 TEST(World2, Gpt2GlobalBatchSizePipeline_MatchesSingleProcess) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"}); }
 TEST(World2, LlamaGlobalBatchSizeDataParallelZero1_MatchesSingleProcess) {
-    expect_global_batch_matches_single_process("llama", 8, {"parallel.zero1=true"});
+    expect_global_batch_matches_single_process("llama", 8, {"parallel.zero_stage=1"});
 }
 
 // Fewer micro-batches than stages: a larger bubble, the same run.
@@ -148,8 +148,8 @@ TEST(World2, LlamaInterleavedTwoStagesTwoChunksTwoMicroBatches_MatchesSingleProc
 }
 
 TEST(World2, Zero1OptimizerState_IsHalfOfPlainDataParallel) {
-    const RankMemory plain = run_parallel(tiny("gpt2", 2, {"parallel.zero1=false", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
-    const RankMemory sharded = run_parallel(tiny("gpt2", 2, {"parallel.zero1=true", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory plain = run_parallel(tiny("gpt2", 2, {"parallel.zero_stage=0", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory sharded = run_parallel(tiny("gpt2", 2, {"parallel.zero_stage=1", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
     // The flat buffer is padded to a multiple of dp, so the halves are exact to a few elements.
     EXPECT_NEAR(static_cast<double>(sharded.optimizer_bytes) / static_cast<double>(plain.optimizer_bytes), 0.5, 1e-3);
     EXPECT_EQ(sharded.parameter_bytes, plain.parameter_bytes);
@@ -180,8 +180,8 @@ TEST(World4, LlamaOnBpeTokenShardsTensorTimesData_MatchesSingleProcess) {
     expect_same_run_as_single_process(tiny_from("configs/tiny-bpe.toml", "llama", 2, {"parallel.tp=2"}));
 }
 TEST(World4, Zero1OptimizerState_IsAQuarterOfPlainDataParallel) {
-    const RankMemory plain = run_parallel(tiny("llama", 1, {"parallel.zero1=false", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
-    const RankMemory sharded = run_parallel(tiny("llama", 1, {"parallel.zero1=true", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory plain = run_parallel(tiny("llama", 1, {"parallel.zero_stage=0", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory sharded = run_parallel(tiny("llama", 1, {"parallel.zero_stage=1", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
     EXPECT_NEAR(static_cast<double>(sharded.optimizer_bytes) / static_cast<double>(plain.optimizer_bytes), 0.25, 1e-3);
 }
 

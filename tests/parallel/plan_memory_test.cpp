@@ -110,7 +110,7 @@ TEST(World4, PlanMemory_TinyHybridShardsOfTwoZero3) {
     expect_plan_is_what_the_rank_holds("tiny dp4 shard2 zero3", false, {"parallel.zero_stage=3", "parallel.shard_size=2"});
 }
 TEST(World4, PlanMemory_50MDataParallelZero3) { expect_plan_is_what_the_rank_holds("50M dp4 zero3", true, {"parallel.zero_stage=3"}); }
-TEST(World4, PlanMemory_TinyDataParallelNoZero1) { expect_plan_is_what_the_rank_holds("tiny dp4 no zero1", false, {"parallel.zero1=false"}); }
+TEST(World4, PlanMemory_TinyDataParallelNoZero1) { expect_plan_is_what_the_rank_holds("tiny dp4 no zero1", false, {"parallel.zero_stage=0"}); }
 TEST(World4, PlanMemory_TinyTensorTimesData) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2", false, {"parallel.tp=2"}); }
 TEST(World4, PlanMemory_TinyPipelineTimesData) { expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2", false, {"parallel.pp=2", "train.grad_accum=2"}); }
 TEST(World4, PlanMemory_TinyTensorTimesPipeline) { expect_plan_is_what_the_rank_holds("tiny tp2 pp2 m2", false, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}); }
@@ -129,7 +129,7 @@ TEST(World4, PlanMemory_TinyLlamaSelectiveRecompute) {
 TEST(World4, PlanMemory_50MDataParallelZero1) { expect_plan_is_what_the_rank_holds("50M dp4 zero1", true, {}); }
 TEST(World4, PlanMemory_50MTensorTimesData) { expect_plan_is_what_the_rank_holds("50M tp2 dp2", true, {"parallel.tp=2"}); }
 TEST(World4, PlanMemory_50MPipelineTimesDataNoZero1) {
-    expect_plan_is_what_the_rank_holds("50M pp2 dp2 m2 no zero1", true, {"parallel.pp=2", "train.grad_accum=2", "parallel.zero1=false"});
+    expect_plan_is_what_the_rank_holds("50M pp2 dp2 m2 no zero1", true, {"parallel.pp=2", "train.grad_accum=2", "parallel.zero_stage=0"});
 }
 TEST(World4, PlanMemory_50MTensorTimesPipelineFullRecompute) {
     expect_plan_is_what_the_rank_holds("50M tp2 pp2 m2 recompute full", true, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2", "train.recompute=\"full\""});
