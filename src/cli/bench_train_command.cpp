@@ -25,9 +25,9 @@
 #include "core/log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "ops/cluster.h"
-#include "ops/memory_plan.h"
-#include "ops/step_model.h"
+#include "plan/cluster.h"
+#include "plan/memory_plan.h"
+#include "plan/step_model.h"
 #include "train/model_flops.h"
 #include "train/trainer.h"
 

@@ -28,10 +28,10 @@
 #include "data/batch_source.h"
 #include "metrics/console_observer.h"
 #include "metrics/run_log.h"
-#include "monitor/anomaly_log.h"
+#include "health/anomaly_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "parallel/timed_comm.h"
 #include "train/trainer.h"
 

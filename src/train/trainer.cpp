@@ -17,7 +17,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/generate.h"
-#include "ops/step_model.h"
+#include "plan/step_model.h"
 #include "optim/lr_schedule.h"
 #include "train/fault_injection.h"
 

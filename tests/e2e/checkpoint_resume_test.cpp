@@ -12,7 +12,7 @@
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/checkpointer.h"
 #include "config/config.h"
-#include "support/emulated_cuda_backend.h"
+#include "support/stand_in_cuda_backend.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
 

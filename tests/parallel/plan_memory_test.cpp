@@ -20,7 +20,7 @@
 #include <string>
 
 #include "config/config.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "parallel/context.h"
 #include "train/trainer.h"
 

@@ -1,4 +1,4 @@
-#include "support/emulated_cuda_backend.h"
+#include "support/stand_in_cuda_backend.h"
 
 #include <cmath>
 #include <cstring>

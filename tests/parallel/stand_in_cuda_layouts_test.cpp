@@ -1,5 +1,5 @@
 // The CUDA path's parallel layouts under mpirun, on the CPU stand-in of the CUDA backend
-// (tests/support/emulated_cuda_backend.h): bf16 activations cross the tensor-parallel ranks
+// (tests/support/stand_in_cuda_backend.h): bf16 activations cross the tensor-parallel ranks
 // and ZeRO-1 all-gathers the bf16 compute copy. With parallel.comm = "nccl" the trainer runs
 // its event-ordered collectives (the path NCCL takes on a GPU), here on recorded stand-ins
 // of the streams that carry each collective out over MPI; with "mpi", MPI's staging of
@@ -12,7 +12,7 @@
 #include <map>
 
 #include "parallel/context.h"
-#include "support/emulated_cuda_backend.h"
+#include "support/stand_in_cuda_backend.h"
 #include "support/host_staging.h"
 #include "support/run_comparisons.h"
 #include "support/stream_graph.h"

@@ -1,5 +1,5 @@
 // The CUDA path's host side, on every machine: training runs on a CPU stand-in of the CUDA
-// backend (tests/support/emulated_cuda_backend.h) that keeps its memory and dtype contract.
+// backend (tests/support/stand_in_cuda_backend.h) that keeps its memory and dtype contract.
 // bf16 mixed precision must track the fp32 CPU run, fp16 loss scaling must train, and
 // recomputation must not change the run. What this cannot show is the kernels' own
 // correctness and speed: tests/gpu does that on a GPU.
@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "config/config.h"
-#include "support/emulated_cuda_backend.h"
+#include "support/stand_in_cuda_backend.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
 

@@ -1,11 +1,11 @@
-#include "ops/step_model.h"
+#include "plan/step_model.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/log.h"
 #include "model/transformer.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/pipeline_schedule.h"
 
