@@ -12,7 +12,7 @@ namespace {
 
 bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
 
-[[noreturn]] void refuse(const char* op, const char* name, const std::string& why) { fail(ErrorKind::shape, "emulated cuda ", op, ": ", name, " ", why); }
+[[noreturn]] void refuse(const char* op, const char* name, const std::string& why) { fail(ErrorKind::shape, "stand-in cuda ", op, ": ", name, " ", why); }
 
 void expect_device(const char* op, const char* name, const Tensor& t) {
     if (!t.empty() && t.device() != Device::cuda) refuse(op, name, "is not in device memory");
@@ -84,10 +84,10 @@ void attention_lse(const Tensor& lse, const Tensor& qkv, const AttentionShape& s
             }
 }
 
-class EmulatedCudaBackend final : public Backend {
+class StandInCudaBackend final : public Backend {
 public:
-    EmulatedCudaBackend() : cpu_(make_cpu_backend(1)) {}
-    std::string name() const override { return "emulated cuda (CPU stand-in)"; }
+    StandInCudaBackend() : cpu_(make_cpu_backend(1)) {}
+    std::string name() const override { return "stand-in cuda (CPU)"; }
     bool supports(Op op, DType dtype) const override {
         switch (op) {
             case Op::adamw: case Op::sum_squares: case Op::xent_combine: case Op::accumulate_sum: case Op::accumulate_sum_squares: return dtype == DType::f32;
@@ -307,6 +307,6 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_emulated_cuda_backend() { return std::make_unique<EmulatedCudaBackend>(); }
+std::unique_ptr<Backend> make_stand_in_cuda_backend() { return std::make_unique<StandInCudaBackend>(); }
 
 }  // namespace llmtrain::test
