@@ -12,9 +12,10 @@
 #include <map>
 
 #include "parallel/context.h"
-#include "support/stand_in_cuda_backend.h"
 #include "support/host_staging.h"
+#include "support/parallel_test.h"
 #include "support/run_comparisons.h"
+#include "support/stand_in_cuda_backend.h"
 #include "support/stream_graph.h"
 
 using namespace llmtrain;
@@ -85,25 +86,25 @@ void expect_tracks_cpu_with(const std::string& comm, int64_t dp, const std::vect
 
 }  // namespace
 
-TEST(World2, StandInCudaTensorParallelBf16OverEventOrderedCollectives_TracksCpuFp32) { expect_tracks_cpu_with("nccl", 1, {"parallel.tp=2"}); }
-TEST(World2, StandInCudaTensorParallelBf16OverMpi_TracksCpuFp32) { expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2"}); }
-TEST(World2, StandInCudaDefaultComm_IsTheEventOrderedPath) {
+PARALLEL_TEST(StandInCudaLayouts, TensorParallelBf16OverEventOrderedCollectives_TracksCpuFp32, 2) { expect_tracks_cpu_with("nccl", 1, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, TensorParallelBf16OverMpi_TracksCpuFp32, 2) { expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, DefaultComm_IsTheEventOrderedPath, 2) {
     const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.tp=2", "train.steps=2"}));
     EXPECT_GT(run.collectives, 0u);
 }
-TEST(World4, StandInCudaTensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
-TEST(World4, StandInCudaTensorTimesDataZero1OverMpi_TracksCpuFp32) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, TensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32, 4) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, TensorTimesDataZero1OverMpi_TracksCpuFp32, 4) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
 // ZeRO-3 under bf16: the compute shard is gathered (16-bit) into the ring on the dp group's
 // stream, ordered against the compute stream by events, with no race the stream graph sees.
-TEST(World4, StandInCudaZero3OverEventOrderedCollectives_TracksCpuFp32) {
+PARALLEL_TEST(StandInCudaLayouts, Zero3OverEventOrderedCollectives_TracksCpuFp32, 4) {
     const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"nccl\""}));
     test::expect_tracks_cpu(run.result, cpu_reference(4));
     for (const std::string& race : run.races) ADD_FAILURE() << race;
 }
-TEST(World4, StandInCudaZero3OverMpi_TracksCpuFp32) {
+PARALLEL_TEST(StandInCudaLayouts, Zero3OverMpi_TracksCpuFp32, 4) {
     test::expect_tracks_cpu(run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"mpi\""})).result, cpu_reference(4));
 }
-TEST(World4, StandInCudaHybridZero2OverEventOrderedCollectives_TracksCpuFp32) {
+PARALLEL_TEST(StandInCudaLayouts, HybridZero2OverEventOrderedCollectives_TracksCpuFp32, 4) {
     const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=2", "parallel.shard_size=2", "parallel.comm=\"nccl\""}));
     test::expect_tracks_cpu(run.result, cpu_reference(4));
     for (const char* group : {"shard", "replica"})
