@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -117,6 +118,20 @@ void fill_rope_rows(T* table, int64_t rows, int64_t head_dim, double theta) {
     }
 }
 }  // namespace
+
+namespace {
+std::string fixed_megabytes(size_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / 1e6);
+    return text;
+}
+}  // namespace
+
+void Backend::check_memory_limit(size_t held, size_t bytes) const {
+    if (memory_limit_bytes_ == 0 || held + bytes <= memory_limit_bytes_) return;
+    fail(ErrorKind::config, "memory: allocating ", fixed_megabytes(bytes), " MB more would make this rank hold ", fixed_megabytes(held + bytes),
+         " MB, beyond train.memory_limit_gb = ", static_cast<double>(memory_limit_bytes_) / 1e9);
+}
 
 void fill_rope_table(const Tensor& table, double theta) {
     if (table.rank() != 2) fail(ErrorKind::shape, "fill_rope_table: table has shape ", table.shape().str(), ", expected [max_seq_len, head_dim]");

@@ -357,6 +357,9 @@ public:
     virtual size_t workspace_bytes() const { return 0; }
     // Device memory this backend has allocated at most (0: host memory, not tracked).
     virtual size_t peak_memory_bytes() const { return 0; }
+    // At most `bytes` held through allocate() at once from now on (train.memory_limit_gb): an
+    // allocation beyond it is a config error naming the key. 0: no limit.
+    void set_memory_limit(size_t bytes) { memory_limit_bytes_ = bytes; }
     // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
     virtual double peak_bf16_tflops() const { return 0; }
     // Which kernels run attention at this shape, and how ("native flash kernels", or cuDNN's
@@ -440,7 +443,10 @@ public:
     OpProfile& profile() { return profile_; }
 
 protected:
+    // Throws the error above when `bytes` more would take `held` beyond the limit.
+    void check_memory_limit(size_t held, size_t bytes) const;
     OpProfile profile_;
+    size_t memory_limit_bytes_ = 0;
 };
 
 // The rotary table [max_seq_len, head_dim] for base theta (computed in double).

@@ -13,9 +13,12 @@
 namespace llmtrain {
 
 namespace {
-constexpr const char* kFormat = "llmtrain-checkpoint-1";
-// About 1 MiB of float32 per chunk: a flipped bit costs one chunk, and checksums stay cheap.
-constexpr hsize_t kChunkElements = 262144;
+constexpr const char* kFormat = "llmtrain-checkpoint-2";
+constexpr const char* kFormatOne = "llmtrain-checkpoint-1";
+// About 64 KiB of float32 per chunk: a flipped bit costs one chunk, checksums stay cheap,
+// and a reader that needs part of a piece (another layout's) reads at most a chunk more at
+// each end of it.
+constexpr hsize_t kChunkElements = 16384;
 
 // Before the first HDF5 call: HDF5 prints its error stack itself unless told not to (ours go
 // into the Error instead), and its exit handler closes every file still open, which crashes
@@ -115,8 +118,6 @@ Shape shape_of(const std::vector<int64_t>& dims) {
     return shape;
 }
 
-const char* split_name(TpSplit split) { return split == TpSplit::rows ? "rows" : split == TpSplit::cols ? "cols" : "none"; }
-
 TpSplit parse_split(const std::string& name) {
     if (name == "rows") return TpSplit::rows;
     if (name == "cols") return TpSplit::cols;
@@ -124,38 +125,25 @@ TpSplit parse_split(const std::string& name) {
     fail(ErrorKind::data, "attribute 'tp_split' is '", name, "' (expected none, rows or cols)");
 }
 
-// The hyperslab of the global tensor that the local part covers, per dimension:
-// rows split in B blocks: start r * R/(B tp), stride R/B, count B, block R/(B tp) rows.
-void write_hyperslab(hid_t object, const SavedTensor& t) {
-    const int rank = t.global_shape.rank;
-    std::vector<int64_t> start(static_cast<size_t>(rank), 0), stride(static_cast<size_t>(rank), 1), count(static_cast<size_t>(rank), 1),
-        block(dims_of(t.global_shape));
-    if (t.split.kind == TpSplit::rows && t.tp_size > 1) {
-        const int64_t block_rows = t.local_shape[0] / t.split.blocks;
-        start[0] = t.tp_rank * block_rows;
-        stride[0] = t.global_shape[0] / t.split.blocks;
-        count[0] = t.split.blocks;
-        block[0] = block_rows;
-    } else if (t.split.kind == TpSplit::cols && t.tp_size > 1) {
-        const auto last = static_cast<size_t>(rank - 1);
-        start[last] = t.tp_rank * t.local_shape.cols();
-        block[last] = t.local_shape.cols();
-    }
+// The box a piece holds, as an HDF5 hyperslab of the global tensor: start, stride 1, count
+// 1, block = the box's extent.
+void write_hyperslab(hid_t object, const GlobalBox& box) {
+    const std::vector<int64_t> start = dims_of(box.start), block = dims_of(box.count);
     write_ints(object, "hyperslab_start", start);
-    write_ints(object, "hyperslab_stride", stride);
-    write_ints(object, "hyperslab_count", count);
+    write_ints(object, "hyperslab_stride", std::vector<int64_t>(start.size(), 1));
+    write_ints(object, "hyperslab_count", std::vector<int64_t>(start.size(), 1));
     write_ints(object, "hyperslab_block", block);
 }
 
 void write_tensor(hid_t file, hid_t link_properties, const SavedTensor& t, const char* data) {
-    const hsize_t stored = static_cast<hsize_t>(t.numel());
-    const bool as_local_shape = t.whole() && t.local_shape.rank >= 1;
+    if (t.boxes.size() != 1) fail(ErrorKind::runtime, "tensor '", t.dataset, "': a piece is written as one box");
+    const GlobalBox& box = t.boxes.front().box;
     std::vector<hsize_t> dims;
-    if (as_local_shape) for (int i = 0; i < t.local_shape.rank; ++i) dims.push_back(static_cast<hsize_t>(t.local_shape[i]));
-    else dims.push_back(stored);
+    for (int i = 0; i < box.count.rank; ++i) dims.push_back(static_cast<hsize_t>(box.count[i]));
+    if (dims.empty()) dims.push_back(1);
     // Chunks of whole rows of about kChunkElements elements.
     std::vector<hsize_t> chunk = dims;
-    const hsize_t row = dims.size() > 1 ? stored / dims[0] : 1;
+    const hsize_t row = dims.size() > 1 ? static_cast<hsize_t>(t.numel()) / std::max<hsize_t>(dims[0], 1) : 1;
     chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], kChunkElements / std::max<hsize_t>(row, 1)));
     Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
     Handle create(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -167,13 +155,41 @@ void write_tensor(hid_t file, hid_t link_properties, const SavedTensor& t, const
         fail(ErrorKind::io, "tensor '", t.dataset, "': ", hdf5_reason());
     write_text(dataset, "name", t.name);
     write_ints(dataset, "global_shape", dims_of(t.global_shape));
-    write_ints(dataset, "local_shape", dims_of(t.local_shape));
-    write_text(dataset, "tp_split", split_name(t.split.kind));
-    write_ints(dataset, "tp_blocks", {t.split.blocks});
-    write_ints(dataset, "tp_rank", {t.tp_rank});
-    write_ints(dataset, "tp_size", {t.tp_size});
-    write_ints(dataset, "local_elements", {t.begin, t.end});
-    write_hyperslab(dataset, t);
+    write_hyperslab(dataset, box);
+}
+
+// A dataset of the first format: a range [begin, end) of one tp rank's part of a tensor,
+// described by the attributes of that layout; the boxes it holds follow from the tp split.
+std::vector<StoredBox> boxes_of_format_one(hid_t object, const std::string& name, const Shape& global_shape) {
+    TensorPlace part;
+    part.name = name;
+    part.global_shape = global_shape;
+    part.local_shape = shape_of(read_int_attribute(object, "local_shape"));
+    part.split = {parse_split(read_string_attribute(object, "tp_split")), read_int_attribute(object, "tp_blocks").at(0)};
+    part.tp_rank = static_cast<int>(read_int_attribute(object, "tp_rank").at(0));
+    part.tp_size = static_cast<int>(read_int_attribute(object, "tp_size").at(0));
+    part.flat = {0, part.local_shape.numel()};
+    const std::vector<int64_t> elements = read_int_attribute(object, "local_elements");
+    if (elements.size() != 2 || elements[0] < 0 || elements[1] > part.flat.end || elements[0] > elements[1])
+        fail(ErrorKind::data, "attribute 'local_elements' is not a range of the ", part.flat.end, " local elements");
+    std::vector<StoredBox> boxes;
+    int64_t offset = 0;
+    for (const GlobalBox& box : boxes_of(part, {elements[0], elements[1]})) {
+        boxes.push_back({box, offset});
+        offset += box.numel();
+    }
+    return boxes;
+}
+
+// A dataset of this format: one box, given as a hyperslab of one block.
+std::vector<StoredBox> boxes_of_format_two(hid_t object) {
+    const std::vector<int64_t> start = read_int_attribute(object, "hyperslab_start"), count = read_int_attribute(object, "hyperslab_count"),
+                               block = read_int_attribute(object, "hyperslab_block");
+    if (start.size() != block.size() || count.size() != block.size() || start.size() > Shape::max_rank)
+        fail(ErrorKind::data, "hyperslab attributes of ", start.size(), ", ", count.size(), " and ", block.size(), " dimensions");
+    for (int64_t c : count)
+        if (c != 1) fail(ErrorKind::data, "attribute 'hyperslab_count' is not 1 in every dimension (a piece is one block)");
+    return {{GlobalBox{shape_of(start), shape_of(block)}, 0}};
 }
 
 }  // namespace
@@ -203,19 +219,28 @@ void write_rank_file(const std::string& path, const RankSnapshot& snapshot, cons
     fsync_file(path);
 }
 
-RankFileReader::RankFileReader(const std::string& path) : path_(path) {
+int rank_file_format(const std::string& format_attribute) {
+    if (format_attribute == kFormat) return 2;
+    if (format_attribute == kFormatOne) return 1;
+    fail(ErrorKind::data, "format '", format_attribute, "' is not one this llmtrain reads (", kFormat, ", ", kFormatOne, ")");
+}
+
+RankFileReader::RankFileReader(const std::string& path, bool index) : path_(path) {
     silence_hdf5();
     if (H5Fis_hdf5(path.c_str()) <= 0) fail(ErrorKind::data, "'", path, "' is not an HDF5 file (truncated or damaged?)");
     file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (file_ < 0) fail(ErrorKind::data, "cannot open '", path, "': ", hdf5_reason());
     try {
-        if (read_string_attribute(file_, "format") != kFormat) fail(ErrorKind::data, "not an llmtrain checkpoint file (attribute 'format')");
+        const std::string format = read_string_attribute(file_, "format");
+        if (!format.starts_with("llmtrain-checkpoint-")) fail(ErrorKind::data, "not an llmtrain checkpoint file (attribute 'format')");
+        format_ = rank_file_format(format);
         attributes_.step = read_int_attribute(file_, "step").at(0);
         attributes_.world_rank = static_cast<int>(read_int_attribute(file_, "world_rank").at(0));
         attributes_.world_size = static_cast<int>(read_int_attribute(file_, "world_size").at(0));
         const std::vector<int64_t> mesh = read_int_attribute(file_, "mesh_tp_dp_pp");
         if (mesh.size() != 3) fail(ErrorKind::data, "attribute 'mesh_tp_dp_pp' does not hold 3 values");
         attributes_.tp = static_cast<int>(mesh[0]), attributes_.dp = static_cast<int>(mesh[1]), attributes_.pp = static_cast<int>(mesh[2]);
+        if (!index) return;
         std::vector<std::string> names;
         H5Lvisit(file_, H5_INDEX_NAME, H5_ITER_INC, [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
             static_cast<std::vector<std::string>*>(out)->push_back(name);
@@ -230,18 +255,14 @@ RankFileReader::RankFileReader(const std::string& path) : path_(path) {
                 t.dataset = name;
                 t.name = read_string_attribute(object, "name");
                 t.global_shape = shape_of(read_int_attribute(object, "global_shape"));
-                t.local_shape = shape_of(read_int_attribute(object, "local_shape"));
-                t.split = {parse_split(read_string_attribute(object, "tp_split")), read_int_attribute(object, "tp_blocks").at(0)};
-                t.tp_rank = static_cast<int>(read_int_attribute(object, "tp_rank").at(0));
-                t.tp_size = static_cast<int>(read_int_attribute(object, "tp_size").at(0));
-                const std::vector<int64_t> elements = read_int_attribute(object, "local_elements");
-                if (elements.size() != 2) fail(ErrorKind::data, "attribute 'local_elements' does not hold 2 values");
-                t.begin = elements[0], t.end = elements[1];
+                t.boxes = format_ == 1 ? boxes_of_format_one(object, t.name, t.global_shape) : boxes_of_format_two(object);
                 Handle type(H5Dget_type(object), H5Tclose);
                 t.dtype = H5Tget_size(type) == 8 ? DType::f64 : DType::f32;
                 Handle space(H5Dget_space(object), H5Sclose);
-                if (H5Sget_simple_extent_npoints(space) != t.numel() || t.begin < 0 || t.end > t.local_shape.numel() || t.begin > t.end)
+                if (H5Sget_simple_extent_npoints(space) != t.numel())
                     fail(ErrorKind::data, "holds ", H5Sget_simple_extent_npoints(space), " values, its attributes say ", t.numel());
+                for (const StoredBox& b : t.boxes)
+                    if (!b.box.inside(t.global_shape)) fail(ErrorKind::data, "holds the box ", b.box.str(), ", outside its global shape ", t.global_shape.str());
                 tensors_.push_back(std::move(t));
             } catch (const Error& e) {
                 fail(ErrorKind::data, "tensor '", name, "': ", e.what());
@@ -258,13 +279,49 @@ RankFileReader::~RankFileReader() {
     if (file_ >= 0) H5Fclose(file_);
 }
 
+namespace {
+hid_t native_type(DType dtype) {
+    if (dtype == DType::f64) return H5T_NATIVE_DOUBLE;
+    if (dtype == DType::f32) return H5T_NATIVE_FLOAT;
+    fail(ErrorKind::unsupported, "checkpoint values read as ", dtype_name(dtype), " (expected f32 or f64)");
+}
+
+std::vector<hsize_t> hsizes(const Shape& shape) {
+    std::vector<hsize_t> out;
+    for (int d = 0; d < shape.rank; ++d) out.push_back(static_cast<hsize_t>(shape[d]));
+    return out;
+}
+}  // namespace
+
 std::vector<double> RankFileReader::read(const SavedTensor& tensor) const {
-    Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
     std::vector<double> values(static_cast<size_t>(tensor.numel()));
-    // Every chunk's Fletcher32 checksum is verified by this read.
-    if (!dataset.ok() || H5Dread(dataset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
-        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");
+    read_all(tensor, values.data(), DType::f64);
     return values;
+}
+
+void RankFileReader::read_all(const SavedTensor& tensor, void* out, DType as) const {
+    Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    // Every chunk's Fletcher32 checksum is verified by this read.
+    if (!dataset.ok() || H5Dread(dataset, native_type(as), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");
+}
+
+void RankFileReader::read_part(const SavedTensor& tensor, const GlobalBox& part, void* out, DType as, const Shape& out_shape, const Shape& out_start) const {
+    if (format_ < 2 || tensor.boxes.size() != 1) fail(ErrorKind::runtime, "'", path_, "': tensor '", tensor.dataset, "' is not shaped as one box: read it whole");
+    const GlobalBox& box = tensor.boxes.front().box;
+    Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!dataset.ok()) fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' cannot be opened (", hdf5_reason(), ")");
+    Handle file_space(H5Dget_space(dataset), H5Sclose);
+    std::vector<hsize_t> start, count = hsizes(part.count);
+    for (int d = 0; d < part.start.rank; ++d) start.push_back(static_cast<hsize_t>(part.start[d] - box.start[d]));
+    const std::vector<hsize_t> memory_dims = hsizes(out_shape), memory_start = hsizes(out_start);
+    Handle memory_space(H5Screate_simple(static_cast<int>(memory_dims.size()), memory_dims.data(), nullptr), H5Sclose);
+    if (H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0 ||
+        H5Sselect_hyperslab(memory_space, H5S_SELECT_SET, memory_start.data(), nullptr, count.data(), nullptr) < 0)
+        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "': the part ", part.str(), " is outside its box ", box.str());
+    // The chunks this part touches are read whole and their checksums verified.
+    if (H5Dread(dataset, native_type(as), memory_space, file_space, H5P_DEFAULT, out) < 0)
+        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");
 }
 
 }  // namespace llmtrain

@@ -349,13 +349,10 @@ void check_on_every_rank(const MpiSession& mpi, Checks&& checks) {
 // on the same choice. The rank that finds a problem says which file.
 std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArgs& args, const Config& config, const std::optional<std::string>& run_id) {
     const bool root = mpi.world_rank() == 0;
-    const ProblemOf shared_check = [&](const std::string& path) -> std::optional<std::string> {
-        const std::optional<std::string> mine = checkpoint_problem(path, Verification::files, {mpi.world_rank(), mpi.world_size()});
-        const int first = mpi.first_failing_rank(mine.has_value());
-        if (first < 0) return std::nullopt;
-        if (mine && !root) log_warn("--resume ", args.resume, ": ", *mine);
-        return mine ? *mine : cat("rank ", first, " found a file of it missing or damaged (its message names the file)");
-    };
+    const ProblemOf shared_check = shared_problem_check({mpi.world_rank(), mpi.world_size()}, [&mpi](bool found) { return mpi.first_failing_rank(found); },
+                                                        [&](const std::string& mine) {
+                                                            if (!root) log_warn("--resume ", args.resume, ": ", mine);
+                                                        });
     return find_resume_point(args.resume, config, root, shared_check, run_id);
 }
 

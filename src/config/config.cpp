@@ -202,7 +202,6 @@ struct Field {
 };
 
 void default_n_kv_heads(Config& c) { c.model.n_kv_heads = c.model.n_heads; }
-void default_zero_stage(Config& c) { c.parallel.zero_stage = c.parallel.zero1 ? 1 : 0; }
 
 // gpt2: 4 * d_model. llama: the SwiGLU MLP has three matrices instead of two, so 2/3 of
 // 4 * d_model keeps the parameter count; rounded up to a multiple of 64 for the GEMMs.
@@ -273,6 +272,9 @@ const std::vector<Field>& schema() {
             .describe("validation sequences per evaluation: the same set whatever batch_size and the layout"),
         CONFIG_KEY(train, log_every).integer(1, kTrillion).describe("steps between log lines"),
         CONFIG_KEY(train, threads).integer(0, 4096).describe("CPU threads; 0: all cores"),
+        CONFIG_KEY(train, memory_limit_gb).number(incl(0), incl(1e6))
+            .describe("GB one rank may hold: the memory plan must fit in it before anything is allocated, and the backend refuses an allocation beyond it; "
+                      "0: what the GPU or the node has"),
         CONFIG_KEY(train, sample_tokens).integer(0, kMillion).describe("tokens generated after training; 0: none"),
         CONFIG_KEY(train, sample_prompt).string().describe("text the sample continues"),
         CONFIG_KEY(train, sample_temperature).number(excl(0), incl(10)).describe("sampling temperature"),
@@ -289,7 +291,7 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(optimizer, name).choice(kOptimizerNames)
             .describe("adamw, or onebit_adam: 1-bit Adam, AdamW for freeze_step steps, then frozen variance and the momentum all-reduced as sign bits "
-                      "with error feedback (needs parallel.zero1 = false when dp > 1)"),
+                      "with error feedback (needs parallel.zero_stage = 0 when dp > 1)"),
         CONFIG_KEY(optimizer, freeze_step).integer(1, kTrillion)
             .describe("onebit_adam: full AdamW steps (gradients all-reduced) before the variance is frozen and the momentum is compressed"),
         CONFIG_KEY(optimizer, lr).number(excl(0), incl(10)).required().describe("peak learning rate"),
@@ -307,10 +309,9 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B, interleaved with virtual_stages > 1); at most n_layers; fewer micro-batches than stages widen the bubble"),
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
-        CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1); the same as zero_stage = 1"),
-        CONFIG_KEY(parallel, zero_stage).integer(0, 3).derived(default_zero_stage)
+        CONFIG_KEY(parallel, zero_stage).integer(0, 3)
             .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); 3: parameters "
-                      "sharded too, all-gathered group by group before each forward and backward (ZeRO-3 / FSDP); default: from zero1"),
+                      "sharded too, all-gathered group by group before each forward and backward (ZeRO-3 / FSDP)"),
         CONFIG_KEY(parallel, shard_size).integer(0, 65536)
             .describe("zero_stage 2 or 3: shard within groups of this many consecutive dp ranks (e.g. a node) and replicate across the groups (hybrid "
                       "sharding); divides dp; 0: dp (one group)"),
@@ -449,6 +450,7 @@ struct Problem {
 constexpr std::pair<std::string_view, std::string_view> kRetiredKeys[] = {
     {"train.eval_batches", "replaced by train.eval_sequences, the number of validation sequences whatever train.batch_size "
                            "(eval_batches x batch_size gives the same validation set)"},
+    {"parallel.zero1", "replaced by parallel.zero_stage (zero1 = true is zero_stage = 1, the default; false is zero_stage = 0)"},
 };
 
 // Why `path` names no config key, with the known names around it and the nearest one.
@@ -855,9 +857,6 @@ void reject_impossible_combinations(const Config& config, const GivenKeys& given
     }
     for (const Check check : kChecks)
         if (auto problem = check(config)) origin.fail_at(*problem);
-    if (given.count("parallel.zero1") && given.count("parallel.zero_stage") && config.parallel.zero1 != (config.parallel.zero_stage >= 1))
-        origin.fail_at({"parallel.zero_stage", cat(config.parallel.zero_stage, " contradicts parallel.zero1 = ", config.parallel.zero1 ? "true" : "false",
-                                                   " (zero1 = true is stage 1 or above, false is stage 0): set one of the two")});
 }
 
 // ---- Data files ----
@@ -992,8 +991,6 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
     Config config;
     const GivenKeys given = read_keys(root, origin, config);
     reject_impossible_combinations(config, given, origin);
-    // One meaning from here on, also in a dumped config read back: zero1 = stage >= 1.
-    config.parallel.zero1 = config.parallel.zero_stage >= 1;
     if (data_files == DataFiles::checked) require_data_files(config, origin);
     return config;
 }

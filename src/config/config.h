@@ -97,6 +97,7 @@ struct TrainConfig {
     int64_t eval_sequences = 128;          // validation sequences per evaluation, whatever batch_size and layout
     int64_t log_every = 1;
     int64_t threads = 0;                   // 0: all cores
+    double memory_limit_gb = 0;            // memory one rank may hold (the plan's check and every allocation); 0: the device's or the node's
     int64_t sample_tokens = 200;           // generated after training; 0: none
     std::string sample_prompt;
     double sample_temperature = 0.8;
@@ -136,8 +137,7 @@ struct ParallelConfig {
     int64_t pp = 1;
     int64_t dp = 0;                        // 0: world size / (tp * pp)
     std::string order = "tp-dp-pp";        // mesh dims, fastest first
-    bool zero1 = true;                     // shard AdamW state across the dp group (ZeRO-1); the same as zero_stage >= 1
-    int64_t zero_stage = 1;                // 0: none; 1: AdamW state sharded; 2: gradients too; 3: parameters too (kept in sync with zero1)
+    int64_t zero_stage = 1;                // 0: none; 1: AdamW state sharded; 2: gradients too; 3: parameters too
     int64_t shard_size = 0;                // ZeRO-2/3: shard within groups of this many consecutive dp ranks, replicate across them; 0: dp
     int64_t prefetch_layers = 1;           // ZeRO-3: parameter groups whose all-gathers start before the current group computes
     bool sequence_parallel = false;        // split the tokens across tp ranks outside the tp matmuls

@@ -335,13 +335,13 @@ void Transformer::writing(size_t begin, size_t end) const {
     if (grads_begin_ && begin < end) grads_begin_(begin, end);
 }
 
-void Transformer::computing(const std::vector<size_t>& pass, size_t position) const {
-    if (group_compute_) group_compute_(pass, position);
+GroupWeights Transformer::computing(const std::vector<size_t>& pass, size_t position) const {
+    return group_weights_ ? group_weights_(pass, position) : GroupWeights();
 }
 
 std::vector<size_t> Transformer::hooked_pass(bool forward, int64_t set) const {
     std::vector<size_t> firsts;
-    if (!group_compute_) return firsts;
+    if (!group_weights_) return firsts;
     for (const ParamGroup& g : forward ? forward_groups(set) : backward_groups(set)) firsts.push_back(g.begin);
     return firsts;
 }
@@ -454,17 +454,17 @@ void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& 
     size_t position = 0;
     if (a.embeds) {
         load_ids("tokens", a.tokens, tokens);
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         embed(a);
     }
     for (int64_t l = 0; l < chunk_layers(); ++l) {
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         layer_fwd(a, l);
     }
     a.has_targets = a.heads && !targets.empty();
     if (!a.heads) return;
     if (a.has_targets) load_ids("targets", a.targets, targets);
-    computing(pass, position);
+    const GroupWeights weights = computing(pass, position);
     head_and_loss(a, backward_loss_scale);
 }
 
@@ -558,14 +558,16 @@ void Transformer::decode(int32_t token, KvCache& cache) {
     load_ids("token", a.tokens, id.view());
     const std::vector<size_t> pass = hooked_pass(true, 0);
     size_t position = 0;
-    computing(pass, position++);
-    embed(a, cache.length);
+    {
+        const GroupWeights weights = computing(pass, position++);
+        embed(a, cache.length);
+    }
     for (int64_t l = 0; l < local_layers(); ++l) {
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         layer_fwd(a, l, &cache);
     }
     ++cache.length;
-    computing(pass, position);
+    const GroupWeights weights = computing(pass, position);
     head_and_loss(a);
 }
 
@@ -575,13 +577,13 @@ void Transformer::backward(int64_t set, double loss_scale) {
     size_t position = 0;
     if (a.heads) {
         if (!a.has_targets) fail(ErrorKind::runtime, "backward called after a forward without targets");
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         head_backward(a, loss_scale);
     }
     const Tensor d_resid = local_rows(a.d_resid);
     for (int64_t l = chunk_layers() - 1; l >= 0; --l) {
         const LayerParams& p = layer_params_[param_layer(a, l)];
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         writing(p.begin, p.end);
         layer_bwd(a, l, d_resid);
         ready(p.begin, p.end);

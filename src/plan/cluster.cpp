@@ -204,6 +204,14 @@ Cluster load_cluster(const std::string& path) {
     c.efficiency.attention = keys.number("efficiency.attention", "share of peak attention reaches", 0, 1);
     c.efficiency.memory = keys.number("efficiency.memory", "share of the memory bandwidth memory-bound ops reach", 0, 1);
     c.efficiency.optimizer = keys.optional_number("efficiency.optimizer", "share of the memory bandwidth AdamW's update reaches (default: efficiency.memory)", 0, 1, 0);
+    if (keys.find("storage")) {
+        Storage& st = c.storage.emplace();
+        st.write_gbps = keys.number("storage.write_gbps", "aggregate write bandwidth of the shared storage, GB/s", 0, 1e7);
+        st.read_gbps = keys.number("storage.read_gbps", "aggregate read bandwidth of the shared storage, GB/s", 0, 1e7);
+        st.node_write_gbps = keys.number("storage.node_write_gbps", "one node's write bandwidth to the shared storage, GB/s", 0, 1e6);
+        st.node_read_gbps = keys.number("storage.node_read_gbps", "one node's read bandwidth from the shared storage, GB/s", 0, 1e6);
+        st.host_copy_gbps = keys.number("storage.host_copy_gbps", "per device, the copy of its state into host memory, GB/s", 0, 1e6);
+    }
     if (keys.find("calibration")) {
         const std::filesystem::path relative = keys.text("calibration", "a calibration file, relative to this one");
         apply_calibration(c, (std::filesystem::path(path).parent_path() / relative).string());

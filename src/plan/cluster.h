@@ -13,6 +13,10 @@
 //             (bandwidth per device and direction, as nccl-tests' bus bandwidth)
 //   [efficiency] gemm, attention, memory: the shares of peak (memory: of the bandwidth)
 //             assumed where nothing was measured
+//   [storage] optional, the shared file system checkpoints go to: write_gbps, read_gbps
+//             (aggregate over the cluster), node_write_gbps, node_read_gbps (one node's
+//             link to it), host_copy_gbps (per device: the copy of its state into host
+//             memory at a step boundary); without it the plan gives no checkpoint times
 //   calibration = "FILE.toml"      optional, relative to this file: measured figures that
 //                                  replace the assumed ones (the same tables as below)
 // A calibration file holds [compute] (gemm_efficiency.<shape class>, attention_efficiency,
@@ -70,6 +74,13 @@ struct ComputeEfficiency {
     double gradient_pass_or_memory() const { return gradient_pass > 0 ? gradient_pass : memory; }
 };
 
+// The shared storage checkpoints are written to and resumed from.
+struct Storage {
+    double write_gbps = 0, read_gbps = 0;            // aggregate, GB/s
+    double node_write_gbps = 0, node_read_gbps = 0;  // per node, GB/s
+    double host_copy_gbps = 0;                       // per device into host memory, GB/s
+};
+
 struct Cluster {
     std::string name;
     std::string source_path;
@@ -84,6 +95,7 @@ struct Cluster {
     double reserved_gb = 0;
     Link intra_node, inter_node;
     ComputeEfficiency efficiency;
+    std::optional<Storage> storage;  // none: no [storage] section
     int devices() const { return devices_per_node * nodes; }
 };
 

@@ -65,10 +65,11 @@ LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices
     plan.runtime_bytes = cluster.reserved_gb * 1e9;
     plan.checkpoint_staging_bytes = checkpoint_staging_bytes(config, plan.largest);
     // On the CPU the staging copy takes the same memory as the run; on a GPU, host memory.
-    plan.total_bytes = static_cast<double>(plan.largest.peak()) + plan.runtime_bytes + (cluster.kind == ClusterKind::cpu ? plan.checkpoint_staging_bytes : 0);
+    plan.total_bytes = static_cast<double>(plan.largest.total()) + plan.runtime_bytes + (cluster.kind == ClusterKind::cpu ? plan.checkpoint_staging_bytes : 0);
     plan.capacity_bytes = capacity_bytes(cluster, mesh);
     plan.fits = plan.total_bytes <= plan.capacity_bytes;
     plan.time = predict_step_time(config, mesh, cluster, parameters);
+    if (cluster.storage) plan.checkpoint = predict_checkpoint_time(config, mesh, cluster, parameters);
     plan.tokens = token_budget(config, options, plan.time.tokens_per_step);
     const double seconds = plan.tokens / (plan.time.tokens_per_second_per_device * devices);
     plan.days = seconds / 86400;

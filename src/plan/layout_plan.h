@@ -32,6 +32,7 @@ struct LayoutPlan {
     double capacity_bytes = 0;
     bool fits = false;
     StepTime time;
+    std::optional<CheckpointTime> checkpoint;  // when the cluster describes its storage
     double tokens = 0, days = 0, cost_usd = 0;
 };
 

@@ -7,7 +7,7 @@
 #include "optim/adamw.h"
 #include "parallel/context.h"
 #include "parallel/fully_sharded.h"
-#include "parallel/grad_buckets.h"
+#include "parallel/sharded_gradients.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace llmtrain {
@@ -71,9 +71,41 @@ int64_t gradient_bucket_bytes(const ParallelConfig& parallel) { return static_ca
 
 Device compute_device(const TrainConfig& train) { return train.device == ComputeDevice::cuda ? Device::cuda : Device::cpu; }
 
+Placement state_placement(const Config& config, const Mesh& mesh, int world_rank, const TransformerLayout& model, DType master) {
+    const MeshCoord coord = mesh.coord(world_rank);
+    const Parameters& params = model.parameters();
+    PlacementSpec spec;
+    spec.tensors = tensor_places(params);
+    spec.padded_numel = Parameters::padded_length(params.total_numel(), mesh.dp());
+    spec.zero_stage = mesh.dp() > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;
+    if (spec.zero_stage >= 2) {
+        // Sharded within blocks of shard_size dp ranks, the blocks replicas of each other.
+        const int shard = shard_size_of(config.parallel, mesh.dp());
+        spec.shard_size = shard;
+        spec.shard_rank = coord.dp % shard;
+        spec.replicas = mesh.dp() / shard;
+        spec.replica_rank = coord.dp / shard;
+        std::vector<FlatRange> ranges;
+        for (const TensorPlace& t : spec.tensors) ranges.push_back(t.flat);
+        spec.cuts = group_cuts(ranges, zero2_gradient_groups(model), shard);
+    } else {
+        spec.shard_size = mesh.dp();
+        spec.shard_rank = coord.dp;
+        spec.cuts = bucket_cuts(spec.padded_numel, dtype_size(master), mesh.dp(), gradient_bucket_bytes(config.parallel));
+    }
+    // A token embedding tied to the head across stages is held by the first and the last.
+    const std::optional<size_t> embedding = model.embedding_param();
+    if (config.model.tied_embeddings && mesh.pp() > 1 && embedding) {
+        spec.tied = *embedding;
+        spec.tied_end = coord.pp == 0 ? 0 : 1;
+    }
+    return Placement(std::move(spec));
+}
+
 // The trainer allocates, in this order: the model's flat parameter buffers (master, compute
-// copy, gradients, padded to a multiple of dp) and its activation arena; the ZeRO-1 shards
-// of the reduced gradients; AdamW's moments for the elements this rank owns.
+// copy, gradients: padded to a multiple of dp; under ZeRO-2 no gradient buffer, under ZeRO-3
+// no parameter buffers) and its activation arena; the gradient sync's shards and working
+// buffers; ZeRO-3's parameter shards and gather buffers; AdamW's moments for what this rank owns.
 MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
     MemoryPlan plan;
     plan.world_rank = world_rank;
@@ -82,29 +114,15 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
     const DType compute = compute_dtype(config.train), master = master_dtype(compute);
     const ModelPartition part = stage_partition(config, mesh, world_rank);
     const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord.tp, mesh.tp());
-    const int64_t padded = Parameters::padded_length(model.parameters().total_numel(), part.param_pad_multiple);
-    const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
+    const Placement placement = state_placement(config, mesh, world_rank, model, master);
+    const int64_t padded = placement.padded_numel();
     RankMemory& m = plan.memory;
-    m.parameter_bytes = bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
-    if (shards_gradients(config.parallel, mesh.dp())) {
-        // ZeRO-2: no flat gradient buffer; the shard, the pool and the resident groups, cut
-        // among the ranks of a shard group (the dp group, or a block of it).
-        std::vector<FlatRange> ranges;
-        for (const ParamInfo& p : model.parameters().infos()) ranges.push_back({p.offset, p.offset + p.shape.numel()});
-        const std::vector<GradGroup> groups = zero2_gradient_groups(model);
-        const int shard_size = shard_size_of(config.parallel, mesh.dp());
-        m.gradient_bytes = bytes_of(sharded_gradient_numel(ranges, groups, shard_size), master);
-        m.optimizer_bytes = AdamW::state_bytes_for(sharded_owned_numel(ranges, groups, shard_size, plan.coord.dp % shard_size), master);
-        // ZeRO-3: no flat parameter buffers; the shards, the ring of gather buffers, the resident groups.
-        if (shards_parameters(config.parallel, mesh.dp())) {
-            m.parameter_bytes = fully_sharded_value_bytes(ranges, groups, shard_size, static_cast<int>(config.parallel.prefetch_layers), master, compute);
-            plan.transient_bytes = bytes_of(padded, master);
-        }
-    } else {
-        const int64_t owned = owned_numel(padded, dtype_size(master), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
-        m.gradient_bytes = bytes_of(padded, master) + (zero1 ? bytes_of(owned, master) : 0);
-        m.optimizer_bytes = AdamW::state_bytes_for(owned, master);
-    }
+    m.parameter_bytes = placement.shards_parameters()
+                            ? fully_sharded_value_bytes(placement, static_cast<int>(config.parallel.prefetch_layers), master, compute)
+                            : bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
+    m.gradient_bytes = placement.shards_gradients() ? bytes_of(sharded_gradient_numel(placement), master)
+                                                    : bytes_of(padded, master) + (placement.shards_optimizer() ? bytes_of(placement.shard_numel(), master) : 0);
+    m.optimizer_bytes = AdamW::state_bytes_for(placement.optimizer_numel(), master);
     m.activation_bytes = model.activation_bytes();
     // Attention's scratch at the micro-batch's shape (this rank's heads), on top of the
     // backend's own: cuDNN's bound unless model.attention = "native".
@@ -129,7 +147,8 @@ MemoryPlan largest_rank_plan(const Config& config, const Mesh& mesh) {
     return largest;
 }
 
-size_t available_memory_per_rank(const Config& config, int local_rank, int ranks_on_node) {
+namespace {
+size_t device_memory_per_rank(const Config& config, int local_rank, int ranks_on_node) {
     const int ranks = std::max(1, ranks_on_node);
     if (compute_device(config.train) == Device::cpu) return host_available_memory_bytes() / static_cast<size_t>(ranks);
     // Rank r uses GPU r % gpus: the ranks sharing GPU g are g, g + gpus, ... below `ranks`.
@@ -137,19 +156,26 @@ size_t available_memory_per_rank(const Config& config, int local_rank, int ranks
     const int sharing = gpu < ranks ? (ranks - 1 - gpu) / gpus + 1 : 1;
     return cuda_free_memory_bytes(local_rank) / static_cast<size_t>(sharing);
 }
+}  // namespace
+
+size_t memory_limit_bytes(const TrainConfig& train) { return static_cast<size_t>(train.memory_limit_gb * 1e9); }
+
+size_t available_memory_per_rank(const Config& config, int local_rank, int ranks_on_node) {
+    const size_t device = device_memory_per_rank(config, local_rank, ranks_on_node), limit = memory_limit_bytes(config.train);
+    return limit > 0 ? std::min(device, limit) : device;
+}
 
 std::string describe(const MemoryPlan& plan) {
     const RankMemory& m = plan.memory;
     return cat("parameters ", gigabytes(m.parameter_bytes), ", gradients ", gigabytes(m.gradient_bytes), ", optimizer ", gigabytes(m.optimizer_bytes),
-               ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes),
-               plan.transient_bytes ? cat(", and for moments the whole master weights ", gigabytes(plan.transient_bytes)) : std::string(), " (rank ", plan.world_rank, ": tp ",
+               ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes), " (rank ", plan.world_rank, ": tp ",
                plan.coord.tp, ", dp ", plan.coord.dp, ", pp ", plan.coord.pp, ")");
 }
 
 void check_memory_fits(const MemoryPlan& plan, size_t available_bytes) {
-    if (plan.peak() <= available_bytes) return;
+    if (plan.total() <= available_bytes) return;
     const char* where = plan.device == Device::cuda ? "free on the GPU" : "available on this node";
-    fail(ErrorKind::config, "memory: this run needs ", gigabytes(plan.peak()), " per rank, has ", gigabytes(available_bytes), " (", where,
+    fail(ErrorKind::config, "memory: this run needs ", gigabytes(plan.total()), " per rank, has ", gigabytes(available_bytes), " (", where,
          "): ", describe(plan), ". Lower train.batch_size or train.seq_len, set train.recompute = \"selective\" or \"full\", "
          "shrink the model, or spread it over more ranks (parallel.tp, parallel.pp; ZeRO-1 shards the optimizer over parallel.dp)");
 }

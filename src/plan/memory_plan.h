@@ -4,9 +4,9 @@
 //
 // The figures are those Trainer::memory() reports once the run has allocated, computed by
 // the same code: the model's parameter registry and activation arena (TransformerLayout),
-// the padded flat buffer (Parameters::padded_length), the ZeRO-1 shards of the gradient
-// buckets (owned_numel), AdamW's moments (AdamW::state_bytes_for) and the workspace the
-// backend reserves when it is made (reserved_workspace_bytes). Not planned: the scratch the
+// the padded flat buffer (Parameters::padded_length), the rank's state placement (its ZeRO
+// pieces and shards: parallel/placement.h), AdamW's moments (AdamW::state_bytes_for) and the
+// workspace the backend reserves when it is made (reserved_workspace_bytes). Not planned: the scratch the
 // CUDA ops add to that workspace during the first step (a few MB), the CUDA context, and
 // host memory outside the backend (data loader, MPI buffers).
 #pragma once
@@ -19,7 +19,7 @@
 #include "core/tensor.h"
 #include "model/transformer.h"
 #include "parallel/mesh.h"
-#include "parallel/sharded_gradients.h"
+#include "parallel/placement.h"
 
 namespace llmtrain {
 
@@ -36,14 +36,10 @@ struct RankMemory {
 
 struct MemoryPlan {
     RankMemory memory;
-    // ZeRO-3: the whole master weights of the rank's (tp, pp) part, held for moments beside
-    // the rest (at start-up, around a load, around a checkpoint's save); 0 otherwise.
-    size_t transient_bytes = 0;
     int world_rank = 0;  // the rank planned
     MeshCoord coord;
     Device device = Device::cpu;
     size_t total() const { return memory.total(); }
-    size_t peak() const { return total() + transient_bytes; }
 };
 
 // The pipeline stage of world_rank: its layers, whether it embeds or holds the head, and
@@ -59,6 +55,9 @@ bool shards_parameters(const ParallelConfig& parallel, int dp);
 std::vector<GradGroup> zero2_gradient_groups(const TransformerLayout& model);
 // The size of a gradient bucket (parallel.bucket_mb).
 int64_t gradient_bucket_bytes(const ParallelConfig& parallel);
+// Where world_rank's state lives (parallel/placement.h): model is its part (a layout or the
+// trainer's model), master the dtype of its master weights and gradients.
+Placement state_placement(const Config& config, const Mesh& mesh, int world_rank, const TransformerLayout& model, DType master);
 // The device the config trains on.
 Device compute_device(const TrainConfig& train);
 
@@ -70,8 +69,11 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank);
 MemoryPlan largest_rank_plan(const Config& config, const Mesh& mesh);
 // Memory one rank may use before anything is allocated. CPU: the host's MemAvailable shared
 // by the ranks_on_node ranks. CUDA: the free memory of the rank's GPU (local_rank modulo the
-// GPUs seen) shared by the ranks that use that GPU.
+// GPUs seen) shared by the ranks that use that GPU. Either way at most train.memory_limit_gb
+// when it is set.
 size_t available_memory_per_rank(const Config& config, int local_rank, int ranks_on_node);
+// train.memory_limit_gb in bytes; 0: none.
+size_t memory_limit_bytes(const TrainConfig& train);
 
 // "parameters 1.99 GB, gradients 1.99 GB, optimizer 3.98 GB, activations 12.10 GB,
 // workspace 0.03 GB (rank 3: tp 1, dp 1, pp 0)"

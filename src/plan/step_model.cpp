@@ -5,8 +5,8 @@
 
 #include "core/log.h"
 #include "model/transformer.h"
+#include "parallel/placement.h"
 #include "plan/memory_plan.h"
-#include "parallel/grad_buckets.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace llmtrain {
@@ -106,14 +106,16 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     const DType compute = compute_dtype(config.train);
     const TransformerLayout layout(config.model, compute_device(config.train), compute, config.train.batch_size, config.train.seq_len, part, 0, mesh.tp());
     const int64_t padded = Parameters::padded_length(layout.parameters().total_numel(), part.param_pad_multiple);
-    const int64_t owned = owned_numel(padded, dtype_size(master_dtype(compute)), mesh.dp(), config.parallel.zero1, gradient_bucket_bytes(config.parallel));
+    // ZeRO (stage >= 1) updates 1/dp of the buffer on each rank: its piece of every bucket or group.
+    const bool sharded = config.parallel.zero_stage >= 1 && mesh.dp() > 1;
+    const int64_t owned = sharded ? padded / mesh.dp() : padded;
     const double p = static_cast<double>(padded), o = static_cast<double>(owned);
     // AdamW reads the weight, gradient and two moments and writes three of them; the
     // gradients are zeroed and their norm read; 16-bit compute refreshes its copy.
     w.update_bytes = 7 * o * x.master_bytes;
     w.gradient_pass_bytes = 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
     w.dp_gradient_bytes = p * x.master_bytes;
-    w.dp_parameter_bytes = zero1_shards(config.parallel.zero1, mesh.dp()) ? p * x.master_bytes : 0;
+    w.dp_parameter_bytes = sharded ? p * x.master_bytes : 0;
     w.compute_parameter_bytes = p * x.compute_bytes;
 }
 
@@ -288,7 +290,7 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
         zero_sharded_time(t, config, mesh, c, w, share, hidden, buckets);
     } else {
         const Link dp_link = collective_link(c, mesh, mesh.dp(), mesh.tp() * mesh.dp(), share.step_end);
-        const bool zero1 = zero1_shards(config.parallel.zero1, mesh.dp());
+        const bool zero1 = config.parallel.zero_stage >= 1;
         const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
         const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
         t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
@@ -328,6 +330,30 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     r.model_flops_per_token = model_flops_per_token(config, parameters);
     r.mfu = r.tokens_per_second_per_device * r.model_flops_per_token / peak;
     return r;
+}
+
+CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
+    if (!cluster.storage) fail(ErrorKind::config, cluster.source_path, ": storage: missing (the shared storage checkpoints go to: write_gbps, read_gbps, node_write_gbps, node_read_gbps, host_copy_gbps)");
+    const Storage& st = *cluster.storage;
+    const double master_bytes = static_cast<double>(dtype_size(master_dtype(compute_dtype(config.train))));
+    const int nodes = std::max(1, (mesh.world_size() + ranks_per_node(mesh, cluster) - 1) / ranks_per_node(mesh, cluster));
+    CheckpointTime t;
+    t.bytes = 3 * master_bytes * parameters;
+    t.bytes_per_rank = t.bytes / mesh.world_size();
+    // Every node moves its ranks' shares over its own link; together at most the storage's bandwidth.
+    const auto transfer = [&](double aggregate_gbps, double node_gbps) { return std::max(t.bytes / (aggregate_gbps * 1e9), t.bytes / nodes / (node_gbps * 1e9)); };
+    t.blocked_seconds = t.bytes_per_rank / (st.host_copy_gbps * 1e9);
+    t.background_seconds = transfer(st.write_gbps, st.node_write_gbps);
+    const double reads = 2 * transfer(st.read_gbps, st.node_read_gbps);
+    // Below ZeRO-3 the dp ranks hold the master weights whole: each loads 1/dp and the group all-gathers the rest.
+    double exchange = 0;
+    if (mesh.dp() > 1 && config.parallel.zero_stage < 3) {
+        const double part_weights = master_bytes * parameters / (mesh.tp() * mesh.pp());
+        const Link dp_link = collective_link(cluster, mesh, mesh.dp(), mesh.tp() * mesh.dp(), device_share(config, mesh, cluster).step_end);
+        exchange = collective_seconds({Collective::all_gather, part_weights, 1}, mesh.dp(), dp_link);
+    }
+    t.resume_seconds = reads + exchange;
+    return t;
 }
 
 }  // namespace llmtrain

@@ -92,6 +92,23 @@ double model_parameter_count(const ModelConfig& model);
 // when they do not.
 std::string parameters_beyond_the_model(const ModelConfig& model, int64_t tp, int64_t pp, double held);
 
+// A checkpoint of the layout on the cluster's shared storage ([storage]). The checkpoint is
+// the fp32 master weights and AdamW's two moments (12 bytes per parameter), written by
+// placement: every rank about 1/world of it. A save blocks the step loop for the copy of the
+// rank's share into host memory; the writes then go on in the background at the slower of
+// the storage's aggregate bandwidth and the nodes' links to it. A resume reads every byte
+// twice (the verification of its checksums, then the load, each spread over the ranks) and
+// all-gathers the master weights over dp (below ZeRO-3: every dp rank holds them whole).
+struct CheckpointTime {
+    double bytes = 0;               // the whole checkpoint
+    double bytes_per_rank = 0;
+    double blocked_seconds = 0;     // the step loop waits for the copy to host memory
+    double background_seconds = 0;  // the writes, while training goes on
+    double resume_seconds = 0;      // verification, load and the dp exchange
+};
+// Throws Error(config) naming the cluster file when it has no [storage].
+CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
+
 // The seconds a collective takes on a link among n ranks.
 double collective_seconds(const CollectiveCall& call, int ranks, const Link& link);
 

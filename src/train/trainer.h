@@ -35,10 +35,11 @@
 #include "optim/adamw.h"
 #include "optim/onebit_adam.h"
 #include "optim/loss_scale.h"
+#include "checkpoint/state_load.h"
 #include "parallel/context.h"
-#include "parallel/grad_buckets.h"
-#include "parallel/fully_sharded.h"
-#include "parallel/sharded_gradients.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/parameter_store.h"
+#include "parallel/placement.h"
 #include "plan/memory_plan.h"
 #include "parallel/timed_comm.h"
 #include "train/fault_injection.h"
@@ -113,13 +114,15 @@ public:
     // The config as the user gave it (what a checkpoint records).
     const Config& given_config() const { return given_config_; }
 
-    // Checkpoints. What this rank writes, and the manifest's fields, after step `step`.
-    // snapshot_source is a collective over the dp group (ZeRO-1 gathers the master weights
-    // the checkpoint reads): every rank calls it at the same step boundary.
+    // Where this rank's state lives in the job (parallel/placement.h).
+    const Placement& placement() const { return *placement_; }
+    // Checkpoints. What this rank writes (its share of the state, as it is: no collective),
+    // and the manifest's fields, after step `step`.
     SnapshotSource snapshot_source();
     Manifest manifest_at(int64_t step) const;
     // Continues from the checkpoint at path (its manifest read already): weights, moments,
-    // loss scale, data position; run() then starts at manifest.step.
+    // loss scale, data position; run() then starts at manifest.step. Each rank reads its
+    // share (checkpoint/state_load.h); the seconds and bytes read are logged.
     void restore(const std::string& path, const Manifest& manifest);
     int64_t start_step() const { return start_step_; }
     // Resumes from a checkpoint before this process (0 for a fresh run).
@@ -186,11 +189,13 @@ private:
     // The signal that ends the run after the step just recorded; 0: go on.
     int stop_signal_after_step();
     bool counts_in_norm(size_t param) const;
-    std::unique_ptr<GradientReduction> make_gradient_reduction();
-    // Whether the parameters are sharded (ZeRO-3): no whole master weights or compute copy.
-    bool shards_parameters_here() const;
-    // Runs `load`, which writes the whole master weights (a checkpoint, Hugging Face weights).
-    void load_master_values(const std::function<void()>& load);
+    std::unique_ptr<GradientSync> make_gradient_sync();
+    std::unique_ptr<ParameterStore> make_parameter_store();
+    // This rank's state and the groups it shares it with, for a load.
+    RankState rank_state(bool with_optimizer);
+    // Loads the checkpoint at path into this rank's state (weights, moments, rank-local
+    // state), logging the bytes read and the seconds ("resume" or "rollback").
+    void load_checkpoint(const std::string& path, const Manifest& manifest, const char* why);
     bool is_logger() const { return ctx_->world_rank == 0; }
 
     TrainerOptions options_;
@@ -202,7 +207,9 @@ private:
     std::unique_ptr<TrainingComms> comms_;  // the groups' Comms for device tensors
     std::unique_ptr<BatchSource> data_;
     std::unique_ptr<Transformer> model_;
-    std::unique_ptr<GradientReduction> reduction_;  // GradBuckets (ZeRO 0, 1) or ShardedGradients (ZeRO-2)
+    std::unique_ptr<Placement> placement_;
+    std::unique_ptr<GradientSync> sync_;      // GradBuckets (ZeRO 0, 1) or ShardedGradients (ZeRO 2, 3)
+    std::unique_ptr<ParameterStore> store_;   // ReplicatedParameters (ZeRO 0-2) or FullyShardedParameters (ZeRO 3)
     std::unique_ptr<AdamW> optimizer_;
     std::unique_ptr<PipelineRunner> pipeline_;
     BatchBuffers batch_;

@@ -91,8 +91,8 @@ void expect_global_batch_matches_single_process(const std::string& family, int64
 
 // ---- 2 ranks ----
 
-PARALLEL_TEST(Layouts, Gpt2DataParallel_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero1=false"}); }
-PARALLEL_TEST(Layouts, Gpt2DataParallelZero1_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero1=true"}); }
+PARALLEL_TEST(Layouts, Gpt2DataParallel_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero_stage=0"}); }
+PARALLEL_TEST(Layouts, Gpt2DataParallelZero1_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero_stage=1"}); }
 PARALLEL_TEST(Layouts, LlamaDataParallelZero1SmallBuckets_MatchesSingleProcess, 2) {
     // Buckets of about 4 KB: many reductions overlap backward and split parameters.
     expect_layout_matches_single_process("llama", 2, {"parallel.bucket_mb=0.004"});
@@ -129,7 +129,7 @@ PARALLEL_TEST(Layouts, Gpt2GlobalBatchSizeDataParallel_MatchesSingleProcess, 2) 
 PARALLEL_TEST(Layouts, Gpt2GlobalBatchSizeTensorParallel_MatchesSingleProcess, 2) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.tp=2"}); }
 PARALLEL_TEST(Layouts, Gpt2GlobalBatchSizePipeline_MatchesSingleProcess, 2) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"}); }
 PARALLEL_TEST(Layouts, LlamaGlobalBatchSizeDataParallelZero1_MatchesSingleProcess, 2) {
-    expect_global_batch_matches_single_process("llama", 8, {"parallel.zero1=true"});
+    expect_global_batch_matches_single_process("llama", 8, {"parallel.zero_stage=1"});
 }
 
 // Fewer micro-batches than stages: a larger bubble, the same run.
@@ -149,8 +149,8 @@ PARALLEL_TEST(Layouts, LlamaInterleavedTwoStagesTwoChunksTwoMicroBatches_Matches
 }
 
 PARALLEL_TEST(ShardedStateSize, Zero1OptimizerState_IsHalfOfPlainDataParallel, 2) {
-    const RankMemory plain = run_parallel(tiny("gpt2", 2, {"parallel.zero1=false", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
-    const RankMemory sharded = run_parallel(tiny("gpt2", 2, {"parallel.zero1=true", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory plain = run_parallel(tiny("gpt2", 2, {"parallel.zero_stage=0", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory sharded = run_parallel(tiny("gpt2", 2, {"parallel.zero_stage=1", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
     // The flat buffer is padded to a multiple of dp, so the halves are exact to a few elements.
     EXPECT_NEAR(static_cast<double>(sharded.optimizer_bytes) / static_cast<double>(plain.optimizer_bytes), 0.5, 1e-3);
     EXPECT_EQ(sharded.parameter_bytes, plain.parameter_bytes);
@@ -181,8 +181,8 @@ PARALLEL_TEST(Layouts, LlamaOnBpeTokenShardsTensorTimesData_MatchesSingleProcess
     expect_same_run_as_single_process(tiny_from("configs/tiny-bpe.toml", "llama", 2, {"parallel.tp=2"}));
 }
 PARALLEL_TEST(ShardedStateSize, Zero1OptimizerState_IsAQuarterOfPlainDataParallel, 4) {
-    const RankMemory plain = run_parallel(tiny("llama", 1, {"parallel.zero1=false", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
-    const RankMemory sharded = run_parallel(tiny("llama", 1, {"parallel.zero1=true", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory plain = run_parallel(tiny("llama", 1, {"parallel.zero_stage=0", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory sharded = run_parallel(tiny("llama", 1, {"parallel.zero_stage=1", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
     EXPECT_NEAR(static_cast<double>(sharded.optimizer_bytes) / static_cast<double>(plain.optimizer_bytes), 0.25, 1e-3);
 }
 

@@ -111,7 +111,7 @@ PARALLEL_TEST(MemoryPlan, TinyHybridShardsOfTwoZero3_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny dp4 shard2 zero3", false, {"parallel.zero_stage=3", "parallel.shard_size=2"});
 }
 PARALLEL_TEST(MemoryPlan, 50MDataParallelZero3_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("50M dp4 zero3", true, {"parallel.zero_stage=3"}); }
-PARALLEL_TEST(MemoryPlan, TinyDataParallelNoZero1_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny dp4 no zero1", false, {"parallel.zero1=false"}); }
+PARALLEL_TEST(MemoryPlan, TinyDataParallelNoZero1_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny dp4 no zero1", false, {"parallel.zero_stage=0"}); }
 PARALLEL_TEST(MemoryPlan, TinyTensorTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2", false, {"parallel.tp=2"}); }
 PARALLEL_TEST(MemoryPlan, TinyPipelineTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2", false, {"parallel.pp=2", "train.grad_accum=2"}); }
 PARALLEL_TEST(MemoryPlan, TinyTensorTimesPipeline_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny tp2 pp2 m2", false, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}); }
@@ -130,7 +130,7 @@ PARALLEL_TEST(MemoryPlan, TinyLlamaSelectiveRecompute_IsWhatTheRankHolds, 4) {
 PARALLEL_TEST(MemoryPlan, 50MDataParallelZero1_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("50M dp4 zero1", true, {}); }
 PARALLEL_TEST(MemoryPlan, 50MTensorTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("50M tp2 dp2", true, {"parallel.tp=2"}); }
 PARALLEL_TEST(MemoryPlan, 50MPipelineTimesDataNoZero1_IsWhatTheRankHolds, 4) {
-    expect_plan_is_what_the_rank_holds("50M pp2 dp2 m2 no zero1", true, {"parallel.pp=2", "train.grad_accum=2", "parallel.zero1=false"});
+    expect_plan_is_what_the_rank_holds("50M pp2 dp2 m2 no zero1", true, {"parallel.pp=2", "train.grad_accum=2", "parallel.zero_stage=0"});
 }
 PARALLEL_TEST(MemoryPlan, 50MTensorTimesPipelineFullRecompute_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("50M tp2 pp2 m2 recompute full", true, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2", "train.recompute=\"full\""});

@@ -4,6 +4,8 @@
 // One file per op family (cpu_embedding.cpp, cpu_norm.cpp, ...) implements its members.
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <string>
 
 #include "backend/backend.h"
@@ -18,7 +20,7 @@ public:
     std::string name() const override;
     int threads() const { return threads_; }
     Device device() const override { return Device::cpu; }
-    Memory allocate(size_t bytes) override { return allocate_host_memory(bytes); }
+    Memory allocate(size_t bytes) override;
     void copy_from_host(const Tensor& dst, const void* src) override;
     void copy_to_host(void* dst, const Tensor& src) override;
 
@@ -60,6 +62,8 @@ public:
 
 private:
     int threads_;
+    // Bytes held through allocate() now: shared with the memory's deleters, which may outlive the backend.
+    std::shared_ptr<std::atomic<size_t>> held_ = std::make_shared<std::atomic<size_t>>(0);
 };
 
 }  // namespace llmtrain
