@@ -35,9 +35,9 @@
 #include "parallel/mpi_comm.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/timed_comm.h"
-#include "ops/cluster.h"
-#include "ops/memory_plan.h"
-#include "ops/step_model.h"
+#include "plan/cluster.h"
+#include "plan/memory_plan.h"
+#include "plan/step_model.h"
 #include "train/model_flops.h"
 #include "train/trainer.h"
 

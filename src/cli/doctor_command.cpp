@@ -17,12 +17,12 @@
 #include "core/nvml.h"
 #include "data/batch_source.h"
 #include "model/transformer.h"
-#include "ops/doctor.h"
-#include "ops/gpu_checks.h"
+#include "doctor/doctor.h"
+#include "doctor/gpu_checks.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 
 namespace llmtrain {
 

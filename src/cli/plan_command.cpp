@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "ops/layout_plan.h"
+#include "plan/layout_plan.h"
 #include "parallel/context.h"
 
 namespace llmtrain {

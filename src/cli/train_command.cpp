@@ -28,10 +28,10 @@
 #include "data/batch_source.h"
 #include "metrics/console_observer.h"
 #include "metrics/run_log.h"
-#include "monitor/anomaly_log.h"
+#include "health/anomaly_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "parallel/timed_comm.h"
 #include "train/trainer.h"
 
@@ -295,7 +295,7 @@ bool finished_already(const RunStart& start, const Config& config, const std::st
     return true;
 }
 
-int train_single_process(const TrainArgs& args, const Config& as_given) {
+int train_single_process(const TrainArgs& args, const Config& as_given, FaultPlan faults) {
     Config config = as_given;
     const int ranks = layout_ranks(config.parallel);
     const Mesh mesh = make_mesh(config.parallel, ranks);
@@ -318,6 +318,7 @@ int train_single_process(const TrainArgs& args, const Config& as_given) {
     TrainerOptions options;
     options.stop_signal = pending_stop_signal;
     options.run_id = start.identity.run_id;
+    options.faults = std::move(faults);
     Trainer trainer(config, std::move(options));
     restore(trainer, start.resume, config);
     return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity});
@@ -372,7 +373,11 @@ int train_under_mpi(const TrainArgs& args) {
     MpiSession mpi;
     const int world_rank = mpi.world_rank();
     std::optional<Config> as_given;
-    check_on_every_rank(mpi, [&] { as_given.emplace(load_config(args.config_path, args.overrides)); });
+    FaultPlan faults;
+    check_on_every_rank(mpi, [&] {
+        as_given.emplace(load_config(args.config_path, args.overrides));
+        faults = fault_plan_from_environment();
+    });
     Config config = *as_given;
     if (args.dry_run) check_on_every_rank(mpi, [&] { if (world_rank == 0) print_effective_config_and_data(config); });
     const std::string run_dir = world_rank != 0 ? "" : args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
@@ -410,6 +415,7 @@ int train_under_mpi(const TrainArgs& args) {
         options.stop_signal = pending_stop_signal;
         options.comm_times = &comm_times;
         options.run_id = start.identity.run_id;
+        options.faults = std::move(faults);
         Trainer trainer(config, std::move(options), *ctx);
         restore(trainer, start.resume, config);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
@@ -427,7 +433,8 @@ int train_under_mpi(const TrainArgs& args) {
 
 int run_train(const TrainArgs& args) {
     if (launched_by_mpi()) return train_under_mpi(args);
-    return train_single_process(args, load_config(args.config_path, args.overrides));
+    const Config as_given = load_config(args.config_path, args.overrides);
+    return train_single_process(args, as_given, fault_plan_from_environment());
 }
 
 }  // namespace

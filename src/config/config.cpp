@@ -944,6 +944,12 @@ int64_t micro_batches_per_step(const Config& config, int64_t dp) {
     return t.global_batch_size > 0 ? t.global_batch_size / (t.batch_size * dp) : 1;
 }
 
+Config resolve_on_mesh(const Config& config, int64_t dp) {
+    Config resolved = config;
+    resolved.train.grad_accum = micro_batches_per_step(config, dp);
+    return resolved;
+}
+
 void require_interleavable_micro_batches(const Config& config, int64_t dp) {
     if (const auto problem = interleaving_micro_batch_problem(config, dp))
         fail(ErrorKind::config, config.source_path.empty() ? "" : config.source_path + ": ", problem->where, ": ", problem->text);

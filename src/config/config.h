@@ -230,6 +230,10 @@ std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages,
 // Error(config) naming the file, the keys and the numbers when the global batch does not
 // split into whole micro-batches on dp ranks, or disagrees with an explicit train.grad_accum.
 int64_t micro_batches_per_step(const Config& config, int64_t dp);
+// The config a run on dp data-parallel ranks computes with: `config` with train.grad_accum
+// resolved (micro_batches_per_step, never 0). The user's config stays as given (a checkpoint
+// records it; another layout resolves it again).
+Config resolve_on_mesh(const Config& config, int64_t dp);
 // Interleaved 1F1B (parallel.virtual_stages > 1) runs micro-batches in groups of parallel.pp:
 // throws Error(config) naming the keys when micro_batches_per_step(config, dp) is not a
 // multiple of pp. The layer rules are checked when the config is read.

@@ -60,8 +60,9 @@ void AdamW::step(Backend& backend, double lr, double grad_scale) {
             const Tensor master = own_values ? piece.values.slice_rows(in_piece, count) : values.slice_rows(begin, count);
             const Tensor compute = own_values ? (piece.compute_values.empty() ? Tensor() : piece.compute_values.slice_rows(in_piece, count))
                                               : (copy.empty() ? Tensor() : copy.slice_rows(begin, count));
-            backend.adamw(master, piece.grads.slice_rows(in_piece, count), m_.view().slice_rows(state_offset + in_piece, count),
-                          v_.view().slice_rows(state_offset + in_piece, count), compute, s);
+            backend.adamw({.param = master, .grad = piece.grads.slice_rows(in_piece, count),
+                           .m = m_.view().slice_rows(state_offset + in_piece, count), .v = v_.view().slice_rows(state_offset + in_piece, count),
+                           .param_copy = compute, .step = s});
         });
         state_offset += piece.end - piece.begin;
     }

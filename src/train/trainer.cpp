@@ -21,9 +21,8 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/generate.h"
-#include "ops/step_model.h"
+#include "plan/step_model.h"
 #include "optim/lr_schedule.h"
-#include "train/fault_injection.h"
 
 namespace llmtrain {
 
@@ -84,15 +83,13 @@ Trainer::Trainer(const Config& config, TrainerOptions options) : Trainer(config,
 Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext& ctx) : Trainer(config, std::move(options), &ctx) {}
 
 Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx)
-    : config_(config), options_(std::move(options)),
+    : options_(std::move(options)),
       own_ctx_(shared_ctx ? nullptr : std::make_unique<ParallelContext>(make_single_process_context())),
-      ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len),
+      ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), given_config_(config), config_(resolve_on_mesh(config, ctx_->mesh.dp())),
+      batch_(config.train.batch_size, config.train.seq_len),
       dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)),
       compute_times_(static_cast<size_t>(std::max<int64_t>(1, config.metrics.straggler_interval_steps))) {
     const ParallelContext& ctx = *ctx_;
-    // From here on grad_accum is this run's: derived from train.global_batch_size on this mesh.
-    given_grad_accum_ = config_.train.grad_accum;
-    config_.train.grad_accum = micro_batches_per_step(config_, ctx.mesh.dp());
     if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
@@ -221,7 +218,7 @@ TrainResult Trainer::run() {
     if (start_step_ == 0) record_eval(0, evaluate());
     const int64_t steps = config_.train.steps;
     for (int64_t step = start_step_; step < steps; ++step) {
-        inject_fault_if_requested(ctx_->world_rank, step + 1);
+        options_.faults.strike_if_due(ctx_->world_rank, step + 1);
         const OpProfile before = backend_->profile();
         StepRecord s = train_step(step);
         add_profile_difference(result_.step_profile, before, backend_->profile());
@@ -280,9 +277,9 @@ StepRecord Trainer::train_step(int64_t step) {
 
 void Trainer::compute_step(int64_t step, StepRecord& s) {
     forward_backward(step);
-    if (injected_nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
-    if (injected_bit_flip(ctx_->world_rank, s.step)) flip_gradient_bit();
-    const double spike = injected_spike_factor(data_step(step));
+    if (options_.faults.nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
+    if (options_.faults.bit_flip(ctx_->world_rank, s.step)) flip_gradient_bit();
+    const double spike = options_.faults.spike_factor(data_step(step));
     if (spike != 1) scale_gradients(spike);
     close_step(s);
     if (spike != 1) {
@@ -303,7 +300,7 @@ int64_t Trainer::data_step(int64_t step) const {
 }
 
 double Trainer::lr_scale(int64_t step) const {
-    double scale = injected_lr_factor(step);
+    double scale = options_.faults.lr_factor(step);
     for (const UpdateGuard* guard : guards_) scale *= guard->lr_scale();
     return scale;
 }
@@ -336,9 +333,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
     m.zero_stage = placement_->zero_stage();
     // The config as given: a grad_accum derived from the global batch is the layout's, not the run's.
-    Config given = config_;
-    given.train.grad_accum = given_grad_accum_;
-    m.config_toml = dump_config(given);
+    m.config_toml = dump_config(given_config_);
     return m;
 }
 

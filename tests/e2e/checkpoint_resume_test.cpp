@@ -12,7 +12,7 @@
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/checkpointer.h"
 #include "config/config.h"
-#include "support/emulated_cuda_backend.h"
+#include "support/stand_in_cuda_backend.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
 
@@ -40,7 +40,7 @@ Outcome train_checkpointed(Config config, const std::string& dir, bool resume, i
     config.checkpoint.async = false;
     StepCounter counter;
     TrainerOptions options{.dtype = std::nullopt, .quiet = true};
-    options.make_backend = [](int) { return test::make_emulated_cuda_backend(); };
+    options.make_backend = [](int) { return test::make_stand_in_cuda_backend(); };
     options.stop_signal = [&] { return abandon_after > 0 && counter.last >= abandon_after ? SIGKILL : 0; };
     Trainer trainer(config, options);
     if (resume) {
@@ -92,11 +92,11 @@ void expect_resume_is_bitwise_uninterrupted(const Config& config, const std::str
 
 }  // namespace
 
-TEST(CheckpointResume, EmulatedCudaGpt2Bf16_IsBitwiseIdenticalToUninterrupted) {
+TEST(CheckpointResume, StandInCudaGpt2Bf16_IsBitwiseIdenticalToUninterrupted) {
     expect_resume_is_bitwise_uninterrupted(test::tiny_cuda_shaped_run("gpt2", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0"}), "gpt2_bf16");
 }
 
-TEST(CheckpointResume, EmulatedCudaLlamaFp16_RestoresTheLossScaleBitwise) {
+TEST(CheckpointResume, StandInCudaLlamaFp16_RestoresTheLossScaleBitwise) {
     expect_resume_is_bitwise_uninterrupted(
         test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0", "train.precision=\"fp16\"", "train.loss_scale_window=3"}),
         "llama_fp16");

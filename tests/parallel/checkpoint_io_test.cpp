@@ -25,6 +25,7 @@
 #include "config/config.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "support/parallel_test.h"
 #include "train/trainer.h"
 
 using namespace llmtrain;
@@ -141,14 +142,14 @@ void expect_resume_reads_once(const std::string& name, const std::vector<std::st
 
 }  // namespace
 
-TEST(CheckpointIo8, DataParallelZero1_ResumeReadsEveryByteOnceAndRankFilesAreEven) {
+PARALLEL_TEST(CheckpointIo, DataParallelZero1_ResumeReadsEveryByteOnceAndRankFilesAreEven, 8) {
     expect_resume_reads_once("dp8_zero1", {"parallel.zero_stage=1"}, {"parallel.zero_stage=1"});
 }
 
-TEST(CheckpointIo8, DataParallelZero3_ResumeReadsEveryByteOnceAndRankFilesAreEven) {
+PARALLEL_TEST(CheckpointIo, DataParallelZero3_ResumeReadsEveryByteOnceAndRankFilesAreEven, 8) {
     expect_resume_reads_once("dp8_zero3", {"parallel.zero_stage=3"}, {"parallel.zero_stage=3"});
 }
 
-TEST(CheckpointIo8, TensorPipelineDataResumedAsTensorData_ReadsEveryByteOnceAndRankFilesAreEven) {
+PARALLEL_TEST(CheckpointIo, TensorPipelineDataResumedAsTensorData_ReadsEveryByteOnceAndRankFilesAreEven, 8) {
     expect_resume_reads_once("tp2_pp2_dp2_as_tp2_dp4", {"parallel.tp=2", "parallel.pp=2"}, {"parallel.tp=2"});
 }

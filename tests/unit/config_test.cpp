@@ -450,6 +450,15 @@ TEST(Config, GlobalBatchSize_GivesMicroBatchesPerStepForEachDp) {
     EXPECT_EQ(micro_batches_per_step(parse(TomlText::gpt2().set("train.grad_accum", "3")), 4), 3);
 }
 
+TEST(Config, ResolveOnMesh_DerivesGradAccumIntoACopyAndLeavesTheGivenConfigAlone) {
+    const Config given = parse(TomlText::gpt2().set("train.global_batch_size", "12"));
+    const Config resolved = resolve_on_mesh(given, 2);
+    EXPECT_EQ(resolved.train.grad_accum, 3);
+    EXPECT_EQ(given.train.grad_accum, 0);
+    EXPECT_EQ(resolved.train.global_batch_size, 12);
+    EXPECT_EQ(dump_config(resolve_on_mesh(given, 3)), dump_config(resolve_on_mesh(resolve_on_mesh(given, 3), 3)));
+}
+
 TEST(Config, GlobalBatchSizeThatDoesNotSplitOnTheRunsDp_NamesTheKeysAndNumbers) {
     const Config c = parse(TomlText::gpt2().set("train.global_batch_size", "12"));
     try {

@@ -9,7 +9,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "ops/doctor.h"
+#include "doctor/doctor.h"
 
 using namespace llmtrain;
 namespace fs = std::filesystem;

@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "model/transformer.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "parallel/fully_sharded.h"
 #include "parallel/sharded_gradients.h"
 

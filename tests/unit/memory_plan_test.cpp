@@ -6,7 +6,7 @@
 #include <regex>
 
 #include "config/config.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "support/stream_graph.h"
 #include "train/trainer.h"
 

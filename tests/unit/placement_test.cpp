@@ -11,8 +11,8 @@
 
 #include "config/config.h"
 #include "model/transformer.h"
-#include "ops/memory_plan.h"
 #include "parallel/placement.h"
+#include "plan/memory_plan.h"
 
 using namespace llmtrain;
 

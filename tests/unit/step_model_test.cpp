@@ -8,7 +8,7 @@
 
 #include "config/config.h"
 #include "core/log.h"
-#include "ops/step_model.h"
+#include "plan/step_model.h"
 #include "parallel/context.h"
 
 using namespace llmtrain;

@@ -19,7 +19,6 @@ CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_m
 std::string CpuBackend::name() const { return "cpu"; }
 
 // Every op of the table is implemented for both float types and nothing else.
-bool CpuBackend::supports(Op /*op*/, DType dtype) const { return dtype == DType::f32 || dtype == DType::f64; }
 
 Memory CpuBackend::allocate(size_t bytes) {
     check_memory_limit(*held_, bytes);

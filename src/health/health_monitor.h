@@ -35,7 +35,7 @@
 
 #include "config/config.h"
 #include "metrics/step_record.h"
-#include "monitor/update_guard.h"
+#include "health/update_guard.h"
 
 namespace llmtrain {
 

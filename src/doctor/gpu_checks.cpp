@@ -1,4 +1,4 @@
-#include "ops/gpu_checks.h"
+#include "doctor/gpu_checks.h"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-#include "ops/layout_plan.h"
+#include "plan/layout_plan.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // The CUDA path's parallel layouts under mpirun, on the CPU stand-in of the CUDA backend
-// (tests/support/emulated_cuda_backend.h): bf16 activations cross the tensor-parallel ranks
+// (tests/support/stand_in_cuda_backend.h): bf16 activations cross the tensor-parallel ranks
 // and ZeRO-1 all-gathers the bf16 compute copy. With parallel.comm = "nccl" the trainer runs
 // its event-ordered collectives (the path NCCL takes on a GPU), here on recorded stand-ins
 // of the streams that carry each collective out over MPI; with "mpi", MPI's staging of
@@ -12,9 +12,10 @@
 #include <map>
 
 #include "parallel/context.h"
-#include "support/emulated_cuda_backend.h"
 #include "support/host_staging.h"
+#include "support/parallel_test.h"
 #include "support/run_comparisons.h"
+#include "support/stand_in_cuda_backend.h"
 #include "support/stream_graph.h"
 
 using namespace llmtrain;
@@ -37,25 +38,25 @@ const TrainResult& cpu_reference(int64_t dp) {
     return done.at(dp);
 }
 
-struct EmulatedRun {
+struct StandInRun {
     TrainResult result;
     std::vector<std::string> streams;        // the recording's streams (nccl)
     size_t collectives = 0;                  // work recorded on its communication streams
     std::vector<std::string> races;
 };
 
-EmulatedRun run_emulated(const Config& config) {
+StandInRun run_on_stand_in(const Config& config) {
     ParallelContext ctx = make_mpi_context(config.parallel, std::make_shared<test::HostStaging>());
     test::RecordingStreamOrder* recording = nullptr;
     TrainerOptions options{.quiet = true};
-    options.make_backend = [](int) { return test::make_emulated_cuda_backend(); };
+    options.make_backend = [](int) { return test::make_stand_in_cuda_backend(); };
     options.device_comms.make_order = [&recording](Backend&) {
         auto order = std::make_unique<test::RecordingStreamOrder>();
         recording = order.get();
         return order;
     };
     options.device_comms.make_collectives = [&recording](Comm& group, StreamOrder&) { return std::make_unique<test::RecordedCollectives>(group, *recording); };
-    EmulatedRun run;
+    StandInRun run;
     {
         Trainer trainer(config, options, ctx);
         run.result = trainer.run();
@@ -72,7 +73,7 @@ EmulatedRun run_emulated(const Config& config) {
 void expect_tracks_cpu_with(const std::string& comm, int64_t dp, const std::vector<std::string>& layout) {
     std::vector<std::string> with_comm = layout;
     with_comm.push_back("parallel.comm=\"" + comm + "\"");
-    const EmulatedRun run = run_emulated(tiny("cuda", 2, with_comm));
+    const StandInRun run = run_on_stand_in(tiny("cuda", 2, with_comm));
     test::expect_tracks_cpu(run.result, cpu_reference(dp));
     if (comm == "mpi") {
         EXPECT_TRUE(run.streams.empty()) << "parallel.comm = \"mpi\" must not take the event-ordered path";
@@ -85,26 +86,26 @@ void expect_tracks_cpu_with(const std::string& comm, int64_t dp, const std::vect
 
 }  // namespace
 
-TEST(World2, EmulatedCudaTensorParallelBf16OverEventOrderedCollectives_TracksCpuFp32) { expect_tracks_cpu_with("nccl", 1, {"parallel.tp=2"}); }
-TEST(World2, EmulatedCudaTensorParallelBf16OverMpi_TracksCpuFp32) { expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2"}); }
-TEST(World2, EmulatedCudaDefaultComm_IsTheEventOrderedPath) {
-    const EmulatedRun run = run_emulated(tiny("cuda", 2, {"parallel.tp=2", "train.steps=2"}));
+PARALLEL_TEST(StandInCudaLayouts, TensorParallelBf16OverEventOrderedCollectives_TracksCpuFp32, 2) { expect_tracks_cpu_with("nccl", 1, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, TensorParallelBf16OverMpi_TracksCpuFp32, 2) { expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, DefaultComm_IsTheEventOrderedPath, 2) {
+    const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.tp=2", "train.steps=2"}));
     EXPECT_GT(run.collectives, 0u);
 }
-TEST(World4, EmulatedCudaTensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
-TEST(World4, EmulatedCudaTensorTimesDataZero1OverMpi_TracksCpuFp32) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, TensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32, 4) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, TensorTimesDataZero1OverMpi_TracksCpuFp32, 4) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
 // ZeRO-3 under bf16: the compute shard is gathered (16-bit) into the ring on the dp group's
 // stream, ordered against the compute stream by events, with no race the stream graph sees.
-TEST(World4, EmulatedCudaZero3OverEventOrderedCollectives_TracksCpuFp32) {
-    const EmulatedRun run = run_emulated(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"nccl\""}));
+PARALLEL_TEST(StandInCudaLayouts, Zero3OverEventOrderedCollectives_TracksCpuFp32, 4) {
+    const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"nccl\""}));
     test::expect_tracks_cpu(run.result, cpu_reference(4));
     for (const std::string& race : run.races) ADD_FAILURE() << race;
 }
-TEST(World4, EmulatedCudaZero3OverMpi_TracksCpuFp32) {
-    test::expect_tracks_cpu(run_emulated(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"mpi\""})).result, cpu_reference(4));
+PARALLEL_TEST(StandInCudaLayouts, Zero3OverMpi_TracksCpuFp32, 4) {
+    test::expect_tracks_cpu(run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"mpi\""})).result, cpu_reference(4));
 }
-TEST(World4, EmulatedCudaHybridZero2OverEventOrderedCollectives_TracksCpuFp32) {
-    const EmulatedRun run = run_emulated(tiny("cuda", 2, {"parallel.zero_stage=2", "parallel.shard_size=2", "parallel.comm=\"nccl\""}));
+PARALLEL_TEST(StandInCudaLayouts, HybridZero2OverEventOrderedCollectives_TracksCpuFp32, 4) {
+    const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=2", "parallel.shard_size=2", "parallel.comm=\"nccl\""}));
     test::expect_tracks_cpu(run.result, cpu_reference(4));
     for (const char* group : {"shard", "replica"})
         EXPECT_NE(std::find(run.streams.begin(), run.streams.end(), group), run.streams.end()) << "no stream of the " << group << " group's communicator";

@@ -1,4 +1,4 @@
-#include "ops/cluster.h"
+#include "plan/cluster.h"
 
 #include <toml++/toml.h>
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "config/config.h"
-#include "ops/cluster.h"
-#include "ops/memory_plan.h"
-#include "ops/step_model.h"
+#include "plan/cluster.h"
+#include "plan/memory_plan.h"
+#include "plan/step_model.h"
 
 namespace llmtrain {
 

@@ -1,4 +1,4 @@
-#include "monitor/anomaly_log.h"
+#include "health/anomaly_log.h"
 
 #include <cmath>
 

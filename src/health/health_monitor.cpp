@@ -1,4 +1,4 @@
-#include "monitor/health_monitor.h"
+#include "health/health_monitor.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "ops/doctor.h"
+#include "doctor/doctor.h"
 
 #include <algorithm>
 #include <chrono>

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "ops/doctor.h"
+#include "doctor/doctor.h"
 #include "parallel/comm.h"
 #include "parallel/peer_copy.h"
 

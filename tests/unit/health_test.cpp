@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "monitor/health_monitor.h"
+#include "health/health_monitor.h"
 
 namespace llmtrain {
 namespace {

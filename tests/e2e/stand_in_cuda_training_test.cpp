@@ -1,5 +1,5 @@
 // The CUDA path's host side, on every machine: training runs on a CPU stand-in of the CUDA
-// backend (tests/support/emulated_cuda_backend.h) that keeps its memory and dtype contract.
+// backend (tests/support/stand_in_cuda_backend.h) that keeps its memory and dtype contract.
 // bf16 mixed precision must track the fp32 CPU run, fp16 loss scaling must train, and
 // recomputation must not change the run. What this cannot show is the kernels' own
 // correctness and speed: tests/gpu does that on a GPU.
@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "config/config.h"
-#include "support/emulated_cuda_backend.h"
+#include "support/stand_in_cuda_backend.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
 
@@ -21,9 +21,9 @@ Config tiny_run(const std::string& family, const std::string& device, const std:
     return test::tiny_cuda_shaped_run(family, device, 2, 32, {"train.precision=\"" + precision + "\"", "train.recompute=\"" + recompute + "\""});
 }
 
-TrainerOptions quiet_options(bool emulated) {
+TrainerOptions quiet_options(bool on_stand_in) {
     TrainerOptions options{.dtype = std::nullopt, .quiet = true};
-    if (emulated) options.make_backend = [](int) { return test::make_emulated_cuda_backend(); };
+    if (on_stand_in) options.make_backend = [](int) { return test::make_stand_in_cuda_backend(); };
     return options;
 }
 
@@ -34,7 +34,7 @@ TrainResult train(const Config& config) {
 
 }  // namespace
 
-TEST(EmulatedCudaTraining, Gpt2Bf16_TracksCpuFp32AndKeepsF32MasterWeights) {
+TEST(StandInCudaTraining, Gpt2Bf16_TracksCpuFp32AndKeepsF32MasterWeights) {
     const Config config = tiny_run("gpt2", "cuda");
     Trainer trainer(config, quiet_options(true));
     const Parameters& p = trainer.model().parameters();
@@ -47,15 +47,15 @@ TEST(EmulatedCudaTraining, Gpt2Bf16_TracksCpuFp32AndKeepsF32MasterWeights) {
     EXPECT_FALSE(cuda.sample.empty());  // sampling reads 16-bit device logits
 }
 
-TEST(EmulatedCudaTraining, LlamaBf16_TracksCpuFp32) { test::expect_tracks_cpu(train(tiny_run("llama", "cuda")), train(tiny_run("llama", "cpu"))); }
+TEST(StandInCudaTraining, LlamaBf16_TracksCpuFp32) { test::expect_tracks_cpu(train(tiny_run("llama", "cuda")), train(tiny_run("llama", "cpu"))); }
 
-TEST(EmulatedCudaTraining, Fp16WithDynamicLossScaling_TracksCpuFp32) {
+TEST(StandInCudaTraining, Fp16WithDynamicLossScaling_TracksCpuFp32) {
     const TrainResult fp16 = train(tiny_run("gpt2", "cuda", "fp16"));
     EXPECT_EQ(fp16.steps.front().loss_scale, 65536);
     test::expect_tracks_cpu(fp16, train(tiny_run("gpt2", "cpu")));
 }
 
-TEST(EmulatedCudaTraining, SelectiveAndFullRecompute_GiveBitwiseTheSameRun) {
+TEST(StandInCudaTraining, SelectiveAndFullRecompute_GiveBitwiseTheSameRun) {
     const TrainResult none = train(tiny_run("llama", "cuda"));
     for (const std::string mode : {"selective", "full"}) {
         test::expect_bitwise_identical(train(tiny_run("llama", "cuda", "auto", mode)), none, mode);
@@ -66,7 +66,7 @@ TEST(EmulatedCudaTraining, SelectiveAndFullRecompute_GiveBitwiseTheSameRun) {
 // norm), once at its end for the step time; never per micro-batch or per parameter. Counted
 // by the stand-in as the CUDA backend counts them (copy_to_host, synchronize), over steps
 // without a checkpoint; two micro-batches per step, the norm over every parameter.
-TEST(EmulatedCudaTraining, HostSynchronizationsPerStep_AreAtMostTwo) {
+TEST(StandInCudaTraining, HostSynchronizationsPerStep_AreAtMostTwo) {
     for (const std::string family : {"gpt2", "llama"}) {
         SCOPED_TRACE(family);
         Config config = tiny_run(family, "cuda");

@@ -1,4 +1,4 @@
-#include "monitor/update_guard.h"
+#include "health/update_guard.h"
 
 #include <cmath>
 

@@ -23,7 +23,7 @@
 #include <map>
 
 #include "config/config.h"
-#include "ops/cluster.h"
+#include "plan/cluster.h"
 #include "parallel/mesh.h"
 
 namespace llmtrain {

@@ -17,6 +17,6 @@
 
 namespace llmtrain::test {
 
-std::unique_ptr<Backend> make_emulated_cuda_backend();
+std::unique_ptr<Backend> make_stand_in_cuda_backend();
 
 }  // namespace llmtrain::test

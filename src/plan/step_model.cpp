@@ -1,12 +1,12 @@
-#include "ops/step_model.h"
+#include "plan/step_model.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/log.h"
 #include "model/transformer.h"
-#include "ops/memory_plan.h"
 #include "parallel/placement.h"
+#include "plan/memory_plan.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace llmtrain {

@@ -1,4 +1,4 @@
-#include "support/emulated_cuda_backend.h"
+#include "support/stand_in_cuda_backend.h"
 
 #include <cmath>
 #include <cstring>
@@ -12,7 +12,7 @@ namespace {
 
 bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
 
-[[noreturn]] void refuse(const char* op, const char* name, const std::string& why) { fail(ErrorKind::shape, "emulated cuda ", op, ": ", name, " ", why); }
+[[noreturn]] void refuse(const char* op, const char* name, const std::string& why) { fail(ErrorKind::shape, "stand-in cuda ", op, ": ", name, " ", why); }
 
 void expect_device(const char* op, const char* name, const Tensor& t) {
     if (!t.empty() && t.device() != Device::cuda) refuse(op, name, "is not in device memory");
@@ -84,18 +84,10 @@ void attention_lse(const Tensor& lse, const Tensor& qkv, const AttentionShape& s
             }
 }
 
-class EmulatedCudaBackend final : public Backend {
+class StandInCudaBackend final : public Backend {
 public:
-    EmulatedCudaBackend() : cpu_(make_cpu_backend(1)) {}
-    std::string name() const override { return "emulated cuda (CPU stand-in)"; }
-    bool supports(Op op, DType dtype) const override {
-        switch (op) {
-            case Op::adamw: case Op::sum_squares: case Op::xent_combine: case Op::accumulate_sum: case Op::accumulate_sum_squares: return dtype == DType::f32;
-            case Op::fill_zero: case Op::copy: return dtype != DType::f64;
-            case Op::add: return dtype == DType::f32 || is_half(dtype);
-            default: return is_half(dtype);
-        }
-    }
+    StandInCudaBackend() : cpu_(make_cpu_backend(1)) {}
+    std::string name() const override { return "stand-in cuda (CPU)"; }
     Device device() const override { return Device::cuda; }
     Memory allocate(size_t bytes) override { return allocate_host_memory(bytes); }
     void copy_from_host(const Tensor& dst, const void* src) override {
@@ -110,63 +102,84 @@ public:
     }
     void synchronize() override { ++profile_.host_syncs; }
 
-    void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) override {
+    void embedding_fwd(const EmbeddingFwd& a) override {
+        const Tensor &out = a.out, &tokens = a.tokens, &wte = a.wte, &wpe = a.wpe;
+        const int64_t seq_len = a.seq_len;
+        const VocabShard shard = a.vocab;
         const char* op = "embedding_fwd";
         expect_half(op, "out", out); expect_half(op, "wte", wte); expect_half(op, "wpe", wpe); expect_ids(op, "tokens", tokens);
         const OwnedTensor result(DType::f32, out.shape()), positions = widened(wpe);
-        cpu_->embedding_fwd(result, host_view(tokens), widened(wte), view_or_empty(positions, wpe), seq_len, shard);
+        cpu_->embedding_fwd({.out = result, .tokens = host_view(tokens), .wte = widened(wte), .wpe = view_or_empty(positions, wpe),
+                             .seq_len = seq_len, .vocab = shard});
         store(out, result);
     }
-    void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) override {
+    void embedding_bwd(const EmbeddingBwd& a) override {
+        const Tensor &dwte = a.dwte, &dwpe = a.dwpe, &dout = a.dout, &tokens = a.tokens;
+        const int64_t seq_len = a.seq_len;
+        const VocabShard shard = a.vocab;
         const char* op = "embedding_bwd";
         expect_f32(op, "dwte", dwte); expect_f32(op, "dwpe", dwpe); expect_half(op, "dout", dout); expect_ids(op, "tokens", tokens);
-        cpu_->embedding_bwd(host_view(dwte), host_view(dwpe), widened(dout), host_view(tokens), seq_len, shard);
+        cpu_->embedding_bwd({.dwte = host_view(dwte), .dwpe = host_view(dwpe), .dout = widened(dout), .tokens = host_view(tokens), .seq_len = seq_len,
+                             .vocab = shard});
     }
-    void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) override {
+    void layernorm_fwd(const LayerNormFwd& a) override {
+        const Tensor &out = a.out, &mean = a.mean, &rstd = a.rstd, &x = a.x, &w = a.w, &b = a.b;
+        const double eps = a.eps;
         const char* op = "layernorm_fwd";
         expect_half(op, "out", out); expect_half(op, "x", x); expect_half(op, "w", w); expect_half(op, "b", b);
         expect_f32(op, "mean", mean); expect_f32(op, "rstd", rstd);
         const OwnedTensor result(DType::f32, out.shape()), bias = widened(b);
-        cpu_->layernorm_fwd(result, host_view(mean), host_view(rstd), widened(x), widened(w), view_or_empty(bias, b), eps);
+        cpu_->layernorm_fwd({.out = result, .mean = host_view(mean), .rstd = host_view(rstd), .x = widened(x), .w = widened(w),
+                             .b = view_or_empty(bias, b), .eps = eps});
         store(out, result);
     }
-    void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
-                       const Tensor& rstd, bool accumulate_dx) override {
+    void layernorm_bwd(const LayerNormBwd& a) override {
+        const Tensor &dx = a.dx, &dw = a.dw, &db = a.db, &dout = a.dout, &x = a.x, &w = a.w, &mean = a.mean, &rstd = a.rstd;
+        const bool accumulate_dx = a.accumulate_dx;
         const char* op = "layernorm_bwd";
         expect_half(op, "dx", dx); expect_half(op, "dout", dout); expect_half(op, "x", x); expect_half(op, "w", w);
         expect_f32(op, "dw", dw); expect_f32(op, "db", db); expect_f32(op, "mean", mean); expect_f32(op, "rstd", rstd);
         const OwnedTensor grad = widened(dx);
-        cpu_->layernorm_bwd(grad, host_view(dw), host_view(db), widened(dout), widened(x), widened(w), host_view(mean), host_view(rstd), accumulate_dx);
+        cpu_->layernorm_bwd({.dx = grad, .dw = host_view(dw), .db = host_view(db), .dout = widened(dout), .x = widened(x), .w = widened(w),
+                             .mean = host_view(mean), .rstd = host_view(rstd), .accumulate_dx = accumulate_dx});
         store(dx, grad);
     }
-    void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) override {
+    void rmsnorm_fwd(const RmsNormFwd& a) override {
+        const Tensor &out = a.out, &rstd = a.rstd, &x = a.x, &w = a.w;
+        const double eps = a.eps;
         const char* op = "rmsnorm_fwd";
         expect_half(op, "out", out); expect_half(op, "x", x); expect_half(op, "w", w); expect_f32(op, "rstd", rstd);
         const OwnedTensor result(DType::f32, out.shape());
-        cpu_->rmsnorm_fwd(result, host_view(rstd), widened(x), widened(w), eps);
+        cpu_->rmsnorm_fwd({.out = result, .rstd = host_view(rstd), .x = widened(x), .w = widened(w), .eps = eps});
         store(out, result);
     }
-    void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) override {
+    void rmsnorm_bwd(const RmsNormBwd& a) override {
+        const Tensor &dx = a.dx, &dw = a.dw, &dout = a.dout, &x = a.x, &w = a.w, &rstd = a.rstd;
+        const bool accumulate_dx = a.accumulate_dx;
         const char* op = "rmsnorm_bwd";
         expect_half(op, "dx", dx); expect_half(op, "dout", dout); expect_half(op, "x", x); expect_half(op, "w", w);
         expect_f32(op, "dw", dw); expect_f32(op, "rstd", rstd);
         const OwnedTensor grad = widened(dx);
-        cpu_->rmsnorm_bwd(grad, host_view(dw), widened(dout), widened(x), widened(w), host_view(rstd), accumulate_dx);
+        cpu_->rmsnorm_bwd({.dx = grad, .dw = host_view(dw), .dout = widened(dout), .x = widened(x), .w = widened(w), .rstd = host_view(rstd),
+                           .accumulate_dx = accumulate_dx});
         store(dx, grad);
     }
-    void matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override {
+    void matmul_fwd(const MatmulFwd& a) override {
+        const Tensor &out = a.out, &x = a.x, &w = a.w, &bias = a.bias;
         const char* op = "matmul_fwd";
         expect_half(op, "out", out); expect_half(op, "x", x); expect_half(op, "w", w); expect_half(op, "bias", bias);
         const OwnedTensor result(DType::f32, out.shape()), b = widened(bias);
-        cpu_->matmul_fwd(result, widened(x), widened(w), view_or_empty(b, bias));
+        cpu_->matmul_fwd({.out = result, .x = widened(x), .w = widened(w), .bias = view_or_empty(b, bias)});
         store(out, result);
     }
-    void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) override {
+    void matmul_bwd(const MatmulBwd& a) override {
+        const Tensor &dx = a.dx, &dw = a.dw, &dbias = a.dbias, &dout = a.dout, &x = a.x, &w = a.w;
         const char* op = "matmul_bwd";
         expect_half(op, "dx", dx); expect_half(op, "dout", dout); expect_half(op, "x", x); expect_half(op, "w", w);
         expect_f32(op, "dw", dw); expect_f32(op, "dbias", dbias);
         const OwnedTensor grad = widened(dx);
-        cpu_->matmul_bwd(view_or_empty(grad, dx), host_view(dw), host_view(dbias), widened(dout), widened(x), widened(w));
+        cpu_->matmul_bwd({.dx = view_or_empty(grad, dx), .dw = host_view(dw), .dbias = host_view(dbias), .dout = widened(dout), .x = widened(x),
+                          .w = widened(w)});
         if (!dx.empty()) store(dx, grad);
     }
     void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) override {
@@ -180,14 +193,16 @@ public:
         attention_lse(host_view(saved), q, s);
     }
     // Backward recomputes the probabilities from qkv, as the flash kernels do.
-    void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& s) override {
+    void attention_bwd(const AttentionBwd& a) override {
+        const Tensor &dqkv = a.dqkv, &dout = a.dout, &qkv = a.qkv, &out = a.out, &saved = a.saved;
+        const AttentionShape& s = a.shape;
         const char* op = "attention_bwd";
         expect_half(op, "dqkv", dqkv); expect_half(op, "dout", dout); expect_half(op, "qkv", qkv); expect_half(op, "out", out);
         expect_f32(op, "saved", saved);
         const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
         const OwnedTensor grad(DType::f32, dqkv.shape());
         cpu_->attention_fwd(result, probs, q, s);
-        cpu_->attention_bwd(grad, widened(dout), q, result, probs, s);
+        cpu_->attention_bwd({.dqkv = grad, .dout = widened(dout), .qkv = q, .out = result, .saved = probs, .shape = s});
         store(dqkv, grad);
     }
     void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override {
@@ -211,35 +226,48 @@ public:
         }
         binary("add", out, a, b, [&](const Tensor& o, const Tensor& x, const Tensor& y) { cpu_->add(o, x, y); });
     }
-    void xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) override {
+    void xent_fwd(const XentFwd& a) override {
+        const Tensor &losses = a.losses, &lse = a.lse, &logits = a.logits, &targets = a.targets;
+        const VocabShard vocab = a.vocab;
         expect_f32("xent_fwd", "losses", losses); expect_half("xent_fwd", "logits", logits); expect_ids("xent_fwd", "targets", targets);
-        cpu_->xent_fwd(host_view(losses), host_view(lse), widened(logits), host_view(targets), vocab);
+        cpu_->xent_fwd({.losses = host_view(losses), .lse = host_view(lse), .logits = widened(logits), .targets = host_view(targets),
+                        .vocab = vocab});
     }
-    void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) override {
+    void xent_bwd(const XentBwd& a) override {
+        const Tensor &dlogits = a.dlogits, &logits = a.logits, &targets = a.targets, &lse = a.lse;
+        const VocabShard shard = a.vocab;
+        const double dloss = a.dloss;
         const char* op = "xent_bwd";
         expect_half(op, "dlogits", dlogits); expect_half(op, "logits", logits); expect_ids(op, "targets", targets); expect_f32(op, "lse", lse);
         const OwnedTensor grad(DType::f32, dlogits.shape());
-        cpu_->xent_bwd(grad, widened(logits), host_view(targets), host_view(lse), shard, dloss);
+        cpu_->xent_bwd({.dlogits = grad, .logits = widened(logits), .targets = host_view(targets), .lse = host_view(lse), .vocab = shard,
+                        .dloss = dloss});
         store(dlogits, grad);
     }
     void logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) override {
         expect_f32("logits_row_max", "row_max", row_max); expect_half("logits_row_max", "logits", logits);
         cpu_->logits_row_max(host_view(row_max), widened(logits), shard);
     }
-    void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) override {
+    void xent_partial(const XentPartial& a) override {
+        const Tensor &partial = a.partial, &logits = a.logits, &targets = a.targets, &row_max = a.row_max;
+        const VocabShard shard = a.vocab;
         const char* op = "xent_partial";
         expect_f32(op, "partial", partial); expect_half(op, "logits", logits); expect_ids(op, "targets", targets); expect_f32(op, "row_max", row_max);
-        cpu_->xent_partial(host_view(partial), widened(logits), host_view(targets), host_view(row_max), shard);
+        cpu_->xent_partial({.partial = host_view(partial), .logits = widened(logits), .targets = host_view(targets), .row_max = host_view(row_max),
+                            .vocab = shard});
     }
-    void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) override {
+    void xent_combine(const XentCombine& a) override {
+        const Tensor &losses = a.losses, &lse = a.lse, &partial = a.partial, &row_max = a.row_max;
         const char* op = "xent_combine";
         expect_f32(op, "losses", losses); expect_f32(op, "lse", lse); expect_f32(op, "partial", partial); expect_f32(op, "row_max", row_max);
-        cpu_->xent_combine(host_view(losses), host_view(lse), host_view(partial), host_view(row_max));
+        cpu_->xent_combine({.losses = host_view(losses), .lse = host_view(lse), .partial = host_view(partial), .row_max = host_view(row_max)});
     }
-    void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) override {
+    void adamw(const AdamWUpdate& a) override {
+        const Tensor &param = a.param, &grad = a.grad, &m = a.m, &v = a.v, &param_copy = a.param_copy;
+        const AdamWStep& step = a.step;
         const char* op = "adamw";
         expect_f32(op, "param", param); expect_f32(op, "grad", grad); expect_f32(op, "m", m); expect_f32(op, "v", v); expect_half(op, "param_copy", param_copy);
-        cpu_->adamw(host_view(param), host_view(grad), host_view(m), host_view(v), Tensor(), step);
+        cpu_->adamw({.param = host_view(param), .grad = host_view(grad), .m = host_view(m), .v = host_view(v), .param_copy = Tensor(), .step = step});
         if (!param_copy.empty()) store(param_copy, host_view(param));
     }
     double sum_squares(const Tensor& x) override {
@@ -307,6 +335,6 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_emulated_cuda_backend() { return std::make_unique<EmulatedCudaBackend>(); }
+std::unique_ptr<Backend> make_stand_in_cuda_backend() { return std::make_unique<StandInCudaBackend>(); }
 
 }  // namespace llmtrain::test
