@@ -91,6 +91,13 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     c.memory_efficiency = m * work.memory_bytes / share.pipeline / (step_seconds * rest / total * bandwidth);
     c.optimizer_efficiency = work.update_bytes / share.step_end / (step_seconds * update / total * bandwidth);
     c.gradient_pass_efficiency = work.gradient_pass_bytes / share.step_end / (step_seconds * passes / total * bandwidth);
+    // A share of peak above one says the cluster file's peak is below what this device just
+    // did: writing it would only make `plan` refuse the calibration later.
+    for (const auto& [what, share_of_peak] : {std::pair{"the GEMMs", c.gemm_efficiency}, std::pair{"attention", c.attention_efficiency}})
+        if (share_of_peak > 1)
+            fail(ErrorKind::config, cluster.source_path, ": device.peak_tflops: ", cluster.peak_tflops, " TFLOP/s is below what ", what, " reached here (",
+                 share_of_peak, " times it); give the device's true peak",
+                 cluster.kind == ClusterKind::cpu ? " or \"auto\" (measured on this machine)" : "", "; no calibration written");
     return c;
 }
 

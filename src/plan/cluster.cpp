@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "backend/cpu/core_peak.h"
 #include "core/error.h"
 
 namespace llmtrain {
@@ -180,6 +181,22 @@ void apply_calibration(Cluster& cluster, const std::string& path) {
     cluster.calibration_path = path;
 }
 
+namespace {
+
+// device.peak_tflops: a figure, or on a CPU cluster "auto": one core of this machine, measured
+// (its vector width differs between machines, and a share of the wrong peak misleads).
+double device_peak_tflops(const Keys& keys, ClusterKind kind) {
+    const char* meaning = "dense peak per device in the compute dtype, TFLOP/s";
+    const toml::node* node = keys.find("device.peak_tflops");
+    if (!node || !node->is_string()) return keys.number("device.peak_tflops", meaning, 0, 1e6);
+    const std::string text = **node->as_string();
+    if (text != "auto" || kind != ClusterKind::cpu)
+        fail(ErrorKind::config, keys.path(), ": device.peak_tflops: \"", text, "\" (expected a number (", meaning, "), or \"auto\" on a kind = \"cpu\" cluster)");
+    return measured_core_fp32_peak_tflops();
+}
+
+}  // namespace
+
 Cluster load_cluster(const std::string& path) {
     const toml::table root = read_toml(path, "cluster file");
     const Keys keys(root, path);
@@ -192,7 +209,7 @@ Cluster load_cluster(const std::string& path) {
     c.devices_per_node = keys.integer("node.devices", "devices per node: GPUs, or cores for kind = \"cpu\"", 1 << 16);
     c.nodes = keys.integer("node.count", "number of nodes", 1 << 20);
     c.device_name = keys.text("device.name", "the device's name");
-    c.peak_tflops = keys.number("device.peak_tflops", "dense peak per device in the compute dtype, TFLOP/s", 0, 1e6);
+    c.peak_tflops = device_peak_tflops(keys, c.kind);
     c.memory_gb = keys.number("device.memory_gb", "memory per device, GB", 0, 1e6);
     c.memory_bandwidth_gbps = keys.number("device.memory_bandwidth_gbps", "memory bandwidth per device, GB/s", 0, 1e7);
     c.reserved_gb = keys.number("device.reserved_gb", "memory the runtime and communication buffers take per device, GB", -1, 1e6);

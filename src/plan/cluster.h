@@ -6,7 +6,8 @@
 //   name = "..."
 //   kind = "gpu" | "cpu"           cpu: a device is one core; ranks beyond the cores share them
 //   [node]    devices, count
-//   [device]  name, peak_tflops (dense, in the compute dtype: bf16 on GPUs, f32 on the CPU),
+//   [device]  name, peak_tflops (dense, in the compute dtype: bf16 on GPUs, f32 on the CPU;
+//             on a cpu cluster "auto": one core of the machine reading the file, measured),
 //             memory_gb, memory_bandwidth_gbps, reserved_gb (runtime context and
 //             communication buffers, outside what the run allocates)
 //   [network] intra_node_gbps, intra_node_latency_us, inter_node_gbps, inter_node_latency_us
