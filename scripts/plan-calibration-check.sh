@@ -1,7 +1,7 @@
 #!/bin/sh
 # Step time is calibrated on this machine: `bench comm` (2 and 4 ranks) and a one-rank `bench` of a
 # 50M-parameter model write a calibration file; `plan` with it then predicts the step time of
-# 8 other CPU layouts (1, 2 and 4 ranks), which `bench` measures. Calibration and the benches
+# 10 other CPU layouts (1, 2 and 4 ranks; two with the parameter all-gather overlapped), which `bench` measures. Calibration and the benches
 # alternate, five rounds, and each layout compares the medians: the machine's load drifts,
 # and the median of five drops rounds slowed by something else (four ranks on two cores
 # measured 1.09 to 1.68 s for the same step).
@@ -27,7 +27,9 @@ layouts="1:recompute_full:--set,train.batch_size=2,--set,train.recompute=\"full\
 2:pp2:--set,train.batch_size=2,--set,parallel.pp=2,--set,train.grad_accum=2
 4:dp4:--set,train.batch_size=1
 4:tp2_dp2:--set,train.batch_size=2,--set,parallel.tp=2
-4:tp2_pp2:--set,train.batch_size=2,--set,parallel.tp=2,--set,parallel.pp=2,--set,train.grad_accum=2"
+4:tp2_pp2:--set,train.batch_size=2,--set,parallel.tp=2,--set,parallel.pp=2,--set,train.grad_accum=2
+4:dp4_overlap:--set,train.batch_size=1,--set,parallel.overlap_param_gather=true
+4:dp4_zero2_overlap:--set,train.batch_size=1,--set,parallel.zero_stage=2,--set,parallel.overlap_param_gather=true"
 
 ms_of() { sed -n 's/^ms\/step *\([0-9.]*\)$/\1/p' "$1"; }
 median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }

@@ -318,6 +318,10 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, prefetch_layers).integer(0, 64)
             .describe("zero_stage 3: parameter groups (layers) whose all-gathers are started before the current group computes, hiding them "
                       "behind its compute; each holds one more gather buffer; 0: every group gathered when it runs"),
+        CONFIG_KEY(parallel, overlap_param_gather).boolean()
+            .describe("zero_stage 1 or 2: the all-gathers of the updated parameters start after the update and each is waited for just before "
+                      "the next forward's first layer that reads it, hiding them behind the forward (ZeRO-2: two in flight, through the "
+                      "gradient pool's buffers); false: they complete before the step ends"),
         CONFIG_KEY(parallel, sequence_parallel).boolean()
             .describe("with tp > 1: norms and residuals hold 1/tp of the tokens per rank (batch_size * seq_len divisible by tp)"),
         CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),
@@ -843,6 +847,13 @@ constexpr Check kChecks[] = {
         if (c.parallel.shard_size == 0 || c.parallel.zero_stage >= 2) return std::nullopt;
         return Problem{"parallel.shard_size", cat(c.parallel.shard_size, " shards the gradients and the AdamW state within groups of dp ranks and needs "
                                                   "parallel.zero_stage = 2 or 3 (got ", c.parallel.zero_stage, "; allowed below stage 2: 0)")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        // Stage 0 gathers nothing; stage 3 gathers in every forward (parallel.prefetch_layers).
+        if (!c.parallel.overlap_param_gather || c.parallel.zero_stage == 1 || c.parallel.zero_stage == 2) return std::nullopt;
+        return Problem{"parallel.overlap_param_gather", cat("= true overlaps the all-gathers of the updated parameters of parallel.zero_stage = 1 or 2 (got ",
+                                                            c.parallel.zero_stage, c.parallel.zero_stage == 3 ? ": stage 3 prefetches with parallel.prefetch_layers" : ": stage 0 gathers nothing",
+                                                            "; allowed: false)")};
     },
 };
 

@@ -140,6 +140,7 @@ struct ParallelConfig {
     int64_t zero_stage = 1;                // 0: none; 1: AdamW state sharded; 2: gradients too; 3: parameters too
     int64_t shard_size = 0;                // ZeRO-2/3: shard within groups of this many consecutive dp ranks, replicate across them; 0: dp
     int64_t prefetch_layers = 1;           // ZeRO-3: parameter groups whose all-gathers start before the current group computes
+    bool overlap_param_gather = false;     // ZeRO-1/2: the updated parameters' all-gathers run behind the next forward
     bool sequence_parallel = false;        // split the tokens across tp ranks outside the tp matmuls
     double bucket_mb = 25;                 // gradient bucket size for the overlapped dp reduction
     std::string stage_layers;              // e.g. "3,3,2": layers per pipeline stage; empty: balanced

@@ -25,6 +25,9 @@ class CommRequest {
 public:
     virtual ~CommRequest() = default;
     virtual void wait() = 0;
+    // Lets the operation advance without waiting for it: MPI moves a nonblocking collective
+    // only inside MPI calls, so a rank computing between them polls it (NCCL's run by themselves).
+    virtual void progress() {}
 };
 
 class CommHandle {
@@ -35,6 +38,9 @@ public:
     CommHandle& operator=(CommHandle&& other) noexcept;
     ~CommHandle();
     void wait();
+    void progress() {
+        if (request_) request_->progress();
+    }
 
 private:
     std::unique_ptr<CommRequest> request_;

@@ -92,10 +92,11 @@ public:
     virtual int64_t bytes_sent() const = 0;
     // For the start-up line, e.g. "ZeRO-2 (gradients sharded), 6 groups".
     virtual std::string describe() const = 0;
-    // Working memory idle between finish() and the next begin_step(), at least as long as
-    // cut `cut` padded, which the parameter store may use to stage that cut's all-gather
-    // (ZeRO-2's pool buffer, or a resident group's own); empty: none.
-    virtual Tensor idle_buffer(size_t /*cut*/) const { return {}; }
+    // Working memory idle from finish() to the first backward of the next step, at least as
+    // long as cut `cut` padded, which the parameter store may use to stage that cut's
+    // all-gather: ZeRO-2's pool buffer number `slot` (0 or 1: two gathers may be in flight),
+    // or a resident group's own whatever the slot; empty: none.
+    virtual Tensor idle_buffer(size_t /*cut*/, int /*slot*/ = 0) const { return {}; }
 };
 
 }  // namespace llmtrain

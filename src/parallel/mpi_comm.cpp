@@ -97,6 +97,12 @@ public:
     MpiRequest(const MpiComm& comm, MPI_Request request, std::string op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input)
         : comm_(comm), request_(request), op_(std::move(op)), result_(std::move(result)), input_(std::move(input)) {}
     void wait() override;
+    // One MPI_Test: advances the collective's schedule; once it completes the request is
+    // MPI_REQUEST_NULL and wait() only writes the result back.
+    void progress() override {
+        int done = 0;
+        MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+    }
 
 private:
     const MpiComm& comm_;

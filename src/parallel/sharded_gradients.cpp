@@ -72,9 +72,9 @@ std::vector<GradStorageBinding> ShardedGradients::run_storage() const {
     return bindings;
 }
 
-Tensor ShardedGradients::idle_buffer(size_t cut) const {
+Tensor ShardedGradients::idle_buffer(size_t cut, int slot) const {
     const Group& g = groups_.at(cut);
-    const Tensor buffer = g.cut.group.resident ? g.resident_buffer : slots_.front().buffer.view();
+    const Tensor buffer = g.cut.group.resident ? g.resident_buffer : slots_.at(static_cast<size_t>(slot)).buffer.view();
     return flat_slice(buffer, 0, g.cut.padded(group_.size()));
 }
 

@@ -59,7 +59,7 @@ public:
     size_t gradient_bytes() const override { return bytes_; }
     int64_t bytes_sent() const override { return bytes_sent_; }
     std::string describe() const override;
-    Tensor idle_buffer(size_t cut) const override;
+    Tensor idle_buffer(size_t cut, int slot = 0) const override;
 
     static constexpr int kPoolBuffers = 2;
 

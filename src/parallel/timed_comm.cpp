@@ -18,6 +18,7 @@ public:
         inner_.wait();
         times_.add(group_, op_, seconds_since(start));
     }
+    void progress() override { inner_.progress(); }
 
 private:
     CommHandle inner_;

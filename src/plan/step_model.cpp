@@ -248,6 +248,16 @@ Link collective_link(const Cluster& c, const Mesh& mesh, int group, int span, do
     return shared_link(link, c, share);
 }
 
+// The updated parameters' all-gather of ZeRO-1/2, `gather` seconds in `cuts` cuts: at the
+// step's end; with parallel.overlap_param_gather at the next step's start, behind its first
+// forward (a third of a micro-batch's compute) on GPUs, where NCCL runs beside the compute
+// stream, the first cut's share always exposed. On a CPU the cores move the bytes
+// themselves, between the layers' compute: nothing hides.
+double exposed_param_gather(const Config& config, const Cluster& c, double compute, double gather, double cuts) {
+    if (!config.parallel.overlap_param_gather || c.kind != ClusterKind::gpu) return gather;
+    return std::max(gather - compute / 3.0, gather / std::max(1.0, cuts));
+}
+
 // ZeRO-2/3 over blocks of `shard` dp ranks (parallel.shard_size; 0: all of dp). Every
 // micro-batch reduce-scatters its gradients within the block as backward produces them
 // (behind the rest of backward on GPUs, all but the last bucket); ZeRO-3 also all-gathers
@@ -269,8 +279,12 @@ void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, con
     const int blocks = mesh.dp() / shard;
     const Link end_link = collective_link(c, mesh, blocks, mesh.tp() * mesh.dp(), share.step_end);
     t.dp = collective_seconds({Collective::all_reduce, w.dp_gradient_bytes / shard, 1}, blocks, end_link);
-    if (config.parallel.zero_stage == 2)
-        t.dp += collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, shard, collective_link(c, mesh, shard, mesh.tp() * shard, share.step_end));
+    if (config.parallel.zero_stage == 2) {
+        // Its cuts are the layer groups: every layer, the embedding part, the head.
+        const double groups = static_cast<double>(config.model.n_layers) / mesh.pp() + 2;
+        const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, shard, collective_link(c, mesh, shard, mesh.tp() * shard, share.step_end));
+        t.dp += exposed_param_gather(config, c, t.compute, gather, groups);
+    }
 }
 
 StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, const DeviceShare& share) {
@@ -293,7 +307,7 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
         const bool zero1 = config.parallel.zero_stage >= 1;
         const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
         const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
-        t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
+        t.dp = std::max(reduce - hidden, reduce / buckets) + exposed_param_gather(config, c, t.compute, gather, buckets);
     }
     // AdamW's update has its own efficiency (on a CPU its square root and division per element
     // make it slower per byte), and so do the plain streams over every gradient (zeroing,

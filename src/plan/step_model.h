@@ -9,7 +9,8 @@
 //   step time         (m + (pp - 1) / V) x max over stages of t_mb  (bubble (pp - 1) / (V x m + pp - 1);
 //                     V = parallel.virtual_stages, 1 for plain 1F1B; pipeline sends V times as many)
 //                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) not hidden by the
-//                     backward of the last micro-batch, + the parameter all-gather
+//                     backward of the last micro-batch, + the parameter all-gather (overlapped:
+//                     what the next step's first forward does not hide, on GPUs)
 //                   + optimizer bytes / (bandwidth x memory efficiency)
 //   CPU cores         ranks beyond a node's cores share them: each runs at its share of a core
 //                     (DeviceShare), and collectives among them go over the node's shared memory

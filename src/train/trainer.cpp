@@ -140,8 +140,13 @@ std::unique_ptr<ParameterStore> Trainer::make_parameter_store() {
     Parameters& params = model_->parameters();
     if (!placement_->shards_parameters()) {
         GradientSync& sync = *sync_;
-        return std::make_unique<ReplicatedParameters>(flat_parameters(params), *placement_, comms_->shard(), [&sync](size_t cut) { return sync.idle_buffer(cut); },
-                                                      backend_ops(*backend_));
+        auto store = std::make_unique<ReplicatedParameters>(flat_parameters(params), *placement_, comms_->shard(),
+                                                            [&sync](size_t cut, int slot) { return sync.idle_buffer(cut, slot); }, backend_ops(*backend_),
+                                                            config_.parallel.overlap_param_gather);
+        ParameterStore& weights = *store;
+        if (config_.parallel.overlap_param_gather)
+            model_->set_group_weights([&weights](const std::vector<size_t>& pass, size_t position) { return weights.weights(pass, position); });
+        return store;
     }
     auto store = std::make_unique<FullyShardedParameters>(
         flat_parameters(params), *placement_, comms_->shard(), backend_ops(*backend_), params.compute_dtype(), static_cast<int>(config_.parallel.prefetch_layers),
@@ -151,7 +156,9 @@ std::unique_ptr<ParameterStore> Trainer::make_parameter_store() {
     return store;
 }
 
+// Every load goes through here: no gather of the last update may still write the values.
 RankState Trainer::rank_state(bool with_optimizer) {
+    store_->settle();
     Parameters& params = model_->parameters();
     return {*placement_, *store_, with_optimizer ? optimizer_.get() : nullptr, *backend_, backend_ops(*backend_),
             [&params](DType dtype, Shape shape) { return params.new_tensor(dtype, shape); }, &comms_->tp(), comms_->replicas(), &comms_->shard()};
@@ -243,6 +250,7 @@ TrainResult Trainer::run() {
     const double tokens_per_step = static_cast<double>(config_.train.batch_size * config_.train.seq_len * config_.train.grad_accum * ctx_->mesh.dp());
     result_.tokens_per_second = tokens_per_step * static_cast<double>(timed_steps) / timed_seconds;
     if (result_.stop_signal == 0) result_.sample = sample_text();
+    store_->settle();
     return result_;
 }
 
@@ -306,6 +314,7 @@ double Trainer::lr_scale(int64_t step) const {
 }
 
 SnapshotSource Trainer::snapshot_source() {
+    store_->settle();
     Parameters& params = model_->parameters();
     const AdamW& optimizer = *optimizer_;
     const ParameterStore& store = *store_;
@@ -687,6 +696,8 @@ void Trainer::close_step(StepRecord& s) {
 // micro-batch i on dp rank i % dp. Each adds its mean loss times its sequences, so the
 // result is the mean over every validation token: sum_i rows_i * mean_i / eval_sequences.
 double Trainer::evaluate() {
+    // dp ranks run different numbers of forwards here: every gather completes first, on all.
+    store_->settle();
     const TrainConfig& t = config_.train;
     const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
     const int64_t micro_batches = (t.eval_sequences + t.batch_size - 1) / t.batch_size;
@@ -707,6 +718,7 @@ double Trainer::evaluate() {
 }
 
 std::string Trainer::sample_text() {
+    store_->settle();  // every rank's; the sample's forwards run on one
     const TrainConfig& t = config_.train;
     if (t.sample_tokens == 0 || !is_logger()) return "";
     if (store_->gathers_in_forward()) {

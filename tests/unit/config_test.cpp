@@ -546,6 +546,19 @@ TEST(Config, StageLayersThatDoNotAddUp_AreRejected) {
     EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.stage_layers", "'1,x'")), "is not a comma-separated list of positive layer counts"));
 }
 
+// The updated parameters' all-gather exists under stages 1 and 2 only: stage 0 has none, stage
+// 3 gathers in every forward (prefetch_layers).
+TEST(Config, OverlapParamGatherOutsideStagesOneAndTwo_IsRejectedWithTheKeyNamed) {
+    const TomlText overlap = TomlText::gpt2().set("parallel.overlap_param_gather", "true");
+    EXPECT_NO_THROW(parse(TomlText(overlap).set("parallel.zero_stage", "1")));
+    EXPECT_NO_THROW(parse(TomlText(overlap).set("parallel.zero_stage", "2")));
+    EXPECT_TRUE(Contains(error_of(TomlText(overlap).set("parallel.zero_stage", "0")),
+                         "run.toml: parallel.overlap_param_gather: = true overlaps the all-gathers of the updated parameters of parallel.zero_stage = 1 or 2 "
+                         "(got 0: stage 0 gathers nothing; allowed: false)"));
+    EXPECT_TRUE(Contains(error_of(TomlText(overlap).set("parallel.zero_stage", "3")), "(got 3: stage 3 prefetches with parallel.prefetch_layers; allowed: false)"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.overlap_param_gather", "1")), "parallel.overlap_param_gather"));
+}
+
 // Interleaved 1F1B: each stage's layers split into virtual_stages chunks, micro-batches in
 // groups of pp, and a pipeline to interleave.
 TEST(Config, VirtualStagesThatDoNotFitTheLayout_AreRejectedWithTheKeyNamed) {

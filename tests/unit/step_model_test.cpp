@@ -194,6 +194,25 @@ TEST(StepModel, Zero3PrefetchHidesTheGathersOnGpus) {
     EXPECT_LT(predict_step_time(ahead, mesh, h100, params).dp_exposed_seconds, predict_step_time(none, mesh, h100, params).dp_exposed_seconds);
 }
 
+// ZeRO-1/2's all-gather of the updated parameters behind the next forward: hidden on GPUs
+// (all but the first cut's share, up to the forward's length), not on a CPU, whose cores
+// move the bytes themselves.
+TEST(StepModel, OverlappedParamGatherHidesOnGpusOnly) {
+    for (const char* stage : {"parallel.zero_stage=1", "parallel.zero_stage=2"}) {
+        const auto config = [stage](const char* overlap) { return load_config("configs/gpt2-124m.toml", {stage, overlap}, DataFiles::unchecked); };
+        const Config overlapped = config("parallel.overlap_param_gather=true"), plain = config("parallel.overlap_param_gather=false");
+        const Mesh mesh = make_mesh(plain.parallel, 8);
+        const double params = model_parameter_count(plain.model);
+        const Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+        const StepTime gpu_plain = predict_step_time(plain, mesh, h100, params), gpu_overlapped = predict_step_time(overlapped, mesh, h100, params);
+        EXPECT_LT(gpu_overlapped.dp_exposed_seconds, gpu_plain.dp_exposed_seconds) << stage;
+        EXPECT_LT(gpu_overlapped.step_seconds, gpu_plain.step_seconds) << stage;
+        EXPECT_GT(gpu_overlapped.dp_exposed_seconds, 0) << stage;
+        const Cluster cpu = two_core_node();
+        EXPECT_DOUBLE_EQ(predict_step_time(overlapped, mesh, cpu, params).step_seconds, predict_step_time(plain, mesh, cpu, params).step_seconds) << stage;
+    }
+}
+
 // A checkpoint of the 72B run on 128 H100s: 12 bytes per parameter, each rank's share copied
 // to host memory while the step loop waits, the writes at the slower of the storage's
 // aggregate bandwidth and the 16 nodes' links; a resume reads everything twice (checksums,
