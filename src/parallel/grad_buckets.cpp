@@ -8,8 +8,13 @@ namespace {
 Tensor flat_slice(const Tensor& flat, FlatRange range) { return flat.slice_rows(range.begin, range.size()); }
 }  // namespace
 
-GradBuckets::GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bool shards, Comm& dp)
-    : params_(std::move(params)), dp_(dp), zero1_(shards && dp.size() > 1) {
+size_t GradBuckets::staging_bytes(int64_t padded_numel, int64_t shard_numel, bool shards, int dp, DType master, DType reduce_dtype) {
+    if (reduce_dtype == master || dp == 1) return 0;
+    return static_cast<size_t>(padded_numel + (shards ? shard_numel : 0)) * dtype_size(reduce_dtype);
+}
+
+GradBuckets::GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bool shards, Comm& dp, DType reduce_dtype, FlatOps ops)
+    : params_(std::move(params)), dp_(dp), ops_(std::move(ops)), zero1_(shards && dp.size() > 1) {
     const Tensor grads = params_.grads;
     int64_t shard_numel = 0;
     for (const FlatCut& cut : buckets) {
@@ -35,10 +40,18 @@ GradBuckets::GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bo
     } else {
         owned_.push_back({0, grads.numel(), grads, {}, {}});
     }
+    staged_bytes_ = staging_bytes(grads.numel(), shard_numel, zero1_, dp.size(), grads.dtype(), reduce_dtype);
+    if (staged()) {
+        if (!ops_.copy) fail(ErrorKind::runtime, "gradient reduction in ", dtype_name(reduce_dtype), " needs a dtype-converting copy");
+        staged_grads_ = params_.allocate(reduce_dtype, {grads.numel()});
+        if (zero1_) staged_pieces_ = params_.allocate(reduce_dtype, {shard_numel});
+    }
     begin_step(true);
 }
 
-std::string GradBuckets::describe() const { return cat(zero1_ ? "ZeRO-1" : "ZeRO off", " | ", buckets_.size(), " gradient buckets"); }
+std::string GradBuckets::describe() const {
+    return cat(zero1_ ? "ZeRO-1" : "ZeRO off", " | ", buckets_.size(), " gradient buckets", staged() ? cat(", reduced in ", dtype_name(staged_grads_.view().dtype())) : "");
+}
 
 void GradBuckets::begin_step(bool reduce) {
     reduce_ = reduce;
@@ -54,14 +67,28 @@ void GradBuckets::start(size_t index) {
     Bucket& bucket = buckets_[index];
     bucket.started = true;
     if (dp_.size() == 1 || !reduce_) return;
-    const Tensor grads = flat_slice(params_.grads, bucket.cut.flat);
+    Tensor grads = flat_slice(params_.grads, bucket.cut.flat), piece = zero1_ ? owned_[index].grads : Tensor();
+    ReduceOp sum = ReduceOp::sum;
+    if (staged()) {
+        const Tensor copy = flat_slice(staged_grads_.view(), bucket.cut.flat);
+        ops_.copy(copy, grads);  // rounds to nearest even
+        grads = copy;
+        if (zero1_) piece = staged_pieces_.view().slice_rows(bucket.cut.shard_at, piece.numel());
+        sum = ReduceOp::sum_in_dtype;
+    }
     const int64_t p = dp_.size(), share = static_cast<int64_t>(grads.bytes()) * (p - 1) / p;
     bytes_sent_ += zero1_ ? share : 2 * share;
+    bucket.handle = zero1_ ? dp_.reduce_scatter_async(piece, grads, sum) : dp_.all_reduce_async(grads, sum);
+}
+
+void GradBuckets::widen(size_t index) {
+    const Bucket& bucket = buckets_[index];
     if (!zero1_) {
-        bucket.handle = dp_.all_reduce_async(grads, ReduceOp::sum);
+        ops_.copy(flat_slice(params_.grads, bucket.cut.flat), flat_slice(staged_grads_.view(), bucket.cut.flat));
         return;
     }
-    bucket.handle = dp_.reduce_scatter_async(owned_[index].grads, grads);
+    const Tensor piece = owned_[index].grads;
+    ops_.copy(piece, staged_pieces_.view().slice_rows(bucket.cut.shard_at, piece.numel()));
 }
 
 void GradBuckets::mark_ready(size_t begin, size_t end) {
@@ -82,6 +109,8 @@ void GradBuckets::finish() {
     for (size_t b = 0; b < buckets_.size(); ++b)
         if (!buckets_[b].started) start(b);
     for (Bucket& b : buckets_) b.handle.wait();
+    if (!staged() || !reduce_) return;
+    for (size_t b = 0; b < buckets_.size(); ++b) widen(b);
 }
 
 }  // namespace llmtrain

@@ -11,6 +11,14 @@
 //            owns it: it keeps AdamW moments for its pieces only and updates them; the
 //            parameter store then all-gathers the updated pieces (parallel/parameter_store.h).
 //
+// parallel.grad_reduce_dtype = "bf16" (reduce_dtype narrower than the master dtype): the
+// gradients stay f32 and accumulate over micro-batches there; each bucket is rounded into a
+// bf16 copy of the flat buffer (ops.copy converts) as it starts, the collective sums the
+// copies in bf16 (ReduceOp::sum_in_dtype: 2 bytes per element on the wire), and finish()
+// widens the reduced bucket (stage 1: this rank's bf16 pieces) back into the f32 gradients.
+// The copies cover the whole buffer, so every bucket can be in flight at once: 2 bytes per
+// element more (plus the pieces under stage 1), only on ranks that reduce (dp > 1).
+//
 // The reductions' handles are waited for in finish(): under an event-ordered Comm (NCCL)
 // that orders the device's compute stream after them and the host goes on; under MPI it
 // blocks. Every rank of the dp group starts the same reductions in the same order (the
@@ -30,8 +38,11 @@ namespace llmtrain {
 class GradBuckets : public GradientSync {
 public:
     // buckets: bucket_cuts of the flat buffer over the dp group; shards: ZeRO-1 (each rank
-    // keeps the sum of its pieces) rather than plain all-reduces.
-    GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bool shards, Comm& dp);
+    // keeps the sum of its pieces) rather than plain all-reduces; reduce_dtype: the dtype the
+    // collectives carry (the master dtype, or bf16 staged through copies by ops.copy).
+    GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bool shards, Comm& dp, DType reduce_dtype, FlatOps ops);
+    // The bytes beyond the flat gradient buffer that the staged copies take (none without).
+    static size_t staging_bytes(int64_t padded_numel, int64_t shard_numel, bool shards, int dp, DType master, DType reduce_dtype);
 
     // The flat gradient buffer holds every micro-batch's gradients; the last micro-batch's
     // readiness starts the buckets.
@@ -40,7 +51,7 @@ public:
         if (last_micro_batch) mark_ready(first, end);
     }
     bool holds_first_copy() const override { return zero1_ || dp_.rank() == 0; }
-    size_t gradient_bytes() const override { return params_.grads.bytes() + sharded_grad_bytes(); }
+    size_t gradient_bytes() const override { return params_.grads.bytes() + sharded_grad_bytes() + staged_bytes_; }
     std::string describe() const override;
 
     // Forget readiness: call before the backward whose gradients are to be reduced (or,
@@ -68,9 +79,13 @@ private:
         CommHandle handle;
     };
     void start(size_t index);
+    bool staged() const { return staged_bytes_ > 0; }
+    // The reduced bucket `index` from its bf16 copy into the f32 gradients.
+    void widen(size_t index);
 
     FlatParameters params_;
     Comm& dp_;
+    FlatOps ops_;
     bool zero1_;
     bool reduce_ = true;
     int64_t bytes_sent_ = 0;
@@ -78,6 +93,8 @@ private:
     std::vector<std::vector<size_t>> buckets_of_param_;
     std::vector<bool> param_ready_;
     OwnedTensor shard_grads_;                 // ZeRO-1: this rank's reduced pieces, bucket by bucket
+    OwnedTensor staged_grads_, staged_pieces_;  // bf16 reduction: the buffer's copy, and ZeRO-1's reduced pieces
+    size_t staged_bytes_ = 0;
     std::vector<OwnedPiece> owned_;
 };
 
