@@ -13,11 +13,15 @@
 //
 // parallel.grad_reduce_dtype = "bf16" (reduce_dtype narrower than the master dtype): the
 // gradients stay f32 and accumulate over micro-batches there; each bucket is rounded into a
-// bf16 copy of the flat buffer (ops.copy converts) as it starts, the collective sums the
-// copies in bf16 (ReduceOp::sum_in_dtype: 2 bytes per element on the wire), and finish()
-// widens the reduced bucket (stage 1: this rank's bf16 pieces) back into the f32 gradients.
-// The copies cover the whole buffer, so every bucket can be in flight at once: 2 bytes per
-// element more (plus the pieces under stage 1), only on ranks that reduce (dp > 1).
+// bf16 staging buffer (ops.copy converts) as it starts, the collective sums the copies in
+// bf16 (ReduceOp::sum_in_dtype: 2 bytes per element on the wire), and the reduced bucket
+// (stage 1: this rank's bf16 piece) is widened back into the f32 gradients. The staging
+// buffers are a pool of kStagingBuffers (fewer with fewer buckets), each as long as the
+// largest bucket (and its piece):
+// a bucket that finds its buffer still in use first settles the bucket before it there
+// (waits for it and widens it), so at most that many bf16 reductions are in flight and the
+// cost is a few buckets' worth of memory, not a copy of the whole buffer. Only ranks that
+// reduce (dp > 1) hold them.
 //
 // The reductions' handles are waited for in finish(): under an event-ordered Comm (NCCL)
 // that orders the device's compute stream after them and the host goes on; under MPI it
@@ -25,6 +29,7 @@
 // model's backward reports readiness identically on each), as collectives require.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -41,8 +46,11 @@ public:
     // keeps the sum of its pieces) rather than plain all-reduces; reduce_dtype: the dtype the
     // collectives carry (the master dtype, or bf16 staged through copies by ops.copy).
     GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bool shards, Comm& dp, DType reduce_dtype, FlatOps ops);
-    // The bytes beyond the flat gradient buffer that the staged copies take (none without).
-    static size_t staging_bytes(int64_t padded_numel, int64_t shard_numel, bool shards, int dp, DType master, DType reduce_dtype);
+    // The bytes beyond the flat gradient buffer that the staging buffers take (none without).
+    static size_t staging_bytes(const std::vector<FlatCut>& buckets, bool shards, int dp, DType master, DType reduce_dtype);
+    static constexpr int64_t kStagingBuffers = 4;
+    // No more buffers than buckets (a small model is one bucket).
+    static int64_t staging_buffers(size_t buckets) { return std::min<int64_t>(kStagingBuffers, static_cast<int64_t>(buckets)); }
 
     // The flat gradient buffer holds every micro-batch's gradients; the last micro-batch's
     // readiness starts the buckets.
@@ -80,8 +88,8 @@ private:
     };
     void start(size_t index);
     bool staged() const { return staged_bytes_ > 0; }
-    // The reduced bucket `index` from its bf16 copy into the f32 gradients.
-    void widen(size_t index);
+    // Waits for the reduction in staging buffer `slot` and widens it into the f32 gradients.
+    void settle(size_t slot);
 
     FlatParameters params_;
     Comm& dp_;
@@ -93,7 +101,13 @@ private:
     std::vector<std::vector<size_t>> buckets_of_param_;
     std::vector<bool> param_ready_;
     OwnedTensor shard_grads_;                 // ZeRO-1: this rank's reduced pieces, bucket by bucket
-    OwnedTensor staged_grads_, staged_pieces_;  // bf16 reduction: the buffer's copy, and ZeRO-1's reduced pieces
+    struct Staging {
+        OwnedTensor bucket, piece;  // the bucket's bf16 copy; ZeRO-1: this rank's reduced bf16 piece
+        int in_flight = -1;         // the bucket whose reduction uses it; -1: none
+    };
+    std::vector<Staging> staging_;  // bf16 reduction: the pool, taken in turn
+    size_t next_staging_ = 0;
+    DType reduce_dtype_;
     size_t staged_bytes_ = 0;
     std::vector<OwnedPiece> owned_;
 };

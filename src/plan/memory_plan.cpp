@@ -125,7 +125,7 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
     m.gradient_bytes = placement.shards_gradients()
                            ? sharded_gradient_bytes(placement, master, reduce)
                            : bytes_of(padded, master) + (placement.shards_optimizer() ? bytes_of(placement.shard_numel(), master) : 0) +
-                                 GradBuckets::staging_bytes(padded, placement.shard_numel(), placement.shards_optimizer(), mesh.dp(), master, reduce);
+                                 GradBuckets::staging_bytes(placement.cuts(), placement.shards_optimizer(), mesh.dp(), master, reduce);
     m.optimizer_bytes = AdamW::state_bytes_for(placement.optimizer_numel(), master);
     m.activation_bytes = model.activation_bytes();
     // Attention's scratch at the micro-batch's shape (this rank's heads), on top of the

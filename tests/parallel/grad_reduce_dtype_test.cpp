@@ -5,11 +5,13 @@
 // not a no-op). Rank 0 prints the largest differences it saw ("[ bf16 reduce ]" lines).
 //
 // Tolerances, set with a margin over what these layouts measure: a bf16 sum of dp gradients
-// is within 2^-8 relative of the f32 one per element, and AdamW divides by the moments' root,
-// so the update moves by about that share; over 16 steps the tiny model's losses moved by at
-// most 0.09% (relative) and the gradient norms by 1.1% (README figures of this test). 0.5% of
-// the loss and 5% of the gradient norm leave that margin, while a wrong reduction (a piece
-// not widened back, a bucket reduced twice, a missed rank) moves the loss by far more.
+// is within about 2^-8 relative of the f32 one per element, and AdamW's update moves by about
+// that share. Over the 16 steps the largest differences measured (rank 0's "[ bf16 reduce ]"
+// lines) were 0.0022% of the loss and 0.12% of the gradient norm (dp2, ZeRO-0 and -1), and
+// at most 0.0012% and 0.055% on dp4 (ZeRO-1 with small buckets, ZeRO-2, hybrid ZeRO-2,
+// ZeRO-3); the final validation loss 0.0008%. 0.05% of the loss and 1% of the gradient norm
+// leave a margin of about 20x and 8x, while a wrong reduction (a piece not widened back, a
+// bucket reduced twice or left out, a rank missing) moves them by far more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 
 #include "config/config.h"
 #include "parallel/context.h"
+#include "parallel/mpi_comm.h"
 #include "support/parallel_test.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
@@ -28,8 +31,8 @@ using namespace llmtrain;
 
 namespace {
 
-constexpr double kLossTolerance = 0.005;      // relative
-constexpr double kGradNormTolerance = 0.05;   // relative
+constexpr double kLossTolerance = 5e-4;      // relative
+constexpr double kGradNormTolerance = 0.01;  // relative
 
 // configs/tiny.toml at 4 layers of d_model 64, 16 steps of 2 micro-batches of 2 x 32 tokens per rank.
 Config tiny(const std::vector<std::string>& layout, const std::string& reduce_dtype) {
@@ -84,15 +87,15 @@ PARALLEL_TEST(GradReduceDtype, DefaultIsF32_BitwiseTheExplicitF32Run, 2) {
     test::expect_bitwise_identical(run(tiny({"parallel.zero_stage=1"}, "")), run(tiny({"parallel.zero_stage=1"}, "f32")), "dp2 zero1");
 }
 
-PARALLEL_TEST(GradReduceDtype, Bf16DataParallelZero0_TracksTheF32Reduction, 2) { expect_bf16_reduction_tracks_f32("dp2 zero0", {"parallel.zero_stage=0"}); }
-PARALLEL_TEST(GradReduceDtype, Bf16DataParallelZero1_TracksTheF32Reduction, 2) { expect_bf16_reduction_tracks_f32("dp2 zero1", {"parallel.zero_stage=1"}); }
-PARALLEL_TEST(GradReduceDtype, Bf16DataParallelZero2_TracksTheF32Reduction, 2) { expect_bf16_reduction_tracks_f32("dp2 zero2", {"parallel.zero_stage=2"}); }
-PARALLEL_TEST(GradReduceDtype, Bf16DataParallelZero1SmallBuckets_TracksTheF32Reduction, 4) {
+PARALLEL_TEST(GradReduceDtype, Bf16TwoRanksZero0_TracksTheF32Reduction, 2) { expect_bf16_reduction_tracks_f32("dp2 zero0", {"parallel.zero_stage=0"}); }
+PARALLEL_TEST(GradReduceDtype, Bf16TwoRanksZero1_TracksTheF32Reduction, 2) { expect_bf16_reduction_tracks_f32("dp2 zero1", {"parallel.zero_stage=1"}); }
+PARALLEL_TEST(GradReduceDtype, Bf16TwoRanksZero2_TracksTheF32Reduction, 2) { expect_bf16_reduction_tracks_f32("dp2 zero2", {"parallel.zero_stage=2"}); }
+PARALLEL_TEST(GradReduceDtype, Bf16FourRanksZero1SmallBuckets_TracksTheF32Reduction, 4) {
     // Buckets of about 16 KB: many bf16 reductions in flight at once, split parameters.
     expect_bf16_reduction_tracks_f32("dp4 zero1 16KB buckets", {"parallel.zero_stage=1", "parallel.bucket_mb=0.016"});
 }
-PARALLEL_TEST(GradReduceDtype, Bf16DataParallelZero2_TracksTheF32Reduction, 4) { expect_bf16_reduction_tracks_f32("dp4 zero2", {"parallel.zero_stage=2"}); }
+PARALLEL_TEST(GradReduceDtype, Bf16FourRanksZero2_TracksTheF32Reduction, 4) { expect_bf16_reduction_tracks_f32("dp4 zero2", {"parallel.zero_stage=2"}); }
 PARALLEL_TEST(GradReduceDtype, Bf16HybridShardsOfTwoZero2_TracksTheF32Reduction, 4) {
     expect_bf16_reduction_tracks_f32("dp4 shard2 zero2", {"parallel.zero_stage=2", "parallel.shard_size=2"});
 }
-PARALLEL_TEST(GradReduceDtype, Bf16DataParallelZero3_TracksTheF32Reduction, 4) { expect_bf16_reduction_tracks_f32("dp4 zero3", {"parallel.zero_stage=3"}); }
+PARALLEL_TEST(GradReduceDtype, Bf16FourRanksZero3_TracksTheF32Reduction, 4) { expect_bf16_reduction_tracks_f32("dp4 zero3", {"parallel.zero_stage=3"}); }
