@@ -33,6 +33,36 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The rest of row n once its mean mu is known (0 for RMSNorm), by the row's warp: the
+// variance in a second pass over xr, the statistics saved, out = (x - mu) rstd w + b. One
+// function for norm_fwd and add_norm_fwd, so that both give the same bits for the same row.
+template <class T, int VEC, bool LAYER>
+__device__ __forceinline__ void normalize_row(T* out, float* mean, float* rstd, const T* xr, const T* w, const T* b, int64_t n, int64_t C, float eps,
+                                              float mu, int lane) {
+    const int64_t step = 32 * VEC;
+    float sq = 0.0f;
+    for (int64_t c = lane * VEC; c < C; c += step) {
+        float v[VEC];
+        load_halves(v, xr + c);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) sq += (v[i] - mu) * (v[i] - mu);
+    }
+    const float r = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
+    if (lane == 0) {
+        if (LAYER && mean) mean[n] = mu;
+        rstd[n] = r;
+    }
+    for (int64_t c = lane * VEC; c < C; c += step) {
+        float v[VEC], wv[VEC], bv[VEC] = {};
+        load_halves(v, xr + c);
+        load_halves(wv, w + c);
+        if (LAYER && b) load_halves(bv, b + c);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[i] = (v[i] - mu) * r * wv[i] + bv[i];
+        store_halves(out + c, v);
+    }
+}
+
 // One warp per row; lane l handles columns [l*VEC, l*VEC + VEC) + k*32*VEC. mean is null
 // for RMSNorm (the statistics are then about 0), b may be null.
 template <class T, int VEC, bool LAYER>
@@ -55,29 +85,7 @@ __global__ void __launch_bounds__(kThreads) norm_fwd_kernel(T* out, float* mean,
         }
         mu = warp_sum(sum) / static_cast<float>(C);
     }
-    float sq = 0.0f;
-    for (int64_t c = lane * VEC; c < C; c += step) {
-        float v[VEC];
-        load_halves(v, xr + c);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) sq += (v[i] - mu) * (v[i] - mu);
-    }
-    const float r = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
-    if (lane == 0) {
-        if (LAYER && mean) mean[n] = mu;
-        rstd[n] = r;
-    }
-
-    T* o = out + n * C;
-    for (int64_t c = lane * VEC; c < C; c += step) {
-        float v[VEC], wv[VEC], bv[VEC] = {};
-        load_halves(v, xr + c);
-        load_halves(wv, w + c);
-        if (LAYER && b) load_halves(bv, b + c);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) v[i] = (v[i] - mu) * r * wv[i] + bv[i];
-        store_halves(o + c, v);
-    }
+    normalize_row<T, VEC, LAYER>(out + n * C, mean, rstd, xr, w, b, n, C, eps, mu, lane);
 }
 
 // The residual add before the norm, in the same row pass: sum = a + b rounded to T and
@@ -105,28 +113,7 @@ __global__ void __launch_bounds__(kThreads) add_norm_fwd_kernel(T* sum, T* out, 
     }
     float mu = 0.0f;
     if constexpr (LAYER) mu = warp_sum(total) / static_cast<float>(C);
-    float sq = 0.0f;
-    for (int64_t c = lane * VEC; c < C; c += step) {
-        float v[VEC];
-        load_halves(v, xr + c);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) sq += (v[i] - mu) * (v[i] - mu);
-    }
-    const float r = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
-    if (lane == 0) {
-        if (LAYER && mean) mean[n] = mu;
-        rstd[n] = r;
-    }
-    T* o = out + n * C;
-    for (int64_t c = lane * VEC; c < C; c += step) {
-        float v[VEC], wv[VEC], bv[VEC] = {};
-        load_halves(v, xr + c);
-        load_halves(wv, w + c);
-        if (LAYER && bias) load_halves(bv, bias + c);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) v[i] = (v[i] - mu) * r * wv[i] + bv[i];
-        store_halves(o + c, v);
-    }
+    normalize_row<T, VEC, LAYER>(out + n * C, mean, rstd, xr, w, bias, n, C, eps, mu, lane);
 }
 
 // One warp per row. dx may alias dout: a warp reads the whole row (first pass) before the

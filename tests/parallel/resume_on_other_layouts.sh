@@ -11,26 +11,9 @@
 # parallel.* differs: train.global_batch_size keeps the batch). The losses of steps 6..10 must
 # equal those of an uninterrupted single-process run within 1e-5 relative. With SAVED_LAYOUT
 # the ZeRO-2 and hybrid saves are left out (they are the same with any first save).
-set -u
-scratch=$1 bin=$2 mpiexec=$3
-shift 3
-rm -rf "$scratch"
-mkdir -p "$scratch"
-common=("$@" --set train.steps=10 --set train.batch_size=2 --set train.global_batch_size=8 --set train.sample_tokens=0 --set train.log_every=100)
+source "$(dirname "$0")/resume_common.sh"
 
-run() {  # NAME RANKS [--set ...]
-    local name=$1 ranks=$2
-    shift 2
-    local launch=("$bin")
-    [ "$ranks" -gt 1 ] && launch=("$mpiexec" --oversubscribe -np "$ranks" "$bin")
-    "${launch[@]}" train "${common[@]}" "$@" --run-dir "$scratch/$name" >"$scratch/$name.out" 2>&1 ||
-        { echo "FAIL: run $name failed:"; tail -5 "$scratch/$name.out"; exit 1; }
-}
-# step loss, for steps 6..10
-losses() { grep '"event":"step"' "$1/log.jsonl" | sed -E 's/.*"loss":([^,]*).*"step":([0-9]+),.*/\2 \1/' | awk '$1 > 5' | sort -n; }
-
-run reference 1
-losses "$scratch/reference" >"$scratch/reference.losses"
+run_reference
 read -r -a saved_layout <<<"${SAVED_LAYOUT:-8 --set parallel.tp=2 --set parallel.pp=2}"
 run saved "${saved_layout[@]}" --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
 hybrid=(--set parallel.zero_stage=2 --set parallel.shard_size=2)
@@ -44,7 +27,6 @@ if [ -z "${SAVED_LAYOUT:-}" ]; then  # the ZeRO-2 and hybrid saves, once
     layouts+=("zero2_saved:one_process 1" "zero2_saved:dp4_no_zero 4 --set parallel.zero_stage=0" "zero2_saved:tp2_dp2_zero1 4 --set parallel.tp=2"
               "hybrid_saved:one_process 1" "hybrid_saved:dp4_zero2 4 --set parallel.zero_stage=2")
 fi
-failures=0
 for layout in "${layouts[@]}"; do
     set -- $layout
     name=$1
@@ -56,12 +38,6 @@ for layout in "${layouts[@]}"; do
         hybrid_saved:*) checkpoint=$scratch/checkpoints_hybrid/step_00000005 name=from_hybrid_${name#hybrid_saved:} ;;
     esac
     run "$name" "$@" --resume "$checkpoint"
-    losses "$scratch/$name" >"$scratch/$name.losses"
-    if [ "$(wc -l <"$scratch/$name.losses")" -ne 5 ] ||
-       ! paste "$scratch/reference.losses" "$scratch/$name.losses" | awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5 * ($2 < 0 ? -$2 : $2)) exit 1 }'; then
-        echo "FAIL $name: losses of steps 6..10 (reference | resumed):"; paste "$scratch/reference.losses" "$scratch/$name.losses"; failures=$((failures + 1))
-    else
-        echo "ok   $name: steps 6..10 match the uninterrupted run within 1e-5 ($(tr '\n' ' ' <"$scratch/$name.losses"))"
-    fi
+    check_resumed "$name"
 done
 [ "$failures" -eq 0 ] || exit 1
