@@ -83,7 +83,8 @@ nlohmann::json plan_json(const LayoutPlan& p) {
               {"recompute", recompute_name(t.recompute)},
               {"sequence_parallel", p.config.parallel.sequence_parallel && p.tp > 1},
               {"zero_stage", p.config.parallel.zero_stage},
-              {"shard_size", shard_size_of(p.config.parallel, static_cast<int>(p.dp))}}},
+              {"shard_size", shard_size_of(p.config.parallel, static_cast<int>(p.dp))},
+              {"grad_reduce_dtype", grad_reduce_dtype_name(p.config.parallel.grad_reduce_dtype)}}},
             {"memory", memory_json(p)},
             {"time", time_json(p.time)},
             {"checkpoint", checkpoint_json(p)},
@@ -203,7 +204,10 @@ int run_plan(const PlanArgs& args) {
         // As `train` says it: one data-parallel rank has nothing to shard.
         std::printf("layout: %d devices = %s, %lld tokens per micro-batch, %s\n", devices, layout_name(plan).c_str(),
                     static_cast<long long>(plan.config.train.batch_size * plan.config.train.seq_len),
-                    plan.dp > 1 ? cat("ZeRO stage ", plan.config.parallel.zero_stage).c_str() : "ZeRO off (dp 1: nothing to shard)");
+                    plan.dp > 1 ? cat("ZeRO stage ", plan.config.parallel.zero_stage, ", gradients reduced in ",
+                                      grad_reduce_dtype_name(plan.config.parallel.grad_reduce_dtype))
+                                      .c_str()
+                                : "ZeRO off (dp 1: nothing to shard)");
         print_memory(plan);
         print_time(plan, args.options);
         print_checkpoint(plan, cluster);

@@ -46,6 +46,7 @@ constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
 constexpr const char* kAttentionNames[] = {"auto", "cudnn", "native"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
 constexpr const char* kCommNames[] = {"auto", "nccl", "mpi"};
+constexpr const char* kGradReduceDtypeNames[] = {"f32", "bf16"};
 constexpr const char* kMetricsServeNames[] = {"auto", "on", "off"};
 constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
@@ -61,6 +62,7 @@ Names names_of(Precision) { return kPrecisionNames; }
 Names names_of(Recompute) { return kRecomputeNames; }
 Names names_of(AttentionImpl) { return kAttentionNames; }
 Names names_of(CommBackend) { return kCommNames; }
+Names names_of(GradReduceDtype) { return kGradReduceDtypeNames; }
 Names names_of(MetricsServe) { return kMetricsServeNames; }
 
 // ---- Values and the rules they must satisfy ----
@@ -333,6 +335,9 @@ const std::vector<Field>& schema() {
             .describe("a collective or transfer that takes longer ends the whole job with a message naming the rank"),
         CONFIG_KEY(parallel, comm).choice(kCommNames)
             .describe("collectives of device tensors: nccl (own stream, ordered by CUDA events), mpi (host staging); auto: nccl on cuda, mpi on cpu"),
+        CONFIG_KEY(parallel, grad_reduce_dtype).choice(kGradReduceDtypeNames)
+            .describe("dtype of the data-parallel gradient reductions (all-reduce, reduce-scatter): f32, or bf16 for half the bytes (each rank still "
+                      "accumulates its micro-batches in f32; the sum over dp is rounded to bf16)"),
 
         CONFIG_KEY(checkpoint, dir).string().describe("directory of checkpoints"),
         CONFIG_KEY(checkpoint, every_steps).integer(0, kTrillion).describe("steps between checkpoints; 0: none"),
@@ -913,6 +918,9 @@ CommBackend comm_backend(const Config& config) {
     if (config.parallel.comm != CommBackend::automatic) return config.parallel.comm;
     return config.train.device == ComputeDevice::cuda ? CommBackend::nccl : CommBackend::mpi;
 }
+
+DType grad_reduce_dtype(const ParallelConfig& parallel, DType master) { return parallel.grad_reduce_dtype == GradReduceDtype::bf16 ? DType::bf16 : master; }
+const char* grad_reduce_dtype_name(GradReduceDtype dtype) { return kGradReduceDtypeNames[static_cast<size_t>(dtype)]; }
 
 const char* precision_name(Precision precision) { return kPrecisionNames[static_cast<size_t>(precision)]; }
 const char* recompute_name(Recompute recompute) { return kRecomputeNames[static_cast<size_t>(recompute)]; }

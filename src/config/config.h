@@ -132,6 +132,11 @@ struct OptimizerConfig {
 // (CUDA runs), or MPI on host memory (GPU tensors staged through pinned buffers).
 enum class CommBackend { automatic, nccl, mpi };
 
+// The dtype the data-parallel gradient collectives carry: f32 (the master dtype), or bf16
+// (half the bytes: each rank's f32 gradients rounded to bf16, summed in bf16 over the dp
+// group, the sum widened back into the f32 gradients).
+enum class GradReduceDtype { f32, bf16 };
+
 struct ParallelConfig {
     int64_t tp = 1;
     int64_t pp = 1;
@@ -147,6 +152,7 @@ struct ParallelConfig {
     int64_t virtual_stages = 1;            // model chunks per pipeline stage (interleaved 1F1B)
     double timeout_seconds = 300;          // a collective or transfer that takes longer ends the job
     CommBackend comm = CommBackend::automatic;  // auto: nccl on CUDA, mpi on the CPU
+    GradReduceDtype grad_reduce_dtype = GradReduceDtype::f32;  // the dtype of the dp gradient reductions
 };
 
 enum class SaveErrorPolicy { warn, abort };
@@ -221,6 +227,10 @@ CommBackend comm_backend(const Config& config);
 const char* comm_backend_name(CommBackend comm);
 // The compute dtype the config resolves to (precision auto: f32 on the CPU, bf16 on CUDA).
 DType compute_dtype(const TrainConfig& train);
+// The dtype the data-parallel gradient collectives carry: the gradients' own (master) dtype
+// under parallel.grad_reduce_dtype = "f32", bf16 under "bf16".
+DType grad_reduce_dtype(const ParallelConfig& parallel, DType master);
+const char* grad_reduce_dtype_name(GradReduceDtype dtype);
 // Layers per pipeline stage from parallel.stage_layers ("3,3,2"; empty: balanced, the
 // first stages taking one more when stages do not divide n_layers). Throws a config error.
 std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages, int64_t n_layers);

@@ -17,7 +17,15 @@
 
 namespace llmtrain {
 
-enum class ReduceOp { sum, max };
+// sum: for 16-bit floats (bf16, f16) the transport keeps the sum as exact as it can: MPI
+// carries them as f32 and rounds the total once (twice their bytes on the wire); NCCL sums
+// them in their own dtype. sum_in_dtype: the sum in the tensor's own dtype on every
+// transport, each partial sum rounded to it (nearest even), so 16-bit floats travel as 2
+// bytes per element; the result then depends on the order the transport adds in (fixed for
+// a fixed group size). The data-parallel gradient reduction in bf16
+// (parallel.grad_reduce_dtype) asks for it: its point is the halved bytes. For f32 and wider
+// the two are the same.
+enum class ReduceOp { sum, max, sum_in_dtype };
 
 // A pending asynchronous operation. wait() blocks until it completes (or times out); a
 // handle that is destroyed unwaited waits in its destructor, so buffers outlive transfers.
@@ -58,8 +66,9 @@ public:
 
     // In place: every rank ends with the elementwise reduction of every rank's tensor.
     virtual CommHandle all_reduce_async(const Tensor& data, ReduceOp op) = 0;
-    // out (n elements) = the sum over ranks of in[rank * n, (rank + 1) * n).
-    virtual CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) = 0;
+    // out (n elements) = the sum over ranks of in[rank * n, (rank + 1) * n); op: sum or
+    // sum_in_dtype.
+    virtual CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum) = 0;
     // In place: data holds size() chunks; this rank's chunk is at position rank() and every
     // rank ends with every chunk.
     virtual CommHandle all_gather_async(const Tensor& data) = 0;
@@ -73,7 +82,7 @@ public:
     virtual void barrier() = 0;
 
     void all_reduce(const Tensor& data, ReduceOp op) { all_reduce_async(data, op).wait(); }
-    void reduce_scatter(const Tensor& out, const Tensor& in) { reduce_scatter_async(out, in).wait(); }
+    void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum) { reduce_scatter_async(out, in, op).wait(); }
     void all_gather(const Tensor& data) { all_gather_async(data).wait(); }
     void all_to_all(const Tensor& out, const Tensor& in) { all_to_all_async(out, in).wait(); }
     void send(const Tensor& data, int peer) { send_async(data, peer).wait(); }

@@ -128,8 +128,10 @@ CommHandle EventOrderedComm::all_reduce_async(const Tensor& data, ReduceOp op) {
     return ordered("all_reduce", main_, [&](StreamCollectives& c, StreamId s) { c.all_reduce(data, op, s); });
 }
 
-CommHandle EventOrderedComm::reduce_scatter_async(const Tensor& out, const Tensor& in) {
-    if (in.device() == Device::cpu) return host_.reduce_scatter_async(out, in);
+CommHandle EventOrderedComm::reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) {
+    if (in.device() == Device::cpu) return host_.reduce_scatter_async(out, in, op);
+    // NCCL's reduce-scatter sums 16-bit floats in their dtype: both sums are the same there.
+    if (op == ReduceOp::max) fail(ErrorKind::unsupported, "reduce_scatter with max in the ", describe(), ": it sums");
     return ordered("reduce_scatter", main_, [&](StreamCollectives& c, StreamId s) { c.reduce_scatter(out, in, s); });
 }
 

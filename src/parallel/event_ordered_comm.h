@@ -94,7 +94,7 @@ public:
     const std::string& name() const override { return host_.name(); }
 
     CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override;
-    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override;
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override;
     CommHandle all_gather_async(const Tensor& data) override;
     CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override;
     CommHandle send_async(const Tensor& data, int peer) override;

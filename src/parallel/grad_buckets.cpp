@@ -8,8 +8,28 @@ namespace {
 Tensor flat_slice(const Tensor& flat, FlatRange range) { return flat.slice_rows(range.begin, range.size()); }
 }  // namespace
 
-GradBuckets::GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bool shards, Comm& dp)
-    : params_(std::move(params)), dp_(dp), zero1_(shards && dp.size() > 1) {
+namespace {
+struct StagingSize {
+    int64_t bucket = 0, piece = 0;
+};
+StagingSize staging_size(const std::vector<FlatCut>& buckets, bool shards) {
+    StagingSize s;
+    for (const FlatCut& cut : buckets) {
+        s.bucket = std::max(s.bucket, cut.flat.size());
+        if (shards) s.piece = std::max(s.piece, cut.piece);
+    }
+    return s;
+}
+}  // namespace
+
+size_t GradBuckets::staging_bytes(const std::vector<FlatCut>& buckets, bool shards, int dp, DType master, DType reduce_dtype) {
+    if (reduce_dtype == master || dp == 1 || buckets.empty()) return 0;
+    const StagingSize s = staging_size(buckets, shards);
+    return static_cast<size_t>(staging_buffers(buckets.size()) * (s.bucket + s.piece)) * dtype_size(reduce_dtype);
+}
+
+GradBuckets::GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bool shards, Comm& dp, DType reduce_dtype, FlatOps ops)
+    : params_(std::move(params)), dp_(dp), ops_(std::move(ops)), zero1_(shards && dp.size() > 1), reduce_dtype_(reduce_dtype) {
     const Tensor grads = params_.grads;
     int64_t shard_numel = 0;
     for (const FlatCut& cut : buckets) {
@@ -35,14 +55,24 @@ GradBuckets::GradBuckets(FlatParameters params, std::vector<FlatCut> buckets, bo
     } else {
         owned_.push_back({0, grads.numel(), grads, {}, {}});
     }
+    staged_bytes_ = staging_bytes(buckets, zero1_, dp.size(), grads.dtype(), reduce_dtype);
+    if (staged()) {
+        if (!ops_.copy) fail(ErrorKind::runtime, "gradient reduction in ", dtype_name(reduce_dtype), " needs a dtype-converting copy");
+        const StagingSize size = staging_size(buckets, zero1_);
+        for (int64_t s = 0; s < staging_buffers(buckets_.size()); ++s)
+            staging_.push_back({params_.allocate(reduce_dtype, {size.bucket}), zero1_ ? params_.allocate(reduce_dtype, {size.piece}) : OwnedTensor(), -1});
+    }
     begin_step(true);
 }
 
-std::string GradBuckets::describe() const { return cat(zero1_ ? "ZeRO-1" : "ZeRO off", " | ", buckets_.size(), " gradient buckets"); }
+std::string GradBuckets::describe() const {
+    return cat(zero1_ ? "ZeRO-1" : "ZeRO off", " | ", buckets_.size(), " gradient buckets", staged() ? cat(", reduced in ", dtype_name(reduce_dtype_)) : "");
+}
 
 void GradBuckets::begin_step(bool reduce) {
     reduce_ = reduce;
     param_ready_.assign(params_.ranges.size(), false);
+    for (Staging& staging : staging_) staging.in_flight = -1;  // a step cut short leaves nothing to widen
     for (Bucket& b : buckets_) {
         b.handle.wait();
         b.waiting = b.params;
@@ -54,14 +84,39 @@ void GradBuckets::start(size_t index) {
     Bucket& bucket = buckets_[index];
     bucket.started = true;
     if (dp_.size() == 1 || !reduce_) return;
-    const Tensor grads = flat_slice(params_.grads, bucket.cut.flat);
+    Tensor grads = flat_slice(params_.grads, bucket.cut.flat), piece = zero1_ ? owned_[index].grads : Tensor();
+    ReduceOp sum = ReduceOp::sum;
+    if (staged()) {
+        const size_t slot = next_staging_;
+        next_staging_ = (next_staging_ + 1) % staging_.size();
+        settle(slot);
+        Staging& staging = staging_[slot];
+        staging.in_flight = static_cast<int>(index);
+        const Tensor copy = staging.bucket.view().slice_rows(0, grads.numel());
+        ops_.copy(copy, grads);  // rounds to nearest even
+        grads = copy;
+        if (zero1_) piece = staging.piece.view().slice_rows(0, piece.numel());
+        sum = ReduceOp::sum_in_dtype;
+    }
     const int64_t p = dp_.size(), share = static_cast<int64_t>(grads.bytes()) * (p - 1) / p;
     bytes_sent_ += zero1_ ? share : 2 * share;
+    bucket.handle = zero1_ ? dp_.reduce_scatter_async(piece, grads, sum) : dp_.all_reduce_async(grads, sum);
+}
+
+void GradBuckets::settle(size_t slot) {
+    Staging& staging = staging_[slot];
+    if (staging.in_flight < 0) return;
+    const size_t index = static_cast<size_t>(staging.in_flight);
+    staging.in_flight = -1;
+    Bucket& bucket = buckets_[index];
+    bucket.handle.wait();
     if (!zero1_) {
-        bucket.handle = dp_.all_reduce_async(grads, ReduceOp::sum);
+        const Tensor grads = flat_slice(params_.grads, bucket.cut.flat);
+        ops_.copy(grads, staging.bucket.view().slice_rows(0, grads.numel()));
         return;
     }
-    bucket.handle = dp_.reduce_scatter_async(owned_[index].grads, grads);
+    const Tensor piece = owned_[index].grads;
+    ops_.copy(piece, staging.piece.view().slice_rows(0, piece.numel()));
 }
 
 void GradBuckets::mark_ready(size_t begin, size_t end) {
@@ -81,6 +136,7 @@ void GradBuckets::mark_ready(size_t begin, size_t end) {
 void GradBuckets::finish() {
     for (size_t b = 0; b < buckets_.size(); ++b)
         if (!buckets_[b].started) start(b);
+    for (size_t slot = 0; slot < staging_.size(); ++slot) settle(slot);
     for (Bucket& b : buckets_) b.handle.wait();
 }
 

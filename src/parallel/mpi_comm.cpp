@@ -33,10 +33,42 @@ MPI_Datatype mpi_type(DType dtype) {
 
 bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
 
+// ReduceOp::sum_in_dtype over 16-bit floats, as MPI user-defined operations on 2-byte words:
+// inout[i] = round(widen(in[i]) + widen(inout[i])), rounding to nearest even as everywhere
+// else (core/dtype.h). The f32 sum may itself be rounded, but f32's 24 significant bits are
+// at least 2p + 2 for p = 8 (bf16) and 11 (f16), so rounding it to 16 bits gives the correctly
+// rounded 16-bit sum (Figueroa, "When is double rounding innocuous?", 1995).
+template <DType dtype>
+void sum_16bit_words(void* in, void* inout, int* count, MPI_Datatype*) {
+    const auto* a = static_cast<const uint16_t*>(in);
+    auto* b = static_cast<uint16_t*>(inout);
+    for (int i = 0; i < *count; ++i) {
+        if constexpr (dtype == DType::bf16) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+        else b[i] = float_to_f16(f16_to_float(a[i]) + f16_to_float(b[i]));
+    }
+}
+
+// Created once, after MPI_Init (the first reduction asks), and kept until MPI_Finalize.
+template <DType dtype>
+MPI_Op sum_in_dtype_op() {
+    static const MPI_Op op = [] {
+        MPI_Op created = MPI_OP_NULL;
+        MPI_Op_create(&sum_16bit_words<dtype>, /*commute=*/1, &created);
+        return created;
+    }();
+    return op;
+}
+
 MPI_Op mpi_op(ReduceOp op, DType dtype) {
     if (dtype == DType::u16) fail(ErrorKind::unsupported, "MPI reductions of u16 tensors");
-    return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+    if (op == ReduceOp::max) return MPI_MAX;
+    if (op == ReduceOp::sum_in_dtype && dtype == DType::bf16) return sum_in_dtype_op<DType::bf16>();
+    if (op == ReduceOp::sum_in_dtype && dtype == DType::f16) return sum_in_dtype_op<DType::f16>();
+    return MPI_SUM;
 }
+
+// Whether a reduction's 16-bit floats travel widened to f32 (Staged, below).
+bool widens(ReduceOp op) { return op != ReduceOp::sum_in_dtype; }
 
 int count_of(const Tensor& t) {
     if (t.numel() > std::numeric_limits<int>::max()) fail(ErrorKind::unsupported, "MPI transfer of ", t.numel(), " elements exceeds 2^31 - 1");
@@ -54,11 +86,13 @@ void narrow(uint16_t* out, const float* in, int64_t n, DType dtype) {
 // A tensor as MPI sees it: host memory as it is, GPU memory through a pooled host buffer that
 // is filled before the operation (when the operation reads it) and copied back after it.
 //
-// bf16 / f16 reductions travel as f32 (`widened`): each rank's values are widened into an
-// f32 buffer, MPI sums those, and the sum is rounded to 16 bits once at the end. A
-// user-defined MPI_Op over the 16-bit words would round after every pairwise addition, so
-// the result would depend on the reduction tree MPI picks and on the rank count; widening
-// costs twice the bytes on the wire, which is the fallback's price (NCCL reduces bf16 itself).
+// bf16 / f16 sums (ReduceOp::sum) travel as f32 (`widened`): each rank's values are widened
+// into an f32 buffer, MPI sums those, and the sum is rounded to 16 bits once at the end. The
+// tensor-parallel activations of a CUDA run over MPI rely on this (their sums stay within one
+// rounding of the f32 sum whatever the rank count); it costs twice the bytes on the wire.
+// ReduceOp::sum_in_dtype (the bf16 gradient reduction, asked for to halve the bytes) travels
+// as the 16-bit words, summed by the user-defined operation above, which rounds after every
+// pairwise addition, so its result depends on the reduction tree MPI picks.
 class Staged {
 public:
     // pinned: buffers GPU memory is copied through; host: the f32 values of 16-bit tensors.
@@ -131,18 +165,18 @@ public:
 
     CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override {
         if (size_ == 1) return {};
-        auto staged = stage(data, true, true);
+        auto staged = stage(data, true, widens(op));
         MPI_Request r;
         check(MPI_Iallreduce(MPI_IN_PLACE, staged->data(), count_of(data), staged->type(), mpi_op(op, data.dtype()), comm_, &r), "all_reduce");
         return handle(r, "all_reduce", std::move(staged));
     }
-    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override {
         if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype())
             fail(ErrorKind::shape, "reduce_scatter in the ", describe(), ": input ", in.shape().str(), " is not ", size_, " x output ", out.shape().str());
-        auto staged_out = stage(out, false, true);
-        auto staged_in = stage(in, true, true);
+        auto staged_out = stage(out, false, widens(op));
+        auto staged_in = stage(in, true, widens(op));
         MPI_Request r;
-        check(MPI_Ireduce_scatter_block(staged_in->data(), staged_out->data(), count_of(out), staged_in->type(), mpi_op(ReduceOp::sum, in.dtype()), comm_, &r),
+        check(MPI_Ireduce_scatter_block(staged_in->data(), staged_out->data(), count_of(out), staged_in->type(), mpi_op(op, in.dtype()), comm_, &r),
               "reduce_scatter");
         return handle(r, "reduce_scatter", std::move(staged_out), std::move(staged_in));
     }

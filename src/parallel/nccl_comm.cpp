@@ -37,6 +37,10 @@ ncclDataType_t nccl_type(DType dtype, bool reduction) {
     return ncclUint8;
 }
 
+// NCCL reduces bf16 and f16 in their own dtype (2 bytes per element on the wire), which is
+// what both sums ask of it (comm.h).
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
+
 // One NCCL communicator over the ranks of a bootstrap Comm; operations are enqueued on the
 // stream stream_of(id) gives.
 class NcclCollectives final : public StreamCollectives {
@@ -57,7 +61,7 @@ public:
 
     void all_reduce(const Tensor& data, ReduceOp op, StreamId stream) override {
         expect_device("all_reduce", data);
-        settle(ncclAllReduce(data.raw(), data.raw(), count(data), nccl_type(data.dtype(), true), op == ReduceOp::sum ? ncclSum : ncclMax, comm_,
+        settle(ncclAllReduce(data.raw(), data.raw(), count(data), nccl_type(data.dtype(), true), nccl_op(op), comm_,
                              stream_of_(stream)),
                "all_reduce");
     }
@@ -198,7 +202,8 @@ public:
         nccl_->all_reduce(data, op, 0);
         return record("all_reduce");
     }
-    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override {
+        if (op == ReduceOp::max) fail(ErrorKind::unsupported, "reduce_scatter with max in the ", describe(), ": it sums");
         nccl_->reduce_scatter(out, in, 0);
         return record("reduce_scatter");
     }

@@ -6,10 +6,13 @@ namespace llmtrain {
 
 namespace {
 
-// Element counts: the shard, the pool buffers (group-sized) and receive pieces, the resident groups.
+// Element counts: the shard, the pool buffers (group-sized) and receive pieces, the resident
+// groups; under a narrower reduction dtype, each slot's copy (the largest group, resident ones
+// included) and piece, and the shard's copy where replicas sum it.
 struct Sizes {
-    int64_t shard = 0, pool_buffer = 0, received = 0, resident = 0;
+    int64_t shard = 0, pool_buffer = 0, received = 0, resident = 0, largest = 1;
     int64_t total() const { return shard + ShardedGradients::kPoolBuffers * (pool_buffer + received) + resident; }
+    int64_t staged(bool groups, bool replicas) const { return (groups ? ShardedGradients::kPoolBuffers * (largest + received) : 0) + (replicas ? shard : 0); }
 };
 
 Sizes sizes_of(const std::vector<FlatCut>& groups, int parts) {
@@ -17,6 +20,7 @@ Sizes sizes_of(const std::vector<FlatCut>& groups, int parts) {
     for (const FlatCut& g : groups) {
         s.shard += g.piece;
         s.received = std::max(s.received, g.piece);
+        s.largest = std::max(s.largest, g.padded(parts));
         if (g.group.resident) s.resident += g.padded(parts);
         else s.pool_buffer = std::max(s.pool_buffer, g.padded(parts));
     }
@@ -29,10 +33,17 @@ Tensor flat_slice(const Tensor& flat, int64_t begin, int64_t numel) { return fla
 
 }  // namespace
 
-int64_t sharded_gradient_numel(const Placement& placement) { return sizes_of(placement.cuts(), placement.shard_size()).total(); }
+size_t sharded_gradient_bytes(const Placement& placement, DType master, DType reduce_dtype) {
+    const Sizes sizes = sizes_of(placement.cuts(), placement.shard_size());
+    const size_t bytes = static_cast<size_t>(sizes.total()) * dtype_size(master);
+    if (reduce_dtype == master) return bytes;
+    return bytes + static_cast<size_t>(sizes.staged(placement.shard_size() > 1, placement.replicas() > 1)) * dtype_size(reduce_dtype);
+}
 
-ShardedGradients::ShardedGradients(FlatParameters params, std::vector<FlatCut> groups, Comm& shard, Comm* replicas, FlatOps ops)
-    : params_(std::move(params)), group_(shard), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), ops_(std::move(ops)) {
+ShardedGradients::ShardedGradients(FlatParameters params, std::vector<FlatCut> groups, Comm& shard, Comm* replicas, FlatOps ops, DType reduce_dtype)
+    : params_(std::move(params)), group_(shard), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), ops_(std::move(ops)),
+      reduce_dtype_(reduce_dtype), staged_groups_(reduce_dtype != params_.master && shard.size() > 1),
+      staged_replicas_(reduce_dtype != params_.master && replicas_ != nullptr) {
     const DType master = params_.master;
     const int parts = group_.size();
     const Sizes sizes = sizes_of(groups, parts);
@@ -55,14 +66,22 @@ ShardedGradients::ShardedGradients(FlatParameters params, std::vector<FlatCut> g
     }
     for (size_t i = 0; i < group_of_param_.size(); ++i)
         if (group_of_param_[i] == groups_.size()) fail(ErrorKind::runtime, "parameter ", i, " is in no gradient group");
-    for (int s = 0; s < kPoolBuffers; ++s)
-        slots_.push_back(Slot{params_.allocate(master, {sizes.pool_buffer}), params_.allocate(master, {sizes.received}), -1, CommHandle()});
-    bytes_ = static_cast<size_t>(sizes.total()) * dtype_size(master);
+    for (int s = 0; s < kPoolBuffers; ++s) {
+        Slot slot{params_.allocate(master, {sizes.pool_buffer}), params_.allocate(master, {sizes.received}), {}, {}, -1, CommHandle()};
+        if (staged_groups_) {
+            slot.staged_buffer = params_.allocate(reduce_dtype_, {sizes.largest});
+            slot.staged_received = params_.allocate(reduce_dtype_, {sizes.received});
+        }
+        slots_.push_back(std::move(slot));
+    }
+    if (staged_replicas_) staged_shard_ = params_.allocate(reduce_dtype_, {sizes.shard});
+    bytes_ = static_cast<size_t>(sizes.total()) * dtype_size(master) + static_cast<size_t>(sizes.staged(staged_groups_, staged_replicas_)) * dtype_size(reduce_dtype_);
 }
 
 std::string ShardedGradients::describe() const {
-    if (!replicas_) return cat("ZeRO-2 (gradients sharded) | ", groups_.size(), " gradient groups");
-    return cat("ZeRO-2 (gradients sharded over ", group_.size(), " dp ranks, replicated ", replicas_->size(), "x) | ", groups_.size(), " gradient groups");
+    const std::string reduced = staged_groups_ || staged_replicas_ ? cat(", reduced in ", dtype_name(reduce_dtype_)) : "";
+    if (!replicas_) return cat("ZeRO-2 (gradients sharded) | ", groups_.size(), " gradient groups", reduced);
+    return cat("ZeRO-2 (gradients sharded over ", group_.size(), " dp ranks, replicated ", replicas_->size(), "x) | ", groups_.size(), " gradient groups", reduced);
 }
 
 std::vector<GradStorageBinding> ShardedGradients::run_storage() const {
@@ -125,16 +144,24 @@ void ShardedGradients::reduce(size_t group, Slot& slot, const Tensor& buffer) {
     const Group& g = groups_[group];
     slot.group = static_cast<int>(group);
     const int64_t p = group_.size();
-    bytes_sent_ += static_cast<int64_t>(buffer.bytes()) * (p - 1) / p;
-    slot.handle = group_.reduce_scatter_async(flat_slice(slot.received.view(), 0, g.cut.piece), buffer);
+    if (!staged_groups_) {
+        bytes_sent_ += static_cast<int64_t>(buffer.bytes()) * (p - 1) / p;
+        slot.handle = group_.reduce_scatter_async(flat_slice(slot.received.view(), 0, g.cut.piece), buffer);
+        return;
+    }
+    const Tensor copy = flat_slice(slot.staged_buffer.view(), 0, buffer.numel());
+    ops_.copy(copy, buffer);  // rounds to nearest even
+    bytes_sent_ += static_cast<int64_t>(copy.bytes()) * (p - 1) / p;
+    slot.handle = group_.reduce_scatter_async(flat_slice(slot.staged_received.view(), 0, g.cut.piece), copy, ReduceOp::sum_in_dtype);
 }
 
 void ShardedGradients::settle(Slot& slot) {
     if (slot.group < 0) return;
     slot.handle.wait();
     const Group& g = groups_[static_cast<size_t>(slot.group)];
-    const Tensor mine = flat_slice(shard_.view(), g.cut.shard_at, g.cut.piece);
-    ops_.add(mine, mine, flat_slice(slot.received.view(), 0, g.cut.piece));
+    const Tensor mine = flat_slice(shard_.view(), g.cut.shard_at, g.cut.piece), received = flat_slice(slot.received.view(), 0, g.cut.piece);
+    if (staged_groups_) ops_.copy(received, flat_slice(slot.staged_received.view(), 0, g.cut.piece));
+    ops_.add(mine, mine, received);
     slot.group = -1;
 }
 
@@ -146,11 +173,22 @@ void ShardedGradients::finish() {
         reduce(i, slots_.front(), padded_buffer(groups_[i]));
         settle(slots_.front());
     }
-    // Hybrid sharding: each block summed its own ranks' gradients; the sum over the blocks.
-    if (!replicas_) return;
+    if (replicas_) reduce_over_replicas();
+}
+
+// Hybrid sharding: each block summed its own ranks' gradients; the sum over the blocks.
+void ShardedGradients::reduce_over_replicas() {
     const int64_t r = replicas_->size();
-    bytes_sent_ += 2 * static_cast<int64_t>(shard_.view().bytes()) * (r - 1) / r;
-    replicas_->all_reduce(shard_.view(), ReduceOp::sum);
+    if (!staged_replicas_) {
+        bytes_sent_ += 2 * static_cast<int64_t>(shard_.view().bytes()) * (r - 1) / r;
+        replicas_->all_reduce(shard_.view(), ReduceOp::sum);
+        return;
+    }
+    const Tensor copy = staged_shard_.view();
+    ops_.copy(copy, shard_.view());
+    bytes_sent_ += 2 * static_cast<int64_t>(copy.bytes()) * (r - 1) / r;
+    replicas_->all_reduce(copy, ReduceOp::sum_in_dtype);
+    ops_.copy(shard_.view(), copy);
 }
 
 }  // namespace llmtrain

@@ -25,6 +25,15 @@
 // all dp ranks. The updates then agree in every block, so the parameter store all-gathers
 // within the block only: the large all-gathers and reduce-scatters stay inside it (a node's
 // fast links), and only 1/s of the gradients crosses between the blocks.
+//
+// parallel.grad_reduce_dtype = "bf16": the buffers, the shard and the micro-batch sums stay
+// f32. Each reduce-scatter rounds the group's buffer into a bf16 copy (ops.copy converts),
+// sums the copies in bf16 (ReduceOp::sum_in_dtype: 2 bytes per element on the wire) into a
+// bf16 piece, which is widened before it is added to the f32 shard; the replica all-reduce
+// goes through a bf16 copy of the shard. Per slot: a copy as long as the largest group (the
+// resident ones reduce through the first slot) and a bf16 piece, where the shard group has
+// more than one rank; the shard's copy where replicas exist. A collective over one rank is
+// not rounded.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +45,9 @@
 
 namespace llmtrain {
 
-// The elements ShardedGradients allocates for the placement's group cuts, all in the master
-// dtype: what the memory plan predicts.
-int64_t sharded_gradient_numel(const Placement& placement);
+// The bytes ShardedGradients allocates for the placement's group cuts (in the master dtype,
+// and the staged copies when the reductions carry reduce_dtype): what the memory plan predicts.
+size_t sharded_gradient_bytes(const Placement& placement, DType master, DType reduce_dtype);
 
 class ShardedGradients : public GradientSync {
 public:
@@ -46,7 +55,8 @@ public:
     // cover every parameter once. shard: the ranks that shard (the dp group, or a block of
     // it); replicas: the ranks at this one's place in every block (null, or a group of one,
     // without hybrid sharding).
-    ShardedGradients(FlatParameters params, std::vector<FlatCut> groups, Comm& shard, Comm* replicas, FlatOps ops);
+    // reduce_dtype: the dtype the collectives carry (the master dtype, or bf16 through copies).
+    ShardedGradients(FlatParameters params, std::vector<FlatCut> groups, Comm& shard, Comm* replicas, FlatOps ops, DType reduce_dtype);
 
     std::vector<GradStorageBinding> run_storage() const override;
     void begin_step(bool reduce) override;  // reduce = false is refused: stage 2 keeps no whole local gradient
@@ -72,6 +82,7 @@ private:
     };
     struct Slot {
         OwnedTensor buffer, received;
+        OwnedTensor staged_buffer, staged_received;  // bf16 reduction: the copies the collective carries
         int group = -1;           // whose reduction is in flight or pending accumulation
         CommHandle handle;
     };
@@ -79,6 +90,7 @@ private:
     Tensor padded_buffer(const Group& g) const;
     void reduce(size_t group, Slot& slot, const Tensor& buffer);
     void settle(Slot& slot);  // waits for the slot's reduction and adds it into the shard
+    void reduce_over_replicas();
 
     FlatParameters params_;
     std::vector<Group> groups_;
@@ -86,7 +98,9 @@ private:
     Comm& group_;      // the shard group
     Comm* replicas_;   // null: none
     FlatOps ops_;
-    OwnedTensor shard_;
+    DType reduce_dtype_;
+    bool staged_groups_ = false, staged_replicas_ = false;  // which collectives go through copies in reduce_dtype_
+    OwnedTensor shard_, staged_shard_;  // staged_shard_: bf16 reduction across replicas
     std::vector<OwnedPiece> owned_;
     std::vector<OwnedTensor> resident_buffers_;
     std::vector<Slot> slots_;

@@ -38,8 +38,8 @@ public:
     CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override {
         return timed_async(CommOp::all_reduce, [&] { return inner_->all_reduce_async(data, op); });
     }
-    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
-        return timed_async(CommOp::reduce_scatter, [&] { return inner_->reduce_scatter_async(out, in); });
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override {
+        return timed_async(CommOp::reduce_scatter, [&] { return inner_->reduce_scatter_async(out, in, op); });
     }
     CommHandle all_gather_async(const Tensor& data) override {
         return timed_async(CommOp::all_gather, [&] { return inner_->all_gather_async(data); });

@@ -7,6 +7,7 @@
 #include "optim/adamw.h"
 #include "parallel/context.h"
 #include "parallel/fully_sharded.h"
+#include "parallel/grad_buckets.h"
 #include "parallel/sharded_gradients.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -120,8 +121,11 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
     m.parameter_bytes = placement.shards_parameters()
                             ? fully_sharded_value_bytes(placement, static_cast<int>(config.parallel.prefetch_layers), master, compute)
                             : bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
-    m.gradient_bytes = placement.shards_gradients() ? bytes_of(sharded_gradient_numel(placement), master)
-                                                    : bytes_of(padded, master) + (placement.shards_optimizer() ? bytes_of(placement.shard_numel(), master) : 0);
+    const DType reduce = grad_reduce_dtype(config.parallel, master);
+    m.gradient_bytes = placement.shards_gradients()
+                           ? sharded_gradient_bytes(placement, master, reduce)
+                           : bytes_of(padded, master) + (placement.shards_optimizer() ? bytes_of(placement.shard_numel(), master) : 0) +
+                                 GradBuckets::staging_bytes(placement.cuts(), placement.shards_optimizer(), mesh.dp(), master, reduce);
     m.optimizer_bytes = AdamW::state_bytes_for(placement.optimizer_numel(), master);
     m.activation_bytes = model.activation_bytes();
     // Attention's scratch at the micro-batch's shape (this rank's heads), on top of the

@@ -15,7 +15,7 @@ namespace {
 
 struct Shapes {
     double b, s, n, d, h, kv, hd, f, up, vocab;  // n = b * s tokens per micro-batch; up: MLP-up width
-    double t, compute_bytes, master_bytes;
+    double t, compute_bytes, master_bytes, reduce_bytes;  // reduce_bytes: per element of the dp gradient collectives
     bool sequence_parallel, llama;
     Recompute recompute;
 };
@@ -38,6 +38,7 @@ Shapes shapes_of(const Config& config, const Mesh& mesh) {
     const DType compute = compute_dtype(config.train);
     x.compute_bytes = static_cast<double>(dtype_size(compute));
     x.master_bytes = static_cast<double>(dtype_size(master_dtype(compute)));
+    x.reduce_bytes = static_cast<double>(dtype_size(grad_reduce_dtype(config.parallel, master_dtype(compute))));
     x.sequence_parallel = config.parallel.sequence_parallel && mesh.tp() > 1;
     x.recompute = config.train.recompute;
     return x;
@@ -114,7 +115,11 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     // gradients are zeroed and their norm read; 16-bit compute refreshes its copy.
     w.update_bytes = 7 * o * x.master_bytes;
     w.gradient_pass_bytes = 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
+    // A narrower reduction dtype rounds the gradients into their copy and widens what this
+    // rank keeps of the sum back (counted once a step, though ZeRO-2/3 round every micro-batch's).
+    if (x.reduce_bytes != x.master_bytes && mesh.dp() > 1) w.gradient_pass_bytes += (p + o) * (x.master_bytes + x.reduce_bytes);
     w.dp_gradient_bytes = p * x.master_bytes;
+    w.dp_reduce_bytes = p * x.reduce_bytes;
     w.dp_parameter_bytes = sharded ? p * x.master_bytes : 0;
     w.compute_parameter_bytes = p * x.compute_bytes;
 }
@@ -269,7 +274,7 @@ void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, con
                        double hidden, double buckets) {
     const int shard = config.parallel.shard_size > 0 ? static_cast<int>(config.parallel.shard_size) : mesh.dp();
     const Link micro_link = collective_link(c, mesh, shard, mesh.tp() * shard, share.pipeline);
-    const double reduce = collective_seconds({Collective::reduce_scatter, w.dp_gradient_bytes, 1}, shard, micro_link);
+    const double reduce = collective_seconds({Collective::reduce_scatter, w.dp_reduce_bytes, 1}, shard, micro_link);
     t.dp_micro = std::max(reduce - hidden, reduce / buckets);
     if (config.parallel.zero_stage >= 3) {
         const double gathers = collective_seconds({Collective::all_gather, w.compute_parameter_bytes, 2}, shard, micro_link);
@@ -278,7 +283,7 @@ void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, con
     }
     const int blocks = mesh.dp() / shard;
     const Link end_link = collective_link(c, mesh, blocks, mesh.tp() * mesh.dp(), share.step_end);
-    t.dp = collective_seconds({Collective::all_reduce, w.dp_gradient_bytes / shard, 1}, blocks, end_link);
+    t.dp = collective_seconds({Collective::all_reduce, w.dp_reduce_bytes / shard, 1}, blocks, end_link);
     if (config.parallel.zero_stage == 2) {
         // Its cuts are the layer groups: every layer, the embedding part, the head.
         const double groups = static_cast<double>(config.model.n_layers) / mesh.pp() + 2;
@@ -305,7 +310,7 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     } else {
         const Link dp_link = collective_link(c, mesh, mesh.dp(), mesh.tp() * mesh.dp(), share.step_end);
         const bool zero1 = config.parallel.zero_stage >= 1;
-        const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
+        const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_reduce_bytes, 1}, mesh.dp(), dp_link);
         const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
         t.dp = std::max(reduce - hidden, reduce / buckets) + exposed_param_gather(config, c, t.compute, gather, buckets);
     }

@@ -48,7 +48,8 @@ struct StageWork {
     double update_bytes = 0;         // what AdamW's update of the owned elements reads and writes
     double gradient_pass_bytes = 0;  // zeroing every gradient, reading their norm, refreshing a 16-bit copy
     double optimizer_bytes() const { return update_bytes + gradient_pass_bytes; }
-    double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over dp
+    double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over dp (in the master dtype: what its buckets are cut from)
+    double dp_reduce_bytes = 0;    // what the dp gradient collectives carry: that buffer in parallel.grad_reduce_dtype
     double dp_parameter_bytes = 0; // the parameters all-gathered over dp after the update (ZeRO-1)
     double compute_parameter_bytes = 0;  // the parameters in the compute dtype (ZeRO-3 gathers them per micro-batch)
     double total_gemm_flops() const;

@@ -128,10 +128,12 @@ Trainer::~Trainer() = default;
 std::unique_ptr<GradientSync> Trainer::make_gradient_sync() {
     Parameters& params = model_->parameters();
     std::unique_ptr<GradientSync> sync;
+    const DType reduce = grad_reduce_dtype(config_.parallel, params.dtype());
     if (placement_->shards_gradients())
-        sync = std::make_unique<ShardedGradients>(flat_parameters(params), placement_->cuts(), comms_->shard(), comms_->replicas(), backend_ops(*backend_));
+        sync = std::make_unique<ShardedGradients>(flat_parameters(params), placement_->cuts(), comms_->shard(), comms_->replicas(), backend_ops(*backend_), reduce);
     else
-        sync = std::make_unique<GradBuckets>(flat_parameters(params), placement_->cuts(), placement_->shards_optimizer(), comms_->dp());
+        sync = std::make_unique<GradBuckets>(flat_parameters(params), placement_->cuts(), placement_->shards_optimizer(), comms_->dp(), reduce,
+                                             backend_ops(*backend_));
     for (const GradStorageBinding& b : sync->run_storage()) params.bind_grads(b.first, b.end, b.values, b.flat_offset);
     return sync;
 }

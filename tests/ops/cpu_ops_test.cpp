@@ -199,6 +199,29 @@ TEST(FillZero, ZeroesEveryElement) {
     for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(get(x, i), 0.0);
 }
 
+// 1 + 2^-9 lies below the midpoint between bf16's 1 and 1 + 2^-7, 1 + 3 * 2^-9 above it, and
+// 1 + 2^-8 on it (to even: 1); widening back is exact.
+TEST(Copy, F32ToBf16AndF16RoundsToNearestEvenAndWidensBackExactly) {
+    std::vector<float> values = {1 + std::ldexp(1.0f, -9), 1 + 3 * std::ldexp(1.0f, -9), 1 + std::ldexp(1.0f, -8), -3.5f, 0};
+    const int64_t n = static_cast<int64_t>(values.size());
+    for (DType half : {DType::bf16, DType::f16}) {
+        std::vector<uint16_t> narrow(values.size());
+        std::vector<float> back(values.size());
+        cpu_backend()->copy(Tensor(narrow.data(), half, {n}), Tensor(values.data(), f32, {n}));
+        cpu_backend()->copy(Tensor(back.data(), f32, {n}), Tensor(narrow.data(), half, {n}));
+        for (size_t i = 0; i < values.size(); ++i) {
+            const uint16_t expected = half == DType::bf16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
+            EXPECT_EQ(narrow[i], expected) << dtype_name(half) << " element " << i;
+            EXPECT_EQ(back[i], half == DType::bf16 ? bf16_to_float(expected) : f16_to_float(expected)) << dtype_name(half) << " element " << i;
+        }
+        if (half != DType::bf16) continue;
+        EXPECT_EQ(back[0], 1.0f);
+        EXPECT_EQ(back[1], 1 + std::ldexp(1.0f, -7));
+        EXPECT_EQ(back[2], 1.0f);
+        EXPECT_EQ(back[3], -3.5f);
+    }
+}
+
 TEST(RopeTable, HoldsCosThenSinOfPositionTimesInverseFrequency) {
     const OwnedTensor table(f64, {5, 6});
     fill_rope_table(table, 10000.0);

@@ -2,6 +2,7 @@
 // waits: run under `mpirun -np 3` (an odd size).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <vector>
@@ -140,6 +141,37 @@ PARALLEL_TEST(MpiCollectives, Bf16AndF16Sums_AreTheF32SumRoundedOnce, 3) {
         world.reduce_scatter(view(out, dtype), view(in, dtype));
         const std::vector<std::vector<float>> expected = {{1 + 2 * half_ulp, 3}, {6, 9}, {12, 5}};
         EXPECT_EQ(out, rounded(dtype, expected[static_cast<size_t>(world.rank())])) << dtype_name(dtype);
+    }
+}
+
+// ReduceOp::sum_in_dtype (the bf16 gradient reduction) travels as 16-bit words and rounds
+// every partial sum: 1 + e + e is 1 or 1 + 2e depending on the order MPI adds in, where
+// ReduceOp::sum above is always 1 + 2e. Small integers stay exact, and every rank of an
+// all-reduce ends with the same bits (replicas that disagreed would drift apart).
+PARALLEL_TEST(MpiCollectives, Bf16AndF16SumsInDtype_RoundEachPartialSumAndAgreeOnEveryRank, 3) {
+    ParallelContext ctx = world_context();
+    Comm& world = *ctx.world;
+    const float r = static_cast<float>(world.rank());
+    for (const auto& [dtype, half_ulp] : {std::pair{DType::bf16, std::ldexp(1.0f, -8)}, std::pair{DType::f16, std::ldexp(1.0f, -11)}}) {
+        const std::vector<uint16_t> either = rounded(dtype, {1, 1 + 2 * half_ulp});
+        std::vector<uint16_t> sum = rounded(dtype, {r == 0 ? 1.0f : half_ulp, r + 1, -r, 0.25f * (r + 1)});
+        world.all_reduce(view(sum, dtype), ReduceOp::sum_in_dtype);
+        EXPECT_TRUE(sum[0] == either[0] || sum[0] == either[1]) << dtype_name(dtype) << ": " << sum[0];
+        EXPECT_EQ(std::vector<uint16_t>(sum.begin() + 1, sum.end()), rounded(dtype, {6, -3, 1.5f})) << dtype_name(dtype);
+        std::vector<uint16_t> everyone(sum.size() * 3);
+        std::copy(sum.begin(), sum.end(), everyone.begin() + static_cast<std::ptrdiff_t>(sum.size()) * world.rank());
+        world.all_gather(view(everyone, DType::u16));
+        for (int other = 0; other < 3; ++other)
+            EXPECT_TRUE(std::equal(sum.begin(), sum.end(), everyone.begin() + static_cast<std::ptrdiff_t>(sum.size()) * other))
+                << dtype_name(dtype) << ": rank " << other << " ended with other bits";
+
+        std::vector<uint16_t> in = rounded(dtype, {r == 0 ? 1.0f : half_ulp, r, 2 * r, 3, 4, r * r}), out(2);
+        world.reduce_scatter(view(out, dtype), view(in, dtype), ReduceOp::sum_in_dtype);
+        const std::vector<std::vector<float>> expected = {{1, 3}, {6, 9}, {12, 5}};
+        std::vector<uint16_t> want = rounded(dtype, expected[static_cast<size_t>(world.rank())]);
+        if (world.rank() == 0) EXPECT_TRUE(out[0] == either[0] || out[0] == either[1]) << dtype_name(dtype) << ": " << out[0];
+        else EXPECT_EQ(out[0], want[0]) << dtype_name(dtype);
+        EXPECT_EQ(out[1], want[1]) << dtype_name(dtype);
     }
 }
 

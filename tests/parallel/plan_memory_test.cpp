@@ -115,6 +115,21 @@ PARALLEL_TEST(MemoryPlan, TinyDataParallelNoZero1_IsWhatTheRankHolds, 4) { expec
 PARALLEL_TEST(MemoryPlan, TinyTensorTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2", false, {"parallel.tp=2"}); }
 PARALLEL_TEST(MemoryPlan, TinyPipelineTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2", false, {"parallel.pp=2", "train.grad_accum=2"}); }
 PARALLEL_TEST(MemoryPlan, TinyTensorTimesPipeline_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny tp2 pp2 m2", false, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}); }
+// parallel.grad_reduce_dtype = "bf16": the bf16 copies the dp collectives carry.
+PARALLEL_TEST(MemoryPlan, TinyDataParallelNoZero1Bf16Reduction_IsWhatTheRankHolds, 4) {
+    expect_plan_is_what_the_rank_holds("tiny dp4 no zero1 bf16 reduce", false, {"parallel.zero_stage=0", "parallel.grad_reduce_dtype=\"bf16\""});
+}
+PARALLEL_TEST(MemoryPlan, TinyTensorTimesDataZero1Bf16Reduction_IsWhatTheRankHolds, 4) {
+    expect_plan_is_what_the_rank_holds("tiny tp2 dp2 bf16 reduce", false, {"parallel.tp=2", "parallel.grad_reduce_dtype=\"bf16\""});
+}
+PARALLEL_TEST(MemoryPlan, TinyHybridShardsOfTwoZero2Bf16Reduction_IsWhatTheRankHolds, 4) {
+    expect_plan_is_what_the_rank_holds("tiny dp4 shard2 zero2 bf16 reduce", false,
+                                       {"parallel.zero_stage=2", "parallel.shard_size=2", "parallel.grad_reduce_dtype=\"bf16\""});
+}
+PARALLEL_TEST(MemoryPlan, TinyPipelineTimesDataZero3Bf16Reduction_IsWhatTheRankHolds, 4) {
+    expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2 zero3 bf16 reduce", false,
+                                       {"parallel.pp=2", "train.grad_accum=2", "parallel.zero_stage=3", "parallel.grad_reduce_dtype=\"bf16\""});
+}
 PARALLEL_TEST(MemoryPlan, TinyFourStagesFullRecompute_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny pp4 m4 recompute full", false, {"parallel.pp=4", "train.grad_accum=4", "train.recompute=\"full\""});
 }

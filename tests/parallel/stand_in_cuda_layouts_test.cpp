@@ -92,6 +92,12 @@ PARALLEL_TEST(StandInCudaLayouts, DefaultComm_IsTheEventOrderedPath, 2) {
     const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.tp=2", "train.steps=2"}));
     EXPECT_GT(run.collectives, 0u);
 }
+// parallel.grad_reduce_dtype = "bf16" on device tensors: the bf16 copies are made by the
+// device backend's copy and reduced on the dp stream (event-ordered) or staged to the host (MPI).
+PARALLEL_TEST(StandInCudaLayouts, DataParallelBf16ReductionOverEventOrderedCollectives_TracksCpuFp32, 2) {
+    expect_tracks_cpu_with("nccl", 2, {"parallel.grad_reduce_dtype=\"bf16\""});
+}
+PARALLEL_TEST(StandInCudaLayouts, DataParallelBf16ReductionOverMpi_TracksCpuFp32, 2) { expect_tracks_cpu_with("mpi", 2, {"parallel.grad_reduce_dtype=\"bf16\""}); }
 PARALLEL_TEST(StandInCudaLayouts, TensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32, 4) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
 PARALLEL_TEST(StandInCudaLayouts, TensorTimesDataZero1OverMpi_TracksCpuFp32, 4) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
 // ZeRO-3 under bf16: the compute shard is gathered (16-bit) into the ring on the dp group's

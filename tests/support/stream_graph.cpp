@@ -151,7 +151,7 @@ public:
     int world_rank(int rank) const override { return rank; }
     const std::string& name() const override { return name_; }
     CommHandle all_reduce_async(const Tensor&, ReduceOp) override { return {}; }
-    CommHandle reduce_scatter_async(const Tensor&, const Tensor&) override { return {}; }
+    CommHandle reduce_scatter_async(const Tensor&, const Tensor&, ReduceOp) override { return {}; }
     CommHandle all_gather_async(const Tensor&) override { return {}; }
     CommHandle all_to_all_async(const Tensor&, const Tensor&) override { return {}; }
     CommHandle send_async(const Tensor&, int) override { return {}; }

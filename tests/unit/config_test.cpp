@@ -789,6 +789,21 @@ TEST(Config, NcclOnTheCpu_IsAConfigErrorNamingTheKey) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.comm=\"gloo\""}), "parallel.comm"));
 }
 
+TEST(Config, GradReduceDtype_DefaultsToF32AndReadsBackFromItsDump) {
+    EXPECT_EQ(parse(TomlText::gpt2()).parallel.grad_reduce_dtype, GradReduceDtype::f32);
+    EXPECT_EQ(grad_reduce_dtype(parse(TomlText::gpt2()).parallel, DType::f32), DType::f32);
+    const Config c = parse(TomlText::gpt2(), {"parallel.grad_reduce_dtype=\"bf16\""});
+    EXPECT_EQ(grad_reduce_dtype(c.parallel, DType::f32), DType::bf16);
+    EXPECT_TRUE(Contains(dump_config(c), "grad_reduce_dtype = \"bf16\""));
+    EXPECT_EQ(parse_config(dump_config(c), "dumped.toml", {}).parallel.grad_reduce_dtype, GradReduceDtype::bf16);
+}
+
+TEST(Config, GradReduceDtypeOtherThanF32OrBf16_IsAConfigErrorNamingTheKeyAndTheChoices) {
+    const std::string error = error_of(TomlText::gpt2(), {"parallel.grad_reduce_dtype=\"fp16\""});
+    EXPECT_TRUE(Contains(error, "parallel.grad_reduce_dtype")) << error;
+    EXPECT_TRUE(Contains(error, "f32") && Contains(error, "bf16")) << error;
+}
+
 // ---- ZeRO stage ----
 
 TEST(Config, Zero1_IsRetiredNamingZeroStage) {

@@ -95,7 +95,7 @@ TEST(EventOrdering, DataParallelBuckets_WaitForBackwardAndTheOptimizerWaitsForTh
     Rig rig("dp");
     OwnedTensor values = device_tensor(DType::f32, kNumel), grads = device_tensor(DType::f32, kNumel);
     const FlatParameters flat = flat_of(values, grads, nullptr);
-    GradBuckets buckets(flat, bucket_cuts(kNumel, 4, 2, 2 * kParamNumel * 4), false, *rig.comm);
+    GradBuckets buckets(flat, bucket_cuts(kNumel, 4, 2, 2 * kParamNumel * 4), false, *rig.comm, DType::f32, {});
     ASSERT_EQ(buckets.bucket_count(), 2u);
     for (int step = 0; step < 2; ++step) {
         rig.kernel("forward", {flat.values}, {});
@@ -111,7 +111,7 @@ TEST(EventOrdering, Zero1_ReduceScatterWaitsForBackwardAndTheAllGatherOfTheCompu
     OwnedTensor values = device_tensor(DType::f32, kNumel), grads = device_tensor(DType::f32, kNumel);
     OwnedTensor compute = device_tensor(DType::bf16, kNumel);
     const FlatParameters flat = flat_of(values, grads, &compute);
-    GradBuckets buckets(flat, bucket_cuts(kNumel, 4, 2, 2 * kParamNumel * 4), true, *rig.comm);
+    GradBuckets buckets(flat, bucket_cuts(kNumel, 4, 2, 2 * kParamNumel * 4), true, *rig.comm, DType::f32, {});
     ASSERT_TRUE(buckets.zero1());
     // The parameter store all-gathers the updated pieces bucket by bucket (ZeRO-1's cuts).
     PlacementSpec spec;

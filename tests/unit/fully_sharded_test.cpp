@@ -33,7 +33,7 @@ public:
     int world_rank(int) const override { return 0; }
     const std::string& name() const override { return name_; }
     CommHandle all_reduce_async(const Tensor&, ReduceOp) override { return {}; }
-    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in) override {
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp) override {
         std::memcpy(out.raw(), in.raw(), out.bytes());
         return {};
     }
@@ -106,7 +106,7 @@ struct ShardedModel {
         for (const TensorPlace& t : spec.tensors) ranges.push_back(t.flat);
         spec.cuts = group_cuts(ranges, zero2_gradient_groups(*model), 1);
         placement = std::make_unique<Placement>(std::move(spec));
-        reduction = std::make_unique<ShardedGradients>(flat_parameters(params), placement->cuts(), comm, nullptr, ops);
+        reduction = std::make_unique<ShardedGradients>(flat_parameters(params), placement->cuts(), comm, nullptr, ops, DType::f32);
         store = std::make_unique<FullyShardedParameters>(flat_parameters(params), *placement, comm, ops, DType::f32, prefetch,
                                                          [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) {
                                                              params.bind_values(first, end, storage, offset);

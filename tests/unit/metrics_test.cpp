@@ -159,7 +159,7 @@ public:
         nap(20);
         return CommHandle(std::make_unique<SlowRequest>());
     }
-    CommHandle reduce_scatter_async(const Tensor&, const Tensor&) override { return {}; }
+    CommHandle reduce_scatter_async(const Tensor&, const Tensor&, ReduceOp) override { return {}; }
     CommHandle all_gather_async(const Tensor&) override { return {}; }
     CommHandle all_to_all_async(const Tensor&, const Tensor&) override { return {}; }
     CommHandle send_async(const Tensor&, int) override { return {}; }

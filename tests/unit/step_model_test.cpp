@@ -53,6 +53,27 @@ TEST(StepModel, RanksBeyondTheCoresOfOneNode_UseTheIntraNodeLink) {
     EXPECT_NEAR(slow.dp_exposed_seconds, expected, 1e-9 * expected);
 }
 
+// parallel.grad_reduce_dtype = "bf16": the reduce-scatter carries 2 bytes per gradient
+// instead of 4, so its bandwidth term halves; the latency and the parameter all-gather (f32
+// master weights) stay. Under ZeRO-0 the all-reduce halves the same way.
+TEST(StepModel, Bf16GradientReduction_HalvesTheDataParallelReduceBandwidthTerm) {
+    const Cluster cluster = two_core_node();
+    const Config f32 = fifty_million({"train.batch_size=1"}), bf16 = fifty_million({"train.batch_size=1", "parallel.grad_reduce_dtype=\"bf16\""});
+    const StageWork w = stage_work(f32, make_mesh(f32.parallel, 4), 0), w16 = stage_work(bf16, make_mesh(bf16.parallel, 4), 0);
+    EXPECT_DOUBLE_EQ(w16.dp_reduce_bytes, w.dp_reduce_bytes / 2);
+    EXPECT_DOUBLE_EQ(w16.dp_gradient_bytes, w.dp_gradient_bytes);  // the buckets are cut from the f32 buffer alike
+    const double reduce_term = 0.75 * w.dp_gradient_bytes / (0.5 * 0.5e9);  // as in the test above: 3/4 of the bytes at half of 0.5 GB/s
+    EXPECT_NEAR(predict(f32, cluster, 4).dp_exposed_seconds - predict(bf16, cluster, 4).dp_exposed_seconds, reduce_term / 2, 1e-9 * reduce_term);
+    const Config f32_zero0 = fifty_million({"train.batch_size=1", "parallel.zero_stage=0"});
+    const Config bf16_zero0 = fifty_million({"train.batch_size=1", "parallel.zero_stage=0", "parallel.grad_reduce_dtype=\"bf16\""});
+    // A ring all-reduce moves 2 (n - 1) / n of the bytes, at the calibrated 0.7 GB/s, half a core each.
+    const double all_reduce_term = 2 * 0.75 * w.dp_gradient_bytes / (0.5 * 0.7e9);
+    EXPECT_NEAR(predict(f32_zero0, cluster, 4).dp_exposed_seconds - predict(bf16_zero0, cluster, 4).dp_exposed_seconds, all_reduce_term / 2,
+                1e-9 * all_reduce_term);
+    // The rounding into the copy and back is a memory pass over the gradients.
+    EXPECT_GT(w16.gradient_pass_bytes, w.gradient_pass_bytes);
+}
+
 // Two nodes of two cores: a dp group of four spans both, and pays the inter-node link.
 TEST(StepModel, GroupsSpanningNodes_UseTheInterNodeLink) {
     const Config config = fifty_million({"train.batch_size=1"});

@@ -144,9 +144,40 @@ void CpuBackend::fill_zero(const Tensor& x) {
     });
 }
 
+namespace {
+
+// f32 <-> bf16 / f16, element by element, rounding to nearest even (core/dtype.h): the CPU
+// computes in f32, but the data-parallel gradient reduction may carry bf16 copies.
+void convert(const char* op, const Tensor& out, const Tensor& in) {
+    cpu::expect_host(op, "in", in);
+    cpu::expect_tensor(op, "out", out, in.shape(), out.dtype());
+    const bool narrowing = in.dtype() == DType::f32 && (out.dtype() == DType::bf16 || out.dtype() == DType::f16);
+    const bool widening = out.dtype() == DType::f32 && (in.dtype() == DType::bf16 || in.dtype() == DType::f16);
+    if (!narrowing && !widening)
+        fail(ErrorKind::unsupported, op, ": the CPU backend converts f32 to and from bf16 / f16, not ", dtype_name(in.dtype()), " to ", dtype_name(out.dtype()));
+    const int64_t n = in.numel();
+    if (narrowing) {
+        const float* from = static_cast<const float*>(in.raw());
+        uint16_t* to = static_cast<uint16_t*>(out.raw());
+        if (out.dtype() == DType::bf16) for (int64_t i = 0; i < n; ++i) to[i] = float_to_bf16(from[i]);
+        else for (int64_t i = 0; i < n; ++i) to[i] = float_to_f16(from[i]);
+        return;
+    }
+    const uint16_t* from = static_cast<const uint16_t*>(in.raw());
+    float* to = static_cast<float*>(out.raw());
+    if (in.dtype() == DType::bf16) for (int64_t i = 0; i < n; ++i) to[i] = bf16_to_float(from[i]);
+    else for (int64_t i = 0; i < n; ++i) to[i] = f16_to_float(from[i]);
+}
+
+}  // namespace
+
 void CpuBackend::copy(const Tensor& out, const Tensor& in) {
     cpu::OpTimer timer(profile_, Op::copy);
     const char* op = timer.name();
+    if (out.dtype() != in.dtype()) {
+        convert(op, out, in);
+        return;
+    }
     cpu::dispatch_float(op, "in", in, [&]<class T>() {
         cpu::expect_tensor(op, "out", out, in.shape(), in.dtype());
         if (in.numel() > 0) std::memcpy(out.raw(), in.raw(), in.bytes());
