@@ -268,15 +268,29 @@ void convert_shards(size_t units, const std::vector<uint64_t>& stats, const Toke
     }
 }
 
+// "'data.jsonl' line 12 (byte offset 3301)": the line is counted only for the message, so a
+// well-formed file is never read twice.
+std::string jsonl_line_place(const std::string& path, uint64_t offset) {
+    std::ifstream in(path, std::ios::binary);
+    uint64_t newlines = 0, left = offset;
+    std::vector<char> buffer(1 << 16);
+    while (left > 0 && in.read(buffer.data(), static_cast<std::streamsize>(std::min<uint64_t>(left, buffer.size()))).gcount() > 0) {
+        const auto got = static_cast<size_t>(in.gcount());
+        newlines += static_cast<uint64_t>(std::count(buffer.data(), buffer.data() + got, '\n'));
+        left -= got;
+    }
+    return left == 0 ? cat("'", path, "' line ", newlines + 1, " (byte offset ", offset, ")") : cat("'", path, "' byte offset ", offset);
+}
+
 std::string jsonl_document(const std::string& line, const std::string& key, const std::string& path, uint64_t offset) {
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-        fail(ErrorKind::data, "'", path, "' byte offset ", offset, ": line is not JSON: ", e.what());
+        fail(ErrorKind::data, jsonl_line_place(path, offset), ": line is not JSON: ", e.what());
     }
     if (!j.is_object() || !j.contains(key) || !j[key].is_string())
-        fail(ErrorKind::data, "'", path, "' byte offset ", offset, ": line has no string field \"", key, "\" (--json-key)");
+        fail(ErrorKind::data, jsonl_line_place(path, offset), ": line has no string field \"", key, "\" (--json-key)");
     return j[key].get<std::string>();
 }
 

@@ -189,6 +189,25 @@ TEST(Prepare, SeparatorAndJsonlSplitDocuments) {
     }
 }
 
+// The piece of a file that split_documents is given starts at a byte offset of it; the error
+// counts the file's lines up to the bad one.
+TEST(Prepare, JsonlErrorNamesTheFileAndItsLine) {
+    const std::string path = temp_dir("jsonl_line") + "/data.jsonl";
+    const std::string lines = "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": \"c\"}\n[1, 2]\n";
+    std::ofstream(path, std::ios::binary) << lines;
+    PrepareOptions o;
+    o.input_format = InputFormat::jsonl;
+    const size_t piece = lines.find("{\"text\": \"c\"}");
+    try {
+        split_documents(lines.substr(piece), o, path, piece);
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(cat("'", path, "' line 4 (byte offset ", lines.find("[1, 2]"), "): line has no string field \"text\"")),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
 TEST(Prepare, OutputIsByteIdenticalForAnyThreadCountAndUnitOwner) {
     const std::string in = temp_dir("threads_in");
     std::string corpus;
