@@ -1,0 +1,190 @@
+// A hostile file of each format llmtrain reads, through the binary: it is refused with exit 2
+// and one error line naming the file and, where it applies, the tensor, key or line, and
+// nothing is written (the run directory or output is not made, every file beside the input is
+// as it was). Each file is well formed up to what it attacks, with its checksums recomputed as
+// an attacker would, so that the parser refuses it, not a checksum.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_paths.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Outcome {
+    int exit_code = -1;
+    std::string error;  // stderr
+};
+
+Outcome llmtrain(const std::string& args) {
+    const std::string error_path = llmtrain::test::process_temp_path("hostile.stderr");
+    const std::string command = std::string(LLMTRAIN_BINARY) + " " + args + " >/dev/null 2>" + error_path;
+    const int status = std::system(command.c_str());
+    std::ifstream in(error_path);
+    std::ostringstream error;
+    error << in.rdbuf();
+    fs::remove(error_path);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), error.str()};
+}
+
+std::string read_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream out;
+    out << in.rdbuf();
+    return out.str();
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes; }
+
+template <class T>
+std::string pod_bytes(const T& value) {
+    return std::string(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+// Every file under dir with its bytes: what "nothing written" compares.
+std::map<std::string, std::string> files_under(const std::string& dir) {
+    std::map<std::string, std::string> files;
+    for (const auto& entry : fs::recursive_directory_iterator(dir))
+        files[fs::relative(entry.path(), dir).string()] = entry.is_regular_file() ? read_bytes(entry.path().string()) : "(directory)";
+    return files;
+}
+
+// A directory of this test's own, empty; the hostile inputs go in it, and so do the paths
+// where the refused command would have written.
+std::string scratch(const std::string& name) {
+    const std::string dir = llmtrain::test::process_temp_path(name);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    return dir;
+}
+
+// Runs llmtrain ARGS and checks that it refused as this file's header says: exit 2, one line
+// "llmtrain: ..." holding every one of `names`, and dir as it was.
+void expect_refused(const std::string& dir, const std::string& args, const std::vector<std::string>& names) {
+    const auto before = files_under(dir);
+    const Outcome outcome = llmtrain(args);
+    EXPECT_EQ(outcome.exit_code, 2) << outcome.error;
+    EXPECT_EQ(std::count(outcome.error.begin(), outcome.error.end(), '\n'), 1) << outcome.error;
+    EXPECT_EQ(outcome.error.rfind("llmtrain: ", 0), 0u) << outcome.error;
+    for (const std::string& name : names) EXPECT_NE(outcome.error.find(name), std::string::npos) << "no '" << name << "' in: " << outcome.error;
+    const auto after = files_under(dir);
+    EXPECT_EQ(after.size(), before.size()) << "files were written or removed in " << dir;
+    for (const auto& [path, bytes] : before) {
+        const auto found = after.find(path);
+        EXPECT_TRUE(found != after.end() && found->second == bytes) << path << " was changed or removed";
+    }
+}
+
+// `train` of the fuzz targets' tiny GPT-2 with everything it writes inside dir.
+std::string tiny_train(const std::string& dir, const std::string& more) {
+    return "train tests/fuzz/models/gpt2.toml --set checkpoint.dir=" + dir + "/checkpoints --run-dir " + dir + "/run " + more;
+}
+
+// A safetensors file: the header's length, the header, then data_bytes zero bytes.
+std::string safetensors(const std::string& header, size_t data_bytes) {
+    return pod_bytes(uint64_t{header.size()}) + header + std::string(data_bytes, '\0');
+}
+
+}  // namespace
+
+TEST(HostileFiles, Safetensors_TensorBeyondItsData_IsRefusedBeforeTheRunStarts) {
+    const std::string dir = scratch("hostile_safetensors_offsets");
+    write_bytes(dir + "/model.safetensors",
+                safetensors(R"({"transformer.wte.weight": {"dtype": "F32", "shape": [257, 8], "data_offsets": [0, 8224]}})", 64));
+    expect_refused(dir, tiny_train(dir, "--set train.init_from=" + dir + "/model.safetensors"),
+                   {dir + "/model.safetensors", "tensor 'transformer.wte.weight'"});
+}
+
+TEST(HostileFiles, Safetensors_ShapeOfMoreValuesThanAnyFile_IsRefused) {
+    const std::string dir = scratch("hostile_safetensors_shape");
+    // 2^62 x 2^62 values: a product that overflows 64 bits.
+    write_bytes(dir + "/model.safetensors",
+                safetensors(R"({"transformer.wpe.weight": {"dtype": "F32", "shape": [4611686018427387904, 4611686018427387904], "data_offsets": [0, 0]}})", 8));
+    expect_refused(dir, tiny_train(dir, "--set train.init_from=" + dir + "/model.safetensors"),
+                   {dir + "/model.safetensors", "tensor 'transformer.wpe.weight'", "shape"});
+}
+
+TEST(HostileFiles, Config_IntegerBeyond64Bits_IsRefusedNamingTheLine) {
+    const std::string dir = scratch("hostile_config");
+    std::string config = read_bytes("tests/fuzz/models/gpt2.toml");
+    const size_t at = config.find("d_model = 8");
+    ASSERT_NE(at, std::string::npos);
+    config.replace(at, std::strlen("d_model = 8"), "d_model = 99999999999999999999999");
+    const auto line = 1 + std::count(config.begin(), config.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+    write_bytes(dir + "/hostile.toml", config);
+    expect_refused(dir, "train " + dir + "/hostile.toml --set checkpoint.dir=" + dir + "/checkpoints --run-dir " + dir + "/run",
+                   {dir + "/hostile.toml:" + std::to_string(line) + ":"});
+}
+
+TEST(HostileFiles, ConfigOverride_NestedArrayForAnInteger_IsRefusedNamingTheKey) {
+    const std::string dir = scratch("hostile_override");
+    expect_refused(dir, tiny_train(dir, "--set 'model.d_model=[[[[[[[[1]]]]]]]]'"),
+                   {"gpt2.toml", "--set model.d_model=[[[[[[[[1]]]]]]]]: model.d_model: expected an integer"});
+}
+
+TEST(HostileFiles, Jsonl_RecordNested100000Deep_IsRefusedNamingTheLine) {
+    const std::string dir = scratch("hostile_jsonl");
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    write_bytes(dir + "/input.jsonl", "{\"text\": \"one\"}\n{\"text\": \"two\"}\n{\"text\": " + deep + "}\n{\"text\": \"four\"}\n");
+    expect_refused(dir, "prepare --tokenizer tests/e2e/bad_data/bytes_tokenizer.json --input " + dir + "/input.jsonl --threads 1 --output " + dir + "/dataset",
+                   {dir + "/input.jsonl' line 3 (byte offset 32)", "no string field \"text\""});
+}
+
+TEST(HostileFiles, Shard_BlockOffsetsOutOfOrderUnderAValidChecksum_IsRefused) {
+    const std::string dir = scratch("hostile_shard");
+    std::string text;
+    for (int i = 0; i < 40; ++i) text += "Entry " + std::to_string(i) + ": a few words of text to tokenize, byte by byte.\n%\n";
+    write_bytes(dir + "/input.txt", text);
+    const Outcome prepared = llmtrain("prepare --tokenizer tests/e2e/bad_data/bytes_tokenizer.json --input " + dir +
+                                      "/input.txt --separator '\\n%\\n' --val-fraction 0.2 --block-tokens 256 --threads 1 --output " + dir + "/dataset");
+    ASSERT_EQ(prepared.exit_code, 0) << prepared.error;
+    // Header: 56 hashed bytes and their XXH3; then the block offsets (one more than the blocks)
+    // and the document starts, which the XXH3 covers too.
+    const std::string shard_path = dir + "/dataset/train-00000.ltshard";
+    std::string shard = read_bytes(shard_path);
+    uint32_t blocks = 0;
+    std::memcpy(&blocks, shard.data() + 44, 4);
+    uint64_t documents = 0;
+    std::memcpy(&documents, shard.data() + 32, 8);
+    ASSERT_GE(blocks, 3u);
+    uint64_t second = 0;
+    std::memcpy(&second, shard.data() + 64 + 2 * 8, 8);
+    std::memcpy(shard.data() + 64 + 1 * 8, &second, 8);  // block 1 starts where block 2 does
+    const size_t metadata_bytes = (blocks + 1 + documents + 1) * 8;
+    std::string hashed = shard.substr(0, 56) + shard.substr(64, metadata_bytes);
+    const uint64_t checksum = XXH3_64bits(hashed.data(), hashed.size());
+    std::memcpy(shard.data() + 56, &checksum, 8);
+    write_bytes(shard_path, shard);
+    expect_refused(dir, tiny_train(dir, "--set data.format=shards --set data.train_path=" + dir + "/dataset/dataset.json"),
+                   {"shard '" + shard_path + "'", "block 1 has offset"});
+}
+
+TEST(HostileFiles, Llmc_TokenCountBeyondTheFile_IsRefused) {
+    const std::string dir = scratch("hostile_llmc");
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520, header[1] = 1, header[2] = 2147483647;
+    write_bytes(dir + "/train.bin", std::string(reinterpret_cast<const char*>(header.data()), 1024) + std::string(200, '\1'));
+    expect_refused(dir, tiny_train(dir, "--set data.format=llmc --set data.train_path=" + dir + "/train.bin"),
+                   {"llm.c shard '" + dir + "/train.bin'", "2147483647 tokens"});
+}
+
+TEST(HostileFiles, MegatronIndex_SequenceOutsideTheBin_IsRefused) {
+    const std::string dir = scratch("hostile_megatron");
+    write_bytes(dir + "/train.bin", std::string(200, '\1'));  // 100 uint16 ids
+    std::string idx = std::string("MMIDIDX\0\0", 9) + pod_bytes(uint64_t{1}) + std::string(1, '\x08') + pod_bytes(uint64_t{1}) + pod_bytes(uint64_t{2});
+    idx += pod_bytes(int32_t{1000}) + pod_bytes(int64_t{0}) + pod_bytes(int64_t{0}) + pod_bytes(int64_t{1});  // 1000 tokens at byte 0
+    write_bytes(dir + "/train.idx", idx);
+    expect_refused(dir, tiny_train(dir, "--set data.format=megatron --set data.train_path=" + dir + "/train.bin"),
+                   {"'" + dir + "/train.idx'", "sequence 0 (1000 tokens at byte 0) lies outside the 200-byte .bin"});
+}
