@@ -9,6 +9,8 @@
 #   megatron_index       the same dataset's .idx files, each after the 8-byte size of its .bin
 #   llmc_reader          the same dataset as llm.c shards
 #   jsonl                fortunes entries as JSONL records
+#   gzip_input           the records gzipped (one member, and two concatenated)
+#   zstd_input           the records as zstd (one frame, two frames, a skippable frame first)
 #   tokenizer_roundtrip  fortunes entries, and the JSONL
 #   safetensors          `checkpoint export` of the tiny GPT-2 and Llama of tests/fuzz/models,
 #                        each trained 2 steps
@@ -96,6 +98,33 @@ done
 dictionary jsonl json <<'EOF'
 "\"text\""
 "\"text\": "
+EOF
+# The same records compressed: one member / frame, two concatenated, and zstd with a
+# skippable frame first (prepare reads each).
+gzip -9 -n -c "$work/records-a.jsonl" >"$work/records-a.jsonl.gz"
+{ gzip -1 -n -c "$work/records-a.jsonl"; gzip -n -c "$work/records-b.jsonl"; } >"$work/records-ab.jsonl.gz"
+zstd -q -19 -c "$work/records-a.jsonl" >"$work/records-a.jsonl.zst"
+{ zstd -q -1 -c "$work/records-a.jsonl"; zstd -q --no-check -c "$work/records-b.jsonl"; } >"$work/records-ab.jsonl.zst"
+{ printf '\x50\x2a\x4d\x18\x04\x00\x00\x00skip'; zstd -q -c "$work/records-b.jsonl"; } >"$work/records-skippable.jsonl.zst"
+for compressed in "$work"/records-*.jsonl.gz "$work"/records-*.jsonl.zst; do
+    quiet "$llmtrain" prepare --tokenizer "$work/gpt2-split.json" --input "$compressed" --threads 1 --output "$work/dataset-$(basename "$compressed")"
+    case $compressed in
+        *.gz) seed gzip_input "$(basename "$compressed")" "$compressed" ;;
+        *) seed zstd_input "$(basename "$compressed")" "$compressed" ;;
+    esac
+done
+dictionary gzip_input json <<'EOF'
+"\x1f\x8b\x08\x00"
+"\x1f\x8b\x08\x08"
+"\x00\x00\x00\x00"
+"\xff\xff\xff\xff"
+EOF
+dictionary zstd_input json <<'EOF'
+"\x28\xb5\x2f\xfd"
+"\x50\x2a\x4d\x18"
+"\x5f\x2a\x4d\x18"
+"\x00\x00\x00\x00"
+"\xff\xff\xff\xff"
 EOF
 awk -v dir="$work" 'BEGIN { RS = "\n%\n" } NR <= 8 { f = dir "/entry-" NR ".txt"; printf "%s", $0 > f; close(f) }' "$work/entries.txt"
 for entry in "$work"/entry-*.txt; do seed tokenizer_roundtrip "$(basename "$entry")" "$entry"; done

@@ -31,7 +31,8 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-all_targets=($(sed -n 's/^set(LLMTRAIN_FUZZ_TARGETS \(.*\))$/\1/p' tests/fuzz/CMakeLists.txt))
+# The list in tests/fuzz/CMakeLists.txt: set(LLMTRAIN_FUZZ_TARGETS a b ...), over one or more lines.
+all_targets=($(sed -n '/^set(LLMTRAIN_FUZZ_TARGETS/,/)/p' tests/fuzz/CMakeLists.txt | tr '()' '  ' | sed 's/^set  *LLMTRAIN_FUZZ_TARGETS//'))
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do
     [[ " ${all_targets[*]} " == *" $t "* ]] || { echo "fuzz.sh: no target '$t' (targets: ${all_targets[*]})" >&2; exit 2; }

@@ -9,12 +9,16 @@
 #                                           those its shared libraries come from, and the tools
 #                                           the scripts run (the Dockerfile's runtime stage)
 #   install-deps.sh --packages FILE         installs the packages FILE lists, one a line
+#
+# Then the npm packages of package.json (the reference tokenizers that the parity tests and
+# scripts/bench-tokenizer.sh compare with) go into the repository's node_modules.
 set -euo pipefail
 runtime_tools=(openmpi-bin bash mawk)  # mpirun; scripts/llmtrain-supervise (bash, awk)
 build_packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libpcre2-dev libzstd-dev libxxhash-dev  # tokenizer regex, token shards, checksums
+  zlib1g-dev  # gzip input of `prepare`
   libopenmpi-dev openmpi-bin  # MPI: parallel training and `prepare`, and the tests of every layout
   libhdf5-dev  # checkpoints (serial HDF5)
   prometheus-cpp-dev  # metrics: the /metrics exposition (prometheus-cpp core and pull)
@@ -23,6 +27,7 @@ packages=(
   "${build_packages[@]}"
   git libgtest-dev
   libonig-dev  # tests: the regex engine of Hugging Face's tokenizers, for split parity
+  zstd gzip  # tests: the CLIs make the compressed inputs of `prepare`'s tests
   hdf5-tools  # h5ls / h5dump read checkpoints; the tests compare them with h5diff
   prometheus python3  # tests: a real Prometheus scrapes a run (driven by tests/e2e/metrics_checks.py); promtool checks the exposition and the scrape config
   fortunes  # the quickstart's corpus
@@ -50,23 +55,46 @@ runtime_list() {
     done | cat - <(printf '%s\n' "${runtime_tools[@]}") | sort -u
 }
 
+# package.json's packages, exactly as package-lock.json pins them, into node_modules; again
+# only when the lock file has changed since.
+install_npm_packages() {
+    local repo stamp
+    repo="$(cd "$(dirname "$0")/.." && pwd)"
+    stamp="$repo/node_modules/.llmtrain-package-lock.json"
+    if [ ! -f "$repo/package-lock.json" ]; then
+        echo "install-deps: no package-lock.json beside scripts/ (a copy of this script alone): npm packages skipped"
+        return
+    fi
+    if [ -f "$stamp" ] && cmp -s "$repo/package-lock.json" "$stamp"; then
+        echo "install-deps: npm packages present"
+        return
+    fi
+    echo "install-deps: npm ci (package-lock.json)"
+    (cd "$repo" && npm ci --no-audit --no-fund --loglevel=error)
+    cp "$repo/package-lock.json" "$stamp"
+}
+
+npm_step=run
 case ${1:-} in
     --runtime-list) runtime_list "${2:?--runtime-list BINARY}"; exit 0 ;;
-    --packages) mapfile -t packages < <(grep -v '^ *$' "${2:?--packages FILE}") ;;
-    --build) packages=("${build_packages[@]}") ;;
+    --packages) mapfile -t packages < <(grep -v '^ *$' "${2:?--packages FILE}"); npm_step=skip ;;
+    --build) packages=("${build_packages[@]}"); npm_step=skip ;;
     "") ;;
     *) echo "install-deps: unknown option '$1' (--build, --runtime-list BINARY, --packages FILE)" >&2; exit 2 ;;
 esac
+# node and npm from Debian unless some node (NodeSource's, which bundles npm) is there already.
+[ "$npm_step" = skip ] || command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "install-deps: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-echo "install-deps: installing ${missing[*]}"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+[ "$npm_step" = skip ] || install_npm_packages

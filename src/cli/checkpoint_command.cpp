@@ -12,6 +12,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_assembly.h"
 #include "cli/commands.h"
+#include "core/durable_file.h"
 #include "core/error.h"
 #include "core/exit_code.h"
 
@@ -232,6 +233,7 @@ int run_inspect(const CheckpointArgs& args) {
 // ---- export ----
 
 int run_export(const CheckpointArgs& args) {
+    require_creatable(args.out_dir, OutputKind::directory, "out_dir");  // before the checkpoint is verified and read
     const std::string path = resolve_checkpoint(args.path);
     if (const std::optional<std::string> problem = checkpoint_problem(path)) fail(ErrorKind::data, "cannot export: ", *problem);
     const ExportSummary summary = export_checkpoint_to_hf(path, args.out_dir);

@@ -36,5 +36,7 @@ void register_eval_command(CLI::App& app, CommandAction& action);
 void register_doctor_command(CLI::App& app, CommandAction& action);
 // `llmtrain bench CONFIG [--warmup N] [--steps M] [--set ...]`, on the `bench` app.
 void register_bench_train(CLI::App& bench, CommandAction& action);
+// `llmtrain bench tokenizer --tokenizer T --input FILES [--repeat N] [--split-engine fastest|pcre2]`
+void register_bench_tokenizer(CLI::App& bench, CommandAction& action);
 
 }  // namespace llmtrain

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "core/durable_file.h"
 #include "core/log.h"
 #include "data/input_files.h"
 #include "data/prepare.h"
@@ -29,6 +30,7 @@ struct PrepareArgs {
     std::string input_format = "auto";
     std::string separator;
     std::string json_key = "text";
+    std::string on_bad_record = "abort";
     std::string output_format = "shards";
     double val_fraction = 0.0;
     uint64_t seed = 1234;
@@ -77,9 +79,8 @@ private:
 PrepareOptions options_from(const PrepareArgs& args) {
     PrepareOptions o;
     o.inputs = expand_inputs(args.inputs);
-    const bool jsonl = args.input_format == "jsonl" ||
-                       (args.input_format == "auto" && (o.inputs.front().ends_with(".jsonl") || o.inputs.front().ends_with(".json")));
-    o.input_format = jsonl ? InputFormat::jsonl : InputFormat::text;
+    o.input_format = args.input_format == "jsonl" ? InputFormat::jsonl : args.input_format == "text" ? InputFormat::text : InputFormat::automatic;
+    o.on_bad_record = args.on_bad_record == "skip" ? BadRecordPolicy::skip : BadRecordPolicy::abort;
     o.separator = unescape(args.separator);
     o.json_key = args.json_key;
     o.output_dir = args.output;
@@ -103,6 +104,7 @@ int run_prepare(const PrepareArgs& args) {
     RankSession session;
     const RankGroup& group = session.group();
     try {
+        require_creatable(args.output, OutputKind::directory, "--output");
         const PrepareOptions options = options_from(args);
         const Tokenizer tokenizer = Tokenizer::load(args.tokenizer);
         const PrepareSummary s = prepare_dataset(tokenizer, tokenizer.to_hf_json(), options, group);
@@ -111,6 +113,8 @@ int run_prepare(const PrepareArgs& args) {
             const int cores = options.threads * group.size;
             log_info("prepare: ", s.documents, " documents, ", mb, " MB in ", s.units, " unit(s) -> ", s.train_tokens, " train + ", s.val_tokens, " val tokens in ",
                      args.output, " | ", s.seconds, " s, ", mb / s.seconds, " MB/s on ", cores, " thread(s): ", mb / s.seconds / cores, " MB/s per thread");
+            if (s.skipped_records > 0)
+                log_warn("prepare: ", s.skipped_records, " bad record(s) skipped; each is listed (file, line, reason) in ", args.output, "/skipped-records.jsonl");
         }
         return 0;
     } catch (const Error& e) {
@@ -128,11 +132,13 @@ void register_prepare_command(CLI::App& app, CommandAction& action) {
     auto args = std::make_shared<PrepareArgs>();
     CLI::App* cmd = app.add_subcommand("prepare", "Tokenize text or JSONL files into a dataset of compressed token shards");
     cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json, or a directory with it or with GPT-2's encoder.json + vocab.bpe")->required();
-    cmd->add_option("--input", args->inputs, "Input files or glob patterns (matches sorted)")->required();
+    cmd->add_option("--input", args->inputs, "Input files or glob patterns (matches sorted); gzip and zstd are read by their magic bytes")->required();
     cmd->add_option("--output", args->output, "Dataset directory to write (written beside it, then swapped in)")->required();
     cmd->add_flag("--force", args->force, "Replace the dataset already in --output");
-    cmd->add_option("--input-format", args->input_format, "text or jsonl (auto: jsonl for .jsonl/.json files)")
+    cmd->add_option("--input-format", args->input_format, "text or jsonl (auto: per file, jsonl for .jsonl/.json, also under .gz/.zst)")
         ->check(CLI::IsMember({"auto", "text", "jsonl"}))->capture_default_str();
+    cmd->add_option("--on-bad-record", args->on_bad_record, "jsonl: a line that is not an object with a string --json-key field ends the run naming file:line (abort) or is left out and listed in DIR/skipped-records.jsonl (skip)")
+        ->check(CLI::IsMember({"abort", "skip"}))->capture_default_str();
     cmd->add_option("--separator", args->separator, "text: split files into documents at this string (C escapes: \\n); default one document per file");
     cmd->add_option("--json-key", args->json_key, "jsonl: the field holding the text")->capture_default_str();
     cmd->add_option("--output-format", args->output_format, "shards (llmtrain), megatron (.bin/.idx), llmc, nanogpt")

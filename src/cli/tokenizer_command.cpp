@@ -11,6 +11,9 @@
 #include "core/log.h"
 #include "data/bpe_trainer.h"
 #include "data/input_files.h"
+#include "data/prepare.h"
+#include "data/prepare_plan.h"
+#include "data/text_input.h"
 #include "data/tokenizer.h"
 
 namespace llmtrain {
@@ -23,6 +26,8 @@ struct TokenizerArgs {
     std::string output;
     bool force = false;
     std::string pattern = "gpt2";
+    std::string input_format = "auto";
+    std::string json_key = "text";
     std::vector<std::string> special_tokens = {"<|endoftext|>"};
     int64_t min_frequency = 2;
     std::string tokenizer;
@@ -31,18 +36,35 @@ struct TokenizerArgs {
     std::vector<int32_t> ids;
 };
 
+// A text file is trained on as it is; a JSONL file (by --input-format, or by its name: .jsonl,
+// .json, also under .gz / .zst) on its --json-key documents, bad records left out and counted.
+void add_training_text(BpeTrainer& trainer, const std::string& file, const TokenizerArgs& args) {
+    PrepareOptions o;
+    o.input_format = resolve_input_format(args.input_format == "jsonl" ? InputFormat::jsonl : args.input_format == "text" ? InputFormat::text : InputFormat::automatic, file);
+    if (o.input_format == InputFormat::text) return trainer.add_text(read_input_text(file));
+    o.json_key = args.json_key;
+    o.on_bad_record = BadRecordPolicy::skip;
+    std::vector<SkippedRecord> skipped;
+    for (const std::string& document : split_documents(read_input_text(file), o, file, 1, &skipped)) trainer.add_text(document);
+    if (!skipped.empty()) log_warn("tokenizer: ", skipped.size(), " record(s) of '", file, "' without a string \"", args.json_key, "\" left out (the first: line ", skipped.front().line, ")");
+}
+
 int run_train(const TokenizerArgs& args) {
     BpeTrainOptions options;
     options.vocab_size = args.vocab_size;
-    options.pattern = args.pattern == "cl100k" ? kCl100kPattern : kGpt2Pattern;
+    options.pattern = args.pattern == "cl100k" ? kCl100kPattern : args.pattern == "qwen2" ? kQwen2Pattern : kGpt2Pattern;
     options.special_tokens = args.special_tokens;
     options.min_frequency = args.min_frequency;
     // Refused before training, not after minutes of it.
     if (!args.force && std::filesystem::exists(args.output)) fail(ErrorKind::config, "'", args.output, "' exists; pass --force to replace it");
+    require_creatable(args.output, OutputKind::file, "--output");
     BpeTrainer trainer(options);
     const std::vector<std::string> files = expand_inputs(args.inputs);
-    for (const std::string& file : files) trainer.add_text(read_whole_file(file));
+    for (const std::string& file : files) add_training_text(trainer, file, args);
     const Tokenizer tokenizer = trainer.train(args.output);
+    std::error_code ec;
+    if (const auto parent = std::filesystem::path(args.output).parent_path(); !parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) fail(ErrorKind::io, "cannot create the directory of --output '", args.output, "': ", ec.message());
     write_file_atomically(args.output, tokenizer.to_hf_json());
     if (tokenizer.vocab_size() < args.vocab_size)
         log_warn("tokenizer: no pair occurs ", args.min_frequency, " times any more; the vocabulary stops at ", tokenizer.vocab_size(), " of ", args.vocab_size, " tokens");
@@ -91,10 +113,13 @@ void register_tokenizer_command(CLI::App& app, CommandAction& action) {
     cmd->require_subcommand(1);
     CLI::App* train = cmd->add_subcommand("train", "Train a byte-level BPE on text files and write tokenizer.json");
     train->add_option("--vocab-size", args->vocab_size, "Tokens in all: 256 bytes + merges + special tokens")->required();
-    train->add_option("--input", args->inputs, "Text files or glob patterns")->required();
+    train->add_option("--input", args->inputs, "Text files or glob patterns (gzip / zstd read by their magic bytes)")->required();
     train->add_option("--output", args->output, "tokenizer.json to write (through a temporary file and a rename)")->required();
     train->add_flag("--force", args->force, "Replace an existing --output file");
-    train->add_option("--pattern", args->pattern, "Pre-tokenizer split pattern")->check(CLI::IsMember({"gpt2", "cl100k"}))->capture_default_str();
+    train->add_option("--input-format", args->input_format, "text or jsonl (auto: per file, jsonl for .jsonl/.json, also under .gz/.zst)")
+        ->check(CLI::IsMember({"auto", "text", "jsonl"}))->capture_default_str();
+    train->add_option("--json-key", args->json_key, "jsonl: the field holding the text")->capture_default_str();
+    train->add_option("--pattern", args->pattern, "Pre-tokenizer split pattern: gpt2, cl100k (Llama 3's) or qwen2 (cl100k's with single digits)")->check(CLI::IsMember({"gpt2", "cl100k", "qwen2"}))->capture_default_str();
     train->add_option("--special", args->special_tokens, "Special tokens, given the last ids")->capture_default_str();
     train->add_option("--min-frequency", args->min_frequency, "Stop merging below this pair count")->capture_default_str();
     train->callback([args, &action] { action = [args] { return run_train(*args); }; });

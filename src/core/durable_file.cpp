@@ -79,4 +79,20 @@ void fsync_file(const std::string& path) {
     if (status != 0) fail(ErrorKind::io, "cannot write '", path, "' to disk (fsync): ", std::strerror(reason));
 }
 
+void require_creatable(const std::string& path, OutputKind kind, const std::string& option) {
+    std::error_code ec;
+    const fs::path target = fs::absolute(path, ec);
+    if (ec || path.empty()) fail(ErrorKind::config, option, " '", path, "' is not a usable path");
+    const fs::file_status status = fs::status(target, ec);
+    if (fs::exists(status)) {
+        if (kind == OutputKind::file && fs::is_directory(status)) fail(ErrorKind::config, option, " '", path, "' is a directory; give a file name");
+        if (kind == OutputKind::directory && !fs::is_directory(status)) fail(ErrorKind::config, option, " '", path, "' exists and is not a directory");
+    }
+    fs::path ancestor = fs::exists(status) && kind == OutputKind::directory ? target : target.parent_path();
+    while (!ancestor.empty() && !fs::exists(ancestor, ec)) ancestor = ancestor.parent_path();
+    if (!fs::is_directory(ancestor, ec)) fail(ErrorKind::config, option, " '", path, "': '", ancestor.string(), "' is not a directory");
+    if (::access(ancestor.c_str(), W_OK | X_OK) != 0)
+        fail(ErrorKind::io, option, " '", path, "' cannot be written: '", ancestor.string(), "': ", std::strerror(errno));
+}
+
 }  // namespace llmtrain

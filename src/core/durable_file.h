@@ -37,4 +37,14 @@ void fsync_directory(const std::string& path);
 // Makes a file another writer closed (an HDF5 file) durable.
 void fsync_file(const std::string& path);
 
+// Checked before long work, so that a mistyped or read-only output path fails in a second
+// rather than after the work: `path` (a file or a directory to write, as `kind` says) is
+// not the other kind where it exists, and its nearest existing ancestor is a directory this
+// process may create entries in (the writer creates the missing directories between).
+// Throws naming `option` (e.g. "--output") and the path: ErrorKind::config for a path that
+// cannot be one (under a file, a directory given for a file), ErrorKind::io with the
+// system's reason where the system refuses (read-only file system, permission).
+enum class OutputKind { file, directory };
+void require_creatable(const std::string& path, OutputKind kind, const std::string& option);
+
 }  // namespace llmtrain

@@ -19,6 +19,9 @@
 #include "core/log.h"
 #include "core/staged_directory.h"
 #include "data/external_formats.h"
+#include "data/input_files.h"
+#include "data/prepare_plan.h"
+#include "data/prepare_reader.h"
 #include "data/token_shard.h"
 
 namespace llmtrain {
@@ -27,20 +30,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Segment {
-    size_t file;
-    uint64_t begin, end;
-};
-
-struct Unit {
-    std::vector<Segment> segments;
-    uint64_t bytes = 0;
-};
-
 // Per unit, summed over ranks (each unit is filled in by exactly one rank).
-enum Stat { train_tokens, train_docs, train_bytes, train_xxh3, val_tokens, val_docs, val_bytes, val_xxh3, input_bytes, failed, stat_count };
+enum Stat { train_tokens, train_docs, train_bytes, train_xxh3, val_tokens, val_docs, val_bytes, val_xxh3, input_bytes, skipped, failed, stat_count };
 
-std::string jsonl_document(const std::string& line, const std::string& key, const std::string& path, uint64_t offset);
+constexpr const char* kSkippedRecordsFile = "skipped-records.jsonl";
 std::unique_ptr<TokenStreamWriter> make_token_stream_writer(OutputFormat format, const std::string& base, uint64_t vocab);
 
 const char* split_name(bool val) { return val ? "val" : "train"; }
@@ -49,51 +42,6 @@ std::string shard_name(bool val, size_t unit) {
     char name[64];
     std::snprintf(name, sizeof name, "%s-%05zu.ltshard", split_name(val), unit);
     return name;
-}
-
-std::string read_range(const std::string& path, uint64_t begin, uint64_t end) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(ErrorKind::data, "cannot open input '", path, "'");
-    std::string bytes(static_cast<size_t>(end - begin), '\0');
-    in.seekg(static_cast<std::streamoff>(begin));
-    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (static_cast<uint64_t>(in.gcount()) != end - begin) fail(ErrorKind::io, "input '", path, "' changed while being read (short read at byte ", begin, ")");
-    return bytes;
-}
-
-// The end of the first document boundary (separator occurrence) at or after `from`, or
-// the end of the file; read in chunks that overlap by the separator's length.
-uint64_t boundary_after(const std::string& path, uint64_t from, uint64_t size, const std::string& separator) {
-    constexpr uint64_t chunk = 1 << 20;
-    for (uint64_t pos = from; pos < size; pos += chunk) {
-        const std::string bytes = read_range(path, pos, std::min(size, pos + chunk + separator.size() - 1));
-        const size_t hit = bytes.find(separator);
-        if (hit != std::string::npos) return pos + hit + separator.size();
-    }
-    return size;
-}
-
-std::vector<Unit> plan_units(const PrepareOptions& o) {
-    const bool whole_files = o.input_format == InputFormat::text && o.separator.empty();
-    const std::string separator = o.input_format == InputFormat::jsonl ? "\n" : o.separator;
-    std::vector<Unit> units(1);
-    for (size_t f = 0; f < o.inputs.size(); ++f) {
-        std::error_code ec;
-        const uint64_t size = fs::file_size(o.inputs[f], ec);
-        if (ec) fail(ErrorKind::data, "cannot read input '", o.inputs[f], "': ", ec.message());
-        uint64_t pos = 0;
-        do {
-            Unit& unit = units.back();
-            const uint64_t room = o.unit_bytes > unit.bytes ? o.unit_bytes - unit.bytes : 0;
-            const uint64_t end = whole_files || size - pos <= room ? size : boundary_after(o.inputs[f], pos + room, size, separator);
-            unit.segments.push_back({f, pos, end});
-            unit.bytes += end - pos;
-            pos = end;
-            if (unit.bytes >= o.unit_bytes) units.emplace_back();
-        } while (pos < size);
-    }
-    if (units.back().segments.empty()) units.pop_back();
-    return units;
 }
 
 bool goes_to_validation(const PrepareOptions& o, size_t unit, size_t document) {
@@ -107,16 +55,35 @@ struct UnitOutput {
     ShardContents split[2];
 };
 
-// Tokenizes one unit and writes its shard(s); returns its row of statistics. progress()
-// hears of the input bytes as documents are done.
-std::vector<uint64_t> process_unit(size_t index, const Unit& unit, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o, EncodeCache& cache,
-                                   const std::function<void(uint64_t)>& progress) {
+std::string skipped_part_name(size_t unit) {
+    char name[64];
+    std::snprintf(name, sizeof name, "skipped-%05zu.part", unit);
+    return name;
+}
+
+// One JSON line per skipped record: {"file": ..., "line": ..., "reason": ...}.
+std::string skipped_records_jsonl(const std::vector<SkippedRecord>& records) {
+    std::string out;
+    for (const SkippedRecord& r : records)  // a reason may quote the record's invalid bytes: they become U+FFFD
+        out += nlohmann::json{{"file", r.file}, {"line", r.line}, {"reason", r.reason}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    return out;
+}
+
+// Tokenizes one unit's text and writes its shard(s) (and its skipped records); returns its
+// row of statistics. progress() hears of the input bytes as documents are done.
+std::vector<uint64_t> process_unit(size_t index, const PreparePlan& plan, UnitReader& reader, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o,
+                                   EncodeCache& cache, const std::function<void(uint64_t)>& progress) {
+    const Unit& unit = plan.units[index];
     UnitOutput out;
+    std::vector<SkippedRecord> skipped_records;
     size_t document = 0;
     uint64_t reported = 0;
-    for (const Segment& s : unit.segments) {
-        const std::string& path = o.inputs[s.file];
-        for (const std::string& text : split_documents(read_range(path, s.begin, s.end), o, path, s.begin)) {
+    for (SegmentText& s : reader.read(index)) {
+        const InputFile& file = plan.files[s.segment.file];
+        require_text(sniff_text(s.text, false), cat("input '", file.path, "' (text bytes ", s.segment.begin, "-", s.segment.end, ")"));
+        PrepareOptions per_file = o;
+        per_file.input_format = file.format;
+        for (const std::string& text : split_documents(s.text, per_file, file.path, s.first_line(), &skipped_records)) {
             ShardContents& c = out.split[goes_to_validation(o, index, document++)];
             tokenizer.encode_append(text, c.tokens, &cache);
             c.tokens.push_back(eos);
@@ -128,6 +95,8 @@ std::vector<uint64_t> process_unit(size_t index, const Unit& unit, const Tokeniz
     progress(unit.bytes - std::min(reported, unit.bytes));  // separators and JSON syntax
     std::vector<uint64_t> row(stat_count, 0);
     row[input_bytes] = unit.bytes;
+    row[skipped] = skipped_records.size();
+    if (!skipped_records.empty()) write_file_durably((fs::path(o.output_dir) / skipped_part_name(index)).string(), skipped_records_jsonl(skipped_records));
     const ShardWriteOptions write{tokenizer.vocab_size() <= 65536 ? 2u : 4u, static_cast<uint64_t>(tokenizer.vocab_size()), o.block_tokens, o.zstd_level};
     for (int val = 0; val < 2; ++val) {
         const ShardContents& c = out.split[val];
@@ -178,31 +147,36 @@ private:
     std::thread thread_;
 };
 
-// Runs this rank's units (u % size == rank) on its threads; the first error is kept and
-// the unit is marked failed, so every rank still reaches the collective sum.
-std::vector<uint64_t> run_rank_units(const std::vector<Unit>& units, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o, const RankGroup& g,
+// Runs this rank's units (those of the jobs the plan gives it) on its threads, in unit
+// order; the first error is kept, the unit is marked failed and no further unit is started,
+// and every rank still reaches the collective sum.
+std::vector<uint64_t> run_rank_units(const PreparePlan& plan, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o, const RankGroup& g,
                                      std::exception_ptr& error) {
-    std::vector<uint64_t> stats(units.size() * stat_count, 0);
+    std::vector<uint64_t> stats(plan.units.size() * stat_count, 0);
     std::vector<size_t> mine;
     uint64_t my_bytes = 0;
-    for (size_t u = static_cast<size_t>(g.rank); u < units.size(); u += static_cast<size_t>(g.size)) {
+    for (size_t u = 0; u < plan.units.size(); ++u) {
+        if (plan.job_rank[plan.units[u].job] != g.rank) continue;
         mine.push_back(u);
-        my_bytes += units[u].bytes;
+        my_bytes += plan.units[u].bytes;
     }
+    UnitReader reader(plan);
     std::atomic<size_t> next{0};
+    std::atomic<bool> stop{false};
     std::mutex error_mutex;
     ProgressLine progress(o.progress && g.rank == 0, my_bytes);
     const auto worker = [&] {
         EncodeCache cache;
-        for (size_t i; (i = next++) < mine.size();) {
+        for (size_t i; !stop && (i = next++) < mine.size();) {
             const size_t u = mine[i];
             try {
-                const std::vector<uint64_t> row = process_unit(u, units[u], tokenizer, eos, o, cache, [&](uint64_t bytes) { progress.add(bytes); });
+                const std::vector<uint64_t> row = process_unit(u, plan, reader, tokenizer, eos, o, cache, [&](uint64_t bytes) { progress.add(bytes); });
                 std::copy(row.begin(), row.end(), stats.begin() + static_cast<std::ptrdiff_t>(u * stat_count));
             } catch (...) {
                 std::lock_guard<std::mutex> lock(error_mutex);
                 if (!error) error = std::current_exception();
                 stats[u * stat_count + failed] = 1;
+                stop = true;
             }
         }
     };
@@ -219,7 +193,8 @@ std::string hex64(uint64_t v) {
     return text;
 }
 
-void write_manifest(const std::vector<uint64_t>& stats, size_t units, const Tokenizer& tokenizer, int32_t eos, const PrepareOptions& o) {
+// tokenizer_hash: Tokenizer::hash(), taken from the JSON already in hand.
+void write_manifest(const std::vector<uint64_t>& stats, size_t units, const Tokenizer& tokenizer, uint64_t tokenizer_hash, int32_t eos, const PrepareOptions& o) {
     using ojson = nlohmann::ordered_json;
     ojson splits = ojson::object();
     for (int val = 0; val < 2; ++val) {
@@ -235,11 +210,15 @@ void write_manifest(const std::vector<uint64_t>& stats, size_t units, const Toke
         }
         splits[split_name(val)] = {{"tokens", tokens}, {"documents", docs}, {"shards", shards}};
     }
-    const ojson manifest = {{"format", "llmtrain-token-shards"}, {"version", 1},
-                            {"tokenizer", {{"file", "tokenizer.json"}, {"xxh3", hex64(tokenizer.hash())}, {"vocab_size", tokenizer.vocab_size()}, {"eos_id", eos}}},
+    uint64_t skipped_records = 0;
+    for (size_t u = 0; u < units; ++u) skipped_records += stats[u * stat_count + skipped];
+    ojson manifest = {{"format", "llmtrain-token-shards"}, {"version", 1},
+                            {"tokenizer", {{"file", "tokenizer.json"}, {"xxh3", hex64(tokenizer_hash)}, {"vocab_size", tokenizer.vocab_size()}, {"eos_id", eos}}},
                             {"dtype", tokenizer.vocab_size() <= 65536 ? "u16" : "u32"},
                             {"split", {{"val_fraction", o.val_fraction}, {"seed", o.seed}}},
-                            {"train", splits["train"]}, {"val", splits["val"]}};
+                            {"train", splits["train"]}, {"val", splits["val"]},
+                            {"skipped_records", skipped_records}};
+    if (skipped_records > 0) manifest["skipped_records_file"] = kSkippedRecordsFile;
     write_file_durably((fs::path(o.output_dir) / "dataset.json").string(), manifest.dump(1) + "\n");
 }
 
@@ -268,30 +247,26 @@ void convert_shards(size_t units, const std::vector<uint64_t>& stats, const Toke
     }
 }
 
-// "'data.jsonl' line 12 (byte offset 3301)": the line is counted only for the message, so a
-// well-formed file is never read twice.
-std::string jsonl_line_place(const std::string& path, uint64_t offset) {
-    std::ifstream in(path, std::ios::binary);
-    uint64_t newlines = 0, left = offset;
-    std::vector<char> buffer(1 << 16);
-    while (left > 0 && in.read(buffer.data(), static_cast<std::streamsize>(std::min<uint64_t>(left, buffer.size()))).gcount() > 0) {
-        const auto got = static_cast<size_t>(in.gcount());
-        newlines += static_cast<uint64_t>(std::count(buffer.data(), buffer.data() + got, '\n'));
-        left -= got;
-    }
-    return left == 0 ? cat("'", path, "' line ", newlines + 1, " (byte offset ", offset, ")") : cat("'", path, "' byte offset ", offset);
-}
-
-std::string jsonl_document(const std::string& line, const std::string& key, const std::string& path, uint64_t offset) {
+// The document of a JSONL line, or the reason the record is bad.
+bool jsonl_document(std::string_view line, const std::string& key, std::string& document, std::string& reason) {
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-        fail(ErrorKind::data, jsonl_line_place(path, offset), ": line is not JSON: ", e.what());
+        reason = cat("line is not JSON: ", e.what());
+        return false;
     }
-    if (!j.is_object() || !j.contains(key) || !j[key].is_string())
-        fail(ErrorKind::data, jsonl_line_place(path, offset), ": line has no string field \"", key, "\" (--json-key)");
-    return j[key].get<std::string>();
+    if (!j.is_object()) {
+        reason = cat("line is JSON but not an object (", j.type_name(), ")");
+        return false;
+    }
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_string()) {
+        reason = cat("record has no string field \"", key, "\" (--json-key)", it == j.end() ? "" : cat("; it is ", it->type_name()));
+        return false;
+    }
+    document = it->get<std::string>();
+    return true;
 }
 
 std::unique_ptr<TokenStreamWriter> make_token_stream_writer(OutputFormat format, const std::string& base, uint64_t vocab) {
@@ -356,9 +331,23 @@ PrepareSummary summarize(const std::vector<uint64_t>& stats, size_t units, const
         summary.documents += row[train_docs] + row[val_docs];
         summary.train_tokens += row[train_tokens];
         summary.val_tokens += row[val_tokens];
+        summary.skipped_records += row[skipped];
     }
     if (summary.documents == 0) fail(ErrorKind::data, "prepare: the input (", o.inputs.size(), " file(s), first '", o.inputs.front(), "') holds no document");
     return summary;
+}
+
+// Rank 0: the units' lists of skipped records, in unit order, become skipped-records.jsonl.
+void gather_skipped_records(const std::vector<uint64_t>& stats, size_t units, const std::string& dir) {
+    std::string all;
+    for (size_t u = 0; u < units; ++u) {
+        if (stats[u * stat_count + skipped] == 0) continue;
+        const std::string part = (fs::path(dir) / skipped_part_name(u)).string();
+        all += read_whole_file(part);
+        std::error_code ec;
+        if (!fs::remove(part, ec) || ec) fail(ErrorKind::io, "cannot remove '", part, "': ", ec ? ec.message() : "it is gone");
+    }
+    if (!all.empty()) write_file_durably((fs::path(dir) / kSkippedRecordsFile).string(), all);
 }
 
 // Rank 0, once every rank's shards are written: the tokenizer, the manifest (or the
@@ -366,26 +355,40 @@ PrepareSummary summarize(const std::vector<uint64_t>& stats, size_t units, const
 void finish_dataset(const std::vector<uint64_t>& stats, size_t units, const Tokenizer& tokenizer, const std::string& tokenizer_json, int32_t eos,
                     const PrepareOptions& staged, StagedDirectory& output) {
     write_file_durably((fs::path(staged.output_dir) / "tokenizer.json").string(), tokenizer_json);
-    if (staged.output_format == OutputFormat::shards) write_manifest(stats, units, tokenizer, eos, staged);
+    gather_skipped_records(stats, units, staged.output_dir);
+    if (staged.output_format == OutputFormat::shards) write_manifest(stats, units, tokenizer, XXH3_64bits(tokenizer_json.data(), tokenizer_json.size()), eos, staged);
     else convert_shards(units, stats, tokenizer, staged);
     output.commit();
 }
 
 }  // namespace
 
-std::vector<std::string> split_documents(const std::string& text, const PrepareOptions& o, const std::string& path, uint64_t offset) {
+std::vector<std::string> split_documents(const std::string& text, const PrepareOptions& o, const std::string& path, uint64_t first_line,
+                                         std::vector<SkippedRecord>* skipped_records) {
     std::vector<std::string> docs;
-    if (o.input_format == InputFormat::text && o.separator.empty()) {
+    if (o.input_format != InputFormat::jsonl && o.separator.empty()) {
         if (!text.empty()) docs.push_back(text);
         return docs;
     }
     const std::string separator = o.input_format == InputFormat::jsonl ? "\n" : o.separator;
+    uint64_t line = first_line;
+    std::string document, reason;
     for (size_t pos = 0; pos <= text.size();) {
         size_t end = text.find(separator, pos);
         if (end == std::string::npos) end = text.size();
-        std::string part = text.substr(pos, end - pos);
-        if (o.input_format == InputFormat::jsonl && !part.empty()) part = jsonl_document(part, o.json_key, path, offset + pos);
-        if (!part.empty()) docs.push_back(std::move(part));
+        const std::string_view part(text.data() + pos, end - pos);
+        if (o.input_format != InputFormat::jsonl) {
+            if (!part.empty()) docs.emplace_back(part);
+        } else if (part.find_first_not_of(" \t\r") != std::string_view::npos) {  // blank lines hold no record
+            if (jsonl_document(part, o.json_key, document, reason)) {
+                docs.push_back(std::move(document));
+            } else if (o.on_bad_record == BadRecordPolicy::skip && skipped_records) {
+                skipped_records->push_back({path, line, reason});
+            } else {
+                fail(ErrorKind::data, path, ":", line, ": ", reason, " (--on-bad-record skip leaves such records out)");
+            }
+        }
+        line += o.input_format == InputFormat::jsonl ? 1 : static_cast<uint64_t>(std::count(part.begin(), part.end(), '\n') + std::count(separator.begin(), separator.end(), '\n'));
         pos = end + separator.size();
     }
     return docs;
@@ -397,22 +400,30 @@ PrepareSummary prepare_dataset(const Tokenizer& tokenizer, const std::string& to
     if (!eos) fail(ErrorKind::data, "tokenizer '", tokenizer.source(), "' has no end-of-text token (<|endoftext|> or <|end_of_text|>) to join documents with");
     if (o.inputs.empty()) fail(ErrorKind::data, "prepare: no input files");
     refuse_inputs_inside_output(o);
-    const std::vector<Unit> units = plan_units(o);
     StagedDirectory output(o.output_dir);
     PrepareOptions staged = o;
     staged.output_dir = output.staging_path();
-    // Rank 0 decides and makes the staging directory; no rank writes before it exists.
+    // Rank 0 decides and makes the staging directory before any input is read (a bad output
+    // path fails in a second, not after a scan of the input); no rank writes before it exists.
     std::exception_ptr error = g.rank == 0 ? capture([&] { begin_output(output, o.replace); }) : nullptr;
     if (any_rank(g, error != nullptr)) {
         if (error) std::rethrow_exception(error);
         fail(ErrorKind::data, "prepare: rank 0 could not set up the output directory '", o.output_dir, "' (its error is in that rank's output)");
     }
-    std::vector<uint64_t> stats = run_rank_units(units, tokenizer, *eos, staged, g, error);
+    PreparePlan plan;
+    error = capture([&] { plan = plan_prepare(o, g); });  // collective: every rank fails alike
+    if (any_rank(g, error != nullptr)) {
+        if (g.rank == 0) output.abandon();
+        any_rank(g, false);  // no rank ends the job before rank 0 has cleaned up
+        if (error) std::rethrow_exception(error);
+        fail(ErrorKind::data, "prepare: planning failed on another rank (its error is in that rank's output)");
+    }
+    std::vector<uint64_t> stats = run_rank_units(plan, tokenizer, *eos, staged, g, error);
     g.sum_u64(stats);
     PrepareSummary summary;
-    if (!error) error = capture([&] { summary = summarize(stats, units.size(), o, g); });
+    if (!error) error = capture([&] { summary = summarize(stats, plan.units.size(), o, g); });
     if (g.rank == 0) {
-        if (!error) error = capture([&] { finish_dataset(stats, units.size(), tokenizer, tokenizer_json, *eos, staged, output); });
+        if (!error) error = capture([&] { finish_dataset(stats, plan.units.size(), tokenizer, tokenizer_json, *eos, staged, output); });
         if (error) output.abandon();
     }
     // Every rank waits for rank 0's swap or clean-up: a rank that ended the job first (under

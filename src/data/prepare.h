@@ -1,8 +1,9 @@
 // `llmtrain prepare`: raw text -> tokenized dataset. The input (files in the given order,
-// each split into documents) is cut into work units of about unit_bytes at document
-// boundaries; the plan depends on the input alone. Unit u is tokenized by rank u % ranks,
-// by whichever of its threads is free, and written as its own shard(s). So the output is
-// byte-identical whatever the number of ranks or threads.
+// plain, gzip or zstd, each split into documents) is cut into work units of about
+// unit_bytes at document boundaries; the plan depends on the input alone (prepare_plan.h).
+// Each unit is tokenized by one rank, by whichever of its threads is free, and written as
+// its own shard(s). So the output is byte-identical whatever the number of ranks or threads,
+// and whether a file is compressed or not.
 //
 // Each document gets the end-of-text token appended and goes to the validation split when
 // a hash of (seed, unit, document index in the unit) falls below val_fraction.
@@ -20,7 +21,10 @@
 
 namespace llmtrain {
 
-enum class InputFormat { text, jsonl };
+enum class InputFormat { text, jsonl, automatic };  // automatic: per file, by its name
+// What a JSONL record that is not an object with a string --json-key field does: end the run
+// naming file:line, or be left out and listed in skipped-records.jsonl in the dataset.
+enum class BadRecordPolicy { abort, skip };
 enum class OutputFormat { shards, megatron, llmc, nanogpt };
 
 struct PrepareOptions {
@@ -28,6 +32,7 @@ struct PrepareOptions {
     InputFormat input_format = InputFormat::text;
     std::string separator;                  // text: "" = one document per file, else the split string
     std::string json_key = "text";          // jsonl: the field holding the document
+    BadRecordPolicy on_bad_record = BadRecordPolicy::abort;
     std::string output_dir;                 // written in full beside it, then swapped in (StagedDirectory)
     bool replace = false;                   // --force: a non-empty output_dir holding a dataset is replaced
     OutputFormat output_format = OutputFormat::shards;
@@ -53,6 +58,7 @@ struct PrepareSummary {
     uint64_t input_bytes = 0;
     uint64_t documents = 0;
     uint64_t train_tokens = 0, val_tokens = 0;
+    uint64_t skipped_records = 0;
     size_t units = 0;
     double seconds = 0;
 };
@@ -63,9 +69,18 @@ struct PrepareSummary {
 // leaves output_dir as it was, and every rank throws.
 PrepareSummary prepare_dataset(const Tokenizer& tokenizer, const std::string& tokenizer_json, const PrepareOptions& options, const RankGroup& group);
 
+// A JSONL record left out under BadRecordPolicy::skip.
+struct SkippedRecord {
+    std::string file;
+    uint64_t line = 0;  // 1-based
+    std::string reason;
+};
+
 // The documents of one piece of input (exposed for tests): the whole text, the non-empty
-// parts between separators, or the json_key strings of JSONL lines. `where` names the file
-// and byte offset in errors.
-std::vector<std::string> split_documents(const std::string& text, const PrepareOptions& options, const std::string& where, uint64_t offset);
+// parts between separators, or the json_key strings of JSONL lines. first_line is the
+// 1-based number of the text's first line in `path`, for errors and skipped records; bad
+// records throw (abort) or go to `skipped` (skip).
+std::vector<std::string> split_documents(const std::string& text, const PrepareOptions& options, const std::string& path, uint64_t first_line,
+                                         std::vector<SkippedRecord>* skipped = nullptr);
 
 }  // namespace llmtrain

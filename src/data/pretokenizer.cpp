@@ -12,6 +12,9 @@ const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?
 const char* const kCl100kPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+const char* const kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 namespace {
 
 // \s and \S become explicit classes of Unicode White_Space, the set Oniguruma uses.
@@ -71,7 +74,8 @@ struct Pretokenizer::Compiled {
     ~Compiled() { pcre2_code_free(code); }
 };
 
-Pretokenizer::Pretokenizer(std::string pattern) : pattern_(std::move(pattern)), compiled_(std::make_unique<Compiled>()) {
+Pretokenizer::Pretokenizer(std::string pattern, SplitEngine engine) : pattern_(std::move(pattern)), compiled_(std::make_unique<Compiled>()) {
+    if (engine == SplitEngine::fastest) matcher_ = specialised_matcher(pattern_);
     const std::string widened = widen_whitespace(pattern_);
     int error_code = 0;
     PCRE2_SIZE error_offset = 0;
@@ -88,7 +92,10 @@ Pretokenizer::Pretokenizer(std::string pattern) : pattern_(std::move(pattern)), 
 
 Pretokenizer::~Pretokenizer() = default;
 
+const char* Pretokenizer::engine_name() const { return matcher_ ? specialised_matcher_name(pattern_) : "pcre2"; }
+
 void Pretokenizer::split(std::string_view text, const std::function<void(std::string_view)>& piece) const {
+    if (matcher_) return for_each_piece(text, piece);
     size_t run_start = 0, pos = 0;
     while (pos < text.size()) {
         const size_t length = utf8_sequence_length(text, pos);

@@ -3,6 +3,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstring>
 #include <queue>
 
 #include "core/error.h"
@@ -11,23 +13,75 @@ namespace llmtrain {
 
 namespace {
 
-uint64_t pair_key(int32_t left, int32_t right) { return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right); }
+// Pieces up to this many bytes merge over small arrays on the stack, scanning for the
+// lowest-ranked pair each round (O(n^2), but n is a word); longer ones (runs of symbols,
+// base64) use a heap, O(n log n).
+constexpr size_t kShortPieceBytes = 96;
 
-// Pieces longer than this are not memoized: they rarely repeat and would bloat the cache.
-constexpr size_t kMaxCachedPieceBytes = 64;
-constexpr size_t kMaxCacheEntries = size_t{1} << 20;
+uint64_t piece_hash(std::string_view piece) { return XXH3_64bits(piece.data(), piece.size()); }
 
 }  // namespace
 
-const std::vector<int32_t>* EncodeCache::find(std::string_view piece) const {
-    const auto it = entries_.find(piece);
-    return it == entries_.end() ? nullptr : &it->second;
+EncodeCache::EncodeCache() : slots_(4096) {}
+
+size_t EncodeCache::probe(std::string_view piece, uint64_t hash) const {
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = static_cast<size_t>(hash) & mask;; i = (i + 1) & mask) {
+        const Slot& s = slots_[i];
+        if (s.key_length == 0) return i;
+        if (s.hash == hash && s.key_length == piece.size() && std::memcmp(keys_.data() + s.key_offset, piece.data(), piece.size()) == 0) return i;
+    }
 }
 
-void EncodeCache::insert(std::string_view piece, const std::vector<int32_t>& ids) {
-    if (piece.size() > kMaxCachedPieceBytes) return;
-    if (entries_.size() >= kMaxCacheEntries) entries_.clear();
-    entries_.emplace(std::string(piece), ids);
+const int32_t* EncodeCache::find(std::string_view piece, size_t& count) const {
+    if (piece.size() > kMaxPieceBytes) return nullptr;
+    const Slot& s = slots_[probe(piece, piece_hash(piece))];
+    if (s.key_length == 0) return nullptr;
+    count = s.id_count;
+    return ids_.data() + s.ids_offset;
+}
+
+void EncodeCache::insert(std::string_view piece, const int32_t* ids, size_t count) {
+    if (piece.empty() || piece.size() > kMaxPieceBytes) return;
+    if (entries_ >= kMaxEntries) {
+        *this = EncodeCache();
+    } else if (2 * (entries_ + 1) > slots_.size()) {
+        grow();
+    }
+    const uint64_t hash = piece_hash(piece);
+    Slot& s = slots_[probe(piece, hash)];
+    if (s.key_length != 0) return;
+    s = Slot{hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()), static_cast<uint16_t>(piece.size()), static_cast<uint16_t>(count)};
+    keys_.append(piece);
+    ids_.insert(ids_.end(), ids, ids + count);
+    ++entries_;
+}
+
+void EncodeCache::grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    const size_t mask = slots_.size() - 1;
+    for (const Slot& s : old) {
+        if (s.key_length == 0) continue;
+        size_t i = static_cast<size_t>(s.hash) & mask;
+        while (slots_[i].key_length != 0) i = (i + 1) & mask;
+        slots_[i] = s;
+    }
+}
+
+void MergeTable::reserve(size_t merges) {
+    size_t capacity = 2;
+    shift_ = 63;
+    while (capacity < 2 * merges) { capacity *= 2; --shift_; }
+    slots_.assign(capacity, Slot{});
+    mask_ = capacity - 1;
+}
+
+void MergeTable::insert(int32_t left, int32_t right, Merge merge) {
+    const uint64_t key = pair_key(left, right);
+    size_t i = slot_of(key);
+    while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask_;
+    slots_[i] = Slot{key, merge};
 }
 
 Tokenizer::Tokenizer(TokenizerSpec spec, std::string source) : spec_(std::move(spec)), source_(std::move(source)) {
@@ -46,6 +100,7 @@ void Tokenizer::index_spec() {
             fail(ErrorKind::data, source_, ": added token #", i, " (id ", t.id, ") is empty or outside the id range [0, ", vocab, ")");
         is_added_[static_cast<size_t>(t.id)] = true;
         added_by_first_byte_[static_cast<uint8_t>(t.content[0])].push_back(i);
+        starts_added_[static_cast<uint8_t>(t.content[0])] = true;
     }
     for (auto& list : added_by_first_byte_)
         std::stable_sort(list.begin(), list.end(), [&](size_t a, size_t b) { return spec_.added[a].content.size() > spec_.added[b].content.size(); });
@@ -60,6 +115,7 @@ void Tokenizer::index_spec() {
         if (it == id_of_bytes_.end()) fail(ErrorKind::data, source_, ": the vocabulary has no token for byte 0x", std::hex, b, std::dec, "; byte-level BPE needs all 256");
         byte_id_[static_cast<size_t>(b)] = it->second;
     }
+    merges_.reserve(spec_.merges.size());
     for (size_t rank = 0; rank < spec_.merges.size(); ++rank) {
         const auto [left, right] = spec_.merges[rank];
         if (left < 0 || left >= vocab || right < 0 || right >= vocab)
@@ -68,7 +124,7 @@ void Tokenizer::index_spec() {
         const auto it = id_of_bytes_.find(joined);
         if (it == id_of_bytes_.end()) fail(ErrorKind::data, source_, ": merge #", rank, " (", left, ", ", right, ") makes a token that is not in the vocabulary");
         // A repeated pair takes its last rank, as Hugging Face's map does.
-        merges_[pair_key(left, right)] = Merge{static_cast<int32_t>(rank), it->second};
+        merges_.insert(left, right, {static_cast<int32_t>(rank), it->second});
     }
 }
 
@@ -102,6 +158,7 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, 
     if (spec_.added.empty()) return encode_ordinary(text, out, cache);
     size_t start = 0;
     for (size_t pos = 0; pos < text.size();) {
+        if (!starts_added_[static_cast<uint8_t>(text[pos])]) { ++pos; continue; }
         const auto added = added_token_at(text, pos);
         if (!added) { ++pos; continue; }
         encode_ordinary(text.substr(start, pos - start), out, cache);
@@ -113,26 +170,63 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, 
 }
 
 void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const {
-    std::vector<int32_t> ids;
-    pretokenizer_->split(text, [&](std::string_view piece) {
-        if (piece.size() == 1) { out.push_back(byte_id_[static_cast<uint8_t>(piece[0])]); return; }
-        if (cache) {
-            if (const auto* hit = cache->find(piece)) { out.insert(out.end(), hit->begin(), hit->end()); return; }
+    pretokenizer_->for_each_piece(text, [&](std::string_view piece) {
+        if (piece.size() == 1) return out.push_back(byte_id_[static_cast<uint8_t>(piece[0])]);
+        size_t count = 0;
+        if (const int32_t* ids = cache ? cache->find(piece, count) : nullptr) {
+            out.insert(out.end(), ids, ids + count);
+            return;
         }
-        ids.clear();
-        encode_piece(piece, ids);
-        if (cache) cache->insert(piece, ids);
-        out.insert(out.end(), ids.begin(), ids.end());
+        const size_t before = out.size();
+        encode_piece(piece, out);
+        if (cache) cache->insert(piece, out.data() + before, out.size() - before);
     });
 }
 
-// BPE on one piece in O(n log n): a heap of candidate merges ordered by (rank, position);
-// a popped candidate is stale when either side has merged since, which is detected by
-// checking that the pair at its position still merges into the same token.
 void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
     if (spec_.ignore_merges) {
-        if (const auto it = id_of_bytes_.find(std::string(piece)); it != id_of_bytes_.end()) { out.push_back(it->second); return; }
+        if (const auto it = id_of_bytes_.find(piece); it != id_of_bytes_.end()) return out.push_back(it->second);
     }
+    if (piece.size() <= kShortPieceBytes) return merge_short_piece(piece, out);
+    merge_long_piece(piece, out);
+}
+
+// BPE as tiktoken does it: the piece's tokens and the merge of each adjacent pair sit in
+// small arrays; each round merges the lowest-ranked pair (the leftmost among equals), closes
+// the gap, and looks up the two pairs that changed. No allocation.
+void Tokenizer::merge_short_piece(std::string_view piece, std::vector<int32_t>& out) const {
+    constexpr int32_t kNoMerge = INT32_MAX;
+    std::array<int32_t, kShortPieceBytes> ids, rank, merged;  // rank[i], merged[i]: the pair (ids[i], ids[i + 1])
+    size_t count = piece.size();
+    for (size_t i = 0; i < count; ++i) ids[i] = byte_id_[static_cast<uint8_t>(piece[i])];
+    const auto look_up = [&](size_t i) {
+        const MergeTable::Merge* m = i + 1 < count ? merges_.find(ids[i], ids[i + 1]) : nullptr;
+        rank[i] = m ? m->rank : kNoMerge;
+        merged[i] = m ? m->merged : 0;
+    };
+    for (size_t i = 0; i < count; ++i) look_up(i);
+    for (;;) {
+        size_t best = 0;
+        for (size_t i = 1; i + 1 < count; ++i)
+            if (rank[i] < rank[best]) best = i;
+        if (count < 2 || rank[best] == kNoMerge) break;
+        ids[best] = merged[best];
+        --count;
+        for (size_t i = best + 1; i < count; ++i) {
+            ids[i] = ids[i + 1];
+            rank[i] = rank[i + 1];
+            merged[i] = merged[i + 1];
+        }
+        look_up(best);
+        if (best > 0) look_up(best - 1);
+    }
+    out.insert(out.end(), ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(count));
+}
+
+// BPE on a long piece in O(n log n): a heap of candidate merges ordered by (rank, position);
+// a popped candidate is stale when either side has merged since, which is detected by
+// checking that the pair at its position still merges into the same token.
+void Tokenizer::merge_long_piece(std::string_view piece, std::vector<int32_t>& out) const {
     struct Symbol { int32_t id, prev, next; bool alive; };
     struct Candidate { int32_t rank, pos, merged; };
     const auto later = [](const Candidate& a, const Candidate& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
@@ -143,8 +237,7 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) 
     const auto push_pair = [&](int32_t pos) {
         const int32_t next = symbols[static_cast<size_t>(pos)].next;
         if (next < 0) return;
-        const auto it = merges_.find(pair_key(symbols[static_cast<size_t>(pos)].id, symbols[static_cast<size_t>(next)].id));
-        if (it != merges_.end()) heap.push({it->second.rank, pos, it->second.merged});
+        if (const MergeTable::Merge* m = merges_.find(symbols[static_cast<size_t>(pos)].id, symbols[static_cast<size_t>(next)].id)) heap.push({m->rank, pos, m->merged});
     };
     for (size_t i = 0; i + 1 < piece.size(); ++i) push_pair(static_cast<int32_t>(i));
     while (!heap.empty()) {
@@ -153,8 +246,8 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) 
         Symbol& left = symbols[static_cast<size_t>(top.pos)];
         if (!left.alive || left.next < 0) continue;
         Symbol& right = symbols[static_cast<size_t>(left.next)];
-        const auto it = merges_.find(pair_key(left.id, right.id));
-        if (it == merges_.end() || it->second.merged != top.merged) continue;
+        const MergeTable::Merge* m = merges_.find(left.id, right.id);
+        if (!m || m->merged != top.merged) continue;
         left.id = top.merged;
         right.alive = false;
         left.next = right.next;

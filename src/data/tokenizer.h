@@ -35,18 +35,60 @@ struct TokenizerSpec {
 };
 
 // Memo of piece -> ids; one per thread, since pieces repeat (" the", " of") all the time.
+// Open addressing over two arenas (the pieces' bytes, their ids): a lookup hashes the piece
+// once and allocates nothing; an insert appends to the arenas. When it holds kMaxEntries
+// pieces it starts again empty, which bounds its memory (about 100 MB) on any input.
 class EncodeCache {
 public:
-    const std::vector<int32_t>* find(std::string_view piece) const;
-    void insert(std::string_view piece, const std::vector<int32_t>& ids);
+    static constexpr size_t kMaxPieceBytes = 64;   // longer pieces rarely repeat: not kept
+    static constexpr size_t kMaxEntries = size_t{1} << 20;
+
+    EncodeCache();
+    // The ids of piece, or nullptr when it has not been inserted; count receives their number.
+    const int32_t* find(std::string_view piece, size_t& count) const;
+    void insert(std::string_view piece, const int32_t* ids, size_t count);
+    size_t size() const { return entries_; }
 
 private:
-    // Transparent hashing: a lookup by string_view allocates nothing.
-    struct Hash {
-        using is_transparent = void;
-        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    struct Slot {
+        uint64_t hash = 0;
+        uint32_t key_offset = 0, ids_offset = 0;
+        uint16_t key_length = 0, id_count = 0;  // key_length 0: empty slot
     };
-    std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> entries_;
+    size_t probe(std::string_view piece, uint64_t hash) const;
+    void grow();
+
+    std::vector<Slot> slots_;
+    std::string keys_;
+    std::vector<int32_t> ids_;
+    size_t entries_ = 0;
+};
+
+// The merges as a flat open-addressing table: (left, right) -> (rank, merged token), probed
+// linearly from a multiplicative hash of the pair. BPE asks it about every adjacent pair of a
+// piece, so it is the tokenizer's hottest lookup.
+class MergeTable {
+public:
+    struct Merge { int32_t rank, merged; };
+    void reserve(size_t merges);
+    // A repeated pair takes the later merge, as Hugging Face's map does.
+    void insert(int32_t left, int32_t right, Merge merge);
+    const Merge* find(int32_t left, int32_t right) const {
+        const uint64_t key = pair_key(left, right);
+        for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
+            if (slots_[i].key == key) return &slots_[i].merge;
+            if (slots_[i].key == kEmpty) return nullptr;
+        }
+    }
+
+private:
+    static constexpr uint64_t kEmpty = ~uint64_t{0};
+    static uint64_t pair_key(int32_t left, int32_t right) { return uint64_t{static_cast<uint32_t>(left)} << 32 | static_cast<uint32_t>(right); }
+    size_t slot_of(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+    struct Slot { uint64_t key = kEmpty; Merge merge{}; };
+    std::vector<Slot> slots_{2};
+    size_t mask_ = 1;
+    int shift_ = 63;
 };
 
 class Tokenizer {
@@ -68,6 +110,12 @@ public:
     std::string decode(const int32_t* ids, size_t count) const;
     std::string decode(const std::vector<int32_t>& ids) const { return decode(ids.data(), ids.size()); }
 
+    // BPE of one pre-tokenized piece (no added-token matching, no cache): its ids appended to out.
+    void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+    const Pretokenizer& pretokenizer() const { return *pretokenizer_; }
+    // Splits with this engine from now on (the ids do not change; `bench tokenizer` compares).
+    void use_split_engine(SplitEngine engine) { pretokenizer_ = std::make_shared<Pretokenizer>(spec_.pattern, engine); }
+
     int64_t vocab_size() const { return static_cast<int64_t>(spec_.token_bytes.size()); }
     // The end-of-document token: <|endoftext|> (GPT-2), <|end_of_text|> (Llama 3), else none.
     std::optional<int32_t> end_of_text_id() const;
@@ -79,17 +127,22 @@ public:
 private:
     void index_spec();
     void encode_ordinary(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const;
-    void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+    void merge_short_piece(std::string_view piece, std::vector<int32_t>& out) const;
+    void merge_long_piece(std::string_view piece, std::vector<int32_t>& out) const;
     std::optional<size_t> added_token_at(std::string_view text, size_t pos) const;
 
     TokenizerSpec spec_;
     std::string source_;
     std::shared_ptr<Pretokenizer> pretokenizer_;
     std::array<int32_t, 256> byte_id_{};
-    std::unordered_map<std::string, int32_t> id_of_bytes_;        // model tokens only
-    struct Merge { int32_t rank; int32_t merged; };
-    std::unordered_map<uint64_t, Merge> merges_;                   // (left << 32 | right) -> merge
+    struct BytesHash {  // transparent: a lookup by string_view allocates nothing
+        using is_transparent = void;
+        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    };
+    std::unordered_map<std::string, int32_t, BytesHash, std::equal_to<>> id_of_bytes_;  // model tokens only
+    MergeTable merges_;
     std::array<std::vector<size_t>, 256> added_by_first_byte_;      // indices into spec_.added, longest first
+    std::array<bool, 256> starts_added_{};                          // some added token starts with this byte
     std::vector<bool> is_added_;
 };
 

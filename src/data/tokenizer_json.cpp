@@ -180,9 +180,14 @@ Tokenizer Tokenizer::load(const std::string& path) {
 
 std::string Tokenizer::to_hf_json() const {
     using ojson = nlohmann::ordered_json;
+    // Appended to the object's vector directly: ordered_json's operator[] searches the keys
+    // linearly, which made a 100k-token vocabulary take seconds. The keys are distinct
+    // (index_spec refuses two tokens with the same bytes).
     ojson vocab = ojson::object();
+    auto& entries = vocab.get_ref<ojson::object_t&>();
+    entries.reserve(spec_.token_bytes.size());
     for (size_t id = 0; id < spec_.token_bytes.size(); ++id)
-        if (!is_added_[id] && !spec_.token_bytes[id].empty()) vocab[bytes_to_byte_level(spec_.token_bytes[id])] = id;
+        if (!is_added_[id] && !spec_.token_bytes[id].empty()) entries.emplace_back(bytes_to_byte_level(spec_.token_bytes[id]), id);
     ojson merges = ojson::array();
     for (const auto& [left, right] : spec_.merges)
         merges.push_back(bytes_to_byte_level(spec_.token_bytes[static_cast<size_t>(left)]) + " " +

@@ -12,7 +12,10 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
+#include <zlib.h>
+#include <zstd.h>
 
 #include "config/config.h"
 #include "core/error.h"
@@ -175,37 +178,40 @@ TEST(Prepare, DecodedShardsGiveBackEveryDocumentExactlyAndInOrder) {
 }
 
 TEST(Prepare, SeparatorAndJsonlSplitDocuments) {
-    const std::string in = temp_dir("split_in");
     PrepareOptions o;
     o.separator = "\n%\n";
-    EXPECT_EQ(split_documents("a\n%\nb\n%\n\n%\nc", o, "f", 0), (std::vector<std::string>{"a", "b", "c"}));
+    EXPECT_EQ(split_documents("a\n%\nb\n%\n\n%\nc", o, "f", 1), (std::vector<std::string>{"a", "b", "c"}));
     o.input_format = InputFormat::jsonl;
-    EXPECT_EQ(split_documents("{\"text\": \"x\\ny\"}\n{\"text\": \"z\", \"id\": 3}\n", o, "f", 0), (std::vector<std::string>{"x\ny", "z"}));
+    EXPECT_EQ(split_documents("{\"text\": \"x\\ny\"}\n{\"text\": \"z\", \"id\": 3}\n\n  \n", o, "f", 1), (std::vector<std::string>{"x\ny", "z"}));
     try {
-        split_documents("{\"text\": \"x\"}\n{\"body\": \"z\"}\n", o, "data.jsonl", 100);
+        split_documents("{\"text\": \"x\"}\n{\"body\": \"z\"}\n", o, "data.jsonl", 41);
         FAIL() << "expected an error";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("'data.jsonl' byte offset 114: line has no string field \"text\""), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("data.jsonl:42: record has no string field \"text\""), std::string::npos) << e.what();
     }
 }
 
-// The piece of a file that split_documents is given starts at a byte offset of it; the error
-// counts the file's lines up to the bad one.
-TEST(Prepare, JsonlErrorNamesTheFileAndItsLine) {
-    const std::string path = temp_dir("jsonl_line") + "/data.jsonl";
-    const std::string lines = "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": \"c\"}\n[1, 2]\n";
-    std::ofstream(path, std::ios::binary) << lines;
+TEST(Prepare, BadJsonlRecordsAreNamedByFileAndLineOrSkippedAndListed) {
     PrepareOptions o;
     o.input_format = InputFormat::jsonl;
-    const size_t piece = lines.find("{\"text\": \"c\"}");
+    const std::string text = "{\"text\": \"one\"}\n{\"text\": null}\nnot json\n[1, 2]\n{\"text\": \"five\"}\n{\"text\": 6}\n";
     try {
-        split_documents(lines.substr(piece), o, path, piece);
+        split_documents(text, o, "c.jsonl", 1);
         FAIL() << "expected an error";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(cat("'", path, "' line 4 (byte offset ", lines.find("[1, 2]"), "): line has no string field \"text\"")),
-                  std::string::npos)
-            << e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::data);
+        EXPECT_NE(std::string(e.what()).find("c.jsonl:2: record has no string field \"text\" (--json-key); it is null"), std::string::npos) << e.what();
     }
+    o.on_bad_record = BadRecordPolicy::skip;
+    std::vector<SkippedRecord> skipped;
+    EXPECT_EQ(split_documents(text, o, "c.jsonl", 1, &skipped), (std::vector<std::string>{"one", "five"}));
+    ASSERT_EQ(skipped.size(), 4u);
+    EXPECT_EQ(skipped[0].line, 2u);
+    EXPECT_EQ(skipped[1].line, 3u);
+    EXPECT_NE(skipped[1].reason.find("line is not JSON"), std::string::npos);
+    EXPECT_EQ(skipped[2].line, 4u);
+    EXPECT_NE(skipped[2].reason.find("not an object (array)"), std::string::npos);
+    EXPECT_EQ(skipped[3].line, 6u);
 }
 
 TEST(Prepare, OutputIsByteIdenticalForAnyThreadCountAndUnitOwner) {
@@ -414,3 +420,149 @@ TEST(Prepare, LeftoversOfAKilledRunAreClearedButAnOldDatasetAsideIsKept) {
     EXPECT_TRUE(fs::exists(out + ".llmtrain-old/dataset.json"));
     fs::remove_all(out + ".llmtrain-old");
 }
+
+namespace {
+
+// gzip (one member) and zstd (one frame) of bytes, made with the libraries.
+std::string gzip_of(const std::string& bytes) {
+    z_stream z{};
+    EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    std::string out(deflateBound(&z, bytes.size()) + 64, '\0');
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+    z.avail_in = static_cast<uInt>(bytes.size());
+    z.next_out = reinterpret_cast<Bytef*>(out.data());
+    z.avail_out = static_cast<uInt>(out.size());
+    EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+    out.resize(z.total_out);
+    deflateEnd(&z);
+    return out;
+}
+
+std::string zstd_of(const std::string& bytes) {
+    std::string out(ZSTD_compressBound(bytes.size()), '\0');
+    out.resize(ZSTD_compress(out.data(), out.size(), bytes.data(), bytes.size(), 3));
+    return out;
+}
+
+std::string jsonl_corpus(int records) {
+    std::string text;
+    for (int i = 0; i < records; ++i) text += nlohmann::json{{"id", i}, {"text", long_document(static_cast<char>(i), 60 + i % 90)}}.dump() + "\n";
+    return text;
+}
+
+}  // namespace
+
+// Acceptance: .gz, .zst, .jsonl.gz, .jsonl.zst and a gzip file named .txt give the same
+// dataset bytes as the same input uncompressed, on 1 rank and on 4 (several units per file,
+// so the units of one compressed stream are read in turn).
+TEST(Prepare, CompressedInputsGiveTheSameDatasetBytesAsPlainOnOneAndFourRanks) {
+    const std::string in = temp_dir("compressed_in");
+    std::string text_corpus;
+    for (int i = 0; i < 120; ++i) text_corpus += long_document(static_cast<char>(i), 50 + i % 70) + "\n%\n";
+    const std::string jsonl = jsonl_corpus(150);
+    struct Case { std::string plain, compressed; bool jsonl; };
+    const std::vector<Case> cases = {
+        {write_file(in, "a.txt", text_corpus), write_file(in, "a.txt.gz", gzip_of(text_corpus)), false},
+        {write_file(in, "b.txt", text_corpus), write_file(in, "b.txt.zst", zstd_of(text_corpus)), false},
+        {write_file(in, "c.txt", text_corpus), write_file(in, "gzip-named-plain.txt", gzip_of(text_corpus)), false},
+        {write_file(in, "d.jsonl", jsonl), write_file(in, "d.jsonl.gz", gzip_of(jsonl)), true},
+        {write_file(in, "e.jsonl", jsonl), write_file(in, "e.jsonl.zst", zstd_of(jsonl)), true},
+    };
+    for (const Case& c : cases) {
+        PrepareOptions o;
+        o.input_format = InputFormat::automatic;
+        o.separator = c.jsonl ? "" : "\n%\n";
+        o.unit_bytes = 1500;
+        o.val_fraction = 0.1;
+        o.block_tokens = 256;
+        o.inputs = {c.plain};
+        o.output_dir = temp_dir("plain");
+        prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+        const auto expected = tree(o.output_dir);
+        ASSERT_GT(expected.size(), 4u) << "several shards";
+        for (int ranks : {1, 4}) {
+            o.inputs = {c.compressed};
+            o.output_dir = temp_dir("compressed_" + std::to_string(ranks));
+            o.threads = 2;
+            const auto errors = run_as_ranks(ranks, [&](const RankGroup& g) { prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, g); });
+            for (const std::string& e : errors) ASSERT_EQ(e, "") << c.compressed;
+            EXPECT_EQ(tree(o.output_dir), expected) << c.compressed << " on " << ranks << " rank(s)";
+        }
+    }
+}
+
+TEST(Prepare, SkippedRecordsAreCountedListedAndLeaveTheTokensOfTheCleanFile) {
+    const std::string in = temp_dir("skip_in");
+    const std::string clean = jsonl_corpus(80);
+    std::string dirty;
+    std::vector<uint64_t> bad_lines;
+    uint64_t line = 0;
+    std::istringstream lines(clean);
+    for (std::string record; std::getline(lines, record);) {
+        dirty += record + "\n";
+        ++line;
+        if (line % 9 == 0) {
+            dirty += line % 2 ? "{\"text\": null}\n" : "{broken json\n";
+            bad_lines.push_back(++line);
+        }
+    }
+    PrepareOptions o;
+    o.input_format = InputFormat::jsonl;
+    o.unit_bytes = 1200;
+    o.block_tokens = 256;
+    o.inputs = {write_file(in, "clean.jsonl", clean)};
+    o.output_dir = temp_dir("skip_clean");
+    prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+    const std::vector<std::string> clean_docs = decode_split(o.output_dir, "train");
+    o.inputs = {write_file(in, "dirty.jsonl.zst", zstd_of(dirty))};
+    o.output_dir = temp_dir("skip_abort");
+    try {
+        prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("dirty.jsonl.zst:" + std::to_string(bad_lines[0]) + ": "), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(o.output_dir + "/dataset.json"));
+    o.on_bad_record = BadRecordPolicy::skip;
+    o.output_dir = temp_dir("skip_skip");
+    const auto errors = run_as_ranks(2, [&](const RankGroup& g) {
+        const PrepareSummary s = prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, g);
+        EXPECT_EQ(s.skipped_records, bad_lines.size());
+    });
+    for (const std::string& e : errors) ASSERT_EQ(e, "");
+    EXPECT_EQ(decode_split(o.output_dir, "train"), clean_docs);
+    std::ifstream manifest_file(o.output_dir + "/dataset.json");
+    const nlohmann::json manifest = nlohmann::json::parse(manifest_file);
+    EXPECT_EQ(manifest["skipped_records"].get<uint64_t>(), bad_lines.size());
+    EXPECT_EQ(manifest["skipped_records_file"], "skipped-records.jsonl");
+    std::ifstream listed(o.output_dir + "/skipped-records.jsonl");
+    std::vector<uint64_t> listed_lines;
+    for (std::string entry; std::getline(listed, entry);) {
+        const nlohmann::json j = nlohmann::json::parse(entry);
+        EXPECT_EQ(j["file"], o.inputs[0]);
+        listed_lines.push_back(j["line"].get<uint64_t>());
+    }
+    EXPECT_EQ(listed_lines, bad_lines);
+    for (const auto& entry : fs::directory_iterator(o.output_dir)) EXPECT_NE(entry.path().extension(), ".part") << "a unit's list was left behind";
+}
+
+TEST(Prepare, BinaryInputIsRefusedNamingTheFileBeforeAnyShard) {
+    const std::string in = temp_dir("binary_in");
+    std::string binary;
+    for (int i = 0; i < 5000; ++i) binary += static_cast<char>((i * 131 + 7) % 256);
+    for (const std::string& name : {"data.bin", "data.txt.gz"}) {
+        PrepareOptions o;
+        o.inputs = {write_file(in, name, name.ends_with(".gz") ? gzip_of(binary) : binary)};
+        o.output_dir = temp_dir("binary_out");
+        try {
+            prepare_dataset(tokenizer(), tokenizer().to_hf_json(), o, RankGroup{});
+            FAIL() << "expected an error for " << name;
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::data);
+            EXPECT_NE(std::string(e.what()).find(name + "'"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("does not look like text"), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(fs::is_empty(o.output_dir));
+    }
+}
+
