@@ -27,7 +27,7 @@ struct Outcome {
     std::string error;  // stderr
 };
 
-Outcome llmtrain(const std::string& args) {
+Outcome run_llmtrain(const std::string& args) {
     const std::string error_path = llmtrain::test::process_temp_path("hostile.stderr");
     const std::string command = std::string(LLMTRAIN_BINARY) + " " + args + " >/dev/null 2>" + error_path;
     const int status = std::system(command.c_str());
@@ -73,7 +73,7 @@ std::string scratch(const std::string& name) {
 // "llmtrain: ..." holding every one of `names`, and dir as it was.
 void expect_refused(const std::string& dir, const std::string& args, const std::vector<std::string>& names) {
     const auto before = files_under(dir);
-    const Outcome outcome = llmtrain(args);
+    const Outcome outcome = run_llmtrain(args);
     EXPECT_EQ(outcome.exit_code, 2) << outcome.error;
     EXPECT_EQ(std::count(outcome.error.begin(), outcome.error.end(), '\n'), 1) << outcome.error;
     EXPECT_EQ(outcome.error.rfind("llmtrain: ", 0), 0u) << outcome.error;
@@ -146,7 +146,7 @@ TEST(HostileFiles, Shard_BlockOffsetsOutOfOrderUnderAValidChecksum_IsRefused) {
     std::string text;
     for (int i = 0; i < 40; ++i) text += "Entry " + std::to_string(i) + ": a few words of text to tokenize, byte by byte.\n%\n";
     write_bytes(dir + "/input.txt", text);
-    const Outcome prepared = llmtrain("prepare --tokenizer tests/e2e/bad_data/bytes_tokenizer.json --input " + dir +
+    const Outcome prepared = run_llmtrain("prepare --tokenizer tests/e2e/bad_data/bytes_tokenizer.json --input " + dir +
                                       "/input.txt --separator '\\n%\\n' --val-fraction 0.2 --block-tokens 256 --threads 1 --output " + dir + "/dataset");
     ASSERT_EQ(prepared.exit_code, 0) << prepared.error;
     // Header: 56 hashed bytes and their XXH3; then the block offsets (one more than the blocks)
