@@ -14,6 +14,8 @@
 #   tokenizer_roundtrip  fortunes entries, and the JSONL
 #   safetensors          `checkpoint export` of the tiny GPT-2 and Llama of tests/fuzz/models,
 #                        each trained 2 steps
+#   checkpoint_manifest  those checkpoints' manifest.json
+#   checkpoint_rank_file those checkpoints' rank file (HDF5)
 #   config               the bundled configs, the tiny models' configs and the effective configs
 #                        their runs wrote, each also with "#--set" override lines
 #
@@ -137,7 +139,16 @@ for model in gpt2 llama; do
     seed safetensors "$model.safetensors" "$work/$model-hf/model.safetensors"
     seed config "$model-effective.toml" "$work/$model-run/config.toml"
     seed config "$model.toml" "tests/fuzz/models/$model.toml"
+    checkpoint=$work/$model-checkpoints/$(cat "$work/$model-checkpoints/latest")
+    seed checkpoint_manifest "$model-manifest.json" "$checkpoint/manifest.json"
+    seed checkpoint_rank_file "$model-rank_00000.h5" "$checkpoint/rank_00000.h5"
 done
+dictionary checkpoint_manifest json checkpoint_manifest </dev/null
+# The datasets' paths and tensor names, as `h5ls -r` lists them.
+for model in gpt2 llama; do
+    checkpoint=$work/$model-checkpoints/$(cat "$work/$model-checkpoints/latest")
+    h5ls -r "$checkpoint/rank_00000.h5" | awk '$2 == "Dataset" { n = split($1, part, "/"); print "\"" substr($1, 2) "\""; print "\"" part[n] "\"" }'
+done | sort -u | dictionary checkpoint_rank_file hdf5
 # The tensor names and dtypes, as the exports' headers give them.
 python3 - "$work"/*-hf/model.safetensors <<'EOF' | sort -u | dictionary safetensors json safetensors
 import json, struct, sys

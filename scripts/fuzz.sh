@@ -13,7 +13,8 @@
 #   TARGET       fuzz target names (default: every target of tests/fuzz/CMakeLists.txt)
 #   --no-seeds   start from an empty corpus without a dictionary: the coverage for comparison
 #   --jobs N     targets run at once, one core each (default: the cores)
-#   --no-build   use the binaries already in build-fuzz/ and build/
+#   --no-build   use the binaries already in build-fuzz/ and build/, and the seeds already in
+#                build-fuzz/seeds/ where there are some (scripts/fuzz-seeds.sh makes them)
 # Exit status: 0 when no target crashed, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +70,7 @@ for t in "${targets[@]}"; do
     fi
 done
 
-if [ "$seeds" = 1 ]; then scripts/fuzz-seeds.sh "$fuzz_build/seeds" build/llmtrain; fi
+if [ "$seeds" = 1 ] && { [ "$build" = 1 ] || [ ! -d "$fuzz_build/seeds" ]; }; then scripts/fuzz-seeds.sh "$fuzz_build/seeds" build/llmtrain; fi
 run_dir=$fuzz_build/runs/$(date -u +%Y%m%dT%H%M%SZ)-$([ "$seeds" = 1 ] && echo seeded || echo unseeded)
 mkdir -p "$run_dir"
 
@@ -81,14 +82,17 @@ fuzz_one() {
         cp "$fuzz_build/seeds/$t"/* "$dir/corpus/"
         options+=(-dict="$fuzz_build/seeds/$t.dict")
     fi
+    local start=$SECONDS
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$(binary "$t")" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$dir/artifacts/" "${options[@]}" "$dir/corpus" >"$dir/log" 2>&1 || true
+    echo $((SECONDS - start)) >"$dir/seconds"
 }
 
 # The figures of one target's log.
 summarize() {
     local t=$1 log=$run_dir/$1/log
-    local executions inited final features corpus crashes
+    local executions inited final features corpus crashes ran
+    ran=$(cat "$run_dir/$t/seconds")
     executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     [ -n "$executions" ] || executions=$(grep -o '^#[0-9]*' "$log" | tail -n 1 | tr -d '#')
     inited=$(grep -m 1 'INITED' "$log" | grep -o 'cov: [0-9]*' | cut -d' ' -f2)
@@ -96,7 +100,7 @@ summarize() {
     features=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
     corpus=$(find "$run_dir/$t/corpus" -type f | wc -l)
     crashes=$(find "$run_dir/$t/artifacts" -type f | wc -l)
-    printf '%-20s %7s %12s %10s %11s %9s %9s %7s %7s\n' "$t" "$seconds" "${executions:-0}" "$(( ${executions:-0} / (seconds > 0 ? seconds : 1) ))" \
+    printf '%-20s %7s %12s %10s %11s %9s %9s %7s %7s\n' "$t" "$ran" "${executions:-0}" "$(( ${executions:-0} / (ran > 0 ? ran : 1) ))" \
         "${inited:-?}" "${final:-?}" "${features:-?}" "$corpus" "$crashes"
 }
 

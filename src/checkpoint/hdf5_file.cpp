@@ -5,8 +5,10 @@
 #include <cstring>
 #include <cmath>
 #include <hdf5.h>
+#include <limits>
 #include <sys/statvfs.h>
 
+#include "core/checksum_policy.h"
 #include "core/durable_file.h"
 #include "core/error.h"
 
@@ -16,6 +18,9 @@ namespace {
 constexpr const char* kFormat = "llmtrain-checkpoint-1";
 // About 1 MiB of float32 per chunk: a flipped bit costs one chunk, and checksums stay cheap.
 constexpr hsize_t kChunkElements = 262144;
+// Bounds on what a reader allocates for an attribute before it is read: ours are far smaller.
+constexpr hssize_t kMaxIntAttributeValues = 16;
+constexpr size_t kMaxStringAttributeBytes = 4096;
 
 // Before the first HDF5 call: HDF5 prints its error stack itself unless told not to (ours go
 // into the Error instead), and its exit handler closes every file still open, which crashes
@@ -90,6 +95,8 @@ std::vector<int64_t> read_int_attribute(hid_t object, const char* name) {
     if (!attr.ok()) fail(ErrorKind::data, "attribute '", name, "' is missing");
     Handle space(H5Aget_space(attr), H5Sclose);
     const hssize_t n = H5Sget_simple_extent_npoints(space);
+    // Ours hold a shape, a hyperslab per dimension or a few counts: a longer one is not ours.
+    if (n > kMaxIntAttributeValues) fail(ErrorKind::data, "attribute '", name, "' holds ", n, " values (at most ", kMaxIntAttributeValues, " expected)");
     std::vector<int64_t> values(static_cast<size_t>(std::max<hssize_t>(n, 0)));
     if (n <= 0 || H5Aread(attr, H5T_NATIVE_INT64, values.data()) < 0) fail(ErrorKind::data, "attribute '", name, "' is unreadable");
     return values;
@@ -99,19 +106,33 @@ std::string read_string_attribute(hid_t object, const char* name) {
     Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
     if (!attr.ok()) fail(ErrorKind::data, "attribute '", name, "' is missing");
     Handle type(H5Aget_type(attr), H5Tclose);
+    Handle space(H5Aget_space(attr), H5Sclose);
+    // One fixed-length string, as written: a variable-length one would be read as a pointer.
     const size_t size = H5Tget_size(type);
+    if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) != 0 || H5Sget_simple_extent_npoints(space) != 1 || size > kMaxStringAttributeBytes)
+        fail(ErrorKind::data, "attribute '", name, "' is not one string of at most ", kMaxStringAttributeBytes, " bytes");
     std::string value(size, '\0');
-    if (H5Tget_class(type) != H5T_STRING || H5Aread(attr, type, value.data()) < 0) fail(ErrorKind::data, "attribute '", name, "' is unreadable");
+    if (H5Aread(attr, type, value.data()) < 0) fail(ErrorKind::data, "attribute '", name, "' is unreadable");
     value.resize(std::strlen(value.c_str()));
     return value;
 }
 
 std::vector<int64_t> dims_of(const Shape& shape) { return {shape.dims.begin(), shape.dims.begin() + shape.rank}; }
 
-Shape shape_of(const std::vector<int64_t>& dims) {
+// A shape attribute: at most Shape::max_rank dimensions, none negative, and a product that
+// fits in int64_t.
+Shape shape_of(const std::vector<int64_t>& dims, const char* name) {
+    if (dims.size() > static_cast<size_t>(Shape::max_rank)) fail(ErrorKind::data, "attribute '", name, "' has ", dims.size(), " dimensions (at most ", Shape::max_rank, ")");
     Shape shape;
-    shape.rank = static_cast<int>(std::min<size_t>(dims.size(), Shape::max_rank));
-    for (int i = 0; i < shape.rank; ++i) shape.dims[static_cast<size_t>(i)] = dims[static_cast<size_t>(i)];
+    shape.rank = static_cast<int>(dims.size());
+    int64_t numel = 1;
+    for (int i = 0; i < shape.rank; ++i) {
+        const int64_t dim = dims[static_cast<size_t>(i)];
+        if (dim < 0 || (dim > 0 && numel > std::numeric_limits<int64_t>::max() / dim))
+            fail(ErrorKind::data, "attribute '", name, "': dimension ", i, " is ", dim, " (negative, or the shape overflows)");
+        numel *= dim;
+        shape.dims[static_cast<size_t>(i)] = dim;
+    }
     return shape;
 }
 
@@ -122,6 +143,31 @@ TpSplit parse_split(const std::string& name) {
     if (name == "cols") return TpSplit::cols;
     if (name == "none") return TpSplit::none;
     fail(ErrorKind::data, "attribute 'tp_split' is '", name, "' (expected none, rows or cols)");
+}
+
+// How the local part sits in the global tensor, as tp_global_index places its values: the
+// same rank, and a split dimension that is the local one times tp_size (rows: in whole
+// blocks of at least one row), as Parameters::add requires; unsplit, the same shape.
+void check_layout(const SavedTensor& t) {
+    const Shape& local = t.local_shape;
+    const Shape& global = t.global_shape;
+    const bool split = t.split.kind != TpSplit::none && t.tp_size > 1;
+    if (!split) {
+        if (local != global) fail(ErrorKind::data, "local_shape ", local.str(), " is not global_shape ", global.str(), " of an unsplit tensor");
+        return;
+    }
+    const bool rows = t.split.kind == TpSplit::rows;
+    if (local.rank != global.rank || global.rank < (rows ? 1 : 2))
+        fail(ErrorKind::data, "local_shape ", local.str(), " and global_shape ", global.str(), " do not fit a ", split_name(t.split.kind), " split");
+    const int split_dim = rows ? 0 : global.rank - 1;
+    for (int i = 0; i < global.rank; ++i) {
+        const bool fits = i == split_dim ? local[i] >= 1 && global[i] % t.tp_size == 0 && global[i] / t.tp_size == local[i] : local[i] == global[i];
+        if (!fits)
+            fail(ErrorKind::data, "local_shape ", local.str(), " is not global_shape ", global.str(), " split ", t.tp_size, " ways by ",
+                 split_name(t.split.kind));
+    }
+    if (rows && (t.split.blocks < 1 || local[0] % t.split.blocks != 0 || (global.rank >= 2 && global.cols() < 1)))
+        fail(ErrorKind::data, "attribute 'tp_blocks' is ", t.split.blocks, ", which does not divide the ", local[0], " local rows");
 }
 
 // The hyperslab of the global tensor that the local part covers, per dimension:
@@ -216,6 +262,8 @@ RankFileReader::RankFileReader(const std::string& path) : path_(path) {
         const std::vector<int64_t> mesh = read_int_attribute(file_, "mesh_tp_dp_pp");
         if (mesh.size() != 3) fail(ErrorKind::data, "attribute 'mesh_tp_dp_pp' does not hold 3 values");
         attributes_.tp = static_cast<int>(mesh[0]), attributes_.dp = static_cast<int>(mesh[1]), attributes_.pp = static_cast<int>(mesh[2]);
+        hsize_t file_bytes = 0;
+        if (H5Fget_filesize(file_, &file_bytes) < 0) fail(ErrorKind::data, "its size is unreadable: ", hdf5_reason());
         std::vector<std::string> names;
         H5Lvisit(file_, H5_INDEX_NAME, H5_ITER_INC, [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
             static_cast<std::vector<std::string>*>(out)->push_back(name);
@@ -229,11 +277,14 @@ RankFileReader::RankFileReader(const std::string& path) : path_(path) {
                 SavedTensor t;
                 t.dataset = name;
                 t.name = read_string_attribute(object, "name");
-                t.global_shape = shape_of(read_int_attribute(object, "global_shape"));
-                t.local_shape = shape_of(read_int_attribute(object, "local_shape"));
+                t.global_shape = shape_of(read_int_attribute(object, "global_shape"), "global_shape");
+                t.local_shape = shape_of(read_int_attribute(object, "local_shape"), "local_shape");
                 t.split = {parse_split(read_string_attribute(object, "tp_split")), read_int_attribute(object, "tp_blocks").at(0)};
-                t.tp_rank = static_cast<int>(read_int_attribute(object, "tp_rank").at(0));
-                t.tp_size = static_cast<int>(read_int_attribute(object, "tp_size").at(0));
+                const int64_t tp_rank = read_int_attribute(object, "tp_rank").at(0), tp_size = read_int_attribute(object, "tp_size").at(0);
+                if (tp_size < 1 || tp_size > std::numeric_limits<int>::max() || tp_rank < 0 || tp_rank >= tp_size)
+                    fail(ErrorKind::data, "attributes 'tp_rank' ", tp_rank, " and 'tp_size' ", tp_size, " (expected 0 <= tp_rank < tp_size)");
+                t.tp_rank = static_cast<int>(tp_rank), t.tp_size = static_cast<int>(tp_size);
+                check_layout(t);
                 const std::vector<int64_t> elements = read_int_attribute(object, "local_elements");
                 if (elements.size() != 2) fail(ErrorKind::data, "attribute 'local_elements' does not hold 2 values");
                 t.begin = elements[0], t.end = elements[1];
@@ -242,6 +293,10 @@ RankFileReader::RankFileReader(const std::string& path) : path_(path) {
                 Handle space(H5Dget_space(object), H5Sclose);
                 if (H5Sget_simple_extent_npoints(space) != t.numel() || t.begin < 0 || t.end > t.local_shape.numel() || t.begin > t.end)
                     fail(ErrorKind::data, "holds ", H5Sget_simple_extent_npoints(space), " values, its attributes say ", t.numel());
+                // Every value is written, so the file holds them all: a larger extent would
+                // have the reader allocate memory that the file does not justify.
+                if (static_cast<uint64_t>(t.numel()) > file_bytes / dtype_size(t.dtype))
+                    fail(ErrorKind::data, "holds ", t.numel(), " values of ", dtype_size(t.dtype), " bytes, more than the file's ", file_bytes, " bytes");
                 tensors_.push_back(std::move(t));
             } catch (const Error& e) {
                 fail(ErrorKind::data, "tensor '", name, "': ", e.what());
@@ -261,8 +316,11 @@ RankFileReader::~RankFileReader() {
 std::vector<double> RankFileReader::read(const SavedTensor& tensor) const {
     Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
     std::vector<double> values(static_cast<size_t>(tensor.numel()));
-    // Every chunk's Fletcher32 checksum is verified by this read.
-    if (!dataset.ok() || H5Dread(dataset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
+    // Every chunk's Fletcher32 checksum is verified by this read (the fuzzing build has HDF5
+    // skip them: core/checksum_policy.h).
+    Handle transfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+    if (!kChecksumsEnforced) H5Pset_edc_check(transfer, H5Z_DISABLE_EDC);
+    if (!dataset.ok() || H5Dread(dataset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, transfer, values.data()) < 0)
         fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");
     return values;
 }

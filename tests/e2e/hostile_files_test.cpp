@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hdf5_file.h"
+#include "checkpoint/manifest.h"
 #include "test_paths.h"
 
 namespace fs = std::filesystem;
@@ -94,6 +96,26 @@ std::string tiny_train(const std::string& dir, const std::string& more) {
 // A safetensors file: the header's length, the header, then data_bytes zero bytes.
 std::string safetensors(const std::string& header, size_t data_bytes) {
     return pod_bytes(uint64_t{header.size()}) + header + std::string(data_bytes, '\0');
+}
+
+// The newest checkpoint of tiny_train(dir, ""), trained here.
+std::string tiny_checkpoint(const std::string& dir) {
+    const Outcome trained = run_llmtrain(tiny_train(dir, ""));
+    EXPECT_EQ(trained.exit_code, 0) << trained.error;
+    std::string latest = read_bytes(dir + "/checkpoints/latest");
+    latest.erase(latest.find_last_not_of("\n") + 1);
+    return dir + "/checkpoints/" + latest;
+}
+
+// Records the size and XXH64 of the checkpoint's rank file in its manifest, as an attacker who
+// replaced the file would.
+void rehash_rank_file(const std::string& checkpoint) {
+    const std::string manifest_path = checkpoint + "/manifest.json";
+    llmtrain::Manifest manifest = llmtrain::manifest_from_json(read_bytes(manifest_path), manifest_path);
+    const std::string bytes = read_bytes(checkpoint + "/" + manifest.files.at(0).name);
+    manifest.files[0].bytes = bytes.size();
+    manifest.files[0].xxh64 = XXH64(bytes.data(), bytes.size(), 0);
+    write_bytes(manifest_path, llmtrain::manifest_to_json(manifest));
 }
 
 }  // namespace
@@ -187,4 +209,81 @@ TEST(HostileFiles, MegatronIndex_SequenceOutsideTheBin_IsRefused) {
     write_bytes(dir + "/train.idx", idx);
     expect_refused(dir, tiny_train(dir, "--set data.format=megatron --set data.train_path=" + dir + "/train.bin"),
                    {"'" + dir + "/train.idx'", "sequence 0 (1000 tokens at byte 0) lies outside the 200-byte .bin"});
+}
+
+TEST(HostileFiles, TokenizerJson_VocabularyIdFarBeyondItsTokens_IsRefusedNamingTheToken) {
+    const std::string dir = scratch("hostile_tokenizer");
+    // One id of 373 million in a vocabulary of 257 tokens: a table of tokens indexed by id
+    // would take 12 GB.
+    std::string tokenizer = read_bytes("tests/e2e/bad_data/bytes_tokenizer.json");
+    const size_t at = tokenizer.find("\"a\": 97,");
+    ASSERT_NE(at, std::string::npos);
+    tokenizer.replace(at, std::strlen("\"a\": 97,"), "\"a\": 373333333,");
+    write_bytes(dir + "/tokenizer.json", tokenizer);
+    write_bytes(dir + "/input.txt", "some text\n");
+    expect_refused(dir, "prepare --tokenizer " + dir + "/tokenizer.json --input " + dir + "/input.txt --threads 1 --output " + dir + "/dataset",
+                   {dir + "/tokenizer.json", "model.vocab: token 'a' has id 373333333"});
+}
+
+TEST(HostileFiles, Gzip_DeflateBlockOfAReservedType_IsRefusedNamingTheFile) {
+    const std::string dir = scratch("hostile_gzip");
+    // A gzip header, then a final deflate block of type 3, which deflate reserves.
+    write_bytes(dir + "/input.jsonl.gz", std::string("\x1f\x8b\x08\0\0\0\0\0\0\x03\x07", 11));
+    expect_refused(dir, "prepare --tokenizer tests/e2e/bad_data/bytes_tokenizer.json --input " + dir + "/input.jsonl.gz --threads 1 --output " + dir + "/dataset",
+                   {dir + "/input.jsonl.gz", "corrupt gzip data"});
+}
+
+TEST(HostileFiles, Zstd_FrameAskingForA2TiBWindow_IsRefusedNamingTheFile) {
+    const std::string dir = scratch("hostile_zstd");
+    // A zstd frame header whose window descriptor asks for 2^41 bytes of window.
+    write_bytes(dir + "/input.jsonl.zst", std::string("\x28\xb5\x2f\xfd\x00\xf8", 6));
+    expect_refused(dir, "prepare --tokenizer tests/e2e/bad_data/bytes_tokenizer.json --input " + dir + "/input.jsonl.zst --threads 1 --output " + dir + "/dataset",
+                   {dir + "/input.jsonl.zst", "zstd"});
+}
+
+TEST(HostileFiles, CheckpointManifest_RankFileNamedOutsideTheCheckpoint_IsRefusedNamingTheKey) {
+    const std::string dir = scratch("hostile_manifest");
+    const std::string checkpoint = tiny_checkpoint(dir);
+    std::string manifest = read_bytes(checkpoint + "/manifest.json");
+    const size_t at = manifest.find("\"rank_00000.h5\"");
+    ASSERT_NE(at, std::string::npos);
+    manifest.replace(at, std::strlen("\"rank_00000.h5\""), "\"../../run/rank_00000.h5\"");
+    write_bytes(checkpoint + "/manifest.json", manifest);
+    expect_refused(dir, "checkpoint export " + checkpoint + " " + dir + "/hf",
+                   {checkpoint + "/manifest.json", "files[0].name is '../../run/rank_00000.h5', expected 'rank_00000.h5'"});
+}
+
+TEST(HostileFiles, CheckpointRankFile_RowBlocksOfNoRow_IsRefusedNamingTheTensor) {
+    const std::string dir = scratch("hostile_rank_file");
+    const std::string checkpoint = tiny_checkpoint(dir);
+    const std::string rank_file = checkpoint + "/rank_00000.h5";
+    // The file written again with every value as it was, but the token embedding said to be
+    // tensor-parallel rank 0's half of a tensor split by rows in 1000 blocks: more blocks than
+    // it has rows, so that a block would be of no row (placing its values divides by that).
+    llmtrain::RankSnapshot snapshot;
+    llmtrain::FileAttributes attributes;
+    {
+        const llmtrain::RankFileReader reader(rank_file);
+        attributes = reader.attributes();
+        for (llmtrain::SavedTensor tensor : reader.tensors()) {
+            const std::vector<double> values = reader.read(tensor);
+            tensor.byte_offset = snapshot.data.size();
+            if (tensor.dtype == llmtrain::DType::f64) {
+                snapshot.data.insert(snapshot.data.end(), reinterpret_cast<const char*>(values.data()), reinterpret_cast<const char*>(values.data() + values.size()));
+            } else {
+                const std::vector<float> narrow(values.begin(), values.end());
+                snapshot.data.insert(snapshot.data.end(), reinterpret_cast<const char*>(narrow.data()), reinterpret_cast<const char*>(narrow.data() + narrow.size()));
+            }
+            if (tensor.dataset == "model/transformer.wte.weight") {
+                tensor.split = {llmtrain::TpSplit::rows, 1000};
+                tensor.tp_size = 2;
+                tensor.global_shape.dims[0] *= 2;
+            }
+            snapshot.tensors.push_back(tensor);
+        }
+    }
+    llmtrain::write_rank_file(rank_file, snapshot, attributes);
+    rehash_rank_file(checkpoint);
+    expect_refused(dir, "checkpoint export " + checkpoint + " " + dir + "/hf",
+                   {rank_file, "tensor 'model/transformer.wte.weight'", "'tp_blocks' is 1000"});
 }

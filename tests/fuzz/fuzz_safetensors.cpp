@@ -6,35 +6,17 @@
 // reach the payload and its conversions (Conv1D transposes, vocabulary padding, dtypes).
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
-#include "backend/backend.h"
 #include "checkpoint/safetensors.h"
-#include "config/config.h"
 #include "core/error.h"
-#include "fuzz_input.h"
-#include "model/transformer.h"
-
-namespace {
-
-struct TinyModel {
-    llmtrain::ModelConfig config;
-    std::unique_ptr<llmtrain::Backend> backend = llmtrain::make_cpu_backend(1);
-    std::unique_ptr<llmtrain::Transformer> transformer;
-
-    explicit TinyModel(const std::string& name)
-        : config(llmtrain::load_config(llmtrain::fuzz::fuzz_model_config(name), {}, llmtrain::DataFiles::unchecked).model),
-          transformer(std::make_unique<llmtrain::Transformer>(config, *backend, llmtrain::DType::f32, 1, config.max_seq_len)) {}
-};
-
-}  // namespace
+#include "tiny_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    static TinyModel gpt2("gpt2"), llama("llama");
+    static llmtrain::fuzz::TinyModel gpt2("gpt2"), llama("llama");
     const std::string path = llmtrain::fuzz::write_scratch_file("model.safetensors", data, size);
-    for (TinyModel* model : {&gpt2, &llama}) {
+    for (llmtrain::fuzz::TinyModel* model : {&gpt2, &llama}) {
         try {
-            llmtrain::load_hf_weights(path, model->config.vocab_size, model->transformer->parameters(), *model->backend);
+            llmtrain::load_hf_weights(path, model->config.model.vocab_size, model->parameters(), *model->backend);
         } catch (const llmtrain::Error&) {
         }
     }
