@@ -22,12 +22,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include "core/attention_head_dims.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "kernels/launch_check.h"
@@ -563,24 +565,24 @@ Heads heads_of(int64_t T, int64_t H, int64_t Hkv, int64_t D) {
             static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
 }
 
-// Calls f.template operator()<T, D>() for the 16-bit type and a supported head dim (nothing for
-// an empty batch: a grid of size 0 is a launch error).
+// Calls f.template operator()<T, D>() for the 16-bit type and the head dim, one instantiation
+// per entry of native_attention_head_dims (nothing for an empty batch: a grid of size 0 is a
+// launch error).
+template <class T, size_t... I, class F>
+void with_head_dim(int64_t D, F&& f, std::index_sequence<I...>) {
+    ((D == native_attention_head_dims[I] ? (f.template operator()<T, static_cast<int>(native_attention_head_dims[I])>(), true) : false) || ...);
+}
+
 template <class F>
 void dispatch(const char* op, Half t, int64_t D, int64_t B, int64_t T, int64_t H, F&& f) {
-    if (!attention_supports_head_dim(D)) fail(ErrorKind::unsupported, op, ": head_dim ", D, " is not supported (32, 64 or 128)");
+    if (!native_attention_takes(D)) fail(ErrorKind::unsupported, op, ": head_dim ", D, " is not supported (", native_attention_head_dims_text(), ")");
     if (B * T * H == 0) return;
     const int64_t tiles = (T + tile_rows - 1) / tile_rows;  // grid y, at most 65535
     if (tiles > 65535 || B * H > INT32_MAX || (B * T * H + 7) / 8 > INT32_MAX)
         fail(ErrorKind::unsupported, op, ": batch ", B, ", seq_len ", T, ", heads ", H, " exceed the launch grid");
-    if (t == Half::bf16) {
-        if (D == 32) f.template operator()<__nv_bfloat16, 32>();
-        else if (D == 64) f.template operator()<__nv_bfloat16, 64>();
-        else f.template operator()<__nv_bfloat16, 128>();
-    } else {
-        if (D == 32) f.template operator()<__half, 32>();
-        else if (D == 64) f.template operator()<__half, 64>();
-        else f.template operator()<__half, 128>();
-    }
+    constexpr auto dims = std::make_index_sequence<native_attention_head_dims.size()>{};
+    if (t == Half::bf16) with_head_dim<__nv_bfloat16>(D, f, dims);
+    else with_head_dim<__half>(D, f, dims);
 }
 
 template <class Kernel>
@@ -593,8 +595,6 @@ void allow_smem(Kernel kernel, int bytes, const char* name) {
 }
 
 }  // namespace
-
-bool attention_supports_head_dim(int64_t D) { return D == 32 || D == 64 || D == 128; }
 
 void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
     dispatch("attention_fwd", t, D, B, T, H, [&]<class E, int HD>() {

@@ -219,6 +219,22 @@ void launch_cast_from_f32(Half t, void* out, const float* in, int64_t n, cudaStr
     dispatch_half(t, [&]<class T>() { launch_map("cast_from_f32", static_cast<T*>(out), n, stream, Identity{}, in); });
 }
 
+// count += the 16-bit words where a and b differ (an integer atomic: the count, not its
+// order, is the result).
+__global__ void __launch_bounds__(block_threads) count_differences_kernel(unsigned long long* count, const uint16_t* a, const uint16_t* b, int64_t n) {
+    unsigned long long mine = 0;
+    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) mine += a[i] != b[i];
+    if (mine) atomicAdd(count, mine);
+}
+
+void launch_count_differences(unsigned long long* count, const void* a, const void* b, size_t bytes, cudaStream_t stream) {
+    const auto n = static_cast<int64_t>(bytes / 2);
+    if (n == 0) return;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, int64_t{block_threads}), 4096));
+    count_differences_kernel<<<blocks, block_threads, 0, stream>>>(count, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n);
+    check_launch("count_differences");
+}
+
 void launch_cast_to_f32(Half t, float* out, const void* in, int64_t n, cudaStream_t stream) {
     dispatch_half(t, [&]<class T>() { launch_map("cast_to_f32", out, n, stream, Identity{}, static_cast<const T*>(in)); });
 }

@@ -38,6 +38,10 @@ void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, co
 void launch_layernorm_fwd(Half t, void* out, float* mean, float* rstd, const void* x, const void* w, const void* b, int64_t N, int64_t C, float eps,
                    cudaStream_t stream);
 void launch_rmsnorm_fwd(Half t, void* out, float* rstd, const void* x, const void* w, int64_t N, int64_t C, float eps, cudaStream_t stream);
+// sum = a + b (rounded to t), then out = LayerNorm (or, rms, RMSNorm) of sum with its
+// statistics: one pass for the residual add and the norm after it. mean and bias may be null.
+void launch_add_norm_fwd(Half t, bool rms, void* sum, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w, const void* bias,
+                        int64_t N, int64_t C, float eps, cudaStream_t stream);
 // dx overwritten (or accumulated into when accumulate_dx: a residual gradient), dw and db
 // accumulated. scratch: norm_bwd_scratch_bytes(N, C) bytes for the per-block partial sums.
 size_t norm_bwd_scratch_bytes(int64_t N, int64_t C);
@@ -90,6 +94,9 @@ void launch_add_f32(float* out, const float* a, const float* b, int64_t n, cudaS
 // out (Half) = in (fp32), rounded to nearest even; and back.
 void launch_cast_from_f32(Half t, void* out, const float* in, int64_t n, cudaStream_t stream);
 void launch_cast_to_f32(Half t, float* out, const void* in, int64_t n, cudaStream_t stream);
+// *count += the 16-bit words in which a and b ([bytes], even) differ: bitwise comparison of two
+// results on the device (the GEMM candidates' outputs).
+void launch_count_differences(unsigned long long* count, const void* a, const void* b, size_t bytes, cudaStream_t stream);
 
 // loss.cu: softmax cross-entropy over rows of logits [N, V], one block per row, in chunks
 // of the row (never a second full-size fp32 copy of the logits). Only the first V_real
@@ -101,6 +108,10 @@ void launch_xent_fwd(Half t, float* losses, float* lse, const void* logits, cons
 // lse null: computed from the row (then vocab_begin is 0). dlogits may alias logits.
 void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* targets, const float* lse, int64_t N, int64_t V, int64_t V_real,
               int64_t vocab_begin, float dloss, cudaStream_t stream);
+// Both in one pass: losses and lse (may be null) as launch_xent_fwd, then logits overwritten
+// by their gradient with dloss (whole rows: vocab_begin 0).
+void launch_xent_fwd_bwd(Half t, float* losses, float* lse, void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, float dloss,
+                         cudaStream_t stream);
 void launch_logits_row_max(Half t, float* row_max, const void* logits, int64_t N, int64_t V, int64_t V_real, cudaStream_t stream);
 // partial [N, 2]: (sum_v exp(logits[n, v] - row_max[n]), the target's logit if in this shard else 0).
 void launch_xent_partial(Half t, float* partial, const void* logits, const int32_t* targets, const float* row_max, int64_t N, int64_t V,
@@ -120,10 +131,24 @@ void launch_adamw(float* param, const float* grad, float* m, float* v, void* cop
 size_t sum_squares_scratch_bytes(int64_t n);
 void launch_sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaStream_t stream);
 
+// *total (device, double) += scale * sum over the ranges of x_i^2 (squares) or x_i, in a fixed
+// order: the gradient norm over many parameter runs, or a micro-batch's loss, without a host
+// read. At most max_pieces ranges per launch; first_block is the launcher's to fill.
+// scratch: reduce_into_scratch_bytes(pieces).
+struct ReducePieces {
+    static constexpr int max_pieces = 48;
+    const float* x[max_pieces];
+    int64_t n[max_pieces];
+    int64_t first_block[max_pieces + 1];
+    int count;
+};
+size_t reduce_into_scratch_bytes(const ReducePieces& pieces);
+void launch_reduce_into(double* total, ReducePieces pieces, bool squares, double scale, void* scratch, cudaStream_t stream);
+
 // attention.cu: causal flash attention (tensor cores, online softmax, no T x T matrix in
 // memory) on packed qkv [B*T, (H + 2*Hkv) * D], out [B*T, H*D], lse [B, H, T] fp32 (natural
-// log of the softmax denominator of each query row, scores scaled by 1/sqrt(D)). D is 32, 64 or 128.
-bool attention_supports_head_dim(int64_t D);
+// log of the softmax denominator of each query row, scores scaled by 1/sqrt(D)). D is one of
+// native_attention_head_dims (core/attention_head_dims.h).
 void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
 // dqkv overwritten (the q, k and v parts); dk and dv of a kv head sum over its query heads.
 // scratch: attention_bwd_scratch_bytes(B, T, H) bytes (rowsum(dout * out) per query row).

@@ -2,6 +2,8 @@
 //   forward:  loss[n] = lse[n] - logits[n, t],  lse[n] = logsumexp(logits[n]),  t = targets[n]
 //             (lse kept when asked for: the backward then reads each logit once, with no reduction)
 //   backward: dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [v + vocab_begin == t]) dloss
+//   fused (a training step's classifier): both, the gradient written over the logits, the
+//             row read from memory once and reread from L2 (two passes fewer than apart)
 // The row is read in chunks and never copied to fp32: each thread keeps an online (max, sum)
 // over its elements (the sum rescaled by exp(old max - new max) when the max grows), and the
 // block merges the threads' pairs in a fixed tree, so the result is deterministic.
@@ -200,6 +202,26 @@ __global__ void __launch_bounds__(row_threads) xent_bwd_kernel(T* dlogits, const
     }
 }
 
+// The fused classifier: the row's (max, sum) and loss as xent_fwd_kernel, then its gradient
+// written over it as xent_bwd_kernel; the reduction's closing barrier orders every read of
+// the first pass before any write (the second pass rereads the row, mostly from L2).
+template <class T>
+__global__ void __launch_bounds__(row_threads) xent_fwd_bwd_kernel(float* losses, float* lse, T* logits, const int32_t* targets, int64_t N, int64_t V,
+                                                                   int64_t V_real, float dloss) {
+    for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+        T* row = logits + n * V;
+        const MaxSum r = row_max_sum(row, V_real);
+        const float row_lse = r.max + logf(r.sum);
+        const int64_t target = targets[n];
+        if (threadIdx.x == 0) {
+            if (lse) lse[n] = row_lse;
+            losses[n] = target >= 0 && target < V_real ? row_lse - to_float(row[target]) : __int_as_float(0x7fffffff);
+        }
+        __syncthreads();  // thread 0's read of the target logit before the row is overwritten
+        write_row_grad(row, row, V, V_real, split_row(row, V, sizeof(T), true), row_lse, target, dloss);
+    }
+}
+
 template <class T>
 __global__ void __launch_bounds__(row_threads) logits_row_max_kernel(float* row_max, const T* logits, int64_t N, int64_t V, int64_t V_real) {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
@@ -255,6 +277,15 @@ void launch_xent_bwd(Half t, void* dlogits, const void* logits, const int32_t* t
         xent_bwd_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, lse, N, V,
                                                                      V_real, vocab_begin, dloss, same_alignment);
         check_launch("xent_bwd");
+    });
+}
+
+void launch_xent_fwd_bwd(Half t, float* losses, float* lse, void* logits, const int32_t* targets, int64_t N, int64_t V, int64_t V_real, float dloss,
+                         cudaStream_t stream) {
+    if (N <= 0 || V <= 0) return;
+    dispatch_half(t, [&]<class T>() {
+        xent_fwd_bwd_kernel<T><<<row_grid(N), row_threads, 0, stream>>>(losses, lse, static_cast<T*>(logits), targets, N, V, V_real, dloss);
+        check_launch("xent_fwd_bwd");
     });
 }
 

@@ -5,12 +5,14 @@
 //   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dw += sum_rows dout xhat,  db += sum_rows dout
 // Row statistics: one warp per row, fp32, the variance in a second pass over the row (more
 // accurate than E[x^2] - mean^2); mean and rstd are saved in fp32 and backward recomputes
-// xhat from them exactly as forward did.
+// xhat from them exactly as forward did. add_norm_fwd first adds the residual (a + b, kept as
+// the stream's next value) in the same pass.
 // dw and db reduce over rows with the column sums of half_types.cuh. Atomics would make the
 // sums depend on timing, so a first kernel writes per-(row chunk, column) partial sums to
 // scratch (each column summed by a fixed thread over a fixed set of rows, then across the
 // block's row groups in order) and a second adds the chunks in order into dw and db. They run
-// before dx is written, so dx may alias dout.
+// before dx is written, so dx may alias dout. (A one-pass form, each warp adding its rows'
+// terms in registers over 1024 warps, measured twice as slow on an H100: docs/performance.md.)
 #include <cstdint>
 
 #include "kernels/half_types.cuh"
@@ -72,6 +74,55 @@ __global__ void __launch_bounds__(kThreads) norm_fwd_kernel(T* out, float* mean,
         load_halves(v, xr + c);
         load_halves(wv, w + c);
         if (LAYER && b) load_halves(bv, b + c);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[i] = (v[i] - mu) * r * wv[i] + bv[i];
+        store_halves(o + c, v);
+    }
+}
+
+// The residual add before the norm, in the same row pass: sum = a + b rounded to T and
+// stored, then the statistics and the output of that stored sum, exactly as norm_fwd_kernel
+// computes them from a tensor holding it. sum may alias a or b: each element is read before
+// its thread writes it, and later passes read sum only.
+template <class T, int VEC, bool LAYER>
+__global__ void __launch_bounds__(kThreads) add_norm_fwd_kernel(T* sum, T* out, float* mean, float* rstd, const T* a, const T* b, const T* w, const T* bias,
+                                                                int64_t N, int64_t C, float eps) {
+    const int lane = threadIdx.x % 32;
+    const int64_t n = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
+    if (n >= N) return;  // whole warps leave; no block barrier below
+    const int64_t step = 32 * VEC;
+    T* xr = sum + n * C;
+    float total = 0.0f;
+    for (int64_t c = lane * VEC; c < C; c += step) {
+        float va[VEC], vb[VEC];
+        load_halves(va, a + n * C + c);
+        load_halves(vb, b + n * C + c);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) va[i] = to_float(from_float<T>(va[i] + vb[i]));
+        store_halves(xr + c, va);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) total += va[i];
+    }
+    float mu = 0.0f;
+    if constexpr (LAYER) mu = warp_sum(total) / static_cast<float>(C);
+    float sq = 0.0f;
+    for (int64_t c = lane * VEC; c < C; c += step) {
+        float v[VEC];
+        load_halves(v, xr + c);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) sq += (v[i] - mu) * (v[i] - mu);
+    }
+    const float r = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
+    if (lane == 0) {
+        if (LAYER && mean) mean[n] = mu;
+        rstd[n] = r;
+    }
+    T* o = out + n * C;
+    for (int64_t c = lane * VEC; c < C; c += step) {
+        float v[VEC], wv[VEC], bv[VEC] = {};
+        load_halves(v, xr + c);
+        load_halves(wv, w + c);
+        if (LAYER && bias) load_halves(bv, bias + c);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) v[i] = (v[i] - mu) * r * wv[i] + bv[i];
         store_halves(o + c, v);
@@ -207,6 +258,24 @@ void launch_layernorm_fwd(Half t, void* out, float* mean, float* rstd, const voi
 
 void launch_rmsnorm_fwd(Half t, void* out, float* rstd, const void* x, const void* w, int64_t N, int64_t C, float eps, cudaStream_t stream) {
     norm_fwd<false>(t, out, nullptr, rstd, x, w, nullptr, N, C, eps, stream);
+}
+
+void launch_add_norm_fwd(Half t, bool rms, void* sum, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w, const void* bias,
+                        int64_t N, int64_t C, float eps, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return;
+    const bool vec = C % 8 == 0 && aligned16(sum) && aligned16(out) && aligned16(a) && aligned16(b) && aligned16(w) && aligned16(bias);
+    dispatch_half(t, [&]<class T>() {
+        const auto launch = [&]<int VEC, bool LAYER>() {
+            add_norm_fwd_kernel<T, VEC, LAYER><<<row_blocks(N), kThreads, 0, stream>>>(static_cast<T*>(sum), static_cast<T*>(out), mean, rstd,
+                                                                                     static_cast<const T*>(a), static_cast<const T*>(b),
+                                                                                     static_cast<const T*>(w), static_cast<const T*>(bias), N, C, eps);
+            check_launch(rms ? "add_rmsnorm_fwd" : "add_layernorm_fwd");
+        };
+        if (vec && rms) launch.template operator()<8, false>();
+        else if (vec) launch.template operator()<8, true>();
+        else if (rms) launch.template operator()<1, false>();
+        else launch.template operator()<1, true>();
+    });
 }
 
 // Partials for dw and db: [2, chunks, C] fp32.

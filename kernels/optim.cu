@@ -11,6 +11,9 @@
 //   block adds the partials the same way. The quads are read as float4 when x is 16-byte
 //   aligned and one element at a time otherwise, in the same order, so the result does not
 //   depend on the alignment either.
+//   reduce_into: the same over a list of ranges in one launch (each range its own blocks,
+//   as many as sum_squares would give it), of x_i or x_i^2, added into a device total:
+//   the step's loss sum and its gradient norm never leave the device until the step ends.
 #include <algorithm>
 #include <cstdint>
 
@@ -121,6 +124,42 @@ __global__ void __launch_bounds__(finish_threads) sum_squares_finish_kernel(doub
 
 bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// partial[b] = the sum over range p's quads that block b - first_block[p] of its blocks owns,
+// of x_i^2 (Squares) or x_i, for the range p whose blocks hold b.
+template <bool Squares>
+__global__ void __launch_bounds__(sum_threads) reduce_pieces_partial_kernel(double* partial, ReducePieces pieces) {
+    int p = 0;
+    while (p + 1 < pieces.count && int64_t{blockIdx.x} >= pieces.first_block[p + 1]) ++p;
+    const float* x = pieces.x[p];
+    const int64_t n = pieces.n[p], block = int64_t{blockIdx.x} - pieces.first_block[p];
+    const int64_t stride = (pieces.first_block[p + 1] - pieces.first_block[p]) * blockDim.x;
+    const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    const auto term = [](float v) { return Squares ? square(v) : static_cast<double>(v); };
+    double acc = 0.0;
+    for (int64_t q = block * blockDim.x + threadIdx.x; q < ceil_div(n, int64_t{quad}); q += stride) {
+        const int64_t begin = q * quad;
+        if (aligned && begin + quad <= n) {
+            const float4 f = reinterpret_cast<const float4*>(x)[q];
+            acc += term(f.x);
+            acc += term(f.y);
+            acc += term(f.z);
+            acc += term(f.w);
+        } else {
+            for (int64_t i = begin; i < min(begin + quad, n); ++i) acc += term(x[i]);
+        }
+    }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// *total += scale * (the partials added in a fixed order).
+__global__ void __launch_bounds__(finish_threads) reduce_pieces_finish_kernel(double* total, const double* partial, int64_t count, double scale) {
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) *total += scale * acc;
+}
+
 // The partial-sum grid: a function of n only, so the order of the sum is too.
 int64_t sum_blocks(int64_t n) {
     if (n <= 0) return 0;
@@ -154,6 +193,29 @@ void launch_sum_squares(double* result, const float* x, int64_t n, void* scratch
     }
     sum_squares_finish_kernel<<<1, finish_threads, 0, stream>>>(result, partial, blocks);
     check_launch("sum_squares_finish");
+}
+
+int64_t reduce_pieces_blocks(const ReducePieces& pieces) {
+    int64_t blocks = 0;
+    for (int i = 0; i < pieces.count; ++i) blocks += sum_blocks(pieces.n[i]);
+    return blocks;
+}
+
+size_t reduce_into_scratch_bytes(const ReducePieces& pieces) { return static_cast<size_t>(reduce_pieces_blocks(pieces)) * sizeof(double); }
+
+void launch_reduce_into(double* total, ReducePieces pieces, bool squares, double scale, void* scratch, cudaStream_t stream) {
+    if (pieces.count < 0 || pieces.count > ReducePieces::max_pieces) fail(ErrorKind::runtime, "reduce_into: ", pieces.count, " ranges in one launch");
+    pieces.first_block[0] = 0;
+    for (int i = 0; i < pieces.count; ++i) pieces.first_block[i + 1] = pieces.first_block[i] + sum_blocks(pieces.n[i]);
+    const int64_t blocks = pieces.count > 0 ? pieces.first_block[pieces.count] : 0;
+    double* partial = static_cast<double*>(scratch);
+    if (blocks > 0) {
+        if (squares) reduce_pieces_partial_kernel<true><<<static_cast<unsigned>(blocks), sum_threads, 0, stream>>>(partial, pieces);
+        else reduce_pieces_partial_kernel<false><<<static_cast<unsigned>(blocks), sum_threads, 0, stream>>>(partial, pieces);
+        check_launch("reduce_into_partial");
+    }
+    reduce_pieces_finish_kernel<<<1, finish_threads, 0, stream>>>(total, partial, blocks, scale);
+    check_launch("reduce_into_finish");
 }
 
 }  // namespace llmtrain::kernels

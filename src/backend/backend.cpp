@@ -3,6 +3,7 @@
 // the rotary table shared by every backend.
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -37,6 +38,17 @@ void Backend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
     matmul_bwd(Tensor(), Tensor(), a.d_pre_bias, a.d_pre, no_x, no_w);
 }
 
+void Backend::xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss) {
+    xent_fwd(losses, lse, logits, targets, vocab);
+    xent_bwd(logits, logits, targets, lse, vocab, dloss);
+}
+
+void Backend::add_norm_fwd(const AddNormFwd& a) {
+    add(a.sum, a.a, a.b);
+    if (a.rms) rmsnorm_fwd(a.out, a.rstd, a.sum, a.w, a.eps);
+    else layernorm_fwd(a.out, a.mean, a.rstd, a.sum, a.w, a.bias, a.eps);
+}
+
 double OpProfile::total_seconds() const {
     double total = 0;
     for (double s : seconds) total += s;
@@ -60,6 +72,17 @@ Shape attention_saved_shape(Device device, const AttentionShape& s) {
 size_t reserved_workspace_bytes(Device device) {
     constexpr size_t cublaslt_workspace_bytes = 32u << 20;  // what cuBLASLt asks for on Hopper
     return device == Device::cuda ? cublaslt_workspace_bytes : 0;
+}
+
+size_t attention_workspace_bytes(Device device, AttentionImpl impl, const AttentionShape& s) {
+    if (device != Device::cuda) return 0;
+    const auto rows = static_cast<size_t>(s.batch * s.n_heads * s.seq_len);
+    const size_t native = rows * sizeof(float);
+    if (impl == AttentionImpl::native) return native;
+    const auto round_up = [](int64_t n, int64_t m) { return static_cast<size_t>((n + m - 1) / m * m); };
+    const size_t dp_tiles = static_cast<size_t>(s.batch * s.n_heads) * round_up(s.seq_len, 64) * round_up(s.seq_len, 128) * 2;
+    constexpr size_t plan_slack = 16u << 20;  // the plan's own scratch besides the dP tiles
+    return std::max(native, rows * sizeof(float) + 512 + dp_tiles + plan_slack);
 }
 
 // MemAvailable is the kernel's estimate of what can be allocated without swapping (free

@@ -11,7 +11,8 @@
 //  - An optional tensor is passed as an empty Tensor() when absent.
 //  - Every tensor lives in the backend's memory (device()): allocate() gives it, and
 //    copy_from_host / copy_to_host move data across. Ops are enqueued in order on one stream;
-//    copy_to_host and sum_squares wait for what they read, synchronize() for everything.
+//    copy_to_host and sum_squares wait for what they read, synchronize() for everything;
+//    each such wait counts in profile().host_syncs.
 //  - Mixed precision (CUDA): activations and the weights used for compute are 16-bit, while
 //    parameter gradients, norm statistics, attention's saved values, losses and AdamW's
 //    master weights and moments are f32. The CPU computes everything in one dtype (f32/f64).
@@ -23,7 +24,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "config/config.h"
 #include "core/tensor.h"
 
 namespace llmtrain {
@@ -34,7 +37,7 @@ namespace llmtrain {
     X(attention_bwd) X(rope_fwd) X(rope_bwd) X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd)   \
     X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(logits_row_max) X(xent_partial)   \
     X(xent_combine) X(adamw) X(sum_squares) X(fill_zero) X(copy) X(matmul_gelu_fwd)        \
-    X(gelu_matmul_bwd)
+    X(gelu_matmul_bwd) X(accumulate_sum) X(accumulate_sum_squares) X(xent_fwd_bwd) X(add_norm_fwd)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -115,10 +118,29 @@ struct GeluMatmulBwd {
     Tensor w;           // [OC, IC]
 };
 
-// Seconds and calls per op, accumulated since the last reset.
+// The residual add fused into the norm after it: sum = a + b (the residual stream, kept),
+// then out = norm(sum) as layernorm_fwd (bias optional) or, with rms, rmsnorm_fwd (mean and
+// bias empty). The norm reads sum as stored (rounded to the activation dtype), so the result
+// is bitwise the two ops'.
+struct AddNormFwd {
+    Tensor sum;   // [N, C], overwritten (may alias a or b)
+    Tensor out;   // [N, C], overwritten
+    Tensor mean;  // [N], LayerNorm only
+    Tensor rstd;  // [N]
+    Tensor a, b;  // [N, C]
+    Tensor w;     // [C]
+    Tensor bias;  // [C], optional
+    double eps = 1e-5;
+    bool rms = false;
+};
+
+// Seconds and calls per op, accumulated since the last reset, and the host synchronizations:
+// every time the host waited for the device (copy_to_host, synchronize, a workspace that had
+// to grow), counted whether or not per-op timing is on.
 struct OpProfile {
     std::array<double, op_count> seconds{};
     std::array<int64_t, op_count> calls{};
+    int64_t host_syncs = 0;
     double total_seconds() const;
     double gemm_seconds() const;
     void reset() { *this = OpProfile{}; }
@@ -136,6 +158,11 @@ Shape attention_saved_shape(Device device, const AttentionShape& shape);
 // Scratch a backend allocates when it is made (CUDA: cuBLASLt's workspace); the ops' own
 // scratch grows on top of it during the first step.
 size_t reserved_workspace_bytes(Device device);
+// The scratch attention adds to that at most for `shape`: on CUDA the native backward's
+// Delta rows [B, H, T] fp32, and unless impl is native the bound of cuDNN's (its Delta rows
+// and the deterministic backward's dP tiles, B H T_64 T_128 16-bit, with T rounded up to 64
+// and 128 as its tiles), which the memory plan counts whether or not cuDNN loads.
+size_t attention_workspace_bytes(Device device, AttentionImpl impl, const AttentionShape& shape);
 
 // Memory free for a run on this machine: the host's MemAvailable (/proc/meminfo), and the
 // free memory of CUDA device `device_index` modulo the devices seen. The CUDA functions
@@ -172,6 +199,9 @@ public:
     virtual size_t peak_memory_bytes() const { return 0; }
     // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
     virtual double peak_bf16_tflops() const { return 0; }
+    // Which kernels run attention at this shape, and how ("native flash kernels", or cuDNN's
+    // engines with their notes and workspace), planning it if it was not yet.
+    virtual std::string describe_attention(const AttentionShape& /*shape*/, DType /*dtype*/) { return "native"; }
     // Per-op timing in profile(): always on for the CPU (wall clock); on CUDA, event pairs
     // recorded only while profiling is on (off by default: a training step records no event
     // per op; bench turns it on for its time breakdown).
@@ -252,8 +282,14 @@ public:
     // param, grad, m, v in one dtype (the master weights'); param_copy (optional) receives the
     // updated values in the compute dtype (bf16/f16 weights for the next forward).
     virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) = 0;
-    // Sum of squares of every element, accumulated in double.
+    // Sum of squares of every element, accumulated in double (a host read: a synchronization).
     virtual double sum_squares(const Tensor& x) = 0;
+    // total (f64 [1], in this backend's memory) += scale * the sum of x's elements, in a fixed
+    // order: a micro-batch's mean loss added on the device, read once per step.
+    virtual void accumulate_sum(const Tensor& total, const Tensor& x, double scale) = 0;
+    // total (f64 [1]) += the sum of squares of every element of every piece, pieces in order,
+    // in one pass where the device can: the gradient norm of many parameter runs.
+    virtual void accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) = 0;
     virtual void fill_zero(const Tensor& x) = 0;
     // out = in, same element count (they must not overlap); a dtype change converts (f32 to
     // bf16/f16 rounds to nearest even).
@@ -264,6 +300,12 @@ public:
     // fused form computes bitwise what the separate ops compute.
     virtual void matmul_gelu_fwd(const MatmulGeluFwd& args);
     virtual void gelu_matmul_bwd(const GeluMatmulBwd& args);
+    // The fused classifier of a training step (whole rows): xent_fwd's losses and lse, then
+    // logits overwritten by xent_bwd's gradient with dloss, in one pass over the logits where
+    // the backend can (the default is the two ops).
+    virtual void xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss);
+    // AddNormFwd above, in one pass where the backend can (the default is the two ops).
+    virtual void add_norm_fwd(const AddNormFwd& args);
 
     OpProfile& profile() { return profile_; }
 
@@ -278,10 +320,11 @@ void fill_rope_table(const Tensor& table, double theta);
 // means every core.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 
-// The CUDA backend on GPU `device_index` (the node-local rank picks it under mpirun).
-// Throws an unsupported error naming the cause when this build has no CUDA, or the machine
-// no driver or GPU.
-std::unique_ptr<Backend> make_cuda_backend(int device_index);
+// The CUDA backend on GPU `device_index` (the node-local rank picks it under mpirun), its
+// attention by `attention` (config.h's model.attention). Throws an unsupported error naming
+// the cause when this build has no CUDA, the machine no driver or GPU, or attention is
+// cudnn and libcudnn cannot be loaded.
+std::unique_ptr<Backend> make_cuda_backend(int device_index, AttentionImpl attention = AttentionImpl::automatic);
 bool cuda_backend_built();
 
 // The libraries under the backends, for `--version`: "CUDA runtime 12.4 (driver 12.6)" or

@@ -13,7 +13,7 @@ namespace {
 
 bool cuda_backend_built() { return false; }
 
-std::unique_ptr<Backend> make_cuda_backend(int /*device_index*/) { refuse(); }
+std::unique_ptr<Backend> make_cuda_backend(int /*device_index*/, AttentionImpl /*attention*/) { refuse(); }
 int cuda_device_count() { refuse(); }
 size_t cuda_free_memory_bytes(int /*device_index*/) { refuse(); }
 std::string cuda_runtime_version() { return "not built"; }

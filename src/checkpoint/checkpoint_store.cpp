@@ -70,6 +70,25 @@ void remove_all(const std::string& path) {
     fs::remove_all(path, ec);
     if (ec) fail(ErrorKind::io, "cannot delete '", path, "': ", ec.message());
 }
+
+// The run whose manifest is at path/manifest.json; nullopt when it cannot be read.
+std::optional<std::string> run_of(const std::string& path) {
+    try {
+        return manifest_from_json(read_file((fs::path(path) / kManifest).string()), (fs::path(path) / kManifest).string()).run_id;
+    } catch (const Error&) {
+        return std::nullopt;
+    }
+}
+
+// A save replaces a checkpoint of its own step only when its own run wrote it: the start-up
+// check keeps other runs out of checkpoint.dir, this keeps a race between two starts from
+// costing a checkpoint.
+void refuse_to_replace_another_runs(const std::string& final_path, const std::string& run_id) {
+    if (!fs::exists(fs::path(final_path) / kManifest)) return;
+    const std::optional<std::string> owner = run_of(final_path);
+    if (owner && *owner != run_id)
+        fail(ErrorKind::io, "'", final_path, "' holds a checkpoint of ", describe_run(*owner), "; ", describe_run(run_id), " does not replace it");
+}
 }  // namespace
 
 void create_checkpoint_root(const std::string& root) {
@@ -122,9 +141,12 @@ Manifest commit_checkpoint(const std::string& root, Manifest manifest) {
         const bool listed = std::any_of(manifest.files.begin(), manifest.files.end(), [&](const CheckpointFile& f) { return f.name == name; });
         if (!listed) fs::remove(entry.path());
     }
+    const std::vector<ChainLink> chain = read_checkpoint_chains(root).chain(manifest.run_id);
+    manifest.sequence = chain.empty() ? 1 : chain.back().sequence + 1;
     manifest.created = utc_now();
-    write_file_atomically((fs::path(pending) / kManifest).string(), manifest_to_json(manifest));
     const std::string final_path = (fs::path(root) / checkpoint_name(manifest.step)).string();
+    refuse_to_replace_another_runs(final_path, manifest.run_id);
+    write_file_atomically((fs::path(pending) / kManifest).string(), manifest_to_json(manifest));
     if (fs::exists(final_path)) {
         // The same step saved again (a run resumed from it and saved it anew): the new one wins.
         const std::string replaced = final_path + ".replaced";
@@ -170,41 +192,127 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
     return (fs::path(root) / name).string();
 }
 
-std::vector<std::string> apply_retention(const std::string& root, int64_t keep_last, int64_t keep_every) {
-    std::vector<CheckpointEntry> committed, pending;
-    for (const CheckpointEntry& e : list_checkpoints(root)) (e.committed ? committed : pending).push_back(e);
-    std::vector<std::string> deleted;
-    if (committed.empty()) return deleted;
-    const int64_t newest = committed.back().step;
-    for (size_t i = 0; i + static_cast<size_t>(keep_last) < committed.size(); ++i) {
-        const CheckpointEntry& e = committed[i];
-        if (keep_every > 0 && e.step % keep_every == 0) continue;
-        remove_all(e.path);
-        deleted.push_back(e.path);
+std::vector<std::string> CheckpointChains::run_ids() const {
+    std::vector<std::string> ids;
+    for (const ChainLink& link : links)
+        if (std::find(ids.begin(), ids.end(), link.run_id) == ids.end()) ids.push_back(link.run_id);
+    return ids;
+}
+
+std::vector<ChainLink> CheckpointChains::chain(const std::string& run_id) const {
+    std::vector<ChainLink> chain;
+    for (const ChainLink& link : links)
+        if (link.run_id == run_id) chain.push_back(link);
+    return chain;
+}
+
+std::string CheckpointChains::describe(const std::string& run_id) const {
+    const std::vector<ChainLink> links = chain(run_id);
+    if (links.empty()) return describe_run(run_id) + ": no checkpoint";
+    int64_t lowest = links.front().step, highest = links.front().step;
+    for (const ChainLink& link : links) lowest = std::min(lowest, link.step), highest = std::max(highest, link.step);
+    return cat(describe_run(run_id), ": ", lowest == highest ? cat("step ", lowest) : cat("steps ", lowest, " to ", highest), " (", links.size(),
+               " checkpoint(s), the newest '", links.back().path, "')");
+}
+
+CheckpointChains read_checkpoint_chains(const std::string& root) {
+    CheckpointChains chains;
+    for (const CheckpointEntry& e : list_checkpoints(root)) {
+        if (!e.committed) continue;
+        const std::string manifest_path = (fs::path(e.path) / kManifest).string();
+        try {
+            const Manifest m = manifest_from_json(read_file(manifest_path), manifest_path);
+            chains.links.push_back({e.path, e.step, m.run_id, m.sequence});
+        } catch (const Error& error) {
+            chains.unreadable.push_back(error.what());
+        }
     }
-    for (const CheckpointEntry& e : pending) {
-        if (e.step >= newest) continue;  // possibly a save still in flight
+    // Within a run, saves in the order they were committed; a format-1 chain (no sequence)
+    // by step.
+    std::stable_sort(chains.links.begin(), chains.links.end(), [](const ChainLink& a, const ChainLink& b) {
+        return a.sequence != b.sequence ? a.sequence < b.sequence : a.step < b.step;
+    });
+    return chains;
+}
+
+void check_checkpoint_dir_is_free_for(const std::string& root, const std::string& run_id) {
+    const CheckpointChains chains = read_checkpoint_chains(root);
+    for (const std::string& other : chains.run_ids()) {
+        if (other == run_id) continue;
+        const std::vector<ChainLink> theirs = chains.chain(other);
+        fail(ErrorKind::config, "checkpoint.dir '", root, "' holds the checkpoints of another run (", chains.describe(other), "); this ",
+             describe_run(run_id), " would mix its saves with them and retention would count both. Continue that run with --resume auto "
+             "(or --resume ", theirs.back().path, "), or give this one a directory of its own: --set checkpoint.dir=DIR");
+    }
+}
+
+std::vector<std::string> apply_retention(const std::string& root, int64_t keep_last, int64_t keep_every, const std::string& run_id) {
+    const std::vector<ChainLink> chain = read_checkpoint_chains(root).chain(run_id);
+    std::vector<std::string> deleted;
+    if (chain.empty()) return deleted;
+    std::optional<std::string> latest;
+    try {
+        latest = latest_checkpoint(root);
+    } catch (const Error&) {
+        // A damaged pointer protects nothing; the chain's newest save is protected anyway.
+    }
+    const auto named_by_latest = [&](const std::string& path) {
+        std::error_code ec;
+        return latest && fs::equivalent(*latest, path, ec);
+    };
+    // chain: oldest save first; the newest keep_last stay, the newest save always.
+    const size_t keep = std::max<size_t>(1, static_cast<size_t>(std::max<int64_t>(keep_last, 0)));
+    for (size_t i = 0; i + keep < chain.size(); ++i) {
+        const ChainLink& link = chain[i];
+        if ((keep_every > 0 && link.step % keep_every == 0) || named_by_latest(link.path)) continue;
+        remove_all(link.path);
+        deleted.push_back(link.path);
+    }
+    const int64_t newest = chain.back().step;
+    for (const CheckpointEntry& e : list_checkpoints(root)) {
+        if (e.committed || e.step >= newest) continue;  // a higher step: possibly a save still in flight
         remove_all(e.path);
         deleted.push_back(e.path);
     }
     return deleted;
 }
 
+void verify_checkpoint(const std::string& path, Verification depth) {
+    if (const std::optional<std::string> problem = checkpoint_problem(path, depth)) fail(ErrorKind::data, "checkpoint '", path, "' cannot be loaded: ", *problem);
+}
+
+namespace {
+// The run whose chain `--resume auto` continues: run_id when given, else the one run whose
+// checkpoints root holds (none: nullopt).
+std::optional<std::string> chain_to_resume(const std::string& root, const CheckpointChains& chains, const std::optional<std::string>& run_id) {
+    if (run_id) return run_id;
+    const std::vector<std::string> runs = chains.run_ids();
+    if (runs.size() <= 1) return runs.empty() ? std::nullopt : std::optional<std::string>(runs.front());
+    std::string listed;
+    for (const std::string& run : runs) listed += cat(listed.empty() ? "" : "; ", chains.describe(run));
+    fail(ErrorKind::config, "--resume auto: checkpoint.dir '", root, "' holds the checkpoints of ", runs.size(), " runs (", listed,
+         "): name the one to continue with --resume PATH, or its run directory with --run-dir");
+}
+}  // namespace
+
 std::optional<std::string> find_resume_checkpoint(const std::string& root, const std::string& mode,
-                                                  const std::function<void(const std::string&)>& skipped, const ProblemOf& problem_of) {
+                                                  const std::function<void(const std::string&)>& skipped, const ProblemOf& problem_of,
+                                                  const std::optional<std::string>& run_id) {
     const auto problem = [&](const std::string& path) { return problem_of ? problem_of(path) : checkpoint_problem(path); };
     if (mode == "auto") {
-        const std::vector<CheckpointEntry> entries = list_checkpoints(root);
-        for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
-            if (!e->committed) {
-                skipped(cat("'", e->path, "' is incomplete (no manifest: a save that did not finish); passed over"));
+        for (const CheckpointEntry& e : list_checkpoints(root))
+            if (!e.committed) skipped(cat("'", e.path, "' is incomplete (no manifest: a save that did not finish); passed over"));
+        const CheckpointChains chains = read_checkpoint_chains(root);
+        for (const std::string& why : chains.unreadable) skipped(cat(why, "; passed over"));
+        const std::optional<std::string> run = chain_to_resume(root, chains, run_id);
+        if (!run) return std::nullopt;
+        const std::vector<ChainLink> chain = chains.chain(*run);
+        for (auto link = chain.rbegin(); link != chain.rend(); ++link) {
+            if (const std::optional<std::string> why = problem(link->path)) {
+                skipped(cat("'", link->path, "' cannot be loaded: ", *why, "; passed over"));
                 continue;
             }
-            if (const std::optional<std::string> why = problem(e->path)) {
-                skipped(cat("'", e->path, "' cannot be loaded: ", *why, "; passed over"));
-                continue;
-            }
-            return e->path;
+            return link->path;
         }
         return std::nullopt;
     }

@@ -6,10 +6,16 @@
 //   manifest.json        written to a temporary name, fsynced, renamed: the commit point
 //   step_00000500/       the directory renamed, its parent fsynced
 //   latest               "step_00000500", written to a temporary name and renamed
-//   retention            only now are older checkpoints deleted
+//   retention            only now are older checkpoints of the same run deleted
 //
 // A crash at any point leaves the previous checkpoint and `latest` intact; a directory
 // without a manifest, or whose files fail their size or checksum, is never loaded.
+//
+// A checkpoint chain belongs to its run: every manifest names the run that wrote it (a run id
+// kept across restarts). A run saves only into a checkpoint.dir that holds no other run's
+// checkpoints (check_checkpoint_dir_is_free_for), retention counts only the saving run's
+// chain and never deletes its newest save or the one `latest` names, so `latest` always names
+// a committed checkpoint that exists.
 #pragma once
 
 #include <cstdint>
@@ -34,17 +40,21 @@ std::string pending_dir(const std::string& root, int64_t step);    // root/step_
 void write_rank_record(const std::string& dir, int world_rank, const std::string& file_path);
 
 // Rank 0, once every rank's file is durable in pending_dir(root, manifest.step): completes
-// manifest.files from the ranks' records and commits as above. Returns the manifest written.
+// manifest.files from the ranks' records and manifest.sequence from the run's chain, and
+// commits as above. Returns the manifest written. Refuses (Error(io)) to replace a checkpoint
+// of the same step that another run wrote.
 Manifest commit_checkpoint(const std::string& root, Manifest manifest);
 
 // Replaces the manifest of the committed checkpoint at path (temporary name, fsync, rename):
 // a rollback records there the data it skips, so that the skip survives a restart.
 void rewrite_checkpoint_manifest(const std::string& path, const Manifest& manifest);
 
-// Deletes committed checkpoints beyond the keep_last newest, except every keep_every-th step
-// (0: none kept forever), and pending directories older than the newest checkpoint.
+// Deletes the committed checkpoints of run_id's chain beyond its keep_last newest saves (by
+// sequence), except every keep_every-th step (0: none kept forever), and never the chain's
+// newest save nor the checkpoint `latest` names; other runs' checkpoints are not counted and
+// not touched. Pending directories of steps below the chain's newest are deleted too.
 // Returns the paths deleted.
-std::vector<std::string> apply_retention(const std::string& root, int64_t keep_last, int64_t keep_every);
+std::vector<std::string> apply_retention(const std::string& root, int64_t keep_last, int64_t keep_every, const std::string& run_id);
 
 struct CheckpointEntry {
     std::string path;
@@ -53,6 +63,33 @@ struct CheckpointEntry {
 };
 // Every step_* directory under root, oldest first.
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
+
+// A committed checkpoint's place: its run and its position in that run's chain.
+struct ChainLink {
+    std::string path;
+    int64_t step = 0;
+    std::string run_id;
+    int64_t sequence = 0;
+};
+// Every committed checkpoint under root, grouped by the run that wrote it. A manifest that
+// cannot be read (damaged, failing its own checksum) belongs to no run: it is listed apart.
+struct CheckpointChains {
+    std::vector<ChainLink> links;         // oldest save first within each run: by (sequence, step)
+    std::vector<std::string> unreadable;  // "'PATH/manifest.json' ...": why
+    // The runs, each once, in the order of their first link.
+    std::vector<std::string> run_ids() const;
+    // The links of one run, oldest save first.
+    std::vector<ChainLink> chain(const std::string& run_id) const;
+    // "run 3f9c...: steps 50 to 60 (3 checkpoints)"
+    std::string describe(const std::string& run_id) const;
+};
+CheckpointChains read_checkpoint_chains(const std::string& root);
+
+// Before a run writes anything: refuses (Error(config): exit 2) a run that would save into
+// root while root holds committed checkpoints of another run than run_id (a fresh run has a
+// new id, so any checkpoint there is another run's). The message names the directory, the
+// other run and the flags that continue it or choose another directory.
+void check_checkpoint_dir_is_free_for(const std::string& root, const std::string& run_id);
 // The checkpoint `latest` names, if any.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
@@ -65,15 +102,22 @@ struct FileShare {
     int index = 0, count = 1;
 };
 std::optional<std::string> checkpoint_problem(const std::string& path, Verification depth = Verification::files, FileShare share = {});
-// The checkpoint a run resumes from (`--resume`): "auto", the newest committed checkpoint
-// under root without a problem (each one passed over is told to `skipped`), or none;
-// "latest", the one `latest` names; else a checkpoint directory. problem_of judges a
-// checkpoint (default: checkpoint_problem of all its files). Throws Error(data) naming the
-// checkpoint and its problem when "latest" or the path cannot be loaded.
+// The throwing form of checkpoint_problem, which every reader of a checkpoint calls before it
+// reads (resume, rollback, eval, generate, inspect, export, init_from): Error(data) naming
+// the checkpoint and what is wrong with it.
+void verify_checkpoint(const std::string& path, Verification depth = Verification::files);
+// The checkpoint a run resumes from (`--resume`): "auto", the newest save without a problem
+// of one run's chain under root (each one passed over is told to `skipped`), or none;
+// "latest", the one `latest` names; else a checkpoint directory. The chain of "auto" is
+// run_id's when given, else the one run whose checkpoints root holds (root holding several
+// runs' checkpoints is an Error(config) naming them). problem_of judges a checkpoint (default:
+// checkpoint_problem of all its files). Throws Error(data) naming the checkpoint and its
+// problem when "latest" or the path cannot be loaded.
 using ProblemOf = std::function<std::optional<std::string>(const std::string& path)>;
 std::optional<std::string> find_resume_checkpoint(const std::string& root, const std::string& mode,
-                                                  const std::function<void(const std::string&)>& skipped, const ProblemOf& problem_of = {});
-// manifest.json of a checkpoint; throws Error(data) naming the file.
+                                                  const std::function<void(const std::string&)>& skipped, const ProblemOf& problem_of = {},
+                                                  const std::optional<std::string>& run_id = std::nullopt);
+// manifest.json of a checkpoint (its own checksum verified); throws Error(data) naming the file.
 Manifest read_checkpoint_manifest(const std::string& path);
 
 }  // namespace llmtrain

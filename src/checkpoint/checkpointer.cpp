@@ -155,7 +155,8 @@ void Checkpointer::complete(Outcome outcome) {
                      megabytes(static_cast<double>(report.bytes)), " in ", fixed(report.background_seconds, 3), " s",
                      report.synchronous ? "" : " in the background", " (", fixed(static_cast<double>(report.bytes) / 1e6 / std::max(report.background_seconds, 1e-9), 1),
                      " MB/s)");
-            for (const std::string& deleted : apply_retention(config_.dir, config_.keep_last, config_.keep_every)) log_info("checkpoint retention: deleted ", deleted);
+            for (const std::string& deleted : apply_retention(config_.dir, config_.keep_last, config_.keep_every, committed.run_id))
+                log_info("checkpoint retention: deleted ", deleted);
         } catch (const Error& e) {
             outcome = Outcome::failed;
             error = e.what();

@@ -1,13 +1,18 @@
 #include "checkpoint/manifest.h"
 
+#include <chrono>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <xxhash.h>
 
 #include "core/error.h"
 
 namespace llmtrain {
 
 namespace {
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
+constexpr int kOldestReadable = 1;
+constexpr const char* kChecksumKey = "manifest_xxh64";
 
 std::string hex64(uint64_t value) {
     char text[17];
@@ -19,35 +24,69 @@ uint64_t parse_hex64(const std::string& text) {
     if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos) throw std::invalid_argument("expected 16 hex digits");
     return std::stoull(text, nullptr, 16);
 }
+
+// The checksum covers the document without its own key, in compact JSON: parsing and dumping
+// again gives the same text (keys in order, numbers round-tripped), whatever the indentation.
+uint64_t document_xxh64(const nlohmann::ordered_json& without_checksum) {
+    const std::string text = without_checksum.dump();
+    return XXH64(text.data(), text.size(), 0);
+}
 }  // namespace
 
 std::string manifest_to_json(const Manifest& m) {
     nlohmann::ordered_json files = nlohmann::ordered_json::array();
     for (const CheckpointFile& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
     nlohmann::ordered_json j = {
-        {"format", "llmtrain-checkpoint"}, {"version", kFormatVersion}, {"step", m.step}, {"tokens_seen", m.tokens_seen},
+        {"format", "llmtrain-checkpoint"}, {"version", kFormatVersion}, {"run_id", m.run_id}, {"sequence", m.sequence},
+        {"run_directory", m.run_directory}, {"step", m.step}, {"tokens_seen", m.tokens_seen},
         {"resumes", m.resumes},        {"optimizer_steps", m.optimizer_steps}, {"loss_scale", m.loss_scale}, {"loss_scale_good_steps", m.loss_scale_good_steps},
-        {"seed", m.seed}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"zero1", m.zero1}}},
+        {"seed", m.seed}, {"global_batch", m.global_batch}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"zero1", m.zero1}}},
         {"created", m.created}};
     j["data"] = m.data ? nlohmann::ordered_json{{"step", m.data->step}, {"cursor", m.data->cursor}, {"seed", m.data->seed}} : nlohmann::ordered_json();
     if (!m.monitor_state.empty()) j["monitor"] = nlohmann::ordered_json::parse(m.monitor_state);
     j["files"] = files;
     j["config"] = m.config_toml;
+    j[kChecksumKey] = hex64(document_xxh64(j));
     return j.dump(2) + "\n";
 }
 
+namespace {
+// Format 2 carries its own checksum, which must match; format 1 had none.
+void check_own_checksum(nlohmann::ordered_json document, int version, const std::string& path) {
+    if (version < 2) return;
+    if (!document.contains(kChecksumKey) || !document.at(kChecksumKey).is_string())
+        fail(ErrorKind::data, "'", path, "': key '", kChecksumKey, "' is missing (a manifest of format ", version, " checks itself)");
+    const std::string recorded = document.at(kChecksumKey).get<std::string>();
+    document.erase(kChecksumKey);
+    const std::string actual = hex64(document_xxh64(document));
+    if (recorded != actual)
+        fail(ErrorKind::data, "'", path, "' fails its own checksum (", kChecksumKey, " ", recorded, ", the content gives ", actual,
+             "): edited or damaged since it was written");
+}
+}  // namespace
+
 Manifest manifest_from_json(const std::string& text, const std::string& path) {
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    const nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) fail(ErrorKind::data, "'", path, "' is not valid JSON");
     std::string key;
     try {
-        const auto get = [&](const char* name) -> const nlohmann::json& {
+        const auto get = [&](const char* name) -> const nlohmann::ordered_json& {
             key = name;
             return j.at(name);
         };
         if (get("format") != "llmtrain-checkpoint") fail(ErrorKind::data, "'", path, "': format is not \"llmtrain-checkpoint\"");
-        if (get("version") != kFormatVersion) fail(ErrorKind::data, "'", path, "': version ", j.at("version").dump(), " (this llmtrain reads ", kFormatVersion, ")");
+        const nlohmann::ordered_json& version_value = get("version");
+        const int version = version_value.is_number_integer() ? version_value.get<int>() : -1;
+        if (version < kOldestReadable || version > kFormatVersion)
+            fail(ErrorKind::data, "'", path, "': version ", version_value.dump(), " (this llmtrain reads ", kOldestReadable, " to ", kFormatVersion, ")");
+        check_own_checksum(j, version, path);
         Manifest m;
+        if (version >= 2) {
+            m.run_id = get("run_id").get<std::string>();
+            m.sequence = get("sequence").get<int64_t>();
+            m.run_directory = get("run_directory").get<std::string>();
+            m.global_batch = get("global_batch").get<int64_t>();
+        }
         m.step = get("step").get<int64_t>();
         m.tokens_seen = get("tokens_seen").get<int64_t>();
         m.optimizer_steps = get("optimizer_steps").get<int64_t>();
@@ -55,14 +94,14 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         m.loss_scale = get("loss_scale").get<double>();
         m.loss_scale_good_steps = get("loss_scale_good_steps").get<int64_t>();
         m.seed = get("seed").get<uint64_t>();
-        const nlohmann::json& mesh = get("mesh");
+        const nlohmann::ordered_json& mesh = get("mesh");
         m.world_size = mesh.at("world_size").get<int>();
         m.tp = mesh.at("tp").get<int>(), m.dp = mesh.at("dp").get<int>(), m.pp = mesh.at("pp").get<int>();
         m.zero1 = mesh.at("zero1").get<bool>();
         m.created = get("created").get<std::string>();
-        const nlohmann::json& data = get("data");
+        const nlohmann::ordered_json& data = get("data");
         if (!data.is_null()) m.data = LoaderState{data.at("step").get<uint64_t>(), data.at("cursor").get<uint64_t>(), data.at("seed").get<uint64_t>()};
-        for (const nlohmann::json& f : get("files"))
+        for (const nlohmann::ordered_json& f : get("files"))
             m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), parse_hex64(f.at("xxh64").get<std::string>())});
         m.config_toml = get("config").get<std::string>();
         if (j.contains("monitor")) m.monitor_state = get("monitor").dump();
@@ -74,6 +113,17 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
     } catch (const std::exception& e) {
         fail(ErrorKind::data, "'", path, "': key '", key, "' is missing or malformed (", e.what(), ")");
     }
+}
+
+std::string new_run_id() {
+    std::random_device entropy;
+    const auto now = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+    const uint64_t bits = (static_cast<uint64_t>(entropy()) << 32 | entropy()) ^ XXH64(&now, sizeof now, 0);
+    return hex64(bits);
+}
+
+std::string describe_run(const std::string& run_id) {
+    return run_id.empty() ? std::string("a run of an earlier llmtrain (no run id)") : "run " + run_id;
 }
 
 }  // namespace llmtrain

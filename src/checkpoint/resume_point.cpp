@@ -25,14 +25,53 @@ void check_resume_config(const ResumePoint& resume, const Config& config, bool r
     if (!changes.other.empty()) log_warn("resuming '", resume.path, "' with a changed config: ", listed(changes.other));
 }
 
-std::optional<ResumePoint> find_resume_point(const std::string& mode, const Config& config, bool report, const ProblemOf& problem_of) {
+std::optional<ResumePoint> find_resume_point(const std::string& mode, const Config& config, bool report, const ProblemOf& problem_of,
+                                             const std::optional<std::string>& run_id) {
     const std::optional<std::string> path = find_resume_checkpoint(
-        config.checkpoint.dir, mode, [&](const std::string& why) { if (report) log_warn("--resume ", mode, ": ", why); }, problem_of);
+        config.checkpoint.dir, mode, [&](const std::string& why) { if (report) log_warn("--resume ", mode, ": ", why); }, problem_of, run_id);
     if (!path) {
         if (report) log_info("--resume ", mode, ": no checkpoint under '", config.checkpoint.dir, "'; starting at step 0");
         return std::nullopt;
     }
     return ResumePoint{*path, read_checkpoint_manifest(*path)};
+}
+
+namespace {
+Config saved_config(const ResumePoint& resume) {
+    return parse_config(resume.manifest.config_toml, resume.path + "/manifest.json (config)", {}, DataFiles::unchecked);
+}
+
+bool same_batch_keys(const TrainConfig& saved, const TrainConfig& now) {
+    return saved.batch_size == now.batch_size && saved.global_batch_size == now.global_batch_size && saved.grad_accum == now.grad_accum;
+}
+}  // namespace
+
+int64_t saved_global_batch(const ResumePoint& resume) {
+    if (resume.manifest.global_batch > 0) return resume.manifest.global_batch;
+    const TrainConfig t = saved_config(resume).train;
+    if (t.global_batch_size > 0) return t.global_batch_size;
+    return t.batch_size * std::max<int64_t>(t.grad_accum, 1) * resume.manifest.dp;
+}
+
+void keep_saved_global_batch(const ResumePoint& resume, Config& config, int64_t dp, bool report) {
+    const int64_t saved = saved_global_batch(resume);
+    TrainConfig& t = config.train;
+    if (!same_batch_keys(saved_config(resume).train, t)) {
+        const int64_t now = t.global_batch_size > 0 ? t.global_batch_size : t.batch_size * std::max<int64_t>(t.grad_accum, 1) * dp;
+        if (report && now != saved)
+            log_warn("resuming '", resume.path, "' with another global batch: ", saved, " -> ", now,
+                     " sequences per step (train.batch_size, train.global_batch_size or train.grad_accum changed)");
+        return;
+    }
+    if (saved % (t.batch_size * dp) != 0)
+        fail(ErrorKind::config, "train.global_batch_size: the checkpoint '", resume.path, "' trained with a global batch of ", saved,
+             " sequences per step, which does not split into micro-batches of train.batch_size = ", t.batch_size, " on dp = ", dp,
+             " ranks; resume on a layout whose dp x batch_size divides ", saved, ", or change the global batch deliberately (--set train.global_batch_size=N)");
+    t.global_batch_size = saved;
+    t.grad_accum = 0;
+    if (report && dp != resume.manifest.dp)
+        log_info("resume: keeping the checkpoint's global batch of ", saved, " sequences per step: grad_accum ", saved / (t.batch_size * dp), " on dp ", dp,
+                 " (saved on dp ", resume.manifest.dp, ")");
 }
 
 bool trained_already(const std::optional<ResumePoint>& resume, const Config& config, bool report) {

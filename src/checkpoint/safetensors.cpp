@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/tensor_assembly.h"
@@ -18,6 +19,16 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 
 namespace {
 constexpr const char* kWeightsFile = "model.safetensors";
+// The metadata key under which `checkpoint export` records the XXH64 of the file's data (every
+// tensor's bytes, back to back): init_from verifies it before it reads a value.
+constexpr const char* kDataChecksumKey = "llmtrain_data_xxh64";
+constexpr const char* kUnwrittenChecksum = "................";  // replaced once the data is written
+
+std::string hex64(uint64_t value) {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+    return text;
+}
 
 // GPT-2's Conv1D weights: [in, out] in Hugging Face, [out, in] here.
 bool is_conv1d_weight(const std::string& name) {
@@ -140,9 +151,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(pat
     const nlohmann::json j = nlohmann::json::parse(header, nullptr, false);
     if (!in_ || j.is_discarded() || !j.is_object()) fail(ErrorKind::data, "'", path, "': the safetensors header is not a JSON object");
     data_start_ = 8 + header_bytes;
-    const uint64_t data_bytes = file_bytes - data_start_;
+    data_bytes_ = file_bytes - data_start_;
+    const uint64_t data_bytes = data_bytes_;
     for (const auto& [name, value] : j.items()) {
-        if (name == "__metadata__") continue;
+        if (name == "__metadata__") {
+            if (value.is_object() && value.contains(kDataChecksumKey) && value.at(kDataChecksumKey).is_string())
+                recorded_data_xxh64_ = value.at(kDataChecksumKey).get<std::string>();
+            continue;
+        }
         try {
             SafetensorsEntry e;
             e.name = name;
@@ -161,6 +177,27 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(pat
             fail(ErrorKind::data, "'", path, "': tensor '", name, "': ", error.what());
         }
     }
+}
+
+std::optional<std::string> SafetensorsFile::data_problem() const {
+    if (recorded_data_xxh64_.empty()) return std::nullopt;
+    in_.clear();
+    in_.seekg(static_cast<std::streamoff>(data_start_));
+    XXH64_state_t* state = XXH64_createState();
+    XXH64_reset(state, 0);
+    std::vector<char> buffer(1 << 20);
+    uint64_t left = data_bytes_;
+    while (left > 0 && in_.read(buffer.data(), static_cast<std::streamsize>(std::min<uint64_t>(left, buffer.size())))) {
+        XXH64_update(state, buffer.data(), static_cast<size_t>(in_.gcount()));
+        left -= static_cast<uint64_t>(in_.gcount());
+    }
+    const std::string actual = hex64(XXH64_digest(state));
+    XXH64_freeState(state);
+    if (left > 0) return cat("'", path_, "': cannot read its data");
+    if (actual != recorded_data_xxh64_)
+        return cat("'", path_, "' fails its data checksum (", kDataChecksumKey, " ", recorded_data_xxh64_, ", the data gives ", actual,
+                   "): damaged since it was exported");
+    return std::nullopt;
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
@@ -187,26 +224,60 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
         header[t.name] = {{"dtype", "F32"}, {"shape", shape_to_json(t.shape)}, {"data_offsets", nlohmann::ordered_json::array({offset, offset + bytes})}};
         offset += bytes;
     }
-    header["__metadata__"] = {{"format", "pt"}};
+    header["__metadata__"] = {{"format", "pt"}, {kDataChecksumKey, kUnwrittenChecksum}};
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     const uint64_t length = text.size();
     out.write(reinterpret_cast<const char*>(&length), 8);
     out << text;
+    XXH64_state_t* state = XXH64_createState();
+    XXH64_reset(state, 0);
     for (const SafetensorsOutput& t : tensors) {
         const std::vector<float> values = t.values();
-        if (static_cast<int64_t>(values.size()) != t.shape.numel())
+        if (static_cast<int64_t>(values.size()) != t.shape.numel()) {
+            XXH64_freeState(state);
             fail(ErrorKind::runtime, "safetensors: tensor '", t.name, "' has ", values.size(), " values for shape ", t.shape.str());
-        out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+        }
+        const auto bytes = static_cast<std::streamsize>(values.size() * sizeof(float));
+        out.write(reinterpret_cast<const char*>(values.data()), bytes);
+        XXH64_update(state, values.data(), static_cast<size_t>(bytes));
     }
+    // The data's checksum takes the place kept for it in the header (same length).
+    const std::string checksum = hex64(XXH64_digest(state));
+    XXH64_freeState(state);
+    out.seekp(static_cast<std::streamoff>(8 + text.find(kUnwrittenChecksum)));
+    out << checksum;
     if (!out.flush()) fail(ErrorKind::io, "cannot write '", path, "'");
 }
 
-ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const std::string& out_dir) {
+namespace {
+// tokenizer_config.json: transformers' AutoTokenizer takes tokenizer.json through its fast
+// tokenizer class; the end-of-text token, where there is one, is the document separator.
+std::string hf_tokenizer_config_json(const Tokenizer& tokenizer, const ModelConfig& model) {
+    nlohmann::ordered_json j = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"model_max_length", model.max_seq_len},
+                                {"clean_up_tokenization_spaces", false}, {"add_prefix_space", false}};
+    if (const std::optional<int32_t> eos = tokenizer.end_of_text_id()) {
+        const std::string text = tokenizer.decode(&*eos, 1);
+        j["bos_token"] = text, j["eos_token"] = text, j["unk_token"] = text;
+    }
+    return j.dump(2) + "\n";
+}
+
+// config.json, with the end-of-text token as transformers' bos / eos where the tokenizer has one.
+std::string export_config_json(const ModelConfig& model, const std::optional<Tokenizer>& tokenizer) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(hf_config_json(model));
+    if (tokenizer && tokenizer->end_of_text_id()) j["bos_token_id"] = *tokenizer->end_of_text_id(), j["eos_token_id"] = *tokenizer->end_of_text_id();
+    return j.dump(2) + "\n";
+}
+}  // namespace
+
+ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const std::string& out_dir, const std::optional<Tokenizer>& tokenizer) {
     const Manifest manifest = read_checkpoint_manifest(checkpoint_path);
     const Config config = parse_config(manifest.config_toml, (fs::path(checkpoint_path) / "manifest.json").string() + " (config)", {}, DataFiles::unchecked);
     const int64_t vocab = config.model.vocab_size;
+    if (tokenizer && tokenizer->vocab_size() > vocab)
+        fail(ErrorKind::config, "tokenizer '", tokenizer->source(), "' has ", tokenizer->vocab_size(), " tokens, more than the model's model.vocab_size = ", vocab);
     const CheckpointTensors checkpoint(checkpoint_path, manifest);
     std::vector<SafetensorsOutput> outputs;
     for (const std::string& name : checkpoint.names(TensorRole::weights)) {
@@ -227,7 +298,11 @@ ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const 
     if (ec) fail(ErrorKind::io, "cannot create '", out_dir, "': ", ec.message());
     const std::string weights_path = (fs::path(out_dir) / kWeightsFile).string();
     write_safetensors(weights_path, outputs);
-    write_text_file((fs::path(out_dir) / "config.json").string(), hf_config_json(config.model));
+    write_text_file((fs::path(out_dir) / "config.json").string(), export_config_json(config.model, tokenizer));
+    if (tokenizer) {
+        write_text_file((fs::path(out_dir) / "tokenizer.json").string(), tokenizer->to_hf_json());
+        write_text_file((fs::path(out_dir) / "tokenizer_config.json").string(), hf_tokenizer_config_json(*tokenizer, config.model));
+    }
     const nlohmann::json written = nlohmann::json::parse(hf_config_json(config.model));
     return {written.at("architectures").at(0).get<std::string>(), outputs.size(), fs::file_size(weights_path)};
 }
@@ -238,6 +313,7 @@ std::string safetensors_file_of(const std::string& path) {
 
 void load_hf_weights(const std::string& path, int64_t vocab_size, Parameters& params, Backend& backend) {
     const SafetensorsFile file(safetensors_file_of(path));
+    if (const std::optional<std::string> problem = file.data_problem()) fail(ErrorKind::data, "train.init_from: ", *problem);
     for (size_t i = 0; i < params.count(); ++i) {
         const ParamInfo& info = params.info(i);
         const SafetensorsEntry* entry = find_hf_entry(file, info.name);

@@ -22,12 +22,14 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "config/config.h"
 #include "core/tensor.h"
+#include "data/tokenizer.h"
 #include "model/parameters.h"
 
 namespace llmtrain {
@@ -61,11 +63,16 @@ public:
     const SafetensorsEntry* find(const std::string& name) const;
     // Its values as doubles, whatever the stored float dtype.
     std::vector<double> read(const SafetensorsEntry& entry) const;
+    // Why the data cannot be trusted: a file `checkpoint export` wrote records the XXH64 of
+    // its data, which must match (one pass over the file); other files (Hugging Face's own)
+    // have their layout checked only, when opened. Nothing: the data checks.
+    std::optional<std::string> data_problem() const;
 
 private:
     std::string path_;
     mutable std::ifstream in_;
-    uint64_t data_start_ = 0;
+    uint64_t data_start_ = 0, data_bytes_ = 0;
+    std::string recorded_data_xxh64_;  // "" when the file records none
     std::vector<SafetensorsEntry> entries_;
     std::map<std::string, size_t> by_name_;
 };
@@ -76,7 +83,8 @@ struct SafetensorsOutput {
     Shape shape;
     std::function<std::vector<float>()> values;
 };
-// Writes an F32 safetensors file, one tensor in memory at a time. Throws Error(io).
+// Writes an F32 safetensors file, one tensor in memory at a time, with the XXH64 of its data
+// in the header's metadata (data_problem). Throws Error(io).
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOutput>& tensors);
 
 struct ExportSummary {
@@ -85,8 +93,11 @@ struct ExportSummary {
     uint64_t bytes = 0;         // of model.safetensors
 };
 // Writes out_dir/model.safetensors (every weight of the checkpoint at checkpoint_path,
-// assembled from all its rank files) and out_dir/config.json.
-ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const std::string& out_dir);
+// assembled from all its rank files) and out_dir/config.json; with the run's tokenizer also
+// tokenizer.json and tokenizer_config.json (and the end-of-text token as bos / eos in
+// config.json), so that transformers' AutoModelForCausalLM and AutoTokenizer load the
+// directory alone.
+ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const std::string& out_dir, const std::optional<Tokenizer>& tokenizer = std::nullopt);
 
 // The model.safetensors that path names: the file itself, or a directory holding it.
 std::string safetensors_file_of(const std::string& path);

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 
 #include "backend/backend.h"
 #include "cli/commands.h"
@@ -62,7 +63,9 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     const double total = profile.total_seconds(), gemm = profile.gemm_seconds();
     const double attention = profile.seconds[static_cast<size_t>(Op::attention_fwd)] + profile.seconds[static_cast<size_t>(Op::attention_bwd)];
     const double update = profile.seconds[static_cast<size_t>(Op::adamw)];
-    const double passes = profile.seconds[static_cast<size_t>(Op::fill_zero)] + profile.seconds[static_cast<size_t>(Op::sum_squares)];
+    // The passes over every gradient: zeroing them and the norm's sum of squares.
+    const double passes = profile.seconds[static_cast<size_t>(Op::fill_zero)] + profile.seconds[static_cast<size_t>(Op::sum_squares)] +
+                          profile.seconds[static_cast<size_t>(Op::accumulate_sum_squares)];
     const double rest = total - gemm - attention - update - passes;
     if (total <= 0 || gemm <= 0 || attention <= 0 || update <= 0 || passes <= 0 || rest <= 0)
         fail(ErrorKind::runtime, "bench: the profiled step timed no GEMM, attention, AdamW, gradient pass or other op; cannot calibrate");
@@ -106,8 +109,25 @@ void print_top_ops(const OpProfile& profile, int top) {
     }
 }
 
+// Attention's share of the profiled step as TFLOP/s (FlashAttention's convention: forward
+// 4 B H T^2 D / 2, causal half of the score square; backward 2.5 x forward), and which
+// kernels ran it.
+void print_attention_rate(const Config& config, const Mesh& mesh, Backend& backend, DType dtype, const OpProfile& profile) {
+    const int64_t tp = mesh.tp();
+    const AttentionShape s{config.train.batch_size, config.train.seq_len, config.model.n_heads / tp, config.model.n_kv_heads / tp, config.model.head_dim()};
+    const double forward = 4.0 * static_cast<double>(s.batch * s.n_heads) * static_cast<double>(s.seq_len * s.seq_len) * static_cast<double>(s.head_dim) / 2;
+    const auto rate = [&profile](Op op, double flops_per_call) {
+        const auto i = static_cast<size_t>(op);
+        return profile.seconds[i] > 0 ? flops_per_call * static_cast<double>(profile.calls[i]) / profile.seconds[i] / 1e12 : 0.0;
+    };
+    std::printf("attention: forward %.1f TFLOP/s, backward %.1f TFLOP/s (FLOPs: forward 4*B*H*T^2*D/2, causal half; backward 2.5 x forward); %s\n",
+                rate(Op::attention_fwd, forward), rate(Op::attention_bwd, 2.5 * forward), backend.describe_attention(s, dtype).c_str());
+}
+
 int run_bench_train(const BenchTrainArgs& args) {
-    MpiSession mpi;
+    // MPI only under mpirun, as `train`: one process needs no MPI runtime.
+    std::optional<MpiSession> mpi;
+    if (launched_by_mpi()) mpi.emplace();
     Config config = load_config(args.config_path, args.overrides, DataFiles::unchecked);
     config.train.steps = std::max<int64_t>(config.train.steps, args.warmup + args.steps + 1);
     config.train.sample_tokens = 0;
@@ -126,7 +146,12 @@ int run_bench_train(const BenchTrainArgs& args) {
     for (int i = 0; i < args.warmup; ++i) trainer.train_step(step++);
     backend.set_profiling(false);
     double seconds = 0;
-    for (int i = 0; i < args.steps; ++i) seconds += trainer.train_step(step++).step_seconds;
+    int64_t host_syncs = 0;
+    for (int i = 0; i < args.steps; ++i) {
+        const StepRecord s = trainer.train_step(step++);
+        seconds += s.step_seconds;
+        host_syncs += s.rank.host_syncs;
+    }
     backend.set_profiling(true);
     backend.profile().reset();
     trainer.train_step(step++);
@@ -148,6 +173,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     std::printf("timed: %d steps after %d warm-up steps, synthetic tokens\n", args.steps, args.warmup);
     std::printf("%-26s %.2f\n", "ms/step", step_seconds * 1e3);
     std::printf("%-26s %.0f\n", "tokens/s", tokens_per_second);
+    std::printf("%-26s %.1f (times the host waited for the device; rank 0)\n", "host syncs per step", static_cast<double>(host_syncs) / args.steps);
     std::printf("%-26s %.3g (%.3g per device)\n", "model TFLOP/s", tflops, per_device);
     std::printf("%-26s 6N + 12*L*H*Q*T = %.3g FLOPs per token (PaLM; N = all parameters)\n", "FLOPs formula", flops_per_token);
     if (peak > 0)
@@ -160,6 +186,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     std::printf("%-26s %.1f MB (%s)\n", "peak memory", (device_peak > 0 ? device_peak : peak_host_rss_bytes()) / 1e6,
                 device_peak > 0 ? "device, allocated by this run" : "host resident set");
     print_top_ops(profile, args.top_ops);
+    print_attention_rate(trainer.config(), ctx.mesh, backend, trainer.compute_dtype(), profile);
     if (!args.calibration_path.empty()) {
         const ComputeCalibration c = calibrate(trainer.config(), ctx.mesh, load_cluster(args.cluster_path), profile, step_seconds);
         write_calibration(args.calibration_path, c);

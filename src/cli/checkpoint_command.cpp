@@ -11,10 +11,14 @@
 #include "checkpoint/hdf5_file.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_assembly.h"
+#include "cli/checkpoint_model.h"
 #include "cli/commands.h"
 #include "core/durable_file.h"
 #include "core/error.h"
 #include "core/exit_code.h"
+#include "core/log.h"
+#include "core/staged_directory.h"
+#include "data/batch_source.h"
 
 namespace llmtrain {
 
@@ -26,7 +30,9 @@ struct CheckpointArgs {
     std::string path;
     std::string out_dir;
     std::string format = "safetensors";
+    std::string tokenizer;
     bool config = false;
+    bool force = false;
 };
 
 std::string megabytes(uint64_t bytes) {
@@ -50,12 +56,17 @@ std::pair<uint64_t, int> directory_size(const std::string& path) {
 
 bool has_manifest(const std::string& path) { return fs::exists(fs::path(path) / "manifest.json"); }
 
-// A checkpoint directory as given, or the one a checkpoint.dir's `latest` names.
+// The checkpoint a path names, verified before anything reads it: a checkpoint directory as
+// given, the one a checkpoint.dir's `latest` names, or a run directory's own newest.
 std::string resolve_checkpoint(const std::string& path) {
     if (!fs::is_directory(path)) fail(ErrorKind::data, "'", path, "' is not a directory");
-    if (has_manifest(path)) return path;
-    if (const std::optional<std::string> latest = latest_checkpoint(path)) return *latest;
-    fail(ErrorKind::data, "'", path, "' has no manifest.json (an incomplete save, or not a checkpoint) and no 'latest'");
+    std::string checkpoint;
+    if (has_manifest(path)) checkpoint = path;
+    else if (const std::optional<std::string> latest = latest_checkpoint(path)) checkpoint = *latest;
+    else if (fs::exists(fs::path(path) / "log.jsonl") || fs::exists(fs::path(path) / "config.toml")) return find_checkpoint(path);
+    else fail(ErrorKind::data, "'", path, "' has no manifest.json (an incomplete save, or not a checkpoint), no 'latest', and is not a run directory");
+    verify_checkpoint(checkpoint);
+    return checkpoint;
 }
 
 // Every tensor of a rank file that fails to read (chunk checksum, damaged metadata): the
@@ -123,7 +134,8 @@ int run_list(const CheckpointArgs& args) {
     } catch (const Error&) {
         // A damaged `latest` marks nothing; resuming with --resume auto does not read it.
     }
-    std::printf("%-10s %10s %6s  %s\n", "step", "size MB", "files", "status");
+    // files: everything in the directory, the rank files and manifest.json.
+    std::printf("%-10s %10s %6s  %s\n", "step", "size MB", "files", "status (files: rank files + manifest.json)");
     for (const CheckpointEntry& e : entries) {
         const auto [bytes, files] = directory_size(e.path);
         const bool is_latest = latest && fs::equivalent(*latest, e.path);
@@ -146,8 +158,9 @@ std::optional<std::string> verify_one(const std::string& path) {
     if (!problem) {
         const Manifest m = read_checkpoint_manifest(path);
         const auto [bytes, files] = directory_size(path);
-        std::printf("%s: ok (step %lld, %zu rank file(s), %s MB; sizes, XXH64 and every tensor chunk's Fletcher32 verified)\n", path.c_str(),
-                    static_cast<long long>(m.step), m.files.size(), megabytes(bytes).c_str());
+        std::printf("%s: ok (step %lld, %zu rank file(s) and manifest.json: %d files, %s MB; the manifest's own checksum, sizes, XXH64 and every tensor "
+                    "chunk's Fletcher32 verified)\n",
+                    path.c_str(), static_cast<long long>(m.step), m.files.size(), files, megabytes(bytes).c_str());
         return std::nullopt;
     }
     std::printf("%s: FAILED: %s\n", path.c_str(), problem->c_str());
@@ -219,7 +232,7 @@ void print_tensors(const CheckpointTensors& checkpoint) {
 }
 
 int run_inspect(const CheckpointArgs& args) {
-    const std::string path = resolve_checkpoint(args.path);
+    const std::string path = resolve_checkpoint(args.path);  // verified: a damaged one is refused, `verify` says where
     const Manifest manifest = read_checkpoint_manifest(path);
     if (args.config) {
         std::printf("%s", manifest.config_toml.c_str());
@@ -232,14 +245,51 @@ int run_inspect(const CheckpointArgs& args) {
 
 // ---- export ----
 
+// The tokenizer an export writes: --tokenizer, else the run's own (data.tokenizer, or a shards
+// dataset's tokenizer.json, as the run found it); none for byte-level text and token files.
+std::optional<Tokenizer> export_tokenizer(const CheckpointArgs& args, const Config& run) {
+    if (!args.tokenizer.empty()) return Tokenizer::load(args.tokenizer);
+    try {
+        return run_tokenizer(run);
+    } catch (const Error& e) {
+        log_warn("no tokenizer.json is exported: the run's tokenizer cannot be read from here (", e.what(), "); give it with --tokenizer");
+        return std::nullopt;
+    }
+}
+
+// --force replaces an earlier export (a directory holding model.safetensors or config.json),
+// never a directory that holds something else.
+void check_replaceable(const CheckpointArgs& args) {
+    std::error_code ec;
+    const fs::path out(args.out_dir);
+    if (!args.force || !fs::is_directory(out, ec) || fs::is_empty(out, ec)) return;
+    if (!fs::exists(out / "model.safetensors", ec) && !fs::exists(out / "config.json", ec))
+        fail(ErrorKind::config, "output directory '", args.out_dir, "' holds no model.safetensors or config.json: it is not an export that --force may replace; "
+             "empty or remove it yourself");
+}
+
 int run_export(const CheckpointArgs& args) {
     require_creatable(args.out_dir, OutputKind::directory, "out_dir");  // before the checkpoint is verified and read
     const std::string path = resolve_checkpoint(args.path);
-    if (const std::optional<std::string> problem = checkpoint_problem(path)) fail(ErrorKind::data, "cannot export: ", *problem);
-    const ExportSummary summary = export_checkpoint_to_hf(path, args.out_dir);
-    std::printf("exported '%s' (step %lld) as %s: %zu tensors, %s MB -> %s, %s\n", path.c_str(),
-                static_cast<long long>(read_checkpoint_manifest(path).step), summary.architecture.c_str(), summary.tensors,
-                megabytes(summary.bytes).c_str(), (fs::path(args.out_dir) / "model.safetensors").c_str(), (fs::path(args.out_dir) / "config.json").c_str());
+    const Manifest manifest = read_checkpoint_manifest(path);
+    const Config run = parse_config(manifest.config_toml, (fs::path(path) / "manifest.json").string() + " (config)", {}, DataFiles::unchecked);
+    const std::optional<Tokenizer> tokenizer = export_tokenizer(args, run);
+    check_replaceable(args);
+    StagedDirectory output(args.out_dir);
+    output.begin(args.force);
+    ExportSummary summary;
+    try {
+        summary = export_checkpoint_to_hf(path, output.staging_path(), tokenizer);
+        output.commit();
+    } catch (...) {
+        output.abandon();
+        throw;
+    }
+    std::printf("exported '%s' (step %lld) as %s: %zu tensors, %s MB -> %s, %s%s\n", path.c_str(), static_cast<long long>(manifest.step),
+                summary.architecture.c_str(), summary.tensors, megabytes(summary.bytes).c_str(), (fs::path(args.out_dir) / "model.safetensors").c_str(),
+                (fs::path(args.out_dir) / "config.json").c_str(),
+                tokenizer ? cat(", tokenizer.json, tokenizer_config.json (", tokenizer->vocab_size(), " tokens)").c_str()
+                          : " (no tokenizer: the run has none; --tokenizer adds one)");
     return exit_ok;
 }
 
@@ -259,14 +309,16 @@ void register_checkpoint_command(CLI::App& app, CommandAction& action) {
     verify->callback([args, &action] { action = [args] { return run_verify(*args); }; });
 
     CLI::App* inspect = cmd->add_subcommand("inspect", "Step, tokens, optimizer state, data position, mesh, files, and every tensor's shape and split");
-    inspect->add_option("path", args->path, "A checkpoint directory (or a checkpoint.dir: the latest)")->required();
+    inspect->add_option("path", args->path, "A checkpoint directory (or a checkpoint.dir: the latest; or a run directory: its newest)")->required();
     inspect->add_flag("--config", args->config, "Print the saved config (TOML) instead");
     inspect->callback([args, &action] { action = [args] { return run_inspect(*args); }; });
 
-    CLI::App* exporter = cmd->add_subcommand("export", "Write OUT_DIR/model.safetensors and config.json for Hugging Face transformers");
-    exporter->add_option("path", args->path, "A checkpoint directory (or a checkpoint.dir: the latest)")->required();
+    CLI::App* exporter = cmd->add_subcommand("export", "Write a Hugging Face directory: model.safetensors, config.json and the run's tokenizer");
+    exporter->add_option("path", args->path, "A checkpoint directory (or a checkpoint.dir: the latest; or a run directory: its newest)")->required();
     exporter->add_option("--format", args->format, "Output format")->check(CLI::IsMember({"safetensors"}));
-    exporter->add_option("out_dir", args->out_dir, "Output directory")->required();
+    exporter->add_option("--tokenizer", args->tokenizer, "tokenizer.json to write beside the weights (default: the run's own)");
+    exporter->add_flag("--force", args->force, "Replace an earlier export in OUT_DIR");
+    exporter->add_option("out_dir", args->out_dir, "Output directory (empty or new, or an earlier export with --force)")->required();
     exporter->callback([args, &action] { action = [args] { return run_export(*args); }; });
 }
 

@@ -5,6 +5,7 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/restore.h"
+#include "cli/run_directory.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/batch_source.h"
@@ -14,15 +15,37 @@ namespace llmtrain {
 
 namespace fs = std::filesystem;
 
-std::string find_checkpoint(const std::string& path) {
-    if (fs::exists(fs::path(path) / "manifest.json")) return path;
-    std::string root = path;
-    const fs::path run_config = fs::path(path) / "config.toml";
-    if (fs::exists(run_config)) root = load_config(run_config.string(), {}, DataFiles::unchecked).checkpoint.dir;
-    if (!fs::is_directory(root)) fail(ErrorKind::data, "'", path, "' is not a checkpoint, a checkpoint directory or a run directory");
+namespace {
+// The newest valid checkpoint of the run recorded in run_dir: under the checkpoint.dir its
+// records name (absolute), else its config.toml's (relative to where it ran).
+std::string run_directory_checkpoint(const std::string& run_dir, const RunRecord& run) {
+    const fs::path config_path = fs::path(run_dir) / "config.toml";
+    std::optional<Config> config;
+    if (fs::exists(config_path)) config = load_config(config_path.string(), {}, DataFiles::unchecked);
+    const std::string root = !run.checkpoint_dir.empty() ? run.checkpoint_dir : config ? config->checkpoint.dir : "";
+    const std::string who = cat("run directory '", run_dir, "' (", run.run_id ? describe_run(*run.run_id) : "a run of an earlier llmtrain", ")");
+    if (config && config->checkpoint.every_steps == 0)
+        fail(ErrorKind::data, who, " saved no checkpoint (checkpoint.every_steps = 0); give a checkpoint, or train with --set checkpoint.every_steps=N");
+    if (root.empty() || !fs::is_directory(root)) fail(ErrorKind::data, who, ": its checkpoint.dir '", root, "' does not exist");
+    if (!run.run_id) log_warn(who, " records no run id: using the newest valid checkpoint under '", root, "', which may be another run's");
     const auto skipped = [](const std::string& message) { log_warn(message); };
-    const std::optional<std::string> found = find_resume_checkpoint(root, "auto", skipped);
-    if (!found) fail(ErrorKind::data, "'", path, "': no valid checkpoint under '", root, "'");
+    const std::optional<std::string> found = find_resume_checkpoint(root, "auto", skipped, {}, run.run_id);
+    if (!found) fail(ErrorKind::data, who, " has no valid checkpoint of its own under '", root, "'");
+    return *found;
+}
+}  // namespace
+
+std::string find_checkpoint(const std::string& path) {
+    if (fs::exists(fs::path(path) / "manifest.json")) {
+        verify_checkpoint(path);
+        return path;
+    }
+    const RunRecord run = read_run_record(path);
+    if (run.holds_run || fs::exists(fs::path(path) / "config.toml")) return run_directory_checkpoint(path, run);
+    if (!fs::is_directory(path)) fail(ErrorKind::data, "'", path, "' is not a checkpoint, a checkpoint directory or a run directory");
+    const auto skipped = [](const std::string& message) { log_warn(message); };
+    const std::optional<std::string> found = find_resume_checkpoint(path, "auto", skipped);
+    if (!found) fail(ErrorKind::data, "'", path, "': no valid checkpoint under it (not a checkpoint, a checkpoint directory or a run directory)");
     return *found;
 }
 
@@ -34,7 +57,7 @@ CheckpointModel load_checkpoint_model(const std::string& path, const ModelOption
     if (!options.device.empty()) overrides.push_back("train.device=" + options.device);
     m.config = parse_config(m.manifest.config_toml, (fs::path(m.path) / "manifest.json").string() + " (config)", overrides, DataFiles::unchecked);
     const TrainConfig& t = m.config.train;
-    m.backend = t.device == ComputeDevice::cuda ? make_cuda_backend(0) : make_cpu_backend(static_cast<int>(options.threads));
+    m.backend = t.device == ComputeDevice::cuda ? make_cuda_backend(0, m.config.model.attention) : make_cpu_backend(static_cast<int>(options.threads));
     const int64_t batch = options.training_shape ? t.batch_size : 1, seq_len = options.training_shape ? t.seq_len : m.config.model.max_seq_len;
     m.model = std::make_unique<Transformer>(m.config.model, *m.backend, compute_dtype(t), batch, seq_len);
     load_checkpoint_weights(m.path, m.manifest, m.model->parameters(), *m.backend);

@@ -16,9 +16,10 @@
 
 namespace llmtrain {
 
-// The checkpoint a path names: a checkpoint directory itself; a checkpoint.dir (its newest
-// valid checkpoint); or a run directory (the newest valid one under its config's
-// checkpoint.dir). Throws Error(data) naming the path when there is none.
+// The checkpoint a path names, verified (checkpoint_store.h: verify_checkpoint): a checkpoint
+// directory itself; a checkpoint.dir (the newest valid checkpoint of the one run it holds);
+// or a run directory (the newest valid checkpoint of that run's own chain, never another
+// run's). Throws Error(data) naming the path when there is none.
 std::string find_checkpoint(const std::string& path);
 
 struct ModelOptions {

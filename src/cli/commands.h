@@ -38,5 +38,7 @@ void register_doctor_command(CLI::App& app, CommandAction& action);
 void register_bench_train(CLI::App& bench, CommandAction& action);
 // `llmtrain bench tokenizer --tokenizer T --input FILES [--repeat N] [--split-engine fastest|pcre2]`
 void register_bench_tokenizer(CLI::App& bench, CommandAction& action);
+// `llmtrain bench attention [--shape B,T,H,Hkv,D ...] [--dtype both|bf16|fp16] [--iters N]`, on the `bench` app.
+void register_bench_attention(CLI::App& bench, CommandAction& action);
 
 }  // namespace llmtrain

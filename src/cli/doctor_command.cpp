@@ -114,12 +114,15 @@ std::vector<CheckResult> node_gpu_checks(const World& w, const MpiSession* mpi, 
     return w.rank == 0 ? judge_node_gpus(nodes) : std::vector<CheckResult>{};
 }
 
+// Where NVML is missing, gpu.ecc says why; the checks after it that need NVML too say only that.
+constexpr const char* kNvmlMissing = "needs NVML, which is not loaded here (gpu.ecc says why)";
+
 // ECC, retired memory, NVLink of every GPU of this node (its first rank reads them).
 std::vector<CheckResult> node_health_checks(const Nvml* nvml, const std::string& why_not, std::vector<GpuHealth>& gpus) {
     if (!nvml) {
-        std::vector<CheckResult> skipped;
-        for (const char* name : {"gpu.ecc", "gpu.retired_memory", "gpu.nvlink"}) skipped.push_back({name, CheckStatus::skip, why_not, "GPU checks need a GPU and its driver"});
-        return skipped;
+        const std::string hint = "GPU checks need a GPU and its driver";
+        return {{"gpu.ecc", CheckStatus::skip, why_not, hint}, {"gpu.retired_memory", CheckStatus::skip, kNvmlMissing, hint},
+                {"gpu.nvlink", CheckStatus::skip, kNvmlMissing, hint}};
     }
     gpus = read_gpu_health(*nvml);
     return {judge_ecc(gpus), judge_retired_memory(gpus), judge_nvlink(gpus)};
@@ -226,7 +229,7 @@ std::vector<CheckResult> gpu_and_network_checks(const DoctorArgs& args, const Wo
     }
     if (w.local_rank == 0) {
         if (xids && xids->watching()) checks.push_back(judge_gpu_health(gpus, xids->events()));
-        else checks.push_back({"gpu.health", CheckStatus::skip, nvml ? "NVML offers no XID events here" : why_not, "GPU checks need a GPU and its driver"});
+        else checks.push_back({"gpu.health", CheckStatus::skip, nvml ? "NVML offers no XID events here" : kNvmlMissing, "GPU checks need a GPU and its driver"});
     }
     return checks;
 }

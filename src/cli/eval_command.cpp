@@ -70,7 +70,10 @@ int run_eval(const EvalArgs& args) {
     CheckpointModel m = load_checkpoint_model(args.path, options);
     const int64_t sequences = args.sequences > 0 ? args.sequences : m.config.train.eval_sequences;
     const std::unique_ptr<BatchSource> data = make_batch_source(m.config);
-    const TextCodec codec(m.config, args.tokenizer);
+    // The run's own tokenizer gives the bytes per token whatever format --data comes in: the
+    // saved config (with --set) before --data and --format stood in for its data.
+    const Config run = parse_config(m.manifest.config_toml, m.path + "/manifest.json (config)", args.overrides, DataFiles::unchecked);
+    const TextCodec codec(run, args.tokenizer);
     const EvalResult r = evaluate(m, *data, codec, sequences);
     const double perplexity = std::exp(r.loss);
     const std::optional<double> bpb = r.bytes && *r.bytes > 0 ? std::optional<double>(r.loss * static_cast<double>(r.tokens) / (std::log(2.0) * static_cast<double>(*r.bytes))) : std::nullopt;

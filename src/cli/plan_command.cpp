@@ -86,9 +86,19 @@ nlohmann::json plan_json(const LayoutPlan& p) {
             {"cost_usd", p.cost_usd}};
 }
 
+// A count with the unit that keeps it readable: "1.33M", "72.71B".
+std::string count_text(double count) {
+    char text[32];
+    if (count >= 1e9) std::snprintf(text, sizeof text, "%.2fB", count / 1e9);
+    else if (count >= 1e6) std::snprintf(text, sizeof text, "%.2fM", count / 1e6);
+    else std::snprintf(text, sizeof text, "%.1fK", count / 1e3);
+    return text;
+}
+
 void print_header(const Config& config, const Cluster& cluster, int devices, double parameters) {
-    std::printf("plan %s: %s, %.2fB parameters, on %d of %s (%d nodes x %d %s, %.0f TFLOP/s, %.0f GB each)\n", config.source_path.c_str(),
-                family_name(config.model.family), parameters / 1e9, devices, cluster.source_path.c_str(), cluster.nodes, cluster.devices_per_node,
+    // %g: a CPU core's 0.1 TFLOP/s prints as itself, not as 0.
+    std::printf("plan %s: %s, %s parameters, on %d of %s (%d nodes x %d %s, %g TFLOP/s, %g GB each)\n", config.source_path.c_str(),
+                family_name(config.model.family), count_text(parameters).c_str(), devices, cluster.source_path.c_str(), cluster.nodes, cluster.devices_per_node,
                 cluster.device_name.c_str(), cluster.peak_tflops, cluster.memory_gb);
     std::printf("calibration: %s\n", cluster.calibration_path.empty() ? "none (the cluster file's assumed efficiencies)" : cluster.calibration_path.c_str());
 }
@@ -171,8 +181,10 @@ int run_plan(const PlanArgs& args) {
     if (args.json) std::printf("%s\n", plan_json(plan).dump(2).c_str());
     else {
         print_header(config, cluster, devices, parameters);
-        std::printf("layout: %d devices = %s, %lld tokens per micro-batch, ZeRO stage %lld\n", devices, layout_name(plan).c_str(),
-                    static_cast<long long>(plan.config.train.batch_size * plan.config.train.seq_len), static_cast<long long>(plan.config.parallel.zero_stage));
+        // As `train` says it: one data-parallel rank has nothing to shard.
+        std::printf("layout: %d devices = %s, %lld tokens per micro-batch, %s\n", devices, layout_name(plan).c_str(),
+                    static_cast<long long>(plan.config.train.batch_size * plan.config.train.seq_len),
+                    plan.dp > 1 ? cat("ZeRO stage ", plan.config.parallel.zero_stage).c_str() : "ZeRO off (dp 1: nothing to shard)");
         print_memory(plan);
         print_time(plan, args.options);
     }

@@ -1,18 +1,23 @@
-// `llmtrain train`: every check first (config, layout, and under MPI the agreement of every
-// rank), then the trainer (device, data, allocation), and only then the run directory: a run
-// refused at the door leaves nothing behind. The run directory tells what became of the run
-// (metrics/run_log.h): start, steps, and one closing record, or none if it was killed.
+// `llmtrain train`: every check first (config, layout, the run directory and checkpoint.dir
+// against the run's identity, the resume target, and under MPI the agreement of every rank),
+// then the trainer (device, data, allocation), and only then the run directory: a run refused
+// at the door leaves nothing behind. The run directory tells what became of the run
+// (metrics/run_log.h): start, steps, and one closing record, or none if it was killed; the
+// same command run again with --resume continues the run there.
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/config_changes.h"
+#include "checkpoint/initial_weights.h"
 #include "checkpoint/resume_point.h"
-#include "checkpoint/safetensors.h"
 #include "cli/commands.h"
 #include "cli/run_directory.h"
 #include "cli/run_metrics.h"
@@ -20,6 +25,7 @@
 #include "core/exit_code.h"
 #include "core/log.h"
 #include "core/signals.h"
+#include "data/batch_source.h"
 #include "metrics/console_observer.h"
 #include "metrics/run_log.h"
 #include "monitor/anomaly_log.h"
@@ -63,17 +69,16 @@ void report(const TrainResult& result) {
 // SIGINT is the user at the terminal; SIGTERM and SIGUSR1 are a scheduler's notice: run again.
 ExitCode exit_code_of_stop(int signal) { return signal == SIGINT ? exit_interrupted : exit_resume; }
 
-// --dry-run: what the run would be, and nothing created.
+// --dry-run, after the checks the run itself makes: what the run would be, and nothing created.
 void print_dry_run(const Config& config, const Mesh& mesh) {
-    std::printf("# Effective configuration (defaults and --set overrides applied)\n%s\n", dump_config(config).c_str());
     const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, mesh.pp(), config.model.n_layers);
     std::string stages;
     for (size_t s = 0; s < layers.size(); ++s) stages += cat(s ? ", " : "", layers[s]);
     const int shard_size = shard_size_of(config.parallel, mesh.dp());
     const std::string hybrid = shard_size < mesh.dp() ? cat(" (sharded within blocks of ", shard_size, " dp ranks)") : "";
-    std::printf("layout: %d ranks = tp %d x dp %d x pp %d (order %s) | layers per stage: %s | ZeRO stage %lld%s\n", mesh.world_size(), mesh.tp(),
-                mesh.dp(), mesh.pp(), config.parallel.order.c_str(), stages.c_str(), static_cast<long long>(mesh.dp() > 1 ? config.parallel.zero_stage : 0),
-                hybrid.c_str());
+    const std::string zero = mesh.dp() > 1 ? cat("ZeRO stage ", config.parallel.zero_stage) : "ZeRO off (dp 1: nothing to shard)";
+    std::printf("layout: %d ranks = tp %d x dp %d x pp %d (order %s) | layers per stage: %s | %s%s\n", mesh.world_size(), mesh.tp(), mesh.dp(), mesh.pp(),
+                config.parallel.order.c_str(), stages.c_str(), zero.c_str(), hybrid.c_str());
     const int64_t micro_batches = micro_batches_per_step(config, mesh.dp());
     std::printf("batch: %lld x %lld tokens x %lld micro-batches x dp %d = %lld tokens per step\n", static_cast<long long>(config.train.batch_size),
                 static_cast<long long>(config.train.seq_len), static_cast<long long>(micro_batches), mesh.dp(),
@@ -82,6 +87,82 @@ void print_dry_run(const Config& config, const Mesh& mesh) {
     std::printf("memory plan of the largest rank: %s\n", describe(plan).c_str());
     check_memory_fits(plan, available_memory_per_rank(config, 0, 1));  // as if each rank had a node of this machine's size
     std::printf("dry run: every check passed; nothing was allocated or written\n");
+}
+
+// --dry-run's first output: the effective config (the key reference: every key with its
+// default and description), then the data as the run opens it (files, headers, every id
+// against model.vocab_size, the tokenizer's hash against the dataset's).
+void print_effective_config_and_data(const Config& config) {
+    std::printf("# Effective configuration (defaults and --set overrides applied)\n%s\n", dump_config(config).c_str());
+    std::fflush(stdout);
+    std::printf("data: %s\n", make_batch_source(config)->describe().c_str());
+}
+
+// Where a run stands before anything is written: the checkpoint it starts from, and who it is.
+struct RunStart {
+    std::optional<ResumePoint> resume;
+    RunIdentity identity;
+};
+
+// The run's identity from its run directory's record and the checkpoint --resume found: a
+// resumed run is the checkpoint's run, a run continued in its run directory is the one
+// recorded there (and may resume only its own checkpoints), any other run is new.
+RunIdentity identify_run(const std::string& run_dir, const RunRecord& record, const std::optional<ResumePoint>& resume) {
+    RunIdentity identity;
+    identity.continues_record = record.holds_run;
+    if (resume) {
+        identity.run_id = resume->manifest.run_id;
+        identity.resumed_from = resume->path;
+        identity.start_step = resume->manifest.step;
+    } else {
+        identity.run_id = record.run_id ? *record.run_id : new_run_id();
+    }
+    if (record.holds_run && record.run_id && resume && *record.run_id != resume->manifest.run_id)
+        fail(ErrorKind::config, "run directory '", run_dir, "' holds ", describe_run(*record.run_id), "; the checkpoint '", resume->path, "' is of ",
+             describe_run(resume->manifest.run_id), ": continue each run in its own run directory (choose another --run-dir)");
+    return identity;
+}
+
+// The keys of the effective config that differ from what the run directory recorded first.
+std::string changes_from_record(const std::string& run_dir, const Config& config) {
+    std::ifstream in(std::filesystem::path(run_dir) / "config.toml");
+    const std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const ConfigChanges changes = config_changes(recorded, dump_config(config));
+    std::string text;
+    for (const auto* list : {&changes.model_shape, &changes.layout, &changes.other})
+        for (const ConfigChange& c : *list) text += (text.empty() ? "" : ", ") + c.describe();
+    return text;
+}
+
+// The checks of a run's start that read the run directory, checkpoint.dir and the resume
+// target, in the order the run makes them; they write nothing. find: the resume target
+// (under MPI every rank agrees on it). On return `config` is the run's effective config (a
+// resume keeps its global batch on this dp).
+// record: what the run directory holds, the same on every rank; run_dir: "" on ranks other than 0.
+template <class FindResume>
+RunStart check_run_start(const TrainArgs& args, const std::string& run_dir, const RunRecord& record, Config& config, int64_t dp, bool report, FindResume&& find) {
+    if (record.holds_run && args.resume.empty()) check_run_dir_is_free(run_dir);
+    RunStart start;
+    if (!args.resume.empty()) start.resume = find(record.run_id);
+    start.identity = identify_run(run_dir, record, start.resume);
+    if (start.resume) {
+        check_resume_config(*start.resume, config, report);
+        keep_saved_global_batch(*start.resume, config, dp, report);
+    }
+    micro_batches_per_step(config, dp);  // a global batch that does not split stops the run before its directory exists
+    if (record.holds_run && !run_dir.empty()) start.identity.config_changes = changes_from_record(run_dir, config);
+    if (config.checkpoint.every_steps > 0 && !run_dir.empty()) check_checkpoint_dir_is_free_for(config.checkpoint.dir, start.identity.run_id);
+    return start;
+}
+
+// The lines that use a run's checkpoints, printed when a run leaves one: on its run directory
+// (its own newest checkpoint), else on the checkpoint; the export beside them, not inside a
+// checkpoint directory.
+void print_next_commands(const std::string& run_dir, const std::string& checkpoint) {
+    const std::string target = run_dir.empty() ? checkpoint : run_dir;
+    const std::string out = run_dir.empty() ? (std::filesystem::path("exports") / std::filesystem::path(checkpoint).filename()).string()
+                                            : (std::filesystem::path(run_dir) / "hf").string();
+    log_info("next: llmtrain generate ", target, "  |  llmtrain eval ", target, "  |  llmtrain checkpoint export ", target, " ", out);
 }
 
 // The world a layout asks for: tp * pp * dp (dp = 0: 1).
@@ -95,7 +176,7 @@ void restore(Trainer& trainer, const std::optional<ResumePoint>& resume, const C
     if (!resume) {
         if (config.train.init_from.empty()) return;
         trainer.load_initial_weights(config.train.init_from);
-        if (trainer.context().world_rank == 0) log_info("weights from '", safetensors_file_of(config.train.init_from), "' (train.init_from); starting at step 0");
+        if (trainer.context().world_rank == 0) log_info("weights from '", initial_weights_source(config.train.init_from), "' (train.init_from); starting at step 0");
         return;
     }
     trainer.restore(resume->path, resume->manifest);
@@ -106,13 +187,20 @@ void restore(Trainer& trainer, const std::optional<ResumePoint>& resume, const C
     if (!health.empty()) log_info("health: in force from before the checkpoint: ", health);
 }
 
-void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config) {
+void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config, const Config& as_given, const std::string& run_dir) {
     if (config.checkpoint.every_steps == 0) return;
     const ParallelContext& ctx = trainer.context();
     const FileAttributes file{0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
     CheckpointerHooks hooks;
     hooks.capture = [&trainer](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
-    hooks.manifest = [&trainer](int64_t step) { return trainer.manifest_at(step); };
+    // The config as the user gave it: a resume compares its batch keys with the next one's
+    // (a kept global batch is in the manifest's global_batch, not in the keys).
+    hooks.manifest = [&trainer, given = dump_config(as_given), run_dir](int64_t step) {
+        Manifest m = trainer.manifest_at(step);
+        m.config_toml = given;
+        m.run_directory = run_dir;
+        return m;
+    };
     checkpointer.emplace(config.checkpoint, *ctx.world, file, std::move(hooks));
     trainer.observe(*checkpointer);
     trainer.settle_checkpoints_with([&saver = *checkpointer] { saver.finish(); });
@@ -137,26 +225,38 @@ void save_before_abort(Trainer& trainer, std::optional<Checkpointer>& checkpoint
 // The run's name: its directory's (the `job` label of its metrics).
 std::string run_name(const std::string& run_dir) { return std::filesystem::path(run_dir).lexically_normal().filename().string(); }
 
-// Trains with everything checked; rank 0 (run_dir set) records the run. job_run_dir: the
-// run directory, known to every rank. Returns the exit code.
-int train(Trainer& trainer, const Config& config, const std::string& run_dir, const std::string& job_run_dir, int ranks) {
+// What a run is given to train: its effective config, the config as the user gave it (for its
+// manifests), where it is recorded and who it is.
+struct RunPlan {
+    const Config& config;
+    const Config& as_given;
+    std::string run_dir;      // rank 0; "" elsewhere
+    std::string job_run_dir;  // the run directory, known to every rank
+    int ranks = 1;
+    RunIdentity identity;
+};
+
+// Trains with everything checked; rank 0 (run_dir set) records the run. Returns the exit code.
+int train(Trainer& trainer, const RunPlan& run) {
+    const Config& config = run.config;
     std::optional<RunDirectory> dir;
     std::optional<ConsoleObserver> console;
     std::optional<AnomalyLog> anomalies;
     std::optional<Checkpointer> checkpointer;
-    start_checkpointer(checkpointer, trainer, config);
+    start_checkpointer(checkpointer, trainer, config, run.as_given, run.job_run_dir);
     // Before the run directory: a metrics port that cannot be bound leaves nothing behind.
-    RunMetrics metrics(trainer, config, run_name(job_run_dir), checkpointer ? &*checkpointer : nullptr);
-    if (!run_dir.empty()) {
-        dir.emplace(run_dir, config, config.source_path, ranks);
-        anomalies.emplace((std::filesystem::path(run_dir) / "anomalies.jsonl").string());
+    RunMetrics metrics(trainer, config, run_name(run.job_run_dir), checkpointer ? &*checkpointer : nullptr);
+    if (!run.run_dir.empty()) {
+        dir.emplace(run.run_dir, config, config.source_path, run.ranks, run.identity);
+        anomalies.emplace((std::filesystem::path(run.run_dir) / "anomalies.jsonl").string(), run.identity.continues_record);
         trainer.observe(*anomalies);
-        log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", config.source_path, " | run directory ", run_dir, ranks > 1 ? cat(" | ", ranks, " ranks") : "");
+        log_info("llmtrain ", LLMTRAIN_VERSION, " | config ", config.source_path, " | run directory ", run.run_dir,
+                 run.identity.continues_record ? " (continued)" : "", run.ranks > 1 ? cat(" | ", run.ranks, " ranks") : "", " | ", describe_run(run.identity.run_id));
         console.emplace(config.train.log_every, config.train.steps);
         trainer.observe(*console);
         if (config.metrics.jsonl) trainer.observe(dir->log());
     }
-    metrics.publish_endpoints(run_dir);
+    metrics.publish_endpoints(run.run_dir);
     try {
         const TrainResult result = trainer.run();
         const int64_t last_step = trainer.start_step() + static_cast<int64_t>(result.steps.size());
@@ -176,6 +276,8 @@ int train(Trainer& trainer, const Config& config, const std::string& run_dir, co
             report(result);
             dir->log().write("end", {{"steps", last_step}, {"seconds", result.train_seconds},
                                      {"tokens_per_second", result.tokens_per_second}, {"exit_code", exit_ok}});
+            if (checkpointer && checkpointer->last_save())
+                print_next_commands(run.run_dir, (std::filesystem::path(config.checkpoint.dir) / checkpoint_name(last_step)).string());
         }
         return exit_ok;
     } catch (const Error& e) {
@@ -185,29 +287,40 @@ int train(Trainer& trainer, const Config& config, const std::string& run_dir, co
     }
 }
 
-int train_single_process(const TrainArgs& args, const Config& config) {
+// A run whose checkpoint holds every step already has nothing to do; it says so, and how to
+// use what it left.
+bool finished_already(const RunStart& start, const Config& config, const std::string& run_dir, bool report) {
+    if (!trained_already(start.resume, config, report)) return false;
+    if (report) print_next_commands(start.identity.continues_record ? run_dir : "", start.resume->path);
+    return true;
+}
+
+int train_single_process(const TrainArgs& args, const Config& as_given) {
+    Config config = as_given;
     const int ranks = layout_ranks(config.parallel);
-    if (args.dry_run) {
-        print_dry_run(config, make_mesh(config.parallel, ranks));
-        return exit_ok;
-    }
-    if (ranks > 1)
+    const Mesh mesh = make_mesh(config.parallel, ranks);
+    if (args.dry_run) print_effective_config_and_data(config);
+    if (ranks > 1 && !args.dry_run)
         fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp, ", pp ", config.parallel.pp,
              ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
-    micro_batches_per_step(config, 1);  // a global batch that does not split stops the run before its directory exists
+    micro_batches_per_step(config, mesh.dp());  // a global batch that does not split stops the run before its directory exists
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
-    check_run_dir_is_free(run_dir);
+    const RunStart start = check_run_start(args, run_dir, read_run_record(run_dir), config, mesh.dp(), true,
+                                           [&](const std::optional<std::string>& run_id) { return find_resume_point(args.resume, config, true, {}, run_id); });
+    if (args.dry_run) {
+        print_dry_run(config, mesh);
+        return exit_ok;
+    }
     if (config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
-    check_rank_memory(config, make_mesh(config.parallel, 1), 0, 1);
-    const std::optional<ResumePoint> resume = args.resume.empty() ? std::nullopt : find_resume_point(args.resume, config);
-    if (resume) check_resume_config(*resume, config, true);
-    if (trained_already(resume, config, true)) return exit_ok;
+    check_rank_memory(config, mesh, 0, 1);
+    if (finished_already(start, config, run_dir, true)) return exit_ok;
     install_stop_signal_handlers();
     TrainerOptions options;
     options.stop_signal = pending_stop_signal;
+    options.run_id = start.identity.run_id;
     Trainer trainer(config, std::move(options));
-    restore(trainer, resume, config);
-    return train(trainer, config, run_dir, run_dir, 1);
+    restore(trainer, start.resume, config);
+    return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity});
 }
 
 // Runs checks on every rank. If any rank fails, the first failing rank alone prints its
@@ -233,8 +346,7 @@ void check_on_every_rank(const MpiSession& mpi, Checks&& checks) {
 // Every rank looks for the checkpoint the same way and checks its share of the files (size,
 // XXH64), so no rank reads the whole checkpoint; one agreement per candidate keeps every rank
 // on the same choice. The rank that finds a problem says which file.
-std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArgs& args, const Config& config) {
-    if (args.resume.empty()) return std::nullopt;
+std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArgs& args, const Config& config, const std::optional<std::string>& run_id) {
     const bool root = mpi.world_rank() == 0;
     const ProblemOf shared_check = [&](const std::string& path) -> std::optional<std::string> {
         const std::optional<std::string> mine = checkpoint_problem(path, Verification::files, {mpi.world_rank(), mpi.world_size()});
@@ -243,12 +355,17 @@ std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArg
         if (mine && !root) log_warn("--resume ", args.resume, ": ", *mine);
         return mine ? *mine : cat("rank ", first, " found a file of it missing or damaged (its message names the file)");
     };
-    std::optional<ResumePoint> resume;
-    check_on_every_rank(mpi, [&] {
-        resume = find_resume_point(args.resume, config, root, shared_check);
-        if (resume) check_resume_config(*resume, config, root);
-    });
-    return resume;
+    return find_resume_point(args.resume, config, root, shared_check, run_id);
+}
+
+// What rank 0's run directory holds, told to every rank (they choose the checkpoint together).
+RunRecord agree_on_run_record(const MpiSession& mpi, const std::string& run_dir) {
+    const RunRecord mine = mpi.world_rank() == 0 ? read_run_record(run_dir) : RunRecord{};
+    const std::string text = mpi.broadcast_text(0, !mine.holds_run ? "" : mine.run_id ? "id " + *mine.run_id : "no id");
+    RunRecord record = mine;
+    record.holds_run = !text.empty();
+    if (text.starts_with("id ")) record.run_id = text.substr(3);
+    return record;
 }
 
 // Under MPI every rank runs this. Rank 0 owns the run directory and the output; an error on
@@ -257,40 +374,49 @@ std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArg
 int train_under_mpi(const TrainArgs& args) {
     MpiSession mpi;
     const int world_rank = mpi.world_rank();
-    std::optional<Config> config;
-    check_on_every_rank(mpi, [&] { config.emplace(load_config(args.config_path, args.overrides)); });
+    std::optional<Config> as_given;
+    check_on_every_rank(mpi, [&] { as_given.emplace(load_config(args.config_path, args.overrides)); });
+    Config config = *as_given;
+    if (args.dry_run) check_on_every_rank(mpi, [&] { if (world_rank == 0) print_effective_config_and_data(config); });
     const std::string run_dir = world_rank != 0 ? "" : args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     // Every rank knows where the run is recorded: one that fails adds its error there.
     const std::string job_run_dir = mpi.broadcast_text(0, run_dir);
+    // A layout this world cannot hold, or a global batch its dp does not split, stops every
+    // rank before the run directory exists.
+    std::optional<Mesh> mesh;
     check_on_every_rank(mpi, [&] {
-        // A global batch that this dp does not split stops every rank before the run directory exists.
-        micro_batches_per_step(*config, make_mesh(config->parallel, mpi.world_size()).dp());
-        if (!run_dir.empty() && !args.dry_run) check_run_dir_is_free(run_dir);
-        if (!run_dir.empty() && !args.dry_run && config->checkpoint.every_steps > 0) create_checkpoint_root(config->checkpoint.dir);
+        mesh.emplace(make_mesh(config.parallel, mpi.world_size()));
+        micro_batches_per_step(config, mesh->dp());
     });
-    if (args.dry_run) {
-        if (world_rank == 0) print_dry_run(*config, make_mesh(config->parallel, mpi.world_size()));
-        return exit_ok;
-    }
-    const std::optional<ResumePoint> resume = agree_on_resume(mpi, args, *config);
-    if (trained_already(resume, *config, world_rank == 0)) return exit_ok;
+    const RunRecord record = agree_on_run_record(mpi, run_dir);
+    RunStart start;
+    check_on_every_rank(mpi, [&] {
+        start = check_run_start(args, run_dir, record, config, mesh->dp(), world_rank == 0,
+                                [&](const std::optional<std::string>& run_id) { return agree_on_resume(mpi, args, config, run_id); });
+        if (args.dry_run && world_rank == 0) print_dry_run(config, *mesh);
+        if (!args.dry_run && !run_dir.empty() && config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
+    });
+    if (args.dry_run) return exit_ok;
+    start.identity.run_id = mpi.broadcast_text(0, start.identity.run_id);  // a new run's id is rank 0's
+    if (finished_already(start, config, run_dir, world_rank == 0)) return exit_ok;
     CommTimes comm_times;  // outlives the context's groups, which add to it
     std::optional<ParallelContext> ctx;
     std::string where = cat("rank ", world_rank);
     try {
-        ctx.emplace(make_mpi_context(config->parallel));
+        ctx.emplace(make_mpi_context(config.parallel));
         time_communication(*ctx, comm_times);
         where = cat("rank ", world_rank, " (", ctx->mesh.describe(world_rank), ")");
-        check_on_every_rank(mpi, [&] { check_rank_memory(*config, ctx->mesh, ctx->local_rank, ctx->local_size); });
+        check_on_every_rank(mpi, [&] { check_rank_memory(config, ctx->mesh, ctx->local_rank, ctx->local_size); });
         install_stop_signal_handlers();
         TrainerOptions options;
         options.quiet = world_rank != 0;
         options.stop_signal = pending_stop_signal;
         options.comm_times = &comm_times;
-        Trainer trainer(*config, std::move(options), *ctx);
-        restore(trainer, resume, *config);
+        options.run_id = start.identity.run_id;
+        Trainer trainer(config, std::move(options), *ctx);
+        restore(trainer, start.resume, config);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
-        return train(trainer, *config, run_dir, job_run_dir, mpi.world_size());
+        return train(trainer, {config, *as_given, run_dir, job_run_dir, mpi.world_size(), start.identity});
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
         print_error_line(cat("llmtrain: ", where, ": ", error_kind_name(e.kind()), ": ", e.what()));
@@ -314,11 +440,14 @@ void register_train_command(CLI::App& app, CommandAction& action) {
     CLI::App* cmd = app.add_subcommand("train", "Train a model as described by a TOML config");
     cmd->add_option("config", args->config_path, "The run's TOML config file")->required();
     cmd->add_option("--set", args->overrides, "Override a config key, e.g. --set train.steps=100 (repeatable)")->type_name("KEY=VALUE");
-    cmd->add_option("--run-dir", args->run_dir, "Where logs and the effective config go (default: runs/<config>-<time>)");
+    cmd->add_option("--run-dir", args->run_dir,
+                    "Where logs and the effective config go (default: runs/<config>-<time>); with --resume, the directory of the run to continue in");
     cmd->add_option("--resume", args->resume,
-                    "Continue from a checkpoint: auto (the newest valid one under checkpoint.dir, or a fresh start if none), latest, or a checkpoint directory")
+                    "Continue from a checkpoint: auto (the newest valid one of this run's chain under checkpoint.dir, or a fresh start if none), "
+                    "latest, or a checkpoint directory")
         ->type_name("auto|latest|PATH");
-    cmd->add_flag("--dry-run", args->dry_run, "Check everything, print the effective config, the layout and the memory plan, and exit");
+    cmd->add_flag("--dry-run", args->dry_run,
+                  "Print the effective config, run every check the run would (data, tokenizer, resume target, checkpoint.dir, memory), and exit");
     cmd->callback([args, &action] { action = [args] { return run_train(*args); }; });
 }
 

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "core/attention_head_dims.h"
 #include "core/error.h"
 
 namespace llmtrain {
@@ -42,6 +43,7 @@ constexpr const char* kSaveErrorNames[] = {"warn", "abort"};
 constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
 constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
+constexpr const char* kAttentionNames[] = {"auto", "cudnn", "native"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
 constexpr const char* kCommNames[] = {"auto", "nccl", "mpi"};
 constexpr const char* kMetricsServeNames[] = {"auto", "on", "off"};
@@ -57,6 +59,7 @@ Names names_of(SaveErrorPolicy) { return kSaveErrorNames; }
 Names names_of(ComputeDevice) { return kDeviceNames; }
 Names names_of(Precision) { return kPrecisionNames; }
 Names names_of(Recompute) { return kRecomputeNames; }
+Names names_of(AttentionImpl) { return kAttentionNames; }
 Names names_of(CommBackend) { return kCommNames; }
 Names names_of(MetricsServe) { return kMetricsServeNames; }
 
@@ -242,6 +245,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(model, tied_embeddings).boolean().derived(default_tied_embeddings)
             .describe("output projection shares the token embedding; default true for gpt2, false for llama"),
         CONFIG_KEY(model, init_std).number(excl(0), incl(1)).describe("standard deviation of the initial weights"),
+        CONFIG_KEY(model, attention).choice(kAttentionNames)
+            .describe("CUDA attention kernels: auto (cuDNN's fused attention where libcudnn loads and takes the shape, else native), cudnn, native"),
 
         CONFIG_KEY(data, format).choice(kFormatNames)
             .describe("text: bytes, vocabulary 256 + end-of-document; tokens: a flat file of token ids"),
@@ -264,7 +269,8 @@ const std::vector<Field>& schema() {
             .describe("sequences per optimizer step over the whole job; 0: batch_size * grad_accum * dp"),
         CONFIG_KEY(train, grad_accum).integer(0, 65536)
             .describe("micro-batches per optimizer step on each dp rank; 0: global_batch_size / (batch_size * dp), or 1"),
-        CONFIG_KEY(train, eval_every).integer(0, kTrillion).describe("steps between evaluations; 0: only after the last step"),
+        CONFIG_KEY(train, eval_every).integer(0, kTrillion)
+            .describe("steps between evaluations; a fresh run also evaluates before its first step, every run after its last; 0: only those two"),
         CONFIG_KEY(train, eval_sequences).integer(1, kTrillion)
             .describe("validation sequences per evaluation: the same set whatever batch_size and the layout"),
         CONFIG_KEY(train, log_every).integer(1, kTrillion).describe("steps between log lines"),
@@ -280,7 +286,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(train, loss_scale).number(incl(1), incl(16777216)).describe("fp16: initial dynamic loss scale"),
         CONFIG_KEY(train, loss_scale_window).integer(1, kMillion).describe("fp16: steps without overflow before the loss scale doubles"),
         CONFIG_KEY(train, init_from).string()
-            .describe("Hugging Face weights to start from (step 0, fresh optimizer): a .safetensors file or a directory holding model.safetensors; empty: random initialization; a checkpoint found by --resume wins"),
+            .describe("weights to start from (step 0, fresh optimizer), verified first: a .safetensors file, a directory holding model.safetensors, "
+                      "or an llmtrain checkpoint directory; empty: random initialization; a checkpoint found by --resume wins"),
 
         CONFIG_KEY(optimizer, name).choice(kOptimizerNames)
             .describe("adamw, or onebit_adam: 1-bit Adam, AdamW for freeze_step steps, then frozen variance and the momentum all-reduced as sign bits "
@@ -593,6 +600,13 @@ struct KeyReader {
     Value operator()(const StringRule&, const toml::node& node) const { return string_of(node); }
     Value operator()(const FileRule&, const toml::node& node) const { return string_of(node); }
     Value operator()(const ChoiceRule& rule, const toml::node& node) const {
+        // A TOML boolean where the choices are the strings "on" and "off" (metrics.enabled = true):
+        // refused, as another type is, saying which string to write (a third choice, "auto", is
+        // why the key is not a boolean).
+        const auto allows = [&](const char* name) { return std::find(rule.names.begin(), rule.names.end(), std::string_view(name)) != rule.names.end(); };
+        if (node.is_boolean() && allows("on") && allows("off"))
+            reject(cat("expected a string, got the boolean ", node.as_boolean()->get() ? "true" : "false", ": write \"", node.as_boolean()->get() ? "on" : "off",
+                       "\" (allowed: ", describe(field.rule), ")"));
         const std::string value = string_of(node);
         if (std::find(rule.names.begin(), rule.names.end(), value) == rule.names.end())
             reject(cat('"', value, "\" is not a known value (allowed: ", describe(field.rule), ")"));
@@ -740,12 +754,24 @@ constexpr Check kChecks[] = {
                                               : cat("\"fp32\" is the CPU backend's; train.device = \"cuda\" computes in bf16 or fp16 (allowed: auto, bf16, fp16)")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        // The flash-attention kernels are instantiated for these head dimensions.
+        // The native flash kernels are instantiated for a few head dimensions; cuDNN takes
+        // multiples of 8 (core/attention_head_dims.h).
         const int64_t d = c.model.head_dim();
-        if (c.train.device != ComputeDevice::cuda || d == 32 || d == 64 || d == 128) return std::nullopt;
+        if (c.train.device != ComputeDevice::cuda) return std::nullopt;
+        if (c.model.attention == AttentionImpl::cudnn) {
+            if (cudnn_attention_takes(d)) return std::nullopt;
+            return Problem{"model.n_heads", cat(c.model.n_heads, " heads give head dimension model.d_model / model.n_heads = ", c.model.d_model, " / ",
+                                                c.model.n_heads, " = ", d, "; model.attention = \"cudnn\" needs a multiple of 8 up to ", cudnn_max_head_dim)};
+        }
+        if (native_attention_takes(d)) return std::nullopt;
         const std::string suggestion = c.model.d_model % 64 == 0 ? cat(" (model.n_heads = ", c.model.d_model / 64, " gives 64)") : "";
         return Problem{"model.n_heads", cat(c.model.n_heads, " heads give head dimension model.d_model / model.n_heads = ", c.model.d_model, " / ",
-                                            c.model.n_heads, " = ", d, "; train.device = \"cuda\" needs 32, 64 or 128", suggestion)};
+                                            c.model.n_heads, " = ", d, "; train.device = \"cuda\" needs ", native_attention_head_dims_text(), suggestion,
+                                            cudnn_attention_takes(d) ? " or model.attention = \"cudnn\"" : "")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.model.attention != AttentionImpl::cudnn || c.train.device == ComputeDevice::cuda) return std::nullopt;
+        return Problem{"model.attention", "\"cudnn\" is the CUDA backend's; set train.device = \"cuda\", or model.attention = \"auto\" or \"native\""};
     },
     [](const Config& c) -> std::optional<Problem> {
         const int64_t tp = c.parallel.tp;
@@ -885,6 +911,7 @@ CommBackend comm_backend(const Config& config) {
 
 const char* precision_name(Precision precision) { return kPrecisionNames[static_cast<size_t>(precision)]; }
 const char* recompute_name(Recompute recompute) { return kRecomputeNames[static_cast<size_t>(recompute)]; }
+const char* attention_impl_name(AttentionImpl impl) { return kAttentionNames[static_cast<size_t>(impl)]; }
 const char* health_action_name(HealthAction action) { return kHealthActionNames[static_cast<size_t>(action)]; }
 
 DType compute_dtype(const TrainConfig& train) {

@@ -14,6 +14,12 @@ namespace llmtrain {
 enum class ModelFamily { gpt2, llama };
 const char* family_name(ModelFamily family);
 
+// The attention kernels of the CUDA backend: auto takes cuDNN's fused flash attention where
+// libcudnn loads and supports the shape, else the native kernels (said once in the log);
+// cudnn insists (a clear error where it cannot run); native never loads cuDNN.
+enum class AttentionImpl { automatic, cudnn, native };
+const char* attention_impl_name(AttentionImpl impl);
+
 struct ModelConfig {
     ModelFamily family = ModelFamily::gpt2;
     int64_t n_layers = 0;
@@ -29,6 +35,7 @@ struct ModelConfig {
     bool qkv_bias = false;         // llama only (Qwen2 style); gpt2 always has biases
     bool tied_embeddings = true;   // default: true for gpt2, false for llama
     double init_std = 0.02;
+    AttentionImpl attention = AttentionImpl::automatic;  // CUDA: cuDNN's fused attention or the native kernels
     int64_t head_dim() const { return d_model / n_heads; }
     // Rows of the embedding and the LM head (Megatron's make-vocab-size-divisible-by): a
     // multiple of tp * pad_vocab_to, so that tensor parallelism splits them evenly. The rows

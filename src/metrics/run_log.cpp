@@ -33,9 +33,9 @@ std::string record_line(const std::string& event, const nlohmann::json& fields) 
 }
 }  // namespace
 
-RunLog::RunLog(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(ErrorKind::io, "cannot create '", path, "': ", std::strerror(errno));
+RunLog::RunLog(const std::string& path, bool append) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? 0 : O_EXCL) | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(ErrorKind::io, "cannot ", append ? "open" : "create", " '", path, "': ", std::strerror(errno));
 }
 
 RunLog::~RunLog() {
@@ -62,7 +62,7 @@ bool RunLog::append_to(const std::string& path, const std::string& event, nlohma
 void RunLog::after_step(const StepRecord& s) {
     nlohmann::json fields = {{"step", s.step},         {"loss", s.loss},         {"lr", s.lr},
                              {"grad_norm", s.grad_norm}, {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second},
-                             {"skipped", s.skipped}, {"dp_bytes_sent", s.dp_bytes_sent}};
+                             {"skipped", s.skipped}, {"dp_bytes_sent", s.dp_bytes_sent}, {"host_syncs", s.rank.host_syncs}};
     if (s.dynamic_loss_scale) fields["loss_scale"] = s.loss_scale;
     write("step", fields);
 }

@@ -1,6 +1,6 @@
 // log.jsonl of a run directory: one JSON object per line, appended and flushed as it
 // happens, so the file alone tells what became of a run:
-//   {"event":"start",...}        first line: version, command, config, ranks, host, pid
+//   {"event":"start",...}        first line: version, command, config, ranks, host, pid, run id
 //   {"event":"step",...}         one per optimizer step; {"event":"eval",...} per evaluation
 //   then exactly one of
 //   {"event":"end",...}          finished (exit_code 0)
@@ -8,6 +8,9 @@
 //   {"event":"error",...}        an error ended it (kind, message, exit_code)
 //   {"event":"crash",...}        a fatal signal (SIGSEGV, SIGABRT, ...), written by its handler
 //   or no closing record at all: the process was killed (SIGKILL, the node lost).
+// A run continued in its own run directory (`--resume` with the same --run-dir) appends a
+//   {"event":"resume",...}       the step and checkpoint it continues from, the process
+// and then its own steps and closing record, after the earlier ones.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -19,8 +22,9 @@ namespace llmtrain {
 
 class RunLog : public StepObserver {
 public:
-    // Creates path (it must not exist: a run directory is never reused).
-    explicit RunLog(const std::string& path);
+    // Creates path (it must not exist: a run directory is never reused by another run), or
+    // with `append` opens the existing file of the run this process continues.
+    explicit RunLog(const std::string& path, bool append = false);
     ~RunLog() override;
     RunLog(const RunLog&) = delete;
     RunLog& operator=(const RunLog&) = delete;

@@ -21,6 +21,7 @@ struct CommTime {
 // Where this rank's step time went, besides computing. Differs between ranks.
 struct RankStepTimes {
     double data_wait_seconds = 0;     // waiting for batches from the loader
+    int64_t host_syncs = 0;           // times the host waited for the device (the backend's count)
     double comm_seconds = 0;          // the sum of comm
     std::vector<CommTime> comm;       // the operations that took time this step
     // step_seconds less the waits: the time a straggler spends longer than its peers.

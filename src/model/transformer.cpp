@@ -270,6 +270,7 @@ void TransformerLayout::plan_activations() {
     const int64_t up_width = is_llama() ? 2 * F : F;
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
     rope_table_ = arena_.reserve("rope_table", stat_dtype_, {config_.max_seq_len, config_.head_dim()});
+    loss_sum_ = arena_.reserve("loss_sum", DType::f64, {1});
     if (part_.recompute == Recompute::full) shared_layer_ = reserve_layer("recompute", true);
     if (part_.recompute == Recompute::selective) {
         shared_layer_.norm1 = reserve_norm("recompute.norm1");
@@ -433,6 +434,13 @@ void Transformer::norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& d
 }
 
 double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
+    forward_pass(set, tokens, targets, batch, seq_len);
+    const ActivationSet& a = sets_.at(static_cast<size_t>(set));
+    return a.heads && a.has_targets ? mean_loss(a) : std::numeric_limits<double>::quiet_NaN();
+}
+
+void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len,
+                               std::optional<double> backward_loss_scale) {
     if (batch < 1 || batch > max_batch_ || seq_len < 1 || seq_len > max_seq_len_)
         fail(ErrorKind::shape, "forward: batch ", batch, " x seq_len ", seq_len, " outside the planned ", max_batch_, " x ", max_seq_len_);
     ActivationSet& a = sets_.at(static_cast<size_t>(set));
@@ -450,11 +458,11 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
         computing(pass, position++);
         layer_fwd(a, l);
     }
-    if (!a.heads) return std::numeric_limits<double>::quiet_NaN();
-    a.has_targets = !targets.empty();
+    a.has_targets = a.heads && !targets.empty();
+    if (!a.heads) return;
     if (a.has_targets) load_ids("targets", a.targets, targets);
     computing(pass, position);
-    return head_and_loss(a);
+    head_and_loss(a, backward_loss_scale);
 }
 
 // Each tp rank embeds the tokens of its vocabulary slice (zero rows for the others) and
@@ -466,11 +474,15 @@ void Transformer::embed(const ActivationSet& a, int64_t first_position) {
     reduce_rows(partial, a.residual.front());
 }
 
-double Transformer::head_and_loss(ActivationSet& a) {
+void Transformer::head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale) {
     norm_fwd(a.norm_f, local_rows(a.residual.back()), norm_f_w_, norm_f_b_);
     backend_.matmul_fwd(rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_), Tensor());
-    if (!a.has_targets) return std::numeric_limits<double>::quiet_NaN();
-    if (!tp_) {
+    a.logits_hold_gradient = false;
+    if (!a.has_targets) return;
+    if (!tp_ && backward_loss_scale) {
+        backend_.xent_fwd_bwd(rows(a.losses), rows(a.lse), rows(a.logits), rows(a.targets), vocab_shard(), loss_gradient(*backward_loss_scale));
+        a.logits_hold_gradient = true;
+    } else if (!tp_) {
         backend_.xent_fwd(rows(a.losses), rows(a.lse), rows(a.logits), rows(a.targets), vocab_shard());
     } else {
         backend_.logits_row_max(rows(a.row_max), rows(a.logits), vocab_shard());
@@ -479,7 +491,7 @@ double Transformer::head_and_loss(ActivationSet& a) {
         tp_->all_reduce(rows(a.xent_partial), ReduceOp::sum);
         backend_.xent_combine(rows(a.losses), rows(a.lse), rows(a.xent_partial), rows(a.row_max));
     }
-    return mean_loss(a);
+    backend_.accumulate_sum(loss_sum(), rows(a.losses), 1.0 / static_cast<double>(batch_ * seq_len_));
 }
 
 void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
@@ -491,9 +503,10 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
     backend_.matmul_fwd(rows(s.qkv), gather_rows(local_rows(s.norm1.out), gathered_), value(p.qkv_w), value(p.qkv_b));
     attend(s, l, cache);
     backend_.matmul_fwd(rows(proj_out_), rows(s.att_out), value(p.attn_out_w), row_parallel_bias(p.attn_out_b));
-    backend_.add(local_rows(s.resid_mid), x, reduce_rows(rows(proj_out_), proj_local_));
-
-    norm_fwd(s.norm2, local_rows(s.resid_mid), p.norm2_w, p.norm2_b);
+    // resid_mid = x + attention's output, and norm2 of it, in one pass.
+    backend_.add_norm_fwd({.sum = local_rows(s.resid_mid), .out = local_rows(s.norm2.out), .mean = is_llama() ? Tensor() : local_rows(s.norm2.mean),
+                           .rstd = local_rows(s.norm2.rstd), .a = x, .b = reduce_rows(rows(proj_out_), proj_local_), .w = value(p.norm2_w),
+                           .bias = value(p.norm2_b), .eps = config_.norm_eps, .rms = is_llama()});
     const Tensor mlp_in = gather_rows(local_rows(s.norm2.out), gathered_);
     if (is_llama()) {
         backend_.matmul_fwd(rows(s.mlp_up), mlp_in, value(p.mlp_up_w), value(p.mlp_up_b));
@@ -578,10 +591,11 @@ void Transformer::backward(int64_t set, double loss_scale) {
 // d(mean loss)/d(loss_n) = 1 / N for every token; the head is column-parallel over the
 // vocabulary, so the gradient of its (whole) input is summed over the tp ranks. The forward
 // kept each row's logsumexp (lse), so the backward reads the logits once.
+double Transformer::loss_gradient(double loss_scale) const { return loss_scale / static_cast<double>(batch_ * seq_len_); }
+
 void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
-    const double dloss = loss_scale / static_cast<double>(batch_ * seq_len_);
     writing(head_begin_, params_.count());
-    backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), rows(a.lse), vocab_shard(), dloss);
+    if (!a.logits_hold_gradient) backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), rows(a.lse), vocab_shard(), loss_gradient(loss_scale));
     backend_.matmul_bwd(rows(d_norm_), grad(head_w_), Tensor(), rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_));
     norm_bwd(local_rows(a.d_resid), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.

@@ -156,6 +156,7 @@ protected:
         bool embeds = false, heads = false;  // chunk 0 with the embedding; the last chunk with the head
         int64_t batch = 0, seq_len = 0;
         bool has_targets = false;
+        bool logits_hold_gradient = false;  // the fused classifier ran: backward starts from them
     };
 
     void register_gpt2_params();
@@ -196,6 +197,7 @@ protected:
 
     Arena arena_;
     Arena::Slot rope_table_;
+    Arena::Slot loss_sum_;
     LayerSlots shared_layer_;  // recomputation's scratch (unused with Recompute::none)
     std::vector<ActivationSet> sets_;  // chunk by chunk
     std::vector<int64_t> chunk_first_set_;
@@ -215,9 +217,20 @@ public:
 
     // Runs this part of the model on activation set `set`. tokens (i32 [batch * seq_len],
     // sequences back to back) are read by the first stage, targets by the last one (empty:
-    // logits only). A stage without the embedding reads hidden_in(set). Returns the mean loss
-    // on the last stage with targets, NaN otherwise.
+    // logits only). A stage without the embedding reads hidden_in(set). On the last stage
+    // with targets the mean loss is added to loss_sum() on the device; nothing is read back.
+    // backward_loss_scale: the loss scale the set's backward will take, given by a training
+    // step: the classifier then computes the loss and the logits' gradient in one pass (the
+    // logits hold that gradient afterwards). Without it the logits stay logits.
+    void forward_pass(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len,
+                      std::optional<double> backward_loss_scale = std::nullopt);
+    // forward_pass, then the mean loss read to the host (a host synchronization) on the last
+    // stage with targets, NaN otherwise: evaluation and tools, not the training step.
     double forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len);
+    // The sum of the mean losses of the forwards since reset_loss_sum(): f64 [1] in the
+    // backend's memory (the training step's, read once when the step closes).
+    Tensor loss_sum() const { return arena_.tensor(loss_sum_); }
+    void reset_loss_sum() { backend_.fill_zero(loss_sum()); }
     // Accumulates d(loss_scale * mean loss)/d(parameters) of set's last forward into the
     // parameter gradients. A stage without the head first reads grad_output(); a stage
     // without the embedding leaves d(loss)/d(input) in grad_input(). Overwrites the logits.
@@ -303,8 +316,12 @@ private:
 
     // Positions start at first_position (decoding: the cache's length).
     void embed(const ActivationSet& a, int64_t first_position = 0);
-    double head_and_loss(ActivationSet& a);
+    // The final norm, the head and (with targets) the loss, its mean added to loss_sum(); with
+    // a backward loss scale the logits' gradient too (see forward_pass).
+    void head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale = std::nullopt);
     void head_backward(const ActivationSet& a, double loss_scale);
+    // d(loss_scale * mean loss) / d(loss_n) for each of the set's tokens.
+    double loss_gradient(double loss_scale) const;
     void norm_fwd(const NormSlots& slots, const Tensor& x, ParamSpan w, ParamSpan b);
     // dx = d(norm)/dx^T dout (or dx += that); accumulates the norm's parameter gradients.
     void norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& dout, const Tensor& x, const NormSlots& slots, ParamSpan w, ParamSpan b);

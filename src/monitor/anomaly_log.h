@@ -14,8 +14,8 @@ namespace llmtrain {
 
 class AnomalyLog : public StepObserver {
 public:
-    // Creates path (it must not exist).
-    explicit AnomalyLog(const std::string& path) : log_(path) {}
+    // Creates path (it must not exist), or with `append` continues the run's file.
+    explicit AnomalyLog(const std::string& path, bool append = false) : log_(path, append) {}
     void after_anomaly(const AnomalyRecord& event) override;
 
 private:

@@ -144,7 +144,36 @@ const char* check_status_name(CheckStatus status) {
     return "?";
 }
 
+namespace {
+// The outermost directory of path that does not exist yet (what create_directories would
+// make first); empty when path exists.
+fs::path first_missing_directory(const fs::path& path) {
+    std::error_code ec;
+    fs::path missing;
+    for (fs::path p = fs::absolute(path, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+        missing = p;
+        if (p == p.parent_path()) break;
+    }
+    return missing;
+}
+
+std::vector<CheckResult> storage_checks(const std::string& dir, uint64_t checkpoint_bytes, int64_t keep_checkpoints, uint64_t test_bytes);
+}  // namespace
+
 std::vector<CheckResult> check_checkpoint_storage(const std::string& dir, uint64_t checkpoint_bytes, int64_t keep_checkpoints, uint64_t test_bytes) {
+    // A directory made only to be checked is removed again: doctor leaves no trace behind.
+    const fs::path made = first_missing_directory(dir);
+    std::vector<CheckResult> checks = storage_checks(dir, checkpoint_bytes, keep_checkpoints, test_bytes);
+    std::error_code ec;
+    if (made.empty()) return checks;
+    fs::remove_all(made, ec);
+    if (checks.front().status == CheckStatus::pass)
+        checks.front().detail = cat("'", dir, "' does not exist yet: it can be made and is writable (made for the checks and removed again)");
+    return checks;
+}
+
+namespace {
+std::vector<CheckResult> storage_checks(const std::string& dir, uint64_t checkpoint_bytes, int64_t keep_checkpoints, uint64_t test_bytes) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec || !fs::is_directory(dir))
@@ -168,6 +197,7 @@ std::vector<CheckResult> check_checkpoint_storage(const std::string& dir, uint64
     checks.push_back(check_file_locking(dir));
     return checks;
 }
+}  // namespace
 
 CheckResult check_host_memory(uint64_t needed_bytes_per_rank, int ranks_on_node) {
     const uint64_t per_rank = host_available_memory_bytes() / static_cast<uint64_t>(std::max(1, ranks_on_node));
@@ -185,6 +215,10 @@ CheckResult check_host_cores(int ranks_on_node) {
 }
 
 CheckResult check_gpu_devices() {
+    // Said as doctor's finding, not as a training run's refusal: without a CUDA build or a
+    // driver there is nothing to count (gpu.driver tells the versions).
+    if (!cuda_backend_built()) return result("gpu.devices", CheckStatus::skip, "this llmtrain was built without CUDA", "GPU checks need a CUDA build and a GPU");
+    if (cuda_versions().driver <= 0) return result("gpu.devices", CheckStatus::skip, "no NVIDIA driver on this node (gpu.driver)", "GPU checks need a GPU and its driver");
     try {
         const int count = cuda_device_count();
         if (count == 0) return result("gpu.devices", CheckStatus::skip, "no GPU", "GPU checks need a GPU");

@@ -106,7 +106,12 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
         m.optimizer_bytes = AdamW::state_bytes_for(owned, master);
     }
     m.activation_bytes = model.activation_bytes();
-    m.workspace_bytes = reserved_workspace_bytes(plan.device);
+    // Attention's scratch at the micro-batch's shape (this rank's heads), on top of the
+    // backend's own: cuDNN's bound unless model.attention = "native".
+    const int64_t tp = mesh.tp();
+    const AttentionShape attention{config.train.batch_size, config.train.seq_len, config.model.n_heads / tp, config.model.n_kv_heads / tp,
+                                   config.model.head_dim()};
+    m.workspace_bytes = reserved_workspace_bytes(plan.device) + attention_workspace_bytes(plan.device, config.model.attention, attention);
     return plan;
 }
 

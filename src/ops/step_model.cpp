@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/log.h"
 #include "model/transformer.h"
 #include "ops/memory_plan.h"
 #include "parallel/grad_buckets.h"
@@ -182,6 +183,25 @@ double model_flops_per_token(const Config& config, double parameters) {
 double model_parameter_count(const ModelConfig& model) {
     const TransformerLayout whole(model, Device::cpu, DType::f32, 1, 1, ModelPartition{}, 0, 1);
     return static_cast<double>(whole.parameters().total_numel());
+}
+
+std::string parameters_beyond_the_model(const ModelConfig& m, int64_t tp, int64_t pp, double held) {
+    const double model = model_parameter_count(m);
+    if (held <= model) return "";
+    // Padding: rows beyond vocab_size in the embedding and, untied, the head too; a tied
+    // embedding is held by the first stage and, as the head, by the last; what remains under
+    // tp are the tensors each tp rank holds whole (norms, biases after a row-parallel matmul,
+    // position embeddings), counted once per tp rank.
+    const int64_t padded = m.padded_vocab_size(tp);
+    const double padding = static_cast<double>((padded - m.vocab_size) * m.d_model * (m.tied_embeddings ? 1 : 2));
+    const double tied_copy = pp > 1 && m.tied_embeddings ? static_cast<double>(padded * m.d_model) : 0;
+    const double replicated = tp > 1 ? held - model - padding - tied_copy : 0;
+    const auto millions = [](double n) { return cat(fixed(n / 1e6, 3), "M"); };
+    std::string why;
+    if (replicated > 0) why += cat(" + ", millions(replicated), " of tensors each of the ", tp, " tp ranks holds whole");
+    if (padding > 0) why += cat(" + ", millions(padding), " vocabulary padding rows for tp ", tp);
+    if (tied_copy > 0) why += cat(" + ", millions(tied_copy), " the tied embedding's copy on the last pipeline stage");
+    return cat(" (the model's ", millions(model), why, ")");
 }
 
 namespace {

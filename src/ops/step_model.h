@@ -18,6 +18,8 @@
 // The same counts calibrate the cluster: `bench` divides them by what it measured.
 #pragma once
 
+#include <string>
+
 #include <map>
 
 #include "config/config.h"
@@ -84,6 +86,11 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
 double model_flops_per_token(const Config& config, double parameters);
 // The parameters of the whole model, unpadded by tensor parallelism.
 double model_parameter_count(const ModelConfig& model);
+// Why the parameters the ranks of a tp x pp layout hold together (`held`) outnumber the
+// model's: " (the model's 0.843M + 0.004M vocabulary padding rows for tp 2 + ...)", naming the
+// vocabulary rows padded for tp and a tied embedding's copy on the last pipeline stage; ""
+// when they do not.
+std::string parameters_beyond_the_model(const ModelConfig& model, int64_t tp, int64_t pp, double held);
 
 // The seconds a collective takes on a link among n ranks.
 double collective_seconds(const CollectiveCall& call, int ranks, const Link& link);

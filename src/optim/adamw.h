@@ -20,10 +20,11 @@ namespace llmtrain {
 // The factor that brings the gradient norm down to max_norm (1 when within it or max_norm = 0).
 double clip_scale(double grad_norm, double max_norm);
 
-// Sum of squares of the gradients in `pieces`, over the parameters for which counts(index)
-// holds (a parameter replicated on several ranks is counted on one of them only).
+// The gradients in `pieces` of the parameters for which counts(index) holds, as runs of
+// consecutive elements (a parameter replicated on several ranks is counted on one of them
+// only): what the gradient norm sums the squares of, in one pass.
 template <class Counts>
-double square_sum(Backend& backend, const Parameters& params, const std::vector<OwnedPiece>& pieces, Counts&& counts);
+std::vector<Tensor> gradient_runs(const Parameters& params, const std::vector<OwnedPiece>& pieces, Counts&& counts);
 
 // State a rank keeps for itself alone (1-bit Adam's error feedback): saved in its own
 // checkpoint file under optimizer/<name> and restored on the same layout.
@@ -77,14 +78,14 @@ void for_each_param_in(const Parameters& params, const OwnedPiece& piece, Fn&& f
     }
 }
 
-// Consecutive counted parameters are summed in one call (on one process: all of them).
+// Consecutive counted parameters make one run (on one process: all of them).
 template <class Counts>
-double square_sum(Backend& backend, const Parameters& params, const std::vector<OwnedPiece>& pieces, Counts&& counts) {
-    double total = 0;
+std::vector<Tensor> gradient_runs(const Parameters& params, const std::vector<OwnedPiece>& pieces, Counts&& counts) {
+    std::vector<Tensor> runs;
     for (const OwnedPiece& piece : pieces) {
-        int64_t run_begin = 0, run_end = 0;  // the run of counted elements not summed yet
+        int64_t run_begin = 0, run_end = 0;  // the run of counted elements not listed yet
         const auto flush = [&] {
-            if (run_end > run_begin) total += backend.sum_squares(piece.grads.slice_rows(run_begin - piece.begin, run_end - run_begin));
+            if (run_end > run_begin) runs.push_back(piece.grads.slice_rows(run_begin - piece.begin, run_end - run_begin));
             run_begin = run_end = 0;
         };
         for_each_param_in(params, piece, [&](size_t index, int64_t begin, int64_t end) {
@@ -94,7 +95,7 @@ double square_sum(Backend& backend, const Parameters& params, const std::vector<
         });
         flush();
     }
-    return total;
+    return runs;
 }
 
 }  // namespace llmtrain

@@ -16,12 +16,12 @@ PipelineRunner::PipelineRunner(Transformer& model, const ParallelContext& ctx, C
     grad_sends_.resize(static_cast<size_t>(model.grad_buffer(sets - 1) + 1));
 }
 
-double PipelineRunner::train_step(const std::function<MicroBatch(int64_t)>& batch_of, int64_t batch, int64_t seq_len, double loss_scale,
-                                  const std::function<void(int64_t)>& before_backward) {
-    double loss_sum = 0;
+void PipelineRunner::train_step(const std::function<MicroBatch(int64_t)>& batch_of, int64_t batch, int64_t seq_len, double loss_scale,
+                                const std::function<void(int64_t)>& before_backward) {
+    if (ctx_.last_stage()) model_.reset_loss_sum();
     for (const PipeAction& action : schedule_) {
         if (action.op == PipeOp::forward) {
-            forward(action, reads_data(action.chunk) ? batch_of(action.micro_batch) : MicroBatch{}, batch, seq_len, loss_sum);
+            forward(action, reads_data(action.chunk) ? batch_of(action.micro_batch) : MicroBatch{}, batch, seq_len, loss_scale);
         } else {
             before_backward(action.micro_batch);
             backward(action, batch, seq_len, loss_scale);
@@ -29,18 +29,18 @@ double PipelineRunner::train_step(const std::function<MicroBatch(int64_t)>& batc
     }
     for (CommHandle& h : activation_sends_) h.wait();
     for (CommHandle& h : grad_sends_) h.wait();
-    return loss_sum;
 }
 
 // A stage's output goes to the next stage asynchronously; the set's buffer is reused only
 // after that send has completed.
-void PipelineRunner::forward(const PipeAction& action, const MicroBatch& data, int64_t batch, int64_t seq_len, double& loss_sum) {
+// The backward of every micro-batch follows with loss_scale: the classifier computes the
+// logits' gradient in its forward pass.
+void PipelineRunner::forward(const PipeAction& action, const MicroBatch& data, int64_t batch, int64_t seq_len, double loss_scale) {
     const int64_t set = model_.activation_set(action.chunk, action.micro_batch);
     activation_sends_[static_cast<size_t>(set)].wait();
     if (!first_piece(action.chunk)) pp_.recv(model_.hidden_in(set, batch, seq_len), prev());
-    const double loss = model_.forward(set, data.tokens, data.targets, batch, seq_len);
-    if (last_piece(action.chunk)) loss_sum += loss;
-    else activation_sends_[static_cast<size_t>(set)] = pp_.send_async(model_.hidden_out(set), next());
+    model_.forward_pass(set, data.tokens, data.targets, batch, seq_len, loss_scale);
+    if (!last_piece(action.chunk)) activation_sends_[static_cast<size_t>(set)] = pp_.send_async(model_.hidden_out(set), next());
 }
 
 void PipelineRunner::backward(const PipeAction& action, int64_t batch, int64_t seq_len, double loss_scale) {

@@ -30,15 +30,15 @@ public:
     // micro-batch m (called just before the forward of the chunk that reads it, once per
     // micro-batch and in order; the returned tensors are read at once).
     // before_backward(m) runs before each backward. Every backward scales the loss by
-    // loss_scale. Returns the sum of the micro-batches' mean losses on the last stage (0 on
-    // other stages).
-    double train_step(const std::function<MicroBatch(int64_t)>& batch_of, int64_t batch, int64_t seq_len, double loss_scale,
-                      const std::function<void(int64_t)>& before_backward);
+    // loss_scale. On the last stage the micro-batches' mean losses add up in the model's
+    // loss_sum() on the device (reset here first); nothing is read back.
+    void train_step(const std::function<MicroBatch(int64_t)>& batch_of, int64_t batch, int64_t seq_len, double loss_scale,
+                    const std::function<void(int64_t)>& before_backward);
     // A forward pass only (evaluation): the mean loss on the last stage, 0 on other stages.
     double forward_only(const MicroBatch& micro_batch, int64_t batch, int64_t seq_len);
 
 private:
-    void forward(const PipeAction& action, const MicroBatch& data, int64_t batch, int64_t seq_len, double& loss_sum);
+    void forward(const PipeAction& action, const MicroBatch& data, int64_t batch, int64_t seq_len, double loss_scale);
     void backward(const PipeAction& action, int64_t batch, int64_t seq_len, double loss_scale);
     // The chunk this stage reads micro-batches for: the head's on the last stage (targets),
     // chunk 0 elsewhere (tokens on the first stage).

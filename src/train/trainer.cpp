@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,11 +11,13 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/initial_weights.h"
 #include "checkpoint/restore.h"
 #include "checkpoint/safetensors.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/generate.h"
+#include "ops/step_model.h"
 #include "optim/lr_schedule.h"
 #include "train/fault_injection.h"
 
@@ -92,7 +95,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     check_optimizer_layout(config_.optimizer, config_.parallel, ctx.mesh.dp());
     if (!is_logger()) options_.quiet = true;
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
-    else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank);
+    else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank, config_.model.attention);
     else backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
     comms_ = std::make_unique<TrainingComms>(config_, *ctx_, *backend_, options_.device_comms);
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);
@@ -103,6 +106,8 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     optimizer_ = make_optimizer(config_.optimizer, model_->parameters(), reduction_->owned(), comms_->dp());
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, comms_->pp(), config_.train.grad_accum);
+    Backend& backend = *backend_;
+    step_scalars_ = OwnedTensor(DType::f64, {3}, backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
     // The fp16 overflow rule first: an overflow is not a fault for the non-finite policy.
     own_guards_.push_back(std::make_unique<LossScaleGuard>(loss_scale_, options_.quiet));
     auto health = std::make_unique<HealthMonitor>(config_.monitor, config_.checkpoint.every_steps > 0);
@@ -176,7 +181,8 @@ void Trainer::log_startup() const {
         ctx_->coord().dp == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
     if (options_.quiet) return;
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
-             " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks");
+             " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks",
+             parameters_beyond_the_model(m, mesh.tp(), mesh.pp(), total_params));
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
              ") | ", reduction_->describe(), " | comm ",
              comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers ", held_layers(part));
@@ -232,7 +238,7 @@ TrainResult Trainer::run() {
         record(s);
         const bool last = step + 1 == steps;
         if (last || (config_.train.eval_every > 0 && (step + 1) % config_.train.eval_every == 0)) record_eval(step + 1, evaluate());
-        if (!last && (result_.stop_signal = agreed_stop_signal()) != 0) break;
+        if (!last && (result_.stop_signal = stop_signal_after_step()) != 0) break;
     }
     result_.gemm_fraction = result_.train_seconds > 0 ? result_.step_profile.gemm_seconds() / result_.train_seconds : 0;
     double timed_seconds = 0;
@@ -256,12 +262,14 @@ StepRecord Trainer::train_step(int64_t step) {
     s.dynamic_loss_scale = loss_scale_.dynamic();
     current_step_ = step;
     const int64_t bytes_before = reduction_->bytes_sent() + optimizer_->bytes_sent();
+    const int64_t syncs_before = backend_->profile().host_syncs;
     compute_step(step, s);
     s.lr = learning_rate_at(config_.optimizer, step, t.steps) * lr_scale(s.step);
     update(s);
     s.dp_bytes_sent = reduction_->bytes_sent() + optimizer_->bytes_sent() - bytes_before;
-    backend_->synchronize();
+    backend_->synchronize();  // the step's time is the device's
     comms_->check();
+    s.rank.host_syncs = backend_->profile().host_syncs - syncs_before;
     s.step_seconds = clock.seconds();
     s.sequences = t.batch_size * t.grad_accum * ctx_->mesh.dp();
     s.tokens = s.sequences * t.seq_len;
@@ -273,17 +281,18 @@ StepRecord Trainer::train_step(int64_t step) {
 }
 
 void Trainer::compute_step(int64_t step, StepRecord& s) {
-    s.loss = forward_backward(step);
+    forward_backward(step);
     if (injected_nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
     if (injected_bit_flip(ctx_->world_rank, s.step)) flip_gradient_bit();
     const double spike = injected_spike_factor(data_step(step));
+    if (spike != 1) scale_gradients(spike);
+    close_step(s);
     if (spike != 1) {
         s.loss *= spike;
         local_loss_ *= spike;
-        scale_gradients(spike);
     }
     // The gradients hold loss_scale x d(loss): the norm and the update take it out again.
-    s.grad_norm = global_grad_norm() / loss_scale_.scale();
+    s.grad_norm /= loss_scale_.scale();
 }
 
 uint64_t Trainer::global_batch() const {
@@ -313,6 +322,7 @@ SnapshotSource Trainer::snapshot_source() {
 
 Manifest Trainer::manifest_at(int64_t step) const {
     Manifest m;
+    m.run_id = options_.run_id;
     m.step = step;
     m.tokens_seen = tokens_seen_;
     m.resumes = resumes_;
@@ -322,6 +332,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.data = data_->state_at(step, ctx_->mesh.dp());
     m.monitor_state = health_->state();
     m.seed = config_.train.seed;
+    m.global_batch = static_cast<int64_t>(global_batch());
     m.world_size = ctx_->mesh.world_size();
     m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
     m.zero1 = reduction_->sharded() && ctx_->mesh.dp() > 1;
@@ -355,7 +366,7 @@ void Trainer::restore_rank_local_state(const std::string& path, const Manifest& 
 }
 
 void Trainer::load_initial_weights(const std::string& path) {
-    load_master_values([&] { load_hf_weights(path, config_.model.vocab_size, model_->parameters(), *backend_); });
+    load_master_values([&] { load_weights_to_start_from(path, config_, model_->parameters(), *backend_); });
 }
 
 // Drills. The faults land in the reduced gradients this rank updates (under ZeRO-1 its
@@ -490,7 +501,8 @@ std::string Trainer::agreed_rollback_checkpoint(int64_t offending_step, const st
     double step = -1;
     if (is_logger()) {
         const auto passed_over = [&](const std::string& why) { log_warn("rollback: ", why); };
-        if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over)) step = static_cast<double>(read_checkpoint_manifest(*path).step);
+        if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over, {}, options_.run_id))
+            step = static_cast<double>(read_checkpoint_manifest(*path).step);
     }
     step = ctx_->world->all_reduce_scalar(step, ReduceOp::max);
     if (step < 0)
@@ -560,7 +572,7 @@ bool Trainer::weights_finite() {
 // Global micro-batch g = dp_rank * M + m of the step (M = grad_accum): each dp rank trains
 // on its contiguous slice of the global batch, and a single process with M * dp
 // micro-batches sees the very same windows.
-double Trainer::forward_backward(int64_t step) {
+void Trainer::forward_backward(int64_t step) {
     const TrainConfig& t = config_.train;
     const int64_t M = t.grad_accum, dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
     Parameters& params = model_->parameters();
@@ -587,8 +599,7 @@ double Trainer::forward_backward(int64_t step) {
         data_wait_seconds_ += wait.seconds();
         return MicroBatch{batch_.inputs, batch_.targets};
     };
-    const double local_loss = pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_.scale() / static_cast<double>(M * dp),
-                                                    [&](int64_t m) { last = m == M - 1; });
+    pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_.scale() / static_cast<double>(M * dp), [&](int64_t m) { last = m == M - 1; });
     model_->set_grads_ready_hook(nullptr);
     model_->set_grads_begin_hook(nullptr);
     if (tied_across_stages && embedding) {
@@ -596,9 +607,6 @@ double Trainer::forward_backward(int64_t step) {
         reduction_->ready(*embedding, *embedding + 1, true);
     }
     reduction_->finish();
-    const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
-    local_loss_ = reports_loss ? local_loss : 0.0;
-    return ctx_->world->all_reduce_scalar(local_loss_, ReduceOp::sum) / static_cast<double>(M * dp);
 }
 
 // The first stage's embedding and the last stage's head are one tied tensor held twice:
@@ -618,27 +626,46 @@ bool Trainer::counts_in_norm(size_t param) const {
     return !tied_copy;
 }
 
-// A NaN or Inf on any rank must reach the sum (and so every rank's verdict), also from a
-// gradient this rank does not count: those add 0 when finite, and NaN otherwise.
-double Trainer::global_grad_norm() {
+// One read of the device's step scalars, one reduction over the world of three numbers:
+//   [0] the loss: the last stage's (tp rank 0's) sum of micro-batch means; 0 elsewhere.
+//   [1] the squared gradient norm: each parameter counted once (counts_in_norm). A NaN or
+//       Inf on any rank, also in a gradient this rank does not count, makes it NaN: that NaN
+//       is the non-finite flag every guard reads.
+//   [2] the stop signals raised: their sum is nonzero when any rank was asked to stop.
+void Trainer::close_step(StepRecord& s) {
     const Parameters& params = model_->parameters();
-    double local = square_sum(*backend_, params, reduction_->owned(), [this](size_t i) { return counts_in_norm(i); });
+    const std::vector<OwnedPiece>& owned = reduction_->owned();
+    const Tensor scalars = step_scalars_.view();
+    const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
     // The last stage's copy of a tied embedding holds the first stage's summed gradient: counted there.
     const bool tied_copy_here = config_.model.tied_embeddings && !ctx_->first_stage();
-    const double uncounted = square_sum(*backend_, params, reduction_->owned(), [&](size_t i) {
+    backend_->fill_zero(scalars);
+    if (reports_loss) backend_->copy(scalars.slice_rows(0, 1), model_->loss_sum());
+    backend_->accumulate_sum_squares(scalars.slice_rows(1, 1), gradient_runs(params, owned, [this](size_t i) { return counts_in_norm(i); }));
+    backend_->accumulate_sum_squares(scalars.slice_rows(2, 1), gradient_runs(params, owned, [&](size_t i) {
         return !counts_in_norm(i) && !(tied_copy_here && model_->embedding_param() == i);
-    });
-    local_grad_square_sum_ = local + uncounted;
-    if (!std::isfinite(uncounted)) local = std::numeric_limits<double>::quiet_NaN();
+    }));
+    double device[3] = {};
+    backend_->copy_to_host(device, scalars);
+
+    local_loss_ = device[0];
+    local_grad_square_sum_ = device[1] + device[2];
+    double squares = std::isfinite(device[2]) ? device[1] : std::numeric_limits<double>::quiet_NaN();
     if (!gradients_reduced_) {
         // Each dp rank holds its share s_r of the summed gradient; its own estimate of the
         // gradient is dp s_r. The norm reported is the root mean square of those estimates
         // over the dp ranks: sqrt(sum_r ||dp s_r||^2 / dp) = sqrt(dp sum_r ||s_r||^2).
-        local *= static_cast<double>(ctx_->mesh.dp());
-    } else if (!reduction_->holds_first_copy() && std::isfinite(local)) {
-        local = 0;
+        squares *= static_cast<double>(ctx_->mesh.dp());
+    } else if (!reduction_->holds_first_copy() && std::isfinite(squares)) {
+        squares = 0;
     }
-    return std::sqrt(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
+    const int local_signal = options_.stop_signal ? options_.stop_signal() : 0;
+    std::array<double, 3> closing{local_loss_, squares, static_cast<double>(local_signal != 0)};
+    if (ctx_->mesh.world_size() > 1) ctx_->world->all_reduce(Tensor(closing.data(), DType::f64, {3}), ReduceOp::sum);
+    const TrainConfig& t = config_.train;
+    s.loss = closing[0] / static_cast<double>(t.grad_accum * ctx_->mesh.dp());
+    s.grad_norm = std::sqrt(closing[1]);
+    agreed_stop_signal_ = closing[2] > 0 ? agreed_stop_signal(local_signal) : 0;
 }
 
 // The validation set is sequences [0, eval_sequences) whatever the micro-batch size and the
@@ -716,14 +743,19 @@ void Trainer::measure_stragglers(StepRecord& s) {
     }
 }
 
-// One small collective per step, and only where a stop can be asked for: a signal may reach
-// one rank alone (Slurm signals the batch step, a user kills one pid), and every rank must
-// leave the loop after the same step.
-int Trainer::agreed_stop_signal() {
-    if (!options_.stop_signal) return 0;
-    const int local = options_.stop_signal();
-    if (ctx_->mesh.world_size() == 1) return local;
-    return static_cast<int>(ctx_->world->all_reduce_scalar(static_cast<double>(local), ReduceOp::max));
+// One process asks at the step boundary itself; ranks go by what the step's closing
+// reduction agreed (no collective of its own: a signal raised after that waits a step).
+int Trainer::stop_signal_after_step() {
+    if (ctx_->mesh.world_size() == 1) return options_.stop_signal ? options_.stop_signal() : 0;
+    return agreed_stop_signal_;
+}
+
+// A signal may reach one rank alone (Slurm signals the batch step, a user kills one pid),
+// and every rank must leave the loop after the same step with the same code: rare (a stop),
+// so one more collective to agree which signal.
+int Trainer::agreed_stop_signal(int local_signal) {
+    if (ctx_->mesh.world_size() == 1) return local_signal;
+    return static_cast<int>(ctx_->world->all_reduce_scalar(static_cast<double>(local_signal), ReduceOp::max));
 }
 
 }  // namespace llmtrain

@@ -77,6 +77,9 @@ struct TrainerOptions {
     // Called before a rollback: waits for a save in flight and commits it, so that the newest
     // checkpoint is on disk; empty: nothing is saved behind the trainer's back.
     std::function<void()> settle_checkpoints{};
+    // The run this process starts or continues (checkpoint/manifest.h): its checkpoints carry
+    // it, and a rollback restores only its own. Empty: the chain of a format-1 checkpoint.
+    std::string run_id{};
 };
 
 class Trainer {
@@ -121,8 +124,9 @@ public:
     // Whether every master weight is finite (the whole job agrees): an aborted run saves only then.
     bool weights_finite();
     const HealthMonitor& health() const { return *health_; }
-    // Starts from Hugging Face weights (train.init_from) in place of the random initialization:
-    // this rank's part of every parameter; step 0 and a fresh optimizer all the same.
+    // Starts from Hugging Face weights or an llmtrain checkpoint's (train.init_from,
+    // checkpoint/initial_weights.h) in place of the random initialization: this rank's part of
+    // every parameter; step 0 and a fresh optimizer all the same.
     void load_initial_weights(const std::string& path);
 
 private:
@@ -151,21 +155,30 @@ private:
     // "host h, gpu 3" of world rank `rank`, the same text on every rank.
     std::string place_of(int rank);
     void restore_rank_local_state(const std::string& path, const Manifest& manifest);
-    // Sum of the step's micro-batch losses over the whole job, and its gradients reduced.
-    double forward_backward(int64_t step);
+    // The step's forwards and backwards: its mean losses summed on the device (the model's
+    // loss_sum()), its gradients reduced over dp.
+    void forward_backward(int64_t step);
+    // The step's closing scalars: this rank's loss sum and gradient sums of squares summed on
+    // the device (one fused reduction over the counted parameters, another over the rest),
+    // read in one host synchronization, then agreed with every rank's stop signal in one
+    // small reduction. Sets s.loss, s.grad_norm (still times the loss scale) and
+    // agreed_stop_signal_.
+    void close_step(StepRecord& s);
     void scale_gradients(double factor);
     void flip_gradient_bit();
     void sync_tied_embedding();
     void poison_gradients();
-    double global_grad_norm();
     double evaluate();
     std::string sample_text();
     void record(const StepRecord& s);
     void record_eval(int64_t step, double val_loss);
     // Every straggler_interval_steps: every rank's score into s (one collective), logged below the threshold.
     void measure_stragglers(StepRecord& s);
-    // The stop signal of any rank, the same on every rank; 0: go on.
-    int agreed_stop_signal();
+    // The stop signal of any rank, the same on every rank (the closing reduction's sum told
+    // that one was raised; this agrees which); 0: go on.
+    int agreed_stop_signal(int local_signal);
+    // The signal that ends the run after the step just recorded; 0: go on.
+    int stop_signal_after_step();
     bool counts_in_norm(size_t param) const;
     std::unique_ptr<GradientReduction> make_gradient_reduction();
     // Whether the parameters are sharded (ZeRO-3): no whole master weights or compute copy.
@@ -202,6 +215,9 @@ private:
     // This rank's partial results of the last computed step, which a re-run compares: its
     // share of the loss sum and of the gradients' sum of squares.
     double local_loss_ = 0, local_grad_square_sum_ = 0;
+    // On the device, f64: [the loss sum, the counted gradients' sum of squares, the others'].
+    OwnedTensor step_scalars_;
+    int agreed_stop_signal_ = 0;  // as of the last closed step
     bool gradients_reduced_ = true;  // this step's gradients were reduced over dp (not so under 1-bit Adam after its freeze)
     TrainResult result_;
 };

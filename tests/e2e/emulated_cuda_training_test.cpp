@@ -61,3 +61,23 @@ TEST(EmulatedCudaTraining, SelectiveAndFullRecompute_GiveBitwiseTheSameRun) {
         test::expect_bitwise_identical(train(tiny_run("llama", "cuda", "auto", mode)), none, mode);
     }
 }
+
+// The step waits for the device twice: once to read its closing scalars (loss sum, gradient
+// norm), once at its end for the step time; never per micro-batch or per parameter. Counted
+// by the stand-in as the CUDA backend counts them (copy_to_host, synchronize), over steps
+// without a checkpoint; two micro-batches per step, the norm over every parameter.
+TEST(EmulatedCudaTraining, HostSynchronizationsPerStep_AreAtMostTwo) {
+    for (const std::string family : {"gpt2", "llama"}) {
+        SCOPED_TRACE(family);
+        Config config = tiny_run(family, "cuda");
+        config.train.steps = 4;
+        ASSERT_GE(config.train.grad_accum, 2);
+        const TrainResult r = train(config);
+        ASSERT_EQ(r.steps.size(), 4u);
+        for (const StepRecord& s : r.steps) {
+            EXPECT_LE(s.rank.host_syncs, 2) << "step " << s.step;
+            EXPECT_GE(s.rank.host_syncs, 1) << "step " << s.step << ": the step's scalars were never read";
+            EXPECT_TRUE(std::isfinite(s.loss) && s.loss > 0);
+        }
+    }
+}

@@ -1,9 +1,9 @@
 #!/bin/sh
-# The README's table of published training runs states `plan`'s prediction beside each; this
-# runs `plan` on every row's config and cluster and fails where the README's figures (tokens/s
-# per GPU and MFU) are not what the code predicts. A row's last cell is "CONFIG CLUSTER GPUS"
+# docs/planning.md's table of published training runs states `plan`'s prediction beside each;
+# this runs `plan` on every row's config and cluster and fails where the page's figures
+# (tokens/s per GPU and MFU) are not what the code predicts. A row's last cell is "CONFIG CLUSTER GPUS"
 # (configs/CONFIG, configs/clusters/CLUSTER.toml); its "plan" cell is "TOKENS_PER_S, MFU%".
-# usage: plan_published_rows.sh LLMTRAIN README
+# usage: plan_published_rows.sh LLMTRAIN PAGE
 set -eu
 bin=$1 readme=$2
 rows=$(grep -E '^\|.*\| *[a-z0-9./_-]+\.toml [a-z0-9-]+ [0-9]+ *\|$' "$readme")
@@ -20,6 +20,6 @@ echo "$rows" | { while IFS= read -r row; do
     mfu=$(echo "$json" | sed -n 's/^ *"mfu": \([0-9.e+-]*\),*$/\1/p')
     actual=$(awk -v t="$tokens" -v m="$mfu" 'BEGIN {printf "%.0f,%.1f%%", t, 100 * m}')
     if [ "$actual" = "$predicted" ]; then echo "ok       $config on $gpus x $2: $actual"
-    else echo "MISMATCH $config on $gpus x $2: README says $predicted, plan predicts $actual"; status=1; fi
+    else echo "MISMATCH $config on $gpus x $2: the page says $predicted, plan predicts $actual"; status=1; fi
     count=$((count + 1))
 done; echo "$count rows"; exit $status; }

@@ -26,7 +26,8 @@ expect_task() {
     [ "$(cat "$work/srun.args")" = "$2" ] || fail "LLMTRAIN_CONTAINER=$1: srun got '$(cat "$work/srun.args")', expected '$2'"
     echo "ok: LLMTRAIN_CONTAINER=$1: srun $2"
 }
-task="llmtrain train configs/tiny.toml --run-dir runs/llmtrain-7.0.0 --resume auto"
+# The default run directory is the job's: every restart and requeue continues the run there.
+task="llmtrain train configs/tiny.toml --run-dir runs/llmtrain-7 --resume auto"
 expect_task 'registry#llmtrain:cuda' \
     "--mpi=pmix --kill-on-bad-exit=1 --container-image=registry#llmtrain:cuda --container-mounts=$submit_dir:$submit_dir --container-workdir=$submit_dir $task"
 expect_task "$work/llmtrain.sif" \

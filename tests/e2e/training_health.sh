@@ -142,8 +142,9 @@ rollback_kill)
         h5diff -q "$file" "$scratch/killed-checkpoints/step_00000200/$(basename "$file")" || fail "final weights or moments differ"
     done
     # The rest of the state: tokens seen, AdamW's step count, the data cursor, the monitor's windows
-    # (not the resume count, which tells the two runs apart by design).
-    state() { grep -v '"created"\|"xxh64"\|"bytes"\|"config"\|"resumes"' "$1/step_00000200/manifest.json"; }
+    # (not the resume count, nor the run's identity and the manifest's checksum over it, which
+    # tell the two runs apart by design).
+    state() { grep -v '"created"\|"xxh64"\|"bytes"\|"config"\|"resumes"\|"run_id"\|"run_directory"\|"sequence"\|"manifest_xxh64"' "$1/step_00000200/manifest.json"; }
     cmp -s <(state "$scratch/reference-checkpoints") <(state "$scratch/killed-checkpoints") ||
         fail "the final manifests differ: $(diff <(state "$scratch/reference-checkpoints") <(state "$scratch/killed-checkpoints") | head -5)"
     echo "ok: killed after the rollback, resumed at step 125 with the data skipped; $(wc -l <"$scratch/resumed.figures") steps and the final state bitwise the reference's"

@@ -337,8 +337,10 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "preference attribute " + std::to_string(attr) + " is not modelled");
 }
 
-// One algorithm, which records the alignments it was chosen for: cublasLtMatmul refuses
-// pointers less aligned than that.
+// Two algorithms (the same arithmetic, as two tile shapes of one reduction order would be),
+// each recording the alignments it was chosen for: cublasLtMatmul refuses pointers less
+// aligned than that. Like cuBLASLt 13.0 on Hopper, none for DGELU_BGRAD with an fp32 bias
+// gradient beside a 16-bit D (callers then take DGELU and reduce the bias themselves).
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t results[], int* returned) {
@@ -346,12 +348,17 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     if (!handle || !pref || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
     Problem p{};
     if (cublasStatus_t s = check_problem(desc, a, b, c, d, p); s != CUBLAS_STATUS_SUCCESS) return s;
-    results[0] = cublasLtMatmulHeuristicResult_t{};
-    results[0].algo.data[0] = 0x656d75;  // "emu"
-    for (int i = 0; i < 4; ++i) results[0].algo.data[1 + i] = pref->alignment[i];
-    results[0].state = CUBLAS_STATUS_SUCCESS;
-    results[0].wavesCount = 1.0f;
-    *returned = 1;
+    if (desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD && desc->bias_type == CUDA_R_32F && is_16bit(d->type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const int offered = requested < 2 ? requested : 2;
+    for (int r = 0; r < offered; ++r) {
+        results[r] = cublasLtMatmulHeuristicResult_t{};
+        results[r].algo.data[0] = 0x656d75;  // "emu"
+        for (int i = 0; i < 4; ++i) results[r].algo.data[1 + i] = pref->alignment[i];
+        results[r].algo.data[5] = static_cast<uint64_t>(r);
+        results[r].state = CUBLAS_STATUS_SUCCESS;
+        results[r].wavesCount = 1.0f;
+    }
+    *returned = offered;
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -2,7 +2,9 @@
 // on allocation and placed between guard zones that are checked after every launch and at
 // cudaFree; copies and memsets check that their device range lies in one allocation; every
 // stream operation is complete when the call returns (so streams and events only order what
-// is already ordered), and events time the host.
+// is already ordered), and events time the host. There is no cuDNN: a real one would need a
+// real device, so the loader is pointed at nothing (unless a test points it itself) and the
+// backend runs the native kernels, as on a GPU without libcudnn.
 #include <sys/mman.h>
 
 #include <chrono>
@@ -27,6 +29,8 @@ struct CUevent_st {
 namespace emu {
 
 namespace {
+
+const bool kNoCudnn = [] { return setenv("LLMTRAIN_CUDNN_LIBRARY", "/nonexistent/libcudnn-in-the-cuda-emulation.so", 0) == 0; }();
 
 constexpr size_t kGuardBytes = 16384;
 constexpr size_t kAlignment = 256;  // what cudaMalloc guarantees

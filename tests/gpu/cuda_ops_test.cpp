@@ -9,6 +9,7 @@
 // the same), in-place and misaligned calls. Each test is SKIPPED without a GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -948,6 +949,68 @@ TEST_F(CudaOps, XentBwd_Bf16_InPlaceOnLogitsEqualsSeparateOutput) {
     }
 }
 
+// The fused classifier: losses and lse as xent_fwd, the logits overwritten by xent_bwd's
+// gradient; against the CPU reference, and bitwise the GPU's own two ops (padded vocabulary
+// and a vocabulary whose rows are not 16-byte multiples included).
+TEST_F(CudaOps, XentFwdBwd_Bf16AndF16_MatchCpuAndAreBitwiseTheTwoOps) {
+    struct Case {
+        int64_t N, V, real;
+    };
+    for (const DType dt : {bf16, f16})
+        for (const Case c : {Case{33, 1000, 1000}, Case{17, 50257, 50257}, Case{9, 1024, 1001}}) {
+            SCOPED_TRACE(cat(dtype_name(dt), " N ", c.N, " V ", c.V, " real ", c.real));
+            const double dloss = 0.37;
+            const VocabShard whole{0, c.V, c.real};
+            const OwnedTensor logits = random_input(dt, {c.N, c.V}, 7100, -6, 6), targets = random_tokens(c.N, c.real, 7101);
+            const OwnedTensor losses(f32, {c.N}), lse(f32, {c.N}), dlogits = copy_of(logits);
+            cpu().xent_fwd(losses, lse, logits, targets, whole);
+            cpu().xent_bwd(dlogits, dlogits, targets, lse, whole, dloss);
+            const OwnedTensor g_targets = to_device(gpu(), targets, i32), g_fused = to_device(gpu(), logits, dt), g_apart = to_device(gpu(), logits, dt);
+            const OwnedTensor g_losses = device_tensor(gpu(), f32, {c.N}), g_lse = device_tensor(gpu(), f32, {c.N});
+            const OwnedTensor a_losses = device_tensor(gpu(), f32, {c.N}), a_lse = device_tensor(gpu(), f32, {c.N});
+            gpu().xent_fwd_bwd(g_losses, g_lse, g_fused, g_targets, whole, dloss);
+            gpu().xent_fwd(a_losses, a_lse, g_apart, g_targets, whole);
+            gpu().xent_bwd(g_apart, g_apart, g_targets, a_lse, whole, dloss);
+            expect_matches("losses", gpu(), g_losses, losses, f32_loss_tolerance);
+            expect_matches("dlogits", gpu(), g_fused, dlogits, elementwise_tolerance(dt));
+            expect_bitwise_equal("losses against the two ops", download_bytes(gpu(), g_losses), download_bytes(gpu(), a_losses), 4);
+            expect_bitwise_equal("dlogits against the two ops", download_bytes(gpu(), g_fused), download_bytes(gpu(), g_apart), 2);
+        }
+}
+
+// The residual add and the norm after it in one pass: sum and out against the CPU, and
+// bitwise the GPU's add then layernorm_fwd / rmsnorm_fwd; sum aliasing a (the model's use).
+TEST_F(CudaOps, AddNormFwd_LayerAndRms_MatchCpuAndAreBitwiseTheTwoOps) {
+    for (const DType dt : {bf16, f16})
+        for (const NormCase c : kNormCases)
+            for (const bool rms : {false, true}) {
+                SCOPED_TRACE(cat(dtype_name(dt), " N ", c.N, " C ", c.C, rms ? " rms" : " layer"));
+                const OwnedTensor a = random_input(dt, {c.N, c.C}, 7200, -2, 3), b = random_input(dt, {c.N, c.C}, 7201, -1, 1);
+                const OwnedTensor w = random_input(dt, {c.C}, 7202, -1.5, 1.5), bias = random_input(dt, {c.C}, 7203);
+                const OwnedTensor sum(f32, {c.N, c.C}), out(f32, {c.N, c.C}), mean(f32, {c.N}), rstd(f32, {c.N});
+                const OwnedTensor sum_rounded(f32, {c.N, c.C});
+                cpu().add(sum, a, b);
+                for (int64_t i = 0; i < sum.view().numel(); ++i) sum_rounded.data<float>()[i] = round_to(dt, sum.data<float>()[i]);
+                if (rms) cpu().rmsnorm_fwd(out, rstd, sum_rounded, w, kNormEps);
+                else cpu().layernorm_fwd(out, mean, rstd, sum_rounded, w, bias, kNormEps);
+
+                const OwnedTensor g_w = to_device(gpu(), w, dt), g_bias = to_device(gpu(), bias, dt), g_b = to_device(gpu(), b, dt);
+                const OwnedTensor g_fused = to_device(gpu(), a, dt), g_apart = to_device(gpu(), a, dt);
+                const auto stats = [&] { return std::array<OwnedTensor, 3>{device_tensor(gpu(), dt, {c.N, c.C}), device_tensor(gpu(), f32, {c.N}), device_tensor(gpu(), f32, {c.N})}; };
+                const std::array<OwnedTensor, 3> f = stats(), p = stats();
+                gpu().add_norm_fwd({.sum = g_fused, .out = f[0], .mean = rms ? Tensor() : f[1].view(), .rstd = f[2], .a = g_fused, .b = g_b, .w = g_w,
+                                    .bias = rms ? Tensor() : g_bias.view(), .eps = kNormEps, .rms = rms});
+                gpu().add(g_apart, g_apart, g_b);
+                if (rms) gpu().rmsnorm_fwd(p[0], p[2], g_apart, g_w, kNormEps);
+                else gpu().layernorm_fwd(p[0], p[1], p[2], g_apart, g_w, g_bias, kNormEps);
+                expect_matches("sum", gpu(), g_fused, sum, elementwise_tolerance(dt));
+                expect_matches("out", gpu(), f[0], out, elementwise_tolerance(dt));
+                expect_bitwise_equal("sum against the two ops", download_bytes(gpu(), g_fused), download_bytes(gpu(), g_apart), 2);
+                expect_bitwise_equal("out against the two ops", download_bytes(gpu(), f[0]), download_bytes(gpu(), p[0]), 2);
+                expect_bitwise_equal("rstd against the two ops", download_bytes(gpu(), f[2]), download_bytes(gpu(), p[2]), 4);
+            }
+}
+
 // The max of 16-bit values, widened to f32: exact. One case has only negative logits (a max
 // that starts from 0 would be wrong there).
 TEST_F(CudaOps, LogitsRowMax_Bf16_EqualsCpuExactly) {
@@ -1195,7 +1258,7 @@ TEST_F(CudaOps, Supports_16BitActivationOpsAndF32OptimizerOps) {
     for (int i = 0; i < op_count; ++i) {
         const auto op = static_cast<Op>(i);
         SCOPED_TRACE(op_name(op));
-        if (op == Op::adamw || op == Op::sum_squares || op == Op::xent_combine) {
+        if (op == Op::adamw || op == Op::sum_squares || op == Op::xent_combine || op == Op::accumulate_sum || op == Op::accumulate_sum_squares) {
             EXPECT_TRUE(gpu().supports(op, f32));
         } else {
             EXPECT_TRUE(gpu().supports(op, bf16));
@@ -1294,4 +1357,136 @@ TEST_F(CudaDeterminism, SumSquares_TwoRunsAreBitwiseEqual) {
     const double first = gpu().sum_squares(g_x), second = gpu().sum_squares(g_x);
     EXPECT_EQ(first, second);
     EXPECT_GT(first, 0.0);
+}
+
+// ---- cuDNN's fused attention (model.attention = "cudnn") ----
+// The same checks as the native kernels' against the CPU reference and the double-precision
+// log-sum-exps, at head dims 64 and 128, with and without grouped-query heads; then against
+// the native kernels themselves, and bitwise across two runs. Skipped where libcudnn cannot
+// be loaded (a GPU without it, the CUDA emulation).
+
+namespace {
+
+const std::vector<AttentionShape> kCudnnShapes = {
+    {2, 64, 4, 4, 64},    // MHA, head dim 64
+    {2, 128, 8, 2, 64},   // GQA 4:1
+    {1, 100, 4, 1, 64},   // MQA, a partial tile
+    {2, 128, 4, 4, 128},  // head dim 128
+    {1, 256, 8, 2, 128},  // GQA at 128
+};
+
+class CudnnOps : public CudaOps {
+protected:
+    AttentionImpl attention() const override { return AttentionImpl::cudnn; }
+    // cudnn refuses a shape it cannot plan, so a test that ran used cuDNN; the description
+    // names the engines for the log.
+    void expect_cudnn_runs(const AttentionShape& s, DType dt) {
+        const std::string how = gpu().describe_attention(s, dt);
+        EXPECT_EQ(how.rfind("cuDNN", 0), 0u) << how;
+        std::printf("%s %s: %s\n", describe(s).c_str(), dtype_name(dt), how.c_str());
+    }
+};
+
+class CudnnDeterminism : public CudaDeterminism {
+protected:
+    AttentionImpl attention() const override { return AttentionImpl::cudnn; }
+};
+
+}  // namespace
+
+TEST_F(CudnnOps, AttentionFwd_Bf16_MatchesCpuAtHeadDims64And128WithAndWithoutGqa) {
+    for (size_t i = 0; i < kCudnnShapes.size(); ++i) {
+        expect_cudnn_runs(kCudnnShapes[i], bf16);
+        attention_fwd_case(bf16, kCudnnShapes[i], 6100 + 10 * i);
+    }
+}
+
+TEST_F(CudnnOps, AttentionFwd_F16_MatchesCpuAtHeadDims64And128WithAndWithoutGqa) {
+    for (size_t i = 0; i < kCudnnShapes.size(); ++i) attention_fwd_case(f16, kCudnnShapes[i], 6200 + 10 * i);
+}
+
+TEST_F(CudnnOps, AttentionBwd_Bf16_MatchesCpuAtHeadDims64And128WithAndWithoutGqa) {
+    for (size_t i = 0; i < kCudnnShapes.size(); ++i) attention_bwd_case(bf16, kCudnnShapes[i], 6300 + 10 * i);
+}
+
+TEST_F(CudnnOps, AttentionBwd_F16_MatchesCpuAtHeadDims64And128WithAndWithoutGqa) {
+    for (size_t i = 0; i < kCudnnShapes.size(); ++i) attention_bwd_case(f16, kCudnnShapes[i], 6400 + 10 * i);
+}
+
+// Both implementations save the same log-sum-exp rows: each one's backward may follow the
+// other's forward, and their results agree within the 16-bit tolerance.
+TEST_F(CudnnOps, AttentionFwdBwd_MatchTheNativeKernelsAndShareTheSavedRows) {
+    std::unique_ptr<Backend> native;
+    make_cuda_backend_or_skip(native, AttentionImpl::native);
+    if (!native) return;
+    for (const AttentionShape& s : {AttentionShape{2, 128, 8, 2, 64}, AttentionShape{1, 192, 4, 4, 128}}) {
+        SCOPED_TRACE(describe(s));
+        const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 6500, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 6501);
+        const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
+        struct Run {
+            OwnedTensor out, saved, dqkv;
+        };
+        const auto run = [&](Backend& be) {
+            Run r{device_tensor(be, bf16, {s.rows(), s.out_width()}), device_tensor(be, f32, be.attention_saved_shape(s)),
+                  device_tensor(be, bf16, {s.rows(), s.qkv_width()})};
+            be.attention_fwd(r.out, r.saved, g_qkv, s);
+            be.attention_bwd(r.dqkv, g_dout, g_qkv, r.out, r.saved, s);
+            be.synchronize();
+            return r;
+        };
+        const Run c = run(gpu()), n = run(*native);
+        const std::vector<double> c_out = download(gpu(), c.out), n_out = download(*native, n.out);
+        expect_matches("out", c_out, n_out, attention_tolerance(bf16));
+        expect_matches("lse", download(gpu(), c.saved), download(*native, n.saved), f32_sum_tolerance);
+        const std::vector<double> c_d = download(gpu(), c.dqkv), n_d = download(*native, n.dqkv);
+        expect_matches("dqkv", c_d, n_d, attention_tolerance(bf16), {1e-2 * max_abs(n_d), false});
+        // cuDNN's backward from the native forward's saved rows gives cuDNN's own result.
+        const OwnedTensor cross = device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()});
+        gpu().attention_bwd(cross, g_dout, g_qkv, n.out, n.saved, s);
+        expect_matches("dqkv after the native forward", download(gpu(), cross), n_d, attention_tolerance(bf16), {1e-2 * max_abs(n_d), false});
+    }
+}
+
+TEST_F(CudnnDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
+    for (const AttentionShape& s : {AttentionShape{2, 256, 4, 2, 64}, AttentionShape{1, 256, 8, 2, 128}}) {
+        SCOPED_TRACE(describe(s));
+        const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 6600, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 6601);
+        const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
+        const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
+        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        expect_two_runs_identical([&] {
+            std::vector<OwnedTensor> g;
+            g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}));
+            gpu().attention_bwd(g[0], g_dout, g_qkv, g_out, g_saved, s);
+            return g;
+        });
+    }
+}
+
+// Where libcudnn cannot be loaded, model.attention = "auto" runs the native kernels and says
+// so, and "cudnn" is refused naming the library and where to point the loader.
+TEST(CudaAttentionChoice, WithoutLibcudnn_AutoRunsTheNativeKernelsAndCudnnIsRefused) {
+    const char* before = std::getenv("LLMTRAIN_CUDNN_LIBRARY");
+    const std::string saved = before ? before : "";
+    setenv("LLMTRAIN_CUDNN_LIBRARY", "/nonexistent/libcudnn.so.9", 1);
+    std::unique_ptr<Backend> automatic;
+    make_cuda_backend_or_skip(automatic, AttentionImpl::automatic);
+    if (automatic) {
+        const AttentionShape s{1, 16, 2, 2, 64};
+        EXPECT_EQ(automatic->describe_attention(s, bf16).rfind("native flash kernels", 0), 0u) << automatic->describe_attention(s, bf16);
+        const OwnedTensor g_qkv = to_device(*automatic, random_input(bf16, {s.rows(), s.qkv_width()}, 6700), bf16);
+        const OwnedTensor g_out = device_tensor(*automatic, bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(*automatic, f32, automatic->attention_saved_shape(s));
+        automatic->attention_fwd(g_out, g_saved, g_qkv, s);
+        EXPECT_GT(max_abs(download(*automatic, g_out)), 0.0);
+        try {
+            make_cuda_backend(0, AttentionImpl::cudnn);
+            ADD_FAILURE() << "model.attention = \"cudnn\" was accepted without libcudnn";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+            EXPECT_NE(std::string(e.what()).find("model.attention = \"cudnn\": /nonexistent/libcudnn.so.9 (cuDNN) cannot be loaded"), std::string::npos)
+                << e.what();
+        }
+    }
+    if (before) setenv("LLMTRAIN_CUDNN_LIBRARY", saved.c_str(), 1);
+    else unsetenv("LLMTRAIN_CUDNN_LIBRARY");
 }

@@ -1,7 +1,8 @@
 // Training on CUDA against the CPU: a tiny GPT-2 and a tiny Llama (GQA, RoPE, SwiGLU,
 // QKV bias) take 10 steps on both backends from the same initial weights and data; the
-// bf16 run's losses track the fp32 ones, and two CUDA runs are bitwise identical.
-// Skipped (and counted skipped) without a GPU or a CUDA build.
+// bf16 run's losses track the fp32 ones, and two CUDA runs are bitwise identical. Each
+// test runs with cuDNN's fused attention and with the native kernels (Attention/...).
+// Skipped (and counted skipped) without a GPU or a CUDA build, the cuDNN runs without libcudnn.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,15 +16,9 @@ using namespace llmtrain;
 
 namespace {
 
-Config tiny_run(const std::string& family, const std::string& device, const std::string& recompute = "none") {
-    return test::tiny_cuda_shaped_run(family, device, 4, 64, {"train.recompute=\"" + recompute + "\""});
-}
-
-// Constructing the CUDA backend is the test of whether this machine and build have one:
-// skipped without a visible GPU, failed when one is visible but refused.
-void skip_without_gpu() {
-    std::unique_ptr<Backend> probe;
-    gpu_test::make_cuda_backend_or_skip(probe);
+// The runs under test take the attention kernels of the test's parameter (cudnn or native).
+Config tiny_run(const std::string& family, const std::string& device, const std::string& attention, const std::string& recompute = "none") {
+    return test::tiny_cuda_shaped_run(family, device, 4, 64, {"train.recompute=\"" + recompute + "\"", "model.attention=\"" + attention + "\""});
 }
 
 TrainResult train_quietly(const Config& config) {
@@ -31,38 +26,38 @@ TrainResult train_quietly(const Config& config) {
     return trainer.run();
 }
 
-void expect_cuda_tracks_cpu(const std::string& family) {
-    skip_without_gpu();
-    if (testing::Test::IsSkipped() || testing::Test::HasFatalFailure()) return;
-    test::expect_tracks_cpu(train_quietly(tiny_run(family, "cuda")), train_quietly(tiny_run(family, "cpu")));
-}
-
-void expect_bitwise_identical_cuda_runs(const Config& config) {
-    skip_without_gpu();
-    if (testing::Test::IsSkipped() || testing::Test::HasFatalFailure()) return;
-    test::expect_bitwise_identical(train_quietly(config), train_quietly(config));
-}
+// Constructing the CUDA backend is the test of whether this machine and build have one (and
+// libcudnn, for the cudnn runs): skipped without, failed when a GPU is visible but refused.
+class CudaTraining : public testing::TestWithParam<std::string> {
+protected:
+    void SetUp() override {
+        std::unique_ptr<Backend> probe;
+        gpu_test::make_cuda_backend_or_skip(probe, GetParam() == "cudnn" ? AttentionImpl::cudnn : AttentionImpl::native);
+    }
+    Config run(const std::string& family, const std::string& recompute = "none") const { return tiny_run(family, "cuda", GetParam(), recompute); }
+    static Config cpu_run(const std::string& family) { return tiny_run(family, "cpu", "auto"); }
+};
 
 }  // namespace
 
-TEST(CudaTraining, Gpt2Bf16Losses_TrackCpuFp32For10Steps) { expect_cuda_tracks_cpu("gpt2"); }
+TEST_P(CudaTraining, Gpt2Bf16Losses_TrackCpuFp32For10Steps) { test::expect_tracks_cpu(train_quietly(run("gpt2")), train_quietly(cpu_run("gpt2"))); }
 
-TEST(CudaTraining, LlamaBf16Losses_TrackCpuFp32For10Steps) { expect_cuda_tracks_cpu("llama"); }
+TEST_P(CudaTraining, LlamaBf16Losses_TrackCpuFp32For10Steps) { test::expect_tracks_cpu(train_quietly(run("llama")), train_quietly(cpu_run("llama"))); }
 
-TEST(CudaTraining, Gpt2RunsWithTheSameSeed_AreBitwiseIdentical) { expect_bitwise_identical_cuda_runs(tiny_run("gpt2", "cuda")); }
+TEST_P(CudaTraining, Gpt2RunsWithTheSameSeed_AreBitwiseIdentical) { test::expect_bitwise_identical(train_quietly(run("gpt2")), train_quietly(run("gpt2"))); }
 
-TEST(CudaTraining, LlamaRunsWithTheSameSeed_AreBitwiseIdentical) { expect_bitwise_identical_cuda_runs(tiny_run("llama", "cuda")); }
-
-TEST(CudaTraining, FullRecompute_GivesBitwiseTheSameLosses) {
-    skip_without_gpu();
-    if (IsSkipped() || HasFatalFailure()) return;
-    test::expect_bitwise_identical(train_quietly(tiny_run("llama", "cuda", "full")), train_quietly(tiny_run("llama", "cuda")), "full recompute");
+TEST_P(CudaTraining, LlamaRunsWithTheSameSeed_AreBitwiseIdentical) {
+    test::expect_bitwise_identical(train_quietly(run("llama")), train_quietly(run("llama")));
 }
 
-TEST(CudaTraining, Fp16WithLossScaling_TracksCpu) {
-    skip_without_gpu();
-    if (IsSkipped() || HasFatalFailure()) return;
-    Config fp16 = tiny_run("gpt2", "cuda");
+TEST_P(CudaTraining, FullRecompute_GivesBitwiseTheSameLosses) {
+    test::expect_bitwise_identical(train_quietly(run("llama", "full")), train_quietly(run("llama")), "full recompute");
+}
+
+TEST_P(CudaTraining, Fp16WithLossScaling_TracksCpu) {
+    Config fp16 = run("gpt2");
     fp16.train.precision = Precision::fp16;
-    test::expect_tracks_cpu(train_quietly(fp16), train_quietly(tiny_run("gpt2", "cpu")));
+    test::expect_tracks_cpu(train_quietly(fp16), train_quietly(cpu_run("gpt2")));
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, CudaTraining, testing::Values("cudnn", "native"), [](const testing::TestParamInfo<std::string>& attention) { return attention.param; });

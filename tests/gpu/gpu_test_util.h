@@ -45,15 +45,18 @@ inline bool gpu_visible_here() {
     return gpu_visible(cuda_backend_built(), nvidia_device_node_present(), count);
 }
 
-// Makes the CUDA backend into `out`. Without a visible GPU (a CPU-only build, no device) the
-// test is reported SKIPPED; with one, a backend that refuses it (driver too old, compute
-// capability, a broken install) FAILS the test with the reason, never skips it.
-inline void make_cuda_backend_or_skip(std::unique_ptr<Backend>& out) {
+// Makes the CUDA backend into `out`, its attention by `attention` (the op tests default to the
+// native kernels; the cuDNN tests ask for cudnn). Without a visible GPU (a CPU-only build, no
+// device) the test is reported SKIPPED, and so is a cudnn backend where libcudnn cannot be
+// loaded (the CUDA emulation has none); a backend that refuses a visible GPU otherwise
+// (driver too old, compute capability, a broken install) FAILS the test with the reason.
+inline void make_cuda_backend_or_skip(std::unique_ptr<Backend>& out, AttentionImpl attention = AttentionImpl::native) {
     try {
-        out = make_cuda_backend(0);
+        out = make_cuda_backend(0, attention);
     } catch (const Error& e) {
-        if (gpu_visible_here()) FAIL() << "a GPU is visible but the CUDA backend refuses it: " << e.what();
-        GTEST_SKIP() << "no GPU: " << e.what();
+        const bool no_cudnn = attention == AttentionImpl::cudnn && std::string(e.what()).find("cannot be loaded") != std::string::npos;
+        if (gpu_visible_here() && !no_cudnn) FAIL() << "a GPU is visible but the CUDA backend refuses it: " << e.what();
+        GTEST_SKIP() << (no_cudnn ? "no cuDNN: " : "no GPU: ") << e.what();
     }
 }
 
@@ -61,8 +64,10 @@ inline void make_cuda_backend_or_skip(std::unique_ptr<Backend>& out) {
 // single-threaded: its results are then the same on every machine.
 class CudaVsCpuTest : public ::testing::Test {
 protected:
+    // The attention kernels of the backend under test.
+    virtual AttentionImpl attention() const { return AttentionImpl::native; }
     void SetUp() override {
-        make_cuda_backend_or_skip(gpu_);
+        make_cuda_backend_or_skip(gpu_, attention());
         if (!gpu_) return;
         cpu_ = make_cpu_backend(1);
     }

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/attention_head_dims.h"
+
 namespace llmtrain::test {
 
 namespace {
@@ -88,7 +90,7 @@ public:
     std::string name() const override { return "emulated cuda (CPU stand-in)"; }
     bool supports(Op op, DType dtype) const override {
         switch (op) {
-            case Op::adamw: case Op::sum_squares: case Op::xent_combine: return dtype == DType::f32;
+            case Op::adamw: case Op::sum_squares: case Op::xent_combine: case Op::accumulate_sum: case Op::accumulate_sum_squares: return dtype == DType::f32;
             case Op::fill_zero: case Op::copy: return dtype != DType::f64;
             case Op::add: return dtype == DType::f32 || is_half(dtype);
             default: return is_half(dtype);
@@ -100,10 +102,13 @@ public:
         expect_device("copy_from_host", "dst", dst);
         if (dst.numel() > 0) std::memcpy(dst.raw(), src, dst.bytes());
     }
+    // The host waits the CUDA backend would make, counted as it counts them.
     void copy_to_host(void* dst, const Tensor& src) override {
         expect_device("copy_to_host", "src", src);
+        ++profile_.host_syncs;
         if (src.numel() > 0) std::memcpy(dst, src.raw(), src.bytes());
     }
+    void synchronize() override { ++profile_.host_syncs; }
 
     void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) override {
         const char* op = "embedding_fwd";
@@ -168,7 +173,7 @@ public:
         const char* op = "attention_fwd";
         expect_half(op, "out", out); expect_half(op, "qkv", qkv); expect_f32(op, "saved", saved);
         if (saved.shape() != attention_saved_shape(s)) refuse(op, "saved", cat("has shape ", saved.shape().str()));
-        if (s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128) refuse(op, "qkv", cat("has head_dim ", s.head_dim, "; the flash kernels take 32, 64 or 128"));
+        if (!native_attention_takes(s.head_dim)) refuse(op, "qkv", cat("has head_dim ", s.head_dim, "; the flash kernels take ", native_attention_head_dims_text()));
         const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
         cpu_->attention_fwd(result, probs, q, s);
         store(out, result);
@@ -239,7 +244,22 @@ public:
     }
     double sum_squares(const Tensor& x) override {
         expect_f32("sum_squares", "x", x);
+        ++profile_.host_syncs;
         return cpu_->sum_squares(host_view(x));
+    }
+    void accumulate_sum(const Tensor& total, const Tensor& x, double scale) override {
+        expect_f32("accumulate_sum", "x", x);
+        expect_total("accumulate_sum", total);
+        cpu_->accumulate_sum(host_view(total), host_view(x), scale);
+    }
+    void accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) override {
+        expect_total("accumulate_sum_squares", total);
+        std::vector<Tensor> host;
+        for (const Tensor& p : pieces) {
+            expect_f32("accumulate_sum_squares", "piece", p);
+            host.push_back(host_view(p));
+        }
+        cpu_->accumulate_sum_squares(host_view(total), host);
     }
     void fill_zero(const Tensor& x) override {
         expect_device("fill_zero", "x", x);
@@ -256,6 +276,10 @@ public:
     }
 
 private:
+    static void expect_total(const char* op, const Tensor& t) {
+        expect_device(op, "total", t);
+        if (t.dtype() != DType::f64 || t.numel() != 1) refuse(op, "total", "is not an f64 scalar");
+    }
     void rope(const char* op, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse) {
         expect_half(op, "x", x); expect_f32(op, "table", table);
         const OwnedTensor values = widened(x);

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "config/config.h"
+#include "core/log.h"
 #include "ops/step_model.h"
 #include "parallel/context.h"
 
@@ -191,4 +192,18 @@ TEST(StepModel, Zero3PrefetchHidesTheGathersOnGpus) {
     const Mesh mesh = make_mesh(ahead.parallel, 8);
     const double params = model_parameter_count(ahead.model);
     EXPECT_LT(predict_step_time(ahead, mesh, h100, params).dp_exposed_seconds, predict_step_time(none, mesh, h100, params).dp_exposed_seconds);
+}
+
+// The start-up line's parameter count grows with tp (padded vocabulary rows) and pp (a tied
+// embedding held by the first and the last stage); the line says by how much and why.
+TEST(ParameterCount, HeldBeyondTheModel_NamesPaddingRowsAndTheTiedCopy) {
+    const ModelConfig m = load_config("configs/tiny.toml", {}, DataFiles::unchecked).model;  // vocab 257, d_model 128, tied
+    const double model = model_parameter_count(m);
+    EXPECT_EQ(parameters_beyond_the_model(m, 1, 1, model), "");
+    // tp 2: 257 rows padded to 258 (one row of 128), and 20,000 replicated on the second tp rank.
+    EXPECT_EQ(parameters_beyond_the_model(m, 2, 1, model + 128 + 20000),
+              cat(" (the model's ", fixed(model / 1e6, 3), "M + 0.020M of tensors each of the 2 tp ranks holds whole + 0.000M vocabulary padding rows for tp 2)"));
+    const std::string pp2 = parameters_beyond_the_model(m, 1, 2, model + 257 * 128);
+    EXPECT_NE(pp2.find("+ 0.033M the tied embedding's copy on the last pipeline stage"), std::string::npos) << pp2;
+    EXPECT_EQ(pp2.find("padding"), std::string::npos) << pp2;
 }

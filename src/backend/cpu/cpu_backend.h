@@ -55,6 +55,8 @@ public:
 
     void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) override;
     double sum_squares(const Tensor& x) override;
+    void accumulate_sum(const Tensor& total, const Tensor& x, double scale) override;
+    void accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) override;
     void fill_zero(const Tensor& x) override;
     void copy(const Tensor& out, const Tensor& in) override;
 

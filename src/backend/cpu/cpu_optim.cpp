@@ -3,8 +3,9 @@
 //   AdamW (decoupled weight decay), per element, in double:
 //     g = grad * grad_scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //     p -= lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * p )
-//   sum_squares: partial sums over fixed chunks (boundaries independent of the thread
-//     count), added in chunk order, all in double: the same result for any thread count.
+//   sum_squares, accumulate_sum(_squares): partial sums over fixed chunks (boundaries
+//     independent of the thread count), added in chunk order, all in double: the same result
+//     for any thread count.
 #include <cmath>
 #include <vector>
 
@@ -37,15 +38,15 @@ void adamw_elems(T* param, const T* grad, T* m, T* v, int64_t count, const AdamW
     }
 }
 
-template <class T>
-double sum_squares_chunked(const T* x, int64_t count, int threads) {
+template <class T, bool Squares = true>
+double sum_chunked(const T* x, int64_t count, int threads) {
     const int64_t chunks = (count + sum_chunk - 1) / sum_chunk;
     std::vector<double> partial(static_cast<size_t>(chunks));
 #pragma omp parallel for num_threads(threads) schedule(static) if (chunks > 1)
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
         const int64_t end = std::min(count, (chunk + 1) * sum_chunk);
         double acc = 0;
-        for (int64_t i = chunk * sum_chunk; i < end; ++i) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+        for (int64_t i = chunk * sum_chunk; i < end; ++i) acc += Squares ? static_cast<double>(x[i]) * static_cast<double>(x[i]) : static_cast<double>(x[i]);
         partial[static_cast<size_t>(chunk)] = acc;
     }
     double total = 0;
@@ -71,8 +72,27 @@ void CpuBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m,
 double CpuBackend::sum_squares(const Tensor& x) {
     cpu::OpTimer timer(profile_, Op::sum_squares);
     double total = 0;
-    cpu::dispatch_float(timer.name(), "x", x, [&]<class T>() { total = sum_squares_chunked(x.data<T>(), x.numel(), threads_); });
+    cpu::dispatch_float(timer.name(), "x", x, [&]<class T>() { total = sum_chunked(x.data<T>(), x.numel(), threads_); });
     return total;
+}
+
+namespace {
+double& total_of(const char* op, const Tensor& total) {
+    cpu::expect_tensor(op, "total", total, {1}, DType::f64);
+    return *total.data<double>();
+}
+}  // namespace
+
+void CpuBackend::accumulate_sum(const Tensor& total, const Tensor& x, double scale) {
+    cpu::OpTimer timer(profile_, Op::accumulate_sum);
+    double& t = total_of(timer.name(), total);
+    cpu::dispatch_float(timer.name(), "x", x, [&]<class T>() { t += scale * sum_chunked<T, false>(x.data<T>(), x.numel(), threads_); });
+}
+
+void CpuBackend::accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) {
+    cpu::OpTimer timer(profile_, Op::accumulate_sum_squares);
+    double& t = total_of(timer.name(), total);
+    for (const Tensor& piece : pieces) cpu::dispatch_float(timer.name(), "piece", piece, [&]<class T>() { t += sum_chunked(piece.data<T>(), piece.numel(), threads_); });
 }
 
 }  // namespace llmtrain

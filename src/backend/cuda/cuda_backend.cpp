@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda_host_rules.h"
+#include "backend/cudnn/cudnn_attention.h"
 #include "core/log.h"
 #include "kernels/launch_check.h"
 
@@ -14,6 +16,10 @@ namespace llmtrain {
 
 namespace {
 const size_t kCublasWorkspaceBytes = reserved_workspace_bytes(Device::cuda);
+// Pinned staging: enough buffers that the one a copy takes has long completed (a step's
+// micro-batches take two each: tokens, targets), each up to this size.
+constexpr size_t kStagingSlots = 16;
+constexpr size_t kStagingMaxBytes = 16u << 20;
 }  // namespace
 
 void check_cuda(cudaError_t status, const char* what) {
@@ -22,7 +28,7 @@ void check_cuda(cudaError_t status, const char* what) {
 
 bool cuda_backend_built() { return true; }
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+std::unique_ptr<Backend> make_cuda_backend(int device_index, AttentionImpl attention) { return std::make_unique<CudaBackend>(device_index, attention); }
 
 namespace {
 // A driver older than the runtime this binary was built with fails at the first kernel
@@ -71,7 +77,7 @@ size_t cuda_free_memory_bytes(int device_index) {
 
 // Device selection: the node-local rank modulo the GPUs seen (CUDA_VISIBLE_DEVICES may
 // give each rank one GPU, which is then device 0).
-CudaBackend::CudaBackend(int device_index) {
+CudaBackend::CudaBackend(int device_index, AttentionImpl attention) : attention_impl_(attention) {
     sync_check_ = cuda_sync_check_requested(std::getenv("LLMTRAIN_CUDA_CHECK"));
     device_index_ = device_index % cuda_device_count();
     check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
@@ -88,17 +94,40 @@ CudaBackend::CudaBackend(int device_index) {
     // synchronizes with it, so transfers see every op enqueued before them.
     check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     cublas_workspace_ = allocate(kCublasWorkspaceBytes);
-    gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace_.get(), kCublasWorkspaceBytes);
+    GemmTuningHooks hooks{[this](size_t bytes) { return std::shared_ptr<void>(allocate(bytes)); }, [this] { ++profile_.host_syncs; }};
+    gemm_ = std::make_unique<CublasLtMatmul>(stream_, cublas_workspace_.get(), kCublasWorkspaceBytes, std::move(hooks));
     sum_result_ = allocate(sizeof(double));
+    open_cudnn();
+}
+
+// model.attention = "auto" says once per process which kernels it got; "cudnn" without a
+// loadable libcudnn is a configuration the run cannot honour.
+void CudaBackend::open_cudnn() {
+    if (attention_impl_ == AttentionImpl::native) return;
+    std::string why_not;
+    cudnn_ = CudnnAttention::open(stream_, why_not);
+    static bool said = false;
+    if (cudnn_) {
+        if (!std::exchange(said, true)) log_info("attention: ", cudnn_->describe(), " fused flash attention, deterministic engines (model.attention = \"",
+                                                 attention_impl_name(attention_impl_), "\")");
+        return;
+    }
+    if (attention_impl_ == AttentionImpl::cudnn) fail(ErrorKind::unsupported, "model.attention = \"cudnn\": ", why_not);
+    if (!std::exchange(said, true)) log_info("attention: native flash kernels (model.attention = \"auto\": ", why_not, ")");
 }
 
 CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(stream_);
+    cudnn_.reset();
     for (const PendingOp& p : pending_) {
         cudaEventDestroy(p.start);
         cudaEventDestroy(p.stop);
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (StagingSlot& slot : staging_) {
+        if (slot.host) cudaFreeHost(slot.host);
+        if (slot.copied) cudaEventDestroy(slot.copied);
+    }
     gemm_.reset();
     if (stream_) cudaStreamDestroy(stream_);
 }
@@ -137,19 +166,54 @@ Memory CudaBackend::allocate(size_t bytes) {
 
 void CudaBackend::copy_from_host(const Tensor& dst, const void* src) {
     if (dst.device() != Device::cuda) fail(ErrorKind::unsupported, "copy_from_host: destination is in ", llmtrain::device_name(dst.device()), " memory");
-    if (dst.numel() > 0) check_cuda(cudaMemcpyAsync(dst.raw(), src, dst.bytes(), cudaMemcpyHostToDevice, stream_), "copy_from_host");
-    // Pageable host memory: the call returns once the source is staged, so it may be reused.
+    if (dst.numel() == 0) return;
+    if (dst.bytes() > kStagingMaxBytes) {
+        // Pageable host memory: the call returns once the source is staged, so it may be reused.
+        check_cuda(cudaMemcpyAsync(dst.raw(), src, dst.bytes(), cudaMemcpyHostToDevice, stream_), "copy_from_host");
+        return;
+    }
+    StagingSlot& slot = staging_slot(dst.bytes());
+    std::memcpy(slot.host, src, dst.bytes());
+    check_cuda(cudaMemcpyAsync(dst.raw(), slot.host, dst.bytes(), cudaMemcpyHostToDevice, stream_), "copy_from_host");
+    check_cuda(cudaEventRecord(slot.copied, stream_), "copy_from_host");
+}
+
+CudaBackend::StagingSlot& CudaBackend::staging_slot(size_t bytes) {
+    if (staging_.empty()) staging_.resize(kStagingSlots);
+    StagingSlot& slot = staging_[next_staging_];
+    next_staging_ = (next_staging_ + 1) % staging_.size();
+    if (!slot.copied) check_cuda(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), "staging event");
+    else if (const cudaError_t done = cudaEventQuery(slot.copied); done == cudaErrorNotReady) {
+        // Sixteen copies later and still queued: the stream is far behind; wait for this one.
+        (void)cudaGetLastError();  // "not ready" is no error for the launch checks to find
+        ++profile_.host_syncs;
+        check_cuda(cudaEventSynchronize(slot.copied), "staging buffer");
+    } else {
+        check_cuda(done, "staging buffer");
+    }
+    if (slot.capacity < bytes) {
+        if (slot.host) check_cuda(cudaFreeHost(slot.host), "staging buffer");
+        slot.host = nullptr;
+        slot.capacity = std::max<size_t>(bytes, 64u << 10);
+        check_cuda(cudaMallocHost(&slot.host, slot.capacity), "staging buffer");
+    }
+    return slot;
 }
 
 void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
     if (src.device() != Device::cuda) fail(ErrorKind::unsupported, "copy_to_host: source is in ", llmtrain::device_name(src.device()), " memory");
     if (src.numel() > 0) check_cuda(cudaMemcpyAsync(dst, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, stream_), "copy_to_host");
-    check_cuda(cudaStreamSynchronize(stream_), "copy_to_host");
+    wait_for_stream("copy_to_host");
 }
 
 void CudaBackend::synchronize() {
-    check_cuda(cudaStreamSynchronize(stream_), "synchronize");
+    wait_for_stream("synchronize");
     resolve_profile();
+}
+
+void CudaBackend::wait_for_stream(const char* what) {
+    ++profile_.host_syncs;
+    check_cuda(cudaStreamSynchronize(stream_), what);
 }
 
 size_t CudaBackend::workspace_bytes() const { return workspace_size_ + kCublasWorkspaceBytes; }
@@ -157,7 +221,7 @@ size_t CudaBackend::workspace_bytes() const { return workspace_size_ + kCublasWo
 void* CudaBackend::workspace(size_t bytes) {
     if (bytes <= workspace_size_) return workspace_.get();
     // Only the first step's ops grow it: wait for the ops still using the old one.
-    check_cuda(cudaStreamSynchronize(stream_), "workspace");
+    wait_for_stream("workspace");
     workspace_.reset();
     workspace_ = allocate(bytes);
     workspace_size_ = (bytes + 255) / 256 * 256;

@@ -6,8 +6,18 @@
 // ops that need scratch share one workspace, sized by the first step's largest request
 // (fixed afterwards: the shapes of a run do not grow), and cuBLASLt has its own 32 MiB.
 //
+// Host to device: copy_from_host of up to staging_max_bytes goes through a ring of pinned
+// host buffers (the token batches, every micro-batch): the copy is truly asynchronous, and a
+// buffer is written again only once its copy has completed (an event), so the host never
+// waits for the stream there. Larger copies (weights at start-up) go straight from pageable
+// memory.
+//
 // Profile: while set_profiling(true), each op is bracketed by a pair of CUDA events;
 // synchronize() turns the pairs into per-op GPU seconds in profile(). Off by default.
+//
+// Attention: cuDNN's fused flash attention (backend/cudnn) where model.attention allows it,
+// libcudnn loads and cuDNN plans the shape; else the native kernels (kernels/attention.cu).
+// The choice is per shape and the same for forward and backward.
 //
 // LLMTRAIN_CUDA_CHECK=sync (cuda_host_rules.h): every op ends with a stream synchronize and
 // an error check, so an asynchronous fault is reported with the op that caused it.
@@ -27,10 +37,11 @@
 namespace llmtrain {
 
 class CublasLtMatmul;
+class CudnnAttention;
 
 class CudaBackend final : public Backend {
 public:
-    explicit CudaBackend(int device_index);
+    CudaBackend(int device_index, AttentionImpl attention);
     ~CudaBackend() override;
     CudaBackend(const CudaBackend&) = delete;
     CudaBackend& operator=(const CudaBackend&) = delete;
@@ -47,6 +58,7 @@ public:
     void set_profiling(bool on) override { profiling_ = on; }
     size_t peak_memory_bytes() const override { return peak_allocated_bytes_; }
     double peak_bf16_tflops() const override;
+    std::string describe_attention(const AttentionShape& shape, DType dtype) override;
 
     void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) override;
     void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) override;
@@ -73,17 +85,34 @@ public:
     void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) override;
     void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) override;
     double sum_squares(const Tensor& x) override;
+    void accumulate_sum(const Tensor& total, const Tensor& x, double scale) override;
+    void accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) override;
     void fill_zero(const Tensor& x) override;
     void copy(const Tensor& out, const Tensor& in) override;
     void matmul_gelu_fwd(const MatmulGeluFwd& args) override;
     void gelu_matmul_bwd(const GeluMatmulBwd& args) override;
+    void xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss) override;
+    void add_norm_fwd(const AddNormFwd& args) override;
 
 private:
     friend class CudaOpScope;
     // The workspace, grown (with a synchronize) when a request is larger than it.
     void* workspace(size_t bytes);
+    // cudaStreamSynchronize, counted as a host synchronization.
+    void wait_for_stream(const char* what);
+    // The next pinned staging buffer of at least `bytes`, its last copy completed.
+    struct StagingSlot {
+        void* host = nullptr;
+        size_t capacity = 0;
+        cudaEvent_t copied = nullptr;
+    };
+    StagingSlot& staging_slot(size_t bytes);
     cudaEvent_t take_event();
     void resolve_profile();
+    void open_cudnn();
+    // Whether cuDNN runs attention at this shape (planning it on the first ask); refuses a
+    // shape cuDNN cannot plan when model.attention = "cudnn".
+    bool cudnn_runs(const AttentionShape& shape, DType dtype, const char* op);
 
     int device_index_;
     std::string device_name_;
@@ -95,6 +124,8 @@ private:
     size_t workspace_size_ = 0;
     size_t allocated_bytes_ = 0, peak_allocated_bytes_ = 0;
     Memory sum_result_;  // one device double for sum_squares
+    AttentionImpl attention_impl_;
+    std::unique_ptr<CudnnAttention> cudnn_;  // null: the native kernels only
     bool profiling_ = false;
     bool sync_check_ = false;
     struct PendingOp {
@@ -103,6 +134,8 @@ private:
     };
     std::vector<PendingOp> pending_;
     std::vector<cudaEvent_t> free_events_;
+    std::vector<StagingSlot> staging_;
+    size_t next_staging_ = 0;
 };
 
 // Throws "<what>: <CUDA error>" unless status is cudaSuccess.

@@ -3,13 +3,18 @@
 #include <cmath>
 #include <exception>
 #include <initializer_list>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda_host_rules.h"
+#include "backend/cudnn/cudnn_attention.h"
 #include "backend/op_checks.h"
+#include "core/attention_head_dims.h"
 #include "kernels/kernels.h"
+#include "core/log.h"
 #include "kernels/launch_check.h"
 
 namespace llmtrain {
@@ -96,7 +101,7 @@ VocabRows expect_vocab(const char* op, VocabShard shard, int64_t rows) {
 
 bool CudaBackend::supports(Op op, DType dtype) const {
     switch (op) {
-        case Op::adamw: case Op::sum_squares: case Op::xent_combine: return dtype == DType::f32;
+        case Op::adamw: case Op::sum_squares: case Op::xent_combine: case Op::accumulate_sum: case Op::accumulate_sum_squares: return dtype == DType::f32;
         case Op::fill_zero: case Op::copy: return dtype != DType::f64;
         case Op::add: return dtype == DType::f32 || is_half(dtype);
         default: return is_half(dtype);
@@ -172,6 +177,15 @@ void CudaBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor
     void* scratch = workspace(kernels::norm_bwd_scratch_bytes(N, C));
     kernels::launch_layernorm_bwd(t, dx.raw(), f32_or_null(dw), f32_or_null(db), dout.raw(), x.raw(), w.raw(), ptr<float>(mean),
                                   ptr<float>(rstd), N, C, accumulate_dx, scratch, stream_);
+}
+
+void CudaBackend::add_norm_fwd(const AddNormFwd& a) {
+    CudaOpScope scope(*this, Op::add_norm_fwd);
+    const char* op = scope.name();
+    const auto [N, C] = a.rms ? expect_norm(op, a.sum, a.w, Tensor(), {{{"out", &a.out}, {"a", &a.a}, {"b", &a.b}}, {{"rstd", &a.rstd}}, {}})
+                              : expect_norm(op, a.sum, a.w, a.bias, {{{"out", &a.out}, {"a", &a.a}, {"b", &a.b}}, {{"mean", &a.mean}, {"rstd", &a.rstd}}, {}});
+    kernels::launch_add_norm_fwd(half_of(op, "sum", a.sum), a.rms, a.sum.raw(), a.out.raw(), a.rms ? nullptr : ptr<float>(a.mean), ptr<float>(a.rstd),
+                                 a.a.raw(), a.b.raw(), a.w.raw(), a.rms ? nullptr : ptr_or_null(a.bias), N, C, static_cast<float>(a.eps), stream_);
 }
 
 void CudaBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
@@ -313,7 +327,10 @@ void CudaBackend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
 // The dx GEMM of matmul_bwd with cuBLASLt's DGELU_BGRAD epilogue: D = d_pre^T [IC, N] =
 // (w^T dout^T) * gelu'(aux = pre^T), and the sums of D's rows (over the N tokens) are the
 // bias gradient of the layer that made pre. dw and dbias as in matmul_bwd.
-// Unfused, as matmul_gelu_fwd, where cuBLASLt has no fused kernel.
+// cuBLASLt 13.0 has no DGELU_BGRAD with an fp32 bias gradient on Hopper: there the GEMM takes
+// the DGELU epilogue alone and the bias gradient is the column sums of d_pre (one read of it,
+// instead of a GELU backward pass that reads pre and rewrites d_pre). Unfused, as
+// matmul_gelu_fwd, where cuBLASLt has neither.
 void CudaBackend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
     const char* op = op_name(Op::gelu_matmul_bwd);
     const auto [N, IC, OC] = expect_linear(op, a.act, a.w, "dout", a.dout);
@@ -330,10 +347,19 @@ void CudaBackend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
         c.bias_grad = ptr<float>(a.d_pre_bias);
         c.bias_grad_scratch = static_cast<float*>(workspace(static_cast<size_t>(IC) * sizeof(float)));
     }
+    bool bias_apart = false;  // the bias gradient by a column-sum kernel after the GEMM
+    if (c.bias_grad && !gemm_->served_by_cublaslt(c, op)) {
+        c.bias_grad = c.bias_grad_scratch = nullptr;
+        bias_apart = true;
+    }
     if (!gemm_->served_by_cublaslt(c, op)) return Backend::gelu_matmul_bwd(a);
     CudaOpScope scope(*this, Op::gelu_matmul_bwd);
     gemm_->run(c, op);
     // The workspace is reused below only by ops enqueued after the GEMM's use of it.
+    if (bias_apart) {
+        void* scratch = workspace(kernels::bias_grad_scratch_bytes(N, IC));
+        kernels::launch_bias_grad(t, ptr<float>(a.d_pre_bias), a.d_pre.raw(), N, IC, scratch, stream_);
+    }
     if (!a.dw.empty()) gemm_->run(linear_dw_gemm(a.dw, a.dout, a.act), op);
     if (!a.dbias.empty()) {
         void* scratch = workspace(kernels::bias_grad_scratch_bytes(N, OC));
@@ -355,30 +381,60 @@ void expect_attention_aligned(const char* op, std::initializer_list<std::pair<co
     expect_aligned(op, "saved", saved.raw(), 0, static_cast<int>(sizeof(float)));
 }
 
-void expect_attention(const char* op, const AttentionShape& s) {
+void expect_head_groups(const char* op, const AttentionShape& s) {
     if (s.n_heads < 1 || s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0)
         fail(ErrorKind::shape, op, ": ", s.n_heads, " query heads do not group evenly over ", s.n_kv_heads, " key/value heads");
-    if (!kernels::attention_supports_head_dim(s.head_dim))
-        fail(ErrorKind::unsupported, op, ": head_dim ", s.head_dim, "; the flash-attention kernels take 32, 64 or 128 (model.d_model / model.n_heads)");
+}
+
+void expect_native_head_dim(const char* op, const AttentionShape& s) {
+    if (!native_attention_takes(s.head_dim))
+        fail(ErrorKind::unsupported, op, ": head_dim ", s.head_dim, "; the flash-attention kernels take ", native_attention_head_dims_text(), " (model.d_model / model.n_heads)");
 }
 }  // namespace
+
+// cuDNN where it plans the shape (and is wanted), else the native kernels; the same choice
+// for forward and backward, whose saved tensor (the log-sum-exp rows) both share.
+bool CudaBackend::cudnn_runs(const AttentionShape& s, DType dtype, const char* op) {
+    if (!cudnn_) return false;
+    const CudnnAttentionReport& report = cudnn_->plan(s, dtype);
+    if (report.planned) return true;
+    if (attention_impl_ == AttentionImpl::cudnn) fail(ErrorKind::unsupported, op, ": model.attention = \"cudnn\", but cuDNN cannot run ", report.failure);
+    static std::set<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>> told;
+    if (told.insert({s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim}).second)
+        log_info("attention: cuDNN cannot run ", report.failure, "; the native kernels run this shape");
+    return false;
+}
+
+std::string CudaBackend::describe_attention(const AttentionShape& s, DType dtype) {
+    if (!cudnn_) return cat("native flash kernels (model.attention = \"", attention_impl_name(attention_impl_), "\")");
+    const CudnnAttentionReport& r = cudnn_->plan(s, dtype);
+    if (!r.planned) return cat("native flash kernels: cuDNN cannot run ", r.failure);
+    return cat(cudnn_->describe(), ", graphs with ", r.mask_form, ": forward engine ", r.forward.global_index, " (", r.forward.notes_text(), ", from ",
+               r.forward.found_by, "), backward engine ", r.backward.global_index, " (", r.backward.notes_text(), ", from ", r.backward.found_by,
+               "), workspace ", fixed(static_cast<double>(r.workspace_bytes) / 1e6, 1), " MB");
+}
 
 void CudaBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) {
     CudaOpScope scope(*this, Op::attention_fwd);
     const char* op = scope.name();
-    expect_attention(op, s);
+    expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
     expect(op, "out", out, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
     expect_attention_aligned(op, {{"qkv", &qkv}, {"out", &out}}, saved);
+    if (cudnn_runs(s, qkv.dtype(), op)) {
+        void* scratch = workspace(cudnn_->plan(s, qkv.dtype()).workspace_bytes);
+        return cudnn_->forward(s, qkv.dtype(), out.raw(), ptr<float>(saved), qkv.raw(), scratch);
+    }
+    expect_native_head_dim(op, s);
     kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, stream_);
 }
 
 void CudaBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& s) {
     CudaOpScope scope(*this, Op::attention_bwd);
     const char* op = scope.name();
-    expect_attention(op, s);
+    expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
     expect(op, "dqkv", dqkv, {s.rows(), s.qkv_width()}, qkv.dtype());
@@ -386,6 +442,11 @@ void CudaBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Te
     expect(op, "dout", dout, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
     expect_attention_aligned(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, saved);
+    if (cudnn_runs(s, qkv.dtype(), op)) {
+        void* scratch = workspace(cudnn_->plan(s, qkv.dtype()).workspace_bytes);
+        return cudnn_->backward(s, qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), scratch);
+    }
+    expect_native_head_dim(op, s);
     void* scratch = workspace(kernels::attention_bwd_scratch_bytes(s.batch, s.seq_len, s.n_heads));
     kernels::launch_attention_bwd(t, dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), s.batch, s.seq_len, s.n_heads, s.n_kv_heads,
                                   s.head_dim, scratch, stream_);
@@ -516,6 +577,18 @@ void CudaBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Te
                              logits.dim(0), logits.dim(1), local.real_count(), shard.begin, static_cast<float>(dloss), stream_);
 }
 
+void CudaBackend::xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss) {
+    CudaOpScope scope(*this, Op::xent_fwd_bwd);
+    const char* op = scope.name();
+    expect_logits(op, logits, targets);
+    expect(op, "losses", losses, {logits.dim(0)}, DType::f32);
+    if (!lse.empty()) expect(op, "lse", lse, {logits.dim(0)}, DType::f32);
+    const VocabRows whole = expect_vocab(op, vocab, logits.dim(1));
+    if (whole.count != whole.total) fail(ErrorKind::shape, op, ": logits must hold whole rows of the vocabulary");
+    kernels::launch_xent_fwd_bwd(half_of(op, "logits", logits), ptr<float>(losses), static_cast<float*>(ptr_or_null(lse)), logits.raw(), ptr<int32_t>(targets),
+                                 logits.dim(0), logits.dim(1), whole.real_count(), static_cast<float>(dloss), stream_);
+}
+
 void CudaBackend::logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) {
     CudaOpScope scope(*this, Op::logits_row_max);
     const char* op = scope.name();
@@ -576,6 +649,37 @@ void CudaBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m
     kernels::launch_adamw(ptr<float>(param), ptr<float>(grad), ptr<float>(m), ptr<float>(v), ptr_or_null(param_copy), copy_type, param.numel(), a, stream_);
 }
 
+namespace {
+// The ranges of f32 tensors in launches of at most max_pieces each.
+std::vector<kernels::ReducePieces> reduce_pieces(const char* op, const std::vector<Tensor>& tensors) {
+    std::vector<kernels::ReducePieces> launches;
+    for (const Tensor& t : tensors) {
+        expect(op, "piece", t, t.shape(), DType::f32);
+        if (t.numel() == 0) continue;
+        if (launches.empty() || launches.back().count == kernels::ReducePieces::max_pieces) launches.push_back(kernels::ReducePieces{});
+        kernels::ReducePieces& p = launches.back();
+        p.x[p.count] = ptr<float>(t);
+        p.n[p.count] = t.numel();
+        ++p.count;
+    }
+    return launches;
+}
+}  // namespace
+
+void CudaBackend::accumulate_sum(const Tensor& total, const Tensor& x, double scale) {
+    CudaOpScope scope(*this, Op::accumulate_sum);
+    expect(scope.name(), "total", total, {1}, DType::f64);
+    for (const kernels::ReducePieces& p : reduce_pieces(scope.name(), {x}))
+        kernels::launch_reduce_into(ptr<double>(total), p, false, scale, workspace(kernels::reduce_into_scratch_bytes(p)), stream_);
+}
+
+void CudaBackend::accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) {
+    CudaOpScope scope(*this, Op::accumulate_sum_squares);
+    expect(scope.name(), "total", total, {1}, DType::f64);
+    for (const kernels::ReducePieces& p : reduce_pieces(scope.name(), pieces))
+        kernels::launch_reduce_into(ptr<double>(total), p, true, 1.0, workspace(kernels::reduce_into_scratch_bytes(p)), stream_);
+}
+
 double CudaBackend::sum_squares(const Tensor& x) {
     double result = 0;
     {
@@ -586,7 +690,7 @@ double CudaBackend::sum_squares(const Tensor& x) {
         kernels::launch_sum_squares(static_cast<double*>(sum_result_.get()), ptr<float>(x), x.numel(), scratch, stream_);
     }
     check_cuda(cudaMemcpyAsync(&result, sum_result_.get(), sizeof result, cudaMemcpyDeviceToHost, stream_), "sum_squares");
-    check_cuda(cudaStreamSynchronize(stream_), "sum_squares");
+    wait_for_stream("sum_squares");
     return result;
 }
 

@@ -1,9 +1,16 @@
 // GEMMs through cuBLASLt with cached plans. Row-major C = A B^T style products are issued
 // as column-major cuBLASLt calls (a row-major [r, c] matrix is a column-major [c, r] one).
 // Each distinct (shape, transposes, dtypes, epilogue, alignments) builds its descriptors and
-// asks the heuristic for an algorithm once; later calls reuse the plan. A plan that cuBLASLt
-// cannot serve (choose_gemm_engine in cuda_host_rules.h) runs the fallback kernel
-// (kernels/gemm_fallback.cu) instead, with the same semantics.
+// asks the heuristic for up to max_candidates algorithms once; later calls reuse the plan. A
+// plan that cuBLASLt cannot serve (choose_gemm_engine in cuda_host_rules.h) runs the
+// fallback kernel (kernels/gemm_fallback.cu) instead, with the same semantics.
+//
+// Candidates timed once per plan, at its first run: each candidate computes the call into
+// scratch (the real outputs untouched) a few times, and the fastest of those whose output is
+// bitwise the heuristic's first choice's is kept. Only a candidate with the first's reduction
+// order can match it bit for bit, so the choice never changes the numbers: runs stay bitwise
+// reproducible whichever candidate the timing favours. Outputs over tune_max_bytes keep the
+// first choice (their scratch would be large; such GEMMs are few).
 //
 // cuBLASLt attributes used: TRANSA, TRANSB, EPILOGUE (BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU,
 // DGELU_BGRAD), BIAS_POINTER, BIAS_DATA_TYPE (CUDA_R_32F for the bias gradient),
@@ -15,8 +22,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda_host_rules.h"
 #include "core/dtype.h"
@@ -43,9 +53,18 @@ struct GemmCall {
     float* bias_grad_scratch = nullptr;  // [m] fp32 that cuBLASLt's epilogue overwrites first
 };
 
+// What the GEMMs need of the backend for tuning: temporary device memory and a count of the
+// host waits (a synchronization per timed candidate, at the plan's first run only).
+struct GemmTuningHooks {
+    std::function<std::shared_ptr<void>(size_t bytes)> allocate;
+    std::function<void()> host_waited;
+};
+
 class CublasLtMatmul {
 public:
-    CublasLtMatmul(cudaStream_t stream, void* workspace, size_t workspace_bytes);
+    static constexpr int max_candidates = 8;
+    static constexpr size_t tune_max_bytes = size_t{256} << 20;
+    CublasLtMatmul(cudaStream_t stream, void* workspace, size_t workspace_bytes, GemmTuningHooks hooks);
     ~CublasLtMatmul();
     CublasLtMatmul(const CublasLtMatmul&) = delete;
     CublasLtMatmul& operator=(const CublasLtMatmul&) = delete;
@@ -64,13 +83,24 @@ private:
         cublasLtMatmulDesc_t desc = nullptr;
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
         cublasLtMatmulAlgo_t algo{};
+        std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first
+        bool tuned = false;
+    };
+    // Where a call's outputs go: the call's own, or scratch while tuning.
+    struct Outputs {
+        void* d;
+        void* aux;
+        float* bias_grad_scratch;
     };
     Plan& plan_for(const GemmCall& call, const char* op);
     Plan build(const GemmCall& call, const Key& key, const char* op);
+    void launch(Plan& p, const GemmCall& c, const cublasLtMatmulAlgo_t& algo, const Outputs& out, const char* op);
+    void tune(Plan& p, const GemmCall& c, const char* op);
     void run_fallback(const GemmCall& call);
 
     cublasLtHandle_t handle_ = nullptr;
     cudaStream_t stream_;
+    GemmTuningHooks hooks_;
     void* workspace_;
     size_t workspace_bytes_;
     std::map<Key, Plan> plans_;
