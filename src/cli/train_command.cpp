@@ -22,6 +22,7 @@
 #include "cli/run_directory.h"
 #include "cli/run_metrics.h"
 #include "config/config.h"
+#include "core/durable_file.h"
 #include "core/exit_code.h"
 #include "core/log.h"
 #include "core/signals.h"
@@ -311,7 +312,9 @@ int train_single_process(const TrainArgs& args, const Config& as_given) {
         print_dry_run(config, mesh);
         return exit_ok;
     }
-    if (config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
+    // checkpoint.dir is made by the first save's writer: a run refused before then (its data,
+    // init_from) leaves nothing behind.
+    if (config.checkpoint.every_steps > 0) require_creatable(config.checkpoint.dir, OutputKind::directory, "checkpoint.dir");
     check_rank_memory(config, mesh, 0, 1);
     if (finished_already(start, config, run_dir, true)) return exit_ok;
     install_stop_signal_handlers();
@@ -394,7 +397,8 @@ int train_under_mpi(const TrainArgs& args) {
         start = check_run_start(args, run_dir, record, config, mesh->dp(), world_rank == 0,
                                 [&](const std::optional<std::string>& run_id) { return agree_on_resume(mpi, args, config, run_id); });
         if (args.dry_run && world_rank == 0) print_dry_run(config, *mesh);
-        if (!args.dry_run && !run_dir.empty() && config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
+        if (!args.dry_run && !run_dir.empty() && config.checkpoint.every_steps > 0)
+            require_creatable(config.checkpoint.dir, OutputKind::directory, "checkpoint.dir");
     });
     if (args.dry_run) return exit_ok;
     start.identity.run_id = mpi.broadcast_text(0, start.identity.run_id);  // a new run's id is rank 0's
