@@ -9,6 +9,7 @@
 # fix the parser, and add the input to tests/fuzz/regressions/<target>/ (CTest replays it).
 #
 # usage: scripts/fuzz.sh [--no-seeds] [--jobs N] [--no-build] [SECONDS] [TARGET...]
+#        scripts/fuzz.sh --summary RUN_DIR   (the table of a run again, from its logs)
 #   SECONDS      per target (default 60)
 #   TARGET       fuzz target names (default: every target of tests/fuzz/CMakeLists.txt)
 #   --no-seeds   start from an empty corpus without a dictionary: the coverage for comparison
@@ -19,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-seeds=1 build=1 jobs=$(nproc) seconds=60
+seeds=1 build=1 jobs=$(nproc) seconds=60 summary_of=
 targets=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -27,11 +28,38 @@ while [ $# -gt 0 ]; do
         --no-build) build=0 ;;
         --jobs) jobs=${2:?--jobs N}; shift ;;
         --jobs=*) jobs=${1#--jobs=} ;;
-        -*) echo "fuzz.sh: unknown option '$1' (--no-seeds, --jobs N, --no-build)" >&2; exit 2 ;;
+        --summary) summary_of=${2:?--summary RUN_DIR}; shift ;;
+        -*) echo "fuzz.sh: unknown option '$1' (--no-seeds, --jobs N, --no-build, --summary RUN_DIR)" >&2; exit 2 ;;
         *) if [[ $1 =~ ^[0-9]+$ ]] && [ ${#targets[@]} -eq 0 ]; then seconds=$1; else targets+=("$1"); fi ;;
     esac
     shift
 done
+# The figures of one target's log.
+summarize() {
+    local t=$1 log=$run_dir/$1/log
+    local executions inited final features corpus crashes ran
+    ran=$(cat "$run_dir/$t/seconds" 2>/dev/null || echo 0)
+    executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    [ -n "$executions" ] || executions=$(grep -o '^#[0-9]*' "$log" | tail -n 1 | tr -d '#' || true)
+    inited=$(grep -m 1 'INITED' "$log" | grep -o 'cov: [0-9]*' | cut -d' ' -f2 || true)
+    final=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2 || true)
+    features=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2 || true)
+    corpus=$(find "$run_dir/$t/corpus" -type f | wc -l)
+    crashes=$(find "$run_dir/$t/artifacts" -type f | wc -l)
+    printf '%-20s %7s %12s %10s %11s %9s %9s %7s %7s\n' "$t" "$ran" "${executions:-0}" "$(( ${executions:-0} / (ran > 0 ? ran : 1) ))" \
+        "${inited:-?}" "${final:-?}" "${features:-?}" "$corpus" "$crashes"
+}
+
+header() { printf '%-20s %7s %12s %10s %11s %9s %9s %7s %7s\n' target seconds executions exec/s cov-inited cov-end features corpus crashes; }
+if [ -n "$summary_of" ]; then
+    run_dir=$summary_of
+    header
+    for dir in "$run_dir"/*/; do
+        if [ -f "$dir/log" ]; then summarize "$(basename "$dir")"; fi
+    done
+    exit 0
+fi
+
 # The list in tests/fuzz/CMakeLists.txt: set(LLMTRAIN_FUZZ_TARGETS a b ...), over one or more lines.
 all_targets=($(sed -n '/^set(LLMTRAIN_FUZZ_TARGETS/,/)/p' tests/fuzz/CMakeLists.txt | tr '()' '  ' | sed 's/^set  *LLMTRAIN_FUZZ_TARGETS//'))
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
@@ -88,21 +116,7 @@ fuzz_one() {
     echo $((SECONDS - start)) >"$dir/seconds"
 }
 
-# The figures of one target's log.
-summarize() {
-    local t=$1 log=$run_dir/$1/log
-    local executions inited final features corpus crashes ran
-    ran=$(cat "$run_dir/$t/seconds")
-    executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-    [ -n "$executions" ] || executions=$(grep -o '^#[0-9]*' "$log" | tail -n 1 | tr -d '#')
-    inited=$(grep -m 1 'INITED' "$log" | grep -o 'cov: [0-9]*' | cut -d' ' -f2)
-    final=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
-    features=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
-    corpus=$(find "$run_dir/$t/corpus" -type f | wc -l)
-    crashes=$(find "$run_dir/$t/artifacts" -type f | wc -l)
-    printf '%-20s %7s %12s %10s %11s %9s %9s %7s %7s\n' "$t" "$ran" "${executions:-0}" "$(( ${executions:-0} / (ran > 0 ? ran : 1) ))" \
-        "${inited:-?}" "${final:-?}" "${features:-?}" "$corpus" "$crashes"
-}
+
 
 echo "fuzz.sh: ${#targets[@]} target(s), ${seconds} s each, $jobs at once, $([ "$seeds" = 1 ] && echo "seeded corpora and dictionaries" || echo "empty corpora, no dictionaries"); logs in $run_dir"
 running=0
@@ -114,7 +128,7 @@ done
 wait
 
 {
-    printf '%-20s %7s %12s %10s %11s %9s %9s %7s %7s\n' target seconds executions exec/s cov-inited cov-end features corpus crashes
+    header
     for t in "${targets[@]}"; do summarize "$t"; done
 } | tee "$run_dir/summary.txt"
 crashed=0

@@ -5,6 +5,7 @@
 #include <random>
 #include <xxhash.h>
 
+#include "core/checksum_policy.h"
 #include "core/error.h"
 
 namespace llmtrain {
@@ -59,7 +60,7 @@ void check_own_checksum(nlohmann::ordered_json document, int version, const std:
     const std::string recorded = document.at(kChecksumKey).get<std::string>();
     document.erase(kChecksumKey);
     const std::string actual = hex64(document_xxh64(document));
-    if (recorded != actual)
+    if (checksum_mismatch(recorded, actual))
         fail(ErrorKind::data, "'", path, "' fails its own checksum (", kChecksumKey, " ", recorded, ", the content gives ", actual,
              "): edited or damaged since it was written");
 }
