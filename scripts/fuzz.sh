@@ -19,6 +19,7 @@
 # Exit status: 0 when no target crashed, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 seeds=1 build=1 jobs=$(nproc) seconds=60 summary_of=
 targets=()
