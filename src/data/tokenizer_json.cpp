@@ -57,6 +57,15 @@ void expect_id_below(int64_t id, size_t limit, const std::string& source, const 
         fail(ErrorKind::data, source, ": ", where, " has id ", id, "; ids run from 0 to ", limit - 1, " (one per token of model.vocab and added_tokens)");
 }
 
+// Sets token `id` to `bytes`; an id that already is another token is refused, since one of
+// the two would decode as the other.
+void set_token(TokenizerSpec& spec, size_t id, const std::string& bytes, const std::string& source, const std::string& where) {
+    if (id >= spec.token_bytes.size()) spec.token_bytes.resize(id + 1);
+    std::string& slot = spec.token_bytes[id];
+    if (!slot.empty() && slot != bytes) fail(ErrorKind::data, source, ": ", where, " has id ", id, ", which is already another token's");
+    slot = bytes;
+}
+
 // vocab (byte-level string -> id) into token_bytes (id -> bytes).
 void read_vocab(const json& vocab, size_t limit, const std::string& source, TokenizerSpec& spec) {
     if (!vocab.is_object()) fail(ErrorKind::data, source, ": model.vocab is not an object of token -> id");
@@ -65,9 +74,7 @@ void read_vocab(const json& vocab, size_t limit, const std::string& source, Toke
         expect_id_below(integer_id(id_node), limit, source, cat("model.vocab: token '", token, "'"));
         const auto bytes = byte_level_to_bytes(token);
         if (!bytes) unsupported(source, cat("model.vocab: token '", token, "' is not a byte-level string"));
-        const auto id = id_node.get<size_t>();
-        if (id >= spec.token_bytes.size()) spec.token_bytes.resize(id + 1);
-        spec.token_bytes[id] = *bytes;
+        set_token(spec, id_node.get<size_t>(), *bytes, source, cat("model.vocab: token '", token, "'"));
     }
 }
 
@@ -107,8 +114,7 @@ void read_added_tokens(const json& root, size_t limit, const std::string& source
         expect_id_below(integer_id(id_node), limit, source, cat("added token '", t["content"].get<std::string>(), "'"));
         AddedToken added{t["content"].get<std::string>(), id_node.get<int32_t>(), t.value("special", true)};
         const auto id = static_cast<size_t>(added.id);
-        if (id >= spec.token_bytes.size()) spec.token_bytes.resize(id + 1);
-        spec.token_bytes[id] = added.content;
+        set_token(spec, id, added.content, source, cat("added token '", added.content, "'"));
         spec.added.push_back(std::move(added));
     }
 }
