@@ -4,6 +4,7 @@
 // as it was). Each file is well formed up to what it attacks, with its checksums recomputed as
 // an attacker would, so that the parser refuses it, not a checksum.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <xxhash.h>
 
@@ -251,6 +252,23 @@ TEST(HostileFiles, CheckpointManifest_RankFileNamedOutsideTheCheckpoint_IsRefuse
     write_bytes(manifest_path, llmtrain::manifest_to_json(manifest));
     expect_refused(dir, "checkpoint export " + checkpoint + " " + dir + "/hf",
                    {checkpoint + "/manifest.json", "files[0].name is '../../run/rank_00000.h5', expected 'rank_00000.h5'"});
+}
+
+TEST(HostileFiles, CheckpointManifest_MeshBeyond64Bits_IsRefusedNamingTheKey) {
+    const std::string dir = scratch("hostile_manifest_mesh");
+    const std::string checkpoint = tiny_checkpoint(dir);
+    // dp of 1.9e19, which JSON reads as a float, and the manifest's own checksum recomputed as
+    // the writer computes it (XXH64 of the compact document without its key).
+    const std::string manifest_path = checkpoint + "/manifest.json";
+    nlohmann::ordered_json manifest = nlohmann::ordered_json::parse(read_bytes(manifest_path));
+    manifest["mesh"]["dp"] = 1.9223372036854776e19;
+    manifest.erase("manifest_xxh64");
+    const std::string compact = manifest.dump();
+    char checksum[17];
+    std::snprintf(checksum, sizeof checksum, "%016llx", static_cast<unsigned long long>(XXH64(compact.data(), compact.size(), 0)));
+    manifest["manifest_xxh64"] = checksum;
+    write_bytes(manifest_path, manifest.dump(2));
+    expect_refused(dir, "checkpoint export " + checkpoint + " " + dir + "/hf", {manifest_path, "key 'mesh'", "dp is 1.9223372036854776e+19, not an integer"});
 }
 
 TEST(HostileFiles, CheckpointRankFile_RowBlocksOfNoRow_IsRefusedNamingTheTensor) {
