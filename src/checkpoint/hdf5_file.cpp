@@ -288,8 +288,14 @@ RankFileReader::RankFileReader(const std::string& path) : path_(path) {
                 const std::vector<int64_t> elements = read_int_attribute(object, "local_elements");
                 if (elements.size() != 2) fail(ErrorKind::data, "attribute 'local_elements' does not hold 2 values");
                 t.begin = elements[0], t.end = elements[1];
+                // Exactly the types and layout written: libhdf5 1.10 reads past a chunk whose
+                // stored bytes are fewer than its elements of another size need.
                 Handle type(H5Dget_type(object), H5Tclose);
-                t.dtype = H5Tget_size(type) == 8 ? DType::f64 : DType::f32;
+                const bool f32 = H5Tequal(type, H5T_IEEE_F32LE) > 0, f64 = H5Tequal(type, H5T_IEEE_F64LE) > 0;
+                if (!f32 && !f64) fail(ErrorKind::data, "is not of little-endian IEEE float32 or float64 values");
+                t.dtype = f64 ? DType::f64 : DType::f32;
+                Handle create(H5Dget_create_plist(object), H5Pclose);
+                if (!create.ok() || H5Pget_layout(create) != H5D_CHUNKED) fail(ErrorKind::data, "is not stored in chunks");
                 Handle space(H5Dget_space(object), H5Sclose);
                 if (H5Sget_simple_extent_npoints(space) != t.numel() || t.begin < 0 || t.end > t.local_shape.numel() || t.begin > t.end)
                     fail(ErrorKind::data, "holds ", H5Sget_simple_extent_npoints(space), " values, its attributes say ", t.numel());
