@@ -1,6 +1,6 @@
 # Fails the build when a file includes a header of a layer it may not depend on: the layers
-# point one way (DESIGN.md, "Layers"), and an upward include is a build error, not a review
-# comment. Run with -DSOURCE_DIR=... -DSTAMP=...; the allowed includes of each layer are
+# point one way (docs/architecture.md, "Layers"), and an upward include is a build error, not
+# a review comment. Run with -DSOURCE_DIR=... -DSTAMP=...; the allowed includes of each layer are
 # LAYER_<name> (a ;-list), passed by CMakeLists.txt from the same table its libraries use.
 cmake_policy(SET CMP0057 NEW)  # if(... IN_LIST ...)
 file(GLOB_RECURSE files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/src/*.h ${SOURCE_DIR}/src/*.cpp ${SOURCE_DIR}/kernels/*.h

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -23,30 +24,30 @@ const char* op_name(Op op) {
 bool op_is_gemm(Op op) { return op == Op::matmul_fwd || op == Op::matmul_bwd || op == Op::matmul_gelu_fwd || op == Op::gelu_matmul_bwd; }
 
 void Backend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
-    matmul_fwd(a.pre, a.x, a.w, a.bias);
+    matmul_fwd({.out = a.pre, .x = a.x, .w = a.w, .bias = a.bias});
     gelu_fwd(a.act, a.pre);
 }
 
 void Backend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
-    matmul_bwd(a.d_pre, a.dw, a.dbias, a.dout, a.act, a.w);
+    matmul_bwd({.dx = a.d_pre, .dw = a.dw, .dbias = a.dbias, .dout = a.dout, .x = a.act, .w = a.w});
     gelu_bwd(a.d_pre, a.d_pre, a.pre);
     if (a.d_pre_bias.empty()) return;
     // The column sums through matmul_bwd with neither dx nor dw wanted: its x and w enter only
     // through their shapes ([N, 0] and [IC, 0] views), so no GEMM runs.
     const int64_t N = a.d_pre.dim(0), IC = a.d_pre.dim(1);
     const Tensor no_x(a.d_pre.raw(), a.d_pre.dtype(), {N, 0}, a.d_pre.device()), no_w(a.d_pre.raw(), a.d_pre.dtype(), {IC, 0}, a.d_pre.device());
-    matmul_bwd(Tensor(), Tensor(), a.d_pre_bias, a.d_pre, no_x, no_w);
+    matmul_bwd({.dx = Tensor(), .dw = Tensor(), .dbias = a.d_pre_bias, .dout = a.d_pre, .x = no_x, .w = no_w});
 }
 
-void Backend::xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss) {
-    xent_fwd(losses, lse, logits, targets, vocab);
-    xent_bwd(logits, logits, targets, lse, vocab, dloss);
+void Backend::xent_fwd_bwd(const XentFwdBwd& a) {
+    xent_fwd({.losses = a.losses, .lse = a.lse, .logits = a.logits, .targets = a.targets, .vocab = a.vocab});
+    xent_bwd({.dlogits = a.logits, .logits = a.logits, .targets = a.targets, .lse = a.lse, .vocab = a.vocab, .dloss = a.dloss});
 }
 
 void Backend::add_norm_fwd(const AddNormFwd& a) {
     add(a.sum, a.a, a.b);
-    if (a.rms) rmsnorm_fwd(a.out, a.rstd, a.sum, a.w, a.eps);
-    else layernorm_fwd(a.out, a.mean, a.rstd, a.sum, a.w, a.bias, a.eps);
+    if (a.rms) rmsnorm_fwd({.out = a.out, .rstd = a.rstd, .x = a.sum, .w = a.w, .eps = a.eps});
+    else layernorm_fwd({.out = a.out, .mean = a.mean, .rstd = a.rstd, .x = a.sum, .w = a.w, .b = a.bias, .eps = a.eps});
 }
 
 double OpProfile::total_seconds() const {
@@ -117,6 +118,20 @@ void fill_rope_rows(T* table, int64_t rows, int64_t head_dim, double theta) {
     }
 }
 }  // namespace
+
+namespace {
+std::string fixed_megabytes(size_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / 1e6);
+    return text;
+}
+}  // namespace
+
+void Backend::check_memory_limit(size_t held, size_t bytes) const {
+    if (memory_limit_bytes_ == 0 || held + bytes <= memory_limit_bytes_) return;
+    fail(ErrorKind::config, "memory: allocating ", fixed_megabytes(bytes), " MB more would make this rank hold ", fixed_megabytes(held + bytes),
+         " MB, beyond train.memory_limit_gb = ", static_cast<double>(memory_limit_bytes_) / 1e9);
+}
 
 void fill_rope_table(const Tensor& table, double theta) {
     if (table.rank() != 2) fail(ErrorKind::shape, "fill_rope_table: table has shape ", table.shape().str(), ", expected [max_seq_len, head_dim]");

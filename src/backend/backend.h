@@ -1,7 +1,7 @@
 // The Backend interface: every op the two model families need, forward and backward.
 // The CPU reference (fp32, or f64 for the tests' reference runs) and the CUDA backend
-// implement the same ops; one table (LLMTRAIN_BACKEND_OPS) drives the op enum, the
-// profiler's names and support queries.
+// implement the same ops; one table (LLMTRAIN_BACKEND_OPS) drives the op enum and the
+// profiler's names.
 //
 // Conventions, for every op:
 //  - Tensors are views; outputs come first. Shapes are checked and a mismatch is a shape
@@ -94,6 +94,167 @@ struct AdamWStep {
     int64_t step = 1;       // t, 1-based
 };
 
+// The arguments of every op taking more than three tensors, by name: designated initializers
+// at the call (`{.dx = dx, .dw = dw, ...}`) keep a swap of two same-shaped tensors (dw, db;
+// mean, rstd) from passing every shape check. Outputs come first; an absent optional tensor
+// is Tensor().
+
+// out[n] = wte[tokens[n]] + wpe[n % seq_len]. With a vocabulary shard, wte holds rows
+// [vocab.begin, vocab.begin + rows) and tokens outside them give zero rows: the sum over the
+// shards' outputs is the full embedding. Every token must be below the full vocabulary size
+// (a data error otherwise).
+struct EmbeddingFwd {
+    Tensor out;     // [N, C], overwritten
+    Tensor tokens;  // [N] i32
+    Tensor wte;     // [V, C] (this shard's rows)
+    Tensor wpe;     // [max_seq_len, C], optional
+    int64_t seq_len = 0;
+    VocabShard vocab;
+};
+// dwte[tokens[n]] += dout[n] (the rows this shard holds); dwpe[n % seq_len] += dout[n].
+struct EmbeddingBwd {
+    Tensor dwte;  // [V, C]
+    Tensor dwpe;  // [max_seq_len, C], optional
+    Tensor dout;  // [N, C]
+    Tensor tokens;
+    int64_t seq_len = 0;
+    VocabShard vocab;
+};
+
+// out = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps), per row; saves mean, rstd [N].
+struct LayerNormFwd {
+    Tensor out;   // [N, C], overwritten
+    Tensor mean;  // [N], overwritten
+    Tensor rstd;  // [N], overwritten
+    Tensor x;     // [N, C]
+    Tensor w;     // [C]
+    Tensor b;     // [C], optional
+    double eps = 0;
+};
+// The norm backwards overwrite dx, or add into it when accumulate_dx (the residual stream's
+// gradient: the residual add is fused into the norm's backward); dw, db accumulate.
+struct LayerNormBwd {
+    Tensor dx;    // [N, C]
+    Tensor dw;    // [C]
+    Tensor db;    // [C], optional
+    Tensor dout;  // [N, C]
+    Tensor x;     // [N, C]
+    Tensor w;     // [C]
+    Tensor mean;  // [N], as forward saved it
+    Tensor rstd;  // [N], as forward saved it
+    bool accumulate_dx = false;
+};
+// out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), per row; saves rstd [N].
+struct RmsNormFwd {
+    Tensor out;   // [N, C], overwritten
+    Tensor rstd;  // [N], overwritten
+    Tensor x;     // [N, C]
+    Tensor w;     // [C]
+    double eps = 0;
+};
+struct RmsNormBwd {
+    Tensor dx;    // [N, C]
+    Tensor dw;    // [C]
+    Tensor dout;  // [N, C]
+    Tensor x;     // [N, C]
+    Tensor w;     // [C]
+    Tensor rstd;  // [N], as forward saved it
+    bool accumulate_dx = false;
+};
+
+// out[N, OC] = x[N, IC] w[OC, IC]^T + bias[OC] (the weight layout of torch.nn.Linear).
+struct MatmulFwd {
+    Tensor out;   // [N, OC], overwritten
+    Tensor x;     // [N, IC]
+    Tensor w;     // [OC, IC]
+    Tensor bias;  // [OC], optional
+};
+// dx = dout w (overwritten; skipped if dx is empty); dw += dout^T x; dbias += column sums of dout.
+struct MatmulBwd {
+    Tensor dx;     // [N, IC], optional
+    Tensor dw;     // [OC, IC], optional
+    Tensor dbias;  // [OC], optional
+    Tensor dout;   // [N, OC]
+    Tensor x;      // [N, IC]
+    Tensor w;      // [OC, IC]
+};
+
+// Backward of attention_fwd: dqkv overwritten from dout, the forward's inputs, its output
+// (flash attention's rowsum(dout * out)) and what it saved.
+struct AttentionBwd {
+    Tensor dqkv;   // [B*T, (H + 2*Hkv) * D]
+    Tensor dout;   // [B*T, H*D]
+    Tensor qkv;    // [B*T, (H + 2*Hkv) * D]
+    Tensor out;    // [B*T, H*D]
+    Tensor saved;  // attention_saved_shape(), statistics_dtype()
+    AttentionShape shape;
+};
+
+// Every cross-entropy op runs over the real classes only (v < vocab.real, see VocabShard):
+// padded classes enter no max, no sum and get a zero gradient.
+// losses[n] = logsumexp(logits[n]) - logits[n, targets[n]], over whole rows
+// (vocab.begin = 0; vocab.total = 0 or the row width).
+struct XentFwd {
+    Tensor losses;   // [N], overwritten
+    Tensor lse;      // [N], optional: each row's logsumexp, so that xent_bwd need not reduce again
+    Tensor logits;   // [N, V]
+    Tensor targets;  // [N] i32
+    VocabShard vocab;
+};
+// dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * dloss; dlogits may alias logits.
+// With lse [N] given (the full rows' logsumexp) the rows may be a vocabulary shard:
+// softmax_v = exp(logits[n, v] - lse[n]) and the one-hot is 1 only where this shard holds the
+// target. With lse empty the rows are whole and lse is computed here.
+struct XentBwd {
+    Tensor dlogits;  // [N, V]
+    Tensor logits;   // [N, V]
+    Tensor targets;  // [N] i32
+    Tensor lse;      // [N], optional
+    VocabShard vocab;
+    double dloss = 0;
+};
+// Vocabulary-parallel cross-entropy, forward, in three local steps around two reductions
+// across the shards: m = max over shards of logits_row_max; partial = xent_partial(m), summed
+// over shards; xent_combine gives lse = m + log(sum exp) and loss = lse - target logit. A
+// shard holding padding only has row_max -inf and sum 0.
+// partial[n] = (sum_v exp(logits[n, v] - row_max[n]), logits[n, target - vocab.begin] if this
+// shard holds the target, else 0).
+struct XentPartial {
+    Tensor partial;  // [N, 2], overwritten
+    Tensor logits;   // [N, V_shard]
+    Tensor targets;  // [N] i32
+    Tensor row_max;  // [N], the max over every shard
+    VocabShard vocab;
+};
+struct XentCombine {
+    Tensor losses;   // [N], overwritten
+    Tensor lse;      // [N], overwritten
+    Tensor partial;  // [N, 2], summed over the shards
+    Tensor row_max;  // [N]
+};
+// The fused classifier of a training step (whole rows): XentFwd's losses and lse, then the
+// logits overwritten by XentBwd's gradient with dloss.
+struct XentFwdBwd {
+    Tensor losses;   // [N], overwritten
+    Tensor lse;      // [N], overwritten
+    Tensor logits;   // [N, V], overwritten by the gradient
+    Tensor targets;  // [N] i32
+    VocabShard vocab;
+    double dloss = 0;
+};
+
+// One AdamW step (AdamWStep) on param, grad, m, v, all in one dtype (the master weights');
+// param_copy (optional) receives the updated values in the compute dtype (bf16/f16 weights
+// for the next forward).
+struct AdamWUpdate {
+    Tensor param;
+    Tensor grad;
+    Tensor m;
+    Tensor v;
+    Tensor param_copy;
+    AdamWStep step;
+};
+
 // The GPT-2 MLP's GELU fused with the GEMMs around it (CUDA: cuBLASLt's GELU epilogues).
 // Forward: pre = x w^T + bias (kept for the backward), act = gelu(pre).
 struct MatmulGeluFwd {
@@ -176,7 +337,6 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
-    virtual bool supports(Op op, DType dtype) const = 0;
     virtual Device device() const = 0;
     // The layout functions above, for this backend's device.
     DType statistics_dtype(DType activation) const { return llmtrain::statistics_dtype(activation); }
@@ -197,6 +357,9 @@ public:
     virtual size_t workspace_bytes() const { return 0; }
     // Device memory this backend has allocated at most (0: host memory, not tracked).
     virtual size_t peak_memory_bytes() const { return 0; }
+    // At most `bytes` held through allocate() at once from now on (train.memory_limit_gb): an
+    // allocation beyond it is a config error naming the key. 0: no limit.
+    void set_memory_limit(size_t bytes) { memory_limit_bytes_ = bytes; }
     // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
     virtual double peak_bf16_tflops() const { return 0; }
     // Which kernels run attention at this shape, and how ("native flash kernels", or cuDNN's
@@ -207,37 +370,23 @@ public:
     // per op; bench turns it on for its time breakdown).
     virtual void set_profiling(bool /*on*/) {}
 
-    // out[n] = wte[tokens[n]] + wpe[n % seq_len] (wpe optional). With a vocabulary shard, wte
-    // holds rows [shard.begin, shard.begin + rows) and tokens outside them give zero rows: the
-    // sum over the shards' outputs is the full embedding. Every token must be below the full
-    // vocabulary size (a data error otherwise).
-    virtual void embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len,
-                               VocabShard shard) = 0;
-    virtual void embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len,
-                               VocabShard shard) = 0;
+    // The ops taking an argument struct: each struct above states the op's math.
+    virtual void embedding_fwd(const EmbeddingFwd& args) = 0;
+    virtual void embedding_bwd(const EmbeddingBwd& args) = 0;
 
-    // out = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps), per row; saves mean, rstd [N].
-    virtual void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) = 0;
-    // Norm backwards overwrite dx, or add into it when accumulate_dx (the residual stream's
-    // gradient: the residual add is fused into the norm's backward).
-    virtual void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                               bool accumulate_dx) = 0;
-    // out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), per row; saves rstd [N].
-    virtual void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) = 0;
-    virtual void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) = 0;
+    virtual void layernorm_fwd(const LayerNormFwd& args) = 0;
+    virtual void layernorm_bwd(const LayerNormBwd& args) = 0;
+    virtual void rmsnorm_fwd(const RmsNormFwd& args) = 0;
+    virtual void rmsnorm_bwd(const RmsNormBwd& args) = 0;
 
-    // out[N, OC] = x[N, IC] w[OC, IC]^T + bias[OC] (the weight layout of torch.nn.Linear).
-    virtual void matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) = 0;
-    // dx = dout w (overwritten; skipped if dx is empty); dw += dout^T x; dbias += column sums of dout.
-    virtual void matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) = 0;
+    virtual void matmul_fwd(const MatmulFwd& args) = 0;
+    virtual void matmul_bwd(const MatmulBwd& args) = 0;
 
     // out[B*T, H*D] = softmax(q k^T / sqrt(D) + causal mask) v. `saved` holds what backward
     // needs; its shape is the device's choice (attention_saved_shape), its dtype
-    // statistics_dtype(). Backward also reads the forward's output (flash attention's
-    // rowsum(dout * out)).
+    // statistics_dtype(). Backward (AttentionBwd) also reads the forward's output.
     virtual void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) = 0;
-    virtual void attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved,
-                               const AttentionShape& shape) = 0;
+    virtual void attention_bwd(const AttentionBwd& args) = 0;
 
     // Rotary position embedding, in place, on the first n_heads heads of each row of x
     // [B*T, W] (heads at columns [h*D, (h+1)*D)). Pairs are (i, i + D/2) as in Hugging Face
@@ -257,31 +406,16 @@ public:
     // out = a + b (out may alias a or b).
     virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
 
-    // Every cross-entropy op runs over the real classes only (v < vocab.real, see VocabShard):
-    // padded classes enter no max, no sum and get a zero gradient.
-    // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]], over whole rows
-    // (vocab.begin = 0; vocab.total = 0 or the row width). lse [N] (optional) keeps each row's
-    // logsumexp, so that xent_bwd need not reduce the logits again.
-    virtual void xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) = 0;
-    // dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * dloss; dlogits may alias logits.
-    // With lse [N] given (the full rows' logsumexp) the rows may be a vocabulary shard:
-    // softmax_v = exp(logits[n, v] - lse[n]) and the one-hot is 1 only where this shard holds
-    // the target. With lse empty the rows are whole and lse is computed here.
-    virtual void xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard,
-                          double dloss) = 0;
-    // Vocabulary-parallel cross-entropy, forward, in three local steps around two reductions
-    // across the shards: m = max over shards of logits_row_max; partial = xent_partial(m),
-    // summed over shards; xent_combine gives lse = m + log(sum exp) and loss = lse - target logit.
-    // A shard holding padding only has row_max -inf and sum 0.
+    // The cross-entropy (XentFwd, XentBwd; vocabulary-parallel: XentPartial, XentCombine).
+    virtual void xent_fwd(const XentFwd& args) = 0;
+    virtual void xent_bwd(const XentBwd& args) = 0;
+    // row_max[n] = the max of this shard's real classes of row n (-inf for padding only): the
+    // first step of the vocabulary-parallel cross-entropy (see XentPartial).
     virtual void logits_row_max(const Tensor& row_max, const Tensor& logits, VocabShard shard) = 0;
-    // partial[n] = (sum_v exp(logits[n, v] - row_max[n]), logits[n, target - shard.begin] if
-    // this shard holds the target, else 0).
-    virtual void xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) = 0;
-    virtual void xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) = 0;
+    virtual void xent_partial(const XentPartial& args) = 0;
+    virtual void xent_combine(const XentCombine& args) = 0;
 
-    // param, grad, m, v in one dtype (the master weights'); param_copy (optional) receives the
-    // updated values in the compute dtype (bf16/f16 weights for the next forward).
-    virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) = 0;
+    virtual void adamw(const AdamWUpdate& args) = 0;
     // Sum of squares of every element, accumulated in double (a host read: a synchronization).
     virtual double sum_squares(const Tensor& x) = 0;
     // total (f64 [1], in this backend's memory) += scale * the sum of x's elements, in a fixed
@@ -300,17 +434,19 @@ public:
     // fused form computes bitwise what the separate ops compute.
     virtual void matmul_gelu_fwd(const MatmulGeluFwd& args);
     virtual void gelu_matmul_bwd(const GeluMatmulBwd& args);
-    // The fused classifier of a training step (whole rows): xent_fwd's losses and lse, then
-    // logits overwritten by xent_bwd's gradient with dloss, in one pass over the logits where
-    // the backend can (the default is the two ops).
-    virtual void xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss);
+    // XentFwdBwd above, in one pass over the logits where the backend can (the default is the
+    // two ops).
+    virtual void xent_fwd_bwd(const XentFwdBwd& args);
     // AddNormFwd above, in one pass where the backend can (the default is the two ops).
     virtual void add_norm_fwd(const AddNormFwd& args);
 
     OpProfile& profile() { return profile_; }
 
 protected:
+    // Throws the error above when `bytes` more would take `held` beyond the limit.
+    void check_memory_limit(size_t held, size_t bytes) const;
     OpProfile profile_;
+    size_t memory_limit_bytes_ = 0;
 };
 
 // The rotary table [max_seq_len, head_dim] for base theta (computed in double).

@@ -327,6 +327,24 @@ std::optional<std::string> find_resume_checkpoint(const std::string& root, const
     return path;
 }
 
+ProblemOf shared_problem_check(FileShare share, std::function<int(bool found)> first_failing, std::function<void(const std::string&)> own) {
+    return [share, first_failing = std::move(first_failing), own = std::move(own)](const std::string& path) -> std::optional<std::string> {
+        const std::optional<std::string> mine = checkpoint_problem(path, Verification::files, share);
+        const int first = first_failing(mine.has_value());
+        if (first < 0) return std::nullopt;
+        if (mine && own) own(*mine);
+        return mine ? *mine : cat("rank ", first, " found a file of it missing or damaged (its message names the file)");
+    };
+}
+
+ProblemOf shared_problem_check(Comm& group) {
+    return shared_problem_check({group.rank(), group.size()}, [&group](bool found) {
+        // The lowest rank that found a problem: -max(-rank) over the ranks that did.
+        const double lowest = -group.all_reduce_scalar(-static_cast<double>(found ? group.rank() : group.size()), ReduceOp::max);
+        return lowest < group.size() ? static_cast<int>(lowest) : -1;
+    });
+}
+
 Manifest read_checkpoint_manifest(const std::string& path) {
     const std::string manifest_path = (fs::path(path) / kManifest).string();
     if (!fs::exists(manifest_path)) fail(ErrorKind::data, "'", path, "' has no ", kManifest, " (an incomplete save, or not a checkpoint)");

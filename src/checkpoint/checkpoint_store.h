@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "checkpoint/manifest.h"
+#include "parallel/comm.h"
 
 namespace llmtrain {
 
@@ -106,6 +107,16 @@ std::optional<std::string> checkpoint_problem(const std::string& path, Verificat
 // reads (resume, rollback, eval, generate, inspect, export, init_from): Error(data) naming
 // the checkpoint and what is wrong with it.
 void verify_checkpoint(const std::string& path, Verification depth = Verification::files);
+// Why a checkpoint cannot be loaded (nothing: it can), as a reader judges it.
+using ProblemOf = std::function<std::optional<std::string>(const std::string& path)>;
+// The check the ranks of a job split between them before they load: rank share.index checks
+// the files checkpoint_problem gives it (size, XXH64), so the job reads the checkpoint once,
+// and first_failing(found) (a collective: the lowest rank that found a problem, -1 if none)
+// makes every rank reach the same verdict. The rank that found the problem names the file;
+// the others name that rank (own: told of this rank's own problem, e.g. to log it).
+ProblemOf shared_problem_check(FileShare share, std::function<int(bool found)> first_failing, std::function<void(const std::string&)> own = {});
+// shared_problem_check over a group's ranks: each checks its share, one scalar all-reduce agrees.
+ProblemOf shared_problem_check(Comm& group);
 // The checkpoint a run resumes from (`--resume`): "auto", the newest save without a problem
 // of one run's chain under root (each one passed over is told to `skipped`), or none;
 // "latest", the one `latest` names; else a checkpoint directory. The chain of "auto" is
@@ -113,7 +124,6 @@ void verify_checkpoint(const std::string& path, Verification depth = Verificatio
 // runs' checkpoints is an Error(config) naming them). problem_of judges a checkpoint (default:
 // checkpoint_problem of all its files). Throws Error(data) naming the checkpoint and its
 // problem when "latest" or the path cannot be loaded.
-using ProblemOf = std::function<std::optional<std::string>(const std::string& path)>;
 std::optional<std::string> find_resume_checkpoint(const std::string& root, const std::string& mode,
                                                   const std::function<void(const std::string&)>& skipped, const ProblemOf& problem_of = {},
                                                   const std::optional<std::string>& run_id = std::nullopt);

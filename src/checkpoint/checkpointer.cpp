@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/io_report.h"
 #include "core/log.h"
 #include "core/timer.h"
 
@@ -145,16 +146,14 @@ void Checkpointer::complete(Outcome outcome) {
         error = write_error_;
         state_ = State::idle;
     }
+    // Every rank's bytes and seconds (the commit's log line): agreed before rank 0 commits.
+    const IoFigures figures = outcome == Outcome::written ? agree_io_figures(world_, report.bytes, report.background_seconds) : IoFigures{};
     if (outcome == Outcome::written && file_.world_rank == 0) {
         try {
             const Manifest committed = commit_checkpoint(config_.dir, in_flight_manifest_);
-            uint64_t total = 0;
-            for (const CheckpointFile& f : committed.files) total += f.bytes;
-            log_info("checkpoint ", (fs::path(config_.dir) / checkpoint_name(report.step)).string(), ": ", megabytes(static_cast<double>(total)), " in ",
-                     committed.files.size(), " file(s) | step loop blocked ", fixed(report.blocked_seconds, 3), " s | rank 0 wrote ",
-                     megabytes(static_cast<double>(report.bytes)), " in ", fixed(report.background_seconds, 3), " s",
-                     report.synchronous ? "" : " in the background", " (", fixed(static_cast<double>(report.bytes) / 1e6 / std::max(report.background_seconds, 1e-9), 1),
-                     " MB/s)");
+            log_info("checkpoint ", (fs::path(config_.dir) / checkpoint_name(report.step)).string(), ": ", megabytes(static_cast<double>(checkpoint_bytes(committed))),
+                     " in ", committed.files.size(), " file(s) | step loop blocked ", fixed(report.blocked_seconds, 3), " s | written in ", fixed(figures.seconds, 3),
+                     " s", report.synchronous ? "" : " in the background", " | ", describe_io(figures, "written"));
             for (const std::string& deleted : apply_retention(config_.dir, config_.keep_last, config_.keep_every, committed.run_id))
                 log_info("checkpoint retention: deleted ", deleted);
         } catch (const Error& e) {

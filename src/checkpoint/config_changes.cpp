@@ -30,8 +30,10 @@ std::map<std::string, std::string> keyed_values(const std::string& toml) {
 
 // Model keys that do not decide a tensor's shape.
 bool shapes_nothing(const std::string& key) {
-    // pad_vocab_to pads the vocabulary rows only, which loading adjusts (checkpoint/restore.h).
-    return key == "model.init_std" || key == "model.norm_eps" || key == "model.rope_theta" || key == "model.pad_vocab_to";
+    // pad_vocab_to pads the vocabulary rows only, which loading adjusts (checkpoint/restore.h);
+    // attention picks the kernel that computes attention (absent from checkpoints of earlier
+    // llmtrains), not what it computes on.
+    return key == "model.init_std" || key == "model.norm_eps" || key == "model.rope_theta" || key == "model.pad_vocab_to" || key == "model.attention";
 }
 }  // namespace
 

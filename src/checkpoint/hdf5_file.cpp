@@ -15,9 +15,12 @@
 namespace llmtrain {
 
 namespace {
-constexpr const char* kFormat = "llmtrain-checkpoint-1";
-// About 1 MiB of float32 per chunk: a flipped bit costs one chunk, and checksums stay cheap.
-constexpr hsize_t kChunkElements = 262144;
+constexpr const char* kFormat = "llmtrain-checkpoint-2";
+constexpr const char* kFormatOne = "llmtrain-checkpoint-1";
+// About 64 KiB of float32 per chunk: a flipped bit costs one chunk, checksums stay cheap,
+// and a reader that needs part of a piece (another layout's) reads at most a chunk more at
+// each end of it.
+constexpr hsize_t kChunkElements = 16384;
 // Bounds on what a reader allocates for an attribute before it is read: ours are far smaller.
 constexpr hssize_t kMaxIntAttributeValues = 16;
 constexpr size_t kMaxStringAttributeBytes = 4096;
@@ -119,8 +122,8 @@ std::string read_string_attribute(hid_t object, const char* name) {
 
 std::vector<int64_t> dims_of(const Shape& shape) { return {shape.dims.begin(), shape.dims.begin() + shape.rank}; }
 
-// A shape attribute: at most Shape::max_rank dimensions, none negative, and a product that
-// fits in int64_t.
+// A shape (or a hyperslab's start or extent) attribute: at most Shape::max_rank dimensions,
+// none negative, and a product that fits in int64_t.
 Shape shape_of(const std::vector<int64_t>& dims, const char* name) {
     if (dims.size() > static_cast<size_t>(Shape::max_rank)) fail(ErrorKind::data, "attribute '", name, "' has ", dims.size(), " dimensions (at most ", Shape::max_rank, ")");
     Shape shape;
@@ -145,12 +148,47 @@ TpSplit parse_split(const std::string& name) {
     fail(ErrorKind::data, "attribute 'tp_split' is '", name, "' (expected none, rows or cols)");
 }
 
-// How the local part sits in the global tensor, as tp_global_index places its values: the
-// same rank, and a split dimension that is the local one times tp_size (rows: in whole
-// blocks of at least one row), as Parameters::add requires; unsplit, the same shape.
-void check_layout(const SavedTensor& t) {
+// The box a piece holds, as an HDF5 hyperslab of the global tensor: start, stride 1, count
+// 1, block = the box's extent.
+void write_hyperslab(hid_t object, const GlobalBox& box) {
+    const std::vector<int64_t> start = dims_of(box.start), block = dims_of(box.count);
+    write_ints(object, "hyperslab_start", start);
+    write_ints(object, "hyperslab_stride", std::vector<int64_t>(start.size(), 1));
+    write_ints(object, "hyperslab_count", std::vector<int64_t>(start.size(), 1));
+    write_ints(object, "hyperslab_block", block);
+}
+
+void write_tensor(hid_t file, hid_t link_properties, const SavedTensor& t, const char* data) {
+    if (t.boxes.size() != 1) fail(ErrorKind::runtime, "tensor '", t.dataset, "': a piece is written as one box");
+    const GlobalBox& box = t.boxes.front().box;
+    std::vector<hsize_t> dims;
+    for (int i = 0; i < box.count.rank; ++i) dims.push_back(static_cast<hsize_t>(box.count[i]));
+    if (dims.empty()) dims.push_back(1);
+    // Chunks of whole rows of about kChunkElements elements.
+    std::vector<hsize_t> chunk = dims;
+    const hsize_t row = dims.size() > 1 ? static_cast<hsize_t>(t.numel()) / std::max<hsize_t>(dims[0], 1) : 1;
+    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], kChunkElements / std::max<hsize_t>(row, 1)));
+    Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+    Handle create(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_chunk(create, static_cast<int>(chunk.size()), chunk.data());
+    H5Pset_fletcher32(create);
+    const bool f64 = t.dtype == DType::f64;
+    Handle dataset(H5Dcreate2(file, t.dataset.c_str(), f64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, space, link_properties, create, H5P_DEFAULT), H5Dclose);
+    if (!dataset.ok() || H5Dwrite(dataset, f64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+        fail(ErrorKind::io, "tensor '", t.dataset, "': ", hdf5_reason());
+    write_text(dataset, "name", t.name);
+    write_ints(dataset, "global_shape", dims_of(t.global_shape));
+    write_hyperslab(dataset, box);
+}
+
+// How a tp rank's part sits in the global tensor, as boxes_of places its values: the same
+// rank, and a split dimension that is the local one times tp_size (rows: in whole blocks of
+// at least one row), as Parameters::add requires; unsplit, the same shape.
+void check_tp_layout(const TensorPlace& t) {
     const Shape& local = t.local_shape;
     const Shape& global = t.global_shape;
+    if (t.tp_size < 1 || t.tp_rank < 0 || t.tp_rank >= t.tp_size)
+        fail(ErrorKind::data, "attributes 'tp_rank' ", t.tp_rank, " and 'tp_size' ", t.tp_size, " (expected 0 <= tp_rank < tp_size)");
     const bool split = t.split.kind != TpSplit::none && t.tp_size > 1;
     if (!split) {
         if (local != global) fail(ErrorKind::data, "local_shape ", local.str(), " is not global_shape ", global.str(), " of an unsplit tensor");
@@ -163,63 +201,56 @@ void check_layout(const SavedTensor& t) {
     for (int i = 0; i < global.rank; ++i) {
         const bool fits = i == split_dim ? local[i] >= 1 && global[i] % t.tp_size == 0 && global[i] / t.tp_size == local[i] : local[i] == global[i];
         if (!fits)
-            fail(ErrorKind::data, "local_shape ", local.str(), " is not global_shape ", global.str(), " split ", t.tp_size, " ways by ",
-                 split_name(t.split.kind));
+            fail(ErrorKind::data, "local_shape ", local.str(), " is not global_shape ", global.str(), " split ", t.tp_size, " ways by ", split_name(t.split.kind));
     }
     if (rows && (t.split.blocks < 1 || local[0] % t.split.blocks != 0 || (global.rank >= 2 && global.cols() < 1)))
         fail(ErrorKind::data, "attribute 'tp_blocks' is ", t.split.blocks, ", which does not divide the ", local[0], " local rows");
 }
 
-// The hyperslab of the global tensor that the local part covers, per dimension:
-// rows split in B blocks: start r * R/(B tp), stride R/B, count B, block R/(B tp) rows.
-void write_hyperslab(hid_t object, const SavedTensor& t) {
-    const int rank = t.global_shape.rank;
-    std::vector<int64_t> start(static_cast<size_t>(rank), 0), stride(static_cast<size_t>(rank), 1), count(static_cast<size_t>(rank), 1),
-        block(dims_of(t.global_shape));
-    if (t.split.kind == TpSplit::rows && t.tp_size > 1) {
-        const int64_t block_rows = t.local_shape[0] / t.split.blocks;
-        start[0] = t.tp_rank * block_rows;
-        stride[0] = t.global_shape[0] / t.split.blocks;
-        count[0] = t.split.blocks;
-        block[0] = block_rows;
-    } else if (t.split.kind == TpSplit::cols && t.tp_size > 1) {
-        const auto last = static_cast<size_t>(rank - 1);
-        start[last] = t.tp_rank * t.local_shape.cols();
-        block[last] = t.local_shape.cols();
-    }
-    write_ints(object, "hyperslab_start", start);
-    write_ints(object, "hyperslab_stride", stride);
-    write_ints(object, "hyperslab_count", count);
-    write_ints(object, "hyperslab_block", block);
+int int_attribute(hid_t object, const char* name) {
+    const int64_t value = read_int_attribute(object, name).at(0);
+    if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max())
+        fail(ErrorKind::data, "attribute '", name, "' is ", value, " (beyond an int)");
+    return static_cast<int>(value);
 }
 
-void write_tensor(hid_t file, hid_t link_properties, const SavedTensor& t, const char* data) {
-    const hsize_t stored = static_cast<hsize_t>(t.numel());
-    const bool as_local_shape = t.whole() && t.local_shape.rank >= 1;
-    std::vector<hsize_t> dims;
-    if (as_local_shape) for (int i = 0; i < t.local_shape.rank; ++i) dims.push_back(static_cast<hsize_t>(t.local_shape[i]));
-    else dims.push_back(stored);
-    // Chunks of whole rows of about kChunkElements elements.
-    std::vector<hsize_t> chunk = dims;
-    const hsize_t row = dims.size() > 1 ? stored / dims[0] : 1;
-    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], kChunkElements / std::max<hsize_t>(row, 1)));
-    Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-    Handle create(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-    H5Pset_chunk(create, static_cast<int>(chunk.size()), chunk.data());
-    H5Pset_fletcher32(create);
-    const bool f64 = t.dtype == DType::f64;
-    Handle dataset(H5Dcreate2(file, t.dataset.c_str(), f64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, space, link_properties, create, H5P_DEFAULT), H5Dclose);
-    if (!dataset.ok() || H5Dwrite(dataset, f64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-        fail(ErrorKind::io, "tensor '", t.dataset, "': ", hdf5_reason());
-    write_text(dataset, "name", t.name);
-    write_ints(dataset, "global_shape", dims_of(t.global_shape));
-    write_ints(dataset, "local_shape", dims_of(t.local_shape));
-    write_text(dataset, "tp_split", split_name(t.split.kind));
-    write_ints(dataset, "tp_blocks", {t.split.blocks});
-    write_ints(dataset, "tp_rank", {t.tp_rank});
-    write_ints(dataset, "tp_size", {t.tp_size});
-    write_ints(dataset, "local_elements", {t.begin, t.end});
-    write_hyperslab(dataset, t);
+// A dataset of the first format: a range [begin, end) of one tp rank's part of a tensor,
+// described by the attributes of that layout; the boxes it holds follow from the tp split.
+// `stored` is the dataset's number of values: the range must be as long before its boxes are
+// listed (a forged range of a huge part would list boxes without end).
+std::vector<StoredBox> boxes_of_format_one(hid_t object, const std::string& name, const Shape& global_shape, int64_t stored) {
+    TensorPlace part;
+    part.name = name;
+    part.global_shape = global_shape;
+    part.local_shape = shape_of(read_int_attribute(object, "local_shape"), "local_shape");
+    part.split = {parse_split(read_string_attribute(object, "tp_split")), read_int_attribute(object, "tp_blocks").at(0)};
+    part.tp_rank = int_attribute(object, "tp_rank");
+    part.tp_size = int_attribute(object, "tp_size");
+    check_tp_layout(part);
+    part.flat = {0, part.local_shape.numel()};
+    const std::vector<int64_t> elements = read_int_attribute(object, "local_elements");
+    if (elements.size() != 2 || elements[0] < 0 || elements[1] > part.flat.end || elements[0] > elements[1])
+        fail(ErrorKind::data, "attribute 'local_elements' is not a range of the ", part.flat.end, " local elements");
+    if (elements[1] - elements[0] != stored)
+        fail(ErrorKind::data, "holds ", stored, " values, its attributes say ", elements[1] - elements[0]);
+    std::vector<StoredBox> boxes;
+    int64_t offset = 0;
+    for (const GlobalBox& box : boxes_of(part, {elements[0], elements[1]})) {
+        boxes.push_back({box, offset});
+        offset += box.numel();
+    }
+    return boxes;
+}
+
+// A dataset of this format: one box, given as a hyperslab of one block.
+std::vector<StoredBox> boxes_of_format_two(hid_t object) {
+    const std::vector<int64_t> start = read_int_attribute(object, "hyperslab_start"), count = read_int_attribute(object, "hyperslab_count"),
+                               block = read_int_attribute(object, "hyperslab_block");
+    if (start.size() != block.size() || count.size() != block.size() || start.size() > Shape::max_rank)
+        fail(ErrorKind::data, "hyperslab attributes of ", start.size(), ", ", count.size(), " and ", block.size(), " dimensions");
+    for (int64_t c : count)
+        if (c != 1) fail(ErrorKind::data, "attribute 'hyperslab_count' is not 1 in every dimension (a piece is one block)");
+    return {{GlobalBox{shape_of(start, "hyperslab_start"), shape_of(block, "hyperslab_block")}, 0}};
 }
 
 }  // namespace
@@ -249,19 +280,28 @@ void write_rank_file(const std::string& path, const RankSnapshot& snapshot, cons
     fsync_file(path);
 }
 
-RankFileReader::RankFileReader(const std::string& path) : path_(path) {
+int rank_file_format(const std::string& format_attribute) {
+    if (format_attribute == kFormat) return 2;
+    if (format_attribute == kFormatOne) return 1;
+    fail(ErrorKind::data, "format '", format_attribute, "' is not one this llmtrain reads (", kFormat, ", ", kFormatOne, ")");
+}
+
+RankFileReader::RankFileReader(const std::string& path, bool index) : path_(path) {
     silence_hdf5();
     if (H5Fis_hdf5(path.c_str()) <= 0) fail(ErrorKind::data, "'", path, "' is not an HDF5 file (truncated or damaged?)");
     file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (file_ < 0) fail(ErrorKind::data, "cannot open '", path, "': ", hdf5_reason());
     try {
-        if (read_string_attribute(file_, "format") != kFormat) fail(ErrorKind::data, "not an llmtrain checkpoint file (attribute 'format')");
+        const std::string format = read_string_attribute(file_, "format");
+        if (!format.starts_with("llmtrain-checkpoint-")) fail(ErrorKind::data, "not an llmtrain checkpoint file (attribute 'format')");
+        format_ = rank_file_format(format);
         attributes_.step = read_int_attribute(file_, "step").at(0);
         attributes_.world_rank = static_cast<int>(read_int_attribute(file_, "world_rank").at(0));
         attributes_.world_size = static_cast<int>(read_int_attribute(file_, "world_size").at(0));
         const std::vector<int64_t> mesh = read_int_attribute(file_, "mesh_tp_dp_pp");
         if (mesh.size() != 3) fail(ErrorKind::data, "attribute 'mesh_tp_dp_pp' does not hold 3 values");
         attributes_.tp = static_cast<int>(mesh[0]), attributes_.dp = static_cast<int>(mesh[1]), attributes_.pp = static_cast<int>(mesh[2]);
+        if (!index) return;
         hsize_t file_bytes = 0;
         if (H5Fget_filesize(file_, &file_bytes) < 0) fail(ErrorKind::data, "its size is unreadable: ", hdf5_reason());
         std::vector<std::string> names;
@@ -278,16 +318,6 @@ RankFileReader::RankFileReader(const std::string& path) : path_(path) {
                 t.dataset = name;
                 t.name = read_string_attribute(object, "name");
                 t.global_shape = shape_of(read_int_attribute(object, "global_shape"), "global_shape");
-                t.local_shape = shape_of(read_int_attribute(object, "local_shape"), "local_shape");
-                t.split = {parse_split(read_string_attribute(object, "tp_split")), read_int_attribute(object, "tp_blocks").at(0)};
-                const int64_t tp_rank = read_int_attribute(object, "tp_rank").at(0), tp_size = read_int_attribute(object, "tp_size").at(0);
-                if (tp_size < 1 || tp_size > std::numeric_limits<int>::max() || tp_rank < 0 || tp_rank >= tp_size)
-                    fail(ErrorKind::data, "attributes 'tp_rank' ", tp_rank, " and 'tp_size' ", tp_size, " (expected 0 <= tp_rank < tp_size)");
-                t.tp_rank = static_cast<int>(tp_rank), t.tp_size = static_cast<int>(tp_size);
-                check_layout(t);
-                const std::vector<int64_t> elements = read_int_attribute(object, "local_elements");
-                if (elements.size() != 2) fail(ErrorKind::data, "attribute 'local_elements' does not hold 2 values");
-                t.begin = elements[0], t.end = elements[1];
                 // Exactly the types and layout written: libhdf5 1.10 reads past a chunk whose
                 // stored bytes are fewer than its elements of another size need.
                 Handle type(H5Dget_type(object), H5Tclose);
@@ -297,12 +327,15 @@ RankFileReader::RankFileReader(const std::string& path) : path_(path) {
                 Handle create(H5Dget_create_plist(object), H5Pclose);
                 if (!create.ok() || H5Pget_layout(create) != H5D_CHUNKED) fail(ErrorKind::data, "is not stored in chunks");
                 Handle space(H5Dget_space(object), H5Sclose);
-                if (H5Sget_simple_extent_npoints(space) != t.numel() || t.begin < 0 || t.end > t.local_shape.numel() || t.begin > t.end)
-                    fail(ErrorKind::data, "holds ", H5Sget_simple_extent_npoints(space), " values, its attributes say ", t.numel());
+                const hssize_t stored = H5Sget_simple_extent_npoints(space);
                 // Every value is written, so the file holds them all: a larger extent would
                 // have the reader allocate memory that the file does not justify.
-                if (static_cast<uint64_t>(t.numel()) > file_bytes / dtype_size(t.dtype))
-                    fail(ErrorKind::data, "holds ", t.numel(), " values of ", dtype_size(t.dtype), " bytes, more than the file's ", file_bytes, " bytes");
+                if (stored < 0 || static_cast<uint64_t>(stored) > file_bytes / dtype_size(t.dtype))
+                    fail(ErrorKind::data, "holds ", stored, " values of ", dtype_size(t.dtype), " bytes, more than the file's ", file_bytes, " bytes");
+                t.boxes = format_ == 1 ? boxes_of_format_one(object, t.name, t.global_shape, stored) : boxes_of_format_two(object);
+                if (stored != t.numel()) fail(ErrorKind::data, "holds ", stored, " values, its attributes say ", t.numel());
+                for (const StoredBox& b : t.boxes)
+                    if (!b.box.inside(t.global_shape)) fail(ErrorKind::data, "holds the box ", b.box.str(), ", outside its global shape ", t.global_shape.str());
                 tensors_.push_back(std::move(t));
             } catch (const Error& e) {
                 fail(ErrorKind::data, "tensor '", name, "': ", e.what());
@@ -319,16 +352,68 @@ RankFileReader::~RankFileReader() {
     if (file_ >= 0) H5Fclose(file_);
 }
 
+namespace {
+hid_t native_type(DType dtype) {
+    if (dtype == DType::f64) return H5T_NATIVE_DOUBLE;
+    if (dtype == DType::f32) return H5T_NATIVE_FLOAT;
+    fail(ErrorKind::unsupported, "checkpoint values read as ", dtype_name(dtype), " (expected f32 or f64)");
+}
+
+// The transfer properties of every read: HDF5's default (Fletcher32 verified), or in the
+// fuzzing build checksums skipped so that mutations reach what lies behind them.
+class TransferProperties {
+public:
+    TransferProperties() : id_(H5Pcreate(H5P_DATASET_XFER)) {
+        if (!kChecksumsEnforced) H5Pset_edc_check(id_, H5Z_DISABLE_EDC);
+    }
+    ~TransferProperties() { if (id_ >= 0) H5Pclose(id_); }
+    TransferProperties(const TransferProperties&) = delete;
+    TransferProperties& operator=(const TransferProperties&) = delete;
+    hid_t id() const { return id_ >= 0 ? id_ : H5P_DEFAULT; }
+
+private:
+    hid_t id_;
+};
+
+TransferProperties checked_transfer() { return {}; }
+
+std::vector<hsize_t> hsizes(const Shape& shape) {
+    std::vector<hsize_t> out;
+    for (int d = 0; d < shape.rank; ++d) out.push_back(static_cast<hsize_t>(shape[d]));
+    return out;
+}
+}  // namespace
+
 std::vector<double> RankFileReader::read(const SavedTensor& tensor) const {
-    Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
     std::vector<double> values(static_cast<size_t>(tensor.numel()));
+    read_all(tensor, values.data(), DType::f64);
+    return values;
+}
+
+void RankFileReader::read_all(const SavedTensor& tensor, void* out, DType as) const {
+    Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
     // Every chunk's Fletcher32 checksum is verified by this read (the fuzzing build has HDF5
     // skip them: core/checksum_policy.h).
-    Handle transfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-    if (!kChecksumsEnforced) H5Pset_edc_check(transfer, H5Z_DISABLE_EDC);
-    if (!dataset.ok() || H5Dread(dataset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, transfer, values.data()) < 0)
+    if (!dataset.ok() || H5Dread(dataset, native_type(as), H5S_ALL, H5S_ALL, checked_transfer().id(), out) < 0)
         fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");
-    return values;
+}
+
+void RankFileReader::read_part(const SavedTensor& tensor, const GlobalBox& part, void* out, DType as, const Shape& out_shape, const Shape& out_start) const {
+    if (format_ < 2 || tensor.boxes.size() != 1) fail(ErrorKind::runtime, "'", path_, "': tensor '", tensor.dataset, "' is not shaped as one box: read it whole");
+    const GlobalBox& box = tensor.boxes.front().box;
+    Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!dataset.ok()) fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' cannot be opened (", hdf5_reason(), ")");
+    Handle file_space(H5Dget_space(dataset), H5Sclose);
+    std::vector<hsize_t> start, count = hsizes(part.count);
+    for (int d = 0; d < part.start.rank; ++d) start.push_back(static_cast<hsize_t>(part.start[d] - box.start[d]));
+    const std::vector<hsize_t> memory_dims = hsizes(out_shape), memory_start = hsizes(out_start);
+    Handle memory_space(H5Screate_simple(static_cast<int>(memory_dims.size()), memory_dims.data(), nullptr), H5Sclose);
+    if (H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0 ||
+        H5Sselect_hyperslab(memory_space, H5S_SELECT_SET, memory_start.data(), nullptr, count.data(), nullptr) < 0)
+        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "': the part ", part.str(), " is outside its box ", box.str());
+    // The chunks this part touches are read whole and their checksums verified.
+    if (H5Dread(dataset, native_type(as), memory_space, file_space, checked_transfer().id(), out) < 0)
+        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");
 }
 
 }  // namespace llmtrain

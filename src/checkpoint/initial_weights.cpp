@@ -4,7 +4,6 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/config_changes.h"
-#include "checkpoint/restore.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 
@@ -26,13 +25,13 @@ void check_same_model(const std::string& path, const Manifest& manifest, const C
 
 std::string initial_weights_source(const std::string& path) { return is_checkpoint_directory(path) ? path : safetensors_file_of(path); }
 
-void load_weights_to_start_from(const std::string& path, const Config& config, Parameters& params, Backend& backend) {
-    if (!is_checkpoint_directory(path)) return load_hf_weights(path, config.model.vocab_size, params, backend);
-    if (const std::optional<std::string> problem = checkpoint_problem(path))
+std::optional<Manifest> checkpoint_to_start_from(const std::string& path, const Config& config, const ProblemOf& problem_of) {
+    if (!is_checkpoint_directory(path)) return std::nullopt;
+    if (const std::optional<std::string> problem = problem_of(path))
         fail(ErrorKind::data, "train.init_from: checkpoint '", path, "' cannot be loaded: ", *problem);
-    const Manifest manifest = read_checkpoint_manifest(path);
+    Manifest manifest = read_checkpoint_manifest(path);
     check_same_model(path, manifest, config);
-    load_checkpoint_weights(path, manifest, params, backend);
+    return manifest;
 }
 
 }  // namespace llmtrain

@@ -10,17 +10,22 @@
 
 #include <string>
 
-#include "backend/backend.h"
+#include <optional>
+
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/manifest.h"
 #include "config/config.h"
-#include "model/parameters.h"
 
 namespace llmtrain {
 
 // What a run starting from `path` reads: the checkpoint directory, or the .safetensors file.
 std::string initial_weights_source(const std::string& path);
-// Fills this rank's part of every parameter's master weights (and refreshes the compute copy)
-// from the weights at path. Throws Error(data) when they fail verification, Error(config)
-// naming the key or tensor when they are another model's.
-void load_weights_to_start_from(const std::string& path, const Config& config, Parameters& params, Backend& backend);
+// When path is an llmtrain checkpoint directory: its manifest, once problem_of (a resume's
+// verification, split over the ranks) passed it and its model is of the config's shape; the
+// run then loads its weights as a resume does (checkpoint/state_load.h). None when path holds
+// Hugging Face weights (checkpoint/safetensors.h: HfWeights verifies them). Throws
+// Error(data) when the checkpoint fails verification, Error(config) naming the first model
+// key that differs.
+std::optional<Manifest> checkpoint_to_start_from(const std::string& path, const Config& config, const ProblemOf& problem_of);
 
 }  // namespace llmtrain

@@ -4,6 +4,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <xxhash.h>
 
 #include "core/checksum_policy.h"
@@ -12,7 +13,11 @@
 namespace llmtrain {
 
 namespace {
-constexpr int kFormatVersion = 2;
+// 3: rank files of pieces by placement ("llmtrain-checkpoint-2"), the mesh's zero_stage.
+// 2 (read too): the run id, the chain's sequence, the global batch and the manifest's own
+//    checksum; rank files of tp parts ("llmtrain-checkpoint-1"), the mesh's zero1.
+// 1 (read too): neither.
+constexpr int kFormatVersion = 3;
 constexpr int kOldestReadable = 1;
 constexpr const char* kChecksumKey = "manifest_xxh64";
 
@@ -20,6 +25,27 @@ std::string hex64(uint64_t value) {
     char text[17];
     std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
     return text;
+}
+
+// The saved config as this version reads it: parallel.zero1 (retired) becomes the
+// parallel.zero_stage it meant, unless the config names the stage itself.
+std::string upgraded_config(const std::string& toml) {
+    std::istringstream in(toml);
+    std::string line, section, out, zero1;
+    bool has_stage = false;
+    while (std::getline(in, line)) {
+        if (line.starts_with("[")) section = line.substr(0, line.find(']') + 1);
+        if (section == "[parallel]" && line.starts_with("zero_stage = ")) has_stage = true;
+        if (section == "[parallel]" && line.starts_with("zero1 = ")) {
+            zero1 = line.substr(8, line.find_first_of(" #", 8) - 8);
+            continue;
+        }
+        out += line + "\n";
+    }
+    if (zero1.empty() || has_stage) return out;
+    const std::string stage = cat("zero_stage = ", zero1 == "true" ? 1 : 0, "\n");
+    const size_t at = out.find("[parallel]\n");
+    return at == std::string::npos ? out + "[parallel]\n" + stage : out.insert(at + 11, stage);
 }
 
 uint64_t parse_hex64(const std::string& text) {
@@ -42,7 +68,7 @@ std::string manifest_to_json(const Manifest& m) {
         {"format", "llmtrain-checkpoint"}, {"version", kFormatVersion}, {"run_id", m.run_id}, {"sequence", m.sequence},
         {"run_directory", m.run_directory}, {"step", m.step}, {"tokens_seen", m.tokens_seen},
         {"resumes", m.resumes},        {"optimizer_steps", m.optimizer_steps}, {"loss_scale", m.loss_scale}, {"loss_scale_good_steps", m.loss_scale_good_steps},
-        {"seed", m.seed}, {"global_batch", m.global_batch}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"zero1", m.zero1}}},
+        {"seed", m.seed}, {"global_batch", m.global_batch}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"zero_stage", m.zero_stage}}},
         {"created", m.created}};
     j["data"] = m.data ? nlohmann::ordered_json{{"step", m.data->step}, {"cursor", m.data->cursor}, {"seed", m.data->seed}} : nlohmann::ordered_json();
     if (!m.monitor_state.empty()) j["monitor"] = nlohmann::ordered_json::parse(m.monitor_state);
@@ -116,14 +142,15 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         const nlohmann::ordered_json& mesh = get("mesh");
         m.world_size = integer_of<int>(mesh.at("world_size"), "world_size");
         m.tp = integer_of<int>(mesh.at("tp"), "tp"), m.dp = integer_of<int>(mesh.at("dp"), "dp"), m.pp = integer_of<int>(mesh.at("pp"), "pp");
-        m.zero1 = mesh.at("zero1").get<bool>();
+        // Earlier versions record ZeRO-1 alone (zero1: true or false).
+        m.zero_stage = mesh.contains("zero_stage") ? integer_of<int>(mesh.at("zero_stage"), "zero_stage") : mesh.at("zero1").get<bool>() ? 1 : 0;
         m.created = get("created").get<std::string>();
         const nlohmann::ordered_json& data = get("data");
         if (!data.is_null()) m.data = LoaderState{integer_of<uint64_t>(data.at("step"), "step"), integer_of<uint64_t>(data.at("cursor"), "cursor"),
                                  integer_of<uint64_t>(data.at("seed"), "seed")};
         for (const nlohmann::ordered_json& f : get("files"))
             m.files.push_back({f.at("name").get<std::string>(), integer_of<uint64_t>(f.at("bytes"), "bytes"), parse_hex64(f.at("xxh64").get<std::string>())});
-        m.config_toml = get("config").get<std::string>();
+        m.config_toml = upgraded_config(get("config").get<std::string>());
         if (j.contains("monitor")) m.monitor_state = get("monitor").dump();
         if (m.step < 0 || m.world_size < 1 || static_cast<int>(m.files.size()) != m.world_size)
             fail(ErrorKind::data, "'", path, "': ", m.files.size(), " files listed for a world of ", m.world_size, " ranks");

@@ -9,7 +9,8 @@
 // a cut file or a flipped byte in the config is found before anything trusts it.
 //
 // Format versions: 1 (no run id, no global batch, no checksum of its own: read as a run of
-// an earlier llmtrain) and 2 (all three, the checksum required).
+// an earlier llmtrain), 2 (all three, the checksum required; the mesh's zero1) and 3 (the
+// mesh's zero_stage; rank files of pieces by placement, checkpoint/rank_snapshot.h).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,7 @@ struct Manifest {
     // run that saved it): a resume on another layout keeps it. 0: not recorded (format 1).
     int64_t global_batch = 0;
     int world_size = 1, tp = 1, dp = 1, pp = 1;
-    bool zero1 = false;
+    int zero_stage = 0;               // as it applied (0 on one dp rank)
     std::string monitor_state;        // the health monitor's windows and counters (JSON); empty: none
     std::string config_toml;          // the effective config of the run that saved it
     std::string created;              // UTC time of the commit
@@ -57,7 +58,8 @@ struct Manifest {
 
 std::string manifest_to_json(const Manifest& manifest);
 // Throws Error(data) naming path and the key that is missing or malformed, or saying that the
-// manifest fails its own checksum.
+// manifest fails its own checksum. A checkpoint of an earlier version is read as this one (its
+// config's retired keys replaced).
 Manifest manifest_from_json(const std::string& text, const std::string& path);
 
 // A new run's id: 16 hex digits from the system's entropy source and the clock.

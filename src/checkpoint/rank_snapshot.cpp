@@ -7,83 +7,76 @@
 namespace llmtrain {
 
 namespace {
-// The rules of the header: a value held by several ranks is written by one of them.
-bool writes(const SnapshotSource& source, size_t index) {
-    const ParamInfo& info = source.params.info(index);
-    if (source.tied_copy && *source.tied_copy == index) return false;
-    return !(info.replicated() && source.params.tp_rank() != 0);
-}
-
-SavedTensor describe(const Parameters& params, size_t index, std::string dataset, int64_t begin, int64_t end) {
-    const ParamInfo& info = params.info(index);
-    SavedTensor t;
-    t.dataset = std::move(dataset);
-    t.name = info.name;
-    t.local_shape = info.shape;
-    t.global_shape = info.global_shape;
-    t.split = info.split;
-    t.tp_rank = params.tp_rank();
-    t.tp_size = params.tp_size();
-    t.begin = begin;
-    t.end = end;
-    t.dtype = params.dtype();
-    return t;
+const char* role_prefix(TensorRole role) {
+    switch (role) {
+        case TensorRole::weights: return "model/";
+        case TensorRole::exp_avg: return "optimizer/exp_avg/";
+        case TensorRole::exp_avg_sq: return "optimizer/exp_avg_sq/";
+    }
+    return "?";
 }
 
 struct Copy {
-    Tensor from;  // in the parameters' memory
+    Tensor from;  // in the state's memory
     size_t tensor;
 };
 }  // namespace
 
-std::string model_dataset(const std::string& name) { return "model/" + name; }
+const char* tensor_role_name(TensorRole role) {
+    switch (role) {
+        case TensorRole::weights: return "weights";
+        case TensorRole::exp_avg: return "AdamW first moment";
+        case TensorRole::exp_avg_sq: return "AdamW second moment";
+    }
+    return "?";
+}
+
+int64_t SavedTensor::numel() const {
+    int64_t n = 0;
+    for (const StoredBox& b : boxes) n += b.box.numel();
+    return n;
+}
+
+std::string piece_dataset(TensorRole role, const std::string& name, const Shape& global_shape, const GlobalBox& box) {
+    std::string path = role_prefix(role) + name;
+    if (box == whole_box(global_shape)) return path;
+    for (int d = 0; d < box.start.rank; ++d) path += cat(d ? "_" : "/", box.start[d]);
+    return path;
+}
 
 std::string rank_state_dataset(const std::string& state) { return "optimizer/" + state; }
 
-std::string moment_dataset(const char* moment, const std::string& name, int64_t begin, int64_t end) {
-    return cat("optimizer/", moment, "/", name, "/elements_", begin, "_", end);
+bool role_of_dataset(const std::string& dataset, TensorRole& role) {
+    for (TensorRole r : kTensorRoles)
+        if (dataset.starts_with(role_prefix(r))) {
+            role = r;
+            return true;
+        }
+    return false;
 }
 
+// Each range of the share is one copy to the host; its boxes are its datasets.
 void capture_snapshot(const SnapshotSource& source, int64_t step, RankSnapshot& out) {
-    const Parameters& params = source.params;
+    const Placement& placement = source.placement;
     out.step = step;
     out.world_rank = source.world_rank;
     out.tensors.clear();
     std::vector<Copy> copies;
-    if (source.dp_rank == 0) {
-        for (size_t i = 0; i < params.count(); ++i) {
-            if (!writes(source, i)) continue;
-            copies.push_back({params.master_value(i), out.tensors.size()});
-            out.tensors.push_back(describe(params, i, model_dataset(params.info(i).name), 0, params.info(i).shape.numel()));
-        }
-    }
-    if (source.shards_optimizer || source.dp_rank == 0) {
-        int64_t state_offset = 0;  // where the current piece's moments start
-        for (const OwnedPiece& piece : source.optimizer.pieces()) {
-            for_each_param_in(params, piece, [&](size_t index, int64_t begin, int64_t end) {
-                if (!writes(source, index)) return;
-                const int64_t offset = params.info(index).offset, count = end - begin, at = state_offset + begin - piece.begin;
-                for (const auto& [moment, state] : {std::pair{"exp_avg", source.optimizer.exp_avg()}, std::pair{"exp_avg_sq", source.optimizer.exp_avg_sq()}}) {
-                    copies.push_back({state.slice_rows(at, count), out.tensors.size()});
-                    out.tensors.push_back(describe(params, index, moment_dataset(moment, params.info(index).name, begin - offset, end - offset), begin - offset,
-                                                   end - offset));
-                }
-            });
-            state_offset += piece.end - piece.begin;
+    const std::vector<TensorRange> share = placement.checkpoint_share(true);
+    for (TensorRole role : kTensorRoles) {
+        for (const TensorRange& r : share) {
+            const TensorPlace& t = placement.tensors()[r.tensor];
+            copies.push_back({source.state(role, {t.flat.begin + r.local.begin, t.flat.begin + r.local.end}), out.tensors.size()});
+            for (const GlobalBox& box : boxes_of(t, r.local))
+                out.tensors.push_back({piece_dataset(role, t.name, t.global_shape, box), t.name, t.global_shape, source.dtype, {{box, 0}}, 0});
         }
     }
     // Rank-local state lives in host memory already.
     std::vector<std::pair<size_t, const std::vector<float>*>> host_copies;
-    for (const RankLocalState& state : source.optimizer.rank_local_state()) {
-        SavedTensor t;
-        t.dataset = rank_state_dataset(state.name);
-        t.name = state.name;
+    for (const RankLocalState& state : source.rank_local) {
         const auto n = static_cast<int64_t>(state.values->size());
-        t.local_shape = t.global_shape = Shape{n};
-        t.end = n;
-        t.dtype = DType::f32;
         host_copies.emplace_back(out.tensors.size(), state.values);
-        out.tensors.push_back(std::move(t));
+        out.tensors.push_back({rank_state_dataset(state.name), state.name, Shape{n}, DType::f32, {{whole_box(Shape{n}), 0}}, 0});
     }
     size_t bytes = 0;
     for (SavedTensor& t : out.tensors) {

@@ -1,46 +1,58 @@
-// What one rank writes into its checkpoint file: a host copy of its part of the training
-// state, taken at a step boundary, and the description of every tensor in it. Each tensor
-// is named by its global (Hugging Face) parameter name and says how this rank's part sits in
-// the global tensor (global shape, tensor-parallel split and rank), so that a checkpoint
-// loads on any other layout (checkpoint/restore.h).
+// What one rank writes into its checkpoint file: a host copy of its share of the training
+// state, taken at a step boundary, and the description of every piece in it. Each piece is
+// a box of a global tensor (its global name and shape, and where the box sits in it: an
+// HDF5 hyperslab), so that a checkpoint is read on any other layout by intersecting boxes
+// (checkpoint/state_load.h), and by any HDF5 reader without llmtrain.
 //
-// Who writes what, so that every value is stored once:
-//   model/<name>                                  master weights: dp rank 0 of each (tp, pp) place;
-//                                                 a tensor replicated over tp: tp rank 0 only;
-//                                                 the tied embedding's last-stage copy: never
-//   optimizer/exp_avg/<name>/elements_<b>_<e>     AdamW moments of local elements [b, e) of the
-//   optimizer/exp_avg_sq/<name>/elements_<b>_<e>  tensor: every rank for the ranges it updates
-//                                                 (ZeRO-1: its shard; else dp rank 0), same rules
-//   optimizer/<state>                             state of this rank alone (1-bit Adam's error
-//                                                 feedback, f32): every rank, for the same layout
+// Who writes what: the rank's placement decides (parallel/placement.h, checkpoint_share):
+// every element of the job's state is written by exactly one of the ranks that hold it, so
+// each rank writes about 1/world of the checkpoint. Datasets:
+//   model/<name>[/<start>]                  master weights
+//   optimizer/exp_avg/<name>[/<start>]      AdamW moments
+//   optimizer/exp_avg_sq/<name>[/<start>]
+//   optimizer/<state>                       state of this rank alone (1-bit Adam's error
+//                                           feedback, f32): every rank, for the same layout
+// A piece that is a whole tensor is named by the tensor alone; a part of one adds its box's
+// start ("model/transformer.wte.weight/128_0").
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
-
-#include <optional>
 
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "model/parameters.h"
 #include "optim/adamw.h"
+#include "parallel/placement.h"
 
 namespace llmtrain {
 
+// What a stored tensor is to its parameter.
+enum class TensorRole { weights, exp_avg, exp_avg_sq };
+const char* tensor_role_name(TensorRole role);  // "weights", "AdamW first moment", ...
+inline constexpr TensorRole kTensorRoles[] = {TensorRole::weights, TensorRole::exp_avg, TensorRole::exp_avg_sq};
+
+// A box of the global tensor whose values a dataset holds from element `offset` of its
+// values (row-major, flattened) on.
+struct StoredBox {
+    GlobalBox box;
+    int64_t offset = 0;
+};
+
+// One dataset of a rank file.
 struct SavedTensor {
-    std::string dataset;       // path in the file
-    std::string name;          // global parameter name
-    Shape local_shape;         // this rank's part of the tensor, whole
+    std::string dataset;        // path in the file
+    std::string name;           // global tensor name
     Shape global_shape;
-    TensorSplit split;
-    int tp_rank = 0, tp_size = 1;
-    int64_t begin = 0, end = 0;  // the elements of the local part stored here (all of them for model/)
-    DType dtype = DType::f32;
-    size_t byte_offset = 0;    // in RankSnapshot::data
-    int64_t numel() const { return end - begin; }
-    bool whole() const { return begin == 0 && end == local_shape.numel(); }
+    DType dtype = DType::f32;   // as stored
+    // Its values are these boxes' values one after the other. A dataset written by this
+    // version is one box, its shape the box's; older files hold a tp part, or a range of
+    // one, and so several.
+    std::vector<StoredBox> boxes;
+    size_t byte_offset = 0;     // in RankSnapshot::data, when writing
+    int64_t numel() const;
 };
 
 struct RankSnapshot {
@@ -53,22 +65,23 @@ struct RankSnapshot {
 
 // What a rank holds, for capture_snapshot.
 struct SnapshotSource {
-    const Parameters& params;
-    const AdamW& optimizer;
+    const Placement& placement;
+    // This rank's values of a role for flat elements `range` (a range of its share).
+    std::function<Tensor(TensorRole role, FlatRange range)> state;
+    std::vector<RankLocalState> rank_local;
     Backend& backend;                   // copies device memory to the host
     int world_rank = 0;
-    int dp_rank = 0;
-    bool shards_optimizer = false;      // ZeRO-1: the optimizer's pieces are this rank's alone
-    std::optional<size_t> tied_copy;    // the last stage's copy of the tied embedding
+    DType dtype = DType::f32;           // the master weights' and moments'
 };
 
-// Fills out with this rank's tensors after step `step` (a blocking copy to host memory,
-// into out.data, which keeps its allocation from one save to the next).
+// Fills out with this rank's share after step `step` (a blocking copy to host memory, into
+// out.data, which keeps its allocation from one save to the next).
 void capture_snapshot(const SnapshotSource& source, int64_t step, RankSnapshot& out);
 
-// The dataset names above.
-std::string model_dataset(const std::string& name);
-std::string moment_dataset(const char* moment, const std::string& name, int64_t begin, int64_t end);
+// The dataset of a piece of tensor `name` (of this global shape) in a role.
+std::string piece_dataset(TensorRole role, const std::string& name, const Shape& global_shape, const GlobalBox& box);
 std::string rank_state_dataset(const std::string& state);
+// The role of a dataset, from its path; false for other datasets (rank-local state).
+bool role_of_dataset(const std::string& dataset, TensorRole& role);
 
 }  // namespace llmtrain

@@ -1,24 +1,30 @@
-// Loading a checkpoint into this rank, whatever tp / pp / dp / ZeRO-1 layout saved it: each
-// tensor this rank holds is assembled whole from the parts in every rank file (each part
-// says where its values sit in the global tensor), and this rank's part is taken from it;
-// the AdamW moments likewise for the ranges this rank updates. No offline converter.
+// Loading a checkpoint, whatever tp / pp / dp / ZeRO layout saved it: into the ranks of a run
+// (state_load.h, through the trainer), into a whole model in this one process (generate,
+// eval), and the optimizer's rank-local state. No offline converter: the checkpoint's pieces
+// say where they sit in the global tensors.
 #pragma once
 
 #include <string>
 
 #include "backend/backend.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/state_load.h"
+#include "checkpoint/tensor_assembly.h"
 #include "model/parameters.h"
 #include "optim/adamw.h"
 
 namespace llmtrain {
 
-// Fills the master weights (and rebuilds the compute copy from them) and the moments.
-// Throws Error(data) naming the file and the tensor when a part is missing, damaged or of
-// another shape.
-// The master weights alone (generate, eval: no optimizer), refreshing the compute copy.
+// Where the parallel layer works on the backend's buffers: its fill_zero, add and copy.
+FlatOps backend_ops(Backend& backend);
+
+// The checkpoint's values of tensors as a load reads them (hyperslab reads into `out`).
+ReadTensor checkpoint_reader(const CheckpointTensors& checkpoint, Backend& backend);
+
+// The master weights alone into a model held whole by this process (generate, eval: no
+// optimizer, one rank), refreshing the compute copy. Throws Error(data) naming the file and
+// the tensor when a piece is missing, damaged or of another shape.
 void load_checkpoint_weights(const std::string& path, const Manifest& manifest, Parameters& params, Backend& backend);
-void load_checkpoint_tensors(const std::string& path, const Manifest& manifest, Parameters& params, AdamW& optimizer, Backend& backend);
 // The optimizer's rank-local state (1-bit Adam's error feedback) from world rank
 // `world_rank`'s file, when the checkpoint was saved by the same layout (tp, dp, pp as in
 // `manifest_of_run`); otherwise the state stays as it is (zero: a fresh error feedback).

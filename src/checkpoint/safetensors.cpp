@@ -311,23 +311,37 @@ std::string safetensors_file_of(const std::string& path) {
     return fs::is_directory(path) ? (fs::path(path) / kWeightsFile).string() : path;
 }
 
-void load_hf_weights(const std::string& path, int64_t vocab_size, Parameters& params, Backend& backend) {
-    const SafetensorsFile file(safetensors_file_of(path));
-    if (const std::optional<std::string> problem = file.data_problem()) fail(ErrorKind::data, "train.init_from: ", *problem);
-    for (size_t i = 0; i < params.count(); ++i) {
-        const ParamInfo& info = params.info(i);
-        const SafetensorsEntry* entry = find_hf_entry(file, info.name);
-        if (!entry) fail(ErrorKind::config, "train.init_from: '", file.path(), "' holds no tensor '", info.name, "' (weights of another model?)");
-        const Shape wanted = hf_shape(info.name, info.global_shape, vocab_size);
+HfWeights::HfWeights(const std::string& path, int64_t vocab_size, const std::vector<TensorPlace>& tensors)
+    : file_(safetensors_file_of(path)), vocab_size_(vocab_size) {
+    if (const std::optional<std::string> problem = file_.data_problem()) fail(ErrorKind::data, "train.init_from: ", *problem);
+    for (const TensorPlace& t : tensors) {
+        const SafetensorsEntry* entry = find_hf_entry(file_, t.name);
+        if (!entry) fail(ErrorKind::config, "train.init_from: '", file_.path(), "' holds no tensor '", t.name, "' (weights of another model?)");
+        const Shape wanted = hf_shape(t.name, t.global_shape, vocab_size_);
         if (entry->shape != wanted)
-            fail(ErrorKind::config, "train.init_from: '", file.path(), "': tensor ", info.name, ": checkpoint ", entry->shape.str(), ", model ", wanted.str());
-        const std::vector<double> values = file.read(*entry);
-        set_master_weights(params, i, backend, [&](int64_t g) {
-            const int64_t k = hf_index(info.name, info.global_shape, vocab_size, g);
-            return k < 0 ? 0.0 : values[static_cast<size_t>(k)];
-        });
+            fail(ErrorKind::config, "train.init_from: '", file_.path(), "': tensor ", t.name, ": checkpoint ", entry->shape.str(), ", model ", wanted.str());
     }
-    if (params.has_compute_copy()) params.refresh_compute_copy();
+}
+
+namespace {
+template <class T>
+void place_hf_values(const TensorPlace& t, FlatRange local, const std::vector<double>& values, int64_t vocab_size, T* out) {
+    for (int64_t i = local.begin; i < local.end; ++i) {
+        const int64_t g = tp_global_index(t.local_shape, t.global_shape, t.split, t.tp_rank, t.tp_size, i);
+        const int64_t k = hf_index(t.name, t.global_shape, vocab_size, g);
+        out[i - local.begin] = k < 0 ? T(0) : static_cast<T>(values[static_cast<size_t>(k)]);
+    }
+}
+}  // namespace
+
+void HfWeights::read(const TensorPlace& t, FlatRange local, void* out, DType as) const {
+    if (cached_name_ != t.name) {
+        cached_ = file_.read(*find_hf_entry(file_, t.name));
+        cached_name_ = t.name;
+    }
+    if (as == DType::f64) place_hf_values(t, local, cached_, vocab_size_, static_cast<double*>(out));
+    else if (as == DType::f32) place_hf_values(t, local, cached_, vocab_size_, static_cast<float*>(out));
+    else fail(ErrorKind::unsupported, "train.init_from: master weights in ", dtype_name(as), " (expected f32 or f64)");
 }
 
 }  // namespace llmtrain

@@ -101,11 +101,24 @@ ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const 
 
 // The model.safetensors that path names: the file itself, or a directory holding it.
 std::string safetensors_file_of(const std::string& path);
-// Fills this rank's part of every parameter's master weights from Hugging Face weights at
-// path (a .safetensors file or a directory holding model.safetensors). vocab_size is the
-// model's (the file has that many vocabulary rows; padding rows become zeros). Throws
-// Error(config) naming the tensor that is missing or of another shape; refreshes the compute
-// copy.
-void load_hf_weights(const std::string& path, int64_t vocab_size, Parameters& params, Backend& backend);
+
+// Hugging Face weights at path (a .safetensors file or a directory holding model.safetensors)
+// as this run's tensors: a rank's part of each, for any layout. vocab_size is the model's
+// (the file has that many vocabulary rows; padding rows become zeros).
+class HfWeights {
+public:
+    // Throws Error(data) when the file fails its recorded XXH64, Error(config) naming the
+    // tensor that is missing or of another shape, before anything is read into the run.
+    HfWeights(const std::string& path, int64_t vocab_size, const std::vector<TensorPlace>& tensors);
+    // Local elements `local` of tensor t (as this rank holds it) into host memory `out` of
+    // dtype `as` (f32 or f64). One tensor of the file is in memory at a time.
+    void read(const TensorPlace& t, FlatRange local, void* out, DType as) const;
+
+private:
+    SafetensorsFile file_;
+    int64_t vocab_size_;
+    mutable std::string cached_name_;
+    mutable std::vector<double> cached_;
+};
 
 }  // namespace llmtrain

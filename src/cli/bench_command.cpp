@@ -6,7 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
-#include "ops/cluster.h"
+#include "plan/cluster.h"
 #include "parallel/comm_bench.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"

@@ -10,7 +10,15 @@
 // work the plan's model counts for this rank (ops/step_model.h) gives the GEMM efficiency of
 // the step's main shape class, the attention efficiency and the memory-bound efficiency.
 // Measure on one rank, so that no communication hides in the step time.
+//
+// --json prints one object instead of the tables: the figures above, and where the step's
+// time went besides computing, as scripts/scaling-test.sh compares them across sizes: each
+// group's exposed communication (the time ranks were blocked in its collectives, summed over
+// the ranks, over their summed step time: parallel/timed_comm.h), the data wait and the
+// pipeline schedule's bubble.
 #include <sys/resource.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -25,9 +33,11 @@
 #include "core/log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "ops/cluster.h"
-#include "ops/memory_plan.h"
-#include "ops/step_model.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/timed_comm.h"
+#include "plan/cluster.h"
+#include "plan/memory_plan.h"
+#include "plan/step_model.h"
 #include "train/model_flops.h"
 #include "train/trainer.h"
 
@@ -42,8 +52,10 @@ struct BenchTrainArgs {
     int steps = 10;
     double peak_tflops = 0;  // 0: the device's known peak
     int top_ops = 12;
-    std::string cluster_path;      // for --calibration-out: the peak and bandwidth efficiencies are shares of
+    std::string cluster_path;      // for --calibration-out: the peak and bandwidth efficiencies are shares of;
+                                   // for MFU, the peak of the device it describes
     std::string calibration_path;  // written (merged) here
+    bool json = false;
 };
 
 GemmClass dominant_class(const StageWork& work) {
@@ -79,13 +91,93 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     c.memory_efficiency = m * work.memory_bytes / share.pipeline / (step_seconds * rest / total * bandwidth);
     c.optimizer_efficiency = work.update_bytes / share.step_end / (step_seconds * update / total * bandwidth);
     c.gradient_pass_efficiency = work.gradient_pass_bytes / share.step_end / (step_seconds * passes / total * bandwidth);
+    // A share of peak above one says the cluster file's peak is below what this device just
+    // did: writing it would only make `plan` refuse the calibration later.
+    for (const auto& [what, share_of_peak] : {std::pair{"the GEMMs", c.gemm_efficiency}, std::pair{"attention", c.attention_efficiency}})
+        if (share_of_peak > 1)
+            fail(ErrorKind::config, cluster.source_path, ": device.peak_tflops: ", cluster.peak_tflops, " TFLOP/s is below what ", what, " reached here (",
+                 share_of_peak, " times it); give the device's true peak",
+                 cluster.kind == ClusterKind::cpu ? " or \"auto\" (measured on this machine)" : "", "; no calibration written");
     return c;
 }
 
-// The peak the MFU divides by: --peak-tflops (positive), else the GPU's data-sheet figure (0: unknown).
-double peak_tflops(const BenchTrainArgs& args, Backend& backend) {
+// The peak the MFU divides by: --peak-tflops, else metrics.peak_tflops, else the peak of the
+// --cluster's device when it is of the kind this run computes on, else the GPU's data-sheet
+// figure (0: unknown).
+double peak_tflops(const BenchTrainArgs& args, const Config& config, Backend& backend) {
     if (args.peak_tflops > 0) return args.peak_tflops;
+    if (config.metrics.peak_tflops > 0) return config.metrics.peak_tflops;
+    if (!args.cluster_path.empty()) {
+        const Cluster cluster = load_cluster(args.cluster_path);
+        const bool same_kind = (cluster.kind == ClusterKind::cpu) == (config.train.device == ComputeDevice::cpu);
+        if (same_kind && cluster.peak_tflops > 0) return cluster.peak_tflops;
+    }
     return backend.peak_bf16_tflops();
+}
+
+std::string fixed_percent(double share) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f%%", 100 * share);
+    return text;
+}
+
+// The groups whose blocked time a step reports (parallel/context.cpp names them), in the
+// order every rank sums them in.
+const std::vector<std::string>& timed_groups() {
+    static const std::vector<std::string> groups{"tp", "dp", "pp", "embedding", "world"};
+    return groups;
+}
+
+// Where the timed steps' time went besides computing, summed over them on this rank.
+struct RankWaits {
+    double step_seconds = 0;
+    double data_wait_seconds = 0;
+    std::vector<double> comm_seconds = std::vector<double>(timed_groups().size(), 0.0);
+
+    void add(const StepRecord& s) {
+        step_seconds += s.step_seconds;
+        data_wait_seconds += s.rank.data_wait_seconds;
+        for (const CommTime& c : s.rank.comm) {
+            const auto group = std::find(timed_groups().begin(), timed_groups().end(), c.group);
+            if (group != timed_groups().end()) comm_seconds[static_cast<size_t>(group - timed_groups().begin())] += c.seconds;
+        }
+    }
+};
+
+// The job's view of the waits: each share is the ranks' summed wait over their summed step
+// time, so a rank that waited longer than its peers weighs as much as it cost. Also counts the
+// nodes (the ranks that are their node's first). One small all-reduce over the world.
+struct JobWaits {
+    double data_wait_share = 0;
+    std::vector<double> comm_shares;
+    std::vector<double> comm_seconds_per_step;  // mean over the ranks
+    int nodes = 1;
+};
+
+JobWaits agree_on_waits(const RankWaits& mine, const ParallelContext& ctx, int steps) {
+    std::vector<double> sums{mine.step_seconds, mine.data_wait_seconds, ctx.local_rank == 0 ? 1.0 : 0.0};
+    sums.insert(sums.end(), mine.comm_seconds.begin(), mine.comm_seconds.end());
+    if (ctx.mesh.world_size() > 1) ctx.world->all_reduce(Tensor(sums.data(), DType::f64, {static_cast<int64_t>(sums.size())}), ReduceOp::sum);
+    JobWaits job;
+    const double step_total = sums[0] > 0 ? sums[0] : 1;
+    job.data_wait_share = sums[1] / step_total;
+    job.nodes = static_cast<int>(std::lround(sums[2]));
+    for (size_t g = 0; g < timed_groups().size(); ++g) {
+        job.comm_shares.push_back(sums[3 + g] / step_total);
+        job.comm_seconds_per_step.push_back(sums[3 + g] / ctx.mesh.world_size() / steps);
+    }
+    return job;
+}
+
+// A group with more than one rank in this mesh (the others never communicate). Rank 0, on the
+// first stage, holds the embedding group wherever there is one (a tied embedding and pp > 1).
+bool group_spans_ranks(const std::string& group, const ParallelContext& ctx) {
+    const Mesh& mesh = ctx.mesh;
+    if (group == "tp") return mesh.tp() > 1;
+    if (group == "dp") return mesh.dp() > 1;
+    if (group == "pp") return mesh.pp() > 1;
+    if (group == "embedding") return ctx.embedding != nullptr;
+    return mesh.world_size() > 1;
 }
 
 double peak_host_rss_bytes() {
@@ -124,6 +216,68 @@ void print_attention_rate(const Config& config, const Mesh& mesh, Backend& backe
                 rate(Op::attention_fwd, forward), rate(Op::attention_bwd, 2.5 * forward), backend.describe_attention(s, dtype).c_str());
 }
 
+// What the timed steps measured, as rank 0 reports it.
+struct BenchFigures {
+    double step_seconds = 0, tokens_per_step = 0, tokens_per_second = 0;
+    double parameters = 0, flops_per_token = 0, tflops_per_device = 0, peak_tflops = 0;
+    double host_syncs_per_step = 0;
+    double bubble_share = 0;  // the schedule's idle slots: (pp - 1) / (V m + pp - 1)
+    JobWaits waits;
+};
+
+void print_waits(const BenchFigures& f, const ParallelContext& ctx) {
+    std::string groups;
+    for (size_t g = 0; g < timed_groups().size(); ++g)
+        if (group_spans_ranks(timed_groups()[g], ctx))
+            groups += cat(groups.empty() ? "" : ", ", timed_groups()[g], " ", fixed_percent(f.waits.comm_shares[g]));
+    std::printf("%-26s %s (ranks blocked in each group's collectives, share of the step over all ranks)\n", "exposed communication",
+                groups.empty() ? "none (one rank)" : groups.c_str());
+    std::printf("%-26s %s of the step; pipeline bubble %s (the schedule's idle slots)\n", "data wait", fixed_percent(f.waits.data_wait_share).c_str(),
+                fixed_percent(f.bubble_share).c_str());
+}
+
+void print_json(const BenchFigures& f, const Config& config, const TrainConfig& t, const ParallelContext& ctx, Backend& backend, DType dtype,
+                const BenchTrainArgs& args) {
+    nlohmann::json shares = nlohmann::json::object(), seconds = nlohmann::json::object();
+    for (size_t g = 0; g < timed_groups().size(); ++g)
+        if (group_spans_ranks(timed_groups()[g], ctx)) {
+            shares[timed_groups()[g]] = f.waits.comm_shares[g];
+            seconds[timed_groups()[g]] = f.waits.comm_seconds_per_step[g];
+        }
+    const bool peak_known = f.peak_tflops > 0;
+    const nlohmann::json out{
+        {"config", config.source_path},
+        {"backend", backend.name()},
+        {"device", config.train.device == ComputeDevice::cpu ? "cpu" : "cuda"},
+        {"compute_dtype", dtype_name(dtype)},
+        {"ranks", ctx.mesh.world_size()},
+        {"nodes", f.waits.nodes},
+        {"tp", ctx.mesh.tp()},
+        {"dp", ctx.mesh.dp()},
+        {"pp", ctx.mesh.pp()},
+        {"virtual_stages", config.parallel.virtual_stages},
+        {"micro_batch", t.batch_size},
+        {"micro_batches", t.grad_accum},
+        {"seq_len", t.seq_len},
+        {"global_batch_sequences", t.batch_size * t.grad_accum * ctx.mesh.dp()},
+        {"tokens_per_step", f.tokens_per_step},
+        {"warmup_steps", args.warmup},
+        {"timed_steps", args.steps},
+        {"step_seconds", f.step_seconds},
+        {"tokens_per_second", f.tokens_per_second},
+        {"tokens_per_second_per_device", f.tokens_per_second / ctx.mesh.world_size()},
+        {"parameters", f.parameters},
+        {"model_flops_per_token", f.flops_per_token},
+        {"peak_tflops", peak_known ? nlohmann::json(f.peak_tflops) : nlohmann::json(nullptr)},
+        {"mfu", peak_known ? nlohmann::json(f.tflops_per_device / f.peak_tflops) : nlohmann::json(nullptr)},
+        {"exposed_comm_share", shares},
+        {"exposed_comm_seconds_per_step", seconds},
+        {"data_wait_share", f.waits.data_wait_share},
+        {"bubble_share", f.bubble_share},
+        {"host_syncs_per_step", f.host_syncs_per_step}};
+    std::printf("%s\n", out.dump(2).c_str());
+}
+
 int run_bench_train(const BenchTrainArgs& args) {
     // MPI only under mpirun, as `train`: one process needs no MPI runtime.
     std::optional<MpiSession> mpi;
@@ -131,54 +285,69 @@ int run_bench_train(const BenchTrainArgs& args) {
     Config config = load_config(args.config_path, args.overrides, DataFiles::unchecked);
     config.train.steps = std::max<int64_t>(config.train.steps, args.warmup + args.steps + 1);
     config.train.sample_tokens = 0;
+    CommTimes comm_times;  // outlives the context's groups, which add to it
     ParallelContext ctx = launched_by_mpi() ? make_mpi_context(config.parallel) : make_single_process_context();
+    time_communication(ctx, comm_times);
     TrainerOptions options;
     options.quiet = true;
     options.synthetic_data = true;
+    options.comm_times = &comm_times;
     check_rank_memory(config, ctx.mesh, ctx.local_rank, ctx.local_size);
     Trainer trainer(config, options, ctx);
     Backend& backend = trainer.backend();
     const TrainConfig& t = trainer.config().train;  // grad_accum as this mesh resolves it
-    const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx.mesh.dp());
-    const double parameters = total_parameters(trainer);
+    BenchFigures f;
+    f.tokens_per_step = static_cast<double>(t.batch_size * t.seq_len * t.grad_accum * ctx.mesh.dp());
+    f.parameters = total_parameters(trainer);
 
     int64_t step = 0;
     for (int i = 0; i < args.warmup; ++i) trainer.train_step(step++);
     backend.set_profiling(false);
-    double seconds = 0;
+    RankWaits waits;
     int64_t host_syncs = 0;
     for (int i = 0; i < args.steps; ++i) {
         const StepRecord s = trainer.train_step(step++);
-        seconds += s.step_seconds;
+        waits.add(s);
         host_syncs += s.rank.host_syncs;
     }
+    f.waits = agree_on_waits(waits, ctx, args.steps);
     backend.set_profiling(true);
     backend.profile().reset();
     trainer.train_step(step++);
     const OpProfile profile = backend.profile();
 
     if (ctx.world_rank != 0) return 0;
-    const double step_seconds = seconds / args.steps, tokens_per_second = tokens_per_step / step_seconds;
-    const double flops_per_token = model_flops_per_token(config, parameters);
-    const double tflops = flops_per_token * tokens_per_second / 1e12, per_device = tflops / ctx.mesh.world_size();
-    const double peak = peak_tflops(args, backend);
+    f.step_seconds = waits.step_seconds / args.steps;
+    f.tokens_per_second = f.tokens_per_step / f.step_seconds;
+    f.flops_per_token = model_flops_per_token(config, f.parameters);
+    f.tflops_per_device = f.flops_per_token * f.tokens_per_second / 1e12 / ctx.mesh.world_size();
+    f.peak_tflops = peak_tflops(args, config, backend);
+    f.host_syncs_per_step = static_cast<double>(host_syncs) / args.steps;
+    f.bubble_share = pipeline_bubble_fraction(ctx.mesh.pp(), t.grad_accum, config.parallel.virtual_stages);
+    if (args.json) {
+        print_json(f, config, t, ctx, backend, trainer.compute_dtype(), args);
+        std::fflush(stdout);
+        return 0;
+    }
+    const double tflops = f.tflops_per_device * ctx.mesh.world_size(), per_device = f.tflops_per_device, peak = f.peak_tflops;
     const RankMemory memory = trainer.memory();
     std::printf("bench %s: %s, %s compute, %d rank(s) (tp %lld x dp %lld x pp %lld), recompute %s\n", config.source_path.c_str(), backend.name().c_str(),
                 dtype_name(trainer.compute_dtype()), ctx.mesh.world_size(), static_cast<long long>(ctx.mesh.tp()), static_cast<long long>(ctx.mesh.dp()),
                 static_cast<long long>(ctx.mesh.pp()), recompute_name(t.recompute));
     std::printf("model: %.1fM parameters, %lld layers, %lld heads x %lld; batch %lld x %lld tokens x %lld micro-batches = %.0f tokens per step\n",
-                parameters / 1e6, static_cast<long long>(config.model.n_layers), static_cast<long long>(config.model.n_heads),
+                f.parameters / 1e6, static_cast<long long>(config.model.n_layers), static_cast<long long>(config.model.n_heads),
                 static_cast<long long>(config.model.head_dim()), static_cast<long long>(t.batch_size), static_cast<long long>(t.seq_len),
-                static_cast<long long>(t.grad_accum * ctx.mesh.dp()), tokens_per_step);
+                static_cast<long long>(t.grad_accum * ctx.mesh.dp()), f.tokens_per_step);
     std::printf("timed: %d steps after %d warm-up steps, synthetic tokens\n", args.steps, args.warmup);
-    std::printf("%-26s %.2f\n", "ms/step", step_seconds * 1e3);
-    std::printf("%-26s %.0f\n", "tokens/s", tokens_per_second);
-    std::printf("%-26s %.1f (times the host waited for the device; rank 0)\n", "host syncs per step", static_cast<double>(host_syncs) / args.steps);
+    std::printf("%-26s %.2f\n", "ms/step", f.step_seconds * 1e3);
+    std::printf("%-26s %.0f\n", "tokens/s", f.tokens_per_second);
+    std::printf("%-26s %.1f (times the host waited for the device; rank 0)\n", "host syncs per step", f.host_syncs_per_step);
     std::printf("%-26s %.3g (%.3g per device)\n", "model TFLOP/s", tflops, per_device);
-    std::printf("%-26s 6N + 12*L*H*Q*T = %.3g FLOPs per token (PaLM; N = all parameters)\n", "FLOPs formula", flops_per_token);
+    std::printf("%-26s 6N + 12*L*H*Q*T = %.3g FLOPs per token (PaLM; N = all parameters)\n", "FLOPs formula", f.flops_per_token);
     if (peak > 0)
-        std::printf("%-26s %.1f%% of %.0f TFLOP/s dense %s per device\n", "MFU", 100 * per_device / peak, peak, dtype_name(trainer.compute_dtype()));
+        std::printf("%-26s %.1f%% of %g TFLOP/s dense %s per device\n", "MFU", 100 * per_device / peak, peak, dtype_name(trainer.compute_dtype()));
     else std::printf("%-26s n/a (peak of this device unknown: pass --peak-tflops)\n", "MFU");
+    print_waits(f, ctx);
     std::printf("%-26s %.1f MB planned on rank 0 (parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f, workspaces %.1f)\n",
                 "memory", memory.total() / 1e6, memory.parameter_bytes / 1e6, memory.gradient_bytes / 1e6, memory.optimizer_bytes / 1e6,
                 memory.activation_bytes / 1e6, memory.workspace_bytes / 1e6);
@@ -188,7 +357,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     print_top_ops(profile, args.top_ops);
     print_attention_rate(trainer.config(), ctx.mesh, backend, trainer.compute_dtype(), profile);
     if (!args.calibration_path.empty()) {
-        const ComputeCalibration c = calibrate(trainer.config(), ctx.mesh, load_cluster(args.cluster_path), profile, step_seconds);
+        const ComputeCalibration c = calibrate(trainer.config(), ctx.mesh, load_cluster(args.cluster_path), profile, f.step_seconds);
         write_calibration(args.calibration_path, c);
         std::printf("calibration: GEMM %.3f (%s shapes), attention %.3f, memory-bound %.3f, AdamW %.3f, gradient passes %.3f of %s's peaks -> %s\n",
                     c.gemm_efficiency, gemm_class_name(c.gemm_class), c.attention_efficiency, c.memory_efficiency, c.optimizer_efficiency,
@@ -221,9 +390,11 @@ void register_bench_train(CLI::App& bench, CommandAction& action) {
     bench.add_option("--peak-tflops", args->peak_tflops, "dense peak per device in the compute dtype, for MFU (default: the GPU's data-sheet bf16 figure)")
         ->check(positive_tflops());
     bench.add_option("--top", args->top_ops, "ops listed in the time breakdown")->capture_default_str()->check(CLI::Range(1, 100));
-    bench.add_option("--cluster", args->cluster_path, "cluster file whose peaks --calibration-out divides by")->check(CLI::ExistingFile);
+    bench.add_option("--cluster", args->cluster_path, "cluster file whose peaks --calibration-out divides by (and whose device peak MFU divides by)")
+        ->check(CLI::ExistingFile);
     bench.add_option("--calibration-out", args->calibration_path, "write the measured efficiencies into this calibration file (for `plan`)")
         ->needs(bench.get_option("--cluster"));
+    bench.add_flag("--json", args->json, "print one JSON object (tokens/s, MFU, exposed communication per group, data wait, bubble) instead of tables");
     bench.callback([args, &action, &bench] {
         if (bench.get_subcommands().empty()) {
             if (args->config_path.empty()) throw CLI::RequiredError("bench needs a CONFIG or the `comm` subcommand");

@@ -1,7 +1,7 @@
 // `llmtrain checkpoint list|verify|inspect|export`: what is under a checkpoint.dir, whether
 // each checkpoint would load (every checksum), what one holds (state, mesh, files, every
-// tensor and which rank files hold its parts), and its weights as Hugging Face
-// model.safetensors + config.json.
+// tensor's placement: which rank files hold which boxes of it), and its weights as Hugging
+// Face model.safetensors + config.json.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -32,6 +32,7 @@ struct CheckpointArgs {
     std::string format = "safetensors";
     std::string tokenizer;
     bool config = false;
+    bool pieces = false;
     bool force = false;
 };
 
@@ -100,16 +101,18 @@ std::string rank_ranges(const std::set<int>& ranks) {
     return text;
 }
 
-// How a tensor is split across tp ranks, from one of its parts.
-std::string split_description(const SavedTensor& t) {
-    if (t.split.kind == TpSplit::none || t.tp_size == 1) return "whole";
-    const std::string how = t.split.kind == TpSplit::rows ? "rows" : "cols";
-    return cat(how, " / tp ", t.tp_size, t.split.blocks > 1 ? cat(" (", t.split.blocks, " blocks)") : "");
+// How a tensor is stored: "whole" (one piece holds it), else its pieces and whose files.
+std::string placement_description(const std::vector<const StoredPiece*>& pieces) {
+    if (pieces.size() == 1 && pieces.front()->tensor.boxes.size() == 1 && pieces.front()->tensor.boxes.front().box == whole_box(pieces.front()->tensor.global_shape))
+        return "whole";
+    size_t boxes = 0;
+    for (const StoredPiece* p : pieces) boxes += p->tensor.boxes.size();
+    return cat(boxes, boxes == 1 ? " box" : " boxes");
 }
 
-std::set<int> ranks_holding(const std::vector<TensorPart>& parts) {
+std::set<int> ranks_holding(const std::vector<const StoredPiece*>& pieces) {
     std::set<int> ranks;
-    for (const TensorPart& p : parts) ranks.insert(p.file->attributes().world_rank);
+    for (const StoredPiece* p : pieces) ranks.insert(p->file);
     return ranks;
 }
 
@@ -209,26 +212,41 @@ void print_state(const std::string& path, const Manifest& m) {
     else
         std::printf("data position    none (training windows are drawn from (seed, step))\n");
     std::printf("seed             %llu\n", static_cast<unsigned long long>(m.seed));
-    std::printf("mesh             tp %d x dp %d x pp %d = %d rank(s), ZeRO-1 %s\n", m.tp, m.dp, m.pp, m.world_size, m.zero1 ? "on" : "off");
+    std::printf("mesh             tp %d x dp %d x pp %d = %d rank(s), %s\n", m.tp, m.dp, m.pp, m.world_size,
+                m.zero_stage == 0 ? "ZeRO-1 off (stage 0)" : cat("ZeRO stage ", m.zero_stage).c_str());
     std::printf("created          %s\n", m.created.c_str());
     std::printf("files\n");
     for (const CheckpointFile& f : m.files)
         std::printf("  %-16s %10s MB  xxh64 %016llx\n", f.name.c_str(), megabytes(f.bytes).c_str(), static_cast<unsigned long long>(f.xxh64));
 }
 
+// One line per tensor: its global shape, how it is stored (whole, or in how many boxes) and
+// which rank files hold its weights and its AdamW moments.
 void print_tensors(const CheckpointTensors& checkpoint) {
     const std::vector<std::string> names = checkpoint.names(TensorRole::weights);
     size_t width = 6;
     for (const std::string& name : names) width = std::max(width, name.size());
-    std::printf("tensors (%zu)\n  %-*s  %-14s  %-22s  %-12s  %s\n", names.size(), static_cast<int>(width), "name", "global shape", "split", "weights in",
+    std::printf("tensors (%zu)\n  %-*s  %-14s  %-22s  %-12s  %s\n", names.size(), static_cast<int>(width), "name", "global shape", "placement", "weights in",
                 "AdamW moments in");
     for (const std::string& name : names) {
-        const std::vector<TensorPart>& weights = checkpoint.parts(TensorRole::weights, name);
-        const std::set<int> moment_ranks = ranks_holding(checkpoint.parts(TensorRole::exp_avg, name));
-        std::printf("  %-*s  %-14s  %-22s  %-12s  %s\n", static_cast<int>(width), name.c_str(), weights.front().tensor->global_shape.str().c_str(),
-                    split_description(*weights.front().tensor).c_str(), cat("rank ", rank_ranges(ranks_holding(weights))).c_str(),
+        const std::vector<const StoredPiece*>& weights = checkpoint.pieces(TensorRole::weights, name);
+        const std::set<int> moment_ranks = ranks_holding(checkpoint.pieces(TensorRole::exp_avg, name));
+        std::printf("  %-*s  %-14s  %-22s  %-12s  %s\n", static_cast<int>(width), name.c_str(), weights.front()->tensor.global_shape.str().c_str(),
+                    placement_description(weights).c_str(), cat("rank ", rank_ranges(ranks_holding(weights))).c_str(),
                     moment_ranks.empty() ? "none" : cat("rank ", rank_ranges(moment_ranks)).c_str());
     }
+}
+
+// --pieces: every stored box of every tensor, by role: the rank file, the dataset, the box as
+// [start:end] per dimension of the global tensor (the dataset's HDF5 hyperslab).
+void print_pieces(const CheckpointTensors& checkpoint) {
+    std::printf("pieces\n");
+    for (TensorRole role : kTensorRoles)
+        for (const std::string& name : checkpoint.names(role))
+            for (const StoredPiece* p : checkpoint.pieces(role, name))
+                for (const StoredBox& b : p->tensor.boxes)
+                    std::printf("  %-20s rank %-5d %-22s %s  %s\n", tensor_role_name(role), p->file, b.box.str().c_str(), p->tensor.dataset.c_str(),
+                                p->tensor.boxes.size() > 1 ? cat("(from element ", b.offset, ")").c_str() : "");
 }
 
 int run_inspect(const CheckpointArgs& args) {
@@ -239,7 +257,9 @@ int run_inspect(const CheckpointArgs& args) {
         return exit_ok;
     }
     print_state(path, manifest);
-    print_tensors(CheckpointTensors(path, manifest));
+    const CheckpointTensors checkpoint(path, manifest);
+    print_tensors(checkpoint);
+    if (args.pieces) print_pieces(checkpoint);
     return exit_ok;
 }
 
@@ -308,9 +328,10 @@ void register_checkpoint_command(CLI::App& app, CommandAction& action) {
     verify->add_option("path", args->path, "A checkpoint directory, or a checkpoint.dir (every checkpoint in it)")->required();
     verify->callback([args, &action] { action = [args] { return run_verify(*args); }; });
 
-    CLI::App* inspect = cmd->add_subcommand("inspect", "Step, tokens, optimizer state, data position, mesh, files, and every tensor's shape and split");
+    CLI::App* inspect = cmd->add_subcommand("inspect", "Step, tokens, optimizer state, data position, mesh, files, and every tensor's shape and placement");
     inspect->add_option("path", args->path, "A checkpoint directory (or a checkpoint.dir: the latest; or a run directory: its newest)")->required();
     inspect->add_flag("--config", args->config, "Print the saved config (TOML) instead");
+    inspect->add_flag("--pieces", args->pieces, "Also list every stored piece: role, rank file, box of the global tensor, dataset");
     inspect->callback([args, &action] { action = [args] { return run_inspect(*args); }; });
 
     CLI::App* exporter = cmd->add_subcommand("export", "Write a Hugging Face directory: model.safetensors, config.json and the run's tokenizer");

@@ -17,12 +17,12 @@
 #include "core/nvml.h"
 #include "data/batch_source.h"
 #include "model/transformer.h"
-#include "ops/doctor.h"
-#include "ops/gpu_checks.h"
+#include "doctor/doctor.h"
+#include "doctor/gpu_checks.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 
 namespace llmtrain {
 
@@ -84,7 +84,7 @@ std::vector<CheckResult> config_checks(const DoctorArgs& args, const World& w, s
         const Mesh mesh = make_mesh(config->parallel, w.size);
         micro_batches_per_step(*config, mesh.dp());
         const MemoryPlan plan = largest_rank_plan(*config, mesh);
-        rank_bytes = plan.peak();
+        rank_bytes = plan.total();
         checks.push_back({"config", CheckStatus::pass, cat(args.config_path, ": valid on ", w.size, " rank(s): tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp()), ""});
     } catch (const Error& e) {
         checks.push_back({"config", CheckStatus::fail, e.what(), "fix the config or the number of ranks"});

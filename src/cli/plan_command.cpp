@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "ops/layout_plan.h"
+#include "plan/layout_plan.h"
 #include "parallel/context.h"
 
 namespace llmtrain {
@@ -43,7 +43,6 @@ nlohmann::json memory_json(const LayoutPlan& p) {
             {"optimizer_bytes", m.optimizer_bytes},
             {"activation_bytes", m.activation_bytes},
             {"workspace_bytes", m.workspace_bytes},
-            {"transient_master_bytes", p.largest.transient_bytes},
             {"runtime_and_communication_bytes", p.runtime_bytes},
             {"checkpoint_staging_bytes", p.checkpoint_staging_bytes},
             {"total_bytes", p.total_bytes},
@@ -65,6 +64,13 @@ nlohmann::json time_json(const StepTime& t) {
             {"mfu", t.mfu}};
 }
 
+nlohmann::json checkpoint_json(const LayoutPlan& p) {
+    if (!p.checkpoint) return nullptr;
+    const CheckpointTime& c = *p.checkpoint;
+    return {{"bytes", c.bytes}, {"bytes_per_rank", c.bytes_per_rank}, {"blocked_seconds", c.blocked_seconds},
+            {"background_seconds", c.background_seconds}, {"resume_seconds", c.resume_seconds}};
+}
+
 nlohmann::json plan_json(const LayoutPlan& p) {
     const TrainConfig& t = p.config.train;
     return {{"layout",
@@ -76,11 +82,11 @@ nlohmann::json plan_json(const LayoutPlan& p) {
               {"seq_len", t.seq_len},
               {"recompute", recompute_name(t.recompute)},
               {"sequence_parallel", p.config.parallel.sequence_parallel && p.tp > 1},
-              {"zero1", p.config.parallel.zero1},
               {"zero_stage", p.config.parallel.zero_stage},
               {"shard_size", shard_size_of(p.config.parallel, static_cast<int>(p.dp))}}},
             {"memory", memory_json(p)},
             {"time", time_json(p.time)},
+            {"checkpoint", checkpoint_json(p)},
             {"tokens", p.tokens},
             {"days", p.days},
             {"cost_usd", p.cost_usd}};
@@ -112,8 +118,6 @@ void print_memory(const LayoutPlan& p) {
     std::printf("  %-44s %10.2f GB\n", "optimizer state (AdamW moments owned)", gb(static_cast<double>(m.optimizer_bytes)));
     std::printf("  %-44s %10.2f GB\n", "activations (1F1B micro-batches in flight)", gb(static_cast<double>(m.activation_bytes)));
     std::printf("  %-44s %10.2f GB\n", "workspaces", gb(static_cast<double>(m.workspace_bytes)));
-    if (p.largest.transient_bytes)
-        std::printf("  %-44s %10.2f GB\n", "ZeRO-3: whole master weights, for moments", gb(static_cast<double>(p.largest.transient_bytes)));
     std::printf("  %-44s %10.2f GB\n", "runtime and communication buffers", gb(p.runtime_bytes));
     std::printf("  %-44s %10.2f GB\n", "checkpoint staging (host copy)", gb(p.checkpoint_staging_bytes));
     if (p.fits) std::printf("  %-44s %10.2f GB of %.2f GB: fits (%.2f GB free)\n", "total", gb(p.total_bytes), gb(p.capacity_bytes), gb(p.capacity_bytes - p.total_bytes));
@@ -137,6 +141,21 @@ void print_time(const LayoutPlan& p, const PlanOptions& options) {
     std::printf("%-46s %.3g tokens: %.2f days", "budget", p.tokens, p.days);
     if (options.gpu_hour_usd > 0) std::printf(", $%.0f at $%.2f per device-hour", p.cost_usd, options.gpu_hour_usd);
     std::printf("\n");
+}
+
+void print_checkpoint(const LayoutPlan& p, const Cluster& cluster) {
+    if (!p.checkpoint) {
+        std::printf("checkpoint: no [storage] in %s (aggregate and per-node read/write GB/s, host copy GB/s) to time it\n", cluster.source_path.c_str());
+        return;
+    }
+    const CheckpointTime& c = *p.checkpoint;
+    const Storage& st = *cluster.storage;
+    std::printf("checkpoint (fp32 master weights and AdamW moments, written by placement; storage %.0f GB/s write, %.0f GB/s read, %.0f / %.0f GB/s per node):\n",
+                st.write_gbps, st.read_gbps, st.node_write_gbps, st.node_read_gbps);
+    std::printf("  %-44s %10.1f GB (%.2f GB per rank)\n", "size", gb(c.bytes), gb(c.bytes_per_rank));
+    std::printf("  %-44s %10.2f s\n", "save: step loop blocked (copy to host)", c.blocked_seconds);
+    std::printf("  %-44s %10.1f s\n", "save: written in the background", c.background_seconds);
+    std::printf("  %-44s %10.1f s\n", "resume: verify, load, all-gather over dp", c.resume_seconds);
 }
 
 void print_search(const LayoutSearch& search, int top) {
@@ -187,6 +206,7 @@ int run_plan(const PlanArgs& args) {
                     plan.dp > 1 ? cat("ZeRO stage ", plan.config.parallel.zero_stage).c_str() : "ZeRO off (dp 1: nothing to shard)");
         print_memory(plan);
         print_time(plan, args.options);
+        print_checkpoint(plan, cluster);
     }
     if (!plan.fits)
         fail(ErrorKind::config, "plan: does not fit: needs ", std::lround(plan.total_bytes / 1e7) / 100.0, " GB per device, has ",

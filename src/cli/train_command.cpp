@@ -29,10 +29,10 @@
 #include "data/batch_source.h"
 #include "metrics/console_observer.h"
 #include "metrics/run_log.h"
-#include "monitor/anomaly_log.h"
+#include "health/anomaly_log.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "parallel/timed_comm.h"
 #include "train/trainer.h"
 
@@ -296,7 +296,7 @@ bool finished_already(const RunStart& start, const Config& config, const std::st
     return true;
 }
 
-int train_single_process(const TrainArgs& args, const Config& as_given) {
+int train_single_process(const TrainArgs& args, const Config& as_given, FaultPlan faults) {
     Config config = as_given;
     const int ranks = layout_ranks(config.parallel);
     const Mesh mesh = make_mesh(config.parallel, ranks);
@@ -321,6 +321,7 @@ int train_single_process(const TrainArgs& args, const Config& as_given) {
     TrainerOptions options;
     options.stop_signal = pending_stop_signal;
     options.run_id = start.identity.run_id;
+    options.faults = std::move(faults);
     Trainer trainer(config, std::move(options));
     restore(trainer, start.resume, config);
     return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity});
@@ -351,13 +352,10 @@ void check_on_every_rank(const MpiSession& mpi, Checks&& checks) {
 // on the same choice. The rank that finds a problem says which file.
 std::optional<ResumePoint> agree_on_resume(const MpiSession& mpi, const TrainArgs& args, const Config& config, const std::optional<std::string>& run_id) {
     const bool root = mpi.world_rank() == 0;
-    const ProblemOf shared_check = [&](const std::string& path) -> std::optional<std::string> {
-        const std::optional<std::string> mine = checkpoint_problem(path, Verification::files, {mpi.world_rank(), mpi.world_size()});
-        const int first = mpi.first_failing_rank(mine.has_value());
-        if (first < 0) return std::nullopt;
-        if (mine && !root) log_warn("--resume ", args.resume, ": ", *mine);
-        return mine ? *mine : cat("rank ", first, " found a file of it missing or damaged (its message names the file)");
-    };
+    const ProblemOf shared_check = shared_problem_check({mpi.world_rank(), mpi.world_size()}, [&mpi](bool found) { return mpi.first_failing_rank(found); },
+                                                        [&](const std::string& mine) {
+                                                            if (!root) log_warn("--resume ", args.resume, ": ", mine);
+                                                        });
     return find_resume_point(args.resume, config, root, shared_check, run_id);
 }
 
@@ -378,7 +376,11 @@ int train_under_mpi(const TrainArgs& args) {
     MpiSession mpi;
     const int world_rank = mpi.world_rank();
     std::optional<Config> as_given;
-    check_on_every_rank(mpi, [&] { as_given.emplace(load_config(args.config_path, args.overrides)); });
+    FaultPlan faults;
+    check_on_every_rank(mpi, [&] {
+        as_given.emplace(load_config(args.config_path, args.overrides));
+        faults = fault_plan_from_environment();
+    });
     Config config = *as_given;
     if (args.dry_run) check_on_every_rank(mpi, [&] { if (world_rank == 0) print_effective_config_and_data(config); });
     const std::string run_dir = world_rank != 0 ? "" : args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
@@ -417,6 +419,7 @@ int train_under_mpi(const TrainArgs& args) {
         options.stop_signal = pending_stop_signal;
         options.comm_times = &comm_times;
         options.run_id = start.identity.run_id;
+        options.faults = std::move(faults);
         Trainer trainer(config, std::move(options), *ctx);
         restore(trainer, start.resume, config);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
@@ -434,7 +437,8 @@ int train_under_mpi(const TrainArgs& args) {
 
 int run_train(const TrainArgs& args) {
     if (launched_by_mpi()) return train_under_mpi(args);
-    return train_single_process(args, load_config(args.config_path, args.overrides));
+    const Config as_given = load_config(args.config_path, args.overrides);
+    return train_single_process(args, as_given, fault_plan_from_environment());
 }
 
 }  // namespace

@@ -204,7 +204,6 @@ struct Field {
 };
 
 void default_n_kv_heads(Config& c) { c.model.n_kv_heads = c.model.n_heads; }
-void default_zero_stage(Config& c) { c.parallel.zero_stage = c.parallel.zero1 ? 1 : 0; }
 
 // gpt2: 4 * d_model. llama: the SwiGLU MLP has three matrices instead of two, so 2/3 of
 // 4 * d_model keeps the parameter count; rounded up to a multiple of 64 for the GEMMs.
@@ -275,6 +274,9 @@ const std::vector<Field>& schema() {
             .describe("validation sequences per evaluation: the same set whatever batch_size and the layout"),
         CONFIG_KEY(train, log_every).integer(1, kTrillion).describe("steps between log lines"),
         CONFIG_KEY(train, threads).integer(0, 4096).describe("CPU threads; 0: all cores"),
+        CONFIG_KEY(train, memory_limit_gb).number(incl(0), incl(1e6))
+            .describe("GB one rank may hold: the memory plan must fit in it before anything is allocated, and the backend refuses an allocation beyond it; "
+                      "0: what the GPU or the node has"),
         CONFIG_KEY(train, sample_tokens).integer(0, kMillion).describe("tokens generated after training; 0: none"),
         CONFIG_KEY(train, sample_prompt).string().describe("text the sample continues"),
         CONFIG_KEY(train, sample_temperature).number(excl(0), incl(10)).describe("sampling temperature"),
@@ -291,7 +293,7 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(optimizer, name).choice(kOptimizerNames)
             .describe("adamw, or onebit_adam: 1-bit Adam, AdamW for freeze_step steps, then frozen variance and the momentum all-reduced as sign bits "
-                      "with error feedback (needs parallel.zero1 = false when dp > 1)"),
+                      "with error feedback (needs parallel.zero_stage = 0 when dp > 1)"),
         CONFIG_KEY(optimizer, freeze_step).integer(1, kTrillion)
             .describe("onebit_adam: full AdamW steps (gradients all-reduced) before the variance is frozen and the momentum is compressed"),
         CONFIG_KEY(optimizer, lr).number(excl(0), incl(10)).required().describe("peak learning rate"),
@@ -309,10 +311,9 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B, interleaved with virtual_stages > 1); at most n_layers; fewer micro-batches than stages widen the bubble"),
         CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
-        CONFIG_KEY(parallel, zero1).boolean().describe("shard the AdamW state across the dp group (ZeRO-1); the same as zero_stage = 1"),
-        CONFIG_KEY(parallel, zero_stage).integer(0, 3).derived(default_zero_stage)
+        CONFIG_KEY(parallel, zero_stage).integer(0, 3)
             .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); 3: parameters "
-                      "sharded too, all-gathered group by group before each forward and backward (ZeRO-3 / FSDP); default: from zero1"),
+                      "sharded too, all-gathered group by group before each forward and backward (ZeRO-3 / FSDP)"),
         CONFIG_KEY(parallel, shard_size).integer(0, 65536)
             .describe("zero_stage 2 or 3: shard within groups of this many consecutive dp ranks (e.g. a node) and replicate across the groups (hybrid "
                       "sharding); divides dp; 0: dp (one group)"),
@@ -357,7 +358,7 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(metrics, jsonl).boolean().describe("write <run_dir>/log.jsonl"),
         CONFIG_KEY(metrics, enabled).choice(kMetricsServeNames)
-            .describe("serve Prometheus metrics on every rank; auto: when the run has more than one rank"),
+            .describe("serve Prometheus metrics on every rank; auto: when the run has more than one rank (true and false mean on and off)"),
         CONFIG_KEY(metrics, listen).string().describe("address /metrics is served on: an IPv4 or IPv6 literal (\"0.0.0.0\", \"127.0.0.1\", \"::\")"),
         CONFIG_KEY(metrics, port).integer(0, 65535)
             .describe("each rank serves on port + its node-local rank; 0: free ports, logged and written to <run_dir>/metrics_targets.json"),
@@ -451,6 +452,7 @@ struct Problem {
 constexpr std::pair<std::string_view, std::string_view> kRetiredKeys[] = {
     {"train.eval_batches", "replaced by train.eval_sequences, the number of validation sequences whatever train.batch_size "
                            "(eval_batches x batch_size gives the same validation set)"},
+    {"parallel.zero1", "replaced by parallel.zero_stage (zero1 = true is zero_stage = 1, the default; false is zero_stage = 0)"},
 };
 
 // Why `path` names no config key, with the known names around it and the nearest one.
@@ -600,13 +602,10 @@ struct KeyReader {
     Value operator()(const StringRule&, const toml::node& node) const { return string_of(node); }
     Value operator()(const FileRule&, const toml::node& node) const { return string_of(node); }
     Value operator()(const ChoiceRule& rule, const toml::node& node) const {
-        // A TOML boolean where the choices are the strings "on" and "off" (metrics.enabled = true):
-        // refused, as another type is, saying which string to write (a third choice, "auto", is
-        // why the key is not a boolean).
+        // A TOML boolean where the choices include the strings "on" and "off" (metrics.enabled =
+        // true) means the one it names; the key stays a string for its third choice, "auto".
         const auto allows = [&](const char* name) { return std::find(rule.names.begin(), rule.names.end(), std::string_view(name)) != rule.names.end(); };
-        if (node.is_boolean() && allows("on") && allows("off"))
-            reject(cat("expected a string, got the boolean ", node.as_boolean()->get() ? "true" : "false", ": write \"", node.as_boolean()->get() ? "on" : "off",
-                       "\" (allowed: ", describe(field.rule), ")"));
+        if (node.is_boolean() && allows("on") && allows("off")) return std::string(node.as_boolean()->get() ? "on" : "off");
         const std::string value = string_of(node);
         if (std::find(rule.names.begin(), rule.names.end(), value) == rule.names.end())
             reject(cat('"', value, "\" is not a known value (allowed: ", describe(field.rule), ")"));
@@ -857,9 +856,6 @@ void reject_impossible_combinations(const Config& config, const GivenKeys& given
     }
     for (const Check check : kChecks)
         if (auto problem = check(config)) origin.fail_at(*problem);
-    if (given.count("parallel.zero1") && given.count("parallel.zero_stage") && config.parallel.zero1 != (config.parallel.zero_stage >= 1))
-        origin.fail_at({"parallel.zero_stage", cat(config.parallel.zero_stage, " contradicts parallel.zero1 = ", config.parallel.zero1 ? "true" : "false",
-                                                   " (zero1 = true is stage 1 or above, false is stage 0): set one of the two")});
 }
 
 // ---- Data files ----
@@ -950,6 +946,12 @@ int64_t micro_batches_per_step(const Config& config, int64_t dp) {
     return t.global_batch_size > 0 ? t.global_batch_size / (t.batch_size * dp) : 1;
 }
 
+Config resolve_on_mesh(const Config& config, int64_t dp) {
+    Config resolved = config;
+    resolved.train.grad_accum = micro_batches_per_step(config, dp);
+    return resolved;
+}
+
 void require_interleavable_micro_batches(const Config& config, int64_t dp) {
     if (const auto problem = interleaving_micro_batch_problem(config, dp))
         fail(ErrorKind::config, config.source_path.empty() ? "" : config.source_path + ": ", problem->where, ": ", problem->text);
@@ -988,8 +990,6 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
     Config config;
     const GivenKeys given = read_keys(root, origin, config);
     reject_impossible_combinations(config, given, origin);
-    // One meaning from here on, also in a dumped config read back: zero1 = stage >= 1.
-    config.parallel.zero1 = config.parallel.zero_stage >= 1;
     if (data_files == DataFiles::checked) require_data_files(config, origin);
     return config;
 }

@@ -93,10 +93,11 @@ struct TrainConfig {
     // Micro-batches per optimizer step on each dp rank; 0: derived, global_batch_size /
     // (batch_size * dp) or 1 without a global batch size (see micro_batches_per_step).
     int64_t grad_accum = 0;
-    int64_t eval_every = 0;                // 0: evaluate only after the last step
+    int64_t eval_every = 0;                // steps between evaluations (0: none); a fresh run also evaluates before its first step, every run after its last
     int64_t eval_sequences = 128;          // validation sequences per evaluation, whatever batch_size and layout
     int64_t log_every = 1;
     int64_t threads = 0;                   // 0: all cores
+    double memory_limit_gb = 0;            // memory one rank may hold (the plan's check and every allocation); 0: the device's or the node's
     int64_t sample_tokens = 200;           // generated after training; 0: none
     std::string sample_prompt;
     double sample_temperature = 0.8;
@@ -136,8 +137,7 @@ struct ParallelConfig {
     int64_t pp = 1;
     int64_t dp = 0;                        // 0: world size / (tp * pp)
     std::string order = "tp-dp-pp";        // mesh dims, fastest first
-    bool zero1 = true;                     // shard AdamW state across the dp group (ZeRO-1); the same as zero_stage >= 1
-    int64_t zero_stage = 1;                // 0: none; 1: AdamW state sharded; 2: gradients too; 3: parameters too (kept in sync with zero1)
+    int64_t zero_stage = 1;                // 0: none; 1: AdamW state sharded; 2: gradients too; 3: parameters too
     int64_t shard_size = 0;                // ZeRO-2/3: shard within groups of this many consecutive dp ranks, replicate across them; 0: dp
     int64_t prefetch_layers = 1;           // ZeRO-3: parameter groups whose all-gathers start before the current group computes
     bool sequence_parallel = false;        // split the tokens across tp ranks outside the tp matmuls
@@ -230,6 +230,10 @@ std::vector<int64_t> parse_stage_layers(const std::string& text, int64_t stages,
 // Error(config) naming the file, the keys and the numbers when the global batch does not
 // split into whole micro-batches on dp ranks, or disagrees with an explicit train.grad_accum.
 int64_t micro_batches_per_step(const Config& config, int64_t dp);
+// The config a run on dp data-parallel ranks computes with: `config` with train.grad_accum
+// resolved (micro_batches_per_step, never 0). The user's config stays as given (a checkpoint
+// records it; another layout resolves it again).
+Config resolve_on_mesh(const Config& config, int64_t dp);
 // Interleaved 1F1B (parallel.virtual_stages > 1) runs micro-batches in groups of parallel.pp:
 // throws Error(config) naming the keys when micro_batches_per_step(config, dp) is not a
 // multiple of pp. The layer rules are checked when the config is read.

@@ -5,7 +5,7 @@
 
 #include "backend/backend.h"
 #include "core/philox.h"
-#include "parallel/grad_buckets.h"
+#include "parallel/gradient_sync.h"
 
 namespace llmtrain {
 
@@ -22,7 +22,7 @@ Shape Parameters::local_shape(const std::string& name, const Shape& global, Tens
 }
 
 size_t Parameters::add(std::string name, Shape global_shape, ParamInit init, bool weight_decay, TensorSplit split) {
-    if (!values_.view().empty()) fail(ErrorKind::runtime, "parameter '", name, "' registered after allocation");
+    if (allocated_) fail(ErrorKind::runtime, "parameter '", name, "' registered after allocation");
     for (const ParamInfo& existing : infos_)
         if (existing.name == name) fail(ErrorKind::runtime, "parameter '", name, "' registered twice");
     const Shape shape = local_shape(name, global_shape, split);
@@ -43,13 +43,14 @@ int64_t Parameters::padded_length(int64_t total_numel, int64_t pad_multiple) {
 }
 
 int64_t Parameters::allocation_length(int64_t pad_multiple) const {
-    if (!values_.view().empty()) fail(ErrorKind::runtime, "parameters allocated twice");
+    if (allocated_) fail(ErrorKind::runtime, "parameters allocated twice");
     return padded_length(total_numel_, pad_multiple);
 }
 
 void Parameters::allocate(DType dtype, int64_t pad_multiple) {
     const int64_t padded = allocation_length(pad_multiple);
     padded_numel_ = padded;
+    allocated_ = true;
     values_ = OwnedTensor(dtype, Shape{padded});
     grads_ = OwnedTensor(dtype, Shape{padded});
     master_dtype_ = compute_dtype_ = dtype;
@@ -61,11 +62,12 @@ void Parameters::allocate(Backend& backend, DType master, DType compute, int64_t
     const auto allocate = [&backend](size_t bytes) { return backend.allocate(bytes); };
     backend_ = &backend;
     padded_numel_ = padded;
+    allocated_ = true;
     master_dtype_ = master;
     compute_dtype_ = compute;
     device_ = backend.device();
     value_storage_ = values;
-    values_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
+    if (values == ValueStorage::flat) values_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
     if (grads == GradStorage::flat) grads_ = OwnedTensor(master, Shape{padded}, backend.device(), allocate);
     if (compute != master && values == ValueStorage::flat) compute_ = OwnedTensor(compute, Shape{padded}, backend.device(), allocate);
     grad_homes_.assign(infos_.size(), GradHome{grads_.view(), 0});
@@ -89,17 +91,6 @@ Tensor Parameters::value_span(size_t first, size_t last) const {
     if (value_homes_.at(last).storage.raw() != home.storage.raw())
         fail(ErrorKind::runtime, "the values of '", infos_[first].name, "'..'", infos_[last].name, "' are bound to different buffers");
     return view_of(home.storage, home.base_offset, first, last);
-}
-
-void Parameters::release_master_values() {
-    if (value_storage_ != ValueStorage::bound) fail(ErrorKind::runtime, "the whole master weights are released only when values are bound per group");
-    values_ = OwnedTensor();
-}
-
-void Parameters::allocate_master_values() {
-    if (value_storage_ != ValueStorage::bound) fail(ErrorKind::runtime, "the whole master weights are allocated again only when values are bound per group");
-    if (has_master_values()) return;
-    values_ = new_tensor(master_dtype_, Shape{padded_numel_});
 }
 
 void Parameters::bind_grads(size_t first, size_t end, const Tensor& storage, int64_t storage_offset) {
@@ -129,62 +120,57 @@ void Parameters::refresh_compute_copy() {
     if (has_compute_copy()) backend_->copy(compute_.view(), values_.view());
 }
 
-// rows: local row lr lies in block b = lr / block_rows of the local rows; globally that
-// block starts at b * block_rows * tp and this rank's part of it at tp_rank * block_rows.
-// cols: local column lc is global column tp_rank * local_cols + lc.
-int64_t tp_global_index(const Shape& shape, const Shape& global_shape, TensorSplit split, int tp_rank, int tp_size, int64_t local) {
-    if (split.kind == TpSplit::none || tp_size == 1) return local;
-    const int64_t cols = shape.rank >= 2 ? shape.cols() : 1;
-    const int64_t row = local / cols, col = local % cols;
-    if (split.kind == TpSplit::cols) return row * global_shape.cols() + static_cast<int64_t>(tp_rank) * cols + col;
-    const int64_t block_rows = shape[0] / split.blocks;
-    const int64_t block = row / block_rows, within = row % block_rows;
-    const int64_t global_row = block * block_rows * tp_size + static_cast<int64_t>(tp_rank) * block_rows + within;
-    return global_row * cols + col;
-}
-
 int64_t Parameters::global_index(size_t index, int64_t local) const {
     const ParamInfo& p = infos_[index];
     return tp_global_index(p.shape, p.global_shape, p.split, tp_rank_, tp_size_, local);
 }
 
 namespace {
+// Local elements [from, to) of parameter `index` into out[0, to - from).
 template <class T>
-void fill_param(T* out, const Parameters& params, size_t index, uint64_t seed, double std) {
+void fill_param(T* out, const Parameters& params, size_t index, int64_t from, int64_t to, uint64_t seed, double std) {
     const ParamInfo& info = params.info(index);
-    const int64_t n = info.shape.numel();
     if (info.init == ParamInit::ones || info.init == ParamInit::zeros) {
         const T value = info.init == ParamInit::ones ? T(1) : T(0);
-        for (int64_t i = 0; i < n; ++i) out[i] = value;
+        for (int64_t i = from; i < to; ++i) out[i - from] = value;
         return;
     }
     const PhiloxStream stream(seed, fnv1a64(info.name));
     const int64_t padding_from = info.real_rows ? info.real_rows * info.global_shape.cols() : std::numeric_limits<int64_t>::max();
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = from; i < to; ++i) {
         const int64_t global = params.global_index(index, i);
-        out[i] = global < padding_from ? static_cast<T>(std * stream.normal(static_cast<uint64_t>(global))) : T(0);
+        out[i - from] = global < padding_from ? static_cast<T>(std * stream.normal(static_cast<uint64_t>(global))) : T(0);
     }
 }
 }  // namespace
 
 void Parameters::initialize(uint64_t seed, double std, int64_t n_layers) {
-    if (values_.view().empty()) fail(ErrorKind::runtime, "parameters initialized before allocation");
+    if (!allocated_) fail(ErrorKind::runtime, "parameters initialized before allocation");
+    if (value_storage_ == ValueStorage::bound) return;
+    initialize_range(seed, std, n_layers, {0, total_numel_}, values_.view().slice_rows(0, total_numel_));
+    refresh_compute_copy();
+}
+
+void Parameters::initialize_range(uint64_t seed, double std, int64_t n_layers, FlatRange range, const Tensor& out) const {
+    if (out.numel() != range.size() || out.dtype() != dtype())
+        fail(ErrorKind::runtime, "initial values of flat elements [", range.begin, ", ", range.end, ") into ", out.numel(), " ", dtype_name(out.dtype()), " elements");
+    if (dtype() != DType::f32 && dtype() != DType::f64) fail(ErrorKind::unsupported, "parameters: master weights in ", dtype_name(dtype()), " (expected f32 or f64)");
     const double residual_std = std / std::sqrt(2.0 * static_cast<double>(n_layers));
     // Filled on the host; device memory is written from there in one copy.
-    const bool on_host = values_.view().device() == Device::cpu;
-    const OwnedTensor staging = on_host ? OwnedTensor() : OwnedTensor(dtype(), values_.view().shape());
-    const Tensor host = on_host ? values_.view() : staging.view();
+    const bool on_host = out.device() == Device::cpu;
+    const OwnedTensor staging = on_host ? OwnedTensor() : OwnedTensor(dtype(), out.shape());
+    const Tensor host = on_host ? out : staging.view();
     const size_t elem = dtype_size(dtype());
     for (size_t i = 0; i < infos_.size(); ++i) {
         const ParamInfo& p = infos_[i];
+        const int64_t begin = std::max(range.begin, p.offset), end = std::min(range.end, p.offset + p.shape.numel());
+        if (begin >= end) continue;
         const double s = p.init == ParamInit::normal_residual ? residual_std : std;
-        void* out = static_cast<char*>(host.raw()) + static_cast<size_t>(p.offset) * elem;
-        if (dtype() == DType::f32) fill_param(static_cast<float*>(out), *this, i, seed, s);
-        else if (dtype() == DType::f64) fill_param(static_cast<double*>(out), *this, i, seed, s);
-        else fail(ErrorKind::unsupported, "parameters: master weights in ", dtype_name(dtype()), " (expected f32 or f64)");
+        void* at = static_cast<char*>(host.raw()) + static_cast<size_t>(begin - range.begin) * elem;
+        if (dtype() == DType::f32) fill_param(static_cast<float*>(at), *this, i, begin - p.offset, end - p.offset, seed, s);
+        else fill_param(static_cast<double*>(at), *this, i, begin - p.offset, end - p.offset, seed, s);
     }
-    if (!on_host) backend_->copy_from_host(values_.view(), host.raw());
-    refresh_compute_copy();
+    if (!on_host) backend_->copy_from_host(out, host.raw());
 }
 
 size_t Parameters::index_of(const std::string& name) const {
@@ -212,10 +198,17 @@ Tensor Parameters::view_of(const Tensor& buffer, int64_t base_offset, size_t fir
 }
 
 FlatParameters flat_parameters(Parameters& params) {
-    FlatParameters flat{params.all_values(), params.all_grads(), params.has_compute_copy() ? params.all_compute_values() : Tensor(), {},
+    FlatParameters flat{params.dtype(), params.all_values(), params.all_grads(), params.has_compute_copy() ? params.all_compute_values() : Tensor(), {},
                         [&params](DType dtype, Shape shape) { return params.new_tensor(dtype, shape); }};
     for (const ParamInfo& p : params.infos()) flat.ranges.push_back({p.offset, p.offset + p.shape.numel()});
     return flat;
+}
+
+std::vector<TensorPlace> tensor_places(const Parameters& params) {
+    std::vector<TensorPlace> places;
+    for (const ParamInfo& p : params.infos())
+        places.push_back({p.name, p.global_shape, p.shape, p.split, params.tp_rank(), params.tp_size(), {p.offset, p.offset + p.shape.numel()}});
+    return places;
 }
 
 }  // namespace llmtrain

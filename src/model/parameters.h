@@ -21,18 +21,14 @@
 // in a buffer of that group's length bound with bind_grads() (the data-parallel reduction
 // owns those buffers), in the flat layout's order, so grad_span() still joins neighbours.
 //
-// Value storage: the flat buffers by default. Under ZeRO-3 (ValueStorage::bound) the whole
-// master weights exist only for a while (initialization, loading, a checkpoint's save:
-// allocate_master_values() / release_master_values()), and there is no flat compute copy:
-// forward and backward read each group of parameters from a buffer of that group's length
-// bound with bind_values() (an all-gathered group of the data-parallel shards).
+// Value storage: the flat buffers by default. Under ZeRO-3 (ValueStorage::bound) there are
+// no flat value buffers at all (the parameter store keeps this rank's shards): forward and
+// backward read each group of parameters from a buffer of that group's length bound with
+// bind_values() (an all-gathered group of the data-parallel shards), and the shards are
+// initialized piece by piece (initialize_range).
 //
-// Tensor parallelism (Megatron): a parameter may be split across the tp ranks.
-//  - rows: the output rows of a [out, in] weight (column-parallel linear, vocab-parallel
-//    embedding) or a bias; `blocks` > 1 splits each of that many equal row blocks on its own
-//    (GPT-2's fused c_attn holds q, k, v blocks: rank r keeps its heads of each).
-//  - cols: the input columns of a [out, in] weight (row-parallel linear).
-//  - none: every rank holds the whole tensor (norms, row-parallel biases, positions).
+// Tensor parallelism (Megatron): a parameter may be split across the tp ranks by rows or
+// by columns, or held whole by each (TensorSplit, parallel/placement.h).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +36,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "parallel/placement.h"
 
 namespace llmtrain {
 
@@ -52,22 +49,10 @@ enum class ParamInit {
     zeros,
 };
 
-enum class TpSplit { none, rows, cols };
-
 // Where the gradients live: the flat buffer, or buffers bound per group of parameters (ZeRO-2).
 enum class GradStorage { flat, bound };
 // Where the values forward and backward read live: the flat buffers, or buffers bound per group (ZeRO-3).
 enum class ValueStorage { flat, bound };
-
-struct TensorSplit {
-    TpSplit kind = TpSplit::none;
-    int64_t blocks = 1;  // rows only: equal row blocks, each split on its own
-};
-
-// Flat index in the global tensor of element `local` of tp rank tp_rank's part (of shape
-// `shape`) of a tensor of global_shape split among tp_size ranks: the one formula that
-// initialization, checkpoints and their loading on another layout share.
-int64_t tp_global_index(const Shape& shape, const Shape& global_shape, TensorSplit split, int tp_rank, int tp_size, int64_t local);
 
 struct ParamInfo {
     std::string name;
@@ -107,14 +92,13 @@ public:
     // ValueStorage::bound: forward and backward read the values of parameters [first, end)
     // from `storage` (compute dtype) from now on, whose element 0 is flat element storage_offset.
     void bind_values(size_t first, size_t end, const Tensor& storage, int64_t storage_offset);
-    // ValueStorage::bound: frees the whole master weights (their shards live elsewhere), or
-    // allocates them again (zeroed) for a load or a checkpoint's gather.
-    void release_master_values();
-    void allocate_master_values();
     bool has_master_values() const { return !values_.view().empty(); }
     // Fills every parameter from its Philox stream (on the host, then copied to the device),
-    // and the compute copy from the result.
+    // and the compute copy from the result. ValueStorage::bound has no buffers to fill.
     void initialize(uint64_t seed, double std, int64_t n_layers);
+    // The same values for flat elements `range` alone, into `out` (range.size() elements of
+    // the master dtype, host or device memory): how a shard initializes itself.
+    void initialize_range(uint64_t seed, double std, int64_t n_layers, FlatRange range, const Tensor& out) const;
     // compute copy = master weights (rounded), after an update that did not write it.
     void refresh_compute_copy();
     // A zeroed tensor in the parameters' memory (optimizer state, sharded gradients).
@@ -163,6 +147,7 @@ private:
     std::vector<ParamInfo> infos_;
     int64_t total_numel_ = 0;
     int64_t padded_numel_ = 0;  // the flat buffers' length
+    bool allocated_ = false;
     Backend* backend_ = nullptr;  // null: host memory, no backend
     DType master_dtype_ = DType::f32, compute_dtype_ = DType::f32;
     Device device_ = Device::cpu;
@@ -181,5 +166,7 @@ private:
 // The registry as the parallel layer sees it: flat buffers and each parameter's range.
 struct FlatParameters;
 FlatParameters flat_parameters(Parameters& params);
+// Every parameter as a placement sees it: global name and shape, tp split, flat range.
+std::vector<TensorPlace> tensor_places(const Parameters& params);
 
 }  // namespace llmtrain

@@ -335,13 +335,13 @@ void Transformer::writing(size_t begin, size_t end) const {
     if (grads_begin_ && begin < end) grads_begin_(begin, end);
 }
 
-void Transformer::computing(const std::vector<size_t>& pass, size_t position) const {
-    if (group_compute_) group_compute_(pass, position);
+GroupWeights Transformer::computing(const std::vector<size_t>& pass, size_t position) const {
+    return group_weights_ ? group_weights_(pass, position) : GroupWeights();
 }
 
 std::vector<size_t> Transformer::hooked_pass(bool forward, int64_t set) const {
     std::vector<size_t> firsts;
-    if (!group_compute_) return firsts;
+    if (!group_weights_) return firsts;
     for (const ParamGroup& g : forward ? forward_groups(set) : backward_groups(set)) firsts.push_back(g.begin);
     return firsts;
 }
@@ -424,13 +424,16 @@ double Transformer::mean_loss(const ActivationSet& a) const {
 }
 
 void Transformer::norm_fwd(const NormSlots& s, const Tensor& x, ParamSpan w, ParamSpan b) {
-    if (is_llama()) backend_.rmsnorm_fwd(local_rows(s.out), local_rows(s.rstd), x, value(w), config_.norm_eps);
-    else backend_.layernorm_fwd(local_rows(s.out), local_rows(s.mean), local_rows(s.rstd), x, value(w), value(b), config_.norm_eps);
+    if (is_llama()) backend_.rmsnorm_fwd({.out = local_rows(s.out), .rstd = local_rows(s.rstd), .x = x, .w = value(w), .eps = config_.norm_eps});
+    else backend_.layernorm_fwd({.out = local_rows(s.out), .mean = local_rows(s.mean), .rstd = local_rows(s.rstd), .x = x, .w = value(w),
+                                 .b = value(b), .eps = config_.norm_eps});
 }
 
 void Transformer::norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& dout, const Tensor& x, const NormSlots& s, ParamSpan w, ParamSpan b) {
-    if (is_llama()) backend_.rmsnorm_bwd(dx, grad(w), dout, x, value(w), local_rows(s.rstd), accumulate_dx);
-    else backend_.layernorm_bwd(dx, grad(w), grad(b), dout, x, value(w), local_rows(s.mean), local_rows(s.rstd), accumulate_dx);
+    if (is_llama()) backend_.rmsnorm_bwd({.dx = dx, .dw = grad(w), .dout = dout, .x = x, .w = value(w), .rstd = local_rows(s.rstd),
+                                          .accumulate_dx = accumulate_dx});
+    else backend_.layernorm_bwd({.dx = dx, .dw = grad(w), .db = grad(b), .dout = dout, .x = x, .w = value(w), .mean = local_rows(s.mean),
+                                 .rstd = local_rows(s.rstd), .accumulate_dx = accumulate_dx});
 }
 
 double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
@@ -451,17 +454,17 @@ void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& 
     size_t position = 0;
     if (a.embeds) {
         load_ids("tokens", a.tokens, tokens);
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         embed(a);
     }
     for (int64_t l = 0; l < chunk_layers(); ++l) {
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         layer_fwd(a, l);
     }
     a.has_targets = a.heads && !targets.empty();
     if (!a.heads) return;
     if (a.has_targets) load_ids("targets", a.targets, targets);
-    computing(pass, position);
+    const GroupWeights weights = computing(pass, position);
     head_and_loss(a, backward_loss_scale);
 }
 
@@ -470,26 +473,29 @@ void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& 
 void Transformer::embed(const ActivationSet& a, int64_t first_position) {
     const Tensor wpe = tp_rank() == 0 && wpe_.present ? value(wpe_).slice_rows(first_position, seq_len_) : Tensor();
     const Tensor partial = sp_ ? rows(proj_out_) : rows(a.residual.front());
-    backend_.embedding_fwd(partial, rows(a.tokens), value(wte_), wpe, seq_len_, vocab_shard());
+    backend_.embedding_fwd({.out = partial, .tokens = rows(a.tokens), .wte = value(wte_), .wpe = wpe, .seq_len = seq_len_, .vocab = vocab_shard()});
     reduce_rows(partial, a.residual.front());
 }
 
 void Transformer::head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale) {
     norm_fwd(a.norm_f, local_rows(a.residual.back()), norm_f_w_, norm_f_b_);
-    backend_.matmul_fwd(rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_), Tensor());
+    backend_.matmul_fwd({.out = rows(a.logits), .x = gather_rows(local_rows(a.norm_f.out), gathered_), .w = value(head_w_), .bias = Tensor()});
     a.logits_hold_gradient = false;
     if (!a.has_targets) return;
     if (!tp_ && backward_loss_scale) {
-        backend_.xent_fwd_bwd(rows(a.losses), rows(a.lse), rows(a.logits), rows(a.targets), vocab_shard(), loss_gradient(*backward_loss_scale));
+        backend_.xent_fwd_bwd({.losses = rows(a.losses), .lse = rows(a.lse), .logits = rows(a.logits), .targets = rows(a.targets),
+                               .vocab = vocab_shard(), .dloss = loss_gradient(*backward_loss_scale)});
         a.logits_hold_gradient = true;
     } else if (!tp_) {
-        backend_.xent_fwd(rows(a.losses), rows(a.lse), rows(a.logits), rows(a.targets), vocab_shard());
+        backend_.xent_fwd({.losses = rows(a.losses), .lse = rows(a.lse), .logits = rows(a.logits), .targets = rows(a.targets),
+                           .vocab = vocab_shard()});
     } else {
         backend_.logits_row_max(rows(a.row_max), rows(a.logits), vocab_shard());
         tp_->all_reduce(rows(a.row_max), ReduceOp::max);
-        backend_.xent_partial(rows(a.xent_partial), rows(a.logits), rows(a.targets), rows(a.row_max), vocab_shard());
+        backend_.xent_partial({.partial = rows(a.xent_partial), .logits = rows(a.logits), .targets = rows(a.targets), .row_max = rows(a.row_max),
+                               .vocab = vocab_shard()});
         tp_->all_reduce(rows(a.xent_partial), ReduceOp::sum);
-        backend_.xent_combine(rows(a.losses), rows(a.lse), rows(a.xent_partial), rows(a.row_max));
+        backend_.xent_combine({.losses = rows(a.losses), .lse = rows(a.lse), .partial = rows(a.xent_partial), .row_max = rows(a.row_max)});
     }
     backend_.accumulate_sum(loss_sum(), rows(a.losses), 1.0 / static_cast<double>(batch_ * seq_len_));
 }
@@ -500,21 +506,21 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
     const Tensor x = local_rows(a.residual[static_cast<size_t>(l)]);
 
     norm_fwd(s.norm1, x, p.norm1_w, p.norm1_b);
-    backend_.matmul_fwd(rows(s.qkv), gather_rows(local_rows(s.norm1.out), gathered_), value(p.qkv_w), value(p.qkv_b));
+    backend_.matmul_fwd({.out = rows(s.qkv), .x = gather_rows(local_rows(s.norm1.out), gathered_), .w = value(p.qkv_w), .bias = value(p.qkv_b)});
     attend(s, l, cache);
-    backend_.matmul_fwd(rows(proj_out_), rows(s.att_out), value(p.attn_out_w), row_parallel_bias(p.attn_out_b));
+    backend_.matmul_fwd({.out = rows(proj_out_), .x = rows(s.att_out), .w = value(p.attn_out_w), .bias = row_parallel_bias(p.attn_out_b)});
     // resid_mid = x + attention's output, and norm2 of it, in one pass.
     backend_.add_norm_fwd({.sum = local_rows(s.resid_mid), .out = local_rows(s.norm2.out), .mean = is_llama() ? Tensor() : local_rows(s.norm2.mean),
                            .rstd = local_rows(s.norm2.rstd), .a = x, .b = reduce_rows(rows(proj_out_), proj_local_), .w = value(p.norm2_w),
                            .bias = value(p.norm2_b), .eps = config_.norm_eps, .rms = is_llama()});
     const Tensor mlp_in = gather_rows(local_rows(s.norm2.out), gathered_);
     if (is_llama()) {
-        backend_.matmul_fwd(rows(s.mlp_up), mlp_in, value(p.mlp_up_w), value(p.mlp_up_b));
+        backend_.matmul_fwd({.out = rows(s.mlp_up), .x = mlp_in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b)});
         backend_.swiglu_fwd(rows(s.mlp_act), rows(s.mlp_up));
     } else {
         backend_.matmul_gelu_fwd({.act = rows(s.mlp_act), .pre = rows(s.mlp_up), .x = mlp_in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b)});
     }
-    backend_.matmul_fwd(rows(proj_out_), rows(s.mlp_act), value(p.mlp_down_w), row_parallel_bias(p.mlp_down_b));
+    backend_.matmul_fwd({.out = rows(proj_out_), .x = rows(s.mlp_act), .w = value(p.mlp_down_w), .bias = row_parallel_bias(p.mlp_down_b)});
     backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), reduce_rows(rows(proj_out_), proj_local_));
 }
 
@@ -552,14 +558,16 @@ void Transformer::decode(int32_t token, KvCache& cache) {
     load_ids("token", a.tokens, id.view());
     const std::vector<size_t> pass = hooked_pass(true, 0);
     size_t position = 0;
-    computing(pass, position++);
-    embed(a, cache.length);
+    {
+        const GroupWeights weights = computing(pass, position++);
+        embed(a, cache.length);
+    }
     for (int64_t l = 0; l < local_layers(); ++l) {
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         layer_fwd(a, l, &cache);
     }
     ++cache.length;
-    computing(pass, position);
+    const GroupWeights weights = computing(pass, position);
     head_and_loss(a);
 }
 
@@ -569,13 +577,13 @@ void Transformer::backward(int64_t set, double loss_scale) {
     size_t position = 0;
     if (a.heads) {
         if (!a.has_targets) fail(ErrorKind::runtime, "backward called after a forward without targets");
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         head_backward(a, loss_scale);
     }
     const Tensor d_resid = local_rows(a.d_resid);
     for (int64_t l = chunk_layers() - 1; l >= 0; --l) {
         const LayerParams& p = layer_params_[param_layer(a, l)];
-        computing(pass, position++);
+        const GroupWeights weights = computing(pass, position++);
         writing(p.begin, p.end);
         layer_bwd(a, l, d_resid);
         ready(p.begin, p.end);
@@ -583,7 +591,8 @@ void Transformer::backward(int64_t set, double loss_scale) {
     if (a.embeds) {
         const ParamGroup g = embedding_group();
         writing(g.begin, g.end);
-        backend_.embedding_bwd(grad(wte_), grad(wpe_), gather_rows(d_resid, d_gathered_), rows(a.tokens), seq_len_, vocab_shard());
+        backend_.embedding_bwd({.dwte = grad(wte_), .dwpe = grad(wpe_), .dout = gather_rows(d_resid, d_gathered_), .tokens = rows(a.tokens),
+                                .seq_len = seq_len_, .vocab = vocab_shard()});
         ready(g.begin, g.end);
     }
 }
@@ -595,8 +604,10 @@ double Transformer::loss_gradient(double loss_scale) const { return loss_scale /
 
 void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
     writing(head_begin_, params_.count());
-    if (!a.logits_hold_gradient) backend_.xent_bwd(rows(a.logits), rows(a.logits), rows(a.targets), rows(a.lse), vocab_shard(), loss_gradient(loss_scale));
-    backend_.matmul_bwd(rows(d_norm_), grad(head_w_), Tensor(), rows(a.logits), gather_rows(local_rows(a.norm_f.out), gathered_), value(head_w_));
+    if (!a.logits_hold_gradient) backend_.xent_bwd({.dlogits = rows(a.logits), .logits = rows(a.logits), .targets = rows(a.targets),
+                                                    .lse = rows(a.lse), .vocab = vocab_shard(), .dloss = loss_gradient(loss_scale)});
+    backend_.matmul_bwd({.dx = rows(d_norm_), .dw = grad(head_w_), .dbias = Tensor(), .dout = rows(a.logits),
+                         .x = gather_rows(local_rows(a.norm_f.out), gathered_), .w = value(head_w_)});
     norm_bwd(local_rows(a.d_resid), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.
     ready(head_begin_, params_.count());
@@ -618,22 +629,25 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
     // backward, which also gives up's bias gradient.
     const Tensor d_down = gather_rows(d_resid, d_gathered_);
     if (is_llama()) {
-        backend_.matmul_bwd(rows(d_mlp_act_), grad(p.mlp_down_w), grad(p.mlp_down_b), d_down, rows(s.mlp_act), value(p.mlp_down_w));
+        backend_.matmul_bwd({.dx = rows(d_mlp_act_), .dw = grad(p.mlp_down_w), .dbias = grad(p.mlp_down_b), .dout = d_down, .x = rows(s.mlp_act),
+                             .w = value(p.mlp_down_w)});
         backend_.swiglu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
     } else {
         backend_.gelu_matmul_bwd({.d_pre = rows(d_mlp_up_), .d_pre_bias = grad(p.mlp_up_b), .dw = grad(p.mlp_down_w), .dbias = grad(p.mlp_down_b),
                                   .dout = d_down, .act = rows(s.mlp_act), .pre = rows(s.mlp_up), .w = value(p.mlp_down_w)});
     }
-    backend_.matmul_bwd(d_norm, grad(p.mlp_up_w), is_llama() ? grad(p.mlp_up_b) : Tensor(), rows(d_mlp_up_), gather_rows(local_rows(s.norm2.out), gathered_),
-                        value(p.mlp_up_w));
+    backend_.matmul_bwd({.dx = d_norm, .dw = grad(p.mlp_up_w), .dbias = is_llama() ? grad(p.mlp_up_b) : Tensor(), .dout = rows(d_mlp_up_),
+                         .x = gather_rows(local_rows(s.norm2.out), gathered_), .w = value(p.mlp_up_w)});
     norm_bwd(d_resid, true, reduce_rows(d_norm, d_norm_local_), local_rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
 
     // Attention block: resid_mid = x + o(attn(rope(qkv(norm1(x))))).
-    backend_.matmul_bwd(rows(d_att_out_), grad(p.attn_out_w), grad(p.attn_out_b), gather_rows(d_resid, d_gathered_), rows(s.att_out),
-                        value(p.attn_out_w));
-    backend_.attention_bwd(rows(d_qkv_), rows(d_att_out_), rows(s.qkv), rows(s.att_out), att_saved(s.att_saved), shape);
+    backend_.matmul_bwd({.dx = rows(d_att_out_), .dw = grad(p.attn_out_w), .dbias = grad(p.attn_out_b), .dout = gather_rows(d_resid, d_gathered_),
+                         .x = rows(s.att_out), .w = value(p.attn_out_w)});
+    backend_.attention_bwd({.dqkv = rows(d_qkv_), .dout = rows(d_att_out_), .qkv = rows(s.qkv), .out = rows(s.att_out),
+                            .saved = att_saved(s.att_saved), .shape = shape});
     if (is_llama()) backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
-    backend_.matmul_bwd(d_norm, grad(p.qkv_w), grad(p.qkv_b), rows(d_qkv_), gather_rows(local_rows(s.norm1.out), gathered_), value(p.qkv_w));
+    backend_.matmul_bwd({.dx = d_norm, .dw = grad(p.qkv_w), .dbias = grad(p.qkv_b), .dout = rows(d_qkv_),
+                         .x = gather_rows(local_rows(s.norm1.out), gathered_), .w = value(p.qkv_w)});
     norm_bwd(d_resid, true, reduce_rows(d_norm, d_norm_local_), local_rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
 }
 

@@ -60,6 +60,7 @@
 #include "model/kv_cache.h"
 #include "model/parameters.h"
 #include "parallel/comm.h"
+#include "parallel/parameter_store.h"
 
 namespace llmtrain {
 
@@ -214,6 +215,8 @@ public:
                 ModelPartition partition = {}, Comm* tp = nullptr);
 
     void initialize(uint64_t seed) { params_.initialize(seed, config_.init_std, config_.n_layers); }
+    // The same initial master weights for flat elements `range` alone, into `out` (a shard of them).
+    void initialize_range(uint64_t seed, FlatRange range, const Tensor& out) const { params_.initialize_range(seed, config_.init_std, config_.n_layers, range, out); }
 
     // Runs this part of the model on activation set `set`. tokens (i32 [batch * seq_len],
     // sequences back to back) are read by the first stage, targets by the last one (empty:
@@ -268,13 +271,15 @@ public:
     // Called during backward with a group of gradient_groups() before backward first writes
     // its gradients: ZeRO-2 binds their storage there.
     void set_grads_begin_hook(std::function<void(size_t begin, size_t end)> hook) { grads_begin_ = std::move(hook); }
-    // Called before each group of gradient_groups() that a pass (one forward or backward of a
-    // set, or one decoding step) computes with: `pass` lists those groups by their first
-    // parameter in the order the pass takes them, `position` the one about to run. ZeRO-3 gathers the group's values
-    // there and starts the gathers of the groups after it. A backward lists the groups whose
-    // backward reads their values: not the embedding's (its gradient needs only the tokens).
-    using GroupComputeHook = std::function<void(const std::vector<size_t>& pass, size_t position)>;
-    void set_group_compute_hook(GroupComputeHook hook) { group_compute_ = std::move(hook); }
+    // Where each group of gradient_groups() that a pass (one forward or backward of a set, or
+    // one decoding step) computes with gets its weights: before the group runs, the model asks
+    // for them and holds the handle while it computes. `pass` lists those groups by their
+    // first parameter in the order the pass takes them, `position` the one about to run.
+    // ZeRO-3's parameter store gathers the group's values there and starts the gathers of the
+    // groups after it. A backward lists the groups whose backward reads their values: not the
+    // embedding's (its gradient needs only the tokens). Unset: the values are in place.
+    using GroupWeightsSource = std::function<GroupWeights(const std::vector<size_t>& pass, size_t position)>;
+    void set_group_weights(GroupWeightsSource source) { group_weights_ = std::move(source); }
     // The groups a forward (or backward) of `set` computes with, in order.
     std::vector<ParamGroup> forward_groups(int64_t set) const;
     std::vector<ParamGroup> backward_groups(int64_t set) const;
@@ -303,7 +308,7 @@ private:
     ActivationSet& use_set(int64_t set);
     void ready(size_t begin, size_t end) const;
     void writing(size_t begin, size_t end) const;
-    void computing(const std::vector<size_t>& pass, size_t position) const;
+    [[nodiscard]] GroupWeights computing(const std::vector<size_t>& pass, size_t position) const;
     // What the group-compute hook is given for a forward (or backward) of `set`: each group's
     // first parameter; nothing without a hook.
     std::vector<size_t> hooked_pass(bool forward, int64_t set) const;
@@ -336,7 +341,7 @@ private:
     Comm* tp_;                      // null without tensor parallelism
     int64_t batch_ = 0, seq_len_ = 0;
     std::function<void(size_t, size_t)> grads_ready_, grads_begin_;
-    GroupComputeHook group_compute_;
+    GroupWeightsSource group_weights_;
 };
 
 }  // namespace llmtrain

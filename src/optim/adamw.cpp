@@ -25,6 +25,15 @@ AdamW::AdamW(const OptimizerConfig& config, Parameters& params, std::vector<Owne
     : config_(config), params_(params), pieces_(std::move(pieces)), m_(params.new_tensor(params.dtype(), {total_length(pieces_)})),
       v_(params.new_tensor(params.dtype(), {total_length(pieces_)})) {}
 
+Tensor AdamW::moment(bool second, FlatRange range) const {
+    int64_t state_offset = 0;  // where the current piece's moments start
+    for (const OwnedPiece& piece : pieces_) {
+        if (range.begin >= piece.begin && range.end <= piece.end) return (second ? v_ : m_).view().slice_rows(state_offset + range.begin - piece.begin, range.size());
+        state_offset += piece.end - piece.begin;
+    }
+    fail(ErrorKind::runtime, "AdamW: flat elements [", range.begin, ", ", range.end, ") are not inside one of the pieces this rank updates");
+}
+
 void AdamW::set_rank_local_state(const std::string& name, const std::vector<double>&) {
     fail(ErrorKind::data, "checkpoint: optimizer/", name, " is no state of AdamW");
 }
@@ -51,8 +60,9 @@ void AdamW::step(Backend& backend, double lr, double grad_scale) {
             const Tensor master = own_values ? piece.values.slice_rows(in_piece, count) : values.slice_rows(begin, count);
             const Tensor compute = own_values ? (piece.compute_values.empty() ? Tensor() : piece.compute_values.slice_rows(in_piece, count))
                                               : (copy.empty() ? Tensor() : copy.slice_rows(begin, count));
-            backend.adamw(master, piece.grads.slice_rows(in_piece, count), m_.view().slice_rows(state_offset + in_piece, count),
-                          v_.view().slice_rows(state_offset + in_piece, count), compute, s);
+            backend.adamw({.param = master, .grad = piece.grads.slice_rows(in_piece, count),
+                           .m = m_.view().slice_rows(state_offset + in_piece, count), .v = v_.view().slice_rows(state_offset + in_piece, count),
+                           .param_copy = compute, .step = s});
         });
         state_offset += piece.end - piece.begin;
     }

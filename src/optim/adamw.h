@@ -13,7 +13,7 @@
 #include "backend/backend.h"
 #include "config/config.h"
 #include "model/parameters.h"
-#include "parallel/grad_buckets.h"
+#include "parallel/gradient_sync.h"
 
 namespace llmtrain {
 
@@ -55,6 +55,8 @@ public:
     const std::vector<OwnedPiece>& pieces() const { return pieces_; }
     Tensor exp_avg() const { return m_.view(); }
     Tensor exp_avg_sq() const { return v_.view(); }
+    // The first (second: second = true) moments of flat elements `range`, which lie in one piece.
+    Tensor moment(bool second, FlatRange range) const;
     void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
     size_t state_bytes() const { return state_bytes_for(m_.view().numel(), m_.view().dtype()); }
     // Moments m and v for owned_numel elements in the master dtype.

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "parallel/grad_buckets.h"
+#include "parallel/gradient_sync.h"
 
 namespace llmtrain {
 
@@ -28,16 +28,16 @@ void from_host(Backend& backend, const Tensor& t, const std::vector<double>& val
 
 const OwnedPiece& whole_buffer(const std::vector<OwnedPiece>& pieces, const Parameters& params) {
     if (pieces.size() != 1 || pieces.front().begin != 0 || pieces.front().end < params.total_numel())
-        fail(ErrorKind::config, "optimizer.name = \"onebit_adam\" updates the whole parameter buffer on every rank: set parallel.zero1 = false");
+        fail(ErrorKind::config, "optimizer.name = \"onebit_adam\" updates the whole parameter buffer on every rank: set parallel.zero_stage = 0");
     return pieces.front();
 }
 }  // namespace
 
 void check_optimizer_layout(const OptimizerConfig& optimizer, const ParallelConfig& parallel, int64_t dp) {
     if (optimizer.name != OptimizerName::onebit_adam) return;
-    if (zero1_shards(parallel.zero1, static_cast<int>(dp)))
-        fail(ErrorKind::config, "optimizer.name = \"onebit_adam\" with parallel.zero_stage = ", parallel.zero_stage, parallel.zero_stage == 1 ? " (parallel.zero1 = true, the default)" : "", " on dp ", dp,
-             ": 1-bit Adam keeps the full momentum on every rank and all-reduces it compressed, so it cannot shard the optimizer state or the gradients; set parallel.zero_stage = 0 (or parallel.zero1 = false)");
+    if (parallel.zero_stage >= 1 && dp > 1)
+        fail(ErrorKind::config, "optimizer.name = \"onebit_adam\" with parallel.zero_stage = ", parallel.zero_stage, parallel.zero_stage == 1 ? " (the default)" : "", " on dp ", dp,
+             ": 1-bit Adam keeps the full momentum on every rank and all-reduces it compressed, so it cannot shard the optimizer state or the gradients; set parallel.zero_stage = 0");
 }
 
 OnebitAdam::OnebitAdam(const OptimizerConfig& config, Parameters& params, std::vector<OwnedPiece> pieces, Comm& dp)

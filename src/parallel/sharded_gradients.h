@@ -4,79 +4,49 @@
 // when the group's gradients of a micro-batch are complete, the buffer is reduce-scattered
 // (asynchronously, while backward goes on with the next group in the other pool buffer) and
 // this rank adds its piece to its shard. As in DeepSpeed, every micro-batch is reduced, so
-// the traffic grows with the micro-batches; the memory does not.
+// the traffic grows with the micro-batches; the memory does not. ZeRO-3 reduces its
+// gradients the same way.
 //
-// A group of length n is padded to P = dp * ceil(n / dp) in its buffer; rank r owns the flat
-// elements [begin + r P/dp, begin + min((r + 1) P/dp, n)) of it (the last pieces may be short
-// or empty). Per rank: the shard (~total / dp), two pool buffers of the largest pooled group,
-// two receive pieces, and the resident groups whole.
+// The groups are the placement's cuts (group_cuts): a group of length n is padded to
+// P = dp * ceil(n / dp) in its buffer; rank r owns the flat elements [begin + r P/dp,
+// begin + min((r + 1) P/dp, n)) of it (the last pieces may be short or empty). Per rank: the
+// shard (~total / dp), two pool buffers of the largest pooled group, two receive pieces, and
+// the resident groups whole.
 //
 // A resident group (the one holding a tied embedding, whose gradient is written twice in a
 // backward, by the head first and the embedding last, and summed across pipeline stages after
 // the last micro-batch) keeps its own buffer for the whole step and is reduce-scattered once,
 // in finish().
 //
-// After the update each group's parameters are all-gathered through a group-sized buffer (a
-// pool buffer, or a resident group's own), since a group's pieces are not aligned to dp in
-// the flat layout.
-//
 // Hybrid sharding (parallel.shard_size = s < dp): the shard group is a block of s dp ranks,
 // and "dp" above reads s. The blocks hold the same shards, each summed over its own ranks'
 // micro-batches; after the step's last backward every shard is all-reduced once across the
 // replica group (the ranks at the same place in every block), which makes it the sum over
-// all dp ranks. The updates then agree in every block, so the parameters are all-gathered
+// all dp ranks. The updates then agree in every block, so the parameter store all-gathers
 // within the block only: the large all-gathers and reduce-scatters stay inside it (a node's
 // fast links), and only 1/s of the gradients crosses between the blocks.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <vector>
 
-#include "core/flat_range.h"
 #include "parallel/comm.h"
-#include "parallel/grad_buckets.h"
-#include "parallel/gradient_reduction.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/placement.h"
 
 namespace llmtrain {
 
-// Parameters [first, end) whose gradients backward writes together; resident: kept whole for the step.
-struct GradGroup {
-    size_t first = 0, end = 0;
-    bool resident = false;
-};
+// The elements ShardedGradients allocates for the placement's group cuts, all in the master
+// dtype: what the memory plan predicts.
+int64_t sharded_gradient_numel(const Placement& placement);
 
-// The device operations the reduction needs on its buffers, supplied by the caller (the
-// backend's fill_zero, add and copy): the parallel layer knows no Backend.
-struct FlatOps {
-    std::function<void(const Tensor& x)> zero;
-    std::function<void(const Tensor& out, const Tensor& a, const Tensor& b)> add;
-    std::function<void(const Tensor& out, const Tensor& in)> copy;
-};
-
-// The elements ShardedGradients allocates for groups of these flat ranges sharded over
-// shard_size ranks, all in the master dtype: what the memory plan predicts.
-int64_t sharded_gradient_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int shard_size);
-// The elements shard rank shard_rank updates (and keeps AdamW moments for): its clipped pieces.
-int64_t sharded_owned_numel(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int shard_size, int shard_rank);
-
-// Where a group lies when sharded over `parts` ranks: its flat range, its piece (padded
-// length / parts), where its piece starts in a shard laid out group by group, and rank
-// `rank`'s elements [begin, end) within the group (clipped to the real ones; may be empty).
-struct ShardedGroupLayout {
-    FlatRange flat;
-    int64_t piece = 0, shard_at = 0;
-    FlatRange mine;
-    bool resident = false;
-};
-std::vector<ShardedGroupLayout> sharded_group_layout(const std::vector<FlatRange>& ranges, const std::vector<GradGroup>& groups, int parts, int rank);
-
-class ShardedGradients : public GradientReduction {
+class ShardedGradients : public GradientSync {
 public:
-    // groups: in the order backward writes them; together they cover every parameter once.
-    // shard: the ranks that shard (the dp group, or a block of it); replicas: the ranks at
-    // this one's place in every block (null, or a group of one, without hybrid sharding).
-    ShardedGradients(FlatParameters params, std::vector<GradGroup> groups, Comm& shard, Comm* replicas, FlatOps ops);
+    // groups: the placement's group cuts, in the order backward writes them; together they
+    // cover every parameter once. shard: the ranks that shard (the dp group, or a block of
+    // it); replicas: the ranks at this one's place in every block (null, or a group of one,
+    // without hybrid sharding).
+    ShardedGradients(FlatParameters params, std::vector<FlatCut> groups, Comm& shard, Comm* replicas, FlatOps ops);
 
     std::vector<GradStorageBinding> run_storage() const override;
     void begin_step(bool reduce) override;  // reduce = false is refused: stage 2 keeps no whole local gradient
@@ -84,27 +54,18 @@ public:
     bool consumes(size_t param, bool last_micro_batch) const override;
     void ready(size_t first, size_t end, bool last_micro_batch) override;
     void finish() override;
-    void gather_parameters() override;
-    void gather_master_values() override;
     const std::vector<OwnedPiece>& owned() const override { return owned_; }
-    bool sharded() const override { return true; }
     bool holds_first_copy() const override { return !replicas_ || replicas_->rank() == 0; }
     size_t gradient_bytes() const override { return bytes_; }
     int64_t bytes_sent() const override { return bytes_sent_; }
     std::string describe() const override;
+    Tensor idle_buffer(size_t cut) const override;
 
     static constexpr int kPoolBuffers = 2;
 
-protected:
-    std::vector<OwnedPiece> owned_;
-    Comm& shard_group() const { return group_; }
-
 private:
     struct Group {
-        GradGroup params;
-        FlatRange flat;
-        int64_t piece = 0;        // padded length / dp
-        int64_t shard_at = 0;     // where its piece starts in the shard
+        FlatCut cut;
         int waiting = 0;          // parameters whose gradients are not ready yet in this micro-batch
         int slot = -1;            // pooled: the pool buffer it is written into; -1: none
         Tensor resident_buffer;   // resident: its own buffer of piece * dp
@@ -118,7 +79,6 @@ private:
     Tensor padded_buffer(const Group& g) const;
     void reduce(size_t group, Slot& slot, const Tensor& buffer);
     void settle(Slot& slot);  // waits for the slot's reduction and adds it into the shard
-    void gather(const Tensor& flat);
 
     FlatParameters params_;
     std::vector<Group> groups_;
@@ -127,6 +87,7 @@ private:
     Comm* replicas_;   // null: none
     FlatOps ops_;
     OwnedTensor shard_;
+    std::vector<OwnedPiece> owned_;
     std::vector<OwnedTensor> resident_buffers_;
     std::vector<Slot> slots_;
     int next_slot_ = 0;

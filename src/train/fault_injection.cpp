@@ -5,12 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
-#include <set>
 #include <sstream>
-#include <string>
 #include <thread>
-#include <utility>
-#include <vector>
 
 #include "core/error.h"
 #include "core/exit_code.h"
@@ -19,84 +15,76 @@ namespace llmtrain {
 
 namespace {
 
-struct Fault {
-    std::string kind;
-    int rank = -1;        // the rank kinds: exit, hang, abort, hardware, nan, bitflip
-    int64_t step = -1;
-    double factor = 1;    // spike, lr
-};
-
 bool is_rank_kind(const std::string& kind) {
     const std::string kinds[] = {"exit", "hang", "abort", "hardware", "nan", "bitflip"};
     return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
-Fault parse_fault(const std::string& item, const char* spec) {
-    char kind[16] = {};
-    char first[32] = {}, second[32] = {};
-    char end = 0;
-    Fault f;
-    const bool three_fields = std::sscanf(item.c_str(), "%15[a-z]:%31[^:]:%31[^:]%c", kind, first, second, &end) == 3;
-    f.kind = kind;
-    char* rest = nullptr;
-    if (three_fields && is_rank_kind(f.kind)) {
-        f.rank = static_cast<int>(std::strtol(first, &rest, 10));
-        if (*rest == 0) f.step = std::strtoll(second, &rest, 10);
-    } else if (three_fields && (f.kind == "spike" || f.kind == "lr")) {
-        f.step = std::strtoll(first, &rest, 10);
-        if (*rest == 0) f.factor = std::strtod(second, &rest);
-    }
-    if (!rest || *rest != 0 || f.step < 1)
-        fail(ErrorKind::config, "LLMTRAIN_INJECT_FAULT=\"", spec, "\": '", item,
-             "': expected KIND:RANK:STEP with KIND one of exit, hang, abort, hardware, nan, bitflip, or spike:STEP:FACTOR or lr:STEP:FACTOR"
-             " (several separated by commas)");
-    return f;
-}
+}  // namespace
 
-// Every fault LLMTRAIN_INJECT_FAULT asks for (comma-separated).
-std::vector<Fault> requested_faults() {
-    const char* spec = std::getenv("LLMTRAIN_INJECT_FAULT");
-    std::vector<Fault> faults;
-    if (!spec || !*spec) return faults;
+FaultPlan FaultPlan::parse(const std::string& spec, const std::string& source) {
+    FaultPlan plan;
     std::stringstream items(spec);
     std::string item;
-    while (std::getline(items, item, ',')) faults.push_back(parse_fault(item, spec));
-    return faults;
+    while (std::getline(items, item, ',')) {
+        char kind[16] = {};
+        char first[32] = {}, second[32] = {};
+        char end = 0;
+        Fault f;
+        const bool three_fields = std::sscanf(item.c_str(), "%15[a-z]:%31[^:]:%31[^:]%c", kind, first, second, &end) == 3;
+        f.kind = kind;
+        char* rest = nullptr;
+        if (three_fields && is_rank_kind(f.kind)) {
+            f.rank = static_cast<int>(std::strtol(first, &rest, 10));
+            if (*rest == 0) f.step = std::strtoll(second, &rest, 10);
+        } else if (three_fields && (f.kind == "spike" || f.kind == "lr")) {
+            f.step = std::strtoll(first, &rest, 10);
+            if (*rest == 0) f.factor = std::strtod(second, &rest);
+        }
+        if (!rest || *rest != 0 || f.step < 1)
+            fail(ErrorKind::config, source, "=\"", spec, "\": '", item,
+                 "': expected KIND:RANK:STEP with KIND one of exit, hang, abort, hardware, nan, bitflip, or spike:STEP:FACTOR or lr:STEP:FACTOR"
+                 " (several separated by commas)");
+        plan.faults_.push_back(f);
+    }
+    return plan;
 }
 
-// The fault of this kind asked of this rank at this step, if any.
-bool requested(const std::string& kind, int world_rank, int64_t step) {
-    for (const Fault& f : requested_faults())
+FaultPlan fault_plan_from_environment() {
+    const char* spec = std::getenv("LLMTRAIN_INJECT_FAULT");
+    if (!spec || !*spec) return {};
+    return FaultPlan::parse(spec, "LLMTRAIN_INJECT_FAULT");
+}
+
+bool FaultPlan::requested(const std::string& kind, int world_rank, int64_t step) const {
+    for (const Fault& f : faults_)
         if (f.kind == kind && f.rank == world_rank && f.step == step) return true;
     return false;
 }
 
-}  // namespace
+bool FaultPlan::nonfinite_gradients(int world_rank, int64_t step) const { return requested("nan", world_rank, step); }
 
-bool injected_nonfinite_gradients(int world_rank, int64_t step) { return requested("nan", world_rank, step); }
-
-bool injected_bit_flip(int world_rank, int64_t step) {
-    static std::set<int64_t> flipped;  // once per process: a re-run of the step computes correctly
-    if (!requested("bitflip", world_rank, step) || flipped.count(step)) return false;
-    flipped.insert(step);
+bool FaultPlan::bit_flip(int world_rank, int64_t step) {
+    if (!requested("bitflip", world_rank, step) || flipped_.count(step)) return false;
+    flipped_.insert(step);
     return true;
 }
 
-double injected_spike_factor(int64_t data_step) {
+double FaultPlan::spike_factor(int64_t data_step) const {
     double factor = 1;
-    for (const Fault& f : requested_faults())
+    for (const Fault& f : faults_)
         if (f.kind == "spike" && f.step == data_step) factor *= f.factor;
     return factor;
 }
 
-double injected_lr_factor(int64_t step) {
+double FaultPlan::lr_factor(int64_t step) const {
     double factor = 1;
-    for (const Fault& f : requested_faults())
+    for (const Fault& f : faults_)
         if (f.kind == "lr" && step >= f.step) factor *= f.factor;
     return factor;
 }
 
-void inject_fault_if_requested(int world_rank, int64_t step) {
+void FaultPlan::strike_if_due(int world_rank, int64_t step) const {
     for (const std::string injected : {"exit", "abort", "hardware", "hang"}) {
         if (!requested(injected, world_rank, step)) continue;
         std::fprintf(stderr, "[rank %d] injected fault: %s at step %lld\n", world_rank, injected.c_str(), static_cast<long long>(step));

@@ -2,7 +2,7 @@
 // bench, plan and the metrics' llmtrain_mfu_ratio share) for a running trainer.
 #pragma once
 
-#include "ops/step_model.h"
+#include "plan/step_model.h"
 #include "train/trainer.h"
 
 namespace llmtrain {

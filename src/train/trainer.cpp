@@ -12,14 +12,17 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/initial_weights.h"
+#include "checkpoint/io_report.h"
 #include "checkpoint/restore.h"
 #include "checkpoint/safetensors.h"
+#include "parallel/fully_sharded.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/sharded_gradients.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/generate.h"
-#include "ops/step_model.h"
+#include "plan/step_model.h"
 #include "optim/lr_schedule.h"
-#include "train/fault_injection.h"
 
 namespace llmtrain {
 
@@ -80,15 +83,13 @@ Trainer::Trainer(const Config& config, TrainerOptions options) : Trainer(config,
 Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext& ctx) : Trainer(config, std::move(options), &ctx) {}
 
 Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx)
-    : config_(config), options_(std::move(options)),
+    : options_(std::move(options)),
       own_ctx_(shared_ctx ? nullptr : std::make_unique<ParallelContext>(make_single_process_context())),
-      ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), batch_(config.train.batch_size, config.train.seq_len),
+      ctx_(shared_ctx ? shared_ctx : own_ctx_.get()), given_config_(config), config_(resolve_on_mesh(config, ctx_->mesh.dp())),
+      batch_(config.train.batch_size, config.train.seq_len),
       dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)),
       compute_times_(static_cast<size_t>(std::max<int64_t>(1, config.metrics.straggler_interval_steps))) {
     const ParallelContext& ctx = *ctx_;
-    // From here on grad_accum is this run's: derived from train.global_batch_size on this mesh.
-    given_grad_accum_ = config_.train.grad_accum;
-    config_.train.grad_accum = micro_batches_per_step(config_, ctx.mesh.dp());
     if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
@@ -97,13 +98,18 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
     else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank, config_.model.attention);
     else backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
+    backend_->set_memory_limit(memory_limit_bytes(config_.train));
     comms_ = std::make_unique<TrainingComms>(config_, *ctx_, *backend_, options_.device_comms);
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);
     model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len,
                                            stage_partition(config_, ctx.mesh, ctx.world_rank), &comms_->tp());
-    model_->initialize(config_.train.seed);
-    reduction_ = make_gradient_reduction();
-    optimizer_ = make_optimizer(config_.optimizer, model_->parameters(), reduction_->owned(), comms_->dp());
+    placement_ = std::make_unique<Placement>(state_placement(config_, ctx.mesh, ctx.world_rank, *model_, model_->parameters().dtype()));
+    sync_ = make_gradient_sync();
+    store_ = make_parameter_store();
+    store_->initialize([this](FlatRange range, const Tensor& out) { model_->initialize_range(config_.train.seed, range, out); });
+    std::vector<OwnedPiece> pieces = sync_->owned();
+    store_->place(pieces);
+    optimizer_ = make_optimizer(config_.optimizer, model_->parameters(), pieces, comms_->dp());
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, comms_->pp(), config_.train.grad_accum);
     Backend& backend = *backend_;
@@ -119,51 +125,40 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
 
 Trainer::~Trainer() = default;
 
-std::unique_ptr<GradientReduction> Trainer::make_gradient_reduction() {
+std::unique_ptr<GradientSync> Trainer::make_gradient_sync() {
     Parameters& params = model_->parameters();
-    if (!shards_gradients(config_.parallel, ctx_->mesh.dp()))
-        return std::make_unique<GradBuckets>(flat_parameters(params), comms_->dp(), config_.parallel.zero1, gradient_bucket_bytes(config_.parallel));
-    Backend& backend = *backend_;
-    FlatOps ops{[&backend](const Tensor& x) { backend.fill_zero(x); },
-                [&backend](const Tensor& out, const Tensor& a, const Tensor& b) { backend.add(out, a, b); },
-                [&backend](const Tensor& out, const Tensor& in) { backend.copy(out, in); }};
-    std::unique_ptr<ShardedGradients> sharded;
-    if (shards_parameters(config_.parallel, ctx_->mesh.dp())) {
-        ShardedValueHooks hooks{[&params] {
-                                    params.allocate_master_values();
-                                    return params.all_values();
-                                },
-                                [&params] { params.release_master_values(); },
-                                [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) { params.bind_values(first, end, storage, offset); }};
-        sharded = std::make_unique<FullyShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->shard(), comms_->replicas(),
-                                                          std::move(ops), params.compute_dtype(), static_cast<int>(config_.parallel.prefetch_layers),
-                                                          std::move(hooks));
-        model_->set_group_compute_hook([this](const std::vector<size_t>& pass, size_t position) { reduction_->before_group(pass, position); });
-    } else {
-        sharded = std::make_unique<ShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model_), comms_->shard(), comms_->replicas(),
-                                                     std::move(ops));
-    }
-    for (const GradStorageBinding& b : sharded->run_storage()) params.bind_grads(b.first, b.end, b.values, b.flat_offset);
-    return sharded;
+    std::unique_ptr<GradientSync> sync;
+    if (placement_->shards_gradients())
+        sync = std::make_unique<ShardedGradients>(flat_parameters(params), placement_->cuts(), comms_->shard(), comms_->replicas(), backend_ops(*backend_));
+    else
+        sync = std::make_unique<GradBuckets>(flat_parameters(params), placement_->cuts(), placement_->shards_optimizer(), comms_->dp());
+    for (const GradStorageBinding& b : sync->run_storage()) params.bind_grads(b.first, b.end, b.values, b.flat_offset);
+    return sync;
 }
 
-bool Trainer::shards_parameters_here() const { return model_->parameters().value_storage() == ValueStorage::bound; }
+std::unique_ptr<ParameterStore> Trainer::make_parameter_store() {
+    Parameters& params = model_->parameters();
+    if (!placement_->shards_parameters()) {
+        GradientSync& sync = *sync_;
+        return std::make_unique<ReplicatedParameters>(flat_parameters(params), *placement_, comms_->shard(), [&sync](size_t cut) { return sync.idle_buffer(cut); },
+                                                      backend_ops(*backend_));
+    }
+    auto store = std::make_unique<FullyShardedParameters>(
+        flat_parameters(params), *placement_, comms_->shard(), backend_ops(*backend_), params.compute_dtype(), static_cast<int>(config_.parallel.prefetch_layers),
+        [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) { params.bind_values(first, end, storage, offset); });
+    ParameterStore& weights = *store;
+    model_->set_group_weights([&weights](const std::vector<size_t>& pass, size_t position) { return weights.weights(pass, position); });
+    return store;
+}
 
-// ZeRO-3 holds no whole master weights: they are allocated for the load and cut into this
-// rank's shards after it.
-void Trainer::load_master_values(const std::function<void()>& load) {
-    if (shards_parameters_here()) model_->parameters().allocate_master_values();
-    load();
-    reduction_->scatter_master_values();
+RankState Trainer::rank_state(bool with_optimizer) {
+    Parameters& params = model_->parameters();
+    return {*placement_, *store_, with_optimizer ? optimizer_.get() : nullptr, *backend_, backend_ops(*backend_),
+            [&params](DType dtype, Shape shape) { return params.new_tensor(dtype, shape); }, &comms_->tp(), comms_->replicas(), &comms_->shard()};
 }
 
 RankMemory Trainer::memory() const {
-    const Parameters& p = model_->parameters();
-    // ZeRO-3: the shards and gather buffers (the whole master weights exist only around a load or a save).
-    const size_t flat = shards_parameters_here() ? 0 : p.all_values().bytes() + (p.has_compute_copy() ? p.all_compute_values().bytes() : 0);
-    const size_t values = flat + reduction_->value_bytes();
-    return {values, reduction_->gradient_bytes(), optimizer_->state_bytes(), model_->activation_bytes(),
-            backend_->workspace_bytes()};
+    return {store_->value_bytes(), sync_->gradient_bytes(), optimizer_->state_bytes(), model_->activation_bytes(), backend_->workspace_bytes()};
 }
 
 void Trainer::log_startup() const {
@@ -184,7 +179,7 @@ void Trainer::log_startup() const {
              " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks",
              parameters_beyond_the_model(m, mesh.tp(), mesh.pp(), total_params));
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
-             ") | ", reduction_->describe(), " | comm ",
+             ") | ", sync_->describe(), store_->describe().empty() ? "" : " | ", store_->describe(), " | comm ",
              comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers ", held_layers(part));
     log_info("memory per rank (rank 0 / largest): parameters ", megabytes(static_cast<double>(mine.parameter_bytes)), " / ", megabytes(params_max),
              ", gradients ", megabytes(static_cast<double>(mine.gradient_bytes)), " / ", megabytes(grads_max), ", optimizer ",
@@ -223,7 +218,7 @@ TrainResult Trainer::run() {
     if (start_step_ == 0) record_eval(0, evaluate());
     const int64_t steps = config_.train.steps;
     for (int64_t step = start_step_; step < steps; ++step) {
-        inject_fault_if_requested(ctx_->world_rank, step + 1);
+        options_.faults.strike_if_due(ctx_->world_rank, step + 1);
         const OpProfile before = backend_->profile();
         StepRecord s = train_step(step);
         add_profile_difference(result_.step_profile, before, backend_->profile());
@@ -261,12 +256,12 @@ StepRecord Trainer::train_step(int64_t step) {
     s.loss_scale = loss_scale_.scale();
     s.dynamic_loss_scale = loss_scale_.dynamic();
     current_step_ = step;
-    const int64_t bytes_before = reduction_->bytes_sent() + optimizer_->bytes_sent();
+    const int64_t bytes_before = sync_->bytes_sent() + optimizer_->bytes_sent();
     const int64_t syncs_before = backend_->profile().host_syncs;
     compute_step(step, s);
     s.lr = learning_rate_at(config_.optimizer, step, t.steps) * lr_scale(s.step);
     update(s);
-    s.dp_bytes_sent = reduction_->bytes_sent() + optimizer_->bytes_sent() - bytes_before;
+    s.dp_bytes_sent = sync_->bytes_sent() + optimizer_->bytes_sent() - bytes_before;
     backend_->synchronize();  // the step's time is the device's
     comms_->check();
     s.rank.host_syncs = backend_->profile().host_syncs - syncs_before;
@@ -282,9 +277,9 @@ StepRecord Trainer::train_step(int64_t step) {
 
 void Trainer::compute_step(int64_t step, StepRecord& s) {
     forward_backward(step);
-    if (injected_nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
-    if (injected_bit_flip(ctx_->world_rank, s.step)) flip_gradient_bit();
-    const double spike = injected_spike_factor(data_step(step));
+    if (options_.faults.nonfinite_gradients(ctx_->world_rank, s.step)) poison_gradients();
+    if (options_.faults.bit_flip(ctx_->world_rank, s.step)) flip_gradient_bit();
+    const double spike = options_.faults.spike_factor(data_step(step));
     if (spike != 1) scale_gradients(spike);
     close_step(s);
     if (spike != 1) {
@@ -305,19 +300,20 @@ int64_t Trainer::data_step(int64_t step) const {
 }
 
 double Trainer::lr_scale(int64_t step) const {
-    double scale = injected_lr_factor(step);
+    double scale = options_.faults.lr_factor(step);
     for (const UpdateGuard* guard : guards_) scale *= guard->lr_scale();
     return scale;
 }
 
 SnapshotSource Trainer::snapshot_source() {
-    reduction_->gather_master_values();
-    // The last stage's copy of a tied embedding is the first stage's tensor again.
-    std::optional<size_t> tied_copy;
-    if (config_.model.tied_embeddings && !ctx_->first_stage() && model_->partition().has_head) tied_copy = model_->embedding_param();
-    // Under hybrid sharding the first block's ranks save the AdamW shards; the other blocks hold copies.
-    const bool saves_optimizer_shard = reduction_->sharded() && ctx_->mesh.dp() > 1 && reduction_->holds_first_copy();
-    return {model_->parameters(), *optimizer_, *backend_, ctx_->world_rank, ctx_->coord().dp, saves_optimizer_shard, tied_copy};
+    Parameters& params = model_->parameters();
+    const AdamW& optimizer = *optimizer_;
+    const ParameterStore& store = *store_;
+    return {*placement_,
+            [&store, &optimizer](TensorRole role, FlatRange range) {
+                return role == TensorRole::weights ? store.master(range) : optimizer.moment(role == TensorRole::exp_avg_sq, range);
+            },
+            optimizer.rank_local_state(), *backend_, ctx_->world_rank, params.dtype()};
 }
 
 Manifest Trainer::manifest_at(int64_t step) const {
@@ -335,25 +331,37 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.global_batch = static_cast<int64_t>(global_batch());
     m.world_size = ctx_->mesh.world_size();
     m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
-    m.zero1 = reduction_->sharded() && ctx_->mesh.dp() > 1;
+    m.zero_stage = placement_->zero_stage();
     // The config as given: a grad_accum derived from the global batch is the layout's, not the run's.
-    Config given = config_;
-    given.train.grad_accum = given_grad_accum_;
-    m.config_toml = dump_config(given);
+    m.config_toml = dump_config(given_config_);
     return m;
 }
 
 void Trainer::restore(const std::string& path, const Manifest& manifest) {
     if (manifest.step >= config_.train.steps)
         fail(ErrorKind::config, "train.steps = ", config_.train.steps, ": the checkpoint '", path, "' is at step ", manifest.step, " already; raise train.steps to train on");
-    load_master_values([&] { load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_); });
-    restore_rank_local_state(path, manifest);
+    load_checkpoint(path, manifest, "resume");
     loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
     if (manifest.data) data_ = make_batch_source(config_, manifest.data);
     health_->restore(manifest.monitor_state);
     start_step_ = manifest.step;
     tokens_seen_ = manifest.tokens_seen;
     resumes_ = manifest.resumes + 1;
+}
+
+void Trainer::load_checkpoint(const std::string& path, const Manifest& manifest, const char* why) {
+    const StorageCounter counter;
+    Stopwatch clock;
+    {
+        const CheckpointTensors checkpoint(path, manifest, *ctx_->world);
+        load_state(rank_state(true), checkpoint_reader(checkpoint, *backend_));
+    }
+    optimizer_->set_steps_taken(manifest.optimizer_steps);
+    restore_rank_local_state(path, manifest);
+    const IoFigures figures = agree_io_figures(*ctx_->world, counter.bytes_read(), clock.seconds());
+    if (!options_.quiet)
+        log_info("checkpoint ", why, ": read '", path, "' (", megabytes(static_cast<double>(checkpoint_bytes(manifest))), ") in ", fixed(figures.seconds, 3),
+                 " s | ", describe_io(figures, "read"));
 }
 
 // 1-bit Adam's error feedback belongs to each rank of the layout that saved it; on another
@@ -366,7 +374,15 @@ void Trainer::restore_rank_local_state(const std::string& path, const Manifest& 
 }
 
 void Trainer::load_initial_weights(const std::string& path) {
-    load_master_values([&] { load_weights_to_start_from(path, config_, model_->parameters(), *backend_); });
+    if (const std::optional<Manifest> manifest = checkpoint_to_start_from(path, config_, shared_problem_check(*ctx_->world))) {
+        const CheckpointTensors checkpoint(path, *manifest, *ctx_->world);
+        load_state(rank_state(false), checkpoint_reader(checkpoint, *backend_));
+        return;
+    }
+    const HfWeights weights(path, config_.model.vocab_size, placement_->tensors());
+    load_state(rank_state(false), [&](TensorRole, const TensorPlace& t, FlatRange local, const Tensor& out) {
+        read_to(out, *backend_, [&](void* host, DType as) { weights.read(t, local, host, as); });
+    });
 }
 
 // Drills. The faults land in the reduced gradients this rank updates (under ZeRO-1 its
@@ -374,7 +390,7 @@ void Trainer::load_initial_weights(const std::string& path) {
 
 // The non-finite policy's: the first gradient this rank updates becomes NaN.
 void Trainer::poison_gradients() {
-    const Tensor first = reduction_->owned().front().grads.slice_rows(0, 1);
+    const Tensor first = sync_->owned().front().grads.slice_rows(0, 1);
     if (first.dtype() == DType::f64) backend_->copy_from_host(first, std::vector<double>{std::numeric_limits<double>::quiet_NaN()}.data());
     else backend_->copy_from_host(first, std::vector<float>{std::numeric_limits<float>::quiet_NaN()}.data());
 }
@@ -396,7 +412,7 @@ void flip_first_element_bit(Backend& backend, const Tensor& t, int bit) {
 // Silent data corruption: the top exponent bit of the first gradient this rank updates
 // flips (|g| < 2 becomes |g| x 2^128, or 2^(exponent bias) for f64): a wrong number, no crash.
 void Trainer::flip_gradient_bit() {
-    const Tensor first = reduction_->owned().front().grads.slice_rows(0, 1);
+    const Tensor first = sync_->owned().front().grads.slice_rows(0, 1);
     if (first.dtype() == DType::f64)
         flip_first_element_bit<double, uint64_t>(*backend_, first, 62);
     else
@@ -405,7 +421,7 @@ void Trainer::flip_gradient_bit() {
 
 // A bad batch: every gradient this rank updates times factor (through the host: a drill).
 void Trainer::scale_gradients(double factor) {
-    for (const OwnedPiece& piece : reduction_->owned()) {
+    for (const OwnedPiece& piece : sync_->owned()) {
         const auto n = static_cast<size_t>(piece.grads.numel());
         if (piece.grads.dtype() == DType::f64) {
             std::vector<double> values(n);
@@ -437,7 +453,7 @@ void Trainer::update(StepRecord& s) {
     s.skipped = verdict.action != Verdict::apply;
     if (!s.skipped) {
         optimizer_->step(*backend_, s.lr, clip_scale(s.grad_norm, config_.optimizer.grad_clip) / loss_scale_.scale());
-        reduction_->gather_parameters();
+        store_->after_update();
     }
     for (UpdateGuard* guard : guards_) guard->after_verdict(s, verdict.action);
 }
@@ -494,17 +510,18 @@ std::string Trainer::place_of(int rank) {
     return text;
 }
 
-// Rank 0 picks the newest checkpoint that loads (checksums verified) and every rank takes
-// the same one.
+// Every rank checks its share of each candidate's files (checkpoint_store.h:
+// shared_problem_check) and every rank takes the same one: the newest that loads.
 std::string Trainer::agreed_rollback_checkpoint(int64_t offending_step, const std::string& kind) {
     const std::string& root = config_.checkpoint.dir;
+    Comm& world = *ctx_->world;
     double step = -1;
-    if (is_logger()) {
-        const auto passed_over = [&](const std::string& why) { log_warn("rollback: ", why); };
-        if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over, {}, options_.run_id))
-            step = static_cast<double>(read_checkpoint_manifest(*path).step);
-    }
-    step = ctx_->world->all_reduce_scalar(step, ReduceOp::max);
+    const auto passed_over = [&](const std::string& why) {
+        if (is_logger()) log_warn("rollback: ", why);
+    };
+    if (const std::optional<std::string> path = find_resume_checkpoint(root, "auto", passed_over, shared_problem_check(world), options_.run_id))
+        step = static_cast<double>(read_checkpoint_manifest(*path).step);
+    step = world.all_reduce_scalar(step, ReduceOp::max);
     if (step < 0)
         fail(ErrorKind::diverged, "step ", offending_step, ": ", kind, " calls for a rollback, but no checkpoint has been committed under '", root,
              "' yet (checkpoint.every_steps = ", config_.checkpoint.every_steps, "); stopping instead");
@@ -521,8 +538,7 @@ void Trainer::roll_back(int64_t offending_step, AnomalyRecord& event) {
     // global batches more, are never trained on: the data restarts at what step
     // offending_step + skip_batches (0-based) would have read.
     std::optional<LoaderState> resume = data_->state_at(offending_step + config_.monitor.skip_batches, ctx_->mesh.dp());
-    load_master_values([&] { load_checkpoint_tensors(path, manifest, model_->parameters(), *optimizer_, *backend_); });
-    restore_rank_local_state(path, manifest);
+    load_checkpoint(path, manifest, "rollback");
     loss_scale_.restore(manifest.loss_scale, manifest.loss_scale_good_steps);
     tokens_seen_ = manifest.tokens_seen;
     if (resume) {
@@ -563,9 +579,7 @@ void Trainer::report(AnomalyRecord& event, int64_t step) {
 
 bool Trainer::weights_finite() {
     double local = 0;
-    if (!shards_parameters_here()) local = backend_->sum_squares(model_->parameters().all_values());
-    else
-        for (const OwnedPiece& piece : reduction_->owned()) local += backend_->sum_squares(piece.values);
+    for (const FlatRange& piece : placement_->pieces()) local += backend_->sum_squares(store_->master(piece));
     return std::isfinite(ctx_->world->all_reduce_scalar(local, ReduceOp::sum));
 }
 
@@ -580,17 +594,17 @@ void Trainer::forward_backward(int64_t step) {
     const bool tied_across_stages = config_.model.tied_embeddings && ctx_->mesh.pp() > 1;
     if (!params.all_grads().empty()) backend_->fill_zero(params.all_grads());
     gradients_reduced_ = optimizer_->reduces_gradients();
-    reduction_->begin_step(gradients_reduced_);
+    sync_->begin_step(gradients_reduced_);
 
     bool last = false;  // whether the backward running is the step's last micro-batch's
     model_->set_grads_begin_hook([&](size_t begin, size_t end) {
-        if (const std::optional<GradStorageBinding> b = reduction_->open(begin, end)) params.bind_grads(b->first, b->end, b->values, b->flat_offset);
+        if (const std::optional<GradStorageBinding> b = sync_->open(begin, end)) params.bind_grads(b->first, b->end, b->values, b->flat_offset);
     });
     model_->set_grads_ready_hook([&](size_t begin, size_t end) {
         for (size_t i = begin; i < end; ++i) {
             // Sequence-parallel norms saw only this rank's tokens: sum over the tp group first.
-            if (params.info(i).grad_partial_over_tp && reduction_->consumes(i, last)) comms_->tp().all_reduce(params.grad(i), ReduceOp::sum);
-            if (!(tied_across_stages && embedding && i == *embedding)) reduction_->ready(i, i + 1, last);
+            if (params.info(i).grad_partial_over_tp && sync_->consumes(i, last)) comms_->tp().all_reduce(params.grad(i), ReduceOp::sum);
+            if (!(tied_across_stages && embedding && i == *embedding)) sync_->ready(i, i + 1, last);
         }
     });
     const auto batch_of = [&](int64_t m) {
@@ -604,9 +618,9 @@ void Trainer::forward_backward(int64_t step) {
     model_->set_grads_begin_hook(nullptr);
     if (tied_across_stages && embedding) {
         sync_tied_embedding();
-        reduction_->ready(*embedding, *embedding + 1, true);
+        sync_->ready(*embedding, *embedding + 1, true);
     }
-    reduction_->finish();
+    sync_->finish();
 }
 
 // The first stage's embedding and the last stage's head are one tied tensor held twice:
@@ -634,7 +648,7 @@ bool Trainer::counts_in_norm(size_t param) const {
 //   [2] the stop signals raised: their sum is nonzero when any rank was asked to stop.
 void Trainer::close_step(StepRecord& s) {
     const Parameters& params = model_->parameters();
-    const std::vector<OwnedPiece>& owned = reduction_->owned();
+    const std::vector<OwnedPiece>& owned = sync_->owned();
     const Tensor scalars = step_scalars_.view();
     const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
     // The last stage's copy of a tied embedding holds the first stage's summed gradient: counted there.
@@ -656,7 +670,7 @@ void Trainer::close_step(StepRecord& s) {
         // gradient is dp s_r. The norm reported is the root mean square of those estimates
         // over the dp ranks: sqrt(sum_r ||dp s_r||^2 / dp) = sqrt(dp sum_r ||s_r||^2).
         squares *= static_cast<double>(ctx_->mesh.dp());
-    } else if (!reduction_->holds_first_copy() && std::isfinite(squares)) {
+    } else if (!sync_->holds_first_copy() && std::isfinite(squares)) {
         squares = 0;
     }
     const int local_signal = options_.stop_signal ? options_.stop_signal() : 0;
@@ -678,7 +692,7 @@ double Trainer::evaluate() {
     const int64_t micro_batches = (t.eval_sequences + t.batch_size - 1) / t.batch_size;
     // ZeRO-3 gathers parameters in every forward, a collective over the dp group: every dp
     // rank runs as many forwards, those past the last micro-batch on the first one, unweighted.
-    const int64_t rounds = shards_parameters_here() ? (micro_batches + dp - 1) / dp * dp : micro_batches;
+    const int64_t rounds = store_->gathers_in_forward() ? (micro_batches + dp - 1) / dp * dp : micro_batches;
     double total = 0;
     for (int64_t i = dp_rank; i < rounds; i += dp) {
         const bool counted = i < micro_batches;
@@ -695,7 +709,7 @@ double Trainer::evaluate() {
 std::string Trainer::sample_text() {
     const TrainConfig& t = config_.train;
     if (t.sample_tokens == 0 || !is_logger()) return "";
-    if (shards_parameters_here()) {
+    if (store_->gathers_in_forward()) {
         if (!options_.quiet) log_info("sample: not generated; under parallel.zero_stage = 3 every forward gathers the parameters over the dp group");
         return "";
     }

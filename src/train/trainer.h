@@ -3,7 +3,7 @@
 // reduction over the dp group in buckets, overlapped with backward (ZeRO-1: reduce-scatter;
 // ZeRO-2: each micro-batch's gradients reduce-scattered group by group into this rank's shard)
 // -> the true global gradient norm and clipping -> AdamW on this rank's part -> parameter
-// all-gather (ZeRO-1) -> update guards (fp16 overflow, training health: monitor/health_monitor.h)
+// all-gather (ZeRO-1) -> update guards (fp16 overflow, training health: health/health_monitor.h)
 // -> the step record to the observers (console line, log.jsonl); evaluation on the held-out
 // split; a stop signal ends the run at a step boundary. A guard's rollback restores the newest
 // checkpoint and moves the data past the offending step; it is carried out here.
@@ -30,17 +30,19 @@
 #include "metrics/step_record.h"
 #include "metrics/straggler.h"
 #include "model/transformer.h"
-#include "monitor/health_monitor.h"
-#include "monitor/update_guard.h"
+#include "health/health_monitor.h"
+#include "health/update_guard.h"
 #include "optim/adamw.h"
 #include "optim/onebit_adam.h"
 #include "optim/loss_scale.h"
+#include "checkpoint/state_load.h"
 #include "parallel/context.h"
-#include "parallel/grad_buckets.h"
-#include "parallel/fully_sharded.h"
-#include "parallel/sharded_gradients.h"
-#include "ops/memory_plan.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/parameter_store.h"
+#include "parallel/placement.h"
+#include "plan/memory_plan.h"
 #include "parallel/timed_comm.h"
+#include "train/fault_injection.h"
 #include "train/pipeline_runner.h"
 #include "train/training_comms.h"
 
@@ -80,6 +82,8 @@ struct TrainerOptions {
     // The run this process starts or continues (checkpoint/manifest.h): its checkpoints carry
     // it, and a rollback restores only its own. Empty: the chain of a format-1 checkpoint.
     std::string run_id{};
+    // Fault drills (train/fault_injection.h), read once by the command; empty: none.
+    FaultPlan faults{};
 };
 
 class Trainer {
@@ -104,16 +108,21 @@ public:
     // What this rank holds (what plan_memory predicts), for the start-up report and the tests.
     RankMemory memory() const;
     DType compute_dtype() const { return dtype_; }
-    // The run's config, with train.grad_accum as this mesh resolves it (never 0).
+    // The config this run computes with: the user's, with train.grad_accum as this mesh
+    // resolves it (never 0).
     const Config& config() const { return config_; }
+    // The config as the user gave it (what a checkpoint records).
+    const Config& given_config() const { return given_config_; }
 
-    // Checkpoints. What this rank writes, and the manifest's fields, after step `step`.
-    // snapshot_source is a collective over the dp group (ZeRO-1 gathers the master weights
-    // the checkpoint reads): every rank calls it at the same step boundary.
+    // Where this rank's state lives in the job (parallel/placement.h).
+    const Placement& placement() const { return *placement_; }
+    // Checkpoints. What this rank writes (its share of the state, as it is: no collective),
+    // and the manifest's fields, after step `step`.
     SnapshotSource snapshot_source();
     Manifest manifest_at(int64_t step) const;
     // Continues from the checkpoint at path (its manifest read already): weights, moments,
-    // loss scale, data position; run() then starts at manifest.step.
+    // loss scale, data position; run() then starts at manifest.step. Each rank reads its
+    // share (checkpoint/state_load.h); the seconds and bytes read are logged.
     void restore(const std::string& path, const Manifest& manifest);
     int64_t start_step() const { return start_step_; }
     // Resumes from a checkpoint before this process (0 for a fresh run).
@@ -180,29 +189,33 @@ private:
     // The signal that ends the run after the step just recorded; 0: go on.
     int stop_signal_after_step();
     bool counts_in_norm(size_t param) const;
-    std::unique_ptr<GradientReduction> make_gradient_reduction();
-    // Whether the parameters are sharded (ZeRO-3): no whole master weights or compute copy.
-    bool shards_parameters_here() const;
-    // Runs `load`, which writes the whole master weights (a checkpoint, Hugging Face weights).
-    void load_master_values(const std::function<void()>& load);
+    std::unique_ptr<GradientSync> make_gradient_sync();
+    std::unique_ptr<ParameterStore> make_parameter_store();
+    // This rank's state and the groups it shares it with, for a load.
+    RankState rank_state(bool with_optimizer);
+    // Loads the checkpoint at path into this rank's state (weights, moments, rank-local
+    // state), logging the bytes read and the seconds ("resume" or "rollback").
+    void load_checkpoint(const std::string& path, const Manifest& manifest, const char* why);
     bool is_logger() const { return ctx_->world_rank == 0; }
 
-    Config config_;
     TrainerOptions options_;
     std::unique_ptr<ParallelContext> own_ctx_;  // a single process's context
     ParallelContext* ctx_;
+    const Config given_config_;  // as the user gave it
+    const Config config_;        // resolved on this run's mesh (resolve_on_mesh)
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<TrainingComms> comms_;  // the groups' Comms for device tensors
     std::unique_ptr<BatchSource> data_;
     std::unique_ptr<Transformer> model_;
-    std::unique_ptr<GradientReduction> reduction_;  // GradBuckets (ZeRO 0, 1) or ShardedGradients (ZeRO-2)
+    std::unique_ptr<Placement> placement_;
+    std::unique_ptr<GradientSync> sync_;      // GradBuckets (ZeRO 0, 1) or ShardedGradients (ZeRO 2, 3)
+    std::unique_ptr<ParameterStore> store_;   // ReplicatedParameters (ZeRO 0-2) or FullyShardedParameters (ZeRO 3)
     std::unique_ptr<AdamW> optimizer_;
     std::unique_ptr<PipelineRunner> pipeline_;
     BatchBuffers batch_;
     DType dtype_;
     DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
     int64_t start_step_ = 0;         // steps taken before this process (a resumed run)
-    int64_t given_grad_accum_ = 0;   // train.grad_accum as configured (0: derived)
     int64_t tokens_seen_ = 0;        // over the whole job, since the run's first step
     int64_t resumes_ = 0;            // resumes from a checkpoint before this process
     double data_wait_seconds_ = 0;   // of the step under way

@@ -261,13 +261,15 @@ TEST(CheckpointCli, ListVerifyInspect_TellGoodIncompleteDamagedAndTruncatedCheck
 
     const Outcome list = llmtrain_cli("checkpoint list " + root);
     EXPECT_EQ(list.exit_code, 0) << list.output;
+    // list's file count and verify's rank files say the same thing: 2 files = 1 rank file + manifest.json.
+    EXPECT_NE(list.output.find("files  status (files: rank files + manifest.json)\n"), std::string::npos) << list.output;
     EXPECT_TRUE(std::regex_search(list.output, std::regex(R"(\n2 +[0-9.]+ +2  ok\n)"))) << list.output;
     EXPECT_TRUE(std::regex_search(list.output, std::regex(R"(\n4 +[0-9.]+ +2  ok  <- latest\n)"))) << list.output;
     EXPECT_TRUE(std::regex_search(list.output, std::regex(R"(\n6 +[0-9.]+ +1  incomplete \(no manifest\)\n)"))) << list.output;
 
     const Outcome good = llmtrain_cli("checkpoint verify " + root + "/step_00000002");
     EXPECT_EQ(good.exit_code, 0) << good.output;
-    EXPECT_NE(good.output.find("step_00000002: ok (step 2, 1 rank file(s)"), std::string::npos) << good.output;
+    EXPECT_NE(good.output.find("step_00000002: ok (step 2, 1 rank file(s) and manifest.json: 2 files, "), std::string::npos) << good.output;
     const Outcome all = llmtrain_cli("checkpoint verify " + root);
     EXPECT_EQ(all.exit_code, 2) << all.output;
     EXPECT_NE(all.output.find("step_00000004: ok"), std::string::npos) << all.output;

@@ -12,7 +12,7 @@
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/checkpointer.h"
 #include "config/config.h"
-#include "support/emulated_cuda_backend.h"
+#include "support/stand_in_cuda_backend.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
 
@@ -22,6 +22,7 @@ namespace {
 
 struct Outcome {
     std::vector<StepRecord> steps;
+    std::vector<EvalRecord> evals;
     std::vector<float> master_weights;
 };
 
@@ -39,7 +40,7 @@ Outcome train_checkpointed(Config config, const std::string& dir, bool resume, i
     config.checkpoint.async = false;
     StepCounter counter;
     TrainerOptions options{.dtype = std::nullopt, .quiet = true};
-    options.make_backend = [](int) { return test::make_emulated_cuda_backend(); };
+    options.make_backend = [](int) { return test::make_stand_in_cuda_backend(); };
     options.stop_signal = [&] { return abandon_after > 0 && counter.last >= abandon_after ? SIGKILL : 0; };
     Trainer trainer(config, options);
     if (resume) {
@@ -55,7 +56,9 @@ Outcome train_checkpointed(Config config, const std::string& dir, bool resume, i
     trainer.observe(checkpointer);
     trainer.observe(counter);
     Outcome outcome;
-    outcome.steps = trainer.run().steps;
+    const TrainResult result = trainer.run();
+    outcome.steps = result.steps;
+    outcome.evals = result.evals;
     const Tensor master = trainer.model().parameters().all_values();
     outcome.master_weights.resize(static_cast<size_t>(master.numel()));
     trainer.backend().copy_to_host(outcome.master_weights.data(), master);
@@ -78,16 +81,22 @@ void expect_resume_is_bitwise_uninterrupted(const Config& config, const std::str
         EXPECT_EQ(resumed.steps[i].loss_scale, want.loss_scale) << name << " step " << want.step;
     }
     EXPECT_EQ(resumed.master_weights, uninterrupted.master_weights) << name;
+    // No evaluation falls between (train.eval_every 100 > 20 steps): the resumed run evaluates
+    // after its last step only (step 0 was the first attempt's), to the uninterrupted value.
+    ASSERT_EQ(resumed.evals.size(), 1u) << name;
+    EXPECT_EQ(resumed.evals[0].step, 20) << name;
+    ASSERT_EQ(uninterrupted.evals.size(), 2u) << name;
+    EXPECT_EQ(resumed.evals[0].val_loss, uninterrupted.evals[1].val_loss) << name;
     std::filesystem::remove_all(root);
 }
 
 }  // namespace
 
-TEST(CheckpointResume, EmulatedCudaGpt2Bf16_IsBitwiseIdenticalToUninterrupted) {
+TEST(CheckpointResume, StandInCudaGpt2Bf16_IsBitwiseIdenticalToUninterrupted) {
     expect_resume_is_bitwise_uninterrupted(test::tiny_cuda_shaped_run("gpt2", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0"}), "gpt2_bf16");
 }
 
-TEST(CheckpointResume, EmulatedCudaLlamaFp16_RestoresTheLossScaleBitwise) {
+TEST(CheckpointResume, StandInCudaLlamaFp16_RestoresTheLossScaleBitwise) {
     expect_resume_is_bitwise_uninterrupted(
         test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0", "train.precision=\"fp16\"", "train.loss_scale_window=3"}),
         "llama_fp16");

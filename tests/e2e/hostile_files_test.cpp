@@ -271,13 +271,13 @@ TEST(HostileFiles, CheckpointManifest_MeshBeyond64Bits_IsRefusedNamingTheKey) {
     expect_refused(dir, "checkpoint export " + checkpoint + " " + dir + "/hf", {manifest_path, "key 'mesh'", "dp is 1.9223372036854776e+19, not an integer"});
 }
 
-TEST(HostileFiles, CheckpointRankFile_RowBlocksOfNoRow_IsRefusedNamingTheTensor) {
+TEST(HostileFiles, CheckpointRankFile_BoxOutsideItsTensor_IsRefusedNamingTheTensor) {
     const std::string dir = scratch("hostile_rank_file");
     const std::string checkpoint = tiny_checkpoint(dir);
     const std::string rank_file = checkpoint + "/rank_00000.h5";
-    // The file written again with every value as it was, but the token embedding said to be
-    // tensor-parallel rank 0's half of a tensor split by rows in 1000 blocks: more blocks than
-    // it has rows, so that a block would be of no row (placing its values divides by that).
+    // The file written again with every value as it was, but the token embedding's box moved
+    // one row past the end of its tensor: a load placing its values would write beyond the
+    // rows that exist.
     llmtrain::RankSnapshot snapshot;
     llmtrain::FileAttributes attributes;
     {
@@ -292,16 +292,12 @@ TEST(HostileFiles, CheckpointRankFile_RowBlocksOfNoRow_IsRefusedNamingTheTensor)
                 const std::vector<float> narrow(values.begin(), values.end());
                 snapshot.data.insert(snapshot.data.end(), reinterpret_cast<const char*>(narrow.data()), reinterpret_cast<const char*>(narrow.data() + narrow.size()));
             }
-            if (tensor.dataset == "model/transformer.wte.weight") {
-                tensor.split = {llmtrain::TpSplit::rows, 1000};
-                tensor.tp_size = 2;
-                tensor.global_shape.dims[0] *= 2;
-            }
+            if (tensor.dataset == "model/transformer.wte.weight") tensor.boxes.front().box.start.dims[0] += 1;
             snapshot.tensors.push_back(tensor);
         }
     }
     llmtrain::write_rank_file(rank_file, snapshot, attributes);
     rehash_rank_file(checkpoint);
     expect_refused(dir, "checkpoint export " + checkpoint + " " + dir + "/hf",
-                   {rank_file, "tensor 'model/transformer.wte.weight'", "'tp_blocks' is 1000"});
+                   {rank_file, "tensor 'model/transformer.wte.weight'", "outside its global shape"});
 }

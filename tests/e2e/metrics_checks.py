@@ -127,7 +127,7 @@ scrape_configs:
     env = dict(os.environ, LLMTRAIN_INJECT_FAULT="nan:0:7")
     cmd = [mpiexec, "--oversubscribe", "-np", "2", *train_command(llmtrain, run_dir, steps, [
         "--set", "metrics.enabled=\"on\"", "--set", "metrics.port=0", "--set", "metrics.listen=\"127.0.0.1\"", "--set", "metrics.peak_tflops=0.05",
-        "--set", "metrics.linger_seconds=4", "--set", "metrics.straggler_interval_steps=10", "--set", "monitor.on_nonfinite=\"skip\"", "--set", "parallel.zero1=false",
+        "--set", "metrics.linger_seconds=4", "--set", "metrics.straggler_interval_steps=10", "--set", "monitor.on_nonfinite=\"skip\"", "--set", "parallel.zero_stage=0",
         # the spike detectors out of reach: the one anomaly counted is the injected NaN
         "--set", "monitor.loss_zscore=1000", "--set", "monitor.grad_zscore=1000",
         "--set", "train.eval_every=500", "--set", "checkpoint.every_steps=500", "--set", f"checkpoint.dir=\"{scratch}/checkpoints\""])]

@@ -9,7 +9,7 @@ shift 3
 rm -rf "$scratch"
 mkdir -p "$scratch"
 freeze=100
-common=("$@" --set parallel.zero1=false --set train.sample_tokens=0 --set train.log_every=100)
+common=("$@" --set parallel.zero_stage=0 --set train.sample_tokens=0 --set train.log_every=100)
 for optimizer in adamw onebit_adam; do
     "$mpiexec" --oversubscribe -np 2 "$bin" train "${common[@]}" --set optimizer.name=\"$optimizer\" --set optimizer.freeze_step=$freeze \
         --run-dir "$scratch/$optimizer" >"$scratch/$optimizer.out" 2>&1 || { echo "FAIL: the $optimizer run failed"; tail -5 "$scratch/$optimizer.out"; exit 1; }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "support/run_comparisons.h"
@@ -69,6 +70,22 @@ TEST(Training, ValidationLossAtStepZero_IsTheSameForEveryMicroBatchSize) {
         if (batch == 6) reference = val_loss;
         EXPECT_NEAR(val_loss, reference, 1e-9 * reference) << "batch_size " << batch;
     }
+}
+
+// train.eval_every, as the key reference says: a fresh run evaluates before its first step and
+// after its last, and with N > 0 after every N-th step too; 0 adds none in between.
+TEST(Training, EvalEvery_EvaluatesAtStepZeroEveryNthStepAndTheLast) {
+    const auto eval_steps = [](int64_t every) {
+        Config config = small_run("gpt2");
+        config.train.eval_every = every;
+        config.train.sample_tokens = 0;
+        std::vector<int64_t> steps;
+        for (const EvalRecord& e : train_quietly(config).evals) steps.push_back(e.step);
+        return steps;
+    };
+    EXPECT_EQ(eval_steps(0), (std::vector<int64_t>{0, 6}));
+    EXPECT_EQ(eval_steps(4), (std::vector<int64_t>{0, 4, 6}));
+    EXPECT_EQ(eval_steps(3), (std::vector<int64_t>{0, 3, 6}));
 }
 
 // A smoke run shorter than the config's warmup: the learning rate rises over the whole run

@@ -27,12 +27,12 @@ void check_embedding(int64_t B, int64_t T, int64_t C, int64_t V, bool positions)
     const OwnedTensor wpe = positions ? random_tensor(f64, {T + 2, C}, 3) : OwnedTensor();
     const OwnedTensor out(f64, {N, C}), R = random_tensor(f64, {N, C}, 4);
     auto loss = [&] {
-        be->embedding_fwd(out, tokens, wte, wpe, T, {});
+        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}});
         return weighted_sum(out, R);
     };
     const OwnedTensor dwte = filled(f64, {V, C}, prefill);
     const OwnedTensor dwpe = positions ? filled(f64, {T + 2, C}, prefill) : OwnedTensor();
-    be->embedding_bwd(dwte, dwpe, R, tokens, T, {});
+    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = R, .tokens = tokens, .seq_len = T, .vocab = {}});
     expect_gradient_matches("dwte", wte, dwte, loss, prefill);
     if (positions) expect_gradient_matches("dwpe", wpe, dwpe, loss, prefill);
 }
@@ -43,12 +43,12 @@ void check_layernorm(int64_t N, int64_t C) {
     const OwnedTensor x = random_tensor(f64, {N, C}, 10, -2, 3), w = random_tensor(f64, {C}, 11, 0.5, 1.5), b = random_tensor(f64, {C}, 12);
     const OwnedTensor out(f64, {N, C}), mean(f64, {N}), rstd(f64, {N}), R = random_tensor(f64, {N, C}, 13);
     auto loss = [&] {
-        be->layernorm_fwd(out, mean, rstd, x, w, b, 1e-5);
+        be->layernorm_fwd({.out = out, .mean = mean, .rstd = rstd, .x = x, .w = w, .b = b, .eps = 1e-5});
         return weighted_sum(out, R);
     };
     loss();
     const OwnedTensor dx = filled(f64, {N, C}, garbage), dw = filled(f64, {C}, prefill), db = filled(f64, {C}, prefill);
-    be->layernorm_bwd(dx, dw, db, R, x, w, mean, rstd, false);
+    be->layernorm_bwd({.dx = dx, .dw = dw, .db = db, .dout = R, .x = x, .w = w, .mean = mean, .rstd = rstd, .accumulate_dx = false});
     expect_gradient_matches("dx", x, dx, loss);
     expect_gradient_matches("dw", w, dw, loss, prefill);
     expect_gradient_matches("db", b, db, loss, prefill);
@@ -60,12 +60,12 @@ void check_rmsnorm(int64_t N, int64_t C) {
     const OwnedTensor x = random_tensor(f64, {N, C}, 20, -2, 3), w = random_tensor(f64, {C}, 21, 0.5, 1.5);
     const OwnedTensor out(f64, {N, C}), rstd(f64, {N}), R = random_tensor(f64, {N, C}, 22);
     auto loss = [&] {
-        be->rmsnorm_fwd(out, rstd, x, w, 1e-5);
+        be->rmsnorm_fwd({.out = out, .rstd = rstd, .x = x, .w = w, .eps = 1e-5});
         return weighted_sum(out, R);
     };
     loss();
     const OwnedTensor dx = filled(f64, {N, C}, garbage), dw = filled(f64, {C}, prefill);
-    be->rmsnorm_bwd(dx, dw, R, x, w, rstd, false);
+    be->rmsnorm_bwd({.dx = dx, .dw = dw, .dout = R, .x = x, .w = w, .rstd = rstd, .accumulate_dx = false});
     expect_gradient_matches("dx", x, dx, loss);
     expect_gradient_matches("dw", w, dw, loss, prefill);
 }
@@ -77,12 +77,12 @@ void check_matmul(int64_t N, int64_t IC, int64_t OC, bool with_bias) {
     const OwnedTensor bias = with_bias ? random_tensor(f64, {OC}, 32) : OwnedTensor();
     const OwnedTensor out(f64, {N, OC}), R = random_tensor(f64, {N, OC}, 33);
     auto loss = [&] {
-        be->matmul_fwd(out, x, w, bias);
+        be->matmul_fwd({.out = out, .x = x, .w = w, .bias = bias});
         return weighted_sum(out, R);
     };
     const OwnedTensor dx = filled(f64, {N, IC}, garbage), dw = filled(f64, {OC, IC}, prefill);
     const OwnedTensor dbias = with_bias ? filled(f64, {OC}, prefill) : OwnedTensor();
-    be->matmul_bwd(dx, dw, dbias, R, x, w);
+    be->matmul_bwd({.dx = dx, .dw = dw, .dbias = dbias, .dout = R, .x = x, .w = w});
     expect_gradient_matches("dx", x, dx, loss);
     expect_gradient_matches("dw", w, dw, loss, prefill);
     if (with_bias) expect_gradient_matches("dbias", bias, dbias, loss, prefill);
@@ -100,7 +100,7 @@ void check_attention(const AttentionShape& s) {
     };
     loss();
     const OwnedTensor dqkv = filled(f64, {s.rows(), s.qkv_width()}, garbage);
-    be->attention_bwd(dqkv, R, qkv, out, saved, s);
+    be->attention_bwd({.dqkv = dqkv, .dout = R, .qkv = qkv, .out = out, .saved = saved, .shape = s});
     expect_gradient_matches("dqkv", qkv, dqkv, loss);
 }
 
@@ -220,11 +220,11 @@ TEST(CrossEntropyBackward, MatchesFiniteDifferences) {
             const OwnedTensor logits = random_tensor(f64, {N, V}, 80, -3, 3), targets = random_tokens(N, V, 81), losses(f64, {N});
             const OwnedTensor ones = filled(f64, {N}, dloss);
             auto loss = [&] {
-                be->xent_fwd(losses, Tensor(), logits, targets, {});
+                be->xent_fwd({.losses = losses, .lse = Tensor(), .logits = logits, .targets = targets, .vocab = {}});
                 return weighted_sum(losses, ones);
             };
             const OwnedTensor dlogits = filled(f64, {N, V}, garbage);
-            be->xent_bwd(dlogits, logits, targets, Tensor(), {}, dloss);
+            be->xent_bwd({.dlogits = dlogits, .logits = logits, .targets = targets, .lse = Tensor(), .vocab = {}, .dloss = dloss});
             expect_gradient_matches("dlogits", logits, dlogits, loss);
         }
 }

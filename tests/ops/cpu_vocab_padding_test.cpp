@@ -56,8 +56,8 @@ Reference unpadded_reference(uint64_t seed) {
     Reference ref{random_tensor(f64, {kRows, kReal}, seed, -6, 6), random_tokens(kRows, kReal, seed + 1), OwnedTensor(f64, {kRows}),
                   OwnedTensor(f64, {kRows, kReal})};
     ref.targets.data<int32_t>()[0] = kReal - 1;
-    be->xent_fwd(ref.losses, Tensor(), ref.logits, ref.targets, {});
-    be->xent_bwd(ref.dlogits, ref.logits, ref.targets, Tensor(), {}, 0.5);
+    be->xent_fwd({.losses = ref.losses, .lse = Tensor(), .logits = ref.logits, .targets = ref.targets, .vocab = {}});
+    be->xent_bwd({.dlogits = ref.dlogits, .logits = ref.logits, .targets = ref.targets, .lse = Tensor(), .vocab = {}, .dloss = 0.5});
     return ref;
 }
 
@@ -68,16 +68,16 @@ TEST(VocabPaddingCrossEntropy, WholeRows_GiveTheUnpaddedLossAndZeroGradientToPad
     const Reference ref = unpadded_reference(10);
     const OwnedTensor logits = padded_copy(ref.logits), losses(f64, {kRows});
     const VocabShard padded{0, kPadded, kReal};
-    be->xent_fwd(losses, Tensor(), logits, ref.targets, padded);
+    be->xent_fwd({.losses = losses, .lse = Tensor(), .logits = logits, .targets = ref.targets, .vocab = padded});
     expect_close("losses", losses, ref.losses, 1e-14);
 
     const OwnedTensor dlogits = filled(f64, {kRows, kPadded}, kGarbage);
-    be->xent_bwd(dlogits, logits, ref.targets, Tensor(), padded, 0.5);
+    be->xent_bwd({.dlogits = dlogits, .logits = logits, .targets = ref.targets, .lse = Tensor(), .vocab = padded, .dloss = 0.5});
     expect_close("real dlogits", columns_of(dlogits, 0, kReal), ref.dlogits, 1e-14);
     expect_padding_gradient_zero(dlogits, kReal);
 
     // In place, as the model runs it: the gradient overwrites the logits.
-    be->xent_bwd(logits, logits, ref.targets, Tensor(), padded, 0.5);
+    be->xent_bwd({.dlogits = logits, .logits = logits, .targets = ref.targets, .lse = Tensor(), .vocab = padded, .dloss = 0.5});
     expect_close("in-place dlogits", logits, dlogits, 0);
 }
 
@@ -99,17 +99,19 @@ TEST(VocabPaddingCrossEntropy, VocabShards_GiveTheUnpaddedLossAndZeroGradientToP
     }
     const OwnedTensor partial = filled(f64, {kRows, 2}, 0), local_partial(f64, {kRows, 2});
     for (int64_t begin = 0; begin < kPadded; begin += shard_rows) {
-        be->xent_partial(local_partial, columns_of(logits, begin, shard_rows), ref.targets, row_max, {begin, kPadded, kReal});
+        be->xent_partial({.partial = local_partial, .logits = columns_of(logits, begin, shard_rows), .targets = ref.targets, .row_max = row_max,
+                          .vocab = {begin, kPadded, kReal}});
         be->add(partial, partial, local_partial);
     }
     const OwnedTensor losses(f64, {kRows}), lse(f64, {kRows});
-    be->xent_combine(losses, lse, partial, row_max);
+    be->xent_combine({.losses = losses, .lse = lse, .partial = partial, .row_max = row_max});
     expect_close("losses", losses, ref.losses, 1e-14);
 
     for (int64_t begin = 0; begin < kPadded; begin += shard_rows) {
         SCOPED_TRACE(testing::Message() << "shard [" << begin << ", " << begin + shard_rows << ")");
         const OwnedTensor dlocal = filled(f64, {kRows, shard_rows}, kGarbage);
-        be->xent_bwd(dlocal, columns_of(logits, begin, shard_rows), ref.targets, lse, {begin, kPadded, kReal}, 0.5);
+        be->xent_bwd({.dlogits = dlocal, .logits = columns_of(logits, begin, shard_rows), .targets = ref.targets, .lse = lse,
+                      .vocab = {begin, kPadded, kReal}, .dloss = 0.5});
         const int64_t real_here = std::clamp(kReal - begin, int64_t{0}, shard_rows);
         expect_close("real dlogits", columns_of(dlocal, 0, real_here), columns_of(ref.dlogits, begin, real_here), 1e-14);
         expect_padding_gradient_zero(dlocal, real_here);
@@ -121,7 +123,7 @@ TEST(VocabPaddingCrossEntropy, TargetInThePadding_IsADataError) {
     const OwnedTensor logits = random_tensor(f64, {2, kPadded}, 30), losses(f64, {2}), targets(DType::i32, {2});
     targets.data<int32_t>()[1] = kReal;
     try {
-        be->xent_fwd(losses, Tensor(), logits, targets, {0, kPadded, kReal});
+        be->xent_fwd({.losses = losses, .lse = Tensor(), .logits = logits, .targets = targets, .vocab = {0, kPadded, kReal}});
         FAIL() << "expected a data error";
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::data);

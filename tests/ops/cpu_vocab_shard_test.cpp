@@ -43,17 +43,18 @@ TEST(VocabShardEmbedding, SumOfShardsEqualsWholeTableForwardAndBackward) {
     const OwnedTensor wte = random_tensor(f64, {kVocab, C}, 1), wpe = random_tensor(f64, {T, C}, 2);
     const OwnedTensor tokens = random_tokens(N, kVocab, 3), dout = random_tensor(f64, {N, C}, 4);
     const OwnedTensor whole(f64, {N, C}), dwte(f64, {kVocab, C}), dwpe(f64, {T, C});
-    be->embedding_fwd(whole, tokens, wte, wpe, T, {});
-    be->embedding_bwd(dwte, dwpe, dout, tokens, T, {});
+    be->embedding_fwd({.out = whole, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}});
+    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {}});
 
     const OwnedTensor sum = filled(f64, {N, C}, 0);
     for (size_t s = 0; s < kShards.size(); ++s) {
         const Shard shard = kShards[s];
         const OwnedTensor local = row_block(wte, shard.begin, shard.count), out(f64, {N, C}), dlocal = filled(f64, {shard.count, C}, 0);
         // Positions are added by one shard only, as the tensor-parallel model does.
-        be->embedding_fwd(out, tokens, local, s == 0 ? Tensor(wpe) : Tensor(), T, {shard.begin, kVocab});
+        be->embedding_fwd({.out = out, .tokens = tokens, .wte = local, .wpe = s == 0 ? Tensor(wpe) : Tensor(), .seq_len = T,
+                           .vocab = {shard.begin, kVocab}});
         be->add(sum, sum, out);
-        be->embedding_bwd(dlocal, Tensor(), dout, tokens, T, {shard.begin, kVocab});
+        be->embedding_bwd({.dwte = dlocal, .dwpe = Tensor(), .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {shard.begin, kVocab}});
         expect_close("dwte shard", dlocal, row_block(dwte, shard.begin, shard.count), 1e-14);
     }
     expect_close("embedding", sum, whole, 1e-14);
@@ -64,7 +65,7 @@ TEST(VocabShardEmbedding, TokenBeyondTheFullVocabulary_IsADataError) {
     const OwnedTensor wte = random_tensor(f64, {4, 3}, 1), out(f64, {2, 3}), tokens(DType::i32, {2});
     tokens.data<int32_t>()[1] = 8;
     try {
-        be->embedding_fwd(out, tokens, wte, Tensor(), 2, {4, 8});
+        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 2, .vocab = {4, 8}});
         FAIL() << "expected a data error";
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::data);
@@ -77,8 +78,8 @@ TEST(VocabShardCrossEntropy, ShardedStatisticsEqualWholeRowLossAndGradient) {
     const int64_t N = 9;
     const OwnedTensor logits = random_tensor(f64, {N, kVocab}, 5, -6, 6), targets = random_tokens(N, kVocab, 6);
     const OwnedTensor losses(f64, {N}), dlogits(f64, {N, kVocab});
-    be->xent_fwd(losses, Tensor(), logits, targets, {});
-    be->xent_bwd(dlogits, logits, targets, Tensor(), {}, 0.5);
+    be->xent_fwd({.losses = losses, .lse = Tensor(), .logits = logits, .targets = targets, .vocab = {}});
+    be->xent_bwd({.dlogits = dlogits, .logits = logits, .targets = targets, .lse = Tensor(), .vocab = {}, .dloss = 0.5});
 
     // Reduction 1: max over shards of each shard's row max.
     std::vector<OwnedTensor> blocks;
@@ -91,16 +92,17 @@ TEST(VocabShardCrossEntropy, ShardedStatisticsEqualWholeRowLossAndGradient) {
     // Reduction 2: sum over shards of (sum of exp, target logit).
     const OwnedTensor partial = filled(f64, {N, 2}, 0), local_partial(f64, {N, 2});
     for (size_t i = 0; i < kShards.size(); ++i) {
-        be->xent_partial(local_partial, blocks[i], targets, row_max, {kShards[i].begin, kVocab});
+        be->xent_partial({.partial = local_partial, .logits = blocks[i], .targets = targets, .row_max = row_max,
+                          .vocab = {kShards[i].begin, kVocab}});
         be->add(partial, partial, local_partial);
     }
     const OwnedTensor sharded_losses(f64, {N}), lse(f64, {N});
-    be->xent_combine(sharded_losses, lse, partial, row_max);
+    be->xent_combine({.losses = sharded_losses, .lse = lse, .partial = partial, .row_max = row_max});
     expect_close("losses", sharded_losses, losses, 1e-13);
 
     for (size_t i = 0; i < kShards.size(); ++i) {
         const OwnedTensor dlocal(f64, {N, kShards[i].count});
-        be->xent_bwd(dlocal, blocks[i], targets, lse, {kShards[i].begin, kVocab}, 0.5);
+        be->xent_bwd({.dlogits = dlocal, .logits = blocks[i], .targets = targets, .lse = lse, .vocab = {kShards[i].begin, kVocab}, .dloss = 0.5});
         expect_close("dlogits shard", dlocal, column_block(dlogits, kShards[i].begin, kShards[i].count), 1e-13);
     }
 }
@@ -108,5 +110,5 @@ TEST(VocabShardCrossEntropy, ShardedStatisticsEqualWholeRowLossAndGradient) {
 TEST(VocabShardCrossEntropy, ShardWithoutLse_IsRefused) {
     auto be = make_cpu_backend(1);
     const OwnedTensor logits = random_tensor(f64, {2, 4}, 1), targets = random_tokens(2, 4, 2), d(f64, {2, 4});
-    EXPECT_THROW(be->xent_bwd(d, logits, targets, Tensor(), {4, 8}, 1.0), Error);
+    EXPECT_THROW(be->xent_bwd({.dlogits = d, .logits = logits, .targets = targets, .lse = Tensor(), .vocab = {4, 8}, .dloss = 1.0}), Error);
 }

@@ -1,5 +1,5 @@
 // MpiComm's collectives and transfers on small integers (exact in f32), and its bounded
-// waits: run under `mpirun -np 3` (an odd size) as the World3 suite.
+// waits: run under `mpirun -np 3` (an odd size).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +10,7 @@
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "support/host_staging.h"
+#include "support/parallel_test.h"
 
 using namespace llmtrain;
 
@@ -25,7 +26,7 @@ Tensor view(std::vector<float>& v) { return Tensor(v.data(), DType::f32, {static
 
 }  // namespace
 
-TEST(World3, AllReduceSumAndMax_GiveEveryRankTheSameResult) {
+PARALLEL_TEST(MpiCollectives, AllReduceSumAndMax_GiveEveryRankTheSameResult, 3) {
     ParallelContext ctx = world_context();
     Comm& world = *ctx.world;
     ASSERT_EQ(world.size(), 3);
@@ -38,7 +39,7 @@ TEST(World3, AllReduceSumAndMax_GiveEveryRankTheSameResult) {
     EXPECT_EQ(world.all_reduce_scalar(r + 1, ReduceOp::sum), 6.0);
 }
 
-TEST(World3, ReduceScatter_GivesRankItsPieceOfTheSum) {
+PARALLEL_TEST(MpiCollectives, ReduceScatter_GivesRankItsPieceOfTheSum, 3) {
     ParallelContext ctx = world_context();
     Comm& world = *ctx.world;
     const float r = static_cast<float>(world.rank());
@@ -48,7 +49,7 @@ TEST(World3, ReduceScatter_GivesRankItsPieceOfTheSum) {
     EXPECT_EQ(out, expected[static_cast<size_t>(world.rank())]);
 }
 
-TEST(World3, AllGatherInPlace_CollectsEveryRanksChunk) {
+PARALLEL_TEST(MpiCollectives, AllGatherInPlace_CollectsEveryRanksChunk, 3) {
     ParallelContext ctx = world_context();
     Comm& world = *ctx.world;
     const int r = world.rank();
@@ -59,7 +60,7 @@ TEST(World3, AllGatherInPlace_CollectsEveryRanksChunk) {
     EXPECT_EQ(data, (std::vector<float>{0, 1, 10, 11, 20, 21}));
 }
 
-TEST(World3, SendRecvRingAndBroadcast_DeliverExactly) {
+PARALLEL_TEST(MpiCollectives, SendRecvRingAndBroadcast_DeliverExactly, 3) {
     ParallelContext ctx = world_context();
     Comm& world = *ctx.world;
     const int r = world.rank(), n = world.size();
@@ -74,7 +75,7 @@ TEST(World3, SendRecvRingAndBroadcast_DeliverExactly) {
     EXPECT_EQ(value[0], 7.0f);
 }
 
-TEST(World3, RecvFromAPeerThatNeverSends_TimesOutNamingTheRankAndTheGroup) {
+PARALLEL_TEST(MpiCollectives, RecvFromAPeerThatNeverSends_TimesOutNamingTheRankAndTheGroup, 3) {
     ParallelContext ctx = world_context(1.0);
     Comm& world = *ctx.world;
     if (world.rank() == 0) {
@@ -96,7 +97,7 @@ TEST(World3, RecvFromAPeerThatNeverSends_TimesOutNamingTheRankAndTheGroup) {
     next.world->barrier();
 }
 
-TEST(World3, MeshGroupsSplitTheWorldAsTheMeshSays) {
+PARALLEL_TEST(MpiCollectives, MeshGroupsSplitTheWorldAsTheMeshSays, 3) {
     ParallelConfig config;
     config.dp = 0;
     ParallelContext ctx = make_mpi_context(config);
@@ -123,7 +124,7 @@ std::vector<uint16_t> rounded(DType dtype, const std::vector<float>& values) {
 
 // 1 + e + e with e half a unit in the last place of 1: adding in 16 bits rounds 1 + e to 1
 // (a tie, to even) and again, while the f32 sum 1 + 2e rounded once is the next number up.
-TEST(World3, Bf16AndF16Sums_AreTheF32SumRoundedOnce) {
+PARALLEL_TEST(MpiCollectives, Bf16AndF16Sums_AreTheF32SumRoundedOnce, 3) {
     ParallelContext ctx = world_context();
     Comm& world = *ctx.world;
     const float r = static_cast<float>(world.rank());
@@ -142,7 +143,7 @@ TEST(World3, Bf16AndF16Sums_AreTheF32SumRoundedOnce) {
     }
 }
 
-TEST(World3, GpuTensors_AreStagedThroughBuffersReusedFromOperationToOperation) {
+PARALLEL_TEST(MpiCollectives, GpuTensors_AreStagedThroughBuffersReusedFromOperationToOperation, 3) {
     auto staging = std::make_shared<test::HostStaging>();
     ParallelConfig config;
     ParallelContext ctx = make_mpi_context(config, staging);

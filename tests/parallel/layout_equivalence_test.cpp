@@ -1,8 +1,8 @@
 // Every parallel layout computes the same training run as one process: per-step losses,
 // gradient norms and validation losses agree within 1e-5 relative over 10 steps. Each
 // rank also runs the single-process reference itself (the models are tiny), so the check
-// needs no files. Test suites are named by the world size they need (World2 runs under
-// `mpirun -np 2`, ...); CTest runs each suite under its own mpirun.
+// needs no files. Each test states the ranks it runs on (support/parallel_test.h); CTest
+// runs the tests of each world size under their own mpirun.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "support/parallel_test.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
 
@@ -90,14 +91,14 @@ void expect_global_batch_matches_single_process(const std::string& family, int64
 
 // ---- 2 ranks ----
 
-TEST(World2, Gpt2DataParallel_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero1=false"}); }
-TEST(World2, Gpt2DataParallelZero1_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero1=true"}); }
-TEST(World2, LlamaDataParallelZero1SmallBuckets_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2DataParallel_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero_stage=0"}); }
+PARALLEL_TEST(Layouts, Gpt2DataParallelZero1_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero_stage=1"}); }
+PARALLEL_TEST(Layouts, LlamaDataParallelZero1SmallBuckets_MatchesSingleProcess, 2) {
     // Buckets of about 4 KB: many reductions overlap backward and split parameters.
     expect_layout_matches_single_process("llama", 2, {"parallel.bucket_mb=0.004"});
 }
-TEST(World2, Gpt2TensorParallel_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2"}); }
-TEST(World2, BundledTinyConfigWithTensorParallelOnly_PadsTheVocabularyAndMatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2TensorParallel_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(Layouts, BundledTinyConfigWithTensorParallelOnly_PadsTheVocabularyAndMatchesSingleProcess, 2) {
     // configs/tiny.toml's model as shipped (vocabulary 257, d_model 128) with only
     // parallel.tp = 2 and a shorter run: the first-hour command `mpirun -np 2 llmtrain train
     // configs/tiny.toml --set parallel.tp=2`. The short warm-up keeps the 10 steps in the
@@ -110,46 +111,46 @@ TEST(World2, BundledTinyConfigWithTensorParallelOnly_PadsTheVocabularyAndMatches
     ASSERT_EQ(config.model.padded_vocab_size(config.parallel.tp), 258);
     expect_same_run_as_single_process(config);
 }
-TEST(World2, LlamaGqaTensorParallel_MatchesSingleProcess) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
-TEST(World2, Gpt2SequenceParallel_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, LlamaGqaTensorParallel_MatchesSingleProcess, 2) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(Layouts, Gpt2SequenceParallel_MatchesSingleProcess, 2) {
     expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"});
 }
-TEST(World2, LlamaSequenceParallel_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, LlamaSequenceParallel_MatchesSingleProcess, 2) {
     expect_layout_matches_single_process("llama", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"});
 }
-TEST(World2, Gpt2PipelineTiedEmbeddings_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
-TEST(World2, LlamaPipelineUnevenStages_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2PipelineTiedEmbeddings_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
+PARALLEL_TEST(Layouts, LlamaPipelineUnevenStages_MatchesSingleProcess, 2) {
     expect_layout_matches_single_process("llama", 3, {"parallel.pp=2", "parallel.stage_layers=\"3,1\""});
 }
 
 // The global batch fixed by train.global_batch_size: 4 sequences per step are 2 micro-batches
 // of 2 on one process, tp = 2 and pp = 2, and 1 per rank on dp = 2.
-TEST(World2, Gpt2GlobalBatchSizeDataParallel_MatchesSingleProcess) { expect_global_batch_matches_single_process("gpt2", 4, {}); }
-TEST(World2, Gpt2GlobalBatchSizeTensorParallel_MatchesSingleProcess) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.tp=2"}); }
-TEST(World2, Gpt2GlobalBatchSizePipeline_MatchesSingleProcess) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"}); }
-TEST(World2, LlamaGlobalBatchSizeDataParallelZero1_MatchesSingleProcess) {
-    expect_global_batch_matches_single_process("llama", 8, {"parallel.zero1=true"});
+PARALLEL_TEST(Layouts, Gpt2GlobalBatchSizeDataParallel_MatchesSingleProcess, 2) { expect_global_batch_matches_single_process("gpt2", 4, {}); }
+PARALLEL_TEST(Layouts, Gpt2GlobalBatchSizeTensorParallel_MatchesSingleProcess, 2) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.tp=2"}); }
+PARALLEL_TEST(Layouts, Gpt2GlobalBatchSizePipeline_MatchesSingleProcess, 2) { expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"}); }
+PARALLEL_TEST(Layouts, LlamaGlobalBatchSizeDataParallelZero1_MatchesSingleProcess, 2) {
+    expect_global_batch_matches_single_process("llama", 8, {"parallel.zero_stage=1"});
 }
 
 // Fewer micro-batches than stages: a larger bubble, the same run.
-TEST(World2, Gpt2PipelineOneMicroBatch_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 1, {"parallel.pp=2"}); }
-TEST(World2, LlamaPipelineOneMicroBatchUnevenStages_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2PipelineOneMicroBatch_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 1, {"parallel.pp=2"}); }
+PARALLEL_TEST(Layouts, LlamaPipelineOneMicroBatchUnevenStages_MatchesSingleProcess, 2) {
     expect_layout_matches_single_process("llama", 1, {"parallel.pp=2", "parallel.stage_layers=\"1,3\""});
 }
 
 // Interleaved 1F1B: each stage holds two chunks of layers, the transfers wrap around the
 // ring (here both directions between the two ranks carry activations and gradients).
-TEST(World2, Gpt2InterleavedTwoStagesTwoChunks_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2InterleavedTwoStagesTwoChunks_MatchesSingleProcess, 2) {
     expect_layout_matches_single_process("gpt2", 4, {"model.n_layers=8", "parallel.pp=2", "parallel.virtual_stages=2"});
 }
 // As many micro-batches as stages, one layer per chunk, and (llama) an untied head.
-TEST(World2, LlamaInterleavedTwoStagesTwoChunksTwoMicroBatches_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, LlamaInterleavedTwoStagesTwoChunksTwoMicroBatches_MatchesSingleProcess, 2) {
     expect_layout_matches_single_process("llama", 2, {"parallel.pp=2", "parallel.virtual_stages=2"});
 }
 
-TEST(World2, Zero1OptimizerState_IsHalfOfPlainDataParallel) {
-    const RankMemory plain = run_parallel(tiny("gpt2", 2, {"parallel.zero1=false", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
-    const RankMemory sharded = run_parallel(tiny("gpt2", 2, {"parallel.zero1=true", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+PARALLEL_TEST(ShardedStateSize, Zero1OptimizerState_IsHalfOfPlainDataParallel, 2) {
+    const RankMemory plain = run_parallel(tiny("gpt2", 2, {"parallel.zero_stage=0", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory sharded = run_parallel(tiny("gpt2", 2, {"parallel.zero_stage=1", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
     // The flat buffer is padded to a multiple of dp, so the halves are exact to a few elements.
     EXPECT_NEAR(static_cast<double>(sharded.optimizer_bytes) / static_cast<double>(plain.optimizer_bytes), 0.5, 1e-3);
     EXPECT_EQ(sharded.parameter_bytes, plain.parameter_bytes);
@@ -157,42 +158,42 @@ TEST(World2, Zero1OptimizerState_IsHalfOfPlainDataParallel) {
 
 // ---- 4 ranks ----
 
-TEST(World4, Gpt2FourStagesEightMicroBatches_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 8, {"parallel.pp=4"}); }
-TEST(World4, Gpt2FourStagesTwoMicroBatches_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=4"}); }
-TEST(World4, Gpt2InterleavedFourStagesTwoChunks_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2FourStagesEightMicroBatches_MatchesSingleProcess, 4) { expect_layout_matches_single_process("gpt2", 8, {"parallel.pp=4"}); }
+PARALLEL_TEST(Layouts, Gpt2FourStagesTwoMicroBatches_MatchesSingleProcess, 4) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=4"}); }
+PARALLEL_TEST(Layouts, Gpt2InterleavedFourStagesTwoChunks_MatchesSingleProcess, 4) {
     expect_layout_matches_single_process("gpt2", 4, {"model.n_layers=8", "parallel.pp=4", "parallel.virtual_stages=2"});
 }
-TEST(World4, LlamaInterleavedFourStagesTwoChunksEightMicroBatches_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, LlamaInterleavedFourStagesTwoChunksEightMicroBatches_MatchesSingleProcess, 4) {
     expect_layout_matches_single_process("llama", 8, {"model.n_layers=8", "parallel.pp=4", "parallel.virtual_stages=2"});
 }
 // dp 2 x pp 2 with two chunks per stage: the gradients of every chunk are reduced over dp.
-TEST(World4, Gpt2InterleavedPipelineTimesData_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2InterleavedPipelineTimesData_MatchesSingleProcess, 4) {
     expect_layout_matches_single_process("gpt2", 2, {"model.n_layers=8", "parallel.pp=2", "parallel.virtual_stages=2"});
 }
 // dp = 2 x pp = 2: 4 sequences per step give each dp rank one micro-batch for two stages.
-TEST(World4, Gpt2GlobalBatchSizePipelineTimesData_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2GlobalBatchSizePipelineTimesData_MatchesSingleProcess, 4) {
     expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"});
 }
-TEST(World4, LlamaTensorTimesData_MatchesSingleProcess) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
-TEST(World4, Gpt2PipelineTimesDataZero1_MatchesSingleProcess) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
-TEST(World4, LlamaOnBpeTokenShardsTensorTimesData_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, LlamaTensorTimesData_MatchesSingleProcess, 4) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(Layouts, Gpt2PipelineTimesDataZero1_MatchesSingleProcess, 4) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
+PARALLEL_TEST(Layouts, LlamaOnBpeTokenShardsTensorTimesData_MatchesSingleProcess, 4) {
     // The shard loader's global cursor hands each dp rank its slice of every global batch.
     expect_same_run_as_single_process(tiny_from("configs/tiny-bpe.toml", "llama", 2, {"parallel.tp=2"}));
 }
-TEST(World4, Zero1OptimizerState_IsAQuarterOfPlainDataParallel) {
-    const RankMemory plain = run_parallel(tiny("llama", 1, {"parallel.zero1=false", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
-    const RankMemory sharded = run_parallel(tiny("llama", 1, {"parallel.zero1=true", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+PARALLEL_TEST(ShardedStateSize, Zero1OptimizerState_IsAQuarterOfPlainDataParallel, 4) {
+    const RankMemory plain = run_parallel(tiny("llama", 1, {"parallel.zero_stage=0", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
+    const RankMemory sharded = run_parallel(tiny("llama", 1, {"parallel.zero_stage=1", "train.steps=1", "optimizer.warmup_steps=0", "train.eval_every=0"})).memory;
     EXPECT_NEAR(static_cast<double>(sharded.optimizer_bytes) / static_cast<double>(plain.optimizer_bytes), 0.25, 1e-3);
 }
 
 // ---- 8 ranks ----
 
-TEST(World8, Gpt2TensorPipelineData_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2TensorPipelineData_MatchesSingleProcess, 8) {
     expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.pp=2"});
 }
-TEST(World8, Gpt2SequenceParallelPipelineData_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, Gpt2SequenceParallelPipelineData_MatchesSingleProcess, 8) {
     expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"});
 }
-TEST(World8, LlamaTensorPipelineDataPipelineOutermost_MatchesSingleProcess) {
+PARALLEL_TEST(Layouts, LlamaTensorPipelineDataPipelineOutermost_MatchesSingleProcess, 8) {
     expect_layout_matches_single_process("llama", 2, {"parallel.tp=2", "parallel.pp=2", "parallel.order=\"tp-pp-dp\""});
 }

@@ -1,4 +1,4 @@
-// 1-bit Adam's compressed all-reduce over MPI (World2 and World4 suites): every rank ends
+// 1-bit Adam's compressed all-reduce over MPI, on 2 and 4 ranks: every rank ends
 // with the same vector, close to the true average (each value within the compression error
 // of the chunk: the scale), and with error feedback the running sum of results tracks the
 // running sum of true averages far more closely than one call does.
@@ -10,6 +10,7 @@
 #include "optim/onebit_compression.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "support/parallel_test.h"
 
 using namespace llmtrain;
 
@@ -63,10 +64,10 @@ void check_compressed_average(int world) {
 
 }  // namespace
 
-TEST(World2, CompressedAllReduce_TracksTheAverageWithErrorFeedback) { check_compressed_average(2); }
-TEST(World4, CompressedAllReduce_TracksTheAverageWithErrorFeedback) { check_compressed_average(4); }
+PARALLEL_TEST(OneBitCollectives, CompressedAllReduceOverTwoRanks_TracksTheAverageWithErrorFeedback, 2) { check_compressed_average(2); }
+PARALLEL_TEST(OneBitCollectives, CompressedAllReduceOverFourRanks_TracksTheAverageWithErrorFeedback, 4) { check_compressed_average(4); }
 
-TEST(World4, AllToAll_DeliversChunkRFromEveryRankToRankR) {
+PARALLEL_TEST(OneBitCollectives, AllToAll_DeliversChunkRFromEveryRankToRankR, 4) {
     ParallelContext ctx = make_mpi_context(ParallelConfig{});
     Comm& group = *ctx.world;
     const int p = group.size(), me = group.rank();

@@ -20,8 +20,9 @@
 #include <string>
 
 #include "config/config.h"
-#include "ops/memory_plan.h"
 #include "parallel/context.h"
+#include "plan/memory_plan.h"
+#include "support/parallel_test.h"
 #include "train/trainer.h"
 
 using namespace llmtrain;
@@ -92,45 +93,45 @@ void expect_plan_is_what_the_rank_holds(const std::string& name, bool fifty_mill
 
 }  // namespace
 
-TEST(World4, PlanMemory_TinyDataParallelZero1) { expect_plan_is_what_the_rank_holds("tiny dp4 zero1", false, {}); }
-TEST(World4, PlanMemory_TinyDataParallelZero2) { expect_plan_is_what_the_rank_holds("tiny dp4 zero2", false, {"parallel.zero_stage=2"}); }
-TEST(World4, PlanMemory_TinyPipelineTimesDataZero2) {
+PARALLEL_TEST(MemoryPlan, TinyDataParallelZero1_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny dp4 zero1", false, {}); }
+PARALLEL_TEST(MemoryPlan, TinyDataParallelZero2_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny dp4 zero2", false, {"parallel.zero_stage=2"}); }
+PARALLEL_TEST(MemoryPlan, TinyPipelineTimesDataZero2_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2 zero2", false, {"parallel.pp=2", "train.grad_accum=2", "parallel.zero_stage=2"});
 }
-TEST(World4, PlanMemory_TinyHybridShardsOfTwoZero2) {
+PARALLEL_TEST(MemoryPlan, TinyHybridShardsOfTwoZero2_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny dp4 shard2 zero2", false, {"parallel.zero_stage=2", "parallel.shard_size=2"});
 }
-TEST(World4, PlanMemory_TinyDataParallelZero3) { expect_plan_is_what_the_rank_holds("tiny dp4 zero3", false, {"parallel.zero_stage=3"}); }
-TEST(World4, PlanMemory_TinyPipelineTimesDataZero3PrefetchTwo) {
+PARALLEL_TEST(MemoryPlan, TinyDataParallelZero3_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny dp4 zero3", false, {"parallel.zero_stage=3"}); }
+PARALLEL_TEST(MemoryPlan, TinyPipelineTimesDataZero3PrefetchTwo_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2 zero3 prefetch2", false,
                                        {"parallel.pp=2", "train.grad_accum=2", "parallel.zero_stage=3", "parallel.prefetch_layers=2"});
 }
-TEST(World4, PlanMemory_TinyTensorTimesDataZero3) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2 zero3", false, {"parallel.tp=2", "parallel.zero_stage=3"}); }
-TEST(World4, PlanMemory_TinyHybridShardsOfTwoZero3) {
+PARALLEL_TEST(MemoryPlan, TinyTensorTimesDataZero3_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2 zero3", false, {"parallel.tp=2", "parallel.zero_stage=3"}); }
+PARALLEL_TEST(MemoryPlan, TinyHybridShardsOfTwoZero3_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny dp4 shard2 zero3", false, {"parallel.zero_stage=3", "parallel.shard_size=2"});
 }
-TEST(World4, PlanMemory_50MDataParallelZero3) { expect_plan_is_what_the_rank_holds("50M dp4 zero3", true, {"parallel.zero_stage=3"}); }
-TEST(World4, PlanMemory_TinyDataParallelNoZero1) { expect_plan_is_what_the_rank_holds("tiny dp4 no zero1", false, {"parallel.zero1=false"}); }
-TEST(World4, PlanMemory_TinyTensorTimesData) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2", false, {"parallel.tp=2"}); }
-TEST(World4, PlanMemory_TinyPipelineTimesData) { expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2", false, {"parallel.pp=2", "train.grad_accum=2"}); }
-TEST(World4, PlanMemory_TinyTensorTimesPipeline) { expect_plan_is_what_the_rank_holds("tiny tp2 pp2 m2", false, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}); }
-TEST(World4, PlanMemory_TinyFourStagesFullRecompute) {
+PARALLEL_TEST(MemoryPlan, 50MDataParallelZero3_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("50M dp4 zero3", true, {"parallel.zero_stage=3"}); }
+PARALLEL_TEST(MemoryPlan, TinyDataParallelNoZero1_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny dp4 no zero1", false, {"parallel.zero_stage=0"}); }
+PARALLEL_TEST(MemoryPlan, TinyTensorTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny tp2 dp2", false, {"parallel.tp=2"}); }
+PARALLEL_TEST(MemoryPlan, TinyPipelineTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny pp2 dp2 m2", false, {"parallel.pp=2", "train.grad_accum=2"}); }
+PARALLEL_TEST(MemoryPlan, TinyTensorTimesPipeline_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny tp2 pp2 m2", false, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}); }
+PARALLEL_TEST(MemoryPlan, TinyFourStagesFullRecompute_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny pp4 m4 recompute full", false, {"parallel.pp=4", "train.grad_accum=4", "train.recompute=\"full\""});
 }
 // Interleaved: two chunks per stage, each with the activation sets its schedule keeps.
-TEST(World4, PlanMemory_TinyFourStagesTwoVirtualStages) {
+PARALLEL_TEST(MemoryPlan, TinyFourStagesTwoVirtualStages_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny pp4 v2 m4", false, {"model.n_layers=8", "parallel.pp=4", "parallel.virtual_stages=2", "train.grad_accum=4"});
 }
-TEST(World4, PlanMemory_TinyTensorFourSequenceParallel) { expect_plan_is_what_the_rank_holds("tiny tp4 sp", false, {"parallel.tp=4", "parallel.sequence_parallel=true"}); }
-TEST(World4, PlanMemory_TinyLlamaSelectiveRecompute) {
+PARALLEL_TEST(MemoryPlan, TinyTensorFourSequenceParallel_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny tp4 sp", false, {"parallel.tp=4", "parallel.sequence_parallel=true"}); }
+PARALLEL_TEST(MemoryPlan, TinyLlamaSelectiveRecompute_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny llama tp2 dp2 selective", false,
                                        {"model.family=\"llama\"", "model.n_kv_heads=2", "parallel.tp=2", "train.recompute=\"selective\""});
 }
-TEST(World4, PlanMemory_50MDataParallelZero1) { expect_plan_is_what_the_rank_holds("50M dp4 zero1", true, {}); }
-TEST(World4, PlanMemory_50MTensorTimesData) { expect_plan_is_what_the_rank_holds("50M tp2 dp2", true, {"parallel.tp=2"}); }
-TEST(World4, PlanMemory_50MPipelineTimesDataNoZero1) {
-    expect_plan_is_what_the_rank_holds("50M pp2 dp2 m2 no zero1", true, {"parallel.pp=2", "train.grad_accum=2", "parallel.zero1=false"});
+PARALLEL_TEST(MemoryPlan, 50MDataParallelZero1_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("50M dp4 zero1", true, {}); }
+PARALLEL_TEST(MemoryPlan, 50MTensorTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("50M tp2 dp2", true, {"parallel.tp=2"}); }
+PARALLEL_TEST(MemoryPlan, 50MPipelineTimesDataNoZero1_IsWhatTheRankHolds, 4) {
+    expect_plan_is_what_the_rank_holds("50M pp2 dp2 m2 no zero1", true, {"parallel.pp=2", "train.grad_accum=2", "parallel.zero_stage=0"});
 }
-TEST(World4, PlanMemory_50MTensorTimesPipelineFullRecompute) {
+PARALLEL_TEST(MemoryPlan, 50MTensorTimesPipelineFullRecompute_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("50M tp2 pp2 m2 recompute full", true, {"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2", "train.recompute=\"full\""});
 }

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
+#include "support/parallel_test.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
 
@@ -74,48 +75,48 @@ void expect_zero3_matches_single_process(const std::string& family, int64_t micr
 // ---- 2 ranks ----
 
 // The head tied to the embedding on one stage: its gradient is written twice per backward.
-TEST(World2, Gpt2Zero2DataParallelTwoMicroBatches_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {}); }
-TEST(World2, LlamaZero2DataParallelUntied_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 3, {"model.tied_embeddings=false"}); }
+PARALLEL_TEST(ZeroStages, Gpt2Zero2DataParallelTwoMicroBatches_MatchesSingleProcess, 2) { expect_zero2_matches_single_process("gpt2", 2, {}); }
+PARALLEL_TEST(ZeroStages, LlamaZero2DataParallelUntied_MatchesSingleProcess, 2) { expect_zero2_matches_single_process("llama", 3, {"model.tied_embeddings=false"}); }
 
 // ZeRO-3: the embedding tied to the head is gathered once per step (resident), the layers
 // before each forward and backward; eval runs as many forwards on every rank (7 sequences
 // in micro-batches of 2: 4 micro-batches on 2 ranks, but also an odd count below).
-TEST(World2, Gpt2Zero3DataParallelTwoMicroBatches_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {}); }
-TEST(World2, LlamaZero3DataParallelUntiedNoPrefetch_MatchesSingleProcess) {
+PARALLEL_TEST(ZeroStages, Gpt2Zero3DataParallelTwoMicroBatches_MatchesSingleProcess, 2) { expect_zero3_matches_single_process("gpt2", 2, {}); }
+PARALLEL_TEST(ZeroStages, LlamaZero3DataParallelUntiedNoPrefetch_MatchesSingleProcess, 2) {
     expect_zero3_matches_single_process("llama", 3, {"model.tied_embeddings=false", "parallel.prefetch_layers=0", "train.eval_sequences=5"});
 }
-TEST(World2, Gpt2Zero3PrefetchBeyondThePassAndFullRecompute_MatchesSingleProcess) {
+PARALLEL_TEST(ZeroStages, Gpt2Zero3PrefetchBeyondThePassAndFullRecompute_MatchesSingleProcess, 2) {
     expect_zero3_matches_single_process("gpt2", 1, {"parallel.prefetch_layers=3", "train.recompute=\"full\""});
 }
 
 // ---- 4 ranks ----
 
-TEST(World4, Gpt2Zero3DataParallel_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {}); }
-TEST(World4, LlamaZero3TensorTimesData_MatchesSingleProcess) { expect_zero3_matches_single_process("llama", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(ZeroStages, Gpt2Zero3DataParallel_MatchesSingleProcess, 4) { expect_zero3_matches_single_process("gpt2", 2, {}); }
+PARALLEL_TEST(ZeroStages, LlamaZero3TensorTimesData_MatchesSingleProcess, 4) { expect_zero3_matches_single_process("llama", 2, {"parallel.tp=2"}); }
 // The embedding tied across the stages: each stage's copy resident, their gradients summed.
-TEST(World4, Gpt2Zero3PipelineTimesData_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
-TEST(World4, Gpt2Zero3HybridShardsOfTwo_MatchesSingleProcess) { expect_zero3_matches_single_process("gpt2", 2, {"parallel.shard_size=2"}); }
+PARALLEL_TEST(ZeroStages, Gpt2Zero3PipelineTimesData_MatchesSingleProcess, 4) { expect_zero3_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
+PARALLEL_TEST(ZeroStages, Gpt2Zero3HybridShardsOfTwo_MatchesSingleProcess, 4) { expect_zero3_matches_single_process("gpt2", 2, {"parallel.shard_size=2"}); }
 
-TEST(World4, Gpt2Zero2DataParallel_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {}); }
-TEST(World4, LlamaZero2TensorTimesData_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 2, {"parallel.tp=2"}); }
-TEST(World4, Gpt2Zero2SequenceParallelTensorTimesData_MatchesSingleProcess) {
+PARALLEL_TEST(ZeroStages, Gpt2Zero2DataParallel_MatchesSingleProcess, 4) { expect_zero2_matches_single_process("gpt2", 2, {}); }
+PARALLEL_TEST(ZeroStages, LlamaZero2TensorTimesData_MatchesSingleProcess, 4) { expect_zero2_matches_single_process("llama", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(ZeroStages, Gpt2Zero2SequenceParallelTensorTimesData_MatchesSingleProcess, 4) {
     expect_zero2_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"});
 }
 // The embedding tied across the stages: summed between them after the last micro-batch.
-TEST(World4, Gpt2Zero2PipelineTimesData_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
+PARALLEL_TEST(ZeroStages, Gpt2Zero2PipelineTimesData_MatchesSingleProcess, 4) { expect_zero2_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
 
 // Hybrid sharding: dp ranks {0, 1} and {2, 3} shard, 0 and 2, 1 and 3 hold the same shards.
 // The norm counts the first block's shards only: a doubled count would show in the grad norm.
-TEST(World4, Gpt2Zero2HybridShardsOfTwo_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 2, {"parallel.shard_size=2"}); }
-TEST(World4, LlamaZero2HybridShardsOfTwoUntied_MatchesSingleProcess) {
+PARALLEL_TEST(ZeroStages, Gpt2Zero2HybridShardsOfTwo_MatchesSingleProcess, 4) { expect_zero2_matches_single_process("gpt2", 2, {"parallel.shard_size=2"}); }
+PARALLEL_TEST(ZeroStages, LlamaZero2HybridShardsOfTwoUntied_MatchesSingleProcess, 4) {
     expect_zero2_matches_single_process("llama", 1, {"parallel.shard_size=2", "model.tied_embeddings=false"});
 }
 // Blocks of one rank: nothing sharded, every gradient all-reduced across the replicas (dp 4).
-TEST(World4, Gpt2Zero2ShardsOfOne_MatchesSingleProcess) { expect_zero2_matches_single_process("gpt2", 1, {"parallel.shard_size=1"}); }
+PARALLEL_TEST(ZeroStages, Gpt2Zero2ShardsOfOne_MatchesSingleProcess, 4) { expect_zero2_matches_single_process("gpt2", 1, {"parallel.shard_size=1"}); }
 
 // 12 untied layers on dp 4: every group is pooled. Gradients: a shard of the whole / 4 (each
 // group padded to a multiple of 4), two buffers of the largest group padded, two pieces of it.
-TEST(World4, Zero2PerRankBytes_AreTheExpectedFractions) {
+PARALLEL_TEST(ShardedStateSize, Zero2PerRankBytes_AreTheExpectedFractions, 4) {
     const std::vector<std::string> shape = {"model.n_layers=12", "model.tied_embeddings=false", "train.steps=1", "optimizer.warmup_steps=0",
                                             "train.eval_every=0"};
     const auto with = [&](const std::string& stage) {
@@ -158,7 +159,7 @@ TEST(World4, Zero2PerRankBytes_AreTheExpectedFractions) {
 // ZeRO-3 on dp 4 (12 untied layers: no resident group): parameters are a master shard of
 // the whole / 4 (groups padded to a multiple of 4) plus prefetch_layers + 1 gather buffers of
 // the largest group; gradients and AdamW state are stage 2's.
-TEST(World4, Zero3PerRankBytes_AreTheExpectedFractions) {
+PARALLEL_TEST(ShardedStateSize, Zero3PerRankBytes_AreTheExpectedFractions, 4) {
     const std::vector<std::string> shape = {"model.n_layers=12", "model.tied_embeddings=false", "train.steps=1", "optimizer.warmup_steps=0",
                                             "train.eval_every=0"};
     const auto with = [&](const std::vector<std::string>& more) {
@@ -197,7 +198,7 @@ TEST(World4, Zero3PerRankBytes_AreTheExpectedFractions) {
 
 // Hybrid sharding beside the other dimensions: each (tp, pp) position's dp group of 4 is cut
 // into blocks of 2; across pipeline stages the tied embedding's resident group is summed first.
-TEST(World8, Gpt2Zero2HybridPipelineTimesData_MatchesSingleProcess) {
+PARALLEL_TEST(ZeroStages, Gpt2Zero2HybridPipelineTimesData_MatchesSingleProcess, 8) {
     expect_zero2_matches_single_process("gpt2", 2, {"parallel.pp=2", "parallel.shard_size=2"});
 }
-TEST(World8, LlamaZero2HybridTensorTimesData_MatchesSingleProcess) { expect_zero2_matches_single_process("llama", 1, {"parallel.tp=2", "parallel.shard_size=2"}); }
+PARALLEL_TEST(ZeroStages, LlamaZero2HybridTensorTimesData_MatchesSingleProcess, 8) { expect_zero2_matches_single_process("llama", 1, {"parallel.tp=2", "parallel.shard_size=2"}); }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -160,25 +162,42 @@ TEST(ManifestChecksum, AnEditedStep_IsFoundBeforeAnythingReadsIt) {
     EXPECT_THROW(find_resume_checkpoint(root, dir, [](const std::string&) {}), Error);
 }
 
-TEST(ManifestChecksum, RunIdSequenceAndGlobalBatch_RoundTrip_AndFormat1StillReads) {
+TEST(ManifestChecksum, RunIdSequenceAndGlobalBatch_RoundTrip_AndFormats1And2StillRead) {
     Manifest m;
     m.run_id = run_a;
     m.sequence = 7;
     m.global_batch = 32;
     m.run_directory = "runs/x";
+    m.zero_stage = 3;
     m.files = {{"rank_00000.h5", 1, 2}};
-    const Manifest back = manifest_from_json(manifest_to_json(m), "m.json");
+    const std::string current = manifest_to_json(m);
+    const Manifest back = manifest_from_json(current, "m.json");
     EXPECT_EQ(back.run_id, run_a);
     EXPECT_EQ(back.sequence, 7);
     EXPECT_EQ(back.global_batch, 32);
     EXPECT_EQ(back.run_directory, "runs/x");
+    EXPECT_EQ(back.zero_stage, 3);
+    const std::regex checksum(",\\s*\"manifest_xxh64\": \"[0-9a-f]+\"");
+    // A manifest of format 2 (the mesh's zero1, rank files of tp parts): its own checksum
+    // (XXH64 of the compact JSON without the key) recomputed over the edited document.
+    std::string format2 = std::regex_replace(current, checksum, "");
+    format2 = std::regex_replace(format2, std::regex("\"version\": 3"), "\"version\": 2");
+    format2 = std::regex_replace(format2, std::regex("\"zero_stage\": 3"), "\"zero1\": true");
+    const std::string compact = nlohmann::ordered_json::parse(format2).dump();
+    char digest[17];
+    std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(XXH64(compact.data(), compact.size(), 0)));
+    nlohmann::ordered_json with_checksum = nlohmann::ordered_json::parse(format2);
+    with_checksum["manifest_xxh64"] = digest;
+    const Manifest second = manifest_from_json(with_checksum.dump(2), "m.json");
+    EXPECT_EQ(second.run_id, run_a);
+    EXPECT_EQ(second.zero_stage, 1) << "zero1 = true is stage 1";
     // A manifest of format 1 (earlier llmtrains): no run id, no checksum of its own.
-    std::string older = std::regex_replace(manifest_to_json(m), std::regex(",\\s*\"manifest_xxh64\": \"[0-9a-f]+\""), "");
-    older = std::regex_replace(older, std::regex("\"version\": 2"), "\"version\": 1");
+    std::string older = std::regex_replace(current, checksum, "");
+    older = std::regex_replace(older, std::regex("\"version\": 3"), "\"version\": 1");
     const Manifest legacy = manifest_from_json(older, "m.json");
     EXPECT_EQ(legacy.run_id, "");
     EXPECT_EQ(legacy.global_batch, 0);
-    // Format 2 without its checksum is refused: the key cannot be dropped to pass an edit.
+    // Format 3 without its checksum is refused: the key cannot be dropped to pass an edit.
     EXPECT_THROW(manifest_from_json(std::regex_replace(manifest_to_json(m), std::regex(",\\s*\"manifest_xxh64\": \"[0-9a-f]+\""), ""), "m.json"), Error);
 }
 

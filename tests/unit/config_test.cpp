@@ -183,7 +183,7 @@ TEST(Config, MinimalGpt2_ParsesWithDocumentedDefaults) {
     EXPECT_EQ(c.optimizer.grad_clip, 1.0);
     EXPECT_EQ(c.parallel.tp * c.parallel.pp, 1);
     EXPECT_EQ(c.parallel.dp, 0);  // derived from the world size at launch
-    EXPECT_TRUE(c.parallel.zero1);
+    EXPECT_EQ(c.parallel.zero_stage, 1);
     EXPECT_EQ(c.parallel.order, "tp-dp-pp");
     EXPECT_EQ(c.checkpoint.every_steps, 0);
     EXPECT_EQ(c.monitor.on_nonfinite, HealthAction::abort);
@@ -448,6 +448,15 @@ TEST(Config, GlobalBatchSize_GivesMicroBatchesPerStepForEachDp) {
     EXPECT_EQ(micro_batches_per_step(c, 6), 1);
     // Without it, grad_accum is what it says on every dp.
     EXPECT_EQ(micro_batches_per_step(parse(TomlText::gpt2().set("train.grad_accum", "3")), 4), 3);
+}
+
+TEST(Config, ResolveOnMesh_DerivesGradAccumIntoACopyAndLeavesTheGivenConfigAlone) {
+    const Config given = parse(TomlText::gpt2().set("train.global_batch_size", "12"));
+    const Config resolved = resolve_on_mesh(given, 2);
+    EXPECT_EQ(resolved.train.grad_accum, 3);
+    EXPECT_EQ(given.train.grad_accum, 0);
+    EXPECT_EQ(resolved.train.global_batch_size, 12);
+    EXPECT_EQ(dump_config(resolve_on_mesh(given, 3)), dump_config(resolve_on_mesh(resolve_on_mesh(given, 3), 3)));
 }
 
 TEST(Config, GlobalBatchSizeThatDoesNotSplitOnTheRunsDp_NamesTheKeysAndNumbers) {
@@ -769,30 +778,19 @@ TEST(Config, NcclOnTheCpu_IsAConfigErrorNamingTheKey) {
 
 // ---- ZeRO stage ----
 
-TEST(Config, ZeroStage_FollowsZero1WhenNotGiven) {
+TEST(Config, Zero1_IsRetiredNamingZeroStage) {
     EXPECT_EQ(parse(TomlText::gpt2()).parallel.zero_stage, 1);
-    const Config off = parse(TomlText::gpt2(), {"parallel.zero1=false"});
-    EXPECT_EQ(off.parallel.zero_stage, 0);
-    EXPECT_FALSE(off.parallel.zero1);
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.zero1=false"}), "parallel.zero1: replaced by parallel.zero_stage"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.zero1", "true")), "run.toml: parallel.zero1: replaced by parallel.zero_stage"));
 }
 
-TEST(Config, ZeroStageTwo_ImpliesZero1AndReadsBackFromItsDump) {
+TEST(Config, ZeroStage_ReadsBackFromItsDump) {
     const Config c = parse(TomlText::gpt2(), {"parallel.zero_stage=2"});
     EXPECT_EQ(c.parallel.zero_stage, 2);
-    EXPECT_TRUE(c.parallel.zero1);
     const Config again = parse_config(dump_config(c), "dumped.toml", {});
     EXPECT_EQ(again.parallel.zero_stage, 2);
     const Config none = parse(TomlText::gpt2(), {"parallel.zero_stage=0"});
-    EXPECT_FALSE(none.parallel.zero1);
     EXPECT_EQ(parse_config(dump_config(none), "dumped.toml", {}).parallel.zero_stage, 0);
-}
-
-TEST(Config, ZeroStageContradictingZero1_NamesBothKeys) {
-    const std::string message = error_of(TomlText::gpt2(), {"parallel.zero1=false", "parallel.zero_stage=2"});
-    EXPECT_TRUE(Contains(message, "parallel.zero_stage")) << message;
-    EXPECT_TRUE(Contains(message, "parallel.zero1 = false")) << message;
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.zero1=true", "parallel.zero_stage=0"}), "contradicts parallel.zero1 = true"));
-    EXPECT_EQ(parse(TomlText::gpt2(), {"parallel.zero1=true", "parallel.zero_stage=2"}).parallel.zero_stage, 2);
 }
 
 TEST(Config, ZeroStageOutOfRange_IsRefusedNamingTheKey) {

@@ -14,6 +14,7 @@
 
 #include "parallel/event_ordered_comm.h"
 #include "parallel/grad_buckets.h"
+#include "parallel/parameter_store.h"
 #include "support/stream_graph.h"
 
 using namespace llmtrain;
@@ -46,7 +47,7 @@ struct Rig {
 constexpr int64_t kParams = 4, kParamNumel = 8, kNumel = kParams * kParamNumel;
 
 FlatParameters flat_of(const OwnedTensor& values, const OwnedTensor& grads, const OwnedTensor* compute) {
-    FlatParameters flat{values.view(), grads.view(), compute ? compute->view() : Tensor(), {},
+    FlatParameters flat{DType::f32, values.view(), grads.view(), compute ? compute->view() : Tensor(), {},
                         [](DType dtype, Shape shape) { return OwnedTensor(dtype, shape, Device::cuda, allocate_host_memory); }};
     for (int64_t i = 0; i < kParams; ++i) flat.ranges.push_back({i * kParamNumel, (i + 1) * kParamNumel});
     return flat;
@@ -94,7 +95,7 @@ TEST(EventOrdering, DataParallelBuckets_WaitForBackwardAndTheOptimizerWaitsForTh
     Rig rig("dp");
     OwnedTensor values = device_tensor(DType::f32, kNumel), grads = device_tensor(DType::f32, kNumel);
     const FlatParameters flat = flat_of(values, grads, nullptr);
-    GradBuckets buckets(flat, *rig.comm, false, 2 * kParamNumel * 4);
+    GradBuckets buckets(flat, bucket_cuts(kNumel, 4, 2, 2 * kParamNumel * 4), false, *rig.comm);
     ASSERT_EQ(buckets.bucket_count(), 2u);
     for (int step = 0; step < 2; ++step) {
         rig.kernel("forward", {flat.values}, {});
@@ -110,16 +111,23 @@ TEST(EventOrdering, Zero1_ReduceScatterWaitsForBackwardAndTheAllGatherOfTheCompu
     OwnedTensor values = device_tensor(DType::f32, kNumel), grads = device_tensor(DType::f32, kNumel);
     OwnedTensor compute = device_tensor(DType::bf16, kNumel);
     const FlatParameters flat = flat_of(values, grads, &compute);
-    GradBuckets buckets(flat, *rig.comm, true, 2 * kParamNumel * 4);
+    GradBuckets buckets(flat, bucket_cuts(kNumel, 4, 2, 2 * kParamNumel * 4), true, *rig.comm);
     ASSERT_TRUE(buckets.zero1());
+    // The parameter store all-gathers the updated pieces bucket by bucket (ZeRO-1's cuts).
+    PlacementSpec spec;
+    spec.padded_numel = kNumel;
+    spec.zero_stage = 1;
+    spec.cuts = bucket_cuts(kNumel, 4, 2, 2 * kParamNumel * 4);
+    spec.shard_size = 2;
+    ReplicatedParameters store(flat, Placement(spec), *rig.comm, {}, {{}, {}, [&rig](const Tensor& out, const Tensor& in) { rig.kernel("copy", {in}, {out}); }});
     for (int step = 0; step < 2; ++step) {
         rig.kernel("forward", {flat.compute_values}, {});
         backward(rig, buckets, flat);
         for (const OwnedPiece& piece : buckets.owned())
             rig.kernel("adamw", {piece.grads}, {part(flat.values, piece.begin, piece.end), part(flat.compute_values, piece.begin, piece.end)});
-        buckets.gather_parameters();
+        store.after_update();
     }
-    buckets.gather_master_values();
+    store.gather_master();
     rig.kernel("checkpoint copy", {flat.values}, {});
     expect_no_races(rig);
     const std::vector<std::string> dp = rig.order.work_on(1);

@@ -13,8 +13,9 @@
 
 #include "backend/backend.h"
 #include "model/transformer.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "parallel/fully_sharded.h"
+#include "parallel/sharded_gradients.h"
 
 using namespace llmtrain;
 
@@ -83,29 +84,38 @@ struct ShardedModel {
     std::unique_ptr<Backend> backend = make_cpu_backend(1);
     RecordingComm comm{events};
     std::unique_ptr<Transformer> model;
-    std::unique_ptr<FullyShardedGradients> reduction;
+    std::unique_ptr<Placement> placement;
+    std::unique_ptr<ShardedGradients> reduction;
+    std::unique_ptr<FullyShardedParameters> store;
 
     explicit ShardedModel(int prefetch) {
         ModelPartition part;
         part.grad_storage = GradStorage::bound;
         part.value_storage = ValueStorage::bound;
         model = std::make_unique<Transformer>(tiny_gpt2(), *backend, DType::f32, kBatch, kSeq, part);
-        model->initialize(7);
         Parameters& params = model->parameters();
         Backend& b = *backend;
         FlatOps ops{[&b](const Tensor& x) { b.fill_zero(x); }, [&b](const Tensor& out, const Tensor& x, const Tensor& y) { b.add(out, x, y); },
                     [&b](const Tensor& out, const Tensor& in) { b.copy(out, in); }};
-        ShardedValueHooks hooks{[&params] {
-                                    params.allocate_master_values();
-                                    return params.all_values();
-                                },
-                                [&params] { params.release_master_values(); },
-                                [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) { params.bind_values(first, end, storage, offset); }};
-        reduction = std::make_unique<FullyShardedGradients>(flat_parameters(params), zero2_gradient_groups(*model), comm, nullptr, std::move(ops),
-                                                            DType::f32, prefetch, std::move(hooks));
-        model->set_group_compute_hook([this](const std::vector<size_t>& pass, size_t position) {
-            reduction->before_group(pass, position);
+        // One rank of ZeRO-3: the model's layer groups, each a piece of its own.
+        PlacementSpec spec;
+        spec.tensors = tensor_places(params);
+        spec.padded_numel = params.padded_numel();
+        spec.zero_stage = 3;
+        std::vector<FlatRange> ranges;
+        for (const TensorPlace& t : spec.tensors) ranges.push_back(t.flat);
+        spec.cuts = group_cuts(ranges, zero2_gradient_groups(*model), 1);
+        placement = std::make_unique<Placement>(std::move(spec));
+        reduction = std::make_unique<ShardedGradients>(flat_parameters(params), placement->cuts(), comm, nullptr, ops);
+        store = std::make_unique<FullyShardedParameters>(flat_parameters(params), *placement, comm, ops, DType::f32, prefetch,
+                                                         [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) {
+                                                             params.bind_values(first, end, storage, offset);
+                                                         });
+        store->initialize([this](FlatRange range, const Tensor& out) { model->initialize_range(7, range, out); });
+        model->set_group_weights([this](const std::vector<size_t>& pass, size_t position) {
+            GroupWeights weights = store->weights(pass, position);
             events.push_back("compute");
+            return weights;
         });
         model->set_grads_begin_hook([this, &params](size_t begin, size_t end) {
             if (const std::optional<GradStorageBinding> g = reduction->open(begin, end)) params.bind_grads(g->first, g->end, g->values, g->flat_offset);
@@ -184,7 +194,7 @@ TEST(FullySharded, AnUpdateEmptiesTheRing) {
     const Tokens batch;
     s.reduction->begin_step(true);
     s.model->forward(batch.tokens, batch.targets, kBatch, kSeq);
-    s.reduction->gather_parameters();  // what the trainer calls after the optimizer's step
+    s.store->after_update();  // what the trainer calls after the optimizer's step
     s.events.clear();
     s.model->forward(batch.tokens, batch.targets, kBatch, kSeq);
     EXPECT_EQ(gathered_sizes(s.events, 0, s.events.size()), group_sizes(*s.model, s.model->forward_groups(0)));

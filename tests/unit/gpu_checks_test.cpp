@@ -3,7 +3,7 @@
 // a link down, an XID, slow bandwidths) gives the WARN or FAIL it should, with a hint.
 #include <gtest/gtest.h>
 
-#include "ops/gpu_checks.h"
+#include "doctor/gpu_checks.h"
 
 using namespace llmtrain;
 

@@ -217,7 +217,7 @@ TEST(Manifest, ResumesRoundTripAndDefaultToZero) {
     // A manifest of an earlier version: format 1, without the count (nor a checksum of its own).
     std::string older = std::regex_replace(json, std::regex("\\s*\"resumes\": 4,"), "");
     older = std::regex_replace(older, std::regex(",\\s*\"manifest_xxh64\": \"[0-9a-f]+\""), "");
-    older = std::regex_replace(older, std::regex("\"version\": 2"), "\"version\": 1");
+    older = std::regex_replace(older, std::regex("\"version\": 3"), "\"version\": 1");
     ASSERT_EQ(older.find("resumes"), std::string::npos);
     EXPECT_EQ(manifest_from_json(older, "m.json").resumes, 0);
 }
@@ -239,17 +239,19 @@ TEST(MetricsExporter, AfterStepCostsMicrosecondsNotMilliseconds) {
     EXPECT_LT(per_step, 50e-6);
 }
 
-// A TOML boolean where the choices are strings: refused as before, saying which string to write.
-TEST(MetricsConfig, EnabledTrue_IsRefusedSayingToWriteOn) {
+// A TOML boolean where the choices are strings means the one it names: true is "on", false
+// "off" (the key stays a string for "auto"); another type is still refused.
+TEST(MetricsConfig, EnabledTrueOrFalse_MeansOnOrOff) {
     const std::string base = "[model]\nfamily = \"gpt2\"\nn_layers = 1\nd_model = 32\nn_heads = 2\nvocab_size = 257\nmax_seq_len = 16\n"
                              "[data]\ntrain_path = \"x.txt\"\n[train]\nsteps = 1\nbatch_size = 1\nseq_len = 16\n[optimizer]\nlr = 1e-3\n";
-    for (const auto& [value, word] : std::vector<std::pair<std::string, std::string>>{{"true", "on"}, {"false", "off"}}) {
-        try {
-            parse_config(base + "[metrics]\nenabled = " + value + "\n", "t.toml", {}, DataFiles::unchecked);
-            FAIL() << "metrics.enabled = " << value << " was taken";
-        } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find("metrics.enabled: expected a string, got the boolean " + value + ": write \"" + word + "\""), std::string::npos)
-                << e.what();
-        }
+    const auto enabled = [&](const std::string& value) { return parse_config(base + "[metrics]\nenabled = " + value + "\n", "t.toml", {}, DataFiles::unchecked).metrics.enabled; };
+    EXPECT_EQ(enabled("true"), MetricsServe::on);
+    EXPECT_EQ(enabled("false"), MetricsServe::off);
+    EXPECT_EQ(enabled("\"auto\""), MetricsServe::automatic);
+    try {
+        enabled("1");
+        FAIL() << "metrics.enabled = 1 was taken";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("metrics.enabled"), std::string::npos) << e.what();
     }
 }

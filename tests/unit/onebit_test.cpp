@@ -95,18 +95,18 @@ TEST(OnebitAdamLayout, ZeroOneShardingAndFreezeStepBelowOneAreRefusedNamingTheKe
     OptimizerConfig optimizer;
     optimizer.name = OptimizerName::onebit_adam;
     ParallelConfig parallel;
-    parallel.zero1 = true;
+    parallel.zero_stage = 1;
     try {
         check_optimizer_layout(optimizer, parallel, 2);
         FAIL() << "onebit_adam with ZeRO-1 on dp 2 was accepted";
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::config);
-        EXPECT_NE(std::string(e.what()).find("parallel.zero1 = false"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("parallel.zero_stage = 0"), std::string::npos) << e.what();
     }
     EXPECT_NO_THROW(check_optimizer_layout(optimizer, parallel, 1));  // nothing to shard on one rank
-    parallel.zero1 = false;
+    parallel.zero_stage = 0;
     EXPECT_NO_THROW(check_optimizer_layout(optimizer, parallel, 4));
     optimizer.name = OptimizerName::adamw;
-    parallel.zero1 = true;
+    parallel.zero_stage = 1;
     EXPECT_NO_THROW(check_optimizer_layout(optimizer, parallel, 4));
 }

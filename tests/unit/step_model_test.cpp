@@ -8,7 +8,7 @@
 
 #include "config/config.h"
 #include "core/log.h"
-#include "ops/step_model.h"
+#include "plan/step_model.h"
 #include "parallel/context.h"
 
 using namespace llmtrain;
@@ -85,7 +85,7 @@ TEST(StepModel, OptimizerRunsAtTheStepEndShare_MicroBatchesAtThePipelineShare) {
 // passes run nearer the bandwidth than the micro-batches' memory-bound ops): under
 // ZeRO-1 on dp 2 each rank updates half the elements but zeroes and reads every gradient.
 TEST(StepModel, AdamwUpdateAndGradientPassesAtTheirOwnEfficiencies) {
-    const Config config = fifty_million({"parallel.zero1=true"});
+    const Config config = fifty_million({"parallel.zero_stage=1"});
     Cluster cluster = two_core_node();
     cluster.efficiency.optimizer = cluster.efficiency.memory / 4;
     cluster.efficiency.gradient_pass = cluster.efficiency.memory * 3;
@@ -192,6 +192,41 @@ TEST(StepModel, Zero3PrefetchHidesTheGathersOnGpus) {
     const Mesh mesh = make_mesh(ahead.parallel, 8);
     const double params = model_parameter_count(ahead.model);
     EXPECT_LT(predict_step_time(ahead, mesh, h100, params).dp_exposed_seconds, predict_step_time(none, mesh, h100, params).dp_exposed_seconds);
+}
+
+// A checkpoint of the 72B run on 128 H100s: 12 bytes per parameter, each rank's share copied
+// to host memory while the step loop waits, the writes at the slower of the storage's
+// aggregate bandwidth and the 16 nodes' links; a resume reads everything twice (checksums,
+// then the load) and all-gathers the master weights over dp.
+TEST(StepModel, CheckpointTimes_FollowTheStorageFigures) {
+    const Config config = load_config("configs/qwen2.5-72b.toml", {}, DataFiles::unchecked);
+    const Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    ASSERT_TRUE(h100.storage.has_value());
+    const Mesh mesh = make_mesh(config.parallel, 128);
+    const double params = model_parameter_count(config.model);
+    const CheckpointTime t = predict_checkpoint_time(config, mesh, h100, params);
+    const Storage& st = *h100.storage;
+    EXPECT_DOUBLE_EQ(t.bytes, 12 * params);
+    EXPECT_DOUBLE_EQ(t.bytes_per_rank, t.bytes / 128);
+    EXPECT_DOUBLE_EQ(t.blocked_seconds, t.bytes_per_rank / (st.host_copy_gbps * 1e9));
+    EXPECT_DOUBLE_EQ(t.background_seconds, std::max(t.bytes / (st.write_gbps * 1e9), t.bytes / 16 / (st.node_write_gbps * 1e9)));
+    const double reads = 2 * std::max(t.bytes / (st.read_gbps * 1e9), t.bytes / 16 / (st.node_read_gbps * 1e9));
+    EXPECT_GT(t.resume_seconds, reads);
+    Config zero3 = config;
+    zero3.parallel.zero_stage = 3;
+    EXPECT_DOUBLE_EQ(predict_checkpoint_time(zero3, mesh, h100, params).resume_seconds, reads) << "ZeRO-3 loads its shards alone: no exchange";
+}
+
+TEST(StepModel, CheckpointTimesWithoutStorage_NameTheClusterFileAndTheSection) {
+    Cluster c = load_cluster("configs/clusters/this-cpu.toml");
+    c.storage.reset();
+    const Config config = fifty_million({});
+    try {
+        predict_checkpoint_time(config, make_mesh(config.parallel, 1), c, 5e7);
+        FAIL() << "expected a config error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("this-cpu.toml: storage: missing"), std::string::npos) << e.what();
+    }
 }
 
 // The start-up line's parameter count grows with tp (padded vocabulary rows) and pp (a tied

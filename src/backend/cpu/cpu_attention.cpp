@@ -148,8 +148,9 @@ void CpuBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Ten
     });
 }
 
-void CpuBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& /*out*/, const Tensor& saved,
-                               const AttentionShape& shape) {
+void CpuBackend::attention_bwd(const AttentionBwd& a) {
+    const Tensor &dqkv = a.dqkv, &dout = a.dout, &qkv = a.qkv, &saved = a.saved;
+    const AttentionShape& shape = a.shape;
     cpu::OpTimer timer(profile_, Op::attention_bwd);
     const char* op = timer.name();
     const AttentionLayout L = expect_attention_shape(op, shape);

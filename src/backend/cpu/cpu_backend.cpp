@@ -19,7 +19,17 @@ CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_m
 std::string CpuBackend::name() const { return "cpu"; }
 
 // Every op of the table is implemented for both float types and nothing else.
-bool CpuBackend::supports(Op /*op*/, DType dtype) const { return dtype == DType::f32 || dtype == DType::f64; }
+
+Memory CpuBackend::allocate(size_t bytes) {
+    check_memory_limit(*held_, bytes);
+    Memory memory = allocate_host_memory(bytes);
+    *held_ += bytes;
+    void* raw = memory.get();
+    return Memory(raw, [memory = std::move(memory), held = held_, bytes](void*) mutable {
+        memory.reset();
+        *held -= bytes;
+    });
+}
 
 void CpuBackend::copy_from_host(const Tensor& dst, const void* src) {
     if (dst.device() != Device::cpu) fail(ErrorKind::unsupported, "copy_from_host: destination is in ", device_name(dst.device()), " memory");

@@ -47,7 +47,10 @@ void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* token
 
 }  // namespace
 
-void CpuBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) {
+void CpuBackend::embedding_fwd(const EmbeddingFwd& a) {
+    const Tensor &out = a.out, &tokens = a.tokens, &wte = a.wte, &wpe = a.wpe;
+    const int64_t seq_len = a.seq_len;
+    const VocabShard shard = a.vocab;
     cpu::OpTimer timer(profile_, Op::embedding_fwd);
     const char* op = timer.name();
     cpu::expect_rank(op, "wte", wte, 2);
@@ -68,7 +71,10 @@ void CpuBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Te
     });
 }
 
-void CpuBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) {
+void CpuBackend::embedding_bwd(const EmbeddingBwd& a) {
+    const Tensor &dwte = a.dwte, &dwpe = a.dwpe, &dout = a.dout, &tokens = a.tokens;
+    const int64_t seq_len = a.seq_len;
+    const VocabShard shard = a.vocab;
     cpu::OpTimer timer(profile_, Op::embedding_bwd);
     const char* op = timer.name();
     cpu::expect_rank(op, "dwte", dwte, 2);

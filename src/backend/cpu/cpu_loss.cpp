@@ -88,7 +88,9 @@ XentDims expect_xent_inputs(const char* op, const Tensor& logits, const Tensor& 
 
 }  // namespace
 
-void CpuBackend::xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) {
+void CpuBackend::xent_fwd(const XentFwd& a) {
+    const Tensor &losses = a.losses, &lse = a.lse, &logits = a.logits, &targets = a.targets;
+    const VocabShard vocab = a.vocab;
     cpu::OpTimer timer(profile_, Op::xent_fwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
@@ -102,7 +104,10 @@ void CpuBackend::xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor&
     });
 }
 
-void CpuBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) {
+void CpuBackend::xent_bwd(const XentBwd& a) {
+    const Tensor &dlogits = a.dlogits, &logits = a.logits, &targets = a.targets, &lse = a.lse;
+    const VocabShard shard = a.vocab;
+    const double dloss = a.dloss;
     cpu::OpTimer timer(profile_, Op::xent_bwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
@@ -133,7 +138,9 @@ void CpuBackend::logits_row_max(const Tensor& row_max, const Tensor& logits, Voc
     });
 }
 
-void CpuBackend::xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) {
+void CpuBackend::xent_partial(const XentPartial& a) {
+    const Tensor &partial = a.partial, &logits = a.logits, &targets = a.targets, &row_max = a.row_max;
+    const VocabShard shard = a.vocab;
     cpu::OpTimer timer(profile_, Op::xent_partial);
     const char* op = timer.name();
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
@@ -159,7 +166,8 @@ void CpuBackend::xent_partial(const Tensor& partial, const Tensor& logits, const
     });
 }
 
-void CpuBackend::xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) {
+void CpuBackend::xent_combine(const XentCombine& a) {
+    const Tensor &losses = a.losses, &lse = a.lse, &partial = a.partial, &row_max = a.row_max;
     cpu::OpTimer timer(profile_, Op::xent_combine);
     const char* op = timer.name();
     cpu::dispatch_float(op, "partial", partial, [&]<class T>() {

@@ -87,7 +87,8 @@ void add_column_sums(T* dbias, const T* dout, int64_t rows, int64_t cols, int th
 
 }  // namespace
 
-void CpuBackend::matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+void CpuBackend::matmul_fwd(const MatmulFwd& a) {
+    const Tensor &out = a.out, &x = a.x, &w = a.w, &bias = a.bias;
     cpu::OpTimer timer(profile_, Op::matmul_fwd);
     const char* op = timer.name();
     cpu::expect_rank(op, "x", x, 2);
@@ -107,7 +108,8 @@ void CpuBackend::matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w,
     });
 }
 
-void CpuBackend::matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) {
+void CpuBackend::matmul_bwd(const MatmulBwd& a) {
+    const Tensor &dx = a.dx, &dw = a.dw, &dbias = a.dbias, &dout = a.dout, &x = a.x, &w = a.w;
     cpu::OpTimer timer(profile_, Op::matmul_bwd);
     const char* op = timer.name();
     cpu::expect_rank(op, "x", x, 2);

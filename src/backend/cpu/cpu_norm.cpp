@@ -93,7 +93,9 @@ void norm_input_grad(T* dx, const T* dout, const T* x, const T* w, const T* mean
 
 }  // namespace
 
-void CpuBackend::layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+void CpuBackend::layernorm_fwd(const LayerNormFwd& a) {
+    const Tensor &out = a.out, &mean = a.mean, &rstd = a.rstd, &x = a.x, &w = a.w, &b = a.b;
+    const double eps = a.eps;
     cpu::OpTimer timer(profile_, Op::layernorm_fwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "x", x, [&]<class T>() {
@@ -102,8 +104,9 @@ void CpuBackend::layernorm_fwd(const Tensor& out, const Tensor& mean, const Tens
     });
 }
 
-void CpuBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                               bool accumulate_dx) {
+void CpuBackend::layernorm_bwd(const LayerNormBwd& a) {
+    const Tensor &dx = a.dx, &dw = a.dw, &db = a.db, &dout = a.dout, &x = a.x, &w = a.w, &mean = a.mean, &rstd = a.rstd;
+    const bool accumulate_dx = a.accumulate_dx;
     cpu::OpTimer timer(profile_, Op::layernorm_bwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "x", x, [&]<class T>() {
@@ -114,7 +117,9 @@ void CpuBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor&
     });
 }
 
-void CpuBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+void CpuBackend::rmsnorm_fwd(const RmsNormFwd& a) {
+    const Tensor &out = a.out, &rstd = a.rstd, &x = a.x, &w = a.w;
+    const double eps = a.eps;
     cpu::OpTimer timer(profile_, Op::rmsnorm_fwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "x", x, [&]<class T>() {
@@ -123,7 +128,9 @@ void CpuBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor
     });
 }
 
-void CpuBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
+void CpuBackend::rmsnorm_bwd(const RmsNormBwd& a) {
+    const Tensor &dx = a.dx, &dw = a.dw, &dout = a.dout, &x = a.x, &w = a.w, &rstd = a.rstd;
+    const bool accumulate_dx = a.accumulate_dx;
     cpu::OpTimer timer(profile_, Op::rmsnorm_bwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "x", x, [&]<class T>() {

@@ -56,7 +56,9 @@ double sum_chunked(const T* x, int64_t count, int threads) {
 
 }  // namespace
 
-void CpuBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& step) {
+void CpuBackend::adamw(const AdamWUpdate& a) {
+    const Tensor &param = a.param, &grad = a.grad, &m = a.m, &v = a.v, &param_copy = a.param_copy;
+    const AdamWStep& step = a.step;
     cpu::OpTimer timer(profile_, Op::adamw);
     const char* op = timer.name();
     if (!param_copy.empty()) fail(ErrorKind::unsupported, op, ": the CPU backend keeps no compute copy of the parameters");

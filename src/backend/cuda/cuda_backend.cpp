@@ -148,6 +148,7 @@ double CudaBackend::peak_bf16_tflops() const {
 Memory CudaBackend::allocate(size_t bytes) {
     void* p = nullptr;
     const size_t rounded = bytes == 0 ? 256 : (bytes + 255) / 256 * 256;
+    check_memory_limit(allocated_bytes_, rounded);
     const cudaError_t status = cudaMalloc(&p, rounded);
     if (status != cudaSuccess) {
         size_t free_bytes = 0, total_bytes = 0;

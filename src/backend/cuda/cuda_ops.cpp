@@ -99,16 +99,10 @@ VocabRows expect_vocab(const char* op, VocabShard shard, int64_t rows) {
 }  // namespace
 
 
-bool CudaBackend::supports(Op op, DType dtype) const {
-    switch (op) {
-        case Op::adamw: case Op::sum_squares: case Op::xent_combine: case Op::accumulate_sum: case Op::accumulate_sum_squares: return dtype == DType::f32;
-        case Op::fill_zero: case Op::copy: return dtype != DType::f64;
-        case Op::add: return dtype == DType::f32 || is_half(dtype);
-        default: return is_half(dtype);
-    }
-}
-
-void CudaBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t seq_len, VocabShard shard) {
+void CudaBackend::embedding_fwd(const EmbeddingFwd& a) {
+    const Tensor &out = a.out, &tokens = a.tokens, &wte = a.wte, &wpe = a.wpe;
+    const int64_t seq_len = a.seq_len;
+    const VocabShard shard = a.vocab;
     CudaOpScope scope(*this, Op::embedding_fwd);
     const char* op = scope.name();
     expect_rank(op, "wte", wte, 2);
@@ -126,7 +120,10 @@ void CudaBackend::embedding_fwd(const Tensor& out, const Tensor& tokens, const T
     kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, stream_);
 }
 
-void CudaBackend::embedding_bwd(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens, int64_t seq_len, VocabShard shard) {
+void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
+    const Tensor &dwte = a.dwte, &dwpe = a.dwpe, &dout = a.dout, &tokens = a.tokens;
+    const int64_t seq_len = a.seq_len;
+    const VocabShard shard = a.vocab;
     CudaOpScope scope(*this, Op::embedding_bwd);
     const char* op = scope.name();
     expect_rank(op, "dout", dout, 2);
@@ -162,15 +159,18 @@ std::pair<int64_t, int64_t> expect_norm(const char* op, const Tensor& x, const T
 float* f32_or_null(const Tensor& t) { return static_cast<float*>(ptr_or_null(t)); }
 }  // namespace
 
-void CudaBackend::layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+void CudaBackend::layernorm_fwd(const LayerNormFwd& a) {
+    const Tensor &out = a.out, &mean = a.mean, &rstd = a.rstd, &x = a.x, &w = a.w, &b = a.b;
+    const double eps = a.eps;
     CudaOpScope scope(*this, Op::layernorm_fwd);
     const auto [N, C] = expect_norm(scope.name(), x, w, b, {{{"out", &out}}, {{"mean", &mean}, {"rstd", &rstd}}, {}});
     const Half t = half_of(scope.name(), "x", x);
     kernels::launch_layernorm_fwd(t, out.raw(), ptr<float>(mean), ptr<float>(rstd), x.raw(), w.raw(), ptr_or_null(b), N, C, static_cast<float>(eps), stream_);
 }
 
-void CudaBackend::layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                const Tensor& rstd, bool accumulate_dx) {
+void CudaBackend::layernorm_bwd(const LayerNormBwd& a) {
+    const Tensor &dx = a.dx, &dw = a.dw, &db = a.db, &dout = a.dout, &x = a.x, &w = a.w, &mean = a.mean, &rstd = a.rstd;
+    const bool accumulate_dx = a.accumulate_dx;
     CudaOpScope scope(*this, Op::layernorm_bwd);
     const auto [N, C] = expect_norm(scope.name(), x, w, Tensor(), {{{"dx", &dx}, {"dout", &dout}}, {{"mean", &mean}, {"rstd", &rstd}}, {{"dw", &dw}, {"db", &db}}});
     const Half t = half_of(scope.name(), "x", x);
@@ -188,14 +188,18 @@ void CudaBackend::add_norm_fwd(const AddNormFwd& a) {
                                  a.a.raw(), a.b.raw(), a.w.raw(), a.rms ? nullptr : ptr_or_null(a.bias), N, C, static_cast<float>(a.eps), stream_);
 }
 
-void CudaBackend::rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+void CudaBackend::rmsnorm_fwd(const RmsNormFwd& a) {
+    const Tensor &out = a.out, &rstd = a.rstd, &x = a.x, &w = a.w;
+    const double eps = a.eps;
     CudaOpScope scope(*this, Op::rmsnorm_fwd);
     const auto [N, C] = expect_norm(scope.name(), x, w, Tensor(), {{{"out", &out}}, {{"rstd", &rstd}}, {}});
     const Half t = half_of(scope.name(), "x", x);
     kernels::launch_rmsnorm_fwd(t, out.raw(), ptr<float>(rstd), x.raw(), w.raw(), N, C, static_cast<float>(eps), stream_);
 }
 
-void CudaBackend::rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
+void CudaBackend::rmsnorm_bwd(const RmsNormBwd& a) {
+    const Tensor &dx = a.dx, &dw = a.dw, &dout = a.dout, &x = a.x, &w = a.w, &rstd = a.rstd;
+    const bool accumulate_dx = a.accumulate_dx;
     CudaOpScope scope(*this, Op::rmsnorm_bwd);
     const auto [N, C] = expect_norm(scope.name(), x, w, Tensor(), {{{"dx", &dx}, {"dout", &dout}}, {{"rstd", &rstd}}, {{"dw", &dw}}});
     const Half t = half_of(scope.name(), "x", x);
@@ -261,7 +265,8 @@ LinearDims expect_linear(const char* op, const Tensor& x, const Tensor& w, const
 // out[N, OC] = x[N, IC] w[OC, IC]^T + bias. A row-major [r, c] matrix is a column-major
 // [c, r] one, so cuBLASLt computes D = out^T [OC, N] = op(A) B with A = w (stored [IC, OC],
 // transposed: m = OC, k = IC) and B = x (stored [IC, N]: n = N); the bias is per row of D.
-void CudaBackend::matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+void CudaBackend::matmul_fwd(const MatmulFwd& a) {
+    const Tensor &out = a.out, &x = a.x, &w = a.w, &bias = a.bias;
     CudaOpScope scope(*this, Op::matmul_fwd);
     const char* op = scope.name();
     expect_rank(op, "x", x, 2);
@@ -281,7 +286,8 @@ void CudaBackend::matmul_fwd(const Tensor& out, const Tensor& x, const Tensor& w
 // dx[N, IC] = dout[N, OC] w[OC, IC]: D (m = IC, n = N) = A B with A = w stored [IC, OC],
 // B = dout stored [OC, N]. dw[OC, IC] += dout^T x: D (m = IC, n = OC) = A op(B) with
 // A = x stored [IC, N], B = dout stored [OC, N] (transposed); fp32 D, beta = 1.
-void CudaBackend::matmul_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dout, const Tensor& x, const Tensor& w) {
+void CudaBackend::matmul_bwd(const MatmulBwd& a) {
+    const Tensor &dx = a.dx, &dw = a.dw, &dbias = a.dbias, &dout = a.dout, &x = a.x, &w = a.w;
     CudaOpScope scope(*this, Op::matmul_bwd);
     const char* op = scope.name();
     expect_rank(op, "x", x, 2);
@@ -431,7 +437,9 @@ void CudaBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Te
     kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, stream_);
 }
 
-void CudaBackend::attention_bwd(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& saved, const AttentionShape& s) {
+void CudaBackend::attention_bwd(const AttentionBwd& a) {
+    const Tensor &dqkv = a.dqkv, &dout = a.dout, &qkv = a.qkv, &out = a.out, &saved = a.saved;
+    const AttentionShape& s = a.shape;
     CudaOpScope scope(*this, Op::attention_bwd);
     const char* op = scope.name();
     expect_head_groups(op, s);
@@ -552,7 +560,9 @@ void expect_logits(const char* op, const Tensor& logits, const Tensor& targets) 
 }
 }  // namespace
 
-void CudaBackend::xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab) {
+void CudaBackend::xent_fwd(const XentFwd& a) {
+    const Tensor &losses = a.losses, &lse = a.lse, &logits = a.logits, &targets = a.targets;
+    const VocabShard vocab = a.vocab;
     CudaOpScope scope(*this, Op::xent_fwd);
     const char* op = scope.name();
     expect_logits(op, logits, targets);
@@ -564,7 +574,10 @@ void CudaBackend::xent_fwd(const Tensor& losses, const Tensor& lse, const Tensor
                              whole.real_count(), stream_);
 }
 
-void CudaBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse, VocabShard shard, double dloss) {
+void CudaBackend::xent_bwd(const XentBwd& a) {
+    const Tensor &dlogits = a.dlogits, &logits = a.logits, &targets = a.targets, &lse = a.lse;
+    const VocabShard shard = a.vocab;
+    const double dloss = a.dloss;
     CudaOpScope scope(*this, Op::xent_bwd);
     const char* op = scope.name();
     expect_logits(op, logits, targets);
@@ -577,7 +590,10 @@ void CudaBackend::xent_bwd(const Tensor& dlogits, const Tensor& logits, const Te
                              logits.dim(0), logits.dim(1), local.real_count(), shard.begin, static_cast<float>(dloss), stream_);
 }
 
-void CudaBackend::xent_fwd_bwd(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets, VocabShard vocab, double dloss) {
+void CudaBackend::xent_fwd_bwd(const XentFwdBwd& a) {
+    const Tensor &losses = a.losses, &lse = a.lse, &logits = a.logits, &targets = a.targets;
+    const VocabShard vocab = a.vocab;
+    const double dloss = a.dloss;
     CudaOpScope scope(*this, Op::xent_fwd_bwd);
     const char* op = scope.name();
     expect_logits(op, logits, targets);
@@ -599,7 +615,9 @@ void CudaBackend::logits_row_max(const Tensor& row_max, const Tensor& logits, Vo
                                    stream_);
 }
 
-void CudaBackend::xent_partial(const Tensor& partial, const Tensor& logits, const Tensor& targets, const Tensor& row_max, VocabShard shard) {
+void CudaBackend::xent_partial(const XentPartial& a) {
+    const Tensor &partial = a.partial, &logits = a.logits, &targets = a.targets, &row_max = a.row_max;
+    const VocabShard shard = a.vocab;
     CudaOpScope scope(*this, Op::xent_partial);
     const char* op = scope.name();
     expect_logits(op, logits, targets);
@@ -611,7 +629,8 @@ void CudaBackend::xent_partial(const Tensor& partial, const Tensor& logits, cons
                                  logits.dim(1), local.real_count(), shard.begin, stream_);
 }
 
-void CudaBackend::xent_combine(const Tensor& losses, const Tensor& lse, const Tensor& partial, const Tensor& row_max) {
+void CudaBackend::xent_combine(const XentCombine& a) {
+    const Tensor &losses = a.losses, &lse = a.lse, &partial = a.partial, &row_max = a.row_max;
     CudaOpScope scope(*this, Op::xent_combine);
     const char* op = scope.name();
     const int64_t N = losses.numel();
@@ -622,7 +641,9 @@ void CudaBackend::xent_combine(const Tensor& losses, const Tensor& lse, const Te
     kernels::launch_xent_combine(ptr<float>(losses), ptr<float>(lse), ptr<float>(partial), ptr<float>(row_max), N, stream_);
 }
 
-void CudaBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& param_copy, const AdamWStep& s) {
+void CudaBackend::adamw(const AdamWUpdate& update) {
+    const Tensor &param = update.param, &grad = update.grad, &m = update.m, &v = update.v, &param_copy = update.param_copy;
+    const AdamWStep& s = update.step;
     CudaOpScope scope(*this, Op::adamw);
     const char* op = scope.name();
     if (s.step < 1) fail(ErrorKind::runtime, op, ": step ", s.step, " must be at least 1 (bias correction divides by 1 - beta^t)");

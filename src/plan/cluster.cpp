@@ -1,0 +1,270 @@
+#include "plan/cluster.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "backend/cpu/core_peak.h"
+#include "core/error.h"
+
+namespace llmtrain {
+
+namespace {
+
+toml::table read_toml(const std::string& path, const char* what) {
+    std::ifstream in(path);
+    if (!in) fail(ErrorKind::config, what, " '", path, "': cannot be read");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    try {
+        return toml::parse(std::string_view(text), std::string_view(path));
+    } catch (const toml::parse_error& e) {
+        fail(ErrorKind::config, path, ":", e.source().begin.line, ": ", e.description());
+    }
+}
+
+// One file's keys, each read once: a missing or mistyped key names the file and the key path.
+class Keys {
+public:
+    Keys(const toml::table& root, std::string path) : root_(root), path_(std::move(path)) {}
+
+    const toml::node* find(const std::string& key) const { return root_.at_path(key).node(); }
+    const std::string& path() const { return path_; }
+
+    double number(const std::string& key, const char* meaning, double lo, double hi) const {
+        const toml::node* node = find(key);
+        if (!node) fail(ErrorKind::config, path_, ": ", key, ": missing (", meaning, ")");
+        const std::optional<double> value = node->value<double>();
+        if (!value || node->is_boolean()) fail(ErrorKind::config, path_, ": ", key, ": expected a number (", meaning, ")");
+        if (!(*value > lo && *value <= hi)) fail(ErrorKind::config, path_, ": ", key, ": ", *value, " is out of range (", meaning, ": more than ", lo, ", at most ", hi, ")");
+        return *value;
+    }
+    double optional_number(const std::string& key, const char* meaning, double lo, double hi, double fallback) const {
+        return find(key) ? number(key, meaning, lo, hi) : fallback;
+    }
+    int integer(const std::string& key, const char* meaning, int64_t hi) const {
+        const toml::node* node = find(key);
+        if (!node) fail(ErrorKind::config, path_, ": ", key, ": missing (", meaning, ")");
+        const std::optional<int64_t> value = node->is_integer() ? node->value<int64_t>() : std::nullopt;
+        if (!value) fail(ErrorKind::config, path_, ": ", key, ": expected an integer (", meaning, ")");
+        if (*value < 1 || *value > hi) fail(ErrorKind::config, path_, ": ", key, ": ", *value, " is out of range (", meaning, ": 1 to ", hi, ")");
+        return static_cast<int>(*value);
+    }
+    std::string text(const std::string& key, const char* meaning) const {
+        const toml::node* node = find(key);
+        if (!node) fail(ErrorKind::config, path_, ": ", key, ": missing (", meaning, ")");
+        if (!node->is_string()) fail(ErrorKind::config, path_, ": ", key, ": expected a string (", meaning, ")");
+        return **node->as_string();
+    }
+
+private:
+    const toml::table& root_;
+    std::string path_;
+};
+
+constexpr Collective kCollectives[] = {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather};
+constexpr GemmClass kGemmClasses[] = {GemmClass::small, GemmClass::medium, GemmClass::large};
+
+void read_measurement(const Keys& keys, const std::string& table, std::map<Collective, double>& busbw, double& latency_us) {
+    for (Collective op : kCollectives) {
+        const std::string key = cat(table, ".", collective_key(op), "_busbw_gbps");
+        if (keys.find(key)) busbw[op] = keys.number(key, "measured bus bandwidth, GB/s", 0, 1e6);
+    }
+    const std::string latency = table + ".latency_us";
+    if (keys.find(latency)) latency_us = keys.number(latency, "measured latency of one ring step, microseconds", 0, 1e6);
+}
+
+constexpr std::string_view kRanksPrefix = "ranks_";
+
+void read_link_calibration(const Keys& keys, const std::string& table, Link& link) {
+    read_measurement(keys, table, link.measured_busbw_gbps, link.latency_us);
+    const toml::node* node = keys.find(table);
+    if (!node || !node->is_table()) return;
+    for (const auto& [name, value] : *node->as_table()) {
+        const std::string_view key = name.str();
+        if (!value.is_table() || !key.starts_with(kRanksPrefix)) continue;
+        const std::string digits(key.substr(kRanksPrefix.size()));
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6 || std::stoi(digits) < 2)
+            fail(ErrorKind::config, keys.path(), ": ", table, ".", key, ": expected ranks_N with N >= 2, the ranks that measured the figures in it");
+        LinkMeasurement& m = link.measured_by_ranks[std::stoi(digits)];
+        read_measurement(keys, cat(table, ".", key), m.busbw_gbps, m.latency_us);
+    }
+}
+
+toml::table read_or_empty(const std::string& path) {
+    if (!std::filesystem::exists(path)) return {};
+    return read_toml(path, "calibration file");
+}
+
+void write_toml(const std::string& path, const toml::table& root) {
+    std::ofstream out(path, std::ios::trunc);
+    out << "# Measured on this machine by `llmtrain bench --calibration-out` and `llmtrain bench comm --calibration-out`;\n"
+           "# read by `llmtrain plan` through a cluster file's `calibration` key or --calibration.\n"
+        << root << "\n";
+    if (!out) fail(ErrorKind::io, "cannot write the calibration file '", path, "'");
+}
+
+toml::table& subtable(toml::table& parent, const std::string& name) {
+    if (!parent.get_as<toml::table>(name)) parent.insert_or_assign(name, toml::table{});
+    return *parent.get_as<toml::table>(name);
+}
+
+}  // namespace
+
+const char* collective_key(Collective op) {
+    switch (op) {
+        case Collective::all_reduce: return "all_reduce";
+        case Collective::reduce_scatter: return "reduce_scatter";
+        case Collective::all_gather: return "all_gather";
+    }
+    return "?";
+}
+
+double Link::busbw_gbps(Collective op) const {
+    const auto found = measured_busbw_gbps.find(op);
+    return found != measured_busbw_gbps.end() ? found->second : gbps;
+}
+
+std::optional<Link> Link::as_measured_by(int ranks) const {
+    const auto found = measured_by_ranks.find(ranks);
+    if (found == measured_by_ranks.end()) return std::nullopt;
+    Link measured = *this;
+    measured.measured_busbw_gbps = found->second.busbw_gbps;
+    if (found->second.latency_us > 0) measured.latency_us = found->second.latency_us;
+    return measured;
+}
+
+GemmClass gemm_class(double m, double n, double k) {
+    const double smallest = std::min({m, n, k});
+    return smallest < 256 ? GemmClass::small : smallest < 1024 ? GemmClass::medium : GemmClass::large;
+}
+
+const char* gemm_class_name(GemmClass c) {
+    switch (c) {
+        case GemmClass::small: return "small";
+        case GemmClass::medium: return "medium";
+        case GemmClass::large: return "large";
+    }
+    return "?";
+}
+
+// A class nobody measured takes the measured class nearest in size: efficiency changes
+// gradually with the shape, and any measurement on this machine beats the assumed figure.
+double ComputeEfficiency::gemm_for(GemmClass c) const {
+    if (gemm.empty()) return gemm_default;
+    int best = -1, best_distance = 99;
+    for (const auto& [measured, value] : gemm) {
+        const int distance = std::abs(static_cast<int>(measured) - static_cast<int>(c));
+        if (distance < best_distance) best = static_cast<int>(measured), best_distance = distance;
+    }
+    return gemm.at(static_cast<GemmClass>(best));
+}
+
+void apply_calibration(Cluster& cluster, const std::string& path) {
+    const toml::table root = read_toml(path, "calibration file");
+    const Keys keys(root, path);
+    for (GemmClass c : kGemmClasses) {
+        const std::string key = cat("compute.gemm_efficiency.", gemm_class_name(c));
+        if (keys.find(key)) cluster.efficiency.gemm[c] = keys.number(key, "measured share of peak", 0, 1);
+    }
+    cluster.efficiency.attention = keys.optional_number("compute.attention_efficiency", "measured share of peak", 0, 1, cluster.efficiency.attention);
+    cluster.efficiency.memory = keys.optional_number("compute.memory_efficiency", "measured share of the memory bandwidth", 0, 2, cluster.efficiency.memory);
+    cluster.efficiency.optimizer = keys.optional_number("compute.optimizer_efficiency", "measured share of the memory bandwidth AdamW's update reaches", 0, 2,
+                                                        cluster.efficiency.optimizer);
+    cluster.efficiency.gradient_pass = keys.optional_number("compute.gradient_pass_efficiency",
+                                                            "measured share of the memory bandwidth zeroing the gradients and reading their norm reach", 0, 4,
+                                                            cluster.efficiency.gradient_pass);
+    read_link_calibration(keys, "collectives.intra_node", cluster.intra_node);
+    read_link_calibration(keys, "collectives.inter_node", cluster.inter_node);
+    cluster.calibration_path = path;
+}
+
+namespace {
+
+// device.peak_tflops: a figure, or on a CPU cluster "auto": one core of this machine, measured
+// (its vector width differs between machines, and a share of the wrong peak misleads).
+double device_peak_tflops(const Keys& keys, ClusterKind kind) {
+    const char* meaning = "dense peak per device in the compute dtype, TFLOP/s";
+    const toml::node* node = keys.find("device.peak_tflops");
+    if (!node || !node->is_string()) return keys.number("device.peak_tflops", meaning, 0, 1e6);
+    const std::string text = **node->as_string();
+    if (text != "auto" || kind != ClusterKind::cpu)
+        fail(ErrorKind::config, keys.path(), ": device.peak_tflops: \"", text, "\" (expected a number (", meaning, "), or \"auto\" on a kind = \"cpu\" cluster)");
+    return measured_core_fp32_peak_tflops();
+}
+
+}  // namespace
+
+Cluster load_cluster(const std::string& path) {
+    const toml::table root = read_toml(path, "cluster file");
+    const Keys keys(root, path);
+    Cluster c;
+    c.source_path = path;
+    c.name = keys.text("name", "what the cluster is");
+    const std::string kind = keys.text("kind", "\"gpu\" or \"cpu\"");
+    if (kind != "gpu" && kind != "cpu") fail(ErrorKind::config, path, ": kind: \"", kind, "\" (allowed: gpu, cpu)");
+    c.kind = kind == "gpu" ? ClusterKind::gpu : ClusterKind::cpu;
+    c.devices_per_node = keys.integer("node.devices", "devices per node: GPUs, or cores for kind = \"cpu\"", 1 << 16);
+    c.nodes = keys.integer("node.count", "number of nodes", 1 << 20);
+    c.device_name = keys.text("device.name", "the device's name");
+    c.peak_tflops = device_peak_tflops(keys, c.kind);
+    c.memory_gb = keys.number("device.memory_gb", "memory per device, GB", 0, 1e6);
+    c.memory_bandwidth_gbps = keys.number("device.memory_bandwidth_gbps", "memory bandwidth per device, GB/s", 0, 1e7);
+    c.reserved_gb = keys.number("device.reserved_gb", "memory the runtime and communication buffers take per device, GB", -1, 1e6);
+    c.intra_node.gbps = keys.number("network.intra_node_gbps", "bus bandwidth per device inside a node, GB/s", 0, 1e6);
+    c.intra_node.latency_us = keys.number("network.intra_node_latency_us", "latency per ring step inside a node, microseconds", 0, 1e6);
+    c.inter_node.gbps = keys.number("network.inter_node_gbps", "bus bandwidth per device between nodes, GB/s", 0, 1e6);
+    c.inter_node.latency_us = keys.number("network.inter_node_latency_us", "latency per ring step between nodes, microseconds", 0, 1e6);
+    c.efficiency.gemm_default = keys.number("efficiency.gemm", "share of peak a GEMM reaches", 0, 1);
+    c.efficiency.attention = keys.number("efficiency.attention", "share of peak attention reaches", 0, 1);
+    c.efficiency.memory = keys.number("efficiency.memory", "share of the memory bandwidth memory-bound ops reach", 0, 1);
+    c.efficiency.optimizer = keys.optional_number("efficiency.optimizer", "share of the memory bandwidth AdamW's update reaches (default: efficiency.memory)", 0, 1, 0);
+    if (keys.find("storage")) {
+        Storage& st = c.storage.emplace();
+        st.write_gbps = keys.number("storage.write_gbps", "aggregate write bandwidth of the shared storage, GB/s", 0, 1e7);
+        st.read_gbps = keys.number("storage.read_gbps", "aggregate read bandwidth of the shared storage, GB/s", 0, 1e7);
+        st.node_write_gbps = keys.number("storage.node_write_gbps", "one node's write bandwidth to the shared storage, GB/s", 0, 1e6);
+        st.node_read_gbps = keys.number("storage.node_read_gbps", "one node's read bandwidth from the shared storage, GB/s", 0, 1e6);
+        st.host_copy_gbps = keys.number("storage.host_copy_gbps", "per device, the copy of its state into host memory, GB/s", 0, 1e6);
+    }
+    if (keys.find("calibration")) {
+        const std::filesystem::path relative = keys.text("calibration", "a calibration file, relative to this one");
+        apply_calibration(c, (std::filesystem::path(path).parent_path() / relative).string());
+    }
+    return c;
+}
+
+void write_calibration(const std::string& path, const ComputeCalibration& compute) {
+    toml::table root = read_or_empty(path);
+    toml::table& section = subtable(root, "compute");
+    subtable(section, "gemm_efficiency").insert_or_assign(gemm_class_name(compute.gemm_class), compute.gemm_efficiency);
+    section.insert_or_assign("attention_efficiency", compute.attention_efficiency);
+    section.insert_or_assign("memory_efficiency", compute.memory_efficiency);
+    if (compute.optimizer_efficiency > 0) section.insert_or_assign("optimizer_efficiency", compute.optimizer_efficiency);
+    if (compute.gradient_pass_efficiency > 0) section.insert_or_assign("gradient_pass_efficiency", compute.gradient_pass_efficiency);
+    write_toml(path, root);
+}
+
+// The measurement goes under its number of ranks; the link's general figures (used for any
+// group without a measurement of its own) are those of the fewest ranks measured: on a CPU
+// node, the measurement least slowed by ranks crowding the cores, which the plan scales by
+// each layout's share of a core.
+void write_calibration(const std::string& path, const CollectiveCalibration& collectives) {
+    toml::table root = read_or_empty(path);
+    toml::table& link = subtable(subtable(root, "collectives"), collectives.inter_node ? "inter_node" : "intra_node");
+    const auto write_figures = [&](toml::table& table) {
+        for (const auto& [op, gbps] : collectives.busbw_gbps) table.insert_or_assign(cat(collective_key(op), "_busbw_gbps"), gbps);
+        table.insert_or_assign("latency_us", collectives.latency_us);
+    };
+    write_figures(subtable(link, cat(kRanksPrefix, collectives.ranks)));
+    const std::optional<int64_t> general_ranks = link.get_as<int64_t>("ranks") ? std::optional<int64_t>(**link.get_as<int64_t>("ranks")) : std::nullopt;
+    if (!general_ranks || *general_ranks >= collectives.ranks) {
+        write_figures(link);
+        link.insert_or_assign("ranks", collectives.ranks);
+    }
+    write_toml(path, root);
+}
+
+}  // namespace llmtrain

@@ -1,0 +1,127 @@
+// A cluster description for the plan: what one device computes and holds, how many there
+// are per node and in all, and the links between them; optionally calibrated by
+// measurement (`llmtrain bench --calibration-out`, `bench comm --calibration-out`).
+//
+// A TOML file (configs/clusters/*.toml):
+//   name = "..."
+//   kind = "gpu" | "cpu"           cpu: a device is one core; ranks beyond the cores share them
+//   [node]    devices, count
+//   [device]  name, peak_tflops (dense, in the compute dtype: bf16 on GPUs, f32 on the CPU;
+//             on a cpu cluster "auto": one core of the machine reading the file, measured),
+//             memory_gb, memory_bandwidth_gbps, reserved_gb (runtime context and
+//             communication buffers, outside what the run allocates)
+//   [network] intra_node_gbps, intra_node_latency_us, inter_node_gbps, inter_node_latency_us
+//             (bandwidth per device and direction, as nccl-tests' bus bandwidth)
+//   [efficiency] gemm, attention, memory: the shares of peak (memory: of the bandwidth)
+//             assumed where nothing was measured
+//   [storage] optional, the shared file system checkpoints go to: write_gbps, read_gbps
+//             (aggregate over the cluster), node_write_gbps, node_read_gbps (one node's
+//             link to it), host_copy_gbps (per device: the copy of its state into host
+//             memory at a step boundary); without it the plan gives no checkpoint times
+//   calibration = "FILE.toml"      optional, relative to this file: measured figures that
+//                                  replace the assumed ones (the same tables as below)
+// A calibration file holds [compute] (gemm_efficiency.<shape class>, attention_efficiency,
+// memory_efficiency) and [collectives.intra_node] / [collectives.inter_node]
+// (all_reduce_busbw_gbps, reduce_scatter_busbw_gbps, all_gather_busbw_gbps, latency_us, and
+// the ranks that measured them: the fewest measured), with every measurement also under
+// its number of ranks ([collectives.intra_node.ranks_4]).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+namespace llmtrain {
+
+enum class ClusterKind { gpu, cpu };
+
+// The collectives the plan times, as `bench comm` names them.
+enum class Collective { all_reduce, reduce_scatter, all_gather };
+
+// What `bench comm` measured over one group of ranks.
+struct LinkMeasurement {
+    std::map<Collective, double> busbw_gbps;
+    double latency_us = 0;
+};
+
+struct Link {
+    double gbps = 0;        // bus bandwidth per device, GB/s
+    double latency_us = 0;  // per step of a ring
+    // Measured bus bandwidth per collective (0: not measured; gbps applies).
+    std::map<Collective, double> measured_busbw_gbps;
+    // Every measurement by the number of ranks that ran it (on a CPU node they include those
+    // ranks' crowding of the cores; on GPUs, the bandwidth of that group size).
+    std::map<int, LinkMeasurement> measured_by_ranks;
+    double busbw_gbps(Collective op) const;
+    // This link with the measurement of `ranks` ranks in place of the general one, if any.
+    std::optional<Link> as_measured_by(int ranks) const;
+};
+
+// GEMM shape classes, by the smallest of a GEMM's three dimensions: efficiency depends on
+// it (a narrow GEMM cannot keep the units busy).
+enum class GemmClass { small, medium, large };  // < 256, < 1024, >= 1024
+GemmClass gemm_class(double m, double n, double k);
+const char* gemm_class_name(GemmClass c);
+
+struct ComputeEfficiency {
+    std::map<GemmClass, double> gemm;  // measured per class; missing: the nearest measured, else gemm_default
+    double gemm_default = 0;
+    double attention = 0;
+    double memory = 0;
+    double optimizer = 0;  // AdamW's update, a share of the memory bandwidth; 0: as `memory`
+    double gradient_pass = 0;  // zeroing the gradients and reading their norm (plain streams); 0: as `memory`
+    double gemm_for(GemmClass c) const;
+    double optimizer_or_memory() const { return optimizer > 0 ? optimizer : memory; }
+    double gradient_pass_or_memory() const { return gradient_pass > 0 ? gradient_pass : memory; }
+};
+
+// The shared storage checkpoints are written to and resumed from.
+struct Storage {
+    double write_gbps = 0, read_gbps = 0;            // aggregate, GB/s
+    double node_write_gbps = 0, node_read_gbps = 0;  // per node, GB/s
+    double host_copy_gbps = 0;                       // per device into host memory, GB/s
+};
+
+struct Cluster {
+    std::string name;
+    std::string source_path;
+    std::string calibration_path;  // empty: not calibrated
+    ClusterKind kind = ClusterKind::gpu;
+    int devices_per_node = 0;
+    int nodes = 0;
+    std::string device_name;
+    double peak_tflops = 0;
+    double memory_gb = 0;
+    double memory_bandwidth_gbps = 0;
+    double reserved_gb = 0;
+    Link intra_node, inter_node;
+    ComputeEfficiency efficiency;
+    std::optional<Storage> storage;  // none: no [storage] section
+    int devices() const { return devices_per_node * nodes; }
+};
+
+// Reads a cluster file and the calibration it names. Throws Error(config) naming the file
+// and the key for a missing key, a wrong type or a value out of range.
+Cluster load_cluster(const std::string& path);
+// Replaces the cluster's assumed figures with those measured in a calibration file.
+void apply_calibration(Cluster& cluster, const std::string& path);
+
+// What `bench` measured on this machine, to be merged into a calibration file.
+struct ComputeCalibration {
+    GemmClass gemm_class = GemmClass::medium;
+    double gemm_efficiency = 0, attention_efficiency = 0, memory_efficiency = 0, optimizer_efficiency = 0, gradient_pass_efficiency = 0;
+};
+struct CollectiveCalibration {
+    bool inter_node = false;
+    int ranks = 0;
+    std::map<Collective, double> busbw_gbps;
+    double latency_us = 0;
+};
+// Adds or replaces these figures in the calibration file at path (created when missing),
+// keeping what else it holds.
+void write_calibration(const std::string& path, const ComputeCalibration& compute);
+void write_calibration(const std::string& path, const CollectiveCalibration& collectives);
+
+const char* collective_key(Collective op);
+
+}  // namespace llmtrain

@@ -1,0 +1,215 @@
+#include "plan/layout_plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/transformer.h"
+#include "parallel/context.h"
+
+namespace llmtrain {
+
+namespace {
+
+// The checkpoint writer copies what a resume needs to host memory at the step boundary:
+// the master weights this rank holds and the AdamW moments it owns.
+double checkpoint_staging_bytes(const Config& config, const MemoryPlan& plan) {
+    if (config.checkpoint.every_steps <= 0) return 0;
+    const DType compute = compute_dtype(config.train), master = master_dtype(compute);
+    const double master_share = compute == master ? 1.0 : static_cast<double>(dtype_size(master)) / static_cast<double>(dtype_size(master) + dtype_size(compute));
+    return static_cast<double>(plan.memory.parameter_bytes) * master_share + static_cast<double>(plan.memory.optimizer_bytes);
+}
+
+// A GPU is one rank's; on a CPU node the ranks share the node's memory.
+double capacity_bytes(const Cluster& cluster, const Mesh& mesh) {
+    if (cluster.kind == ClusterKind::gpu) return cluster.memory_gb * 1e9;
+    const int ranks_on_node = std::max(1, (mesh.world_size() + cluster.nodes - 1) / cluster.nodes);
+    return cluster.memory_gb * 1e9 * cluster.devices_per_node / ranks_on_node;
+}
+
+double token_budget(const Config& config, const PlanOptions& options, double tokens_per_step) {
+    return options.tokens > 0 ? options.tokens : static_cast<double>(config.train.steps) * tokens_per_step;
+}
+
+std::vector<int> divisors(int n) {
+    std::vector<int> out;
+    for (int i = 1; i <= n; ++i)
+        if (n % i == 0) out.push_back(i);
+    return out;
+}
+
+// The global batch in sequences: fixed across the layouts searched, so that each is the same run.
+int64_t global_batch(const Config& config, int devices) {
+    if (config.train.global_batch_size > 0) return config.train.global_batch_size;
+    const Mesh mesh = make_mesh(config.parallel, devices);
+    return config.train.batch_size * micro_batches_per_step(config, mesh.dp()) * mesh.dp();
+}
+
+bool tp_splits_model(const ModelConfig& m, int tp) { return m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0; }
+
+}  // namespace
+
+LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices, const PlanOptions& options, double parameters) {
+    if (cluster.kind == ClusterKind::gpu && devices > cluster.devices())
+        fail(ErrorKind::config, "the layout needs ", devices, " devices; the cluster '", cluster.source_path, "' has ", cluster.devices(), " (", cluster.nodes,
+             " nodes x ", cluster.devices_per_node, ")");
+    LayoutPlan plan;
+    plan.config = config;
+    const Mesh mesh = make_mesh(config.parallel, devices);
+    plan.tp = mesh.tp();
+    plan.pp = mesh.pp();
+    plan.dp = mesh.dp();
+    plan.config.parallel.dp = mesh.dp();
+    plan.micro_batches = micro_batches_per_step(config, mesh.dp());
+    plan.largest = largest_rank_plan(config, mesh);
+    plan.runtime_bytes = cluster.reserved_gb * 1e9;
+    plan.checkpoint_staging_bytes = checkpoint_staging_bytes(config, plan.largest);
+    // On the CPU the staging copy takes the same memory as the run; on a GPU, host memory.
+    plan.total_bytes = static_cast<double>(plan.largest.total()) + plan.runtime_bytes + (cluster.kind == ClusterKind::cpu ? plan.checkpoint_staging_bytes : 0);
+    plan.capacity_bytes = capacity_bytes(cluster, mesh);
+    plan.fits = plan.total_bytes <= plan.capacity_bytes;
+    plan.time = predict_step_time(config, mesh, cluster, parameters);
+    if (cluster.storage) plan.checkpoint = predict_checkpoint_time(config, mesh, cluster, parameters);
+    plan.tokens = token_budget(config, options, plan.time.tokens_per_step);
+    const double seconds = plan.tokens / (plan.time.tokens_per_second_per_device * devices);
+    plan.days = seconds / 86400;
+    plan.cost_usd = options.gpu_hour_usd * devices * seconds / 3600;
+    return plan;
+}
+
+namespace {
+
+// One layout the search weighs: the config's model and global batch on a tp x pp x dp mesh.
+struct Candidate {
+    int tp, pp, dp;
+    int64_t micro_batch;
+    Recompute recompute;
+    bool sequence_parallel;
+    int64_t virtual_stages;
+};
+
+// Sequence parallelism needs tp > 1; interleaving needs pp > 1 and n_layers a multiple of
+// pp x v (and micro-batches in groups of pp: stage_partition refuses the rest).
+bool can_exist(const Candidate& k, const ModelConfig& model) {
+    if (k.sequence_parallel && k.tp == 1) return false;
+    return k.virtual_stages == 1 || (k.pp > 1 && model.n_layers % (k.pp * k.virtual_stages) == 0);
+}
+
+Config config_of(const Config& base, const Candidate& k, int64_t global_batch) {
+    Config c = base;
+    c.parallel.tp = k.tp;
+    c.parallel.pp = k.pp;
+    c.parallel.dp = k.dp;
+    c.parallel.stage_layers.clear();
+    c.parallel.virtual_stages = k.virtual_stages;
+    c.parallel.sequence_parallel = k.sequence_parallel;
+    c.train.batch_size = k.micro_batch;
+    c.train.global_batch_size = global_batch;
+    c.train.grad_accum = 0;
+    c.train.recompute = k.recompute;
+    return c;
+}
+
+}  // namespace
+
+LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int devices, const PlanOptions& options, double parameters) {
+    LayoutSearch search;
+    const int64_t batch = global_batch(config, devices);
+    search.global_batch = static_cast<double>(batch);
+    std::vector<LayoutPlan> unfit;
+    const int max_tp = cluster.kind == ClusterKind::gpu ? cluster.devices_per_node : devices;
+    std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16};
+    if (std::find(micro_batches.begin(), micro_batches.end(), config.train.batch_size) == micro_batches.end()) micro_batches.push_back(config.train.batch_size);
+    std::vector<Candidate> candidates;
+    for (int tp : divisors(devices)) {
+        if (tp > max_tp || !tp_splits_model(config.model, tp)) continue;
+        for (int pp : divisors(devices / tp)) {
+            if (pp > config.model.n_layers) continue;
+            const int dp = devices / (tp * pp);
+            for (int64_t b : micro_batches) {
+                if (batch % (b * dp) != 0) continue;
+                for (Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full})
+                    for (bool sp : {false, true})
+                        for (int64_t v : {1, 2, 4}) candidates.push_back({tp, pp, dp, b, recompute, sp, v});
+            }
+        }
+    }
+    for (const Candidate& k : candidates) {
+        if (!can_exist(k, config.model)) continue;
+        ++search.considered;
+        try {
+            LayoutPlan plan = plan_layout(config_of(config, k, batch), cluster, devices, options, parameters);
+            (plan.fits ? search.ranked : unfit).push_back(std::move(plan));
+        } catch (const Error&) {
+            ++search.invalid;  // a layout the model or the batch cannot take
+        }
+    }
+    const auto faster = [](const LayoutPlan& a, const LayoutPlan& b) { return a.time.tokens_per_second_per_device > b.time.tokens_per_second_per_device; };
+    std::sort(search.ranked.begin(), search.ranked.end(), faster);
+    std::sort(unfit.begin(), unfit.end(), faster);
+    const double best = search.ranked.empty() ? 0 : search.ranked.front().time.tokens_per_second_per_device;
+    if (!unfit.empty())
+        search.smallest_unfit = *std::min_element(unfit.begin(), unfit.end(), [](const LayoutPlan& a, const LayoutPlan& b) { return a.total_bytes < b.total_bytes; });
+    for (LayoutPlan& plan : unfit)
+        if (plan.time.tokens_per_second_per_device > best) search.faster_unfit.push_back(std::move(plan));
+    return search;
+}
+
+std::string layout_name(const LayoutPlan& plan) {
+    const TrainConfig& t = plan.config.train;
+    return cat("tp ", plan.tp, " x pp ", plan.pp, " x dp ", plan.dp, ", micro-batch ", t.batch_size, " x ", plan.micro_batches, ", recompute ",
+               recompute_name(t.recompute), plan.config.parallel.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
+               plan.config.parallel.virtual_stages > 1 ? cat(", ", plan.config.parallel.virtual_stages, " virtual stages") : "");
+}
+
+namespace {
+
+struct Part {
+    const char* name;
+    double seconds;
+};
+
+std::vector<Part> parts_of(const StepTime& t) {
+    return {{"compute", t.compute_seconds},         {"tensor-parallel collectives", t.tp_comm_seconds},
+            {"pipeline sends", t.pp_comm_seconds},  {"pipeline bubble", t.bubble_seconds},
+            {"exposed data-parallel traffic", t.dp_exposed_seconds}, {"optimizer", t.optimizer_seconds}};
+}
+
+std::string percent(double x) { return cat(std::lround(x * 1000) / 10.0, "%"); }
+
+}  // namespace
+
+// The best against the fastest layout of another tp x pp: the step-time parts (per token,
+// since the steps hold the same tokens) where they differ most say why.
+std::string why_best(const LayoutSearch& search) {
+    if (search.ranked.empty()) return "no layout fits";
+    const LayoutPlan& best = search.ranked.front();
+    const LayoutPlan* other = nullptr;
+    for (const LayoutPlan& plan : search.ranked)
+        if (plan.tp != best.tp || plan.pp != best.pp) {
+            other = &plan;
+            break;
+        }
+    std::string text = cat(layout_name(best), " is fastest: ", std::lround(best.time.tokens_per_second_per_device), " tokens/s per device, MFU ",
+                           percent(best.time.mfu), ", ", std::lround(best.total_bytes / 1e8) / 10.0, " of ", std::lround(best.capacity_bytes / 1e8) / 10.0, " GB per device.");
+    if (!other) return text;
+    const std::vector<Part> a = parts_of(best.time), b = parts_of(other->time);
+    size_t most = 0;
+    double gain = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (b[i].seconds - a[i].seconds > gain) gain = b[i].seconds - a[i].seconds, most = i;
+    text += cat(" The next other tp x pp, ", layout_name(*other), ", reaches ", std::lround(other->time.tokens_per_second_per_device), " tokens/s per device (",
+                percent(1 - other->time.tokens_per_second_per_device / best.time.tokens_per_second_per_device), " slower)");
+    if (gain > 0)
+        text += cat(": its step spends ", std::lround(b[most].seconds * 1e4) / 10.0, " ms in ", a[most].name, " against ", std::lround(a[most].seconds * 1e4) / 10.0,
+                    " ms");
+    text += cat(" (per step of ", std::lround(best.time.tokens_per_step), " tokens).");
+    if (!search.faster_unfit.empty()) {
+        const LayoutPlan& f = search.faster_unfit.front();
+        text += cat(" ", search.faster_unfit.size(), " faster layouts do not fit; the fastest, ", layout_name(f), ", would need ",
+                    std::lround(f.total_bytes / 1e8) / 10.0, " GB per device (has ", std::lround(f.capacity_bytes / 1e8) / 10.0, ").");
+    }
+    return text;
+}
+
+}  // namespace llmtrain

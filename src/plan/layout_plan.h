@@ -1,0 +1,63 @@
+// `llmtrain plan`: a parallel layout of a config on a cluster, before renting it: memory per
+// device by category from the memory plan the trainer allocates by (ops/memory_plan.h), the
+// predicted step time (ops/step_model.h), tokens/s per device, MFU, days and cost; and a
+// search over the layouts of a number of devices, ranked by predicted throughput among those
+// that fit.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "plan/cluster.h"
+#include "plan/memory_plan.h"
+#include "plan/step_model.h"
+
+namespace llmtrain {
+
+struct PlanOptions {
+    double tokens = 0;        // the token budget; 0: train.steps steps
+    double gpu_hour_usd = 0;  // 0: no cost
+};
+
+struct LayoutPlan {
+    Config config;             // with the layout's keys set (parallel.*, train.batch_size, recompute)
+    int tp = 1, pp = 1, dp = 1;
+    int64_t micro_batches = 1;
+    MemoryPlan largest;        // the rank that needs the most, as the trainer allocates
+    double runtime_bytes = 0;  // the cluster's reserved memory (context, communication buffers)
+    double checkpoint_staging_bytes = 0;  // host copy of the state an async checkpoint takes
+    double total_bytes = 0;    // what the device must hold
+    double capacity_bytes = 0;
+    bool fits = false;
+    StepTime time;
+    std::optional<CheckpointTime> checkpoint;  // when the cluster describes its storage
+    double tokens = 0, days = 0, cost_usd = 0;
+};
+
+// The layout of config (parallel.tp, parallel.pp; dp from parallel.dp or devices / (tp pp))
+// on `devices` of the cluster. Throws Error(config) for a layout that cannot exist.
+LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices, const PlanOptions& options, double parameters);
+
+struct LayoutSearch {
+    std::vector<LayoutPlan> ranked;        // every fitting layout, fastest first
+    std::vector<LayoutPlan> faster_unfit;  // layouts faster than the best that do not fit, fastest first
+    std::optional<LayoutPlan> smallest_unfit;  // the layout that needs the least memory, when none fits
+    int considered = 0, invalid = 0;
+    double global_batch = 0;               // sequences per step, the same for every layout
+};
+
+// tp (dividing the heads, the KV heads and d_ff, within a node) x pp (at most the layers) x
+// dp = devices / (tp pp), x micro-batch (1, 2, 4, 8, 16 and the config's, dividing the
+// global batch over dp) x recompute (none, selective, full) x sequence parallel (tp > 1).
+// The global batch is the config's (train.global_batch_size, else its batch x grad_accum x
+// dp on `devices`).
+LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int devices, const PlanOptions& options, double parameters);
+
+// "tp 8 x pp 2 x dp 8, micro-batch 1, recompute selective, sequence parallel"
+std::string layout_name(const LayoutPlan& plan);
+// Why the best layout wins over the next one of another tp x pp, in one sentence.
+std::string why_best(const LayoutSearch& search);
+
+}  // namespace llmtrain

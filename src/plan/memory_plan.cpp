@@ -1,0 +1,187 @@
+#include "plan/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "backend/backend.h"
+#include "optim/adamw.h"
+#include "parallel/context.h"
+#include "parallel/fully_sharded.h"
+#include "parallel/sharded_gradients.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace llmtrain {
+
+namespace {
+std::string gigabytes(size_t bytes) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.2f GB", static_cast<double>(bytes) / 1e9);
+    return buffer;
+}
+
+size_t bytes_of(int64_t numel, DType dtype) { return static_cast<size_t>(numel) * dtype_size(dtype); }
+}  // namespace
+
+// Interleaved (virtual_stages = V > 1): the model is cut into pp * V chunks of
+// n_layers / (pp * V) layers; stage s holds chunks s, s + pp, ..., and each keeps the
+// activation sets its schedule has in flight at most.
+ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world_rank) {
+    const int64_t pp = mesh.pp(), stage = mesh.coord(world_rank).pp, chunks = config.parallel.virtual_stages;
+    const int64_t micro_batches = micro_batches_per_step(config, mesh.dp());
+    ModelPartition part;
+    if (chunks > 1) {
+        require_interleavable_micro_batches(config, mesh.dp());
+        const int64_t per_chunk = config.model.n_layers / (pp * chunks);
+        part.first_layer = stage * per_chunk;
+        part.last_layer = part.first_layer + per_chunk;
+        part.chunks = chunks;
+        part.chunk_stride = pp * per_chunk;
+    } else {
+        const std::vector<int64_t> layers = parse_stage_layers(config.parallel.stage_layers, pp, config.model.n_layers);
+        for (int64_t s = 0; s < stage; ++s) part.first_layer += layers[static_cast<size_t>(s)];
+        part.last_layer = part.first_layer + layers[static_cast<size_t>(stage)];
+    }
+    part.has_embedding = stage == 0;
+    part.has_head = stage == pp - 1;
+    const std::vector<PipeAction> schedule = interleaved_schedule(pp, stage, micro_batches, chunks);
+    part.activation_sets.clear();
+    for (int64_t c = 0; c < chunks; ++c) part.activation_sets.push_back(chunk_in_flight(schedule, c));
+    part.param_pad_multiple = mesh.dp();
+    part.grad_storage = shards_gradients(config.parallel, mesh.dp()) ? GradStorage::bound : GradStorage::flat;
+    part.value_storage = shards_parameters(config.parallel, mesh.dp()) ? ValueStorage::bound : ValueStorage::flat;
+    part.sequence_parallel = config.parallel.sequence_parallel;
+    part.recompute = config.train.recompute;
+    return part;
+}
+
+bool shards_gradients(const ParallelConfig& parallel, int dp) { return parallel.zero_stage >= 2 && dp > 1; }
+bool shards_parameters(const ParallelConfig& parallel, int dp) { return parallel.zero_stage >= 3 && dp > 1; }
+
+std::vector<GradGroup> zero2_gradient_groups(const TransformerLayout& model) {
+    const std::optional<size_t> embedding = model.embedding_param();
+    std::vector<GradGroup> groups;
+    for (const TransformerLayout::ParamGroup& g : model.gradient_groups()) {
+        const bool holds_tied = model.config().tied_embeddings && embedding && *embedding >= g.begin && *embedding < g.end;
+        groups.push_back({g.begin, g.end, holds_tied});
+    }
+    return groups;
+}
+
+int64_t gradient_bucket_bytes(const ParallelConfig& parallel) { return static_cast<int64_t>(parallel.bucket_mb * 1e6); }
+
+Device compute_device(const TrainConfig& train) { return train.device == ComputeDevice::cuda ? Device::cuda : Device::cpu; }
+
+Placement state_placement(const Config& config, const Mesh& mesh, int world_rank, const TransformerLayout& model, DType master) {
+    const MeshCoord coord = mesh.coord(world_rank);
+    const Parameters& params = model.parameters();
+    PlacementSpec spec;
+    spec.tensors = tensor_places(params);
+    spec.padded_numel = Parameters::padded_length(params.total_numel(), mesh.dp());
+    spec.zero_stage = mesh.dp() > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;
+    if (spec.zero_stage >= 2) {
+        // Sharded within blocks of shard_size dp ranks, the blocks replicas of each other.
+        const int shard = shard_size_of(config.parallel, mesh.dp());
+        spec.shard_size = shard;
+        spec.shard_rank = coord.dp % shard;
+        spec.replicas = mesh.dp() / shard;
+        spec.replica_rank = coord.dp / shard;
+        std::vector<FlatRange> ranges;
+        for (const TensorPlace& t : spec.tensors) ranges.push_back(t.flat);
+        spec.cuts = group_cuts(ranges, zero2_gradient_groups(model), shard);
+    } else {
+        spec.shard_size = mesh.dp();
+        spec.shard_rank = coord.dp;
+        spec.cuts = bucket_cuts(spec.padded_numel, dtype_size(master), mesh.dp(), gradient_bucket_bytes(config.parallel));
+    }
+    // A token embedding tied to the head across stages is held by the first and the last.
+    const std::optional<size_t> embedding = model.embedding_param();
+    if (config.model.tied_embeddings && mesh.pp() > 1 && embedding) {
+        spec.tied = *embedding;
+        spec.tied_end = coord.pp == 0 ? 0 : 1;
+    }
+    return Placement(std::move(spec));
+}
+
+// The trainer allocates, in this order: the model's flat parameter buffers (master, compute
+// copy, gradients: padded to a multiple of dp; under ZeRO-2 no gradient buffer, under ZeRO-3
+// no parameter buffers) and its activation arena; the gradient sync's shards and working
+// buffers; ZeRO-3's parameter shards and gather buffers; AdamW's moments for what this rank owns.
+MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
+    MemoryPlan plan;
+    plan.world_rank = world_rank;
+    plan.coord = mesh.coord(world_rank);
+    plan.device = compute_device(config.train);
+    const DType compute = compute_dtype(config.train), master = master_dtype(compute);
+    const ModelPartition part = stage_partition(config, mesh, world_rank);
+    const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord.tp, mesh.tp());
+    const Placement placement = state_placement(config, mesh, world_rank, model, master);
+    const int64_t padded = placement.padded_numel();
+    RankMemory& m = plan.memory;
+    m.parameter_bytes = placement.shards_parameters()
+                            ? fully_sharded_value_bytes(placement, static_cast<int>(config.parallel.prefetch_layers), master, compute)
+                            : bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
+    m.gradient_bytes = placement.shards_gradients() ? bytes_of(sharded_gradient_numel(placement), master)
+                                                    : bytes_of(padded, master) + (placement.shards_optimizer() ? bytes_of(placement.shard_numel(), master) : 0);
+    m.optimizer_bytes = AdamW::state_bytes_for(placement.optimizer_numel(), master);
+    m.activation_bytes = model.activation_bytes();
+    // Attention's scratch at the micro-batch's shape (this rank's heads), on top of the
+    // backend's own: cuDNN's bound unless model.attention = "native".
+    const int64_t tp = mesh.tp();
+    const AttentionShape attention{config.train.batch_size, config.train.seq_len, config.model.n_heads / tp, config.model.n_kv_heads / tp,
+                                   config.model.head_dim()};
+    m.workspace_bytes = reserved_workspace_bytes(plan.device) + attention_workspace_bytes(plan.device, config.model.attention, attention);
+    return plan;
+}
+
+// Ranks that differ only in their dp coordinate hold the same (every dp rank owns an equal
+// piece of each bucket), so one dp rank per (tp, pp) pair is planned.
+MemoryPlan largest_rank_plan(const Config& config, const Mesh& mesh) {
+    MemoryPlan largest;
+    bool first = true;
+    for (int pp = 0; pp < mesh.pp(); ++pp)
+        for (int tp = 0; tp < mesh.tp(); ++tp) {
+            const MemoryPlan plan = plan_memory(config, mesh, mesh.world_rank({tp, 0, pp}));
+            if (first || plan.total() > largest.total()) largest = plan;
+            first = false;
+        }
+    return largest;
+}
+
+namespace {
+size_t device_memory_per_rank(const Config& config, int local_rank, int ranks_on_node) {
+    const int ranks = std::max(1, ranks_on_node);
+    if (compute_device(config.train) == Device::cpu) return host_available_memory_bytes() / static_cast<size_t>(ranks);
+    // Rank r uses GPU r % gpus: the ranks sharing GPU g are g, g + gpus, ... below `ranks`.
+    const int gpus = cuda_device_count(), gpu = local_rank % gpus;
+    const int sharing = gpu < ranks ? (ranks - 1 - gpu) / gpus + 1 : 1;
+    return cuda_free_memory_bytes(local_rank) / static_cast<size_t>(sharing);
+}
+}  // namespace
+
+size_t memory_limit_bytes(const TrainConfig& train) { return static_cast<size_t>(train.memory_limit_gb * 1e9); }
+
+size_t available_memory_per_rank(const Config& config, int local_rank, int ranks_on_node) {
+    const size_t device = device_memory_per_rank(config, local_rank, ranks_on_node), limit = memory_limit_bytes(config.train);
+    return limit > 0 ? std::min(device, limit) : device;
+}
+
+std::string describe(const MemoryPlan& plan) {
+    const RankMemory& m = plan.memory;
+    return cat("parameters ", gigabytes(m.parameter_bytes), ", gradients ", gigabytes(m.gradient_bytes), ", optimizer ", gigabytes(m.optimizer_bytes),
+               ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes), " (rank ", plan.world_rank, ": tp ",
+               plan.coord.tp, ", dp ", plan.coord.dp, ", pp ", plan.coord.pp, ")");
+}
+
+void check_memory_fits(const MemoryPlan& plan, size_t available_bytes) {
+    if (plan.total() <= available_bytes) return;
+    const char* where = plan.device == Device::cuda ? "free on the GPU" : "available on this node";
+    fail(ErrorKind::config, "memory: this run needs ", gigabytes(plan.total()), " per rank, has ", gigabytes(available_bytes), " (", where,
+         "): ", describe(plan), ". Lower train.batch_size or train.seq_len, set train.recompute = \"selective\" or \"full\", "
+         "shrink the model, or spread it over more ranks (parallel.tp, parallel.pp; ZeRO-1 shards the optimizer over parallel.dp)");
+}
+
+void check_rank_memory(const Config& config, const Mesh& mesh, int local_rank, int local_size) {
+    check_memory_fits(largest_rank_plan(config, mesh), available_memory_per_rank(config, local_rank, local_size));
+}
+
+}  // namespace llmtrain

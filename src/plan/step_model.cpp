@@ -1,0 +1,359 @@
+#include "plan/step_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/log.h"
+#include "model/transformer.h"
+#include "parallel/placement.h"
+#include "plan/memory_plan.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace llmtrain {
+
+namespace {
+
+struct Shapes {
+    double b, s, n, d, h, kv, hd, f, up, vocab;  // n = b * s tokens per micro-batch; up: MLP-up width
+    double t, compute_bytes, master_bytes;
+    bool sequence_parallel, llama;
+    Recompute recompute;
+};
+
+Shapes shapes_of(const Config& config, const Mesh& mesh) {
+    const ModelConfig& m = config.model;
+    Shapes x{};
+    x.b = static_cast<double>(config.train.batch_size);
+    x.s = static_cast<double>(config.train.seq_len);
+    x.n = x.b * x.s;
+    x.d = static_cast<double>(m.d_model);
+    x.h = static_cast<double>(m.n_heads);
+    x.kv = static_cast<double>(m.n_kv_heads);
+    x.hd = static_cast<double>(m.head_dim());
+    x.f = static_cast<double>(m.d_ff);
+    x.llama = m.family == ModelFamily::llama;
+    x.up = x.llama ? 2 * x.f : x.f;  // SwiGLU's gate and up are one GEMM
+    x.t = mesh.tp();
+    x.vocab = static_cast<double>(m.padded_vocab_size(mesh.tp()));
+    const DType compute = compute_dtype(config.train);
+    x.compute_bytes = static_cast<double>(dtype_size(compute));
+    x.master_bytes = static_cast<double>(dtype_size(master_dtype(compute)));
+    x.sequence_parallel = config.parallel.sequence_parallel && mesh.tp() > 1;
+    x.recompute = config.train.recompute;
+    return x;
+}
+
+// Forward, backward (two GEMMs per forward one: input and weight gradients) and, under full
+// recomputation, the forward again.
+double gemm_passes(Recompute recompute) { return recompute == Recompute::full ? 4 : 3; }
+
+void add_gemm(StageWork& w, double m, double k, double n, double passes) { w.gemm_flops[gemm_class(m, n, k)] += 2 * m * k * n * passes; }
+
+// One layer's GEMMs on one tp rank: QKV and MLP-up column-parallel, out and down row-parallel.
+void add_layer_gemms(StageWork& w, const Shapes& x) {
+    const double passes = gemm_passes(x.recompute);
+    add_gemm(w, x.n, x.d, (x.h + 2 * x.kv) * x.hd / x.t, passes);
+    add_gemm(w, x.n, x.h * x.hd / x.t, x.d, passes);
+    add_gemm(w, x.n, x.d, x.up / x.t, passes);
+    add_gemm(w, x.n, x.f / x.t, x.d, passes);
+}
+
+// Causal attention does half of the 4 b s^2 hd FLOPs per head of the full score matrix;
+// the backward twice the forward.
+double layer_attention_flops(const Shapes& x) { return 2 * x.b * x.s * x.s * x.hd * (x.h / x.t) * gemm_passes(x.recompute); }
+
+// Elements read and written by one layer's memory-bound forward ops: two norms (read x,
+// write y), two residual adds (two reads, a write), the MLP activation (GELU: read, write;
+// SwiGLU: two reads, a write), RoPE on Q and K. Norms and residuals act on this rank's
+// tokens under sequence parallelism. The backward moves about twice as much; selective
+// recomputation repeats the norms and the activation, full recomputation the whole forward.
+double layer_memory_bytes(const Shapes& x) {
+    const double rows = x.sequence_parallel ? x.n / x.t : x.n;
+    const double norms = 2 * 2 * rows * x.d, residuals = 2 * 3 * rows * x.d;
+    const double activation = (x.llama ? 3 : 2) * x.n * x.f / x.t;
+    const double rope = x.llama ? 2 * x.n * (x.h + x.kv) * x.hd / x.t : 0;
+    const double forward = norms + residuals + activation + rope;
+    const double again = x.recompute == Recompute::full ? forward : x.recompute == Recompute::selective ? norms + activation : 0;
+    return (3 * forward + again) * x.compute_bytes;
+}
+
+// Tensor-parallel traffic of one layer and micro-batch (Megatron): two all-reduces of the
+// residual stream forward, two backward; with sequence parallelism, all-gathers before the
+// column-parallel GEMMs (again in backward, for the weight gradient) and reduce-scatters
+// after the row-parallel ones, in the same volume per call.
+void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, double layers) {
+    if (x.t <= 1) return;
+    const double bytes = x.n * x.d * x.compute_bytes, forwards = x.recompute == Recompute::full ? 2 : 1;
+    if (x.sequence_parallel) {
+        calls.push_back({Collective::all_gather, bytes, layers * (2 * forwards + 4)});
+        calls.push_back({Collective::reduce_scatter, bytes, layers * (2 * forwards + 2)});
+    } else {
+        calls.push_back({Collective::all_reduce, bytes, layers * (2 * forwards + 2)});
+    }
+}
+
+int first_rank_of_stage(const Mesh& mesh, int stage) { return mesh.world_rank({0, 0, stage}); }
+
+// A GPU node holds one rank per device; a CPU node holds the job's ranks spread evenly over
+// the nodes, however many cores it has (ranks beyond the cores share them).
+int ranks_per_node(const Mesh& mesh, const Cluster& cluster) {
+    if (cluster.kind == ClusterKind::gpu) return cluster.devices_per_node;
+    return std::max(1, (mesh.world_size() + cluster.nodes - 1) / cluster.nodes);
+}
+
+void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int stage, const Shapes& x) {
+    const ModelPartition part = stage_partition(config, mesh, first_rank_of_stage(mesh, stage));
+    const DType compute = compute_dtype(config.train);
+    const TransformerLayout layout(config.model, compute_device(config.train), compute, config.train.batch_size, config.train.seq_len, part, 0, mesh.tp());
+    const int64_t padded = Parameters::padded_length(layout.parameters().total_numel(), part.param_pad_multiple);
+    // ZeRO (stage >= 1) updates 1/dp of the buffer on each rank: its piece of every bucket or group.
+    const bool sharded = config.parallel.zero_stage >= 1 && mesh.dp() > 1;
+    const int64_t owned = sharded ? padded / mesh.dp() : padded;
+    const double p = static_cast<double>(padded), o = static_cast<double>(owned);
+    // AdamW reads the weight, gradient and two moments and writes three of them; the
+    // gradients are zeroed and their norm read; 16-bit compute refreshes its copy.
+    w.update_bytes = 7 * o * x.master_bytes;
+    w.gradient_pass_bytes = 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
+    w.dp_gradient_bytes = p * x.master_bytes;
+    w.dp_parameter_bytes = sharded ? p * x.master_bytes : 0;
+    w.compute_parameter_bytes = p * x.compute_bytes;
+}
+
+}  // namespace
+
+double StageWork::total_gemm_flops() const {
+    double total = 0;
+    for (const auto& [c, flops] : gemm_flops) total += flops;
+    return total;
+}
+
+StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
+    const Shapes x = shapes_of(config, mesh);
+    const std::vector<int64_t> per_stage = parse_stage_layers(config.parallel.stage_layers, mesh.pp(), config.model.n_layers);
+    const double layers = static_cast<double>(per_stage[static_cast<size_t>(stage)]);
+    StageWork w;
+    for (int64_t l = 0; l < per_stage[static_cast<size_t>(stage)]; ++l) add_layer_gemms(w, x);
+    w.attention_flops = layers * layer_attention_flops(x);
+    w.memory_bytes = layers * layer_memory_bytes(x);
+    add_layer_collectives(w.tp_collectives, x, layers);
+    const double rows = x.sequence_parallel ? x.n / x.t : x.n;
+    if (stage == 0) {
+        // The embedding: a gather forward, a scatter-add into the master-dtype gradient backward.
+        w.memory_bytes += x.n * x.d * (2 * x.compute_bytes + 2 * x.master_bytes);
+        if (x.t > 1) w.tp_collectives.push_back({x.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce, x.n * x.d * x.compute_bytes, 1});
+    }
+    if (stage == mesh.pp() - 1) {
+        add_gemm(w, x.n, x.d, x.vocab / x.t, 3);
+        // The final norm, then the fused cross-entropy: logits read twice, their gradient written.
+        w.memory_bytes += 3 * 2 * rows * x.d * x.compute_bytes + 3 * x.n * (x.vocab / x.t) * x.compute_bytes;
+        if (x.t > 1) w.tp_collectives.push_back({Collective::all_reduce, x.n * 4, 3});  // row max, sum of exponentials, target logit
+    }
+    if (mesh.pp() > 1) {
+        w.pp_send_bytes = rows * x.d * x.compute_bytes;
+        // On the critical path per micro-batch: its activations in, its gradient back, once per
+        // model chunk under interleaving.
+        w.pp_sends = 2 * static_cast<double>(config.parallel.virtual_stages);
+    }
+    add_step_work(w, config, mesh, stage, x);
+    return w;
+}
+
+DeviceShare device_share(const Config& config, const Mesh& mesh, const Cluster& cluster) {
+    if (cluster.kind == ClusterKind::gpu) return {};
+    const int ranks_on_node = ranks_per_node(mesh, cluster);
+    const double cores = cluster.devices_per_node, fair = cores / ranks_on_node;
+    const double threads = config.train.threads > 0 ? static_cast<double>(config.train.threads) : std::max(1.0, std::floor(fair));
+    // A pipeline stage waiting in the bubble (a share (pp - 1) / (v m + pp - 1) of the
+    // micro-batch phase) leaves its core to the others; at the step's end nobody waits.
+    const double bubble = pipeline_bubble_fraction(mesh.pp(), micro_batches_per_step(config, mesh.dp()), config.parallel.virtual_stages);
+    const double busy = ranks_on_node * (1 - bubble);
+    return {std::min(threads, std::max(fair, cores / busy)), std::min(threads, fair)};
+}
+
+double collective_seconds(const CollectiveCall& call, int ranks, const Link& link) {
+    if (ranks <= 1 || call.count <= 0) return 0;
+    const double n = ranks, busbw = link.busbw_gbps(call.op) * 1e9, latency = link.latency_us * 1e-6;
+    const double steps = call.op == Collective::all_reduce ? 2 * (n - 1) : n - 1;
+    return call.count * (steps / n * call.bytes / busbw + steps * latency);
+}
+
+double model_flops_per_token(const Config& config, double parameters) {
+    const ModelConfig& m = config.model;
+    return 6.0 * parameters + 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.head_dim() * config.train.seq_len);
+}
+
+double model_parameter_count(const ModelConfig& model) {
+    const TransformerLayout whole(model, Device::cpu, DType::f32, 1, 1, ModelPartition{}, 0, 1);
+    return static_cast<double>(whole.parameters().total_numel());
+}
+
+std::string parameters_beyond_the_model(const ModelConfig& m, int64_t tp, int64_t pp, double held) {
+    const double model = model_parameter_count(m);
+    if (held <= model) return "";
+    // Padding: rows beyond vocab_size in the embedding and, untied, the head too; a tied
+    // embedding is held by the first stage and, as the head, by the last; what remains under
+    // tp are the tensors each tp rank holds whole (norms, biases after a row-parallel matmul,
+    // position embeddings), counted once per tp rank.
+    const int64_t padded = m.padded_vocab_size(tp);
+    const double padding = static_cast<double>((padded - m.vocab_size) * m.d_model * (m.tied_embeddings ? 1 : 2));
+    const double tied_copy = pp > 1 && m.tied_embeddings ? static_cast<double>(padded * m.d_model) : 0;
+    const double replicated = tp > 1 ? held - model - padding - tied_copy : 0;
+    const auto millions = [](double n) { return cat(fixed(n / 1e6, 3), "M"); };
+    std::string why;
+    if (replicated > 0) why += cat(" + ", millions(replicated), " of tensors each of the ", tp, " tp ranks holds whole");
+    if (padding > 0) why += cat(" + ", millions(padding), " vocabulary padding rows for tp ", tp);
+    if (tied_copy > 0) why += cat(" + ", millions(tied_copy), " the tied embedding's copy on the last pipeline stage");
+    return cat(" (the model's ", millions(model), why, ")");
+}
+
+namespace {
+
+struct StageTime {
+    double compute = 0, tp = 0, pp = 0, dp = 0, optimizer = 0;
+    double dp_micro = 0;  // ZeRO-2/3: data-parallel collectives of each micro-batch, exposed
+    double micro_batch() const { return compute + tp + pp + dp_micro; }
+};
+
+double compute_seconds(const StageWork& w, const Cluster& c, double peak, double bandwidth) {
+    double seconds = 0;
+    for (const auto& [cls, flops] : w.gemm_flops) seconds += flops / (peak * c.efficiency.gemm_for(cls));
+    return seconds + w.attention_flops / (peak * c.efficiency.attention) + w.memory_bytes / (bandwidth * c.efficiency.memory);
+}
+
+// Ranks are numbered tp fastest, then dp, then pp: a group of `span` consecutive ranks
+// stays inside a node when the node holds them all. (Four ranks on a node of two cores talk
+// over its shared memory, not over the inter-node network.)
+const Link& link_for(const Cluster& c, const Mesh& mesh, int span) { return span <= ranks_per_node(mesh, c) ? c.intra_node : c.inter_node; }
+
+// On a CPU cluster the ranks' own cores copy the data (MPI over shared memory), at their
+// share of a core, and a non-blocking collective progresses only inside MPI calls: nothing
+// overlaps with compute. On GPUs, NCCL runs beside the compute stream.
+Link shared_link(const Link& link, const Cluster& c, double share) {
+    if (c.kind == ClusterKind::gpu || share >= 1) return link;
+    Link slower = link;
+    slower.gbps *= share;
+    for (auto& [op, gbps] : slower.measured_busbw_gbps) gbps *= share;
+    return slower;
+}
+
+// The link the collectives of a group of `group` ranks (spanning `span` consecutive ranks)
+// run over. On GPUs: the bandwidth measured for that group size, where one was. On a CPU
+// node: a measurement taken with as many ranks as the layout puts on the node includes their
+// crowding of the cores and applies as it is; otherwise the general one, scaled by the
+// rank's share of a core.
+Link collective_link(const Cluster& c, const Mesh& mesh, int group, int span, double share) {
+    const Link& link = link_for(c, mesh, span);
+    const int crowd = c.kind == ClusterKind::gpu ? group : std::min(ranks_per_node(mesh, c), mesh.world_size());
+    if (std::optional<Link> measured = link.as_measured_by(crowd)) return *measured;
+    return shared_link(link, c, share);
+}
+
+// ZeRO-2/3 over blocks of `shard` dp ranks (parallel.shard_size; 0: all of dp). Every
+// micro-batch reduce-scatters its gradients within the block as backward produces them
+// (behind the rest of backward on GPUs, all but the last bucket); ZeRO-3 also all-gathers
+// the compute copy of the parameters before each micro-batch's forward and again before its
+// backward, behind the previous group's compute when gathers are prefetched on GPUs (all
+// but the first group's). At the step's end the blocks all-reduce their shards (hybrid
+// sharding) and ZeRO-2 all-gathers the updated parameters within the block.
+void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, const Cluster& c, const StageWork& w, const DeviceShare& share,
+                       double hidden, double buckets) {
+    const int shard = config.parallel.shard_size > 0 ? static_cast<int>(config.parallel.shard_size) : mesh.dp();
+    const Link micro_link = collective_link(c, mesh, shard, mesh.tp() * shard, share.pipeline);
+    const double reduce = collective_seconds({Collective::reduce_scatter, w.dp_gradient_bytes, 1}, shard, micro_link);
+    t.dp_micro = std::max(reduce - hidden, reduce / buckets);
+    if (config.parallel.zero_stage >= 3) {
+        const double gathers = collective_seconds({Collective::all_gather, w.compute_parameter_bytes, 2}, shard, micro_link);
+        const bool overlapped = c.kind == ClusterKind::gpu && config.parallel.prefetch_layers > 0;
+        t.dp_micro += overlapped ? std::max(gathers - t.compute, gathers / buckets) : gathers;
+    }
+    const int blocks = mesh.dp() / shard;
+    const Link end_link = collective_link(c, mesh, blocks, mesh.tp() * mesh.dp(), share.step_end);
+    t.dp = collective_seconds({Collective::all_reduce, w.dp_gradient_bytes / shard, 1}, blocks, end_link);
+    if (config.parallel.zero_stage == 2)
+        t.dp += collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, shard, collective_link(c, mesh, shard, mesh.tp() * shard, share.step_end));
+}
+
+StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, const DeviceShare& share) {
+    const double peak = c.peak_tflops * 1e12 * share.pipeline, bandwidth = c.memory_bandwidth_gbps * 1e9 * share.pipeline;
+    const StageWork w = stage_work(config, mesh, stage);
+    StageTime t;
+    t.compute = compute_seconds(w, c, peak, bandwidth);
+    const Link tp_link = collective_link(c, mesh, mesh.tp(), mesh.tp(), share.pipeline);
+    for (const CollectiveCall& call : w.tp_collectives) t.tp += collective_seconds(call, mesh.tp(), tp_link);
+    const Link pp_link = shared_link(link_for(c, mesh, mesh.world_size()), c, share.pipeline);
+    t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
+    // Buckets go out while the last micro-batch's backward (two thirds of its compute) runs;
+    // at least the last bucket waits for the end of backward.
+    const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
+    const double hidden = c.kind == ClusterKind::gpu ? t.compute * 2.0 / 3.0 : 0.0;
+    if (mesh.dp() > 1 && config.parallel.zero_stage >= 2) {
+        zero_sharded_time(t, config, mesh, c, w, share, hidden, buckets);
+    } else {
+        const Link dp_link = collective_link(c, mesh, mesh.dp(), mesh.tp() * mesh.dp(), share.step_end);
+        const bool zero1 = config.parallel.zero_stage >= 1;
+        const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_gradient_bytes, 1}, mesh.dp(), dp_link);
+        const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
+        t.dp = std::max(reduce - hidden, reduce / buckets) + gather;
+    }
+    // AdamW's update has its own efficiency (on a CPU its square root and division per element
+    // make it slower per byte), and so do the plain streams over every gradient (zeroing,
+    // the norm), which run nearer the bandwidth than the micro-batches' memory-bound ops.
+    const double step_end_bandwidth = c.memory_bandwidth_gbps * 1e9 * share.step_end;
+    t.optimizer = w.update_bytes / (step_end_bandwidth * c.efficiency.optimizer_or_memory()) +
+                  w.gradient_pass_bytes / (step_end_bandwidth * c.efficiency.gradient_pass_or_memory());
+    return t;
+}
+
+}  // namespace
+
+StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
+    const DeviceShare share = device_share(config, mesh, cluster);
+    const double peak = cluster.peak_tflops * 1e12 * share.pipeline;
+    std::vector<StageTime> stages;
+    for (int s = 0; s < mesh.pp(); ++s) stages.push_back(stage_time(config, mesh, cluster, s, share));
+    const auto slowest = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.micro_batch() < b.micro_batch(); });
+    const auto last_to_finish = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.dp + a.optimizer < b.dp + b.optimizer; });
+    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
+    StepTime r;
+    r.slowest_stage = static_cast<int>(slowest - stages.begin());
+    r.compute_seconds = m * slowest->compute;
+    r.tp_comm_seconds = m * slowest->tp;
+    r.pp_comm_seconds = m * slowest->pp;
+    // Interleaving idles pp - 1 chunk slots, each 1/V of a micro-batch's time on the stage.
+    const double bubble_slots = static_cast<double>(mesh.pp() - 1) / static_cast<double>(config.parallel.virtual_stages);
+    r.bubble_seconds = bubble_slots * slowest->micro_batch();
+    r.dp_exposed_seconds = last_to_finish->dp + m * slowest->dp_micro;
+    r.optimizer_seconds = last_to_finish->optimizer;
+    r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + last_to_finish->dp + r.optimizer_seconds;
+    r.tokens_per_step = static_cast<double>(config.train.batch_size * config.train.seq_len) * m * mesh.dp();
+    r.tokens_per_second_per_device = r.tokens_per_step / r.step_seconds / mesh.world_size();
+    r.model_flops_per_token = model_flops_per_token(config, parameters);
+    r.mfu = r.tokens_per_second_per_device * r.model_flops_per_token / peak;
+    return r;
+}
+
+CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
+    if (!cluster.storage) fail(ErrorKind::config, cluster.source_path, ": storage: missing (the shared storage checkpoints go to: write_gbps, read_gbps, node_write_gbps, node_read_gbps, host_copy_gbps)");
+    const Storage& st = *cluster.storage;
+    const double master_bytes = static_cast<double>(dtype_size(master_dtype(compute_dtype(config.train))));
+    const int nodes = std::max(1, (mesh.world_size() + ranks_per_node(mesh, cluster) - 1) / ranks_per_node(mesh, cluster));
+    CheckpointTime t;
+    t.bytes = 3 * master_bytes * parameters;
+    t.bytes_per_rank = t.bytes / mesh.world_size();
+    // Every node moves its ranks' shares over its own link; together at most the storage's bandwidth.
+    const auto transfer = [&](double aggregate_gbps, double node_gbps) { return std::max(t.bytes / (aggregate_gbps * 1e9), t.bytes / nodes / (node_gbps * 1e9)); };
+    t.blocked_seconds = t.bytes_per_rank / (st.host_copy_gbps * 1e9);
+    t.background_seconds = transfer(st.write_gbps, st.node_write_gbps);
+    const double reads = 2 * transfer(st.read_gbps, st.node_read_gbps);
+    // Below ZeRO-3 the dp ranks hold the master weights whole: each loads 1/dp and the group all-gathers the rest.
+    double exchange = 0;
+    if (mesh.dp() > 1 && config.parallel.zero_stage < 3) {
+        const double part_weights = master_bytes * parameters / (mesh.tp() * mesh.pp());
+        const Link dp_link = collective_link(cluster, mesh, mesh.dp(), mesh.tp() * mesh.dp(), device_share(config, mesh, cluster).step_end);
+        exchange = collective_seconds({Collective::all_gather, part_weights, 1}, mesh.dp(), dp_link);
+    }
+    t.resume_seconds = reads + exchange;
+    return t;
+}
+
+}  // namespace llmtrain

@@ -1,0 +1,115 @@
+// The step-time model of the plan: the work one rank of a pipeline stage does per step
+// (GEMM and attention FLOPs, bytes moved by memory-bound ops, collectives), and the time
+// that takes on a cluster.
+//
+//   micro-batch time  t_mb = GEMM FLOPs / (peak x gemm efficiency of the shape class)
+//                          + attention FLOPs / (peak x attention efficiency)
+//                          + memory-bound bytes / (bandwidth x memory efficiency)
+//                          + tensor-parallel collectives + pipeline sends
+//   step time         (m + (pp - 1) / V) x max over stages of t_mb  (bubble (pp - 1) / (V x m + pp - 1);
+//                     V = parallel.virtual_stages, 1 for plain 1F1B; pipeline sends V times as many)
+//                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) not hidden by the
+//                     backward of the last micro-batch, + the parameter all-gather
+//                   + optimizer bytes / (bandwidth x memory efficiency)
+//   CPU cores         ranks beyond a node's cores share them: each runs at its share of a core
+//                     (DeviceShare), and collectives among them go over the node's shared memory
+//   collectives       ring: all-reduce 2(n-1)/n x bytes / busbw + 2(n-1) x latency; reduce-scatter
+//                     and all-gather (n-1)/n x bytes / busbw + (n-1) x latency (nccl-tests' busbw)
+// The same counts calibrate the cluster: `bench` divides them by what it measured.
+#pragma once
+
+#include <string>
+
+#include <map>
+
+#include "config/config.h"
+#include "plan/cluster.h"
+#include "parallel/mesh.h"
+
+namespace llmtrain {
+
+struct CollectiveCall {
+    Collective op = Collective::all_reduce;
+    double bytes = 0;  // the whole buffer, as nccl-tests' size
+    double count = 0;  // calls of this size
+};
+
+// One rank of one pipeline stage.
+struct StageWork {
+    // Per micro-batch: forward, backward and recomputation.
+    std::map<GemmClass, double> gemm_flops;
+    double attention_flops = 0;
+    double memory_bytes = 0;
+    std::vector<CollectiveCall> tp_collectives;
+    double pp_send_bytes = 0;  // each pipeline send (activations forward, gradients backward)
+    int pp_sends = 0;          // per micro-batch: 0, 2 (an end stage) or 4
+    // Per step.
+    double update_bytes = 0;         // what AdamW's update of the owned elements reads and writes
+    double gradient_pass_bytes = 0;  // zeroing every gradient, reading their norm, refreshing a 16-bit copy
+    double optimizer_bytes() const { return update_bytes + gradient_pass_bytes; }
+    double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over dp
+    double dp_parameter_bytes = 0; // the parameters all-gathered over dp after the update (ZeRO-1)
+    double compute_parameter_bytes = 0;  // the parameters in the compute dtype (ZeRO-3 gathers them per micro-batch)
+    double total_gemm_flops() const;
+};
+
+StageWork stage_work(const Config& config, const Mesh& mesh, int stage);
+// The share of one device a rank computes on: 1 on GPUs; on a CPU cluster its threads
+// (train.threads, 0: the node's cores shared by its ranks), at most its share of the cores.
+// Ranks beyond the cores take turns, and how many want a core differs in the step's two phases.
+struct DeviceShare {
+    double pipeline = 1;  // the micro-batches: stages idle in the 1F1B bubble leave their cores to the others
+    double step_end = 1;  // the data-parallel collectives and the optimizer: every rank of the node at once
+};
+DeviceShare device_share(const Config& config, const Mesh& mesh, const Cluster& cluster);
+
+struct StepTime {
+    double compute_seconds = 0;     // m micro-batches of the slowest stage
+    double tp_comm_seconds = 0;     // tensor-parallel collectives, exposed (m micro-batches)
+    double pp_comm_seconds = 0;     // pipeline sends on the critical path
+    double bubble_seconds = 0;      // (pp - 1) / virtual_stages micro-batch times
+    double dp_exposed_seconds = 0;  // data-parallel traffic not hidden by backward
+    double optimizer_seconds = 0;
+    double step_seconds = 0;
+    double tokens_per_step = 0;
+    double tokens_per_second_per_device = 0;
+    double model_flops_per_token = 0;  // PaLM
+    double mfu = 0;                    // of the cluster's dense peak
+    int slowest_stage = 0;
+};
+
+// parameters: model_parameter_count(config.model), for MFU.
+StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
+
+// Model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6 N + 12 L H Q T, N all
+// parameters (embeddings included, as llm.c counts), recomputation not counted.
+double model_flops_per_token(const Config& config, double parameters);
+// The parameters of the whole model, unpadded by tensor parallelism.
+double model_parameter_count(const ModelConfig& model);
+// Why the parameters the ranks of a tp x pp layout hold together (`held`) outnumber the
+// model's: " (the model's 0.843M + 0.004M vocabulary padding rows for tp 2 + ...)", naming the
+// vocabulary rows padded for tp and a tied embedding's copy on the last pipeline stage; ""
+// when they do not.
+std::string parameters_beyond_the_model(const ModelConfig& model, int64_t tp, int64_t pp, double held);
+
+// A checkpoint of the layout on the cluster's shared storage ([storage]). The checkpoint is
+// the fp32 master weights and AdamW's two moments (12 bytes per parameter), written by
+// placement: every rank about 1/world of it. A save blocks the step loop for the copy of the
+// rank's share into host memory; the writes then go on in the background at the slower of
+// the storage's aggregate bandwidth and the nodes' links to it. A resume reads every byte
+// twice (the verification of its checksums, then the load, each spread over the ranks) and
+// all-gathers the master weights over dp (below ZeRO-3: every dp rank holds them whole).
+struct CheckpointTime {
+    double bytes = 0;               // the whole checkpoint
+    double bytes_per_rank = 0;
+    double blocked_seconds = 0;     // the step loop waits for the copy to host memory
+    double background_seconds = 0;  // the writes, while training goes on
+    double resume_seconds = 0;      // verification, load and the dp exchange
+};
+// Throws Error(config) naming the cluster file when it has no [storage].
+CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
+
+// The seconds a collective takes on a link among n ranks.
+double collective_seconds(const CollectiveCall& call, int ranks, const Link& link);
+
+}  // namespace llmtrain

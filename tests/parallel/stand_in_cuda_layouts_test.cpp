@@ -1,0 +1,113 @@
+// The CUDA path's parallel layouts under mpirun, on the CPU stand-in of the CUDA backend
+// (tests/support/stand_in_cuda_backend.h): bf16 activations cross the tensor-parallel ranks
+// and ZeRO-1 all-gathers the bf16 compute copy. With parallel.comm = "nccl" the trainer runs
+// its event-ordered collectives (the path NCCL takes on a GPU), here on recorded stand-ins
+// of the streams that carry each collective out over MPI; with "mpi", MPI's staging of
+// device tensors and its f32 sums of bf16. Every run tracks the fp32 run of one CPU process.
+// ZeRO-2 sharded within blocks of 2 dp ranks takes the event-ordered path over the shard
+// and replica groups' own communicators, with no race between them and the compute stream.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "parallel/context.h"
+#include "support/host_staging.h"
+#include "support/parallel_test.h"
+#include "support/run_comparisons.h"
+#include "support/stand_in_cuda_backend.h"
+#include "support/stream_graph.h"
+
+using namespace llmtrain;
+
+namespace {
+
+Config tiny(const std::string& device, int64_t micro_batches, const std::vector<std::string>& layout) {
+    std::vector<std::string> more = {"train.sample_tokens=0", "train.grad_accum=" + std::to_string(micro_batches), "parallel.timeout_seconds=120"};
+    more.insert(more.end(), layout.begin(), layout.end());
+    return test::tiny_cuda_shaped_run("gpt2", device, 2, 32, more);
+}
+
+// One CPU process over the whole global batch, computed once per world.
+const TrainResult& cpu_reference(int64_t dp) {
+    static std::map<int64_t, TrainResult> done;
+    if (!done.count(dp)) {
+        Trainer trainer(tiny("cpu", 2 * dp, {}), TrainerOptions{.quiet = true});
+        done[dp] = trainer.run();
+    }
+    return done.at(dp);
+}
+
+struct StandInRun {
+    TrainResult result;
+    std::vector<std::string> streams;        // the recording's streams (nccl)
+    size_t collectives = 0;                  // work recorded on its communication streams
+    std::vector<std::string> races;
+};
+
+StandInRun run_on_stand_in(const Config& config) {
+    ParallelContext ctx = make_mpi_context(config.parallel, std::make_shared<test::HostStaging>());
+    test::RecordingStreamOrder* recording = nullptr;
+    TrainerOptions options{.quiet = true};
+    options.make_backend = [](int) { return test::make_stand_in_cuda_backend(); };
+    options.device_comms.make_order = [&recording](Backend&) {
+        auto order = std::make_unique<test::RecordingStreamOrder>();
+        recording = order.get();
+        return order;
+    };
+    options.device_comms.make_collectives = [&recording](Comm& group, StreamOrder&) { return std::make_unique<test::RecordedCollectives>(group, *recording); };
+    StandInRun run;
+    {
+        Trainer trainer(config, options, ctx);
+        run.result = trainer.run();
+        if (recording) {
+            run.streams = recording->stream_names();
+            for (StreamId s = 1; s < static_cast<StreamId>(run.streams.size()); ++s) run.collectives += recording->work_on(s).size();
+            run.races = recording->races();
+        }
+    }
+    ctx.world->barrier();
+    return run;
+}
+
+void expect_tracks_cpu_with(const std::string& comm, int64_t dp, const std::vector<std::string>& layout) {
+    std::vector<std::string> with_comm = layout;
+    with_comm.push_back("parallel.comm=\"" + comm + "\"");
+    const StandInRun run = run_on_stand_in(tiny("cuda", 2, with_comm));
+    test::expect_tracks_cpu(run.result, cpu_reference(dp));
+    if (comm == "mpi") {
+        EXPECT_TRUE(run.streams.empty()) << "parallel.comm = \"mpi\" must not take the event-ordered path";
+        return;
+    }
+    EXPECT_GT(run.streams.size(), 1u) << "the collectives must have run on streams of their own";
+    EXPECT_GT(run.collectives, 0u);
+    for (const std::string& race : run.races) ADD_FAILURE() << race;
+}
+
+}  // namespace
+
+PARALLEL_TEST(StandInCudaLayouts, TensorParallelBf16OverEventOrderedCollectives_TracksCpuFp32, 2) { expect_tracks_cpu_with("nccl", 1, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, TensorParallelBf16OverMpi_TracksCpuFp32, 2) { expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, DefaultComm_IsTheEventOrderedPath, 2) {
+    const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.tp=2", "train.steps=2"}));
+    EXPECT_GT(run.collectives, 0u);
+}
+PARALLEL_TEST(StandInCudaLayouts, TensorTimesDataZero1OverEventOrderedCollectives_TracksCpuFp32, 4) { expect_tracks_cpu_with("nccl", 2, {"parallel.tp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, TensorTimesDataZero1OverMpi_TracksCpuFp32, 4) { expect_tracks_cpu_with("mpi", 2, {"parallel.tp=2"}); }
+// ZeRO-3 under bf16: the compute shard is gathered (16-bit) into the ring on the dp group's
+// stream, ordered against the compute stream by events, with no race the stream graph sees.
+PARALLEL_TEST(StandInCudaLayouts, Zero3OverEventOrderedCollectives_TracksCpuFp32, 4) {
+    const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"nccl\""}));
+    test::expect_tracks_cpu(run.result, cpu_reference(4));
+    for (const std::string& race : run.races) ADD_FAILURE() << race;
+}
+PARALLEL_TEST(StandInCudaLayouts, Zero3OverMpi_TracksCpuFp32, 4) {
+    test::expect_tracks_cpu(run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=3", "parallel.comm=\"mpi\""})).result, cpu_reference(4));
+}
+PARALLEL_TEST(StandInCudaLayouts, HybridZero2OverEventOrderedCollectives_TracksCpuFp32, 4) {
+    const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.zero_stage=2", "parallel.shard_size=2", "parallel.comm=\"nccl\""}));
+    test::expect_tracks_cpu(run.result, cpu_reference(4));
+    for (const char* group : {"shard", "replica"})
+        EXPECT_NE(std::find(run.streams.begin(), run.streams.end(), group), run.streams.end()) << "no stream of the " << group << " group's communicator";
+    for (const std::string& race : run.races) ADD_FAILURE() << race;
+}

@@ -1,0 +1,125 @@
+// Reading a checkpoint by placement (checkpoint/tensor_assembly.h), on rank files written
+// here piece by piece: a rank reads any range of its layout from pieces cut another way,
+// each intersection a hyperslab of its own; a padded vocabulary's extra rows read as zeros;
+// and a piece missing, overlapping another or outside the global shape is an error naming
+// the file, the tensor and the ranges.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/hdf5_file.h"
+#include "checkpoint/tensor_assembly.h"
+
+using namespace llmtrain;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Element g of the global tensor holds g: every value says where it came from.
+float value_at(const Shape& global, const GlobalBox& box, int64_t i) {
+    const int64_t cols = global.rank == 2 ? global[1] : 1, box_cols = box.count.rank == 2 ? box.count[1] : 1;
+    const int64_t row = box.start[0] + i / box_cols, col = (box.start.rank == 2 ? box.start[1] : 0) + i % box_cols;
+    return static_cast<float>(row * cols + col);
+}
+
+// A checkpoint directory of one rank file per list of boxes of the tensor "w".
+struct FakeCheckpoint {
+    std::string dir;
+    Manifest manifest;
+
+    FakeCheckpoint(const std::string& name, const Shape& global, const std::vector<std::vector<GlobalBox>>& files) {
+        dir = testing::TempDir() + "pieces_" + name;
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        for (size_t r = 0; r < files.size(); ++r) {
+            RankSnapshot snapshot;
+            for (const GlobalBox& box : files[r]) {
+                SavedTensor t{piece_dataset(TensorRole::weights, "w", global, box), "w", global, DType::f32, {{box, 0}}, snapshot.data.size()};
+                for (int64_t i = 0; i < box.numel(); ++i) {
+                    const float v = value_at(global, box, i);
+                    const char* bytes = reinterpret_cast<const char*>(&v);
+                    snapshot.data.insert(snapshot.data.end(), bytes, bytes + sizeof v);
+                }
+                snapshot.tensors.push_back(t);
+            }
+            const std::string file = rank_file_name(static_cast<int>(r));
+            write_rank_file(dir + "/" + file, snapshot, FileAttributes{1, static_cast<int>(r), static_cast<int>(files.size()), 1, static_cast<int>(files.size()), 1});
+            manifest.files.push_back({file, 0, 0});
+        }
+        manifest.world_size = static_cast<int>(files.size());
+    }
+};
+
+GlobalBox box(std::initializer_list<int64_t> start, std::initializer_list<int64_t> count) { return {Shape(start), Shape(count)}; }
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+// Saved as two row halves; read as a tp rank's column half of rows 3-9 of the tensor.
+TEST(CheckpointPieces, AnotherLayoutsRange_IsReadFromTheBoxesItMeets) {
+    const Shape global{12, 4};
+    const FakeCheckpoint c("rows", global, {{box({0, 0}, {6, 4})}, {box({6, 0}, {6, 4})}});
+    const CheckpointTensors checkpoint(c.dir, c.manifest);
+    const TensorPlace cols_half{"w", global, {12, 2}, {TpSplit::cols, 1}, 1, 2, {0, 24}};
+    const FlatRange range{6, 19};  // local rows 3-9, the last one partial
+    std::vector<float> out(static_cast<size_t>(range.size()), -1);
+    checkpoint.read(TensorRole::weights, cols_half, range, out.data(), DType::f32);
+    for (int64_t i = range.begin; i < range.end; ++i)
+        EXPECT_EQ(out[static_cast<size_t>(i - range.begin)], static_cast<float>(tp_global_index({12, 2}, global, {TpSplit::cols, 1}, 1, 2, i))) << "local " << i;
+}
+
+// A vocabulary padded to more rows: the saved rows as they were, the new ones zero.
+TEST(CheckpointPieces, PaddingRowsTheCheckpointLacks_ReadAsZeros) {
+    const FakeCheckpoint c("padding", {5, 3}, {{box({0, 0}, {5, 3})}});
+    const CheckpointTensors checkpoint(c.dir, c.manifest);
+    const TensorPlace padded{"w", {8, 3}, {8, 3}, {}, 0, 1, {0, 24}};
+    std::vector<double> out(24, -1);
+    checkpoint.read(TensorRole::weights, padded, {0, 24}, out.data(), DType::f64);
+    for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], i < 15 ? static_cast<double>(i) : 0.0) << i;
+}
+
+TEST(CheckpointPieces, MissingPiece_NamesTheTensorAndTheBox) {
+    const FakeCheckpoint c("missing", {6, 2}, {{box({0, 0}, {2, 2})}, {box({4, 0}, {2, 2})}});
+    const CheckpointTensors checkpoint(c.dir, c.manifest);
+    const TensorPlace whole{"w", {6, 2}, {6, 2}, {}, 0, 1, {0, 12}};
+    std::vector<float> out(12);
+    const std::string message = error_of([&] { checkpoint.read(TensorRole::weights, whole, {0, 12}, out.data(), DType::f32); });
+    EXPECT_NE(message.find("holds 8 of the 12 values of the weights of tensor 'w' in [0:6, 0:2] (a rank file is missing"), std::string::npos) << message;
+}
+
+TEST(CheckpointPieces, OverlappingPieces_NameBothFilesAndBoxes) {
+    const FakeCheckpoint c("overlap", {6, 2}, {{box({0, 0}, {4, 2})}, {box({3, 0}, {3, 2})}});
+    const CheckpointTensors checkpoint(c.dir, c.manifest);
+    const TensorPlace whole{"w", {6, 2}, {6, 2}, {}, 0, 1, {0, 12}};
+    std::vector<float> out(12);
+    const std::string message = error_of([&] { checkpoint.read(TensorRole::weights, whole, {0, 12}, out.data(), DType::f32); });
+    for (const char* part : {"is stored twice in [3:4, 0:2]", "rank_00000.h5' (model/w/0_0, [0:4, 0:2])", "rank_00001.h5' (model/w/3_0, [3:6, 0:2])"})
+        EXPECT_NE(message.find(part), std::string::npos) << part << "\n" << message;
+}
+
+TEST(CheckpointPieces, BoxOutsideTheGlobalShape_NamesTheFileAndTheTensor) {
+    const FakeCheckpoint c("outside", {4, 2}, {{box({0, 0}, {2, 2}), box({3, 0}, {2, 2})}});
+    const std::string message = error_of([&] { CheckpointTensors(c.dir, c.manifest); });
+    EXPECT_NE(message.find("rank_00000.h5': tensor 'model/w/3_0': holds the box [3:5, 0:2], outside its global shape [4, 2]"), std::string::npos) << message;
+}
+
+TEST(CheckpointPieces, AnotherShape_NamesTheFileAndBothShapes) {
+    const FakeCheckpoint c("shape", {4, 2}, {{box({0, 0}, {4, 2})}});
+    const CheckpointTensors checkpoint(c.dir, c.manifest);
+    const TensorPlace wider{"w", {4, 3}, {4, 3}, {}, 0, 1, {0, 12}};
+    std::vector<float> out(12);
+    const std::string message = error_of([&] { checkpoint.read(TensorRole::weights, wider, {0, 12}, out.data(), DType::f32); });
+    EXPECT_NE(message.find("rank_00000.h5': tensor 'w' is [4, 2] there and [4, 3] in this model"), std::string::npos) << message;
+}
