@@ -377,6 +377,52 @@ private:
 
 TransferProperties checked_transfer() { return {}; }
 
+// libhdf5 1.10 copies a chunk's whole size out of whatever its filters returned: a chunk
+// stored shorter than written (a damaged file, or a hostile one whose Fletcher32 checksums
+// were recomputed) is read past its end. So every chunk a read touches (the selection
+// [start, start + count) of the dataset, clipped to its extent) must be stored exactly as
+// written: its values, behind Fletcher32 their 4-byte checksum, through no other filter.
+// One B-tree lookup per chunk, next to reading the chunk itself.
+void check_stored_chunks(hid_t dataset, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count) {
+    Handle create(H5Dget_create_plist(dataset), H5Pclose);
+    Handle type(H5Dget_type(dataset), H5Tclose);
+    Handle space(H5Dget_space(dataset), H5Sclose);
+    const int rank = H5Sget_simple_extent_ndims(space);
+    if (rank < 0 || rank > Shape::max_rank || static_cast<size_t>(rank) != start.size()) fail(ErrorKind::data, "has ", rank, " dimensions, not ", start.size());
+    std::vector<hsize_t> extent(static_cast<size_t>(rank)), chunk(static_cast<size_t>(rank));
+    if (H5Sget_simple_extent_dims(space, extent.data(), nullptr) < 0 || H5Pget_chunk(create, rank, chunk.data()) != rank)
+        fail(ErrorKind::data, "has no readable chunk layout");
+    bool fletcher32 = false;
+    for (int f = 0; f < H5Pget_nfilters(create); ++f) {
+        unsigned flags = 0, filter_config = 0;
+        size_t values = 0;
+        const H5Z_filter_t filter = H5Pget_filter2(create, static_cast<unsigned>(f), &flags, &values, nullptr, 0, nullptr, &filter_config);
+        if (filter != H5Z_FILTER_FLETCHER32 || fletcher32) fail(ErrorKind::data, "is stored through filter ", filter, " (written with Fletcher32 only)");
+        fletcher32 = true;
+    }
+    hsize_t expected = H5Tget_size(type);
+    for (hsize_t c : chunk) expected *= c;
+    if (fletcher32) expected += 4;
+    // The chunk grid cells the selection touches, odometer order.
+    std::vector<hsize_t> first(chunk.size()), last(chunk.size());
+    for (size_t d = 0; d < chunk.size(); ++d) {
+        const hsize_t end = std::min(extent[d], start[d] + count[d]);
+        if (chunk[d] == 0 || count[d] == 0 || start[d] >= end) return;
+        first[d] = start[d] / chunk[d], last[d] = (end - 1) / chunk[d];
+    }
+    std::vector<hsize_t> cell = first, offset(chunk.size());
+    for (;;) {
+        for (size_t d = 0; d < chunk.size(); ++d) offset[d] = cell[d] * chunk[d];
+        hsize_t stored = 0;
+        if (H5Dget_chunk_storage_size(dataset, offset.data(), &stored) < 0 || stored != expected)
+            fail(ErrorKind::data, "a chunk holds ", stored, " bytes, ", expected, " as written (damaged, or not written by llmtrain)");
+        size_t d = chunk.size();
+        while (d > 0 && cell[d - 1] == last[d - 1]) cell[d - 1] = first[d - 1], --d;
+        if (d == 0) return;
+        ++cell[d - 1];
+    }
+}
+
 std::vector<hsize_t> hsizes(const Shape& shape) {
     std::vector<hsize_t> out;
     for (int d = 0; d < shape.rank; ++d) out.push_back(static_cast<hsize_t>(shape[d]));
@@ -392,9 +438,18 @@ std::vector<double> RankFileReader::read(const SavedTensor& tensor) const {
 
 void RankFileReader::read_all(const SavedTensor& tensor, void* out, DType as) const {
     Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!dataset.ok()) fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' cannot be opened (", hdf5_reason(), ")");
+    try {
+        Handle space(H5Dget_space(dataset), H5Sclose);
+        std::vector<hsize_t> extent(static_cast<size_t>(std::clamp(H5Sget_simple_extent_ndims(space), 0, Shape::max_rank)));
+        H5Sget_simple_extent_dims(space, extent.data(), nullptr);
+        check_stored_chunks(dataset, std::vector<hsize_t>(extent.size(), 0), extent);
+    } catch (const Error& e) {
+        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' ", e.what());
+    }
     // Every chunk's Fletcher32 checksum is verified by this read (the fuzzing build has HDF5
     // skip them: core/checksum_policy.h).
-    if (!dataset.ok() || H5Dread(dataset, native_type(as), H5S_ALL, H5S_ALL, checked_transfer().id(), out) < 0)
+    if (H5Dread(dataset, native_type(as), H5S_ALL, H5S_ALL, checked_transfer().id(), out) < 0)
         fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");
 }
 
@@ -411,6 +466,11 @@ void RankFileReader::read_part(const SavedTensor& tensor, const GlobalBox& part,
     if (H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0 ||
         H5Sselect_hyperslab(memory_space, H5S_SELECT_SET, memory_start.data(), nullptr, count.data(), nullptr) < 0)
         fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "': the part ", part.str(), " is outside its box ", box.str());
+    try {
+        check_stored_chunks(dataset, start, count);
+    } catch (const Error& e) {
+        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' ", e.what());
+    }
     // The chunks this part touches are read whole and their checksums verified.
     if (H5Dread(dataset, native_type(as), memory_space, file_space, checked_transfer().id(), out) < 0)
         fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");

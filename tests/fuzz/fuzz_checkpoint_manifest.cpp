@@ -2,7 +2,7 @@
 // of tests/fuzz/models (written once, by the target): the checks `--resume auto` and
 // `checkpoint verify --full` make (the listed files' names, sizes, XXH64 and every tensor),
 // the saved config as generate and eval parse it and as a resumed run compares it with its
-// own, then the listed files loaded into the model (master weights, AdamW moments, the
+// own, then the listed files loaded into the model (the master weights by their boxes, the
 // rank-local state). Either it loads or llmtrain::Error is thrown; never a crash, a read
 // outside the checkpoint directory, or an allocation the file's sizes do not justify. The
 // seeds (scripts/fuzz-seeds.sh) are the manifests of the tiny models' checkpoints; the
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <vector>
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/config_changes.h"
@@ -18,16 +19,33 @@
 #include "checkpoint/rank_snapshot.h"
 #include "checkpoint/restore.h"
 #include "core/error.h"
+#include "model/parameters.h"
 #include "tiny_model.h"
 
 namespace {
 
-// scratch_dir()/manifest_checkpoint/rank_00000.h5: the model's weights and moments.
+// scratch_dir()/manifest_checkpoint/rank_00000.h5: the model's weights, each tensor whole,
+// as one rank's save writes them.
 std::string write_checkpoint(llmtrain::fuzz::TinyModel& model) {
     const std::string dir = llmtrain::fuzz::scratch_dir() + "/manifest_checkpoint";
     std::filesystem::create_directories(dir);
+    const llmtrain::Parameters& params = model.parameters();
+    const std::vector<llmtrain::TensorPlace> tensors = llmtrain::tensor_places(params);
     llmtrain::RankSnapshot snapshot;
-    llmtrain::capture_snapshot({model.parameters(), *model.optimizer, *model.backend, 0, 0, false, std::nullopt}, 0, snapshot);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        const llmtrain::TensorPlace& t = tensors[i];
+        const llmtrain::GlobalBox box = llmtrain::whole_box(t.global_shape);
+        llmtrain::SavedTensor saved;
+        saved.dataset = llmtrain::piece_dataset(llmtrain::TensorRole::weights, t.name, t.global_shape, box);
+        saved.name = t.name;
+        saved.global_shape = t.global_shape;
+        saved.dtype = llmtrain::DType::f32;
+        saved.boxes = {{box, 0}};
+        saved.byte_offset = snapshot.data.size();
+        snapshot.data.resize(snapshot.data.size() + static_cast<size_t>(t.numel()) * sizeof(float));
+        model.backend->copy_to_host(snapshot.data.data() + saved.byte_offset, params.master_value(i));
+        snapshot.tensors.push_back(saved);
+    }
     llmtrain::write_rank_file(dir + "/" + llmtrain::rank_file_name(0), snapshot, {});
     return dir;
 }
@@ -47,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             llmtrain::config_changes(manifest.config_toml, own_config);
         } catch (const llmtrain::Error&) {
         }
-        llmtrain::load_checkpoint_tensors(dir, manifest, gpt2.parameters(), *gpt2.optimizer, *gpt2.backend);
+        llmtrain::load_checkpoint_weights(dir, manifest, gpt2.parameters(), *gpt2.backend);
         llmtrain::load_rank_local_state(dir, manifest, 0, true, *gpt2.optimizer);
     } catch (const llmtrain::Error&) {
     }

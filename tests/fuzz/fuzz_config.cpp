@@ -15,7 +15,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "fuzz_input.h"
-#include "ops/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "parallel/context.h"
 
 namespace {

@@ -1,14 +1,16 @@
-// Arbitrary bytes as model.safetensors, read as train.init_from reads it: the header, then
-// every tensor of the tiny GPT-2 and the tiny Llama of tests/fuzz/models loaded into their
-// parameters, then every entry the header lists read on its own. Either the weights load or
+// Arbitrary bytes as model.safetensors, read as train.init_from reads it: the header checked
+// against the tiny GPT-2's and the tiny Llama's tensors (tests/fuzz/models), then each of
+// their tensors read as a rank holding it whole reads it, then every entry the header lists read on its own. Either the weights load or
 // llmtrain::Error is thrown; never a crash, a hang, an allocation beyond the file's size or a
 // read outside it. The seeds (scripts/fuzz-seeds.sh) are both models' exports, so mutations
 // reach the payload and its conversions (Conv1D transposes, vocabulary padding, dtypes).
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "model/parameters.h"
 #include "tiny_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -16,7 +18,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string path = llmtrain::fuzz::write_scratch_file("model.safetensors", data, size);
     for (llmtrain::fuzz::TinyModel* model : {&gpt2, &llama}) {
         try {
-            llmtrain::load_hf_weights(path, model->config.model.vocab_size, model->parameters(), *model->backend);
+            const std::vector<llmtrain::TensorPlace> tensors = llmtrain::tensor_places(model->parameters());
+            const llmtrain::HfWeights weights(path, model->config.model.vocab_size, tensors);
+            for (const llmtrain::TensorPlace& t : tensors) {
+                std::vector<float> values(static_cast<size_t>(t.numel()));
+                weights.read(t, {0, t.numel()}, values.data(), llmtrain::DType::f32);
+            }
         } catch (const llmtrain::Error&) {
         }
     }
