@@ -33,6 +33,7 @@ packages=(
   fortunes  # the quickstart's corpus
   slurmctld slurmd slurm-client munge  # tests: a single-node Slurm runs scripts/slurm/llmtrain.sbatch
   debootstrap debian-archive-keyring buildah podman runc  # tests: scripts/container-test.sh builds the image on a Debian 12 base and runs it (runc: podman run on hybrid cgroups)
+  clang libclang-rt-dev libomp-dev  # scripts/fuzz.sh: the fuzz targets (tests/fuzz) with libFuzzer, ASan and UBSan
 )
 
 # The package owning each shared library BINARY loads (merged /usr: dpkg may know a library by

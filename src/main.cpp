@@ -1,6 +1,9 @@
 // llmtrain: pre-trains decoder-only transformers. main() parses the command line, runs the
 // chosen subcommand and turns any error into one line on stderr, "llmtrain: <kind>: <what>",
 // and the exit code of README's table (core/exit_code.h).
+#ifdef LLMTRAIN_FUZZ_SKIP_CHECKSUMS
+#error "llmtrain verifies every checksum it reads: LLMTRAIN_FUZZ_SKIP_CHECKSUMS belongs to the fuzz targets alone (core/checksum_policy.h)"
+#endif
 #include <cstdio>
 #include <cstring>
 #include <exception>

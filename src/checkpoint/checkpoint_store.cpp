@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "checkpoint/hdf5_file.h"
+#include "core/checksum_policy.h"
 #include "core/durable_file.h"
 #include "core/error.h"
 
@@ -347,7 +348,14 @@ ProblemOf shared_problem_check(Comm& group) {
 Manifest read_checkpoint_manifest(const std::string& path) {
     const std::string manifest_path = (fs::path(path) / kManifest).string();
     if (!fs::exists(manifest_path)) fail(ErrorKind::data, "'", path, "' has no ", kManifest, " (an incomplete save, or not a checkpoint)");
-    return manifest_from_json(read_file(manifest_path), manifest_path);
+    Manifest manifest = manifest_from_json(read_file(manifest_path), manifest_path);
+    // Rank r's file is rank_file_name(r) in this directory, and nothing else: a listed name is
+    // opened, so one that leaves the directory ("../x", "/etc/x") or repeats a rank is refused.
+    for (size_t r = 0; r < manifest.files.size(); ++r)
+        if (manifest.files[r].name != rank_file_name(static_cast<int>(r)))
+            fail(ErrorKind::data, "'", manifest_path, "': files[", r, "].name is '", manifest.files[r].name, "', expected '",
+                 rank_file_name(static_cast<int>(r)), "'");
+    return manifest;
 }
 
 std::optional<std::string> checkpoint_problem(const std::string& path, Verification depth, FileShare share) {
@@ -361,7 +369,7 @@ std::optional<std::string> checkpoint_problem(const std::string& path, Verificat
             const uint64_t bytes = fs::file_size(file, ec);
             if (ec) return cat("'", file, "' is missing");
             if (bytes != f.bytes) return cat("'", file, "' has ", bytes, " bytes, the manifest says ", f.bytes, " (truncated?)");
-            if (file_xxh64(file) != f.xxh64) return cat("'", file, "' fails its XXH64 checksum (damaged since it was written)");
+            if (checksum_mismatch(f.xxh64, file_xxh64(file))) return cat("'", file, "' fails its XXH64 checksum (damaged since it was written)");
             if (depth == Verification::full) {
                 const RankFileReader reader(file);
                 for (const SavedTensor& t : reader.tensors()) reader.read(t);

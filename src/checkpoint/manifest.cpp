@@ -1,11 +1,13 @@
 #include "checkpoint/manifest.h"
 
 #include <chrono>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <xxhash.h>
 
+#include "core/checksum_policy.h"
 #include "core/error.h"
 
 namespace llmtrain {
@@ -85,9 +87,26 @@ void check_own_checksum(nlohmann::ordered_json document, int version, const std:
     const std::string recorded = document.at(kChecksumKey).get<std::string>();
     document.erase(kChecksumKey);
     const std::string actual = hex64(document_xxh64(document));
-    if (recorded != actual)
+    if (checksum_mismatch(recorded, actual))
         fail(ErrorKind::data, "'", path, "' fails its own checksum (", kChecksumKey, " ", recorded, ", the content gives ", actual,
              "): edited or damaged since it was written");
+}
+
+// An integer key within T: nlohmann's get<T>() of a float (JSON reads an integer beyond 64 bits
+// as one) is a cast that is undefined out of T's range, and of a wider integer it wraps.
+template <class T>
+T integer_of(const nlohmann::ordered_json& node, const char* name) {
+    using Limits = std::numeric_limits<T>;
+    if (node.is_number_unsigned()) {
+        if (node.get<uint64_t>() <= static_cast<uint64_t>(Limits::max())) return static_cast<T>(node.get<uint64_t>());
+    } else if (node.is_number_integer()) {
+        const int64_t value = node.get<int64_t>();
+        const bool fits = value >= 0 ? static_cast<uint64_t>(value) <= static_cast<uint64_t>(Limits::max())
+                                     : Limits::is_signed && value >= static_cast<int64_t>(Limits::min());
+        if (fits) return static_cast<T>(value);
+    }
+    throw std::out_of_range(std::string(name) + " is " + node.dump() + ", not an integer from " + std::to_string(Limits::min()) + " to " +
+                            std::to_string(Limits::max()));
 }
 }  // namespace
 
@@ -102,34 +121,35 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         };
         if (get("format") != "llmtrain-checkpoint") fail(ErrorKind::data, "'", path, "': format is not \"llmtrain-checkpoint\"");
         const nlohmann::ordered_json& version_value = get("version");
-        const int version = version_value.is_number_integer() ? version_value.get<int>() : -1;
+        const int version = version_value.is_number_integer() ? integer_of<int>(version_value, "version") : -1;
         if (version < kOldestReadable || version > kFormatVersion)
             fail(ErrorKind::data, "'", path, "': version ", version_value.dump(), " (this llmtrain reads ", kOldestReadable, " to ", kFormatVersion, ")");
         check_own_checksum(j, version, path);
         Manifest m;
         if (version >= 2) {
             m.run_id = get("run_id").get<std::string>();
-            m.sequence = get("sequence").get<int64_t>();
+            m.sequence = integer_of<int64_t>(get("sequence"), "sequence");
             m.run_directory = get("run_directory").get<std::string>();
-            m.global_batch = get("global_batch").get<int64_t>();
+            m.global_batch = integer_of<int64_t>(get("global_batch"), "global_batch");
         }
-        m.step = get("step").get<int64_t>();
-        m.tokens_seen = get("tokens_seen").get<int64_t>();
-        m.optimizer_steps = get("optimizer_steps").get<int64_t>();
-        m.resumes = j.value("resumes", int64_t{0});  // absent from checkpoints of earlier versions
+        m.step = integer_of<int64_t>(get("step"), "step");
+        m.tokens_seen = integer_of<int64_t>(get("tokens_seen"), "tokens_seen");
+        m.optimizer_steps = integer_of<int64_t>(get("optimizer_steps"), "optimizer_steps");
+        m.resumes = j.contains("resumes") ? integer_of<int64_t>(get("resumes"), "resumes") : 0;  // absent from checkpoints of earlier versions
         m.loss_scale = get("loss_scale").get<double>();
-        m.loss_scale_good_steps = get("loss_scale_good_steps").get<int64_t>();
-        m.seed = get("seed").get<uint64_t>();
+        m.loss_scale_good_steps = integer_of<int64_t>(get("loss_scale_good_steps"), "loss_scale_good_steps");
+        m.seed = integer_of<uint64_t>(get("seed"), "seed");
         const nlohmann::ordered_json& mesh = get("mesh");
-        m.world_size = mesh.at("world_size").get<int>();
-        m.tp = mesh.at("tp").get<int>(), m.dp = mesh.at("dp").get<int>(), m.pp = mesh.at("pp").get<int>();
+        m.world_size = integer_of<int>(mesh.at("world_size"), "world_size");
+        m.tp = integer_of<int>(mesh.at("tp"), "tp"), m.dp = integer_of<int>(mesh.at("dp"), "dp"), m.pp = integer_of<int>(mesh.at("pp"), "pp");
         // Earlier versions record ZeRO-1 alone (zero1: true or false).
-        m.zero_stage = mesh.contains("zero_stage") ? mesh.at("zero_stage").get<int>() : mesh.at("zero1").get<bool>() ? 1 : 0;
+        m.zero_stage = mesh.contains("zero_stage") ? integer_of<int>(mesh.at("zero_stage"), "zero_stage") : mesh.at("zero1").get<bool>() ? 1 : 0;
         m.created = get("created").get<std::string>();
         const nlohmann::ordered_json& data = get("data");
-        if (!data.is_null()) m.data = LoaderState{data.at("step").get<uint64_t>(), data.at("cursor").get<uint64_t>(), data.at("seed").get<uint64_t>()};
+        if (!data.is_null()) m.data = LoaderState{integer_of<uint64_t>(data.at("step"), "step"), integer_of<uint64_t>(data.at("cursor"), "cursor"),
+                                 integer_of<uint64_t>(data.at("seed"), "seed")};
         for (const nlohmann::ordered_json& f : get("files"))
-            m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), parse_hex64(f.at("xxh64").get<std::string>())});
+            m.files.push_back({f.at("name").get<std::string>(), integer_of<uint64_t>(f.at("bytes"), "bytes"), parse_hex64(f.at("xxh64").get<std::string>())});
         m.config_toml = upgraded_config(get("config").get<std::string>());
         if (j.contains("monitor")) m.monitor_state = get("monitor").dump();
         if (m.step < 0 || m.world_size < 1 || static_cast<int>(m.files.size()) != m.world_size)

@@ -22,6 +22,7 @@
 #include "cli/run_directory.h"
 #include "cli/run_metrics.h"
 #include "config/config.h"
+#include "core/durable_file.h"
 #include "core/exit_code.h"
 #include "core/log.h"
 #include "core/signals.h"
@@ -38,6 +39,16 @@
 namespace llmtrain {
 
 namespace {
+
+// checkpoint.dir is made by the first save's writer, so that a run refused before then (its
+// data, init_from) leaves nothing behind; a directory still to be made must be makeable now.
+// One that exists but cannot be written is the save-error policy's (checkpoint.on_save_error
+// = "warn": the run goes on and each failed save says why).
+void require_checkpoint_dir_creatable(const Config& config) {
+    std::error_code ec;
+    if (config.checkpoint.every_steps > 0 && !std::filesystem::exists(config.checkpoint.dir, ec))
+        require_creatable(config.checkpoint.dir, OutputKind::directory, "checkpoint.dir");
+}
 
 struct TrainArgs {
     std::string config_path;
@@ -311,7 +322,7 @@ int train_single_process(const TrainArgs& args, const Config& as_given, FaultPla
         print_dry_run(config, mesh);
         return exit_ok;
     }
-    if (config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
+    require_checkpoint_dir_creatable(config);
     check_rank_memory(config, mesh, 0, 1);
     if (finished_already(start, config, run_dir, true)) return exit_ok;
     install_stop_signal_handlers();
@@ -396,7 +407,7 @@ int train_under_mpi(const TrainArgs& args) {
         start = check_run_start(args, run_dir, record, config, mesh->dp(), world_rank == 0,
                                 [&](const std::optional<std::string>& run_id) { return agree_on_resume(mpi, args, config, run_id); });
         if (args.dry_run && world_rank == 0) print_dry_run(config, *mesh);
-        if (!args.dry_run && !run_dir.empty() && config.checkpoint.every_steps > 0) create_checkpoint_root(config.checkpoint.dir);
+        if (!args.dry_run && !run_dir.empty()) require_checkpoint_dir_creatable(config);
     });
     if (args.dry_run) return exit_ok;
     start.identity.run_id = mpi.broadcast_text(0, start.identity.run_id);  // a new run's id is rank 0's

@@ -87,6 +87,8 @@ using Rule = std::variant<IntRule, NumberRule, BoolRule, StringRule, ChoiceRule,
 
 template <class... F>
 struct Overloaded : F... { using F::operator()...; };
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;  // clang before 17 deduces no aggregate's arguments
 
 constexpr int64_t kTrillion = 1'000'000'000'000;
 constexpr int64_t kMillion = 1'000'000;

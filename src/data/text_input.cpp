@@ -3,11 +3,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifdef LLMTRAIN_FUZZ_SKIP_CHECKSUMS
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_d_forceIgnoreChecksum (core/checksum_policy.h)
+#endif
 #include <zstd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "core/checksum_policy.h"
 #include "core/error.h"
 #include "data/byte_level.h"
 
@@ -37,6 +41,7 @@ class GzipDecoder final : public Decoder {
 public:
     explicit GzipDecoder(std::string name) : name_(std::move(name)) {
         if (inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK) fail(ErrorKind::runtime, "'", name_, "': cannot start zlib's inflate");
+        if (!kChecksumsEnforced) inflateValidate(&z_, 0);  // each member's CRC-32 and length
     }
     ~GzipDecoder() override { inflateEnd(&z_); }
     GzipDecoder(const GzipDecoder&) = delete;
@@ -84,6 +89,9 @@ class ZstdDecoder final : public Decoder {
 public:
     explicit ZstdDecoder(std::string name) : name_(std::move(name)), context_(ZSTD_createDCtx()) {
         if (!context_) fail(ErrorKind::runtime, "'", name_, "': cannot create a zstd context");
+#ifdef LLMTRAIN_FUZZ_SKIP_CHECKSUMS
+        ZSTD_DCtx_setParameter(context_, ZSTD_d_forceIgnoreChecksum, ZSTD_d_ignoreChecksum);
+#endif
     }
     ~ZstdDecoder() override { ZSTD_freeDCtx(context_); }
     ZstdDecoder(const ZstdDecoder&) = delete;

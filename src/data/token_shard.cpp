@@ -4,11 +4,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#ifdef LLMTRAIN_FUZZ_SKIP_CHECKSUMS
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_d_forceIgnoreChecksum (core/checksum_policy.h)
+#endif
 #include <zstd.h>
 
 #include <bit>
 #include <cstring>
 
+#include "core/checksum_policy.h"
 #include "core/error.h"
 
 namespace llmtrain {
@@ -76,6 +80,18 @@ void check_contents(const ShardContents& c, const ShardWriteOptions& o) {
             fail(ErrorKind::data, "token id ", c.tokens[i], " at offset ", i, " does not fit a shard of vocabulary ", o.vocab_size, " and ", o.token_bytes, "-byte ids");
     if (c.document_starts.empty() || c.document_starts.front() != 0 || c.document_starts.back() != c.tokens.size())
         fail(ErrorKind::runtime, "shard document starts must run from 0 to the token count");
+}
+
+// Decompresses one zstd frame into `raw`, checking the frame's content checksum (which the
+// fuzzing build computes but ignores: core/checksum_policy.h). Returns zstd's size or error code.
+size_t decompress_frame(std::string& raw, const std::string& frame) {
+    ZSTD_DCtx* dctx = ZSTD_createDCtx();
+#ifdef LLMTRAIN_FUZZ_SKIP_CHECKSUMS
+    ZSTD_DCtx_setParameter(dctx, ZSTD_d_forceIgnoreChecksum, ZSTD_d_ignoreChecksum);
+#endif
+    const size_t got = ZSTD_decompressDCtx(dctx, raw.data(), raw.size(), frame.data(), frame.size());
+    ZSTD_freeDCtx(dctx);
+    return got;
 }
 
 }  // namespace
@@ -160,7 +176,7 @@ void ShardReader::parse_metadata(const std::string& head, uint64_t file_size) {
     if (expected != file_size) bad(file_size, " bytes but the header describes ", expected, ": truncated or trailing bytes");
     std::string metadata(head.data(), kHashedHeaderBytes);
     metadata += read_bytes(kHeaderBytes, metadata_bytes);
-    if (XXH3_64bits(metadata.data(), metadata.size()) != h.metadata_xxh3) bad("header or index checksum mismatch (bytes 0 to ", kHeaderBytes + metadata_bytes, "): corrupt");
+    if (checksum_mismatch(h.metadata_xxh3, XXH3_64bits(metadata.data(), metadata.size()))) bad("header or index checksum mismatch (bytes 0 to ", kHeaderBytes + metadata_bytes, "): corrupt");
     block_offsets_.resize(h.block_count + 1);
     document_starts_.resize(h.document_count + 1);
     std::memcpy(block_offsets_.data(), metadata.data() + kHashedHeaderBytes, block_offsets_.size() * 8);
@@ -190,7 +206,7 @@ const std::vector<int32_t>& ShardReader::block(uint32_t index) {
     std::string raw(count * token_bytes_, '\0');
     if (ZSTD_getFrameContentSize(frame.data(), frame.size()) != raw.size()) bad("frame header does not announce ", raw.size(), " bytes: corrupt");
     if (ZSTD_findFrameCompressedSize(frame.data(), frame.size()) != frame.size()) bad("frame does not fill its ", frame.size(), " bytes: corrupt");
-    const size_t got = ZSTD_decompress(raw.data(), raw.size(), frame.data(), frame.size());
+    const size_t got = decompress_frame(raw, frame);
     if (ZSTD_isError(got)) bad("zstd: ", ZSTD_getErrorName(got));
     if (got != raw.size()) bad("decompressed to ", got, " bytes instead of ", raw.size());
     cached_tokens_.resize(count);

@@ -2,6 +2,8 @@
 // vocab.bpe (read). Only what changes the token ids is read; a setting this tokenizer cannot
 // honour (another model type, a normalizer, byte fallback, a prefix space) is refused with
 // the file's name instead of giving different ids than the reference.
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -37,17 +39,42 @@ json parse_json(const std::string& text, const std::string& source) {
     fail(ErrorKind::data, source, ": ", what, "; only byte-level BPE tokenizers (GPT-2, Llama 3 style) are supported");
 }
 
+// Ids run from 0 to one less than the tokens of model.vocab and added_tokens together (an added
+// token may repeat one of the vocabulary): a larger id would leave ids without a token, and
+// have the table of tokens grow far beyond what the file holds.
+size_t id_limit(const json& root, const json& vocab) {
+    const auto added = root.find("added_tokens");
+    return vocab.size() + (added != root.end() && added->is_array() ? added->size() : 0);
+}
+
+// An integer node as int64_t (larger unsigned ones as INT64_MAX, beyond every limit).
+int64_t integer_id(const json& node) {
+    return node.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(node.get<uint64_t>(), INT64_MAX)) : node.get<int64_t>();
+}
+
+void expect_id_below(int64_t id, size_t limit, const std::string& source, const std::string& where) {
+    if (id < 0 || static_cast<uint64_t>(id) >= limit)
+        fail(ErrorKind::data, source, ": ", where, " has id ", id, "; ids run from 0 to ", limit - 1, " (one per token of model.vocab and added_tokens)");
+}
+
+// Sets token `id` to `bytes`; an id that already is another token is refused, since one of
+// the two would decode as the other.
+void set_token(TokenizerSpec& spec, size_t id, const std::string& bytes, const std::string& source, const std::string& where) {
+    if (id >= spec.token_bytes.size()) spec.token_bytes.resize(id + 1);
+    std::string& slot = spec.token_bytes[id];
+    if (!slot.empty() && slot != bytes) fail(ErrorKind::data, source, ": ", where, " has id ", id, ", which is already another token's");
+    slot = bytes;
+}
+
 // vocab (byte-level string -> id) into token_bytes (id -> bytes).
-void read_vocab(const json& vocab, const std::string& source, TokenizerSpec& spec) {
+void read_vocab(const json& vocab, size_t limit, const std::string& source, TokenizerSpec& spec) {
     if (!vocab.is_object()) fail(ErrorKind::data, source, ": model.vocab is not an object of token -> id");
     for (const auto& [token, id_node] : vocab.items()) {
-        if (!id_node.is_number_integer() || id_node.get<int64_t>() < 0 || id_node.get<int64_t>() >= (int64_t{1} << 31))
-            fail(ErrorKind::data, source, ": model.vocab: token '", token, "' has no valid id");
+        if (!id_node.is_number_integer()) fail(ErrorKind::data, source, ": model.vocab: token '", token, "' has no valid id");
+        expect_id_below(integer_id(id_node), limit, source, cat("model.vocab: token '", token, "'"));
         const auto bytes = byte_level_to_bytes(token);
         if (!bytes) unsupported(source, cat("model.vocab: token '", token, "' is not a byte-level string"));
-        const auto id = id_node.get<size_t>();
-        if (id >= spec.token_bytes.size()) spec.token_bytes.resize(id + 1);
-        spec.token_bytes[id] = *bytes;
+        set_token(spec, id_node.get<size_t>(), *bytes, source, cat("model.vocab: token '", token, "'"));
     }
 }
 
@@ -77,17 +104,17 @@ void read_merges(const json& merges, const json& vocab, const std::string& sourc
     }
 }
 
-void read_added_tokens(const json& root, const std::string& source, TokenizerSpec& spec) {
+void read_added_tokens(const json& root, size_t limit, const std::string& source, TokenizerSpec& spec) {
     const auto it = root.find("added_tokens");
     if (it == root.end() || it->is_null()) return;
     for (const json& t : *it) {
         if (!t.contains("id") || !t.contains("content") || !t["id"].is_number_integer() || !t["content"].is_string())
             fail(ErrorKind::data, source, ": added_tokens: an entry lacks an integer id or a string content");
-        AddedToken added{t["content"].get<std::string>(), t["id"].get<int32_t>(), t.value("special", true)};
-        if (added.id < 0) fail(ErrorKind::data, source, ": added token '", added.content, "' has a negative id");
+        const json& id_node = t["id"];
+        expect_id_below(integer_id(id_node), limit, source, cat("added token '", t["content"].get<std::string>(), "'"));
+        AddedToken added{t["content"].get<std::string>(), id_node.get<int32_t>(), t.value("special", true)};
         const auto id = static_cast<size_t>(added.id);
-        if (id >= spec.token_bytes.size()) spec.token_bytes.resize(id + 1);
-        spec.token_bytes[id] = added.content;
+        set_token(spec, id, added.content, source, cat("added token '", added.content, "'"));
         spec.added.push_back(std::move(added));
     }
 }
@@ -130,9 +157,10 @@ TokenizerSpec spec_from_hf(const json& root, const std::string& source) {
     bool byte_level = false;
     read_pre_tokenizer(root.value("pre_tokenizer", json()), source, spec.pattern, byte_level);
     if (!byte_level || spec.pattern.empty()) unsupported(source, "pre_tokenizer is not ByteLevel with a split pattern");
-    read_vocab(model.at("vocab"), source, spec);
+    const size_t limit = id_limit(root, model.at("vocab"));
+    read_vocab(model.at("vocab"), limit, source, spec);
     read_merges(model.value("merges", json::array()), model["vocab"], source, spec);
-    read_added_tokens(root, source, spec);
+    read_added_tokens(root, limit, source, spec);
     spec.ignore_merges = model.value("ignore_merges", false);
     return spec;
 }
@@ -150,7 +178,7 @@ Tokenizer Tokenizer::from_hf_json(const std::string& json_text, const std::strin
 Tokenizer Tokenizer::from_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
     const json encoder = parse_json(read_text_file(encoder_json_path), encoder_json_path);
     TokenizerSpec spec;
-    read_vocab(encoder, encoder_json_path, spec);
+    read_vocab(encoder, encoder.size(), encoder_json_path, spec);
     std::ifstream in(vocab_bpe_path);
     if (!in) fail(ErrorKind::data, "cannot open tokenizer file '", vocab_bpe_path, "'");
     std::string line;

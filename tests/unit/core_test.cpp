@@ -1,10 +1,13 @@
 // Core: shapes and views, the arena's planning, Philox reproducibility and statistics,
-// 16-bit float conversions.
+// 16-bit float conversions, the checksum policy of the product.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <string>
 
 #include "core/arena.h"
+#include "core/checksum_policy.h"
 #include "core/dtype.h"
 #include "core/philox.h"
 #include "core/tensor.h"
@@ -104,4 +107,13 @@ TEST(DType, F16RoundTripsRepresentableValues) {
         EXPECT_EQ(f16_to_float(float_to_f16(v)), v) << v;
     EXPECT_TRUE(std::isinf(f16_to_float(float_to_f16(1e6f))));
     EXPECT_EQ(f16_to_float(float_to_f16(1.0f + 1.0f / 4096)), 1.0f);  // tie to even
+}
+
+// Only the fuzzing build reads on past a checksum that disagrees (core/checksum_policy.h);
+// this test binary is built like llmtrain.
+TEST(ChecksumPolicy, TheProductEnforcesEveryChecksum) {
+    static_assert(kChecksumsEnforced, "the tests and llmtrain are built without LLMTRAIN_FUZZ_SKIP_CHECKSUMS");
+    EXPECT_TRUE(checksum_mismatch(uint64_t{0x1234}, uint64_t{0x1235}));
+    EXPECT_TRUE(checksum_mismatch(std::string("00ff"), std::string("00fe")));
+    EXPECT_FALSE(checksum_mismatch(uint64_t{7}, uint64_t{7}));
 }

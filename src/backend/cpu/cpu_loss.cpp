@@ -146,7 +146,10 @@ void CpuBackend::xent_partial(const XentPartial& a) {
     cpu::dispatch_float(op, "logits", logits, [&]<class T>() {
         cpu::expect_rank(op, "logits", logits, 2);
         const cpu::VocabRows local(shard, logits.dim(1));
-        const auto [N, V] = expect_xent_inputs(op, logits, targets, local);
+        // Variables, not a structured binding: the OpenMP loop below uses them, and clang before 16
+        // cannot capture a binding into its outlined region.
+        const XentDims dims = expect_xent_inputs(op, logits, targets, local);
+        const int64_t N = dims.rows, V = dims.vocab;
         cpu::expect_tensor(op, "row_max", row_max, {N}, logits.dtype());
         cpu::expect_tensor(op, "partial", partial, {N, 2}, logits.dtype());
         const T* in = logits.data<T>();
