@@ -2,24 +2,28 @@
 # docs/planning.md's table of published training runs states `plan`'s prediction beside each;
 # this runs `plan` on every row's config and cluster and fails where the page's figures
 # (tokens/s per GPU and MFU) are not what the code predicts. A row's last cell is "CONFIG CLUSTER GPUS"
-# (configs/CONFIG, configs/clusters/CLUSTER.toml); its "plan" cell is "TOKENS_PER_S, MFU%".
+# (configs/CONFIG, configs/clusters/CLUSTER.toml), with " +overlaps" planned with the data-parallel
+# overlaps on (parallel.overlap_param_gather, parallel.grad_reduce_dtype = "bf16"); its "plan"
+# cell, the fourth from the end, is "TOKENS_PER_S, MFU%".
 # usage: plan_published_rows.sh LLMTRAIN PAGE
 set -eu
 bin=$1 readme=$2
-rows=$(grep -E '^\|.*\| *[a-z0-9./_-]+\.toml [a-z0-9-]+ [0-9]+ *\|$' "$readme")
+rows=$(grep -E '^\|.*\| *[a-z0-9./_-]+\.toml [a-z0-9-]+ [0-9]+( \+overlaps)? *\|$' "$readme")
 [ -n "$rows" ] || { echo "no published rows found in $readme"; exit 1; }
 count=0 status=0
 echo "$rows" | { while IFS= read -r row; do
     last=$(echo "$row" | awk -F'|' '{print $(NF-1)}')
     predicted=$(echo "$row" | awk -F'|' '{print $(NF-4)}' | tr -d ' ')
     set -- $last
-    config=configs/$1 cluster=configs/clusters/$2.toml gpus=$3
+    config=configs/$1 cluster=configs/clusters/$2.toml gpus=$3 overlaps=${4:-}
     nodes=$(( (gpus + 7) / 8 ))
-    json=$("$bin" plan "$config" --cluster "$cluster" --gpus "$gpus" --nodes "$nodes" --json < /dev/null)
+    set --
+    [ "$overlaps" = "+overlaps" ] && set -- --set parallel.overlap_param_gather=true --set parallel.grad_reduce_dtype='"bf16"'
+    json=$("$bin" plan "$config" --cluster "$cluster" --gpus "$gpus" --nodes "$nodes" "$@" --json < /dev/null)
     tokens=$(echo "$json" | sed -n 's/^ *"tokens_per_second_per_device": \([0-9.e+-]*\),*$/\1/p')
     mfu=$(echo "$json" | sed -n 's/^ *"mfu": \([0-9.e+-]*\),*$/\1/p')
     actual=$(awk -v t="$tokens" -v m="$mfu" 'BEGIN {printf "%.0f,%.1f%%", t, 100 * m}')
-    if [ "$actual" = "$predicted" ]; then echo "ok       $config on $gpus x $2: $actual"
-    else echo "MISMATCH $config on $gpus x $2: the page says $predicted, plan predicts $actual"; status=1; fi
+    if [ "$actual" = "$predicted" ]; then echo "ok       $config on $gpus x $cluster $overlaps: $actual"
+    else echo "MISMATCH $config on $gpus x $cluster $overlaps: the page says $predicted, plan predicts $actual"; status=1; fi
     count=$((count + 1))
 done; echo "$count rows"; exit $status; }
