@@ -380,24 +380,27 @@ TransferProperties checked_transfer() { return {}; }
 // libhdf5 1.10 copies a chunk's whole size out of whatever its filters returned: a chunk
 // stored shorter than written (a damaged file, or a hostile one whose Fletcher32 checksums
 // were recomputed) is read past its end. So every chunk a read touches (the selection
-// [start, start + count) of the dataset, clipped to its extent) must be stored exactly as
-// written: its values, behind Fletcher32 their 4-byte checksum, through no other filter.
-// One B-tree lookup per chunk, next to reading the chunk itself.
-void check_stored_chunks(hid_t dataset, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count) {
+// [start, start + count) of the dataset, clipped to its extent; none given: all of it) must be
+// stored exactly as written: its values, behind Fletcher32 their 4-byte checksum, through no
+// other filter. One B-tree lookup per chunk, next to reading the chunk itself. `where` starts
+// the error ("'FILE': tensor 'NAME' ").
+void check_stored_chunks(hid_t dataset, const std::string& where, std::vector<hsize_t> start = {}, std::vector<hsize_t> count = {}) {
     Handle create(H5Dget_create_plist(dataset), H5Pclose);
     Handle type(H5Dget_type(dataset), H5Tclose);
     Handle space(H5Dget_space(dataset), H5Sclose);
     const int rank = H5Sget_simple_extent_ndims(space);
-    if (rank < 0 || rank > Shape::max_rank || static_cast<size_t>(rank) != start.size()) fail(ErrorKind::data, "has ", rank, " dimensions, not ", start.size());
+    if (rank < 0 || rank > Shape::max_rank) fail(ErrorKind::data, where, "has ", rank, " dimensions");
     std::vector<hsize_t> extent(static_cast<size_t>(rank)), chunk(static_cast<size_t>(rank));
     if (H5Sget_simple_extent_dims(space, extent.data(), nullptr) < 0 || H5Pget_chunk(create, rank, chunk.data()) != rank)
-        fail(ErrorKind::data, "has no readable chunk layout");
+        fail(ErrorKind::data, where, "has no readable chunk layout");
+    if (start.empty()) start.assign(extent.size(), 0), count = extent;
+    if (start.size() != extent.size() || count.size() != extent.size()) fail(ErrorKind::data, where, "has ", rank, " dimensions, not ", start.size());
     bool fletcher32 = false;
     for (int f = 0; f < H5Pget_nfilters(create); ++f) {
         unsigned flags = 0, filter_config = 0;
         size_t values = 0;
         const H5Z_filter_t filter = H5Pget_filter2(create, static_cast<unsigned>(f), &flags, &values, nullptr, 0, nullptr, &filter_config);
-        if (filter != H5Z_FILTER_FLETCHER32 || fletcher32) fail(ErrorKind::data, "is stored through filter ", filter, " (written with Fletcher32 only)");
+        if (filter != H5Z_FILTER_FLETCHER32 || fletcher32) fail(ErrorKind::data, where, "is stored through filter ", filter, " (written with Fletcher32 only)");
         fletcher32 = true;
     }
     hsize_t expected = H5Tget_size(type);
@@ -415,7 +418,7 @@ void check_stored_chunks(hid_t dataset, const std::vector<hsize_t>& start, const
         for (size_t d = 0; d < chunk.size(); ++d) offset[d] = cell[d] * chunk[d];
         hsize_t stored = 0;
         if (H5Dget_chunk_storage_size(dataset, offset.data(), &stored) < 0 || stored != expected)
-            fail(ErrorKind::data, "a chunk holds ", stored, " bytes, ", expected, " as written (damaged, or not written by llmtrain)");
+            fail(ErrorKind::data, where, "a chunk holds ", stored, " bytes, ", expected, " as written (damaged, or not written by llmtrain)");
         size_t d = chunk.size();
         while (d > 0 && cell[d - 1] == last[d - 1]) cell[d - 1] = first[d - 1], --d;
         if (d == 0) return;
@@ -439,14 +442,7 @@ std::vector<double> RankFileReader::read(const SavedTensor& tensor) const {
 void RankFileReader::read_all(const SavedTensor& tensor, void* out, DType as) const {
     Handle dataset(H5Dopen2(file_, tensor.dataset.c_str(), H5P_DEFAULT), H5Dclose);
     if (!dataset.ok()) fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' cannot be opened (", hdf5_reason(), ")");
-    try {
-        Handle space(H5Dget_space(dataset), H5Sclose);
-        std::vector<hsize_t> extent(static_cast<size_t>(std::clamp(H5Sget_simple_extent_ndims(space), 0, Shape::max_rank)));
-        H5Sget_simple_extent_dims(space, extent.data(), nullptr);
-        check_stored_chunks(dataset, std::vector<hsize_t>(extent.size(), 0), extent);
-    } catch (const Error& e) {
-        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' ", e.what());
-    }
+    check_stored_chunks(dataset, cat("'", path_, "': tensor '", tensor.dataset, "' "));
     // Every chunk's Fletcher32 checksum is verified by this read (the fuzzing build has HDF5
     // skip them: core/checksum_policy.h).
     if (H5Dread(dataset, native_type(as), H5S_ALL, H5S_ALL, checked_transfer().id(), out) < 0)
@@ -466,11 +462,7 @@ void RankFileReader::read_part(const SavedTensor& tensor, const GlobalBox& part,
     if (H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0 ||
         H5Sselect_hyperslab(memory_space, H5S_SELECT_SET, memory_start.data(), nullptr, count.data(), nullptr) < 0)
         fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "': the part ", part.str(), " is outside its box ", box.str());
-    try {
-        check_stored_chunks(dataset, start, count);
-    } catch (const Error& e) {
-        fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' ", e.what());
-    }
+    check_stored_chunks(dataset, cat("'", path_, "': tensor '", tensor.dataset, "' "), start, count);
     // The chunks this part touches are read whole and their checksums verified.
     if (H5Dread(dataset, native_type(as), memory_space, file_space, checked_transfer().id(), out) < 0)
         fail(ErrorKind::data, "'", path_, "': tensor '", tensor.dataset, "' is damaged (", hdf5_reason(), ")");

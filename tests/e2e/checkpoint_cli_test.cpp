@@ -18,6 +18,7 @@
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "core/dtype.h"
+#include "support/file_bytes.h"
 #include "test_paths.h"
 #include "train/trainer.h"
 
@@ -43,14 +44,8 @@ Outcome llmtrain_cli(const std::string& args) {
     return outcome;
 }
 
-std::string read_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream out;
-    out << in.rdbuf();
-    return out.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes; }
+using test::read_bytes;
+using test::write_bytes;
 
 // A scratch directory of this test process, empty.
 std::string scratch(const std::string& name) {

@@ -19,6 +19,7 @@
 
 #include "checkpoint/hdf5_file.h"
 #include "checkpoint/manifest.h"
+#include "support/file_bytes.h"
 #include "test_paths.h"
 
 namespace fs = std::filesystem;
@@ -41,14 +42,8 @@ Outcome run_llmtrain(const std::string& args) {
     return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), error.str()};
 }
 
-std::string read_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream out;
-    out << in.rdbuf();
-    return out.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes; }
+using llmtrain::test::read_bytes;
+using llmtrain::test::write_bytes;
 
 template <class T>
 std::string pod_bytes(const T& value) {

@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
 #include "core/error.h"
+#include "support/file_bytes.h"
 #include "test_paths.h"
 
 using namespace llmtrain;
@@ -28,14 +29,8 @@ std::string fresh_dir(const std::string& name) {
     return dir;
 }
 
-std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    return text.str();
-}
-
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary | std::ios::trunc) << text; }
+std::string read_text(const std::string& path) { return test::read_bytes(path); }
+void write_text(const std::string& path, const std::string& text) { test::write_bytes(path, text); }
 
 // A committed checkpoint of `run_id` at `step` under root, the sequence-th save of its chain,
 // whose one rank file checks; `latest` is moved to it, as a commit does.

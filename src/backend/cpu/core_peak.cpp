@@ -22,7 +22,7 @@ constexpr int kChains = 12;
 using FmaKernel = double (*)(int64_t iterations, float* sink);
 
 // The twelve chains as named locals, so that they live in registers at any optimization
-// level; V is the vector type, FMA(x) the multiply-add of one chain, SUM folds them.
+// level; V is the vector type, INIT(x) a V of x in every lane, FMA(x) one chain's step.
 // Each chain starts from its own value, read at run time from *sink: chains the compiler
 // could prove equal it would compute once.
 #define LLMTRAIN_TWELVE_CHAINS(V, INIT, FMA)                                                   \
@@ -35,20 +35,22 @@ using FmaKernel = double (*)(int64_t iterations, float* sink);
         c6 = FMA(c6); c7 = FMA(c7); c8 = FMA(c8); c9 = FMA(c9); c10 = FMA(c10); c11 = FMA(c11); \
     }
 
+// The chains summed into *sink (scaled down: the next call starts from it), which keeps
+// their work from being optimized away; ADD adds two V, STORE writes a V's LANES floats.
+#define LLMTRAIN_SINK_CHAINS(ADD, STORE, LANES)                                                          \
+    alignas(64) float lanes[LANES];                                                                  \
+    STORE(lanes, ADD(ADD(ADD(c0, c1), ADD(c2, c3)), ADD(ADD(ADD(c4, c5), ADD(c6, c7)), ADD(ADD(c8, c9), ADD(c10, c11))))); \
+    float total = 0;                                                                                 \
+    for (float lane : lanes) total += lane;                                                          \
+    *sink = total * 1e-6f;
+
 #if LLMTRAIN_X86
 __attribute__((target("avx512f"))) double fma_avx512(int64_t iterations, float* sink) {
     const __m512 a = _mm512_set1_ps(kMultiplier), b = _mm512_set1_ps(kAddend);
 #define FMA512(x) _mm512_fmadd_ps(x, a, b)
     LLMTRAIN_TWELVE_CHAINS(__m512, _mm512_set1_ps, FMA512)
 #undef FMA512
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
-                                     _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)),
-                                                   _mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11))));
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, sum);
-    float total = 0;
-    for (float lane : lanes) total += lane;
-    *sink = total * 1e-6f;
+    LLMTRAIN_SINK_CHAINS(_mm512_add_ps, _mm512_store_ps, 16)
     return 2.0 * 16 * kChains * static_cast<double>(iterations);
 }
 
@@ -57,14 +59,7 @@ __attribute__((target("avx2,fma"))) double fma_avx2(int64_t iterations, float* s
 #define FMA256(x) _mm256_fmadd_ps(x, a, b)
     LLMTRAIN_TWELVE_CHAINS(__m256, _mm256_set1_ps, FMA256)
 #undef FMA256
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
-                                     _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)),
-                                                   _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11))));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, sum);
-    float total = 0;
-    for (float lane : lanes) total += lane;
-    *sink = total * 1e-6f;
+    LLMTRAIN_SINK_CHAINS(_mm256_add_ps, _mm256_store_ps, 8)
     return 2.0 * 8 * kChains * static_cast<double>(iterations);
 }
 #endif
@@ -75,10 +70,15 @@ double mul_add_scalar(int64_t iterations, float* sink) {
 #define MULADD(x) ((x) * kMultiplier + kAddend)
     LLMTRAIN_TWELVE_CHAINS(float, static_cast<float>, MULADD)
 #undef MULADD
-    *sink = (c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11) * 1e-6f;
+#define PLUS(x, y) ((x) + (y))
+#define STORE_ONE(out, x) (out)[0] = (x)
+    LLMTRAIN_SINK_CHAINS(PLUS, STORE_ONE, 1)
+#undef STORE_ONE
+#undef PLUS
     return 2.0 * kChains * static_cast<double>(iterations);
 }
 
+#undef LLMTRAIN_SINK_CHAINS
 #undef LLMTRAIN_TWELVE_CHAINS
 
 FmaKernel widest_kernel() {
