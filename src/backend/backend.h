@@ -360,6 +360,12 @@ public:
     // At most `bytes` held through allocate() at once from now on (train.memory_limit_gb): an
     // allocation beyond it is a config error naming the key. 0: no limit.
     void set_memory_limit(size_t bytes) { memory_limit_bytes_ = bytes; }
+    // matmul_fwd computes its output in blocks of this many rows counted from row 0, each by
+    // itself: over rows [b, e) of x, with b a multiple of it and e too (or x's last row), it
+    // gives bitwise those rows of the whole matmul. 0: no such promise (a GEMM library may
+    // pick another algorithm, and another order of addition, for another number of rows).
+    // What lets parallel.tp_overlap split a matmul into pieces with the losses unchanged.
+    virtual int64_t matmul_row_block() const { return 0; }
     // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
     virtual double peak_bf16_tflops() const { return 0; }
     // Which kernels run attention at this shape, and how ("native flash kernels", or cuDNN's

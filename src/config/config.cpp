@@ -328,6 +328,11 @@ const std::vector<Field>& schema() {
                       "gradient pool's buffers); false: they complete before the step ends"),
         CONFIG_KEY(parallel, sequence_parallel).boolean()
             .describe("with tp > 1: norms and residuals hold 1/tp of the tokens per rank (batch_size * seq_len divisible by tp)"),
+        CONFIG_KEY(parallel, tp_overlap).boolean()
+            .describe("with sequence_parallel: each all-gather before a column-parallel matmul and each reduce-scatter after a row-parallel "
+                      "one runs in up to tp pieces (whole row blocks of the backend's matmul: 64 tokens on the CPU), a piece's transfer behind the previous piece's matmul, and in backward the input's all-gather "
+                      "runs behind the input-gradient matmul and its reduce-scatter behind the weight-gradient matmul; the same sums in "
+                      "the same order (losses bitwise those without it)"),
         CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),
         CONFIG_KEY(parallel, stage_layers).string().describe("layers per pipeline stage, e.g. \"3,3,2\"; empty: balanced"),
         CONFIG_KEY(parallel, virtual_stages).integer(1, 1024)
@@ -794,6 +799,12 @@ constexpr Check kChecks[] = {
         if (!c.parallel.sequence_parallel || tokens % c.parallel.tp == 0) return std::nullopt;
         return Problem{"parallel.sequence_parallel", cat("splits the train.batch_size * train.seq_len = ", tokens,
                                                          " tokens of a micro-batch across parallel.tp = ", c.parallel.tp, " ranks: they must divide evenly")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (!c.parallel.tp_overlap || (c.parallel.sequence_parallel && c.parallel.tp > 1)) return std::nullopt;
+        return Problem{"parallel.tp_overlap", cat("= true overlaps the collectives of sequence parallelism and needs parallel.sequence_parallel = true "
+                                                  "with parallel.tp > 1 (got sequence_parallel = ", c.parallel.sequence_parallel ? "true" : "false",
+                                                  ", tp = ", c.parallel.tp, "; allowed: false)")};
     },
     [](const Config& c) -> std::optional<Problem> {
         // The last evaluation micro-batch holds the remainder of the sequences.

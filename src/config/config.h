@@ -147,6 +147,7 @@ struct ParallelConfig {
     int64_t prefetch_layers = 1;           // ZeRO-3: parameter groups whose all-gathers start before the current group computes
     bool overlap_param_gather = false;     // ZeRO-1/2: the updated parameters' all-gathers run behind the next forward
     bool sequence_parallel = false;        // split the tokens across tp ranks outside the tp matmuls
+    bool tp_overlap = false;               // sequence parallelism's collectives in tp pieces behind the matmuls
     double bucket_mb = 25;                 // gradient bucket size for the overlapped dp reduction
     std::string stage_layers;              // e.g. "3,3,2": layers per pipeline stage; empty: balanced
     int64_t virtual_stages = 1;            // model chunks per pipeline stage (interleaved 1F1B)

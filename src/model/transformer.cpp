@@ -299,25 +299,6 @@ Tensor Transformer::rows(Arena::Slot slot) const { return arena_.tensor(slot).sl
 Tensor Transformer::local_rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, local_tokens(batch_, seq_len_)); }
 int64_t TransformerLayout::local_tokens(int64_t batch, int64_t seq_len) const { return sp_ ? batch * seq_len / tp_size() : batch * seq_len; }
 
-Tensor Transformer::gather_rows(const Tensor& local, Arena::Slot scratch) {
-    if (!sp_) return local;
-    const Tensor whole = rows(scratch);
-    backend_.copy(whole.slice_rows(tp_rank() * local.dim(0), local.dim(0)), local);
-    tp_->all_gather(whole);
-    return whole;
-}
-
-Tensor Transformer::reduce_rows(const Tensor& partial, Arena::Slot local) {
-    if (!tp_) return partial;
-    if (!sp_) {
-        tp_->all_reduce(partial, ReduceOp::sum);
-        return partial;
-    }
-    const Tensor mine = local_rows(local);
-    tp_->reduce_scatter(mine, partial);
-    return mine;
-}
-
 Tensor Transformer::att_saved(Arena::Slot slot) const {
     // The saved shape for a smaller batch or sequence is a prefix of the planned one.
     const Tensor full = arena_.tensor(slot);
@@ -479,7 +460,10 @@ void Transformer::embed(const ActivationSet& a, int64_t first_position) {
 
 void Transformer::head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale) {
     norm_fwd(a.norm_f, local_rows(a.residual.back()), norm_f_w_, norm_f_b_);
-    backend_.matmul_fwd({.out = rows(a.logits), .x = gather_rows(local_rows(a.norm_f.out), gathered_), .w = value(head_w_), .bias = Tensor()});
+    const Tensor logits = rows(a.logits);
+    column_parallel(local_rows(a.norm_f.out), [&](const Tensor& x, int64_t first) {
+        backend_.matmul_fwd({.out = logits.slice_rows(first, x.dim(0)), .x = x, .w = value(head_w_), .bias = Tensor()});
+    });
     a.logits_hold_gradient = false;
     if (!a.has_targets) return;
     if (!tp_ && backward_loss_scale) {
@@ -506,22 +490,31 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
     const Tensor x = local_rows(a.residual[static_cast<size_t>(l)]);
 
     norm_fwd(s.norm1, x, p.norm1_w, p.norm1_b);
-    backend_.matmul_fwd({.out = rows(s.qkv), .x = gather_rows(local_rows(s.norm1.out), gathered_), .w = value(p.qkv_w), .bias = value(p.qkv_b)});
+    const Tensor qkv = rows(s.qkv), att_out = rows(s.att_out), mlp_up = rows(s.mlp_up), mlp_act = rows(s.mlp_act);
+    column_parallel(local_rows(s.norm1.out), [&](const Tensor& in, int64_t first) {
+        backend_.matmul_fwd({.out = qkv.slice_rows(first, in.dim(0)), .x = in, .w = value(p.qkv_w), .bias = value(p.qkv_b)});
+    });
     attend(s, l, cache);
-    backend_.matmul_fwd({.out = rows(proj_out_), .x = rows(s.att_out), .w = value(p.attn_out_w), .bias = row_parallel_bias(p.attn_out_b)});
+    const Tensor attention = row_parallel([&](const Tensor& out, int64_t first) {
+        backend_.matmul_fwd({.out = out, .x = att_out.slice_rows(first, out.dim(0)), .w = value(p.attn_out_w), .bias = row_parallel_bias(p.attn_out_b)});
+    }, proj_local_);
     // resid_mid = x + attention's output, and norm2 of it, in one pass.
     backend_.add_norm_fwd({.sum = local_rows(s.resid_mid), .out = local_rows(s.norm2.out), .mean = is_llama() ? Tensor() : local_rows(s.norm2.mean),
-                           .rstd = local_rows(s.norm2.rstd), .a = x, .b = reduce_rows(rows(proj_out_), proj_local_), .w = value(p.norm2_w),
-                           .bias = value(p.norm2_b), .eps = config_.norm_eps, .rms = is_llama()});
-    const Tensor mlp_in = gather_rows(local_rows(s.norm2.out), gathered_);
-    if (is_llama()) {
-        backend_.matmul_fwd({.out = rows(s.mlp_up), .x = mlp_in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b)});
-        backend_.swiglu_fwd(rows(s.mlp_act), rows(s.mlp_up));
-    } else {
-        backend_.matmul_gelu_fwd({.act = rows(s.mlp_act), .pre = rows(s.mlp_up), .x = mlp_in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b)});
-    }
-    backend_.matmul_fwd({.out = rows(proj_out_), .x = rows(s.mlp_act), .w = value(p.mlp_down_w), .bias = row_parallel_bias(p.mlp_down_b)});
-    backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), reduce_rows(rows(proj_out_), proj_local_));
+                           .rstd = local_rows(s.norm2.rstd), .a = x, .b = attention, .w = value(p.norm2_w), .bias = value(p.norm2_b),
+                           .eps = config_.norm_eps, .rms = is_llama()});
+    column_parallel(local_rows(s.norm2.out), [&](const Tensor& in, int64_t first) {
+        const int64_t count = in.dim(0);
+        if (is_llama())
+            backend_.matmul_fwd({.out = mlp_up.slice_rows(first, count), .x = in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b)});
+        else
+            backend_.matmul_gelu_fwd({.act = mlp_act.slice_rows(first, count), .pre = mlp_up.slice_rows(first, count), .x = in, .w = value(p.mlp_up_w),
+                                      .bias = value(p.mlp_up_b)});
+    });
+    if (is_llama()) backend_.swiglu_fwd(mlp_act, mlp_up);
+    const Tensor mlp = row_parallel([&](const Tensor& out, int64_t first) {
+        backend_.matmul_fwd({.out = out, .x = mlp_act.slice_rows(first, out.dim(0)), .w = value(p.mlp_down_w), .bias = row_parallel_bias(p.mlp_down_b)});
+    }, proj_local_);
+    backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), mlp);
 }
 
 void Transformer::attend(const LayerSlots& s, int64_t l, KvCache* cache) {
@@ -606,9 +599,10 @@ void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
     writing(head_begin_, params_.count());
     if (!a.logits_hold_gradient) backend_.xent_bwd({.dlogits = rows(a.logits), .logits = rows(a.logits), .targets = rows(a.targets),
                                                     .lse = rows(a.lse), .vocab = vocab_shard(), .dloss = loss_gradient(loss_scale)});
-    backend_.matmul_bwd({.dx = rows(d_norm_), .dw = grad(head_w_), .dbias = Tensor(), .dout = rows(a.logits),
-                         .x = gather_rows(local_rows(a.norm_f.out), gathered_), .w = value(head_w_)});
-    norm_bwd(local_rows(a.d_resid), false, reduce_rows(rows(d_norm_), d_norm_local_), local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
+    const Tensor d_norm = column_parallel_bwd({.dx = rows(d_norm_), .dw = grad(head_w_), .dbias = Tensor(), .dout = rows(a.logits), .x = Tensor(),
+                                               .w = value(head_w_)},
+                                              local_rows(a.norm_f.out), d_norm_local_);
+    norm_bwd(local_rows(a.d_resid), false, d_norm, local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.
     ready(head_begin_, params_.count());
 }
@@ -636,9 +630,10 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
         backend_.gelu_matmul_bwd({.d_pre = rows(d_mlp_up_), .d_pre_bias = grad(p.mlp_up_b), .dw = grad(p.mlp_down_w), .dbias = grad(p.mlp_down_b),
                                   .dout = d_down, .act = rows(s.mlp_act), .pre = rows(s.mlp_up), .w = value(p.mlp_down_w)});
     }
-    backend_.matmul_bwd({.dx = d_norm, .dw = grad(p.mlp_up_w), .dbias = is_llama() ? grad(p.mlp_up_b) : Tensor(), .dout = rows(d_mlp_up_),
-                         .x = gather_rows(local_rows(s.norm2.out), gathered_), .w = value(p.mlp_up_w)});
-    norm_bwd(d_resid, true, reduce_rows(d_norm, d_norm_local_), local_rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
+    const Tensor d_norm2 = column_parallel_bwd({.dx = d_norm, .dw = grad(p.mlp_up_w), .dbias = is_llama() ? grad(p.mlp_up_b) : Tensor(),
+                                                .dout = rows(d_mlp_up_), .x = Tensor(), .w = value(p.mlp_up_w)},
+                                               local_rows(s.norm2.out), d_norm_local_);
+    norm_bwd(d_resid, true, d_norm2, local_rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
 
     // Attention block: resid_mid = x + o(attn(rope(qkv(norm1(x))))).
     backend_.matmul_bwd({.dx = rows(d_att_out_), .dw = grad(p.attn_out_w), .dbias = grad(p.attn_out_b), .dout = gather_rows(d_resid, d_gathered_),
@@ -646,9 +641,10 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
     backend_.attention_bwd({.dqkv = rows(d_qkv_), .dout = rows(d_att_out_), .qkv = rows(s.qkv), .out = rows(s.att_out),
                             .saved = att_saved(s.att_saved), .shape = shape});
     if (is_llama()) backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
-    backend_.matmul_bwd({.dx = d_norm, .dw = grad(p.qkv_w), .dbias = grad(p.qkv_b), .dout = rows(d_qkv_),
-                         .x = gather_rows(local_rows(s.norm1.out), gathered_), .w = value(p.qkv_w)});
-    norm_bwd(d_resid, true, reduce_rows(d_norm, d_norm_local_), local_rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
+    const Tensor d_norm1 = column_parallel_bwd({.dx = d_norm, .dw = grad(p.qkv_w), .dbias = grad(p.qkv_b), .dout = rows(d_qkv_), .x = Tensor(),
+                                                .w = value(p.qkv_w)},
+                                               local_rows(s.norm1.out), d_norm_local_);
+    norm_bwd(d_resid, true, d_norm1, local_rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
 }
 
 // selective: the two norms and the MLP activation, from the kept inputs; full: the whole

@@ -77,6 +77,7 @@ struct ModelPartition {
     GradStorage grad_storage = GradStorage::flat;  // bound: no flat gradient buffer (ZeRO-2 binds group buffers)
     ValueStorage value_storage = ValueStorage::flat;  // bound: no flat compute copy (ZeRO-3 binds gathered groups)
     bool sequence_parallel = false;  // with tp > 1: split the tokens outside the tp matmuls
+    bool tp_overlap = false;         // with sequence_parallel: its collectives overlapped with the matmuls
     Recompute recompute = Recompute::none;  // activation recomputation (see above)
 };
 
@@ -303,6 +304,22 @@ private:
     // The sum over the tp ranks of a row-parallel output: this rank's rows of it (sequence
     // parallel: reduce-scattered into `local`; otherwise all-reduced in place).
     Tensor reduce_rows(const Tensor& partial, Arena::Slot local);
+    // A matmul over some of a micro-batch's token rows: `rows` holds rows [first, first +
+    // rows.dim(0)) of its input (column-parallel) or of its partial output (row-parallel).
+    using RowsMatmul = std::function<void(const Tensor& rows, int64_t first)>;
+    // A column-parallel matmul of this rank's rows `local`: whole rows under sequence
+    // parallelism, with parallel.tp_overlap gathered in up to tp pieces, each piece's all-gather in
+    // flight while the previous piece multiplies (sequence_parallel.cpp).
+    void column_parallel(const Tensor& local, const RowsMatmul& matmul);
+    // A row-parallel matmul writing its partial output into proj_out_'s rows; returns this
+    // rank's rows of the sum over tp (reduce_rows). With parallel.tp_overlap the output is
+    // made in up to tp pieces, each piece reduce-scattered while the next multiplies.
+    Tensor row_parallel(const RowsMatmul& matmul, Arena::Slot local);
+    // The backward of a column-parallel matmul whose input is this rank's rows `local_x`:
+    // args.dx (whole rows, partial over tp) reduced to this rank's rows in `dx_local`, and
+    // args.dw / args.dbias from the gathered input. With parallel.tp_overlap the input's
+    // all-gather runs behind the dx matmul and dx's reduce-scatter behind the dw matmul.
+    Tensor column_parallel_bwd(MatmulBwd args, const Tensor& local_x, Arena::Slot dx_local);
     Tensor att_saved(Arena::Slot slot) const;
     AttentionShape attention_shape() const;
     ActivationSet& use_set(int64_t set);

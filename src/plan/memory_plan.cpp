@@ -51,6 +51,7 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     part.grad_storage = shards_gradients(config.parallel, mesh.dp()) ? GradStorage::bound : GradStorage::flat;
     part.value_storage = shards_parameters(config.parallel, mesh.dp()) ? ValueStorage::bound : ValueStorage::flat;
     part.sequence_parallel = config.parallel.sequence_parallel;
+    part.tp_overlap = config.parallel.tp_overlap;
     part.recompute = config.train.recompute;
     return part;
 }

@@ -69,6 +69,12 @@ std::string vocab_description(const ModelConfig& m, int64_t tp) {
 }
 
 // "[0, 4)", or the chunks of an interleaved stage: "[0, 2) [4, 6)".
+// " | sequence parallel" (and how its collectives run), or nothing without it.
+std::string sequence_parallelism(const ParallelConfig& parallel, int64_t tp) {
+    if (!parallel.sequence_parallel || tp == 1) return "";
+    return parallel.tp_overlap ? " | sequence parallel, its collectives in pieces behind the matmuls" : " | sequence parallel";
+}
+
 std::string held_layers(const ModelPartition& part) {
     std::string text;
     for (int64_t c = 0; c < part.chunks; ++c)
@@ -188,7 +194,7 @@ void Trainer::log_startup() const {
              " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks",
              parameters_beyond_the_model(m, mesh.tp(), mesh.pp(), total_params));
     log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
-             ") | ", sync_->describe(), store_->describe().empty() ? "" : " | ", store_->describe(), " | comm ",
+             ")", sequence_parallelism(config_.parallel, mesh.tp()), " | ", sync_->describe(), store_->describe().empty() ? "" : " | ", store_->describe(), " | comm ",
              comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers ", held_layers(part));
     log_info("memory per rank (rank 0 / largest): parameters ", megabytes(static_cast<double>(mine.parameter_bytes)), " / ", megabytes(params_max),
              ", gradients ", megabytes(static_cast<double>(mine.gradient_bytes)), " / ", megabytes(grads_max), ", optimizer ",

@@ -559,6 +559,17 @@ TEST(Config, OverlapParamGatherOutsideStagesOneAndTwo_IsRejectedWithTheKeyNamed)
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.overlap_param_gather", "1")), "parallel.overlap_param_gather"));
 }
 
+// The tensor-parallel overlap pipelines sequence parallelism's collectives: without them it
+// has nothing to overlap.
+TEST(Config, TpOverlapWithoutSequenceParallelism_IsRejectedWithTheKeyNamed) {
+    const TomlText overlap = TomlText::gpt2().set("parallel.tp_overlap", "true").set("parallel.tp", "2");
+    EXPECT_NO_THROW(parse(TomlText(overlap).set("parallel.sequence_parallel", "true")));
+    EXPECT_TRUE(Contains(error_of(overlap), "run.toml: parallel.tp_overlap: = true overlaps the collectives of sequence parallelism and needs "
+                                            "parallel.sequence_parallel = true with parallel.tp > 1 (got sequence_parallel = false, tp = 2; allowed: false)"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.tp_overlap", "true").set("parallel.sequence_parallel", "true")),
+                         "(got sequence_parallel = true, tp = 1; allowed: false)"));
+}
+
 // Interleaved 1F1B: each stage's layers split into virtual_stages chunks, micro-batches in
 // groups of pp, and a pipeline to interleave.
 TEST(Config, VirtualStagesThatDoNotFitTheLayout_AreRejectedWithTheKeyNamed) {
