@@ -16,7 +16,7 @@ namespace {
 struct Shapes {
     double b, s, n, d, h, kv, hd, f, up, vocab;  // n = b * s tokens per micro-batch; up: MLP-up width
     double t, compute_bytes, master_bytes, reduce_bytes;  // reduce_bytes: per element of the dp gradient collectives
-    bool sequence_parallel, llama;
+    bool sequence_parallel, tp_overlap, llama;
     Recompute recompute;
 };
 
@@ -40,6 +40,7 @@ Shapes shapes_of(const Config& config, const Mesh& mesh) {
     x.master_bytes = static_cast<double>(dtype_size(master_dtype(compute)));
     x.reduce_bytes = static_cast<double>(dtype_size(grad_reduce_dtype(config.parallel, master_dtype(compute))));
     x.sequence_parallel = config.parallel.sequence_parallel && mesh.tp() > 1;
+    x.tp_overlap = x.sequence_parallel && config.parallel.tp_overlap;
     x.recompute = config.train.recompute;
     return x;
 }
@@ -82,15 +83,42 @@ double layer_memory_bytes(const Shapes& x) {
 // residual stream forward, two backward; with sequence parallelism, all-gathers before the
 // column-parallel GEMMs (again in backward, for the weight gradient) and reduce-scatters
 // after the row-parallel ones, in the same volume per call.
+//
+// With parallel.tp_overlap, forward: each gather (reduce-scatter) in tp pieces behind the
+// pieces of its column-parallel (row-parallel) GEMM, one piece's share exposed; backward: a
+// column-parallel input's gather behind the input-gradient GEMM and the input gradient's
+// reduce-scatter behind the weight-gradient GEMM (the same FLOPs as the forward GEMM each);
+// the gathers of the row-parallel GEMMs' output gradients stay exposed.
 void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, double layers) {
     if (x.t <= 1) return;
     const double bytes = x.n * x.d * x.compute_bytes, forwards = x.recompute == Recompute::full ? 2 : 1;
-    if (x.sequence_parallel) {
+    if (!x.sequence_parallel) {
+        calls.push_back({Collective::all_reduce, bytes, layers * (2 * forwards + 2)});
+        return;
+    }
+    if (!x.tp_overlap) {
         calls.push_back({Collective::all_gather, bytes, layers * (2 * forwards + 4)});
         calls.push_back({Collective::reduce_scatter, bytes, layers * (2 * forwards + 2)});
-    } else {
-        calls.push_back({Collective::all_reduce, bytes, layers * (2 * forwards + 2)});
+        return;
     }
+    // Per rank: QKV and MLP-up (column-parallel), attention-out and MLP-down (row-parallel),
+    // as {FLOPs, class} of one pass (m = tokens, k = inputs, n = outputs).
+    struct Gemm {
+        double flops;
+        GemmClass cls;
+    };
+    const auto gemm = [&](double k, double n) { return Gemm{2 * x.n * k * n, gemm_class(x.n, n, k)}; };
+    const Gemm qkv = gemm(x.d, (x.h + 2 * x.kv) * x.hd / x.t), up = gemm(x.d, x.up / x.t);
+    const Gemm out = gemm(x.h * x.hd / x.t, x.d), down = gemm(x.f / x.t, x.d);
+    const double piece = 1 / x.t, hidden_pieces = (x.t - 1) / x.t;
+    for (const Gemm& column : {qkv, up}) {
+        calls.push_back({Collective::all_gather, bytes, layers * forwards, column.flops * hidden_pieces, column.cls, piece});
+        calls.push_back({Collective::all_gather, bytes, layers, column.flops, column.cls, 0});
+        calls.push_back({Collective::reduce_scatter, bytes, layers, column.flops, column.cls, 0});
+    }
+    for (const Gemm& row : {out, down})
+        calls.push_back({Collective::reduce_scatter, bytes, layers * forwards, row.flops * hidden_pieces, row.cls, piece});
+    calls.push_back({Collective::all_gather, bytes, layers * 2});
 }
 
 int first_rank_of_stage(const Mesh& mesh, int stage) { return mesh.world_rank({0, 0, stage}); }
@@ -253,6 +281,16 @@ Link collective_link(const Cluster& c, const Mesh& mesh, int group, int span, do
     return shared_link(link, c, share);
 }
 
+// A collective's time not hidden behind the GEMM it overlaps (CollectiveCall::behind_flops):
+// on GPUs, per call, what exceeds the GEMM's time, at least its exposed share; on a CPU the
+// cores that would compute move the bytes (and MPI moves them only inside its calls): all.
+double exposed_collective_seconds(const CollectiveCall& call, int ranks, const Link& link, const Cluster& c, double peak) {
+    const double seconds = collective_seconds(call, ranks, link);
+    if (call.behind_flops <= 0 || c.kind != ClusterKind::gpu || call.count <= 0) return seconds;
+    const double behind = call.count * call.behind_flops / (peak * c.efficiency.gemm_for(call.behind_class));
+    return std::max(seconds - behind, seconds * call.exposed_share);
+}
+
 // The updated parameters' all-gather of ZeRO-1/2, `gather` seconds in `cuts` cuts: at the
 // step's end; with parallel.overlap_param_gather at the next step's start, behind its first
 // forward (a third of a micro-batch's compute) on GPUs, where NCCL runs beside the compute
@@ -298,7 +336,7 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     StageTime t;
     t.compute = compute_seconds(w, c, peak, bandwidth);
     const Link tp_link = collective_link(c, mesh, mesh.tp(), mesh.tp(), share.pipeline);
-    for (const CollectiveCall& call : w.tp_collectives) t.tp += collective_seconds(call, mesh.tp(), tp_link);
+    for (const CollectiveCall& call : w.tp_collectives) t.tp += exposed_collective_seconds(call, mesh.tp(), tp_link, c, peak);
     const Link pp_link = shared_link(link_for(c, mesh, mesh.world_size()), c, share.pipeline);
     t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
     // Buckets go out while the last micro-batch's backward (two thirds of its compute) runs;

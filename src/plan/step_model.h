@@ -5,7 +5,8 @@
 //   micro-batch time  t_mb = GEMM FLOPs / (peak x gemm efficiency of the shape class)
 //                          + attention FLOPs / (peak x attention efficiency)
 //                          + memory-bound bytes / (bandwidth x memory efficiency)
-//                          + tensor-parallel collectives + pipeline sends
+//                          + tensor-parallel collectives + pipeline sends (with
+//                            parallel.tp_overlap on GPUs, less what runs behind a GEMM)
 //   step time         (m + (pp - 1) / V) x max over stages of t_mb  (bubble (pp - 1) / (V x m + pp - 1);
 //                     V = parallel.virtual_stages, 1 for plain 1F1B; pipeline sends V times as many)
 //                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) not hidden by the
@@ -33,6 +34,12 @@ struct CollectiveCall {
     Collective op = Collective::all_reduce;
     double bytes = 0;  // the whole buffer, as nccl-tests' size
     double count = 0;  // calls of this size
+    // Overlapped (parallel.tp_overlap): each call is in flight while a GEMM of these FLOPs (of
+    // class behind_class) runs, and at least exposed_share of it waits anyway (the first or
+    // last piece). Hidden only on GPUs, where the collective runs beside the compute stream.
+    double behind_flops = 0;
+    GemmClass behind_class = GemmClass::large;
+    double exposed_share = 1;
 };
 
 // One rank of one pipeline stage.

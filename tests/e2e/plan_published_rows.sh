@@ -3,7 +3,8 @@
 # this runs `plan` on every row's config and cluster and fails where the page's figures
 # (tokens/s per GPU and MFU) are not what the code predicts. A row's last cell is "CONFIG CLUSTER GPUS"
 # (configs/CONFIG, configs/clusters/CLUSTER.toml), with " +overlaps" planned with the data-parallel
-# overlaps on (parallel.overlap_param_gather, parallel.grad_reduce_dtype = "bf16"); its "plan"
+# overlaps on (parallel.overlap_param_gather, parallel.grad_reduce_dtype = "bf16", and
+# parallel.tp_overlap where the config sets parallel.sequence_parallel); its "plan"
 # cell, the fourth from the end, is "TOKENS_PER_S, MFU%".
 # usage: plan_published_rows.sh LLMTRAIN PAGE
 set -eu
@@ -19,6 +20,7 @@ echo "$rows" | { while IFS= read -r row; do
     nodes=$(( (gpus + 7) / 8 ))
     set --
     [ "$overlaps" = "+overlaps" ] && set -- --set parallel.overlap_param_gather=true --set parallel.grad_reduce_dtype='"bf16"'
+    [ "$overlaps" = "+overlaps" ] && grep -q '^sequence_parallel = true' "$config" && set -- "$@" --set parallel.tp_overlap=true
     json=$("$bin" plan "$config" --cluster "$cluster" --gpus "$gpus" --nodes "$nodes" "$@" --json < /dev/null)
     tokens=$(echo "$json" | sed -n 's/^ *"tokens_per_second_per_device": \([0-9.e+-]*\),*$/\1/p')
     mfu=$(echo "$json" | sed -n 's/^ *"mfu": \([0-9.e+-]*\),*$/\1/p')

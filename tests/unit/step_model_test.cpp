@@ -234,6 +234,32 @@ TEST(StepModel, OverlappedParamGatherHidesOnGpusOnly) {
     }
 }
 
+// Sequence parallelism's collectives behind the matmuls (parallel.tp_overlap) on the 72B
+// layout (tp 8): on GPUs the exposed tp time falls, but not below the gathers of the
+// row-parallel output gradients (a third of the calls, never overlapped) nor to zero; on a
+// CPU, whose cores move the bytes, nothing changes.
+TEST(StepModel, TpOverlapHidesTensorParallelCollectivesOnGpusOnly) {
+    const auto config = [](const char* overlap) { return load_config("configs/qwen2.5-72b.toml", {overlap}, DataFiles::unchecked); };
+    const Config overlapped = config("parallel.tp_overlap=true"), plain = config("parallel.tp_overlap=false");
+    ASSERT_TRUE(plain.parallel.sequence_parallel);
+    const Mesh mesh = make_mesh(plain.parallel, 128);
+    const double params = model_parameter_count(plain.model);
+    const Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    const StepTime gpu_plain = predict_step_time(plain, mesh, h100, params), gpu_overlapped = predict_step_time(overlapped, mesh, h100, params);
+    EXPECT_LT(gpu_overlapped.tp_comm_seconds, gpu_plain.tp_comm_seconds);
+    EXPECT_LT(gpu_overlapped.step_seconds, gpu_plain.step_seconds);
+    // 2 of the 6 gathers + 4 reduce-scatters per layer (no recomputation) stay whole.
+    EXPECT_GT(gpu_overlapped.tp_comm_seconds, gpu_plain.tp_comm_seconds * 2.0 / 10.0 * 0.99);
+    EXPECT_DOUBLE_EQ(gpu_plain.compute_seconds, gpu_overlapped.compute_seconds);
+    const Cluster cpu = two_core_node();
+    const Config small_plain = load_config("configs/tiny.toml", {"parallel.tp=2", "parallel.sequence_parallel=true"}, DataFiles::unchecked);
+    const Config small_overlapped = load_config("configs/tiny.toml", {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.tp_overlap=true"},
+                                                DataFiles::unchecked);
+    const Mesh two = make_mesh(small_plain.parallel, 2);
+    const double small = model_parameter_count(small_plain.model);
+    EXPECT_DOUBLE_EQ(predict_step_time(small_overlapped, two, cpu, small).step_seconds, predict_step_time(small_plain, two, cpu, small).step_seconds);
+}
+
 // A checkpoint of the 72B run on 128 H100s: 12 bytes per parameter, each rank's share copied
 // to host memory while the step loop waits, the writes at the slower of the storage's
 // aggregate bandwidth and the 16 nodes' links; a resume reads everything twice (checksums,
