@@ -10,10 +10,10 @@
 // reduce-scattering piece k while piece k + 1 multiplies hides all but the last one's.
 //
 // Bitwise the plain path: every output row comes from the same GEMM row with the same K-sum
-// (pieces are whole blocks of the backend's matmul_row_block), and each piece's reduce-scatter is the
-// same collective over the same group, whose order of addition does not depend on the element
-// count (MPI's reduce_scatter_block: a binomial tree over the ranks; tp = 2 adds two terms,
-// in either order the same). In backward the matmuls are not split: the input gradient's GEMM
+// (pieces are whole blocks of the backend's matmul_row_block), and each piece's
+// reduce-scatter is the same collective over the same group, whose order of addition does not
+// depend on the element count (MPI's reduce_scatter_block: a binomial tree over the ranks;
+// tp = 2 adds two terms, in either order the same). In backward the matmuls are not split: the input gradient's GEMM
 // runs while the input is gathered, the weight gradient's while the input gradient is
 // reduce-scattered; the same GEMMs and collectives, overlapped. CUDA makes no row-block
 // promise (cuBLASLt may pick another algorithm for a piece's shape): there the pieces track
@@ -56,11 +56,15 @@ void poll(std::vector<CommHandle>& in_flight) {
 
 }  // namespace
 
+CommHandle Transformer::start_gather(const Tensor& local, const Tensor& whole) {
+    backend_.copy(whole.slice_rows(tp_rank() * local.dim(0), local.dim(0)), local);
+    return tp_->all_gather_async(whole);
+}
+
 Tensor Transformer::gather_rows(const Tensor& local, Arena::Slot scratch) {
     if (!sp_) return local;
     const Tensor whole = rows(scratch);
-    backend_.copy(whole.slice_rows(tp_rank() * local.dim(0), local.dim(0)), local);
-    tp_->all_gather(whole);
+    start_gather(local, whole).wait();
     return whole;
 }
 
@@ -81,10 +85,7 @@ void Transformer::column_parallel(const Tensor& local, const RowsMatmul& matmul)
     if (pieces.empty()) return matmul(gather_rows(local, gathered_), 0);
     const Tensor packed = rows(gathered_);
     const auto segments = [&](const Piece& p) { return packed.slice_rows(tp * p.begin, tp * p.rows); };
-    const auto start = [&](const Piece& p) {
-        backend_.copy(segments(p).slice_rows(tp_rank() * p.rows, p.rows), local.slice_rows(p.begin, p.rows));
-        return tp_->all_gather_async(segments(p));
-    };
+    const auto start = [&](const Piece& p) { return start_gather(local.slice_rows(p.begin, p.rows), segments(p)); };
     std::vector<CommHandle> in_flight;
     in_flight.push_back(start(pieces.front()));
     for (size_t k = 0; k < pieces.size(); ++k) {
@@ -127,8 +128,7 @@ Tensor Transformer::column_parallel_bwd(MatmulBwd args, const Tensor& local_x, A
         return reduce_rows(args.dx, dx_local);
     }
     const Tensor whole = rows(gathered_);
-    backend_.copy(whole.slice_rows(tp_rank() * local_x.dim(0), local_x.dim(0)), local_x);
-    CommHandle gather = tp_->all_gather_async(whole);
+    CommHandle gather = start_gather(local_x, whole);
     // dx = dout w reads neither x nor what the gather writes.
     backend_.matmul_bwd({.dx = args.dx, .dw = Tensor(), .dbias = Tensor(), .dout = args.dout, .x = whole, .w = args.w});
     gather.wait();

@@ -298,6 +298,8 @@ private:
     Tensor row_parallel_bias(ParamSpan p) const { return tp_rank() == 0 ? value(p) : Tensor(); }
     Tensor rows(Arena::Slot slot) const;        // the first batch * seq_len rows of a slot
     Tensor local_rows(Arena::Slot slot) const;  // the first local_tokens() rows of a slot
+    // Starts gathering this rank's rows `local` into `whole` (rank r's at rows r * local.dim(0)).
+    CommHandle start_gather(const Tensor& local, const Tensor& whole);
     // Whole rows for a column-parallel matmul from this rank's rows (sequence parallel:
     // all-gathered into `scratch`; otherwise the rows are whole already).
     Tensor gather_rows(const Tensor& local, Arena::Slot scratch);
