@@ -236,12 +236,12 @@ protected:
         const OwnedTensor wte = random_input(dt, {c.rows(), C}, seed + 1), wpe = random_input(dt, {c.seq_len + 2, C}, seed + 2);
         const OwnedTensor out(f32, {N, C});
         cpu().embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = c.positions ? wpe.view() : Tensor(), .seq_len = c.seq_len,
-                             .vocab = c.shard});
+                             .vocab = c.shard, .doc_starts = Tensor()});
 
         const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_wte = to_device(gpu(), wte, dt), g_wpe = to_device(gpu(), wpe, dt);
         const OwnedTensor g_out = device_tensor(gpu(), dt, {N, C});
         gpu().embedding_fwd({.out = g_out, .tokens = g_tokens, .wte = g_wte, .wpe = c.positions ? g_wpe.view() : Tensor(), .seq_len = c.seq_len,
-                             .vocab = c.shard});
+                             .vocab = c.shard, .doc_starts = Tensor()});
         // A row of wte plus a row of wpe in fp32, rounded once.
         expect_matches("out", gpu(), g_out, out, elementwise_tolerance(dt));
     }
@@ -256,12 +256,12 @@ protected:
         const OwnedTensor dwte0 = random_tensor(f32, {c.rows(), C}, seed + 2), dwpe0 = random_tensor(f32, {positions, C}, seed + 3);
         const OwnedTensor dwte = copy_of(dwte0), dwpe = copy_of(dwpe0);
         cpu().embedding_bwd({.dwte = dwte, .dwpe = c.positions ? dwpe.view() : Tensor(), .dout = dout, .tokens = tokens, .seq_len = c.seq_len,
-                             .vocab = c.shard});
+                             .vocab = c.shard, .doc_starts = Tensor()});
 
         const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_dout = to_device(gpu(), dout, dt);
         const OwnedTensor g_dwte = to_device(gpu(), dwte0, f32), g_dwpe = to_device(gpu(), dwpe0, f32);
         gpu().embedding_bwd({.dwte = g_dwte, .dwpe = c.positions ? g_dwpe.view() : Tensor(), .dout = g_dout, .tokens = g_tokens, .seq_len = c.seq_len,
-                             .vocab = c.shard});
+                             .vocab = c.shard, .doc_starts = Tensor()});
         expect_matches("dwte", gpu(), g_dwte, dwte, Tolerance{0, 0});
         expect_matches("dwpe", gpu(), g_dwpe, dwpe, Tolerance{0, 0});  // untouched without positions
     }
@@ -413,13 +413,13 @@ protected:
         SCOPED_TRACE(describe(s));
         const OwnedTensor qkv = random_input(dt, {s.rows(), s.qkv_width()}, seed, -2, 2);
         const OwnedTensor out(f32, {s.rows(), s.out_width()}), saved(f32, cpu().attention_saved_shape(s));
-        cpu().attention_fwd(out, saved, qkv, s);
+        cpu().attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = Tensor()});
 
         ASSERT_EQ(gpu().attention_saved_shape(s), Shape({s.batch, s.n_heads, s.seq_len}));
         ASSERT_EQ(gpu().statistics_dtype(dt), f32);
         const OwnedTensor g_qkv = to_device(gpu(), qkv, dt), g_out = device_tensor(gpu(), dt, {s.rows(), s.out_width()});
         const OwnedTensor g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         expect_matches("out", gpu(), g_out, out, attention_tolerance(dt));
         expect_matches("lse", download(gpu(), g_saved), attention_lse(qkv, s), f32_sum_tolerance);
     }
@@ -434,14 +434,14 @@ protected:
         const OwnedTensor qkv = random_input(dt, {s.rows(), W}, seed, -2, 2), dout = random_input(dt, {s.rows(), s.out_width()}, seed + 1);
         const OwnedTensor dqkv0 = random_input(dt, {s.rows(), W}, seed + 2);  // overwritten
         const OwnedTensor out(f32, {s.rows(), s.out_width()}), saved(f32, cpu().attention_saved_shape(s)), dqkv(f32, {s.rows(), W});
-        cpu().attention_fwd(out, saved, qkv, s);
-        cpu().attention_bwd({.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .saved = saved, .shape = s});
+        cpu().attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = Tensor()});
+        cpu().attention_bwd({.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .saved = saved, .shape = s, .doc_starts = Tensor()});
 
         const OwnedTensor g_qkv = to_device(gpu(), qkv, dt), g_dout = to_device(gpu(), dout, dt), g_dqkv = to_device(gpu(), dqkv0, dt);
         const OwnedTensor g_out = device_tensor(gpu(), dt, {s.rows(), s.out_width()});
         const OwnedTensor g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
-        gpu().attention_bwd({.dqkv = g_dqkv, .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s});
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
+        gpu().attention_bwd({.dqkv = g_dqkv, .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s, .doc_starts = Tensor()});
 
         const std::vector<double> g = download(gpu(), g_dqkv), ref = values_of(dqkv);
         const double floor = 1e-2 * max_abs(ref);
@@ -744,7 +744,7 @@ TEST_F(CudaOps, AttentionFwd_MisalignedQkvView_IsRefusedNamingTheTensorAndAlignm
     const Tensor g_qkv = offset_view(g_buf, 1, {s.rows(), s.qkv_width()});
     const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
     try {
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         ADD_FAILURE() << "a qkv view 2 bytes past a 16-byte boundary was accepted";
     } catch (const Error& e) {
         const std::string what = e.what();
@@ -1290,7 +1290,7 @@ TEST_F(CudaDeterminism, EmbeddingBwd_TwoRunsAreBitwiseEqual) {
         std::vector<OwnedTensor> g;
         g.push_back(to_device(gpu(), dwte0, f32));
         g.push_back(to_device(gpu(), dwpe0, f32));
-        gpu().embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = g_dout, .tokens = g_tokens, .seq_len = T, .vocab = {}});
+        gpu().embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = g_dout, .tokens = g_tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
         return g;
     });
 }
@@ -1334,11 +1334,11 @@ TEST_F(CudaDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
         const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 5300, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 5301);
         const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
         const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         expect_two_runs_identical([&] {
             std::vector<OwnedTensor> g;
             g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}));
-            gpu().attention_bwd({.dqkv = g[0], .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s});
+            gpu().attention_bwd({.dqkv = g[0], .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s, .doc_starts = Tensor()});
             return g;
         });
     }
@@ -1422,8 +1422,8 @@ TEST_F(CudnnOps, AttentionFwdBwd_MatchTheNativeKernelsAndShareTheSavedRows) {
         const auto run = [&](Backend& be) {
             Run r{device_tensor(be, bf16, {s.rows(), s.out_width()}), device_tensor(be, f32, be.attention_saved_shape(s)),
                   device_tensor(be, bf16, {s.rows(), s.qkv_width()})};
-            be.attention_fwd(r.out, r.saved, g_qkv, s);
-            be.attention_bwd({.dqkv = r.dqkv, .dout = g_dout, .qkv = g_qkv, .out = r.out, .saved = r.saved, .shape = s});
+            be.attention_fwd({.out = r.out, .saved = r.saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
+            be.attention_bwd({.dqkv = r.dqkv, .dout = g_dout, .qkv = g_qkv, .out = r.out, .saved = r.saved, .shape = s, .doc_starts = Tensor()});
             be.synchronize();
             return r;
         };
@@ -1435,7 +1435,7 @@ TEST_F(CudnnOps, AttentionFwdBwd_MatchTheNativeKernelsAndShareTheSavedRows) {
         expect_matches("dqkv", c_d, n_d, attention_tolerance(bf16), {1e-2 * max_abs(n_d), false});
         // cuDNN's backward from the native forward's saved rows gives cuDNN's own result.
         const OwnedTensor cross = device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()});
-        gpu().attention_bwd({.dqkv = cross, .dout = g_dout, .qkv = g_qkv, .out = n.out, .saved = n.saved, .shape = s});
+        gpu().attention_bwd({.dqkv = cross, .dout = g_dout, .qkv = g_qkv, .out = n.out, .saved = n.saved, .shape = s, .doc_starts = Tensor()});
         expect_matches("dqkv after the native forward", download(gpu(), cross), n_d, attention_tolerance(bf16), {1e-2 * max_abs(n_d), false});
     }
 }
@@ -1446,11 +1446,11 @@ TEST_F(CudnnDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
         const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 6600, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 6601);
         const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
         const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         expect_two_runs_identical([&] {
             std::vector<OwnedTensor> g;
             g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}));
-            gpu().attention_bwd({.dqkv = g[0], .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s});
+            gpu().attention_bwd({.dqkv = g[0], .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s, .doc_starts = Tensor()});
             return g;
         });
     }
@@ -1469,7 +1469,7 @@ TEST(CudaAttentionChoice, WithoutLibcudnn_AutoRunsTheNativeKernelsAndCudnnIsRefu
         EXPECT_EQ(automatic->describe_attention(s, bf16).rfind("native flash kernels", 0), 0u) << automatic->describe_attention(s, bf16);
         const OwnedTensor g_qkv = to_device(*automatic, random_input(bf16, {s.rows(), s.qkv_width()}, 6700), bf16);
         const OwnedTensor g_out = device_tensor(*automatic, bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(*automatic, f32, automatic->attention_saved_shape(s));
-        automatic->attention_fwd(g_out, g_saved, g_qkv, s);
+        automatic->attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         EXPECT_GT(max_abs(download(*automatic, g_out)), 0.0);
         try {
             make_cuda_backend(0, AttentionImpl::cudnn);

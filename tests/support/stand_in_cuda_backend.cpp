@@ -14,6 +14,11 @@ bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; 
 
 [[noreturn]] void refuse(const char* op, const char* name, const std::string& why) { fail(ErrorKind::shape, "stand-in cuda ", op, ": ", name, " ", why); }
 
+// As the CUDA backend: document starts run on the CPU reference only.
+void refuse_document_starts(const char* op, const Tensor& doc_starts) {
+    if (!doc_starts.empty()) refuse(op, "doc_starts", "are not taken: document starts run on train.device = \"cpu\" only");
+}
+
 void expect_device(const char* op, const char* name, const Tensor& t) {
     if (!t.empty() && t.device() != Device::cuda) refuse(op, name, "is not in device memory");
 }
@@ -103,6 +108,7 @@ public:
     void synchronize() override { ++profile_.host_syncs; }
 
     void embedding_fwd(const EmbeddingFwd& a) override {
+        refuse_document_starts("embedding_fwd", a.doc_starts);
         const Tensor &out = a.out, &tokens = a.tokens, &wte = a.wte, &wpe = a.wpe;
         const int64_t seq_len = a.seq_len;
         const VocabShard shard = a.vocab;
@@ -110,17 +116,18 @@ public:
         expect_half(op, "out", out); expect_half(op, "wte", wte); expect_half(op, "wpe", wpe); expect_ids(op, "tokens", tokens);
         const OwnedTensor result(DType::f32, out.shape()), positions = widened(wpe);
         cpu_->embedding_fwd({.out = result, .tokens = host_view(tokens), .wte = widened(wte), .wpe = view_or_empty(positions, wpe),
-                             .seq_len = seq_len, .vocab = shard});
+                             .seq_len = seq_len, .vocab = shard, .doc_starts = Tensor()});
         store(out, result);
     }
     void embedding_bwd(const EmbeddingBwd& a) override {
+        refuse_document_starts("embedding_bwd", a.doc_starts);
         const Tensor &dwte = a.dwte, &dwpe = a.dwpe, &dout = a.dout, &tokens = a.tokens;
         const int64_t seq_len = a.seq_len;
         const VocabShard shard = a.vocab;
         const char* op = "embedding_bwd";
         expect_f32(op, "dwte", dwte); expect_f32(op, "dwpe", dwpe); expect_half(op, "dout", dout); expect_ids(op, "tokens", tokens);
         cpu_->embedding_bwd({.dwte = host_view(dwte), .dwpe = host_view(dwpe), .dout = widened(dout), .tokens = host_view(tokens), .seq_len = seq_len,
-                             .vocab = shard});
+                             .vocab = shard, .doc_starts = Tensor()});
     }
     void layernorm_fwd(const LayerNormFwd& a) override {
         const Tensor &out = a.out, &mean = a.mean, &rstd = a.rstd, &x = a.x, &w = a.w, &b = a.b;
@@ -182,13 +189,16 @@ public:
                           .w = widened(w)});
         if (!dx.empty()) store(dx, grad);
     }
-    void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) override {
+    void attention_fwd(const AttentionFwd& a) override {
+        const Tensor &out = a.out, &saved = a.saved, &qkv = a.qkv;
+        const AttentionShape& s = a.shape;
         const char* op = "attention_fwd";
+        refuse_document_starts(op, a.doc_starts);
         expect_half(op, "out", out); expect_half(op, "qkv", qkv); expect_f32(op, "saved", saved);
         if (saved.shape() != attention_saved_shape(s)) refuse(op, "saved", cat("has shape ", saved.shape().str()));
         if (!native_attention_takes(s.head_dim)) refuse(op, "qkv", cat("has head_dim ", s.head_dim, "; the flash kernels take ", native_attention_head_dims_text()));
         const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
-        cpu_->attention_fwd(result, probs, q, s);
+        cpu_->attention_fwd({.out = result, .saved = probs, .qkv = q, .shape = s, .doc_starts = Tensor()});
         store(out, result);
         attention_lse(host_view(saved), q, s);
     }
@@ -197,18 +207,21 @@ public:
         const Tensor &dqkv = a.dqkv, &dout = a.dout, &qkv = a.qkv, &out = a.out, &saved = a.saved;
         const AttentionShape& s = a.shape;
         const char* op = "attention_bwd";
+        refuse_document_starts(op, a.doc_starts);
         expect_half(op, "dqkv", dqkv); expect_half(op, "dout", dout); expect_half(op, "qkv", qkv); expect_half(op, "out", out);
         expect_f32(op, "saved", saved);
         const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
         const OwnedTensor grad(DType::f32, dqkv.shape());
-        cpu_->attention_fwd(result, probs, q, s);
-        cpu_->attention_bwd({.dqkv = grad, .dout = widened(dout), .qkv = q, .out = result, .saved = probs, .shape = s});
+        cpu_->attention_fwd({.out = result, .saved = probs, .qkv = q, .shape = s, .doc_starts = Tensor()});
+        cpu_->attention_bwd({.dqkv = grad, .dout = widened(dout), .qkv = q, .out = result, .saved = probs, .shape = s, .doc_starts = Tensor()});
         store(dqkv, grad);
     }
-    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override {
+    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) override {
+        refuse_document_starts("rope_fwd", doc_starts);
         rope("rope_fwd", x, table, seq_len, n_heads, head_dim, false);
     }
-    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override {
+    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) override {
+        refuse_document_starts("rope_bwd", doc_starts);
         rope("rope_bwd", dx, table, seq_len, n_heads, head_dim, true);
     }
     void gelu_fwd(const Tensor& out, const Tensor& x) override { unary("gelu_fwd", out, x, [&](const Tensor& o, const Tensor& a) { cpu_->gelu_fwd(o, a); }); }

@@ -71,6 +71,13 @@ private:
 };
 
 namespace {
+// The CUDA kernels mask causally over the whole sequence and take positions n % seq_len:
+// document starts are the CPU reference's only (the config refuses them on CUDA first).
+void refuse_document_starts(const char* op, const Tensor& doc_starts) {
+    if (doc_starts.empty()) return;
+    fail(ErrorKind::unsupported, op, ": document starts (data.attention_mask = \"document\", data.reset_position_ids = true) run on train.device = \"cpu\" only");
+}
+
 
 using kernels::Half;
 
@@ -105,6 +112,7 @@ void CudaBackend::embedding_fwd(const EmbeddingFwd& a) {
     const VocabShard shard = a.vocab;
     CudaOpScope scope(*this, Op::embedding_fwd);
     const char* op = scope.name();
+    refuse_document_starts(op, a.doc_starts);
     expect_rank(op, "wte", wte, 2);
     const Half t = half_of(op, "wte", wte);
     const int64_t N = tokens.numel(), V = wte.dim(0), C = wte.dim(1);
@@ -126,6 +134,7 @@ void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
     const VocabShard shard = a.vocab;
     CudaOpScope scope(*this, Op::embedding_bwd);
     const char* op = scope.name();
+    refuse_document_starts(op, a.doc_starts);
     expect_rank(op, "dout", dout, 2);
     const Half t = half_of(op, "dout", dout);
     const int64_t N = tokens.numel(), C = dout.dim(1);
@@ -420,9 +429,12 @@ std::string CudaBackend::describe_attention(const AttentionShape& s, DType dtype
                "), workspace ", fixed(static_cast<double>(r.workspace_bytes) / 1e6, 1), " MB");
 }
 
-void CudaBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) {
+void CudaBackend::attention_fwd(const AttentionFwd& a) {
+    const Tensor &out = a.out, &saved = a.saved, &qkv = a.qkv;
+    const AttentionShape& s = a.shape;
     CudaOpScope scope(*this, Op::attention_fwd);
     const char* op = scope.name();
+    refuse_document_starts(op, a.doc_starts);
     expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
@@ -442,6 +454,7 @@ void CudaBackend::attention_bwd(const AttentionBwd& a) {
     const AttentionShape& s = a.shape;
     CudaOpScope scope(*this, Op::attention_bwd);
     const char* op = scope.name();
+    refuse_document_starts(op, a.doc_starts);
     expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
@@ -472,14 +485,16 @@ void expect_rope(const char* op, const Tensor& x, const Tensor& table, int64_t s
 }
 }  // namespace
 
-void CudaBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
+void CudaBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
     CudaOpScope scope(*this, Op::rope_fwd);
+    refuse_document_starts(scope.name(), doc_starts);
     expect_rope(scope.name(), x, table, seq_len, n_heads, head_dim);
     kernels::launch_rope(half_of(scope.name(), "x", x), x.raw(), ptr<float>(table), x.dim(0), x.dim(1), seq_len, n_heads, head_dim, false, stream_);
 }
 
-void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
+void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
     CudaOpScope scope(*this, Op::rope_bwd);
+    refuse_document_starts(scope.name(), doc_starts);
     expect_rope(scope.name(), dx, table, seq_len, n_heads, head_dim);
     kernels::launch_rope(half_of(scope.name(), "dx", dx), dx.raw(), ptr<float>(table), dx.dim(0), dx.dim(1), seq_len, n_heads, head_dim, true, stream_);
 }
