@@ -8,10 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 #include <cmath>
 #include <vector>
 
+#include "test_paths.h"
+
 #include "backend/backend.h"
+#include "data/batch_source.h"
+#include "data/byte_level.h"
+#include "data/token_source.h"
 #include "model/transformer.h"
 
 using namespace llmtrain;
@@ -172,5 +178,39 @@ TEST(DocumentMask, PartitionWithoutAnEndOfTextToken_IsAConfigErrorNamingTheKey) 
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::config);
         EXPECT_NE(std::string(e.what()).find("data.attention_mask"), std::string::npos) << e.what();
+    }
+}
+
+// The end-of-text id comes from the data: the byte vocabulary's for text, else the run's
+// tokenizer's; a tokenizer without one is refused naming the key that needs it.
+TEST(DocumentMask, EndOfTextToken_IsTheBytesOrTheTokenizersAndRefusedWithoutOne) {
+    Config config;
+    config.data.format = DataFormat::text;
+    config.data.attention_mask = AttentionMask::document;
+    EXPECT_EQ(document_end_token(config), byte_eos_token);
+
+    // A byte-level BPE of the 256 bytes and no merges, with and without <|endoftext|> (id 256).
+    std::string vocab;
+    for (int b = 0; b < 256; ++b) {
+        std::string name = byte_to_unicode(static_cast<uint8_t>(b));
+        if (name == "\"" || name == "\\") name = "\\" + name;
+        vocab += (b ? ", \"" : "\"") + name + "\": " + std::to_string(b);
+    }
+    const std::string bpe = R"("model": {"type": "BPE", "vocab": {)" + vocab + R"(}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"})";
+    config.data.format = DataFormat::tokens;
+    config.data.tokenizer = llmtrain::test::write_temp_file("document_mask_eot.json",
+        "{" + bpe + R"(, "added_tokens": [{"id": 256, "content": "<|endoftext|>", "special": true}]})");
+    EXPECT_EQ(document_end_token(config), 256);
+
+    config.data.tokenizer = llmtrain::test::write_temp_file("document_mask_no_eot.json", "{" + bpe + "}");
+    config.data.attention_mask = AttentionMask::causal;
+    config.data.reset_position_ids = true;
+    try {
+        document_end_token(config);
+        FAIL() << "a tokenizer without an end-of-text token was accepted";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::config);
+        EXPECT_NE(std::string(e.what()).find("data.reset_position_ids: the tokenizer"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("has no end-of-text token"), std::string::npos) << e.what();
     }
 }
