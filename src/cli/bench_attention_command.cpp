@@ -125,7 +125,8 @@ Timing time_attention(Backend& be, Buffers& b, const AttentionShape& s, int warm
     be.set_profiling(true);
     be.profile().reset();
     for (int i = 0; i < iterations; ++i) be.attention_fwd({.out = b.out, .saved = b.saved, .qkv = b.qkv, .shape = s, .doc_starts = Tensor()});
-    for (int i = 0; i < iterations; ++i) be.attention_bwd({.dqkv = b.dqkv, .dout = b.dout, .qkv = b.qkv, .out = b.out, .saved = b.saved, .shape = s, .doc_starts = Tensor()});
+    for (int i = 0; i < iterations; ++i)
+        be.attention_bwd({.dqkv = b.dqkv, .dout = b.dout, .qkv = b.qkv, .out = b.out, .saved = b.saved, .shape = s, .doc_starts = Tensor()});
     be.synchronize();
     be.set_profiling(false);
     const OpProfile& p = be.profile();

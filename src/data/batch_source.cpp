@@ -239,7 +239,8 @@ int32_t document_end_token(const Config& config) {
     const std::optional<Tokenizer> tokenizer = run_tokenizer(config);
     if (!tokenizer) fail(ErrorKind::config, key, ": documents end at the tokenizer's end-of-text token, and this data has no tokenizer (set data.tokenizer)");
     const std::optional<int32_t> end = tokenizer->end_of_text_id();
-    if (!end) fail(ErrorKind::config, key, ": the tokenizer ", tokenizer->source(), " has no end-of-text token to end documents at (allowed: \"causal\", false)");
+    if (!end)
+        fail(ErrorKind::config, key, ": the tokenizer ", tokenizer->source(), " has no end-of-text token to end documents at (allowed: \"causal\", false)");
     return *end;
 }
 

@@ -122,8 +122,9 @@ TEST(DocumentMaskAttention, NoBoundaryOrOneAtTheLastPosition_IsBitwiseCausal) {
         be->attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = doc_starts});
         be->attention_bwd({.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .saved = saved, .shape = s, .doc_starts = doc_starts});
     };
-    const OwnedTensor out_c(DType::f32, {s.rows(), s.out_width()}), saved_c(DType::f32, be->attention_saved_shape(s)), dqkv_c(DType::f32, {s.rows(), s.qkv_width()});
-    const OwnedTensor out_d(DType::f32, {s.rows(), s.out_width()}), saved_d(DType::f32, be->attention_saved_shape(s)), dqkv_d(DType::f32, {s.rows(), s.qkv_width()});
+    const Shape out_shape{s.rows(), s.out_width()}, qkv_shape{s.rows(), s.qkv_width()}, saved_shape = be->attention_saved_shape(s);
+    const OwnedTensor out_c(DType::f32, out_shape), saved_c(DType::f32, saved_shape), dqkv_c(DType::f32, qkv_shape);
+    const OwnedTensor out_d(DType::f32, out_shape), saved_d(DType::f32, saved_shape), dqkv_d(DType::f32, qkv_shape);
     run(Tensor(), out_c, saved_c, dqkv_c);
     run(doc, out_d, saved_d, dqkv_d);
     EXPECT_TRUE(bitwise_equal(out_c, out_d));

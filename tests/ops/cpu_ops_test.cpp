@@ -470,8 +470,11 @@ TEST(ShapeErrors, NameTheOpAndTheTensor) {
     expect_error(ErrorKind::shape, {"matmul_bwd", "dw"}, [&] { be->matmul_bwd({.dx = Tensor(), .dw = w_bad, .dbias = Tensor(), .dout = mdout, .x = x, .w = mw}); });
     const AttentionShape s{1, 4, 2, 1, 3};
     const OwnedTensor qkv_bad(f32, {4, 9}), att_out(f32, {4, 6}), saved(f32, be->attention_saved_shape(s));
-    expect_error(ErrorKind::shape, {"attention_fwd", "qkv"}, [&] { be->attention_fwd({.out = att_out, .saved = saved, .qkv = qkv_bad, .shape = s, .doc_starts = Tensor()}); });
-    expect_error(ErrorKind::shape, {"attention_fwd", "n_kv_heads"}, [&] { be->attention_fwd({.out = att_out, .saved = saved, .qkv = qkv_bad, .shape = {1, 4, 3, 2, 2}, .doc_starts = Tensor()}); });
+    expect_error(ErrorKind::shape, {"attention_fwd", "qkv"},
+                 [&] { be->attention_fwd({.out = att_out, .saved = saved, .qkv = qkv_bad, .shape = s, .doc_starts = Tensor()}); });
+    expect_error(ErrorKind::shape, {"attention_fwd", "n_kv_heads"}, [&] {
+        be->attention_fwd({.out = att_out, .saved = saved, .qkv = qkv_bad, .shape = {1, 4, 3, 2, 2}, .doc_starts = Tensor()});
+    });
     const OwnedTensor sw_out_bad(f32, {4, 6});
     expect_error(ErrorKind::shape, {"swiglu_fwd", "out"}, [&] { be->swiglu_fwd(sw_out_bad, x); });
     const OwnedTensor logits(f32, {4, 6}), targets_bad(DType::i32, {3}), losses(f32, {4});
@@ -488,7 +491,9 @@ TEST(DataErrors, TokenOrTargetOutsideTheVocabularyIsReported) {
     tokens.data<int32_t>()[2] = 5;
     expect_error(ErrorKind::data, {"embedding_fwd: token id 5 at row 2 is outside the vocabulary [0, 5)"},
                  [&] { be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 4, .vocab = {}, .doc_starts = Tensor()}); });
-    expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] { be->embedding_bwd({.dwte = wte, .dwpe = Tensor(), .dout = out, .tokens = tokens, .seq_len = 4, .vocab = {}, .doc_starts = Tensor()}); });
+    expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] {
+        be->embedding_bwd({.dwte = wte, .dwpe = Tensor(), .dout = out, .tokens = tokens, .seq_len = 4, .vocab = {}, .doc_starts = Tensor()});
+    });
     const OwnedTensor logits(f32, {4, 5}), losses(f32, {4});
     tokens.data<int32_t>()[2] = -1;
     expect_error(ErrorKind::data, {"xent_fwd", "target -1 at row 2"}, [&] { be->xent_fwd({.losses = losses, .lse = Tensor(), .logits = logits, .targets = tokens, .vocab = {}}); });

@@ -54,7 +54,8 @@ TEST(VocabShardEmbedding, SumOfShardsEqualsWholeTableForwardAndBackward) {
         be->embedding_fwd({.out = out, .tokens = tokens, .wte = local, .wpe = s == 0 ? Tensor(wpe) : Tensor(), .seq_len = T,
                            .vocab = {shard.begin, kVocab}, .doc_starts = Tensor()});
         be->add(sum, sum, out);
-        be->embedding_bwd({.dwte = dlocal, .dwpe = Tensor(), .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {shard.begin, kVocab}, .doc_starts = Tensor()});
+        be->embedding_bwd({.dwte = dlocal, .dwpe = Tensor(), .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {shard.begin, kVocab},
+                           .doc_starts = Tensor()});
         expect_close("dwte shard", dlocal, row_block(dwte, shard.begin, shard.count), 1e-14);
     }
     expect_close("embedding", sum, whole, 1e-14);

@@ -75,7 +75,8 @@ namespace {
 // document starts are the CPU reference's only (the config refuses them on CUDA first).
 void refuse_document_starts(const char* op, const Tensor& doc_starts) {
     if (doc_starts.empty()) return;
-    fail(ErrorKind::unsupported, op, ": document starts (data.attention_mask = \"document\", data.reset_position_ids = true) run on train.device = \"cpu\" only");
+    fail(ErrorKind::unsupported, op, ": document starts (data.attention_mask = \"document\", data.reset_position_ids = true) run on ",
+         "train.device = \"cpu\" only");
 }
 
 
