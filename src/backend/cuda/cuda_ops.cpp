@@ -71,12 +71,11 @@ private:
 };
 
 namespace {
-// The CUDA kernels mask causally over the whole sequence and take positions n % seq_len:
-// document starts are the CPU reference's only (the config refuses them on CUDA first).
-void refuse_document_starts(const char* op, const Tensor& doc_starts) {
-    if (doc_starts.empty()) return;
-    fail(ErrorKind::unsupported, op, ": document starts (data.attention_mask = \"document\", data.reset_position_ids = true) run on ",
-         "train.device = \"cpu\" only");
+// The document starts of `rows` tokens on the device (backend.h), or null when absent.
+const int32_t* document_starts(const char* op, const Tensor& doc_starts, int64_t rows) {
+    if (doc_starts.empty()) return nullptr;
+    expect_tensor(op, "doc_starts", doc_starts, {rows}, DType::i32, Device::cuda);
+    return static_cast<const int32_t*>(doc_starts.raw());
 }
 
 
@@ -113,7 +112,6 @@ void CudaBackend::embedding_fwd(const EmbeddingFwd& a) {
     const VocabShard shard = a.vocab;
     CudaOpScope scope(*this, Op::embedding_fwd);
     const char* op = scope.name();
-    refuse_document_starts(op, a.doc_starts);
     expect_rank(op, "wte", wte, 2);
     const Half t = half_of(op, "wte", wte);
     const int64_t N = tokens.numel(), V = wte.dim(0), C = wte.dim(1);
@@ -126,7 +124,8 @@ void CudaBackend::embedding_fwd(const EmbeddingFwd& a) {
     }
     expect_positions(op, "wpe", wpe, seq_len);
     expect_vocab(op, shard, V);
-    kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, stream_);
+    const int32_t* starts = document_starts(op, a.doc_starts, N);
+    kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, starts, stream_);
 }
 
 void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
@@ -135,7 +134,6 @@ void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
     const VocabShard shard = a.vocab;
     CudaOpScope scope(*this, Op::embedding_bwd);
     const char* op = scope.name();
-    refuse_document_starts(op, a.doc_starts);
     expect_rank(op, "dout", dout, 2);
     const Half t = half_of(op, "dout", dout);
     const int64_t N = tokens.numel(), C = dout.dim(1);
@@ -154,10 +152,11 @@ void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
     }
     // dwpe rows [0, min(seq_len, N)) are written: seq_len must not pass its positions.
     expect_positions(op, "dwpe", dwpe, seq_len);
+    const int32_t* starts = document_starts(op, a.doc_starts, N);
     const size_t scratch_bytes = kernels::embedding_bwd_scratch_bytes(N);
     void* scratch = workspace(scratch_bytes);
     kernels::launch_embedding_bwd(t, static_cast<float*>(ptr_or_null(dwte)), static_cast<float*>(ptr_or_null(dwpe)), dout.raw(), ptr<int32_t>(tokens), N, C,
-                                  seq_len, shard.begin, V, scratch, scratch_bytes, stream_);
+                                  seq_len, shard.begin, V, starts, scratch, scratch_bytes, stream_);
 }
 
 namespace {
@@ -435,19 +434,20 @@ void CudaBackend::attention_fwd(const AttentionFwd& a) {
     const AttentionShape& s = a.shape;
     CudaOpScope scope(*this, Op::attention_fwd);
     const char* op = scope.name();
-    refuse_document_starts(op, a.doc_starts);
+    // cuDNN's graphs mask causally: a document mask runs on the native kernels.
+    const int32_t* starts = document_starts(op, a.doc_starts, s.rows());
     expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
     expect(op, "out", out, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
     expect_attention_aligned(op, {{"qkv", &qkv}, {"out", &out}}, saved);
-    if (cudnn_runs(s, qkv.dtype(), op)) {
+    if (!starts && cudnn_runs(s, qkv.dtype(), op)) {
         void* scratch = workspace(cudnn_->plan(s, qkv.dtype()).workspace_bytes);
         return cudnn_->forward(s, qkv.dtype(), out.raw(), ptr<float>(saved), qkv.raw(), scratch);
     }
     expect_native_head_dim(op, s);
-    kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, stream_);
+    kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, starts, stream_);
 }
 
 void CudaBackend::attention_bwd(const AttentionBwd& a) {
@@ -455,7 +455,7 @@ void CudaBackend::attention_bwd(const AttentionBwd& a) {
     const AttentionShape& s = a.shape;
     CudaOpScope scope(*this, Op::attention_bwd);
     const char* op = scope.name();
-    refuse_document_starts(op, a.doc_starts);
+    const int32_t* starts = document_starts(op, a.doc_starts, s.rows());
     expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
@@ -464,14 +464,14 @@ void CudaBackend::attention_bwd(const AttentionBwd& a) {
     expect(op, "dout", dout, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
     expect_attention_aligned(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, saved);
-    if (cudnn_runs(s, qkv.dtype(), op)) {
+    if (!starts && cudnn_runs(s, qkv.dtype(), op)) {
         void* scratch = workspace(cudnn_->plan(s, qkv.dtype()).workspace_bytes);
         return cudnn_->backward(s, qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), scratch);
     }
     expect_native_head_dim(op, s);
     void* scratch = workspace(kernels::attention_bwd_scratch_bytes(s.batch, s.seq_len, s.n_heads));
     kernels::launch_attention_bwd(t, dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), s.batch, s.seq_len, s.n_heads, s.n_kv_heads,
-                                  s.head_dim, scratch, stream_);
+                                  s.head_dim, starts, scratch, stream_);
 }
 
 namespace {
@@ -488,16 +488,17 @@ void expect_rope(const char* op, const Tensor& x, const Tensor& table, int64_t s
 
 void CudaBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
     CudaOpScope scope(*this, Op::rope_fwd);
-    refuse_document_starts(scope.name(), doc_starts);
     expect_rope(scope.name(), x, table, seq_len, n_heads, head_dim);
-    kernels::launch_rope(half_of(scope.name(), "x", x), x.raw(), ptr<float>(table), x.dim(0), x.dim(1), seq_len, n_heads, head_dim, false, stream_);
+    const int32_t* starts = document_starts(scope.name(), doc_starts, x.dim(0));
+    kernels::launch_rope(half_of(scope.name(), "x", x), x.raw(), ptr<float>(table), x.dim(0), x.dim(1), seq_len, n_heads, head_dim, false, starts, stream_);
 }
 
 void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
     CudaOpScope scope(*this, Op::rope_bwd);
-    refuse_document_starts(scope.name(), doc_starts);
     expect_rope(scope.name(), dx, table, seq_len, n_heads, head_dim);
-    kernels::launch_rope(half_of(scope.name(), "dx", dx), dx.raw(), ptr<float>(table), dx.dim(0), dx.dim(1), seq_len, n_heads, head_dim, true, stream_);
+    const int32_t* starts = document_starts(scope.name(), doc_starts, dx.dim(0));
+    kernels::launch_rope(half_of(scope.name(), "dx", dx), dx.raw(), ptr<float>(table), dx.dim(0), dx.dim(1), seq_len, n_heads, head_dim, true, starts,
+                         stream_);
 }
 
 namespace {
