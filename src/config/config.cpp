@@ -772,9 +772,10 @@ constexpr Check kChecks[] = {
                                                  "that made the data (allowed without one: \"causal\", false)")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        if (!splits_documents(c.data) || c.train.device != ComputeDevice::cuda) return std::nullopt;
-        return Problem{document_key(c.data), "runs on train.device = \"cpu\" only: the CUDA kernels attend and place positions causally over the "
-                                             "whole sequence (allowed on CUDA: \"causal\", false)"};
+        // cuDNN's graphs mask causally; with model.attention = "auto" the native kernels run.
+        if (c.data.attention_mask != AttentionMask::document || c.model.attention != AttentionImpl::cudnn) return std::nullopt;
+        return Problem{"data.attention_mask", "= \"document\" runs on the native attention kernels; model.attention = \"cudnn\" cannot take it "
+                                              "(allowed with it: \"causal\"; or model.attention = \"auto\" or \"native\")"};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (!splits_documents(c.data) || c.parallel.virtual_stages == 1) return std::nullopt;

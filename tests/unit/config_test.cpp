@@ -584,14 +584,16 @@ TEST(Config, DocumentMask_DefaultsToCausalAndReadsItsNames) {
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("data.attention_mask", "\"packed\"")), "document"));
 }
 
-TEST(Config, DocumentMaskWithoutATokenizerOrOnCudaOrInterleaved_IsRefusedNamingTheKey) {
+TEST(Config, DocumentMaskWithoutATokenizerWithCudnnOrInterleaved_IsRefusedNamingTheKey) {
     const TomlText tokens = TomlText::gpt2().set("data.format", "\"tokens\"").set("data.val_path", literal(val_file()));
     EXPECT_TRUE(Contains(error_of(TomlText(tokens).set("data.attention_mask", "\"document\"")),
                          "run.toml: data.attention_mask: needs the end-of-text token that ends each document: data.format = \"tokens\" has no tokenizer"));
     EXPECT_TRUE(Contains(error_of(TomlText(tokens).set("data.reset_position_ids", "true")), "run.toml: data.reset_position_ids: needs the end-of-text token"));
     EXPECT_NO_THROW(parse(tokens));
-    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("data.attention_mask", "\"document\"").set("train.device", "\"cuda\"")),
-                         "data.attention_mask: runs on train.device = \"cpu\" only"));
+    const TomlText cuda = TomlText::gpt2().set("data.attention_mask", "\"document\"").set("train.device", "\"cuda\"").set("model.n_heads", "1");
+    EXPECT_NO_THROW(parse(cuda));
+    EXPECT_TRUE(Contains(error_of(TomlText(cuda).set("model.attention", "\"cudnn\"")),
+                         "data.attention_mask: = \"document\" runs on the native attention kernels; model.attention = \"cudnn\" cannot take it"));
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("data.attention_mask", "\"document\"").set("model.n_layers", "4").set("parallel.pp", "2")
                                       .set("parallel.virtual_stages", "2").set("train.grad_accum", "2")),
                          "data.attention_mask: needs every model chunk to see its micro-batch's tokens; parallel.virtual_stages = 2"));
