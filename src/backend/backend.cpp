@@ -24,7 +24,7 @@ const char* op_name(Op op) {
 bool op_is_gemm(Op op) { return op == Op::matmul_fwd || op == Op::matmul_bwd || op == Op::matmul_gelu_fwd || op == Op::gelu_matmul_bwd; }
 
 void Backend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
-    matmul_fwd({.out = a.pre, .x = a.x, .w = a.w, .bias = a.bias});
+    matmul_fwd({.out = a.pre, .x = a.x, .w = a.w, .bias = a.bias, .row_block = a.row_block});
     gelu_fwd(a.act, a.pre);
 }
 

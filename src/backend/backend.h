@@ -175,6 +175,9 @@ struct MatmulFwd {
     Tensor x;     // [N, IC]
     Tensor w;     // [OC, IC]
     Tensor bias;  // [OC], optional
+    // > 0: on a backend that keeps_row_blocks(), rows computed in blocks of this many from
+    // row 0, each by itself; 0 (or another backend): as the backend sees fit.
+    int64_t row_block = 0;
 };
 // dx = dout w (overwritten; skipped if dx is empty); dw += dout^T x; dbias += column sums of dout.
 struct MatmulBwd {
@@ -281,6 +284,7 @@ struct MatmulGeluFwd {
     Tensor x;     // [N, IC]
     Tensor w;     // [OC, IC]
     Tensor bias;  // [OC], optional
+    int64_t row_block = 0;  // as MatmulFwd's
 };
 // Backward of out = act w^T + bias with act = gelu(pre), through to pre:
 //   d_pre = (dout w) * gelu'(pre)  (overwritten)
@@ -378,12 +382,12 @@ public:
     // At most `bytes` held through allocate() at once from now on (train.memory_limit_gb): an
     // allocation beyond it is a config error naming the key. 0: no limit.
     void set_memory_limit(size_t bytes) { memory_limit_bytes_ = bytes; }
-    // matmul_fwd computes its output in blocks of this many rows counted from row 0, each by
-    // itself: over rows [b, e) of x, with b a multiple of it and e too (or x's last row), it
-    // gives bitwise those rows of the whole matmul. 0: no such promise (a GEMM library may
-    // pick another algorithm, and another order of addition, for another number of rows).
-    // What lets parallel.tp_overlap split a matmul into pieces with the losses unchanged.
-    virtual int64_t matmul_row_block() const { return 0; }
+    // Whether matmul_fwd (and matmul_gelu_fwd) given a row_block R computes each block of R
+    // rows by itself: then a matmul over rows [b, e) of x, b and e multiples of R (or e x's
+    // last row), gives bitwise those rows of the matmul over all of x. Without it a GEMM
+    // library may pick another algorithm, and another order of addition, for another number
+    // of rows. What lets parallel.tp_overlap split a matmul into pieces with the losses unchanged.
+    virtual bool keeps_row_blocks() const { return false; }
     // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
     virtual double peak_bf16_tflops() const { return 0; }
     // Which kernels run attention at this shape, and how ("native flash kernels", or cuDNN's

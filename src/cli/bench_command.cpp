@@ -28,8 +28,8 @@ struct BenchCommArgs {
     std::string calibration_path;  // write the largest size's bus bandwidth per op for `plan`
 };
 
-// The plan's figures: bus bandwidth at the largest size, and the latency of one ring step
-// from the smallest all-reduce (2(n-1) steps).
+// The plan's figures: bus bandwidth at the largest size and at every size measured, and the
+// latency of one ring step from the smallest all-reduce (2(n-1) steps).
 CollectiveCalibration collective_calibration(const std::vector<CommBenchRow>& rows, int ranks, bool inter_node) {
     CollectiveCalibration c;
     c.inter_node = inter_node;
@@ -37,6 +37,7 @@ CollectiveCalibration collective_calibration(const std::vector<CommBenchRow>& ro
     for (const CommBenchRow& r : rows) {
         const Collective op = r.op == CollectiveOp::all_reduce ? Collective::all_reduce : r.op == CollectiveOp::reduce_scatter ? Collective::reduce_scatter : Collective::all_gather;
         c.busbw_gbps[op] = r.busbw_gbps;  // rows come smallest first: the last is the largest
+        if (r.busbw_gbps > 0) c.busbw_by_size[op].emplace_back(static_cast<double>(r.bytes), r.busbw_gbps);
         if (r.op == CollectiveOp::all_reduce && c.latency_us == 0) c.latency_us = r.seconds * 1e6 / (2.0 * (ranks - 1));
     }
     return c;

@@ -335,7 +335,7 @@ const std::vector<Field>& schema() {
             .describe("with tp > 1: norms and residuals hold 1/tp of the tokens per rank (batch_size * seq_len divisible by tp)"),
         CONFIG_KEY(parallel, tp_overlap).boolean()
             .describe("with sequence_parallel: each all-gather before a column-parallel matmul and each reduce-scatter after a row-parallel "
-                      "one runs in up to tp pieces (whole row blocks of the backend's matmul: 64 tokens on the CPU), a piece's transfer behind the previous piece's matmul, and in backward the input's all-gather "
+                      "one runs in tp pieces (each rank's tokens / tp, at least 16), a piece's transfer behind the previous piece's matmul, and in backward the input's all-gather "
                       "runs behind the input-gradient matmul and its reduce-scatter behind the weight-gradient matmul; the same sums in "
                       "the same order (losses bitwise those without it)"),
         CONFIG_KEY(parallel, bucket_mb).number(excl(0), incl(65536)).describe("MB of gradients per overlapped dp reduction"),

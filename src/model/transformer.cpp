@@ -490,8 +490,8 @@ void Transformer::embed(const ActivationSet& a, const KvCache* cache) {
 void Transformer::head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale) {
     norm_fwd(a.norm_f, local_rows(a.residual.back()), norm_f_w_, norm_f_b_);
     const Tensor logits = rows(a.logits);
-    column_parallel(local_rows(a.norm_f.out), [&](const Tensor& x, int64_t first) {
-        backend_.matmul_fwd({.out = logits.slice_rows(first, x.dim(0)), .x = x, .w = value(head_w_), .bias = Tensor()});
+    column_parallel(local_rows(a.norm_f.out), [&](const Tensor& x, int64_t first, int64_t row_block) {
+        backend_.matmul_fwd({.out = logits.slice_rows(first, x.dim(0)), .x = x, .w = value(head_w_), .bias = Tensor(), .row_block = row_block});
     });
     a.logits_hold_gradient = false;
     if (!a.has_targets) return;
@@ -520,28 +520,31 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
 
     norm_fwd(s.norm1, x, p.norm1_w, p.norm1_b);
     const Tensor qkv = rows(s.qkv), att_out = rows(s.att_out), mlp_up = rows(s.mlp_up), mlp_act = rows(s.mlp_act);
-    column_parallel(local_rows(s.norm1.out), [&](const Tensor& in, int64_t first) {
-        backend_.matmul_fwd({.out = qkv.slice_rows(first, in.dim(0)), .x = in, .w = value(p.qkv_w), .bias = value(p.qkv_b)});
+    column_parallel(local_rows(s.norm1.out), [&](const Tensor& in, int64_t first, int64_t row_block) {
+        backend_.matmul_fwd({.out = qkv.slice_rows(first, in.dim(0)), .x = in, .w = value(p.qkv_w), .bias = value(p.qkv_b), .row_block = row_block});
     });
     attend(a, s, l, cache);
-    const Tensor attention = row_parallel([&](const Tensor& out, int64_t first) {
-        backend_.matmul_fwd({.out = out, .x = att_out.slice_rows(first, out.dim(0)), .w = value(p.attn_out_w), .bias = row_parallel_bias(p.attn_out_b)});
+    const Tensor attention = row_parallel([&](const Tensor& out, int64_t first, int64_t row_block) {
+        backend_.matmul_fwd({.out = out, .x = att_out.slice_rows(first, out.dim(0)), .w = value(p.attn_out_w),
+                             .bias = row_parallel_bias(p.attn_out_b), .row_block = row_block});
     }, proj_local_);
     // resid_mid = x + attention's output, and norm2 of it, in one pass.
     backend_.add_norm_fwd({.sum = local_rows(s.resid_mid), .out = local_rows(s.norm2.out), .mean = is_llama() ? Tensor() : local_rows(s.norm2.mean),
                            .rstd = local_rows(s.norm2.rstd), .a = x, .b = attention, .w = value(p.norm2_w), .bias = value(p.norm2_b),
                            .eps = config_.norm_eps, .rms = is_llama()});
-    column_parallel(local_rows(s.norm2.out), [&](const Tensor& in, int64_t first) {
+    column_parallel(local_rows(s.norm2.out), [&](const Tensor& in, int64_t first, int64_t row_block) {
         const int64_t count = in.dim(0);
         if (is_llama())
-            backend_.matmul_fwd({.out = mlp_up.slice_rows(first, count), .x = in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b)});
+            backend_.matmul_fwd({.out = mlp_up.slice_rows(first, count), .x = in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b),
+                                 .row_block = row_block});
         else
             backend_.matmul_gelu_fwd({.act = mlp_act.slice_rows(first, count), .pre = mlp_up.slice_rows(first, count), .x = in, .w = value(p.mlp_up_w),
-                                      .bias = value(p.mlp_up_b)});
+                                      .bias = value(p.mlp_up_b), .row_block = row_block});
     });
     if (is_llama()) backend_.swiglu_fwd(mlp_act, mlp_up);
-    const Tensor mlp = row_parallel([&](const Tensor& out, int64_t first) {
-        backend_.matmul_fwd({.out = out, .x = mlp_act.slice_rows(first, out.dim(0)), .w = value(p.mlp_down_w), .bias = row_parallel_bias(p.mlp_down_b)});
+    const Tensor mlp = row_parallel([&](const Tensor& out, int64_t first, int64_t row_block) {
+        backend_.matmul_fwd({.out = out, .x = mlp_act.slice_rows(first, out.dim(0)), .w = value(p.mlp_down_w),
+                             .bias = row_parallel_bias(p.mlp_down_b), .row_block = row_block});
     }, proj_local_);
     backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), mlp);
 }

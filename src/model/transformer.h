@@ -312,6 +312,8 @@ private:
     Tensor row_parallel_bias(ParamSpan p) const { return tp_rank() == 0 ? value(p) : Tensor(); }
     Tensor rows(Arena::Slot slot) const;        // the first batch * seq_len rows of a slot
     Tensor local_rows(Arena::Slot slot) const;  // the first local_tokens() rows of a slot
+    // Starts gathering this rank's rows `local` into `whole` (rank r's at rows r * local.dim(0)).
+    CommHandle start_gather(const Tensor& local, const Tensor& whole);
     // Whole rows for a column-parallel matmul from this rank's rows (sequence parallel:
     // all-gathered into `scratch`; otherwise the rows are whole already).
     Tensor gather_rows(const Tensor& local, Arena::Slot scratch);
@@ -319,15 +321,20 @@ private:
     // parallel: reduce-scattered into `local`; otherwise all-reduced in place).
     Tensor reduce_rows(const Tensor& partial, Arena::Slot local);
     // A matmul over some of a micro-batch's token rows: `rows` holds rows [first, first +
-    // rows.dim(0)) of its input (column-parallel) or of its partial output (row-parallel).
-    using RowsMatmul = std::function<void(const Tensor& rows, int64_t first)>;
+    // rows.dim(0)) of its input (column-parallel) or of its partial output (row-parallel);
+    // row_block goes to the backend's forward matmul (MatmulFwd::row_block).
+    using RowsMatmul = std::function<void(const Tensor& rows, int64_t first, int64_t row_block)>;
+    // The row block of sequence parallelism's forward matmuls for n rows per rank: the
+    // overlap's piece (n / tp rows) on a backend that keeps row blocks, so that the plain and
+    // the overlapped matmuls sum alike; 0 otherwise.
+    int64_t forward_row_block(int64_t n) const;
     // A column-parallel matmul of this rank's rows `local`: whole rows under sequence
-    // parallelism, with parallel.tp_overlap gathered in up to tp pieces, each piece's all-gather in
+    // parallelism, with parallel.tp_overlap gathered in tp pieces, each piece's all-gather in
     // flight while the previous piece multiplies (sequence_parallel.cpp).
     void column_parallel(const Tensor& local, const RowsMatmul& matmul);
     // A row-parallel matmul writing its partial output into proj_out_'s rows; returns this
     // rank's rows of the sum over tp (reduce_rows). With parallel.tp_overlap the output is
-    // made in up to tp pieces, each piece reduce-scattered while the next multiplies.
+    // made in tp pieces, each piece reduce-scattered while the next multiplies.
     Tensor row_parallel(const RowsMatmul& matmul, Arena::Slot local);
     // The backward of a column-parallel matmul whose input is this rank's rows `local_x`:
     // args.dx (whole rows, partial over tp) reduced to this rank's rows in `dx_local`, and

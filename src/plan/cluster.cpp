@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -67,11 +68,33 @@ private:
 constexpr Collective kCollectives[] = {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather};
 constexpr GemmClass kGemmClasses[] = {GemmClass::small, GemmClass::medium, GemmClass::large};
 
-void read_measurement(const Keys& keys, const std::string& table, std::map<Collective, double>& busbw, double& latency_us) {
+// `key` = [[bytes, GB/s], ...] with bytes ascending, every figure positive.
+BusbwCurve read_curve(const Keys& keys, const std::string& key) {
+    const toml::array* points = keys.find(key)->as_array();
+    const auto bad = [&](const std::string& why) {
+        fail(ErrorKind::config, keys.path(), ": ", key, ": ", why, " (expected [[bytes, GB/s], ...] with bytes ascending, as bench comm writes)");
+    };
+    if (!points || points->empty()) bad("not a list of points");
+    BusbwCurve curve;
+    for (const toml::node& point : *points) {
+        const toml::array* pair = point.as_array();
+        if (!pair || pair->size() != 2) bad("a point is not a pair");
+        const std::optional<double> bytes = (*pair)[0].value<double>(), gbps = (*pair)[1].value<double>();
+        if (!bytes || !gbps || !(*bytes > 0) || !(*gbps > 0) || !std::isfinite(*bytes) || !std::isfinite(*gbps)) bad("a point is not two positive numbers");
+        if (!curve.empty() && *bytes <= curve.back().first) bad("sizes do not ascend");
+        curve.emplace_back(*bytes, *gbps);
+    }
+    return curve;
+}
+
+void read_measurement(const Keys& keys, const std::string& table, LinkMeasurement& m) {
     for (Collective op : kCollectives) {
         const std::string key = cat(table, ".", collective_key(op), "_busbw_gbps");
-        if (keys.find(key)) busbw[op] = keys.number(key, "measured bus bandwidth, GB/s", 0, 1e6);
+        if (keys.find(key)) m.busbw_gbps[op] = keys.number(key, "measured bus bandwidth, GB/s", 0, 1e6);
+        const std::string by_size = cat(table, ".", collective_key(op), "_busbw_by_size");
+        if (keys.find(by_size)) m.busbw_by_size[op] = read_curve(keys, by_size);
     }
+    double& latency_us = m.latency_us;
     const std::string latency = table + ".latency_us";
     if (keys.find(latency)) latency_us = keys.number(latency, "measured latency of one ring step, microseconds", 0, 1e6);
 }
@@ -79,7 +102,11 @@ void read_measurement(const Keys& keys, const std::string& table, std::map<Colle
 constexpr std::string_view kRanksPrefix = "ranks_";
 
 void read_link_calibration(const Keys& keys, const std::string& table, Link& link) {
-    read_measurement(keys, table, link.measured_busbw_gbps, link.latency_us);
+    LinkMeasurement general{.busbw_gbps = link.measured_busbw_gbps, .latency_us = link.latency_us, .busbw_by_size = link.measured_busbw_by_size};
+    read_measurement(keys, table, general);
+    link.measured_busbw_gbps = general.busbw_gbps;
+    link.measured_busbw_by_size = general.busbw_by_size;
+    link.latency_us = general.latency_us;
     const toml::node* node = keys.find(table);
     if (!node || !node->is_table()) return;
     for (const auto& [name, value] : *node->as_table()) {
@@ -89,7 +116,7 @@ void read_link_calibration(const Keys& keys, const std::string& table, Link& lin
         if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6 || std::stoi(digits) < 2)
             fail(ErrorKind::config, keys.path(), ": ", table, ".", key, ": expected ranks_N with N >= 2, the ranks that measured the figures in it");
         LinkMeasurement& m = link.measured_by_ranks[std::stoi(digits)];
-        read_measurement(keys, cat(table, ".", key), m.busbw_gbps, m.latency_us);
+        read_measurement(keys, cat(table, ".", key), m);
     }
 }
 
@@ -127,11 +154,24 @@ double Link::busbw_gbps(Collective op) const {
     return found != measured_busbw_gbps.end() ? found->second : gbps;
 }
 
+double Link::busbw_gbps(Collective op, double bytes) const {
+    const auto found = measured_busbw_by_size.find(op);
+    if (found == measured_busbw_by_size.end() || found->second.empty()) return busbw_gbps(op);
+    const BusbwCurve& curve = found->second;
+    if (bytes <= curve.front().first) return curve.front().second;
+    if (bytes >= curve.back().first) return curve.back().second;
+    const auto above = std::upper_bound(curve.begin(), curve.end(), bytes, [](double b, const auto& point) { return b < point.first; });
+    const auto below = std::prev(above);
+    const double at = std::log(bytes / below->first) / std::log(above->first / below->first);
+    return below->second + at * (above->second - below->second);
+}
+
 std::optional<Link> Link::as_measured_by(int ranks) const {
     const auto found = measured_by_ranks.find(ranks);
     if (found == measured_by_ranks.end()) return std::nullopt;
     Link measured = *this;
     measured.measured_busbw_gbps = found->second.busbw_gbps;
+    measured.measured_busbw_by_size = found->second.busbw_by_size;
     if (found->second.latency_us > 0) measured.latency_us = found->second.latency_us;
     return measured;
 }
@@ -256,6 +296,11 @@ void write_calibration(const std::string& path, const CollectiveCalibration& col
     toml::table& link = subtable(subtable(root, "collectives"), collectives.inter_node ? "inter_node" : "intra_node");
     const auto write_figures = [&](toml::table& table) {
         for (const auto& [op, gbps] : collectives.busbw_gbps) table.insert_or_assign(cat(collective_key(op), "_busbw_gbps"), gbps);
+        for (const auto& [op, curve] : collectives.busbw_by_size) {
+            toml::array points;
+            for (const auto& [bytes, gbps] : curve) points.push_back(toml::array{bytes, gbps});
+            table.insert_or_assign(cat(collective_key(op), "_busbw_by_size"), std::move(points));
+        }
         table.insert_or_assign("latency_us", collectives.latency_us);
     };
     write_figures(subtable(link, cat(kRanksPrefix, collectives.ranks)));

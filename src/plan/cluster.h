@@ -30,6 +30,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace llmtrain {
 
@@ -39,9 +41,15 @@ enum class ClusterKind { gpu, cpu };
 enum class Collective { all_reduce, reduce_scatter, all_gather };
 
 // What `bench comm` measured over one group of ranks.
+// Bus bandwidth by message size: (bytes, GB/s), ascending bytes. A CPU's collectives slow
+// down past its caches (measured on 4 ranks of 2 cores: reduce-scatter at 1.3 GB/s up to 8 MB,
+// 0.45 from 16 MB): a message is costed at its own size's figure.
+using BusbwCurve = std::vector<std::pair<double, double>>;
+
 struct LinkMeasurement {
     std::map<Collective, double> busbw_gbps;
     double latency_us = 0;
+    std::map<Collective, BusbwCurve> busbw_by_size;
 };
 
 struct Link {
@@ -49,10 +57,15 @@ struct Link {
     double latency_us = 0;  // per step of a ring
     // Measured bus bandwidth per collective (0: not measured; gbps applies).
     std::map<Collective, double> measured_busbw_gbps;
+    // Measured by message size (bench comm), where it was: supersedes the figure above.
+    std::map<Collective, BusbwCurve> measured_busbw_by_size;
     // Every measurement by the number of ranks that ran it (on a CPU node they include those
     // ranks' crowding of the cores; on GPUs, the bandwidth of that group size).
     std::map<int, LinkMeasurement> measured_by_ranks;
     double busbw_gbps(Collective op) const;
+    // At a message of `bytes` (the whole buffer, as nccl-tests' size): interpolated in log
+    // size between the measured sizes, the end figures beyond them; without a curve, the above.
+    double busbw_gbps(Collective op, double bytes) const;
     // This link with the measurement of `ranks` ranks in place of the general one, if any.
     std::optional<Link> as_measured_by(int ranks) const;
 };
@@ -116,6 +129,7 @@ struct CollectiveCalibration {
     int ranks = 0;
     std::map<Collective, double> busbw_gbps;
     double latency_us = 0;
+    std::map<Collective, BusbwCurve> busbw_by_size;
 };
 // Adds or replaces these figures in the calibration file at path (created when missing),
 // keeping what else it holds.

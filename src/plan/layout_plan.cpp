@@ -103,6 +103,8 @@ Config config_of(const Config& base, const Candidate& k, int64_t global_batch) {
     c.parallel.stage_layers.clear();
     c.parallel.virtual_stages = k.virtual_stages;
     c.parallel.sequence_parallel = k.sequence_parallel;
+    // The config's overlap of sequence parallelism's collectives, where the candidate has them.
+    c.parallel.tp_overlap = base.parallel.tp_overlap && k.sequence_parallel;
     c.train.batch_size = k.micro_batch;
     c.train.global_batch_size = global_batch;
     c.train.grad_accum = 0;

@@ -139,10 +139,12 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     const bool sharded = config.parallel.zero_stage >= 1 && mesh.dp() > 1;
     const int64_t owned = sharded ? padded / mesh.dp() : padded;
     const double p = static_cast<double>(padded), o = static_cast<double>(owned);
-    // AdamW reads the weight, gradient and two moments and writes three of them; the
-    // gradients are zeroed and their norm read; 16-bit compute refreshes its copy.
+    // AdamW reads the weight, gradient and two moments and writes three of them; every
+    // gradient is zeroed (the flat buffer, or ZeRO-2/3's group buffers and shard), the norm
+    // reads the owned ones only (each rank its reduced piece: the sum over ranks is the whole
+    // norm); 16-bit compute refreshes its copy.
     w.update_bytes = 7 * o * x.master_bytes;
-    w.gradient_pass_bytes = 2 * p * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
+    w.gradient_pass_bytes = (p + o) * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
     // A narrower reduction dtype rounds the gradients into their copy and widens what this
     // rank keeps of the sum back (counted once a step, though ZeRO-2/3 round every micro-batch's).
     if (x.reduce_bytes != x.master_bytes && mesh.dp() > 1) w.gradient_pass_bytes += (p + o) * (x.master_bytes + x.reduce_bytes);
@@ -205,7 +207,8 @@ DeviceShare device_share(const Config& config, const Mesh& mesh, const Cluster& 
 
 double collective_seconds(const CollectiveCall& call, int ranks, const Link& link) {
     if (ranks <= 1 || call.count <= 0) return 0;
-    const double n = ranks, busbw = link.busbw_gbps(call.op) * 1e9, latency = link.latency_us * 1e-6;
+    const double message = call.message_bytes > 0 ? call.message_bytes : call.bytes;
+    const double n = ranks, busbw = link.busbw_gbps(call.op, message) * 1e9, latency = link.latency_us * 1e-6;
     const double steps = call.op == Collective::all_reduce ? 2 * (n - 1) : n - 1;
     return call.count * (steps / n * call.bytes / busbw + steps * latency);
 }
@@ -266,6 +269,8 @@ Link shared_link(const Link& link, const Cluster& c, double share) {
     Link slower = link;
     slower.gbps *= share;
     for (auto& [op, gbps] : slower.measured_busbw_gbps) gbps *= share;
+    for (auto& [op, curve] : slower.measured_busbw_by_size)
+        for (auto& point : curve) point.second *= share;
     return slower;
 }
 
@@ -312,10 +317,14 @@ void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, con
                        double hidden, double buckets) {
     const int shard = config.parallel.shard_size > 0 ? static_cast<int>(config.parallel.shard_size) : mesh.dp();
     const Link micro_link = collective_link(c, mesh, shard, mesh.tp() * shard, share.pipeline);
-    const double reduce = collective_seconds({Collective::reduce_scatter, w.dp_reduce_bytes, 1}, shard, micro_link);
+    // Their cuts are the layer groups: every layer, the embedding part, the head.
+    const double groups = static_cast<double>(config.model.n_layers) / mesh.pp() + 2;
+    const double reduce =
+        collective_seconds({.op = Collective::reduce_scatter, .bytes = w.dp_reduce_bytes, .count = 1, .message_bytes = w.dp_reduce_bytes / groups}, shard, micro_link);
     t.dp_micro = std::max(reduce - hidden, reduce / buckets);
     if (config.parallel.zero_stage >= 3) {
-        const double gathers = collective_seconds({Collective::all_gather, w.compute_parameter_bytes, 2}, shard, micro_link);
+        const double gathers = collective_seconds(
+            {.op = Collective::all_gather, .bytes = w.compute_parameter_bytes, .count = 2, .message_bytes = w.compute_parameter_bytes / groups}, shard, micro_link);
         const bool overlapped = c.kind == ClusterKind::gpu && config.parallel.prefetch_layers > 0;
         t.dp_micro += overlapped ? std::max(gathers - t.compute, gathers / buckets) : gathers;
     }
@@ -323,9 +332,8 @@ void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, con
     const Link end_link = collective_link(c, mesh, blocks, mesh.tp() * mesh.dp(), share.step_end);
     t.dp = collective_seconds({Collective::all_reduce, w.dp_reduce_bytes / shard, 1}, blocks, end_link);
     if (config.parallel.zero_stage == 2) {
-        // Its cuts are the layer groups: every layer, the embedding part, the head.
-        const double groups = static_cast<double>(config.model.n_layers) / mesh.pp() + 2;
-        const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, shard, collective_link(c, mesh, shard, mesh.tp() * shard, share.step_end));
+        const double gather = collective_seconds({.op = Collective::all_gather, .bytes = w.dp_parameter_bytes, .count = 1, .message_bytes = w.dp_parameter_bytes / groups},
+                                                 shard, collective_link(c, mesh, shard, mesh.tp() * shard, share.step_end));
         t.dp += exposed_param_gather(config, c, t.compute, gather, groups);
     }
 }
@@ -348,8 +356,11 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     } else {
         const Link dp_link = collective_link(c, mesh, mesh.dp(), mesh.tp() * mesh.dp(), share.step_end);
         const bool zero1 = config.parallel.zero_stage >= 1;
-        const double reduce = collective_seconds({zero1 ? Collective::reduce_scatter : Collective::all_reduce, w.dp_reduce_bytes, 1}, mesh.dp(), dp_link);
-        const double gather = collective_seconds({Collective::all_gather, w.dp_parameter_bytes, 1}, mesh.dp(), dp_link);
+        const double reduce = collective_seconds({.op = zero1 ? Collective::reduce_scatter : Collective::all_reduce, .bytes = w.dp_reduce_bytes, .count = 1,
+                                                  .message_bytes = w.dp_reduce_bytes / buckets},
+                                                 mesh.dp(), dp_link);
+        const double gather = collective_seconds({.op = Collective::all_gather, .bytes = w.dp_parameter_bytes, .count = 1, .message_bytes = w.dp_parameter_bytes / buckets},
+                                                 mesh.dp(), dp_link);
         t.dp = std::max(reduce - hidden, reduce / buckets) + exposed_param_gather(config, c, t.compute, gather, buckets);
     }
     // AdamW's update has its own efficiency (on a CPU its square root and division per element

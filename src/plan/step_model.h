@@ -40,6 +40,9 @@ struct CollectiveCall {
     double behind_flops = 0;
     GemmClass behind_class = GemmClass::large;
     double exposed_share = 1;
+    // The size of each message the call is sent as (ZeRO-1's buckets, ZeRO-2/3's layer groups;
+    // 0: bytes), at whose measured bandwidth it runs (Link::busbw_gbps(op, bytes)).
+    double message_bytes = 0;
 };
 
 // One rank of one pipeline stage.

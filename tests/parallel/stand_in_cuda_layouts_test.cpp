@@ -5,7 +5,8 @@
 // of the streams that carry each collective out over MPI; with "mpi", MPI's staging of
 // device tensors and its f32 sums of bf16. Every run tracks the fp32 run of one CPU process.
 // ZeRO-2 sharded within blocks of 2 dp ranks takes the event-ordered path over the shard
-// and replica groups' own communicators, with no race between them and the compute stream.
+// and replica groups' own communicators, with no race between them and the compute stream;
+// so do sequence parallelism's collectives overlapped with the matmuls (parallel.tp_overlap).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,6 +89,15 @@ void expect_tracks_cpu_with(const std::string& comm, int64_t dp, const std::vect
 
 PARALLEL_TEST(StandInCudaLayouts, TensorParallelBf16OverEventOrderedCollectives_TracksCpuFp32, 2) { expect_tracks_cpu_with("nccl", 1, {"parallel.tp=2"}); }
 PARALLEL_TEST(StandInCudaLayouts, TensorParallelBf16OverMpi_TracksCpuFp32, 2) { expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2"}); }
+// Sequence parallelism with its collectives in pieces behind the matmuls: two all-gathers in
+// flight on the tp stream while the compute stream multiplies the previous piece, the
+// reduce-scatters of the pieces queued behind their GEMMs; no race the stream graph sees.
+PARALLEL_TEST(StandInCudaLayouts, SequenceParallelTpOverlapOverEventOrderedCollectives_TracksCpuFp32, 2) {
+    expect_tracks_cpu_with("nccl", 1, {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.tp_overlap=true"});
+}
+PARALLEL_TEST(StandInCudaLayouts, SequenceParallelTpOverlapOverMpi_TracksCpuFp32, 2) {
+    expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.tp_overlap=true"});
+}
 PARALLEL_TEST(StandInCudaLayouts, DefaultComm_IsTheEventOrderedPath, 2) {
     const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.tp=2", "train.steps=2"}));
     EXPECT_GT(run.collectives, 0u);

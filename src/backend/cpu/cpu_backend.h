@@ -33,7 +33,7 @@ public:
     void rmsnorm_bwd(const RmsNormBwd& args) override;
 
     void matmul_fwd(const MatmulFwd& args) override;
-    int64_t matmul_row_block() const override;
+    bool keeps_row_blocks() const override { return true; }
     void matmul_bwd(const MatmulBwd& args) override;
 
     void attention_fwd(const AttentionFwd& args) override;

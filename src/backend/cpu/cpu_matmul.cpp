@@ -68,22 +68,19 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* 
 
 // BLAS sums a row of C in an order that can depend on the number of rows of the call (its
 // kernels for few rows differ; measured with OpenBLAS), but not on where the operands lie.
-// The forward matmul therefore calls it on fixed blocks of rows from row 0, so that any run
-// of whole blocks is bitwise the same rows of a larger product (matmul_row_block), whatever
-// the thread count. 64 rows keep the re-packing of w per call a few percent of the GEMM.
-constexpr int64_t forward_row_block = 64;
-
-// C = A B^T + beta C in blocks of forward_row_block rows of A and C, threads over the blocks;
-// fewer rows than a block: gemm above (which may split the columns across the threads).
+// Given a row block R (keeps_row_blocks), the forward matmul calls it on blocks of R rows
+// from row 0, so that any run of whole blocks is bitwise the same rows of a larger product,
+// whatever the thread count. Each call re-packs w: blocks of 64 rows made the 50M model's
+// GEMMs 3-40% slower (K = 512 to 2048), of 256 rows 0-8%; without R, the plain GEMM.
 template <class T>
-void gemm_row_blocks(int64_t M, int64_t N, int64_t K, const T* A, const T* B, T beta, T* C, int threads) {
-    if (M < forward_row_block) return gemm<T>(false, true, M, N, K, A, B, beta, C, threads);
+void gemm_row_blocks(int64_t R, int64_t M, int64_t N, int64_t K, const T* A, const T* B, T beta, T* C, int threads) {
+    if (R <= 0) return gemm<T>(false, true, M, N, K, A, B, beta, C, threads);
     for (int64_t dim : {M, N, K})
         if (dim > INT_MAX) fail(ErrorKind::unsupported, "matmul: dimension ", dim, " exceeds the BLAS integer range");
-    const int64_t blocks = (M + forward_row_block - 1) / forward_row_block;
+    const int64_t blocks = (M + R - 1) / R;
 #pragma omp parallel for num_threads(static_cast<int>(std::min<int64_t>(threads, blocks))) schedule(static)
     for (int64_t block = 0; block < blocks; ++block) {
-        const int64_t begin = block * forward_row_block, count = std::min(forward_row_block, M - begin);
+        const int64_t begin = block * R, count = std::min(R, M - begin);
         gemm_block<T>({A + begin * K, K, false}, {B, K, true}, count, N, K, beta, C + begin * N, N);
     }
 }
@@ -127,11 +124,9 @@ void CpuBackend::matmul_fwd(const MatmulFwd& a) {
             broadcast_rows(out.data<T>(), bias.data<T>(), N, OC, threads_);
             beta = 1;
         }
-        gemm_row_blocks<T>(N, OC, IC, x.data<T>(), w.data<T>(), beta, out.data<T>(), threads_);
+        gemm_row_blocks<T>(a.row_block, N, OC, IC, x.data<T>(), w.data<T>(), beta, out.data<T>(), threads_);
     });
 }
-
-int64_t CpuBackend::matmul_row_block() const { return forward_row_block; }
 
 void CpuBackend::matmul_bwd(const MatmulBwd& a) {
     const Tensor &dx = a.dx, &dw = a.dw, &dbias = a.dbias, &dout = a.dout, &x = a.x, &w = a.w;
