@@ -3,7 +3,7 @@
 //
 // Query head h reads kv head g = h / (H / Hkv) from the packed qkv rows [q heads | k heads | v heads].
 // Forward, per query row t (scores in fp32, scale = 1/sqrt(D)):
-//   S_ts = scale * q_t . k_s for s <= t,  lse_t = log sum_s exp(S_ts),  out_t = sum_s exp(S_ts - lse_t) v_s.
+//   S_ts = scale * q_t . k_s for first(t) <= s <= t,  lse_t = log sum_s exp(S_ts),  out_t = sum_s exp(S_ts - lse_t) v_s.
 // It walks the key blocks with an online softmax: running max m and denominator l per row; when
 // m grows, l and the output accumulator are rescaled by exp(m_old - m_new).
 // Backward, with P = exp(S - lse), dP = dout v^T, Delta_t = rowsum(dout_t * out_t) (= rowsum(P dP)):
@@ -12,6 +12,10 @@
 // one kernel owns a key block and loops over the group's query heads and the query blocks at or
 // after it (dk, dv); another owns a query block and loops over the key blocks up to the diagonal
 // (dq). Every sum has a fixed order.
+//
+// first(t) = 0 (causal), or with a document mask the start of t's document (doc_starts, non-
+// decreasing within a sequence): then the key tiles before the first start of a query tile, and
+// the query tiles whose first start lies past a key tile, are wholly masked and skipped.
 //
 // Tiles are 64 query rows x 64 keys. The 16-bit tiles (q, k, v, dout) are staged in shared
 // memory; score tiles go through shared memory in fp32 so that plain threads apply the causal
@@ -202,6 +206,9 @@ struct Heads {
     int T, H, Hkv, group;  // group = H / Hkv
     int64_t qkv_ld, out_ld;
     float scale;
+    const int32_t* doc_starts;  // [B*T], or null: causal
+    // The first key row t of sequence b sees (t < T).
+    __device__ int first_key(int b, int t) const { return doc_starts ? doc_starts[static_cast<int64_t>(b) * T + t] : 0; }
 };
 
 // ---------------------------------------------------------------- forward
@@ -229,6 +236,8 @@ __global__ void __launch_bounds__(fwd_threads) attention_fwd_kernel(T* __restric
     const int row = lane / 2, part = lane % 2;
     const int query = q0 + 16 * warp + row;
     const int last_key = min(query, hd.T - 1);  // keys past it are masked (causal, or padding)
+    const int first_key = hd.first_key(b, last_key);  // keys before it belong to earlier documents
+    const int first_kb = hd.first_key(b, q0) / tile_rows;  // the tiles before it are masked for every row
     float* warp_scores = scores + 16 * warp * score_ld;
     T* warp_probs = reinterpret_cast<T*>(warp_scores);
     float* warp_acc = acc_tile + 16 * warp * S::acc_ld;
@@ -243,8 +252,8 @@ __global__ void __launch_bounds__(fwd_threads) attention_fwd_kernel(T* __restric
         k_next.fetch(keys + (hd.H + g) * D, hd.qkv_ld, rows, tid);
         v_next.fetch(keys + (hd.H + hd.Hkv + g) * D, hd.qkv_ld, rows, tid);
     };
-    fetch_keys(0);
-    for (int kb = 0; kb <= qb; ++kb) {
+    fetch_keys(first_kb);
+    for (int kb = first_kb; kb <= qb; ++kb) {
         const int k0 = kb * tile_rows;
         __syncthreads();  // every warp is done with the previous k and v
         k_next.store(k_tile, tid);
@@ -261,7 +270,7 @@ __global__ void __launch_bounds__(fwd_threads) attention_fwd_kernel(T* __restric
         float block_max = -INFINITY;
         for (int j = 0; j < tile_rows / 2; ++j) {
             const int c = 2 * j + part;
-            p[j] = k0 + c <= last_key ? warp_scores[row * score_ld + c] * hd.scale : -INFINITY;
+            p[j] = k0 + c <= last_key && k0 + c >= first_key ? warp_scores[row * score_ld + c] * hd.scale : -INFINITY;
             block_max = fmaxf(block_max, p[j]);
         }
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
@@ -369,7 +378,7 @@ __device__ void store_pair(T* dst, float a, float b) {
 // its row are read once.
 template <class T, bool keys_are_rows>
 __device__ void probs_and_grads(T* p_tile, T* ds_tile, const float* scores, const float* dp, const float* lse_tile, const float* delta_tile, int q0,
-                                int k0, int T_len, float scale, int tid) {
+                                int k0, int T_len, float scale, const int32_t* starts, int tid) {
     constexpr float log2e = 1.4426950408889634f;
     constexpr int pairs_per_row = tile_rows / 2, rows_per_pass = bwd_threads / pairs_per_row;
     static_assert(bwd_threads % pairs_per_row == 0 && tile_rows % rows_per_pass == 0, "every thread covers the same rows");
@@ -387,7 +396,7 @@ __device__ void probs_and_grads(T* p_tile, T* ds_tile, const float* scores, cons
         float p[2], ds[2];
         for (int e = 0; e < 2; ++e) {
             const int qi = keys_are_rows ? c + e : r, key = k0 + (keys_are_rows ? r : c + e), query = q0 + qi;
-            const bool visible = key <= query && query < T_len;  // implies key < T_len
+            const bool visible = key <= query && query < T_len && (!starts || key >= starts[query]);  // implies key < T_len
             p[e] = visible ? exp2f(sv[e] * scale2 - (keys_are_rows ? col_lse2[e] : row_lse2)) : 0.f;
             ds[e] = p[e] * (dv[e] - (keys_are_rows ? col_delta[e] : row_delta));
         }
@@ -453,7 +462,12 @@ __global__ void __launch_bounds__(bwd_threads, D <= 64 ? 2 : 1)
     // Step i is query head g * group + i / tiles_per_head and query tile kb + i % tiles_per_head:
     // the heads in order, and within a head the query tiles in order. Step i + 1's q, dout and
     // row statistics travel while step i computes.
-    const int tiles_per_head = n_qb - kb, steps = hd.group * tiles_per_head;
+    // Query tiles whose first row starts its document after this key tile's last key see none
+    // of it, nor do the tiles after them (the starts do not decrease): they are skipped.
+    int end_qb = n_qb;
+    while (end_qb > kb + 1 && hd.first_key(b, (end_qb - 1) * tile_rows) > min(k0 + tile_rows, hd.T) - 1) --end_qb;
+    const int tiles_per_head = end_qb - kb, steps = hd.group * tiles_per_head;
+    const int32_t* starts = hd.doc_starts ? hd.doc_starts + seq_row : nullptr;
     TileInFlight<T, D, bwd_threads> q_next, dout_next;
     RowStatsInFlight stats_next;
     const auto fetch_queries = [&](int i) {
@@ -477,7 +491,7 @@ __global__ void __launch_bounds__(bwd_threads, D <= 64 ? 2 : 1)
         scores_of<T, D>(sm.scores, k_tile, q_tile, wt);
         scores_of<T, D>(sm.dp, v_tile, dout_tile, wt);
         __syncthreads();
-        probs_and_grads<T, true>(sm.p, sm.ds, sm.scores, sm.dp, sm.lse, sm.delta, q0, k0, hd.T, hd.scale, tid);
+        probs_and_grads<T, true>(sm.p, sm.ds, sm.scores, sm.dp, sm.lse, sm.delta, q0, k0, hd.T, hd.scale, starts, tid);
 
         // dv += P^T dout, dk += dS^T q.
         mma_pv<T, D>(dv, sm.p + wt.row * prob_ld, dout_tile + wt.dim_col);
@@ -531,8 +545,10 @@ __global__ void __launch_bounds__(bwd_threads, 2)
         k_next.fetch(keys + (hd.H + g) * D, hd.qkv_ld, key_rows, tid);
         v_next.fetch(keys + (hd.H + hd.Hkv + g) * D, hd.qkv_ld, key_rows, tid);
     };
-    fetch_keys(0);
-    for (int kb = 0; kb <= qb; ++kb) {
+    const int first_kb = hd.first_key(b, q0) / tile_rows;  // earlier key tiles are masked for every row
+    const int32_t* starts = hd.doc_starts ? hd.doc_starts + seq_row : nullptr;
+    fetch_keys(first_kb);
+    for (int kb = first_kb; kb <= qb; ++kb) {
         const int k0 = kb * tile_rows;
         __syncthreads();  // the previous step is done with k, v and dS
         k_next.store(k_tile, tid);
@@ -544,7 +560,7 @@ __global__ void __launch_bounds__(bwd_threads, 2)
         scores_of<T, D>(sm.scores, q_tile, k_tile, wt);
         scores_of<T, D>(sm.dp, dout_tile, v_tile, wt);
         __syncthreads();
-        probs_and_grads<T, false>(static_cast<T*>(nullptr), sm.ds, sm.scores, sm.dp, sm.lse, sm.delta, q0, k0, hd.T, hd.scale, tid);
+        probs_and_grads<T, false>(static_cast<T*>(nullptr), sm.ds, sm.scores, sm.dp, sm.lse, sm.delta, q0, k0, hd.T, hd.scale, starts, tid);
 
         // dq += dS k.
         mma_pv<T, D>(dq, sm.ds + wt.row * prob_ld, k_tile + wt.dim_col);
@@ -560,9 +576,9 @@ __global__ void __launch_bounds__(bwd_threads, 2)
 
 // ---------------------------------------------------------------- launchers
 
-Heads heads_of(int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+Heads heads_of(int64_t T, int64_t H, int64_t Hkv, int64_t D, const int32_t* doc_starts) {
     return {static_cast<int>(T), static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(H / Hkv), (H + 2 * Hkv) * D, H * D,
-            static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+            static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))), doc_starts};
 }
 
 // Calls f.template operator()<T, D>() for the 16-bit type and the head dim, one instantiation
@@ -596,12 +612,14 @@ void allow_smem(Kernel kernel, int bytes, const char* name) {
 
 }  // namespace
 
-void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                          const int32_t* doc_starts, cudaStream_t stream) {
     dispatch("attention_fwd", t, D, B, T, H, [&]<class E, int HD>() {
         constexpr int smem = TileShape<HD>::fwd_smem;
         allow_smem(attention_fwd_kernel<E, HD>, smem, "attention_fwd_kernel");
         const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + tile_rows - 1) / tile_rows));
-        attention_fwd_kernel<E, HD><<<grid, fwd_threads, smem, stream>>>(static_cast<E*>(out), lse, static_cast<const E*>(qkv), heads_of(T, H, Hkv, HD));
+        attention_fwd_kernel<E, HD><<<grid, fwd_threads, smem, stream>>>(static_cast<E*>(out), lse, static_cast<const E*>(qkv),
+                                                                                 heads_of(T, H, Hkv, HD, doc_starts));
         check_launch("attention_fwd_kernel");
     });
 }
@@ -609,10 +627,10 @@ void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_
 size_t attention_bwd_scratch_bytes(int64_t B, int64_t T, int64_t H) { return static_cast<size_t>(B * H * T) * sizeof(float); }
 
 void launch_attention_bwd(Half t, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, int64_t B, int64_t T, int64_t H,
-                          int64_t Hkv, int64_t D, void* scratch, cudaStream_t stream) {
+                          int64_t Hkv, int64_t D, const int32_t* doc_starts, void* scratch, cudaStream_t stream) {
     dispatch("attention_bwd", t, D, B, T, H, [&]<class E, int HD>() {
         float* delta = static_cast<float*>(scratch);
-        const Heads hd = heads_of(T, H, Hkv, HD);
+        const Heads hd = heads_of(T, H, Hkv, HD, doc_starts);
         const int64_t delta_items = B * T * H;
         constexpr int delta_threads = 256;
         const int64_t delta_blocks = (delta_items * delta_lanes<HD> + delta_threads - 1) / delta_threads;

@@ -1,12 +1,14 @@
 // Token and position embedding.
-//   forward:  out[n] = wte[tokens[n] - vocab_begin] + wpe[n % T]
-//   backward: dwte[tokens[n] - vocab_begin] += dout[n],  dwpe[n % T] += dout[n]
+//   forward:  out[n] = wte[tokens[n] - vocab_begin] + wpe[pos(n)]
+//   backward: dwte[tokens[n] - vocab_begin] += dout[n],  dwpe[pos(n)] += dout[n]
+// pos(n) = n % T, less the start of n's document when positions restart (doc_starts).
 // With a vocabulary shard, wte holds rows [vocab_begin, vocab_begin + vocab_rows): other
 // tokens give a zero row and no gradient.
 // The backward scatters rows into shared gradient rows. Atomics would make the sums depend
 // on timing, so rows are grouped by token with a stable radix sort (CUB) of (token, row)
 // pairs and each group is summed by one block, in row order, into the fp32 gradient; dwpe
-// sums each position's rows in sequence order. Each sum starts from the gradient's old
+// sums each position's rows in sequence order (with doc_starts, by checking every row of
+// each sequence: O(T) per position). Each sum starts from the gradient's old
 // value, so the additions happen in the same order as in the CPU reference.
 #include <algorithm>
 #include <bit>
@@ -29,7 +31,7 @@ constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
 // One thread per VEC columns of one row, grid-stride.
 template <class T, int VEC>
 __global__ void embedding_fwd_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t N, int64_t C, int64_t seq_len,
-                                     int64_t vocab_begin, int64_t vocab_rows) {
+                                     int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts) {
     const int64_t packs_per_row = C / VEC;
     const int64_t total = N * packs_per_row;
     const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -38,7 +40,7 @@ __global__ void embedding_fwd_kernel(T* out, const int32_t* tokens, const T* wte
         const int64_t row = tokens[n] - vocab_begin;
         float acc[VEC] = {};
         if (row >= 0 && row < vocab_rows) add_halves(acc, wte + row * C + c);
-        if (wpe) add_halves(acc, wpe + (n % seq_len) * C + c);
+        if (wpe) add_halves(acc, wpe + (n % seq_len - (doc_starts ? doc_starts[n] : 0)) * C + c);
         store_halves(out + n * C + c, acc);
     }
 }
@@ -71,7 +73,7 @@ __global__ void dwte_runs_kernel(float* dwte, const T* dout, const uint32_t* key
 
 // One thread per VEC columns of one position p < min(seq_len, N): rows p, p + T, p + 2T, ...
 template <class T, int VEC>
-__global__ void dwpe_kernel(float* dwpe, const T* dout, int64_t N, int64_t C, int64_t positions, int64_t seq_len) {
+__global__ void dwpe_kernel(float* dwpe, const T* dout, int64_t N, int64_t C, int64_t positions, int64_t seq_len, const int32_t* doc_starts) {
     const int64_t packs_per_row = C / VEC;
     const int64_t total = positions * packs_per_row;
     const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -79,7 +81,12 @@ __global__ void dwpe_kernel(float* dwpe, const T* dout, int64_t N, int64_t C, in
         const int64_t p = idx / packs_per_row, c = (idx % packs_per_row) * VEC;
         float acc[VEC];
         load_floats(acc, dwpe + p * C + c);
-        for (int64_t n = p; n < N; n += seq_len) add_halves(acc, dout + n * C + c);
+        if (!doc_starts) {
+            for (int64_t n = p; n < N; n += seq_len) add_halves(acc, dout + n * C + c);
+        } else {
+            for (int64_t n = 0; n < N; ++n)
+                if (n % seq_len - doc_starts[n] == p) add_halves(acc, dout + n * C + c);
+        }
         store_floats(dwpe + p * C + c, acc);
     }
 }
@@ -104,9 +111,9 @@ size_t sort_temp_bytes(int64_t N, int end_bit) {
 
 template <class T, int VEC>
 void launch_embedding_fwd_typed(void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t N, int64_t C, int64_t seq_len,
-                                int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream) {
+                                int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, cudaStream_t stream) {
     embedding_fwd_kernel<T, VEC><<<grid_for(N * (C / VEC)), kThreads, 0, stream>>>(
-        static_cast<T*>(out), tokens, static_cast<const T*>(wte), static_cast<const T*>(wpe), N, C, seq_len, vocab_begin, vocab_rows);
+        static_cast<T*>(out), tokens, static_cast<const T*>(wte), static_cast<const T*>(wpe), N, C, seq_len, vocab_begin, vocab_rows, doc_starts);
     check_launch("embedding_fwd");
 }
 
@@ -145,21 +152,22 @@ void launch_dwte(float* dwte, const void* dout, const int32_t* tokens, int64_t N
 }
 
 template <class T, int VEC>
-void launch_dwpe(float* dwpe, const void* dout, int64_t N, int64_t C, int64_t seq_len, cudaStream_t stream) {
+void launch_dwpe(float* dwpe, const void* dout, int64_t N, int64_t C, int64_t seq_len, const int32_t* doc_starts, cudaStream_t stream) {
     const int64_t positions = std::min(seq_len, N);
-    dwpe_kernel<T, VEC><<<grid_for(positions * (C / VEC)), kThreads, 0, stream>>>(dwpe, static_cast<const T*>(dout), N, C, positions, seq_len);
+    dwpe_kernel<T, VEC><<<grid_for(positions * (C / VEC)), kThreads, 0, stream>>>(dwpe, static_cast<const T*>(dout), N, C, positions, seq_len,
+                                                                                   doc_starts);
     check_launch("embedding_bwd dwpe");
 }
 
 }  // namespace
 
 void launch_embedding_fwd(Half t, void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t N, int64_t C, int64_t seq_len,
-                          int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream) {
+                          int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
     const bool vec = C % 8 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
     dispatch_half(t, [&]<class T>() {
-        if (vec) launch_embedding_fwd_typed<T, 8>(out, tokens, wte, wpe, N, C, seq_len, vocab_begin, vocab_rows, stream);
-        else launch_embedding_fwd_typed<T, 1>(out, tokens, wte, wpe, N, C, seq_len, vocab_begin, vocab_rows, stream);
+        if (vec) launch_embedding_fwd_typed<T, 8>(out, tokens, wte, wpe, N, C, seq_len, vocab_begin, vocab_rows, doc_starts, stream);
+        else launch_embedding_fwd_typed<T, 1>(out, tokens, wte, wpe, N, C, seq_len, vocab_begin, vocab_rows, doc_starts, stream);
     });
 }
 
@@ -169,7 +177,7 @@ size_t embedding_bwd_scratch_bytes(int64_t N) {
 }
 
 void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int64_t N, int64_t C, int64_t seq_len,
-                          int64_t vocab_begin, int64_t vocab_rows, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                          int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
     if (dwte && vocab_rows > 0 && scratch_bytes < sort_buffer_bytes(N))
         fail(ErrorKind::runtime, "embedding_bwd: scratch of ", scratch_bytes, " bytes is smaller than the sort buffers' ", sort_buffer_bytes(N));
@@ -181,8 +189,8 @@ void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, co
             else launch_dwte<T, 1>(dwte, dout, tokens, N, C, vocab_begin, vocab_rows, scratch, scratch_bytes, stream);
         }
         if (dwpe) {
-            if (vec) launch_dwpe<T, 8>(dwpe, dout, N, C, seq_len, stream);
-            else launch_dwpe<T, 1>(dwpe, dout, N, C, seq_len, stream);
+            if (vec) launch_dwpe<T, 8>(dwpe, dout, N, C, seq_len, doc_starts, stream);
+            else launch_dwpe<T, 1>(dwpe, dout, N, C, seq_len, doc_starts, stream);
         }
     });
 }

@@ -23,16 +23,18 @@ namespace llmtrain::kernels {
 enum class Half { bf16, f16 };
 
 // embedding.cu
+// doc_starts (here and below): i32 [N], the start of each token's document in its sequence,
+// non-decreasing within a sequence (backend.h); null: one document per sequence.
 // out[n] = wte[tokens[n] - vocab_begin] (zero if outside [vocab_begin, vocab_begin + vocab_rows))
-//          + wpe[n % seq_len] (wpe may be null).
+//          + wpe[n % seq_len - doc_starts[n]] (wpe may be null).
 void launch_embedding_fwd(Half t, void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t N, int64_t C, int64_t seq_len,
-                   int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream);
+                   int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, cudaStream_t stream);
 // dwte[tok - vocab_begin] += sum of dout rows with that token; dwpe[p] += sum over sequences
 // of dout rows at position p (dwte or dwpe may be null). Deterministic: rows are grouped by
 // token with a stable radix sort, each group summed in row order.
 size_t embedding_bwd_scratch_bytes(int64_t N);
 void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int64_t N, int64_t C, int64_t seq_len,
-                   int64_t vocab_begin, int64_t vocab_rows, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+                   int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // norm.cu. mean may be null for RMSNorm; b may be null for LayerNorm without bias.
 void launch_layernorm_fwd(Half t, void* out, float* mean, float* rstd, const void* x, const void* w, const void* b, int64_t N, int64_t C, float eps,
@@ -79,8 +81,9 @@ void launch_gemm_fallback(const FallbackGemm& gemm, cudaStream_t stream);
 
 // rope.cu: rotary embedding in place on heads [0, n_heads) of each row of x [N, width];
 // table [max_seq_len, D] fp32 (cos in [0, D/2), sin in [D/2, D)); inverse: the backward.
+// Row n takes position n % seq_len - doc_starts[n] (doc_starts may be null).
 void launch_rope(Half t, void* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse,
-          cudaStream_t stream);
+          const int32_t* doc_starts, cudaStream_t stream);
 
 // elementwise.cu
 void launch_gelu_fwd(Half t, void* out, const void* x, int64_t n, cudaStream_t stream);
@@ -148,12 +151,15 @@ void launch_reduce_into(double* total, ReducePieces pieces, bool squares, double
 // attention.cu: causal flash attention (tensor cores, online softmax, no T x T matrix in
 // memory) on packed qkv [B*T, (H + 2*Hkv) * D], out [B*T, H*D], lse [B, H, T] fp32 (natural
 // log of the softmax denominator of each query row, scores scaled by 1/sqrt(D)). D is one of
-// native_attention_head_dims (core/attention_head_dims.h).
-void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
+// native_attention_head_dims (core/attention_head_dims.h). With doc_starts (null: causal),
+// query t of sequence b sees keys [doc_starts[b*T + t], t]; key tiles wholly before a query
+// tile's first start are skipped.
+void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                          const int32_t* doc_starts, cudaStream_t stream);
 // dqkv overwritten (the q, k and v parts); dk and dv of a kv head sum over its query heads.
 // scratch: attention_bwd_scratch_bytes(B, T, H) bytes (rowsum(dout * out) per query row).
 size_t attention_bwd_scratch_bytes(int64_t B, int64_t T, int64_t H);
 void launch_attention_bwd(Half t, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, int64_t B, int64_t T, int64_t H,
-                   int64_t Hkv, int64_t D, void* scratch, cudaStream_t stream);
+                   int64_t Hkv, int64_t D, const int32_t* doc_starts, void* scratch, cudaStream_t stream);
 
 }  // namespace llmtrain::kernels

@@ -99,7 +99,12 @@ struct AdamWStep {
 // mean, rstd) from passing every shape check. Outputs come first; an absent optional tensor
 // is Tensor().
 
-// out[n] = wte[tokens[n]] + wpe[n % seq_len]. With a vocabulary shard, wte holds rows
+// Document starts (data.attention_mask = "document", data.reset_position_ids): an optional
+// i32 [B*T] tensor, doc_starts[b*T + t] the position in sequence b where the document of
+// token t begins (0 <= doc_starts <= t). Empty: one document per sequence (all zeros), and
+// every op computes bitwise what it computes without the argument.
+
+// out[n] = wte[tokens[n]] + wpe[pos(n)], pos(n) = n % seq_len - doc_starts[n]. With a vocabulary shard, wte holds rows
 // [vocab.begin, vocab.begin + rows) and tokens outside them give zero rows: the sum over the
 // shards' outputs is the full embedding. Every token must be below the full vocabulary size
 // (a data error otherwise).
@@ -110,8 +115,9 @@ struct EmbeddingFwd {
     Tensor wpe;     // [max_seq_len, C], optional
     int64_t seq_len = 0;
     VocabShard vocab;
+    Tensor doc_starts;  // [N] i32, optional: positions restart at each document
 };
-// dwte[tokens[n]] += dout[n] (the rows this shard holds); dwpe[n % seq_len] += dout[n].
+// dwte[tokens[n]] += dout[n] (the rows this shard holds); dwpe[pos(n)] += dout[n].
 struct EmbeddingBwd {
     Tensor dwte;  // [V, C]
     Tensor dwpe;  // [max_seq_len, C], optional
@@ -119,6 +125,7 @@ struct EmbeddingBwd {
     Tensor tokens;
     int64_t seq_len = 0;
     VocabShard vocab;
+    Tensor doc_starts;  // [N] i32, optional, as in forward
 };
 
 // out = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps), per row; saves mean, rstd [N].
@@ -182,6 +189,16 @@ struct MatmulBwd {
     Tensor w;      // [OC, IC]
 };
 
+// out[B*T, H*D] = softmax(q k^T / sqrt(D) + mask) v over the packed qkv (AttentionShape). The
+// mask lets query t of sequence b see keys s in [doc_starts[b*T + t], t]: causal (from 0)
+// without doc_starts, and no key of an earlier document with them.
+struct AttentionFwd {
+    Tensor out;    // [B*T, H*D], overwritten
+    Tensor saved;  // attention_saved_shape(), statistics_dtype()
+    Tensor qkv;    // [B*T, (H + 2*Hkv) * D]
+    AttentionShape shape;
+    Tensor doc_starts;  // [B*T] i32, optional
+};
 // Backward of attention_fwd: dqkv overwritten from dout, the forward's inputs, its output
 // (flash attention's rowsum(dout * out)) and what it saved.
 struct AttentionBwd {
@@ -191,6 +208,7 @@ struct AttentionBwd {
     Tensor out;    // [B*T, H*D]
     Tensor saved;  // attention_saved_shape(), statistics_dtype()
     AttentionShape shape;
+    Tensor doc_starts;  // [B*T] i32, optional: the forward's document mask
 };
 
 // Every cross-entropy op runs over the real classes only (v < vocab.real, see VocabShard):
@@ -392,19 +410,24 @@ public:
     virtual void matmul_fwd(const MatmulFwd& args) = 0;
     virtual void matmul_bwd(const MatmulBwd& args) = 0;
 
-    // out[B*T, H*D] = softmax(q k^T / sqrt(D) + causal mask) v. `saved` holds what backward
+    // out[B*T, H*D] = softmax(q k^T / sqrt(D) + mask) v. `saved` holds what backward
     // needs; its shape is the device's choice (attention_saved_shape), its dtype
     // statistics_dtype(). Backward (AttentionBwd) also reads the forward's output.
-    virtual void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) = 0;
+    // (AttentionFwd states the mask.)
+    virtual void attention_fwd(const AttentionFwd& args) = 0;
     virtual void attention_bwd(const AttentionBwd& args) = 0;
 
     // Rotary position embedding, in place, on the first n_heads heads of each row of x
     // [B*T, W] (heads at columns [h*D, (h+1)*D)). Pairs are (i, i + D/2) as in Hugging Face
     // Llama: x_i' = x_i cos - x_{i+D/2} sin, x_{i+D/2}' = x_{i+D/2} cos + x_i sin, with angle
-    // pos * theta^(-2i/D) read from table [max_seq_len, D] (cos in [0, D/2), sin in [D/2, D)).
-    virtual void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) = 0;
+    // pos * theta^(-2i/D) read from table [max_seq_len, D] (cos in [0, D/2), sin in [D/2, D)),
+    // pos = n % seq_len - doc_starts[n] for row n (doc_starts optional: positions restart at
+    // each document).
+    virtual void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim,
+                          const Tensor& doc_starts = Tensor()) = 0;
     // The inverse rotation, in place on the gradient.
-    virtual void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) = 0;
+    virtual void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim,
+                          const Tensor& doc_starts = Tensor()) = 0;
 
     // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
     virtual void gelu_fwd(const Tensor& out, const Tensor& x) = 0;

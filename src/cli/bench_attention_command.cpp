@@ -118,14 +118,15 @@ struct Timing {
 // GPU time per call from the backend's per-op events, after `warmup` untimed calls.
 Timing time_attention(Backend& be, Buffers& b, const AttentionShape& s, int warmup, int iterations) {
     for (int i = 0; i < warmup; ++i) {
-        be.attention_fwd(b.out, b.saved, b.qkv, s);
-        be.attention_bwd({.dqkv = b.dqkv, .dout = b.dout, .qkv = b.qkv, .out = b.out, .saved = b.saved, .shape = s});
+        be.attention_fwd({.out = b.out, .saved = b.saved, .qkv = b.qkv, .shape = s, .doc_starts = Tensor()});
+        be.attention_bwd({.dqkv = b.dqkv, .dout = b.dout, .qkv = b.qkv, .out = b.out, .saved = b.saved, .shape = s, .doc_starts = Tensor()});
     }
     be.synchronize();
     be.set_profiling(true);
     be.profile().reset();
-    for (int i = 0; i < iterations; ++i) be.attention_fwd(b.out, b.saved, b.qkv, s);
-    for (int i = 0; i < iterations; ++i) be.attention_bwd({.dqkv = b.dqkv, .dout = b.dout, .qkv = b.qkv, .out = b.out, .saved = b.saved, .shape = s});
+    for (int i = 0; i < iterations; ++i) be.attention_fwd({.out = b.out, .saved = b.saved, .qkv = b.qkv, .shape = s, .doc_starts = Tensor()});
+    for (int i = 0; i < iterations; ++i)
+        be.attention_bwd({.dqkv = b.dqkv, .dout = b.dout, .qkv = b.qkv, .out = b.out, .saved = b.saved, .shape = s, .doc_starts = Tensor()});
     be.synchronize();
     be.set_profiling(false);
     const OpProfile& p = be.profile();
@@ -152,8 +153,8 @@ void bench_shape(Backend& native, Backend* cudnn, const NamedShape& named, DType
     const bool native_runs = native_attention_takes(s.head_dim);
     std::vector<float> ref_out, ref_lse, ref_dqkv;
     if (native_runs) {
-        native.attention_fwd(n.out, n.saved, n.qkv, s);
-        native.attention_bwd({.dqkv = n.dqkv, .dout = n.dout, .qkv = n.qkv, .out = n.out, .saved = n.saved, .shape = s});
+        native.attention_fwd({.out = n.out, .saved = n.saved, .qkv = n.qkv, .shape = s, .doc_starts = Tensor()});
+        native.attention_bwd({.dqkv = n.dqkv, .dout = n.dout, .qkv = n.qkv, .out = n.out, .saved = n.saved, .shape = s, .doc_starts = Tensor()});
         ref_out = values_of(native, n.out), ref_lse = values_of(native, n.saved), ref_dqkv = values_of(native, n.dqkv);
     }
     if (cudnn) {
@@ -173,8 +174,8 @@ void bench_shape(Backend& native, Backend* cudnn, const NamedShape& named, DType
     cudnn->copy(c.qkv, n.qkv);
     cudnn->copy(c.dout, n.dout);
     try {
-        cudnn->attention_fwd(c.out, c.saved, c.qkv, s);
-        cudnn->attention_bwd({.dqkv = c.dqkv, .dout = c.dout, .qkv = c.qkv, .out = c.out, .saved = c.saved, .shape = s});
+        cudnn->attention_fwd({.out = c.out, .saved = c.saved, .qkv = c.qkv, .shape = s, .doc_starts = Tensor()});
+        cudnn->attention_bwd({.dqkv = c.dqkv, .dout = c.dout, .qkv = c.qkv, .out = c.out, .saved = c.saved, .shape = s, .doc_starts = Tensor()});
         if (native_runs)
             std::printf("    cudnn against native: max |diff| / max |native|: out %.2e, lse %.2e, dqkv %.2e\n", relative_error(values_of(*cudnn, c.out), ref_out),
                         relative_error(values_of(*cudnn, c.saved), ref_lse), relative_error(values_of(*cudnn, c.dqkv), ref_dqkv));

@@ -59,7 +59,16 @@ CheckpointModel load_checkpoint_model(const std::string& path, const ModelOption
     const TrainConfig& t = m.config.train;
     m.backend = t.device == ComputeDevice::cuda ? make_cuda_backend(0, m.config.model.attention) : make_cpu_backend(static_cast<int>(options.threads));
     const int64_t batch = options.training_shape ? t.batch_size : 1, seq_len = options.training_shape ? t.seq_len : m.config.model.max_seq_len;
-    m.model = std::make_unique<Transformer>(m.config.model, *m.backend, compute_dtype(t), batch, seq_len);
+    // Evaluation sees the run's sequences as its training did: documents masked and positions
+    // reset as configured. Generation decodes one prompt causally (a KV cache holds no
+    // document starts).
+    ModelPartition partition;
+    if (options.training_shape && splits_documents(m.config.data)) {
+        partition.document_mask = m.config.data.attention_mask == AttentionMask::document;
+        partition.reset_position_ids = m.config.data.reset_position_ids;
+        partition.document_end_token = document_end_token(m.config);
+    }
+    m.model = std::make_unique<Transformer>(m.config.model, *m.backend, compute_dtype(t), batch, seq_len, partition);
     load_checkpoint_weights(m.path, m.manifest, m.model->parameters(), *m.backend);
     return m;
 }

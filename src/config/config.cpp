@@ -48,6 +48,7 @@ constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
 constexpr const char* kCommNames[] = {"auto", "nccl", "mpi"};
 constexpr const char* kGradReduceDtypeNames[] = {"f32", "bf16"};
 constexpr const char* kMetricsServeNames[] = {"auto", "on", "off"};
+constexpr const char* kAttentionMaskNames[] = {"causal", "document"};
 constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
 using Names = std::span<const char* const>;
@@ -64,6 +65,7 @@ Names names_of(AttentionImpl) { return kAttentionNames; }
 Names names_of(CommBackend) { return kCommNames; }
 Names names_of(GradReduceDtype) { return kGradReduceDtypeNames; }
 Names names_of(MetricsServe) { return kMetricsServeNames; }
+Names names_of(AttentionMask) { return kAttentionMaskNames; }
 
 // ---- Values and the rules they must satisfy ----
 
@@ -260,6 +262,9 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(data, blend).string().describe("more training sources of the same format: \"PATH=WEIGHT, PATH=WEIGHT\""),
         CONFIG_KEY(data, tokenizer).file(true).describe("tokenizer.json to print samples as text; empty: the dataset's own (shards, whose recorded hash it must match)"),
         CONFIG_KEY(data, prefetch).integer(0, 64).describe("micro-batches the loader thread prepares ahead (shards, megatron, llmc, nanogpt)"),
+        CONFIG_KEY(data, attention_mask).choice(kAttentionMaskNames)
+            .describe("causal: every earlier token of the sequence; document: only those of the token's own document (after the last end-of-text token)"),
+        CONFIG_KEY(data, reset_position_ids).boolean().describe("positions (learned or rotary) restart at 0 after each end-of-text token"),
 
         CONFIG_KEY(train, seed).integer(0, std::numeric_limits<int64_t>::max())
             .describe("seed of initialization, data order and sampling"),
@@ -702,6 +707,11 @@ std::optional<Problem> interleaving_micro_batch_problem(const Config& c, int64_t
                        " runs them in groups of parallel.pp = ", pp, " stages: the micro-batches per step must be a multiple of pp")};
 }
 
+// The key that asks for document boundaries, for errors: the mask, else the position reset.
+const char* document_key(const DataConfig& data) {
+    return data.attention_mask == AttentionMask::document ? "data.attention_mask" : "data.reset_position_ids";
+}
+
 using Check = std::optional<Problem> (*)(const Config&);
 
 // In the order of the key each one names.
@@ -752,6 +762,25 @@ constexpr Check kChecks[] = {
             return Problem{"data.blend", std::string(e.what()).substr(std::string_view("data.blend: ").size())};
         }
         return std::nullopt;
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        // Documents end at the end-of-text token: the byte vocabulary's, or a tokenizer's.
+        const DataFormat f = c.data.format;
+        if (!splits_documents(c.data) || f == DataFormat::text || f == DataFormat::shards || !c.data.tokenizer.empty()) return std::nullopt;
+        return Problem{document_key(c.data), cat("needs the end-of-text token that ends each document: data.format = \"",
+                                                 kFormatNames[static_cast<size_t>(f)], "\" has no tokenizer; set data.tokenizer to the tokenizer.json "
+                                                 "that made the data (allowed without one: \"causal\", false)")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        // cuDNN's graphs mask causally; with model.attention = "auto" the native kernels run.
+        if (c.data.attention_mask != AttentionMask::document || c.model.attention != AttentionImpl::cudnn) return std::nullopt;
+        return Problem{"data.attention_mask", "= \"document\" runs on the native attention kernels; model.attention = \"cudnn\" cannot take it "
+                                              "(allowed with it: \"causal\"; or model.attention = \"auto\" or \"native\")"};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (!splits_documents(c.data) || c.parallel.virtual_stages == 1) return std::nullopt;
+        return Problem{document_key(c.data), cat("needs every model chunk to see its micro-batch's tokens; parallel.virtual_stages = ",
+                                                 c.parallel.virtual_stages, " gives later chunks none (allowed with it: \"causal\", false)")};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.train.seq_len <= c.model.max_seq_len) return std::nullopt;
@@ -937,6 +966,8 @@ const char* grad_reduce_dtype_name(GradReduceDtype dtype) { return kGradReduceDt
 
 const char* precision_name(Precision precision) { return kPrecisionNames[static_cast<size_t>(precision)]; }
 const char* recompute_name(Recompute recompute) { return kRecomputeNames[static_cast<size_t>(recompute)]; }
+bool splits_documents(const DataConfig& data) { return data.attention_mask == AttentionMask::document || data.reset_position_ids; }
+const char* attention_mask_name(AttentionMask mask) { return kAttentionMaskNames[static_cast<size_t>(mask)]; }
 const char* attention_impl_name(AttentionImpl impl) { return kAttentionNames[static_cast<size_t>(impl)]; }
 const char* health_action_name(HealthAction action) { return kHealthActionNames[static_cast<size_t>(action)]; }
 

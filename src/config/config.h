@@ -49,6 +49,13 @@ struct ModelConfig {
 // text, tokens: the whole file in memory, random windows (batch_windows.h).
 // shards (llmtrain prepare), megatron, llmc, nanogpt: the data loader (loader.h).
 enum class DataFormat { text, tokens, shards, megatron, llmc, nanogpt };
+// Which keys a query sees (docs/data.md): causal, every earlier token of the sequence; document,
+// the earlier tokens of its own document only (documents end with the end-of-text token).
+enum class AttentionMask { causal, document };
+const char* attention_mask_name(AttentionMask mask);
+struct DataConfig;
+// Whether the model needs each sequence's document starts: a document mask or position reset.
+bool splits_documents(const DataConfig& data);
 
 struct DataConfig {
     DataFormat format = DataFormat::text;  // text: bytes, vocab 256 + EOS (id 256)
@@ -61,6 +68,8 @@ struct DataConfig {
     std::string blend;                     // more training sources: "PATH=WEIGHT, PATH=WEIGHT" (same format)
     std::string tokenizer;                 // tokenizer.json to print samples; shards default: the dataset's
     int64_t prefetch = 4;                  // micro-batches the loader thread prepares ahead
+    AttentionMask attention_mask = AttentionMask::causal;
+    bool reset_position_ids = false;       // positions restart at 0 after each end-of-text token
 };
 
 // A training source and its blending weight.

@@ -233,6 +233,17 @@ private:
 
 }  // namespace
 
+int32_t document_end_token(const Config& config) {
+    if (config.data.format == DataFormat::text) return byte_eos_token;
+    const char* key = config.data.attention_mask == AttentionMask::document ? "data.attention_mask" : "data.reset_position_ids";
+    const std::optional<Tokenizer> tokenizer = run_tokenizer(config);
+    if (!tokenizer) fail(ErrorKind::config, key, ": documents end at the tokenizer's end-of-text token, and this data has no tokenizer (set data.tokenizer)");
+    const std::optional<int32_t> end = tokenizer->end_of_text_id();
+    if (!end)
+        fail(ErrorKind::config, key, ": the tokenizer ", tokenizer->source(), " has no end-of-text token to end documents at (allowed: \"causal\", false)");
+    return *end;
+}
+
 std::unique_ptr<BatchSource> make_synthetic_batch_source(const Config& config) { return std::make_unique<SyntheticBatchSource>(config); }
 
 std::unique_ptr<BatchSource> make_batch_source(const Config& config, std::optional<LoaderState> resume) {

@@ -43,6 +43,11 @@ public:
 // tokenizer.json; none for byte-level text, token files and external formats without one.
 std::optional<Tokenizer> run_tokenizer(const Config& config);
 
+// The end-of-text id that ends each document of the run's data (data.attention_mask =
+// "document", data.reset_position_ids): the byte vocabulary's for data.format = "text", else
+// the run's tokenizer's. A config error naming the key when there is none.
+int32_t document_end_token(const Config& config);
+
 // Opens the configured data; errors name the key and the file. resume: where a resumed run's
 // data stands (from its checkpoint, or a rollback that skips data); nullopt: the start.
 std::unique_ptr<BatchSource> make_batch_source(const Config& config, std::optional<LoaderState> resume = std::nullopt);

@@ -87,6 +87,9 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
                          ModelPartition partition, Comm* tp)
     : TransformerLayout(config, backend.device(), dtype, max_batch, max_seq_len, partition, tp ? tp->rank() : 0, tp ? tp->size() : 1),
       backend_(backend), tp_(tp && tp->size() > 1 ? tp : nullptr) {
+    if (part_.splits_documents() && part_.document_end_token < 0)
+        fail(ErrorKind::config, part_.document_mask ? "data.attention_mask = \"document\"" : "data.reset_position_ids = true",
+             " needs the end-of-text token that ends each document; the run's tokenizer has none");
     params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple, part_.grad_storage, part_.value_storage);
     arena_.allocate(backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
     if (is_llama()) {
@@ -243,6 +246,7 @@ TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set, int
     a.heads = part_.has_head && chunk == part_.chunks - 1;
     a.tokens = arena_.reserve(s + "tokens", DType::i32, {N});
     a.targets = arena_.reserve(s + "targets", DType::i32, {N});
+    if (part_.splits_documents()) a.doc_starts = arena_.reserve(s + "doc_starts", DType::i32, {N});
     const int64_t local = local_tokens(max_batch_, max_seq_len_);
     // The input gradient is sent on while later backwards run. Under 1F1B one buffer serves:
     // its send is received before the previous stage sends anything back. Interleaving's ring
@@ -433,6 +437,7 @@ void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& 
     use_set(set);
     const std::vector<size_t> pass = hooked_pass(true, set);
     size_t position = 0;
+    if (part_.splits_documents()) load_document_starts(a, tokens);
     if (a.embeds) {
         load_ids("tokens", a.tokens, tokens);
         const GroupWeights weights = computing(pass, position++);
@@ -449,12 +454,36 @@ void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& 
     head_and_loss(a, backward_loss_scale);
 }
 
+void Transformer::load_document_starts(const ActivationSet& a, const Tensor& tokens) {
+    if (tokens.empty())
+        fail(ErrorKind::runtime, "forward: the document mask or position reset needs the micro-batch's tokens on every pipeline stage; none were given");
+    expect_dtype("forward", "tokens", tokens, DType::i32);
+    expect_shape("forward", "tokens", tokens, {batch_ * seq_len_});
+    const std::vector<int32_t> starts = document_starts(tokens.data<int32_t>(), batch_, seq_len_, part_.document_end_token);
+    backend_.copy_from_host(rows(a.doc_starts), starts.data());
+}
+
+std::vector<int32_t> document_starts(const int32_t* tokens, int64_t batch, int64_t seq_len, int32_t end_token) {
+    std::vector<int32_t> starts(static_cast<size_t>(batch * seq_len));
+    for (int64_t b = 0; b < batch; ++b) {
+        int32_t start = 0;
+        for (int64_t t = 0; t < seq_len; ++t) {
+            const auto n = static_cast<size_t>(b * seq_len + t);
+            starts[n] = start;
+            if (tokens[n] == end_token) start = static_cast<int32_t>(t + 1);
+        }
+    }
+    return starts;
+}
+
 // Each tp rank embeds the tokens of its vocabulary slice (zero rows for the others) and
 // rank 0 adds the positions: the sum over ranks is the embedding.
-void Transformer::embed(const ActivationSet& a, int64_t first_position) {
+void Transformer::embed(const ActivationSet& a, const KvCache* cache) {
+    const int64_t first_position = cache ? cache->length : 0;
     const Tensor wpe = tp_rank() == 0 && wpe_.present ? value(wpe_).slice_rows(first_position, seq_len_) : Tensor();
     const Tensor partial = sp_ ? rows(proj_out_) : rows(a.residual.front());
-    backend_.embedding_fwd({.out = partial, .tokens = rows(a.tokens), .wte = value(wte_), .wpe = wpe, .seq_len = seq_len_, .vocab = vocab_shard()});
+    backend_.embedding_fwd({.out = partial, .tokens = rows(a.tokens), .wte = value(wte_), .wpe = wpe, .seq_len = seq_len_, .vocab = vocab_shard(),
+                            .doc_starts = wpe.empty() || cache ? Tensor() : position_doc_starts(a)});
     reduce_rows(partial, a.residual.front());
 }
 
@@ -494,7 +523,7 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
     column_parallel(local_rows(s.norm1.out), [&](const Tensor& in, int64_t first, int64_t row_block) {
         backend_.matmul_fwd({.out = qkv.slice_rows(first, in.dim(0)), .x = in, .w = value(p.qkv_w), .bias = value(p.qkv_b), .row_block = row_block});
     });
-    attend(s, l, cache);
+    attend(a, s, l, cache);
     const Tensor attention = row_parallel([&](const Tensor& out, int64_t first, int64_t row_block) {
         backend_.matmul_fwd({.out = out, .x = att_out.slice_rows(first, out.dim(0)), .w = value(p.attn_out_w),
                              .bias = row_parallel_bias(p.attn_out_b), .row_block = row_block});
@@ -520,14 +549,16 @@ void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
     backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), mlp);
 }
 
-void Transformer::attend(const LayerSlots& s, int64_t l, KvCache* cache) {
+void Transformer::attend(const ActivationSet& a, const LayerSlots& s, int64_t l, KvCache* cache) {
     const AttentionShape shape = attention_shape();
     const int64_t first_position = cache ? cache->length : 0;
     // q and k heads are adjacent in the packed QKV rows: one rotation covers both.
     if (is_llama())
         backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_).slice_rows(first_position, seq_len_), seq_len_, shape.n_heads + shape.n_kv_heads,
-                          shape.head_dim);
-    if (!cache) return backend_.attention_fwd(rows(s.att_out), att_saved(s.att_saved), rows(s.qkv), shape);
+                          shape.head_dim, cache ? Tensor() : position_doc_starts(a));
+    if (!cache)
+        return backend_.attention_fwd({.out = rows(s.att_out), .saved = att_saved(s.att_saved), .qkv = rows(s.qkv), .shape = shape,
+                                       .doc_starts = attention_doc_starts(a)});
     // One position: its key and value join the cache, its query attends to every cached one.
     const std::vector<double> qkv = host_doubles(backend_, rows(s.qkv));
     const int64_t q_width = shape.out_width(), at = cache->length * cache->kv_width;
@@ -556,7 +587,7 @@ void Transformer::decode(int32_t token, KvCache& cache) {
     size_t position = 0;
     {
         const GroupWeights weights = computing(pass, position++);
-        embed(a, cache.length);
+        embed(a, &cache);
     }
     for (int64_t l = 0; l < local_layers(); ++l) {
         const GroupWeights weights = computing(pass, position++);
@@ -587,8 +618,9 @@ void Transformer::backward(int64_t set, double loss_scale) {
     if (a.embeds) {
         const ParamGroup g = embedding_group();
         writing(g.begin, g.end);
-        backend_.embedding_bwd({.dwte = grad(wte_), .dwpe = grad(wpe_), .dout = gather_rows(d_resid, d_gathered_), .tokens = rows(a.tokens),
-                                .seq_len = seq_len_, .vocab = vocab_shard()});
+        const Tensor dwpe = grad(wpe_);
+        backend_.embedding_bwd({.dwte = grad(wte_), .dwpe = dwpe, .dout = gather_rows(d_resid, d_gathered_), .tokens = rows(a.tokens),
+                                .seq_len = seq_len_, .vocab = vocab_shard(), .doc_starts = dwpe.empty() ? Tensor() : position_doc_starts(a)});
         ready(g.begin, g.end);
     }
 }
@@ -642,8 +674,9 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
     backend_.matmul_bwd({.dx = rows(d_att_out_), .dw = grad(p.attn_out_w), .dbias = grad(p.attn_out_b), .dout = gather_rows(d_resid, d_gathered_),
                          .x = rows(s.att_out), .w = value(p.attn_out_w)});
     backend_.attention_bwd({.dqkv = rows(d_qkv_), .dout = rows(d_att_out_), .qkv = rows(s.qkv), .out = rows(s.att_out),
-                            .saved = att_saved(s.att_saved), .shape = shape});
-    if (is_llama()) backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim);
+                            .saved = att_saved(s.att_saved), .shape = shape, .doc_starts = attention_doc_starts(a)});
+    if (is_llama())
+        backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim, position_doc_starts(a));
     const Tensor d_norm1 = column_parallel_bwd({.dx = d_norm, .dw = grad(p.qkv_w), .dbias = grad(p.qkv_b), .dout = rows(d_qkv_), .x = Tensor(),
                                                 .w = value(p.qkv_w)},
                                                local_rows(s.norm1.out), d_norm_local_);

@@ -79,7 +79,20 @@ struct ModelPartition {
     bool sequence_parallel = false;  // with tp > 1: split the tokens outside the tp matmuls
     bool tp_overlap = false;         // with sequence_parallel: its collectives overlapped with the matmuls
     Recompute recompute = Recompute::none;  // activation recomputation (see above)
+    // Packed documents (data.attention_mask = "document", data.reset_position_ids): each
+    // forward derives every sequence's document starts from its tokens (document_starts
+    // below) and keeps them with the set's activations, so every stage needs the tokens.
+    bool document_mask = false;       // attention stays inside each token's document
+    bool reset_position_ids = false;  // positions restart at each document
+    int32_t document_end_token = -1;  // the end-of-text id that ends a document (>= 0 when either is on)
+    bool splits_documents() const { return document_mask || reset_position_ids; }
 };
+
+// Megatron's reset_attention_mask convention: the end-of-text token is the last token of its
+// document. For tokens [batch * seq_len], sequences back to back, entry b*T + t is the
+// position in sequence b where t's document starts: one past the last end_token at a
+// position < t of that sequence, 0 if none.
+std::vector<int32_t> document_starts(const int32_t* tokens, int64_t batch, int64_t seq_len, int32_t end_token);
 
 // The master weights' dtype for a compute dtype: f32 under 16-bit compute; the CPU's f32 or
 // f64 compute is its own master.
@@ -149,6 +162,7 @@ protected:
     // What one micro-batch keeps between its forward and its backward.
     struct ActivationSet {
         Arena::Slot tokens, targets;
+        Arena::Slot doc_starts;  // i32 [B*T] when the partition splits documents
         std::vector<Arena::Slot> residual;  // entering each local layer; the last is the stage output
         std::vector<LayerSlots> layers;
         NormSlots norm_f;
@@ -220,8 +234,8 @@ public:
     void initialize_range(uint64_t seed, FlatRange range, const Tensor& out) const { params_.initialize_range(seed, config_.init_std, config_.n_layers, range, out); }
 
     // Runs this part of the model on activation set `set`. tokens (i32 [batch * seq_len],
-    // sequences back to back) are read by the first stage, targets by the last one (empty:
-    // logits only). A stage without the embedding reads hidden_in(set). On the last stage
+    // sequences back to back) are read by the first stage (and by every stage when the
+    // partition splits documents), targets by the last one (empty: logits only). A stage without the embedding reads hidden_in(set). On the last stage
     // with targets the mean loss is added to loss_sum() on the device; nothing is read back.
     // backward_loss_scale: the loss scale the set's backward will take, given by a training
     // step: the classifier then computes the loss and the logits' gradient in one pass (the
@@ -343,8 +357,14 @@ private:
     }
     ParamGroup embedding_group() const { return {0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin}; }
 
-    // Positions start at first_position (decoding: the cache's length).
-    void embed(const ActivationSet& a, int64_t first_position = 0);
+    // Positions start at 0, or (decoding) at the cache's length.
+    void embed(const ActivationSet& a, const KvCache* cache = nullptr);
+    // The set's document starts where attention masks documents (or positions restart), else
+    // empty: causal attention, positions n % seq_len.
+    Tensor attention_doc_starts(const ActivationSet& a) const { return part_.document_mask ? rows(a.doc_starts) : Tensor(); }
+    Tensor position_doc_starts(const ActivationSet& a) const { return part_.reset_position_ids ? rows(a.doc_starts) : Tensor(); }
+    // Derives the set's document starts from the micro-batch's tokens (host i32).
+    void load_document_starts(const ActivationSet& a, const Tensor& tokens);
     // The final norm, the head and (with targets) the loss, its mean added to loss_sum(); with
     // a backward loss scale the logits' gradient too (see forward_pass).
     void head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale = std::nullopt);
@@ -356,8 +376,9 @@ private:
     void norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& dout, const Tensor& x, const NormSlots& slots, ParamSpan w, ParamSpan b);
     // cache: decoding one position against it (else the whole sequence attends to itself).
     void layer_fwd(const ActivationSet& a, int64_t local, KvCache* cache = nullptr);
-    // Rotary positions and causal attention over the layer's packed QKV rows into att_out.
-    void attend(const LayerSlots& s, int64_t local, KvCache* cache);
+    // Rotary positions and causal (or document-masked) attention over the layer's packed QKV
+    // rows into att_out. Decoding with a cache attends causally over its one sequence.
+    void attend(const ActivationSet& a, const LayerSlots& s, int64_t local, KvCache* cache);
     // d_resid: on entry the gradient w.r.t. the layer's output, on exit w.r.t. its input.
     void layer_bwd(const ActivationSet& a, int64_t local, const Tensor& d_resid);
 

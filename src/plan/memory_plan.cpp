@@ -53,6 +53,8 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     part.sequence_parallel = config.parallel.sequence_parallel;
     part.tp_overlap = config.parallel.tp_overlap;
     part.recompute = config.train.recompute;
+    part.document_mask = config.data.attention_mask == AttentionMask::document;
+    part.reset_position_ids = config.data.reset_position_ids;
     return part;
 }
 

@@ -45,6 +45,8 @@ struct MemoryPlan {
 // The pipeline stage of world_rank: its layers, whether it embeds or holds the head, and
 // how many micro-batches it keeps in flight (1F1B), per model chunk under interleaving
 // (parallel.virtual_stages). Throws a config error for micro-batches interleaving cannot group.
+// The document flags come from data.*; document_end_token is left for the caller that has
+// the data's tokenizer (the plan needs only the flags).
 ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world_rank);
 // Whether this run shards its gradients (ZeRO-2): asked for, and more than one dp rank.
 bool shards_gradients(const ParallelConfig& parallel, int dp);

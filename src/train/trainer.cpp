@@ -100,6 +100,8 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
              ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
     check_optimizer_layout(config_.optimizer, config_.parallel, ctx.mesh.dp());
+    ModelPartition partition = stage_partition(config_, ctx.mesh, ctx.world_rank);
+    if (partition.splits_documents()) partition.document_end_token = document_end_token(config_);
     if (!is_logger()) options_.quiet = true;
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
     else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank, config_.model.attention);
@@ -107,8 +109,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     backend_->set_memory_limit(memory_limit_bytes(config_.train));
     comms_ = std::make_unique<TrainingComms>(config_, *ctx_, *backend_, options_.device_comms);
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);
-    model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len,
-                                           stage_partition(config_, ctx.mesh, ctx.world_rank), &comms_->tp());
+    model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len, partition, &comms_->tp());
     placement_ = std::make_unique<Placement>(state_placement(config_, ctx.mesh, ctx.world_rank, *model_, model_->parameters().dtype()));
     sync_ = make_gradient_sync();
     store_ = make_parameter_store();

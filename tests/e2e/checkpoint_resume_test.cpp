@@ -1,6 +1,7 @@
 // Bit-exact resume in process, on the CUDA path's host side (the CPU stand-in of the CUDA
 // backend): a bf16 run's compute copy is rebuilt from the f32 master weights, and an fp16
-// run's dynamic loss scale is restored. A run abandoned after step 12 without a final save
+// run's dynamic loss scale is restored; on the CPU, a run with packed documents (their
+// starts come from each micro-batch's tokens: nothing to save). A run abandoned after step 12 without a final save
 // (as a killed one is) and resumed from its latest checkpoint must give the uninterrupted
 // run's losses, gradient norms and final master weights, bit for bit.
 #include <gtest/gtest.h>
@@ -40,7 +41,8 @@ Outcome train_checkpointed(Config config, const std::string& dir, bool resume, i
     config.checkpoint.async = false;
     StepCounter counter;
     TrainerOptions options{.dtype = std::nullopt, .quiet = true};
-    options.make_backend = [](int) { return test::make_stand_in_cuda_backend(); };
+    const bool cpu = config.train.device == ComputeDevice::cpu;
+    options.make_backend = [cpu](int) { return cpu ? make_cpu_backend(1) : test::make_stand_in_cuda_backend(); };
     options.stop_signal = [&] { return abandon_after > 0 && counter.last >= abandon_after ? SIGKILL : 0; };
     Trainer trainer(config, options);
     if (resume) {
@@ -100,4 +102,11 @@ TEST(CheckpointResume, StandInCudaLlamaFp16_RestoresTheLossScaleBitwise) {
     expect_resume_is_bitwise_uninterrupted(
         test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0", "train.precision=\"fp16\"", "train.loss_scale_window=3"}),
         "llama_fp16");
+}
+
+TEST(CheckpointResume, CpuLlamaDocumentMask_IsBitwiseIdenticalToUninterrupted) {
+    expect_resume_is_bitwise_uninterrupted(
+        test::tiny_cuda_shaped_run("llama", "cpu", 2, 32, {"train.steps=20", "train.sample_tokens=0", "data.attention_mask=\"document\"",
+                                                           "data.reset_position_ids=true", "data.document_separator=\" \""}),
+        "llama_document_mask");
 }

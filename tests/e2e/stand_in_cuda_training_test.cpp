@@ -81,3 +81,11 @@ TEST(StandInCudaTraining, HostSynchronizationsPerStep_AreAtMostTwo) {
         }
     }
 }
+
+// Packed documents on the CUDA path's host side: the document starts reach every op on the
+// device, and the bf16 run tracks the fp32 CPU run with the same mask.
+TEST(StandInCudaTraining, LlamaBf16DocumentMask_TracksCpuFp32) {
+    const std::vector<std::string> documents = {"data.attention_mask=\"document\"", "data.reset_position_ids=true", "data.document_separator=\" \""};
+    test::expect_tracks_cpu(train(test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, documents)),
+                            train(test::tiny_cuda_shaped_run("llama", "cpu", 2, 32, documents)));
+}

@@ -9,6 +9,7 @@
 // the same), in-place and misaligned calls. Each test is SKIPPED without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -22,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "gpu/gpu_test_util.h"
+#include "model/transformer.h"
 
 using namespace llmtrain;
 using namespace llmtrain::gpu_test;
@@ -229,19 +231,31 @@ const std::vector<NormCase> kNormCases = {{1, 6}, {7, 10}, {33, 64}, {512, 768},
 
 class CudaOps : public CudaVsCpuTest {
 protected:
-    void embedding_fwd_case(DType dt, const EmbeddingCase& c, uint64_t seed) {
+    // Document starts (backend.h) as an i32 tensor on the host, or on the device; empty: none.
+    static OwnedTensor host_starts(const std::vector<int32_t>& starts) {
+        if (starts.empty()) return OwnedTensor();
+        OwnedTensor t(i32, {static_cast<int64_t>(starts.size())});
+        std::copy(starts.begin(), starts.end(), t.data<int32_t>());
+        return t;
+    }
+    OwnedTensor device_starts(const std::vector<int32_t>& starts) {
+        return starts.empty() ? OwnedTensor() : to_device(gpu(), host_starts(starts), i32);
+    }
+
+    void embedding_fwd_case(DType dt, const EmbeddingCase& c, uint64_t seed, const std::vector<int32_t>& starts = {}) {
         SCOPED_TRACE(c.str());
         const int64_t N = c.batch * c.seq_len, C = c.channels;
         const OwnedTensor tokens = random_tokens(N, c.vocab, seed);
         const OwnedTensor wte = random_input(dt, {c.rows(), C}, seed + 1), wpe = random_input(dt, {c.seq_len + 2, C}, seed + 2);
         const OwnedTensor out(f32, {N, C});
+        const OwnedTensor doc = host_starts(starts), g_doc = device_starts(starts);
         cpu().embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = c.positions ? wpe.view() : Tensor(), .seq_len = c.seq_len,
-                             .vocab = c.shard});
+                             .vocab = c.shard, .doc_starts = doc});
 
         const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_wte = to_device(gpu(), wte, dt), g_wpe = to_device(gpu(), wpe, dt);
         const OwnedTensor g_out = device_tensor(gpu(), dt, {N, C});
         gpu().embedding_fwd({.out = g_out, .tokens = g_tokens, .wte = g_wte, .wpe = c.positions ? g_wpe.view() : Tensor(), .seq_len = c.seq_len,
-                             .vocab = c.shard});
+                             .vocab = c.shard, .doc_starts = g_doc});
         // A row of wte plus a row of wpe in fp32, rounded once.
         expect_matches("out", gpu(), g_out, out, elementwise_tolerance(dt));
     }
@@ -249,19 +263,20 @@ protected:
     // The gradients start from random values: the op must add into them. The comparison is
     // exact: embedding.cu sums each token's (and position's) rows in row order, starting from
     // the gradient's old value, in fp32 as the CPU reference does, from the same 16-bit dout.
-    void embedding_bwd_case(DType dt, const EmbeddingCase& c, uint64_t seed) {
+    void embedding_bwd_case(DType dt, const EmbeddingCase& c, uint64_t seed, const std::vector<int32_t>& starts = {}) {
         SCOPED_TRACE(c.str());
         const int64_t N = c.batch * c.seq_len, C = c.channels, positions = c.seq_len + 2;  // positions past seq_len get nothing
         const OwnedTensor tokens = random_tokens(N, c.vocab, seed), dout = random_input(dt, {N, C}, seed + 1);
         const OwnedTensor dwte0 = random_tensor(f32, {c.rows(), C}, seed + 2), dwpe0 = random_tensor(f32, {positions, C}, seed + 3);
         const OwnedTensor dwte = copy_of(dwte0), dwpe = copy_of(dwpe0);
+        const OwnedTensor doc = host_starts(starts), g_doc = device_starts(starts);
         cpu().embedding_bwd({.dwte = dwte, .dwpe = c.positions ? dwpe.view() : Tensor(), .dout = dout, .tokens = tokens, .seq_len = c.seq_len,
-                             .vocab = c.shard});
+                             .vocab = c.shard, .doc_starts = doc});
 
         const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_dout = to_device(gpu(), dout, dt);
         const OwnedTensor g_dwte = to_device(gpu(), dwte0, f32), g_dwpe = to_device(gpu(), dwpe0, f32);
         gpu().embedding_bwd({.dwte = g_dwte, .dwpe = c.positions ? g_dwpe.view() : Tensor(), .dout = g_dout, .tokens = g_tokens, .seq_len = c.seq_len,
-                             .vocab = c.shard});
+                             .vocab = c.shard, .doc_starts = g_doc});
         expect_matches("dwte", gpu(), g_dwte, dwte, Tolerance{0, 0});
         expect_matches("dwpe", gpu(), g_dwpe, dwpe, Tolerance{0, 0});  // untouched without positions
     }
@@ -409,39 +424,41 @@ protected:
 
     // Each backend keeps its own saved values (the CPU its probabilities [B, H, T, T], CUDA the
     // log-sum-exps [B, H, T]); CUDA's are checked against a double-precision reference.
-    void attention_fwd_case(DType dt, const AttentionShape& s, uint64_t seed) {
+    void attention_fwd_case(DType dt, const AttentionShape& s, uint64_t seed, const std::vector<int32_t>& starts = {}) {
         SCOPED_TRACE(describe(s));
         const OwnedTensor qkv = random_input(dt, {s.rows(), s.qkv_width()}, seed, -2, 2);
         const OwnedTensor out(f32, {s.rows(), s.out_width()}), saved(f32, cpu().attention_saved_shape(s));
-        cpu().attention_fwd(out, saved, qkv, s);
+        const OwnedTensor doc = host_starts(starts), g_doc = device_starts(starts);
+        cpu().attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = doc});
 
         ASSERT_EQ(gpu().attention_saved_shape(s), Shape({s.batch, s.n_heads, s.seq_len}));
         ASSERT_EQ(gpu().statistics_dtype(dt), f32);
         const OwnedTensor g_qkv = to_device(gpu(), qkv, dt), g_out = device_tensor(gpu(), dt, {s.rows(), s.out_width()});
         const OwnedTensor g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = g_doc});
         expect_matches("out", gpu(), g_out, out, attention_tolerance(dt));
-        expect_matches("lse", download(gpu(), g_saved), attention_lse(qkv, s), f32_sum_tolerance);
+        if (starts.empty()) expect_matches("lse", download(gpu(), g_saved), attention_lse(qkv, s), f32_sum_tolerance);
     }
 
     // Each backend's backward reads its own forward's out and saved values. dq, dk and dv are
     // compared apart (their magnitudes differ), each relative to the larger of its own largest
     // magnitude and 1% of the whole gradient's: at T = 1 dq and dk are zero by the math
     // (dS = P (dP - Delta) with P = 1 and Delta = dP) and only rounding noise is left.
-    void attention_bwd_case(DType dt, const AttentionShape& s, uint64_t seed) {
+    void attention_bwd_case(DType dt, const AttentionShape& s, uint64_t seed, const std::vector<int32_t>& starts = {}) {
         SCOPED_TRACE(describe(s));
         const int64_t W = s.qkv_width(), H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
         const OwnedTensor qkv = random_input(dt, {s.rows(), W}, seed, -2, 2), dout = random_input(dt, {s.rows(), s.out_width()}, seed + 1);
         const OwnedTensor dqkv0 = random_input(dt, {s.rows(), W}, seed + 2);  // overwritten
         const OwnedTensor out(f32, {s.rows(), s.out_width()}), saved(f32, cpu().attention_saved_shape(s)), dqkv(f32, {s.rows(), W});
-        cpu().attention_fwd(out, saved, qkv, s);
-        cpu().attention_bwd({.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .saved = saved, .shape = s});
+        const OwnedTensor doc = host_starts(starts), g_doc = device_starts(starts);
+        cpu().attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = doc});
+        cpu().attention_bwd({.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .saved = saved, .shape = s, .doc_starts = doc});
 
         const OwnedTensor g_qkv = to_device(gpu(), qkv, dt), g_dout = to_device(gpu(), dout, dt), g_dqkv = to_device(gpu(), dqkv0, dt);
         const OwnedTensor g_out = device_tensor(gpu(), dt, {s.rows(), s.out_width()});
         const OwnedTensor g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
-        gpu().attention_bwd({.dqkv = g_dqkv, .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s});
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = g_doc});
+        gpu().attention_bwd({.dqkv = g_dqkv, .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s, .doc_starts = g_doc});
 
         const std::vector<double> g = download(gpu(), g_dqkv), ref = values_of(dqkv);
         const double floor = 1e-2 * max_abs(ref);
@@ -457,18 +474,20 @@ protected:
 
     // Rotates heads [0, n_heads) of rows of `width` columns; the columns past them must come
     // back bit for bit.
-    void rope_case(DType dt, int64_t batch, int64_t seq_len, int64_t n_heads, int64_t head_dim, int64_t width, bool backward, uint64_t seed) {
+    void rope_case(DType dt, int64_t batch, int64_t seq_len, int64_t n_heads, int64_t head_dim, int64_t width, bool backward, uint64_t seed,
+                   const std::vector<int32_t>& starts = {}) {
         SCOPED_TRACE(cat("B ", batch, " T ", seq_len, " heads ", n_heads, " D ", head_dim, " width ", width));
         const int64_t N = batch * seq_len;
         const OwnedTensor x = random_input(dt, {N, width}, seed, -2, 2), table(f32, {seq_len + 3, head_dim});
         fill_rope_table(table, 10000.0);
         const OwnedTensor work = copy_of(x);
-        if (backward) cpu().rope_bwd(work, table, seq_len, n_heads, head_dim);
-        else cpu().rope_fwd(work, table, seq_len, n_heads, head_dim);
+        const OwnedTensor doc = host_starts(starts), g_doc = device_starts(starts);
+        if (backward) cpu().rope_bwd(work, table, seq_len, n_heads, head_dim, doc);
+        else cpu().rope_fwd(work, table, seq_len, n_heads, head_dim, doc);
 
         const OwnedTensor g_x = to_device(gpu(), x, dt), g_table = to_device(gpu(), table, f32);
-        if (backward) gpu().rope_bwd(g_x, g_table, seq_len, n_heads, head_dim);
-        else gpu().rope_fwd(g_x, g_table, seq_len, n_heads, head_dim);
+        if (backward) gpu().rope_bwd(g_x, g_table, seq_len, n_heads, head_dim, g_doc);
+        else gpu().rope_fwd(g_x, g_table, seq_len, n_heads, head_dim, g_doc);
         const std::vector<double> g = download(gpu(), g_x);
         expect_matches("x", g, values_of(work), elementwise_tolerance(dt));
         const int64_t rotated = n_heads * head_dim;
@@ -744,7 +763,7 @@ TEST_F(CudaOps, AttentionFwd_MisalignedQkvView_IsRefusedNamingTheTensorAndAlignm
     const Tensor g_qkv = offset_view(g_buf, 1, {s.rows(), s.qkv_width()});
     const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
     try {
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         ADD_FAILURE() << "a qkv view 2 bytes past a 16-byte boundary was accepted";
     } catch (const Error& e) {
         const std::string what = e.what();
@@ -802,6 +821,150 @@ TEST_F(CudaOps, AttentionFwdBwd_Bf16_MatchesCpuAcrossFourTilesAtT256D128) {
     const AttentionShape s{1, 256, 4, 2, 128};
     attention_fwd_case(bf16, s, 2100);
     attention_bwd_case(bf16, s, 2110);
+}
+
+// Document masks (data.attention_mask = "document"): query t sees keys [start(t), t]. T = 256
+// in tiles of 64: sequence 0's documents end at 10, 100 and 130, so query tile 2 starts its
+// loop at key tile 1 and query tile 3 at key tile 2, and key tile 0's dk/dv loop stops after
+// query tile 1; sequence 1 has one boundary inside a tile and one at its last position (which
+// starts nothing).
+std::vector<int32_t> document_starts_of(int64_t T, const std::vector<std::vector<int64_t>>& ends) {
+    std::vector<int32_t> starts;
+    for (const std::vector<int64_t>& sequence : ends) {
+        int32_t start = 0;
+        for (int64_t t = 0; t < T; ++t) {
+            starts.push_back(start);
+            if (std::find(sequence.begin(), sequence.end(), t) != sequence.end()) start = static_cast<int32_t>(t + 1);
+        }
+    }
+    return starts;
+}
+
+TEST_F(CudaOps, AttentionFwdBwd_Bf16_DocumentMaskMatchesCpuSkippingMaskedTiles) {
+    const AttentionShape s{2, 256, 4, 2, 64};
+    const std::vector<int32_t> starts = document_starts_of(256, {{10, 100, 130}, {200, 255}});
+    attention_fwd_case(bf16, s, 2150, starts);
+    attention_bwd_case(bf16, s, 2160, starts);
+    const AttentionShape small{3, 33, 2, 1, 128};  // one partial tile, every row a boundary somewhere
+    const std::vector<int32_t> small_starts = document_starts_of(33, {{0, 1, 2, 31}, {16}, {32}});
+    attention_fwd_case(f16, small, 2170, small_starts);
+    attention_bwd_case(f16, small, 2180, small_starts);
+}
+
+TEST_F(CudaOps, AttentionFwdBwd_Bf16_DocumentMaskWithoutABoundary_IsBitwiseCausal) {
+    const AttentionShape s{1, 130, 2, 2, 64};
+    const std::vector<int32_t> zeros = document_starts_of(130, {{129}});
+    const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 2190, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 2191);
+    const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16), g_doc = device_starts(zeros);
+    std::vector<std::vector<double>> results;
+    for (const Tensor& doc : {Tensor(), g_doc.view()}) {
+        const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
+        const OwnedTensor g_dqkv = device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()});
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = doc});
+        gpu().attention_bwd({.dqkv = g_dqkv, .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s, .doc_starts = doc});
+        results.push_back(download(gpu(), g_out));
+        results.push_back(download(gpu(), g_dqkv));
+    }
+    EXPECT_EQ(results[0], results[2]) << "out";
+    EXPECT_EQ(results[1], results[3]) << "dqkv";
+}
+
+TEST_F(CudaOps, RopeFwdBwd_Bf16_PositionsRestartingAtDocumentsMatchCpu) {
+    const std::vector<int32_t> starts = document_starts_of(33, {{4, 20}, {0, 31}});
+    rope_case(bf16, 2, 33, 3, 128, 4 * 128, false, 2250, starts);
+    rope_case(bf16, 2, 33, 3, 128, 4 * 128, true, 2260, starts);
+    rope_case(f16, 2, 33, 3, 10, 37, false, 2270, starts);  // the one-pair path
+}
+
+TEST_F(CudaOps, EmbeddingFwdBwd_Bf16_PositionsRestartingAtDocumentsMatchCpuBitwise) {
+    for (const EmbeddingCase& c : {EmbeddingCase{3, 7, 37, 10, true}, EmbeddingCase{2, 64, 1000, 768, true}}) {
+        const std::vector<int32_t> starts = document_starts_of(c.seq_len, {{2}, {0, 5, c.seq_len - 2}, {3, 4}});
+        const std::vector<int32_t> used(starts.begin(), starts.begin() + c.batch * c.seq_len);
+        embedding_fwd_case(bf16, c, 2280, used);
+        embedding_bwd_case(bf16, c, 2290, used);
+    }
+}
+
+// A Llama (GQA, rotary) and a GPT-2 (learned positions) model in bf16 on the CUDA kernels with
+// packed documents: document B after document A (ending with the end-of-text token 3) gets
+// the logits of B alone at the start of a sequence, and B's share of the loss and of every
+// parameter gradient (T * run([A, B]) - la * run([A]) = lb * run([B]), as the CPU test
+// tests/unit/document_mask_test.cpp states) within bf16's rounding; without the mask the
+// differences are far larger.
+struct DocumentRun {
+    double weighted_loss = 0;
+    std::vector<double> weighted_grads, logits;
+};
+
+DocumentRun run_documents(Transformer& model, Backend& be, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t rows_from) {
+    const auto T = static_cast<int64_t>(tokens.size());
+    OwnedTensor tok(i32, {T}), tgt(i32, {T});
+    std::copy(tokens.begin(), tokens.end(), tok.data<int32_t>());
+    std::copy(targets.begin(), targets.end(), tgt.data<int32_t>());
+    Parameters& p = model.parameters();
+    be.fill_zero(p.all_grads());
+    DocumentRun r;
+    r.weighted_loss = static_cast<double>(T) * model.forward(tok.view(), tgt.view(), 1, T);
+    for (int64_t row = rows_from; row < T; ++row) {
+        const std::vector<double> l = model.logits_row(row);
+        r.logits.insert(r.logits.end(), l.begin(), l.begin() + model.config().vocab_size);
+    }
+    model.backward(1.0);
+    for (double g : download(be, p.all_grads())) r.weighted_grads.push_back(static_cast<double>(T) * g);
+    return r;
+}
+
+// The largest difference between B alone and B's share of [A, B], relative to B alone's
+// largest magnitude: logits, loss, gradients.
+std::array<double, 3> document_b_error(Backend& be, ModelFamily family, bool mask) {
+    ModelConfig m;
+    m.family = family;
+    m.n_layers = 2;
+    m.d_model = 128;
+    m.n_heads = 2;
+    m.n_kv_heads = family == ModelFamily::llama ? 1 : 2;
+    m.d_ff = 256;
+    m.vocab_size = 13;
+    m.max_seq_len = 16;
+    m.tied_embeddings = family == ModelFamily::gpt2;
+    m.init_std = 0.3;
+    ModelPartition part;
+    part.document_mask = part.reset_position_ids = mask;
+    part.document_end_token = 3;
+    Transformer model(m, be, bf16, 1, 16, part);
+    model.initialize(7);
+    const std::vector<int32_t> a = {5, 9, 1, 7, 3}, b = {4, 4, 11, 2, 8, 6, 10, 12, 1, 5};
+    const std::vector<int32_t> ta = {9, 1, 7, 3, 12}, tb = {4, 11, 2, 8, 6, 10, 12, 1, 5, 0};
+    std::vector<int32_t> ab = a, tab = ta;
+    ab.insert(ab.end(), b.begin(), b.end());
+    tab.insert(tab.end(), tb.begin(), tb.end());
+    const DocumentRun both = run_documents(model, be, ab, tab, static_cast<int64_t>(a.size()));
+    const DocumentRun alone_a = run_documents(model, be, a, ta, 0), alone_b = run_documents(model, be, b, tb, 0);
+    const auto max_abs_of = [](const std::vector<double>& v) {
+        double x = 0;
+        for (double e : v) x = std::max(x, std::abs(e));
+        return x;
+    };
+    double logits = 0, grads = 0;
+    for (size_t i = 0; i < alone_b.logits.size(); ++i) logits = std::max(logits, std::abs(both.logits[i] - alone_b.logits[i]));
+    for (size_t i = 0; i < alone_b.weighted_grads.size(); ++i)
+        grads = std::max(grads, std::abs(both.weighted_grads[i] - alone_a.weighted_grads[i] - alone_b.weighted_grads[i]));
+    const double loss = std::abs(both.weighted_loss - alone_a.weighted_loss - alone_b.weighted_loss);
+    return {logits / max_abs_of(alone_b.logits), loss / std::abs(alone_b.weighted_loss), grads / max_abs_of(alone_b.weighted_grads)};
+}
+
+TEST_F(CudaOps, DocumentAfterAnother_Bf16_HasTheLogitsLossAndGradientsOfItAlone) {
+    for (ModelFamily family : {ModelFamily::llama, ModelFamily::gpt2}) {
+        SCOPED_TRACE(family_name(family));
+        const std::array<double, 3> masked = document_b_error(gpu(), family, true), causal = document_b_error(gpu(), family, false);
+        const char* what[] = {"logits", "loss", "gradients"};
+        for (size_t i = 0; i < 3; ++i) {
+            // Measured: logits bitwise, loss within 1e-8, gradients within 2.4e-2 (their
+            // difference of bf16-computed sums); causal: 0.1 to 2.7.
+            EXPECT_LT(masked[i], 5e-2) << what[i];
+            EXPECT_GT(causal[i], std::max(10 * masked[i], 5e-2)) << what[i] << ": the mask changed nothing beyond rounding";
+        }
+    }
 }
 
 // ---- rope ----
@@ -1290,7 +1453,7 @@ TEST_F(CudaDeterminism, EmbeddingBwd_TwoRunsAreBitwiseEqual) {
         std::vector<OwnedTensor> g;
         g.push_back(to_device(gpu(), dwte0, f32));
         g.push_back(to_device(gpu(), dwpe0, f32));
-        gpu().embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = g_dout, .tokens = g_tokens, .seq_len = T, .vocab = {}});
+        gpu().embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = g_dout, .tokens = g_tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
         return g;
     });
 }
@@ -1334,11 +1497,11 @@ TEST_F(CudaDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
         const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 5300, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 5301);
         const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
         const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         expect_two_runs_identical([&] {
             std::vector<OwnedTensor> g;
             g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}));
-            gpu().attention_bwd({.dqkv = g[0], .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s});
+            gpu().attention_bwd({.dqkv = g[0], .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s, .doc_starts = Tensor()});
             return g;
         });
     }
@@ -1422,8 +1585,8 @@ TEST_F(CudnnOps, AttentionFwdBwd_MatchTheNativeKernelsAndShareTheSavedRows) {
         const auto run = [&](Backend& be) {
             Run r{device_tensor(be, bf16, {s.rows(), s.out_width()}), device_tensor(be, f32, be.attention_saved_shape(s)),
                   device_tensor(be, bf16, {s.rows(), s.qkv_width()})};
-            be.attention_fwd(r.out, r.saved, g_qkv, s);
-            be.attention_bwd({.dqkv = r.dqkv, .dout = g_dout, .qkv = g_qkv, .out = r.out, .saved = r.saved, .shape = s});
+            be.attention_fwd({.out = r.out, .saved = r.saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
+            be.attention_bwd({.dqkv = r.dqkv, .dout = g_dout, .qkv = g_qkv, .out = r.out, .saved = r.saved, .shape = s, .doc_starts = Tensor()});
             be.synchronize();
             return r;
         };
@@ -1435,7 +1598,7 @@ TEST_F(CudnnOps, AttentionFwdBwd_MatchTheNativeKernelsAndShareTheSavedRows) {
         expect_matches("dqkv", c_d, n_d, attention_tolerance(bf16), {1e-2 * max_abs(n_d), false});
         // cuDNN's backward from the native forward's saved rows gives cuDNN's own result.
         const OwnedTensor cross = device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()});
-        gpu().attention_bwd({.dqkv = cross, .dout = g_dout, .qkv = g_qkv, .out = n.out, .saved = n.saved, .shape = s});
+        gpu().attention_bwd({.dqkv = cross, .dout = g_dout, .qkv = g_qkv, .out = n.out, .saved = n.saved, .shape = s, .doc_starts = Tensor()});
         expect_matches("dqkv after the native forward", download(gpu(), cross), n_d, attention_tolerance(bf16), {1e-2 * max_abs(n_d), false});
     }
 }
@@ -1446,11 +1609,11 @@ TEST_F(CudnnDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
         const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 6600, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 6601);
         const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16);
         const OwnedTensor g_out = device_tensor(gpu(), bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(gpu(), f32, gpu().attention_saved_shape(s));
-        gpu().attention_fwd(g_out, g_saved, g_qkv, s);
+        gpu().attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         expect_two_runs_identical([&] {
             std::vector<OwnedTensor> g;
             g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}));
-            gpu().attention_bwd({.dqkv = g[0], .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s});
+            gpu().attention_bwd({.dqkv = g[0], .dout = g_dout, .qkv = g_qkv, .out = g_out, .saved = g_saved, .shape = s, .doc_starts = Tensor()});
             return g;
         });
     }
@@ -1469,7 +1632,7 @@ TEST(CudaAttentionChoice, WithoutLibcudnn_AutoRunsTheNativeKernelsAndCudnnIsRefu
         EXPECT_EQ(automatic->describe_attention(s, bf16).rfind("native flash kernels", 0), 0u) << automatic->describe_attention(s, bf16);
         const OwnedTensor g_qkv = to_device(*automatic, random_input(bf16, {s.rows(), s.qkv_width()}, 6700), bf16);
         const OwnedTensor g_out = device_tensor(*automatic, bf16, {s.rows(), s.out_width()}), g_saved = device_tensor(*automatic, f32, automatic->attention_saved_shape(s));
-        automatic->attention_fwd(g_out, g_saved, g_qkv, s);
+        automatic->attention_fwd({.out = g_out, .saved = g_saved, .qkv = g_qkv, .shape = s, .doc_starts = Tensor()});
         EXPECT_GT(max_abs(download(*automatic, g_out)), 0.0);
         try {
             make_cuda_backend(0, AttentionImpl::cudnn);

@@ -27,12 +27,12 @@ void check_embedding(int64_t B, int64_t T, int64_t C, int64_t V, bool positions)
     const OwnedTensor wpe = positions ? random_tensor(f64, {T + 2, C}, 3) : OwnedTensor();
     const OwnedTensor out(f64, {N, C}), R = random_tensor(f64, {N, C}, 4);
     auto loss = [&] {
-        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}});
+        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
         return weighted_sum(out, R);
     };
     const OwnedTensor dwte = filled(f64, {V, C}, prefill);
     const OwnedTensor dwpe = positions ? filled(f64, {T + 2, C}, prefill) : OwnedTensor();
-    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = R, .tokens = tokens, .seq_len = T, .vocab = {}});
+    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = R, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
     expect_gradient_matches("dwte", wte, dwte, loss, prefill);
     if (positions) expect_gradient_matches("dwpe", wpe, dwpe, loss, prefill);
 }
@@ -95,12 +95,12 @@ void check_attention(const AttentionShape& s) {
     const OwnedTensor out(f64, {s.rows(), s.out_width()}), saved(f64, be->attention_saved_shape(s));
     const OwnedTensor R = random_tensor(f64, {s.rows(), s.out_width()}, 41);
     auto loss = [&] {
-        be->attention_fwd(out, saved, qkv, s);
+        be->attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = Tensor()});
         return weighted_sum(out, R);
     };
     loss();
     const OwnedTensor dqkv = filled(f64, {s.rows(), s.qkv_width()}, garbage);
-    be->attention_bwd({.dqkv = dqkv, .dout = R, .qkv = qkv, .out = out, .saved = saved, .shape = s});
+    be->attention_bwd({.dqkv = dqkv, .dout = R, .qkv = qkv, .out = out, .saved = saved, .shape = s, .doc_starts = Tensor()});
     expect_gradient_matches("dqkv", qkv, dqkv, loss);
 }
 

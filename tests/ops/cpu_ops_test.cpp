@@ -68,7 +68,7 @@ void expect_error(ErrorKind kind, const std::vector<std::string>& words, const s
 TEST(F32Forward, Embedding_MatchesF64) {
     const OwnedTensor tokens = random_tokens(14, 11, 1), wte = random_tensor(f64, {11, 13}, 2), wpe = random_tensor(f64, {9, 13}, 3);
     expect_f32_matches_f64({&tokens, &wte, &wpe}, {{14, 13}}, [](Backend& be, const auto& in, const auto& out) {
-        be.embedding_fwd({.out = out[0], .tokens = in[0], .wte = in[1], .wpe = in[2], .seq_len = 7, .vocab = {}});
+        be.embedding_fwd({.out = out[0], .tokens = in[0], .wte = in[1], .wpe = in[2], .seq_len = 7, .vocab = {}, .doc_starts = Tensor()});
     });
 }
 
@@ -98,7 +98,7 @@ TEST(F32Forward, Attention_MatchesF64) {
     const OwnedTensor qkv = random_tensor(f64, {s.rows(), s.qkv_width()}, 12);
     const Shape saved = cpu_backend()->attention_saved_shape(s);
     expect_f32_matches_f64({&qkv}, {{s.rows(), s.out_width()}, saved}, [&](Backend& be, const auto& in, const auto& out) {
-        be.attention_fwd(out[0], out[1], in[0], s);
+        be.attention_fwd({.out = out[0], .saved = out[1], .qkv = in[0], .shape = s, .doc_starts = Tensor()});
     });
 }
 
@@ -279,7 +279,7 @@ TEST(Attention, OneTokenOutputEqualsItsValueHead) {
     const AttentionShape s{3, 1, 4, 2, 5};
     const OwnedTensor qkv = random_tensor(f64, {s.rows(), s.qkv_width()}, 44), out(f64, {s.rows(), s.out_width()});
     const OwnedTensor saved(f64, be->attention_saved_shape(s));
-    be->attention_fwd(out, saved, qkv, s);
+    be->attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = Tensor()});
     for (int64_t n = 0; n < s.rows(); ++n)
         for (int64_t h = 0; h < 4; ++h)
             for (int64_t d = 0; d < 5; ++d) {
@@ -294,7 +294,7 @@ TEST(Attention, SavedProbabilitiesAreCausalAndSumToOne) {
     const Shape saved_shape = be->attention_saved_shape(s);
     ASSERT_EQ(saved_shape, Shape({2, 4, 6, 6}));
     const OwnedTensor qkv = random_tensor(f64, {s.rows(), s.qkv_width()}, 45), out(f64, {s.rows(), s.out_width()}), saved(f64, saved_shape);
-    be->attention_fwd(out, saved, qkv, s);
+    be->attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = Tensor()});
     for (int64_t row = 0; row < 2 * 4 * 6; ++row) {
         const int64_t t = row % 6;
         double sum = 0;
@@ -311,7 +311,7 @@ TEST(Attention, SavedProbabilitiesAreCausalAndSumToOne) {
 
 TEST(Embedding, WithoutPositionsCopiesTokenRows) {
     const OwnedTensor tokens = random_tokens(6, 5, 46), wte = random_tensor(f32, {5, 3}, 47), out(f32, {6, 3});
-    cpu_backend()->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 3, .vocab = {}});
+    cpu_backend()->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 3, .vocab = {}, .doc_starts = Tensor()});
     for (int64_t n = 0; n < 6; ++n)
         for (int64_t c = 0; c < 3; ++c) ASSERT_EQ(get(out, n * 3 + c), get(wte, tokens.data<int32_t>()[n] * 3 + c));
 }
@@ -437,7 +437,7 @@ TEST(Determinism, EmbeddingBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
             std::vector<OwnedTensor> g;
             g.push_back(filled(f32, {17, 150}, 0.5));
             g.push_back(filled(f32, {20, 150}, 0.5));
-            be.embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = dout, .tokens = tokens, .seq_len = 16, .vocab = {}});
+            be.embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = dout, .tokens = tokens, .seq_len = 16, .vocab = {}, .doc_starts = Tensor()});
             return g;
         },
         true);
@@ -447,12 +447,12 @@ TEST(Determinism, AttentionBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
     const AttentionShape s{3, 16, 4, 2, 8};
     const OwnedTensor qkv = random_tensor(f32, {s.rows(), s.qkv_width()}, 69), out(f32, {s.rows(), s.out_width()});
     const OwnedTensor saved(f32, cpu_backend()->attention_saved_shape(s)), dout = random_tensor(f32, {s.rows(), s.out_width()}, 70);
-    cpu_backend()->attention_fwd(out, saved, qkv, s);
+    cpu_backend()->attention_fwd({.out = out, .saved = saved, .qkv = qkv, .shape = s, .doc_starts = Tensor()});
     expect_bitwise_reproducible(
         [&](Backend& be) {
             std::vector<OwnedTensor> g;
             g.emplace_back(f32, Shape{s.rows(), s.qkv_width()});
-            be.attention_bwd({.dqkv = g[0], .dout = dout, .qkv = qkv, .out = out, .saved = saved, .shape = s});
+            be.attention_bwd({.dqkv = g[0], .dout = dout, .qkv = qkv, .out = out, .saved = saved, .shape = s, .doc_starts = Tensor()});
             return g;
         },
         true);
@@ -470,8 +470,11 @@ TEST(ShapeErrors, NameTheOpAndTheTensor) {
     expect_error(ErrorKind::shape, {"matmul_bwd", "dw"}, [&] { be->matmul_bwd({.dx = Tensor(), .dw = w_bad, .dbias = Tensor(), .dout = mdout, .x = x, .w = mw}); });
     const AttentionShape s{1, 4, 2, 1, 3};
     const OwnedTensor qkv_bad(f32, {4, 9}), att_out(f32, {4, 6}), saved(f32, be->attention_saved_shape(s));
-    expect_error(ErrorKind::shape, {"attention_fwd", "qkv"}, [&] { be->attention_fwd(att_out, saved, qkv_bad, s); });
-    expect_error(ErrorKind::shape, {"attention_fwd", "n_kv_heads"}, [&] { be->attention_fwd(att_out, saved, qkv_bad, {1, 4, 3, 2, 2}); });
+    expect_error(ErrorKind::shape, {"attention_fwd", "qkv"},
+                 [&] { be->attention_fwd({.out = att_out, .saved = saved, .qkv = qkv_bad, .shape = s, .doc_starts = Tensor()}); });
+    expect_error(ErrorKind::shape, {"attention_fwd", "n_kv_heads"}, [&] {
+        be->attention_fwd({.out = att_out, .saved = saved, .qkv = qkv_bad, .shape = {1, 4, 3, 2, 2}, .doc_starts = Tensor()});
+    });
     const OwnedTensor sw_out_bad(f32, {4, 6});
     expect_error(ErrorKind::shape, {"swiglu_fwd", "out"}, [&] { be->swiglu_fwd(sw_out_bad, x); });
     const OwnedTensor logits(f32, {4, 6}), targets_bad(DType::i32, {3}), losses(f32, {4});
@@ -487,8 +490,10 @@ TEST(DataErrors, TokenOrTargetOutsideTheVocabularyIsReported) {
     const OwnedTensor tokens(DType::i32, {4}), wte(f32, {5, 3}), out(f32, {4, 3});
     tokens.data<int32_t>()[2] = 5;
     expect_error(ErrorKind::data, {"embedding_fwd: token id 5 at row 2 is outside the vocabulary [0, 5)"},
-                 [&] { be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 4, .vocab = {}}); });
-    expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] { be->embedding_bwd({.dwte = wte, .dwpe = Tensor(), .dout = out, .tokens = tokens, .seq_len = 4, .vocab = {}}); });
+                 [&] { be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 4, .vocab = {}, .doc_starts = Tensor()}); });
+    expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] {
+        be->embedding_bwd({.dwte = wte, .dwpe = Tensor(), .dout = out, .tokens = tokens, .seq_len = 4, .vocab = {}, .doc_starts = Tensor()});
+    });
     const OwnedTensor logits(f32, {4, 5}), losses(f32, {4});
     tokens.data<int32_t>()[2] = -1;
     expect_error(ErrorKind::data, {"xent_fwd", "target -1 at row 2"}, [&] { be->xent_fwd({.losses = losses, .lse = Tensor(), .logits = logits, .targets = tokens, .vocab = {}}); });

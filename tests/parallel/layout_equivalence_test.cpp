@@ -87,6 +87,24 @@ void expect_global_batch_matches_single_process(const std::string& family, int64
     expect_same_run(run_parallel(config).result, Trainer(single, TrainerOptions{.dtype = DType::f32, .quiet = true}).run());
 }
 
+// Packed documents (data.attention_mask = "document" with positions reset): every stage and
+// tp rank derives the same document starts from the micro-batch's tokens. Each word of the
+// corpus is made a document (every space becomes the end-of-document token), so each window
+// holds several boundaries; the masked single process must differ from the causal one beyond
+// the layouts' tolerance, or the comparison would prove nothing.
+void expect_document_mask_layout_matches_single_process(const std::string& family, int64_t micro_batches, std::vector<std::string> layout) {
+    layout.push_back("data.document_separator=\" \"");
+    const Config causal = tiny(family, micro_batches, layout);
+    layout.insert(layout.end(), {"data.attention_mask=\"document\"", "data.reset_position_ids=true"});
+    const Config masked = tiny(family, micro_batches, layout);
+    const int64_t dp = make_mesh(masked.parallel, MpiSession().world_size()).dp();
+    const TrainResult single = run_single_process(masked, dp);
+    const TrainResult single_causal = run_single_process(causal, dp);
+    ASSERT_EQ(single.steps.size(), single_causal.steps.size());
+    EXPECT_GT(std::abs(single.steps.back().loss / single_causal.steps.back().loss - 1), 10 * kTolerance) << "the document mask changed nothing";
+    expect_same_run(run_parallel(masked).result, single);
+}
+
 }  // namespace
 
 // ---- 2 ranks ----
@@ -121,6 +139,20 @@ PARALLEL_TEST(Layouts, LlamaSequenceParallel_MatchesSingleProcess, 2) {
 PARALLEL_TEST(Layouts, Gpt2PipelineTiedEmbeddings_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
 PARALLEL_TEST(Layouts, LlamaPipelineUnevenStages_MatchesSingleProcess, 2) {
     expect_layout_matches_single_process("llama", 3, {"parallel.pp=2", "parallel.stage_layers=\"3,1\""});
+}
+
+PARALLEL_TEST(Layouts, Gpt2DocumentMaskSequenceParallel_MatchesSingleProcess, 2) {
+    expect_document_mask_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"});
+}
+PARALLEL_TEST(Layouts, LlamaDocumentMaskTensorParallelSelectiveRecompute_MatchesSingleProcess, 2) {
+    expect_document_mask_layout_matches_single_process("llama", 2, {"parallel.tp=2", "train.recompute=\"selective\""});
+}
+// A later stage has no embedding: it derives the document starts from the tokens it reads too.
+PARALLEL_TEST(Layouts, Gpt2DocumentMaskPipeline_MatchesSingleProcess, 2) {
+    expect_document_mask_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"});
+}
+PARALLEL_TEST(Layouts, LlamaDocumentMaskPipelineFullRecompute_MatchesSingleProcess, 2) {
+    expect_document_mask_layout_matches_single_process("llama", 3, {"parallel.pp=2", "train.recompute=\"full\""});
 }
 
 // The global batch fixed by train.global_batch_size: 4 sequences per step are 2 micro-batches

@@ -62,8 +62,10 @@ void store(const Tensor& dst, const Tensor& src) {
     }
 }
 
-// lse [B, H, T] of causal attention over the f32 qkv, as the flash kernels save it.
-void attention_lse(const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
+// lse [B, H, T] of causal (or document-masked: doc_starts) attention over the f32 qkv, as
+// the flash kernels save it.
+void attention_lse(const Tensor& lse, const Tensor& qkv, const AttentionShape& s, const Tensor& doc_starts) {
+    const int32_t* starts = doc_starts.empty() ? nullptr : static_cast<const int32_t*>(doc_starts.raw());
     const float* x = qkv.data<float>();
     const int64_t W = s.qkv_width(), D = s.head_dim, T = s.seq_len, group = s.n_heads / s.n_kv_heads;
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -72,7 +74,7 @@ void attention_lse(const Tensor& lse, const Tensor& qkv, const AttentionShape& s
             for (int64_t t = 0; t < T; ++t) {
                 std::vector<double> scores;
                 double max_score = -std::numeric_limits<double>::infinity();
-                for (int64_t j = 0; j <= t; ++j) {
+                for (int64_t j = starts ? starts[b * T + t] : 0; j <= t; ++j) {
                     double dot = 0;
                     for (int64_t d = 0; d < D; ++d) dot += double(x[(b * T + t) * W + h * D + d]) * x[(b * T + j) * W + (s.n_heads + h / group) * D + d];
                     scores.push_back(dot * scale);
@@ -110,7 +112,7 @@ public:
         expect_half(op, "out", out); expect_half(op, "wte", wte); expect_half(op, "wpe", wpe); expect_ids(op, "tokens", tokens);
         const OwnedTensor result(DType::f32, out.shape()), positions = widened(wpe);
         cpu_->embedding_fwd({.out = result, .tokens = host_view(tokens), .wte = widened(wte), .wpe = view_or_empty(positions, wpe),
-                             .seq_len = seq_len, .vocab = shard});
+                             .seq_len = seq_len, .vocab = shard, .doc_starts = host_view(a.doc_starts)});
         store(out, result);
     }
     void embedding_bwd(const EmbeddingBwd& a) override {
@@ -120,7 +122,7 @@ public:
         const char* op = "embedding_bwd";
         expect_f32(op, "dwte", dwte); expect_f32(op, "dwpe", dwpe); expect_half(op, "dout", dout); expect_ids(op, "tokens", tokens);
         cpu_->embedding_bwd({.dwte = host_view(dwte), .dwpe = host_view(dwpe), .dout = widened(dout), .tokens = host_view(tokens), .seq_len = seq_len,
-                             .vocab = shard});
+                             .vocab = shard, .doc_starts = host_view(a.doc_starts)});
     }
     void layernorm_fwd(const LayerNormFwd& a) override {
         const Tensor &out = a.out, &mean = a.mean, &rstd = a.rstd, &x = a.x, &w = a.w, &b = a.b;
@@ -182,15 +184,17 @@ public:
                           .w = widened(w)});
         if (!dx.empty()) store(dx, grad);
     }
-    void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) override {
+    void attention_fwd(const AttentionFwd& a) override {
+        const Tensor &out = a.out, &saved = a.saved, &qkv = a.qkv;
+        const AttentionShape& s = a.shape;
         const char* op = "attention_fwd";
         expect_half(op, "out", out); expect_half(op, "qkv", qkv); expect_f32(op, "saved", saved);
         if (saved.shape() != attention_saved_shape(s)) refuse(op, "saved", cat("has shape ", saved.shape().str()));
         if (!native_attention_takes(s.head_dim)) refuse(op, "qkv", cat("has head_dim ", s.head_dim, "; the flash kernels take ", native_attention_head_dims_text()));
         const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
-        cpu_->attention_fwd(result, probs, q, s);
+        cpu_->attention_fwd({.out = result, .saved = probs, .qkv = q, .shape = s, .doc_starts = host_view(a.doc_starts)});
         store(out, result);
-        attention_lse(host_view(saved), q, s);
+        attention_lse(host_view(saved), q, s, host_view(a.doc_starts));
     }
     // Backward recomputes the probabilities from qkv, as the flash kernels do.
     void attention_bwd(const AttentionBwd& a) override {
@@ -201,15 +205,16 @@ public:
         expect_f32(op, "saved", saved);
         const OwnedTensor q = widened(qkv), result(DType::f32, out.shape()), probs(DType::f32, cpu_->attention_saved_shape(s));
         const OwnedTensor grad(DType::f32, dqkv.shape());
-        cpu_->attention_fwd(result, probs, q, s);
-        cpu_->attention_bwd({.dqkv = grad, .dout = widened(dout), .qkv = q, .out = result, .saved = probs, .shape = s});
+        const Tensor starts = host_view(a.doc_starts);
+        cpu_->attention_fwd({.out = result, .saved = probs, .qkv = q, .shape = s, .doc_starts = starts});
+        cpu_->attention_bwd({.dqkv = grad, .dout = widened(dout), .qkv = q, .out = result, .saved = probs, .shape = s, .doc_starts = starts});
         store(dqkv, grad);
     }
-    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override {
-        rope("rope_fwd", x, table, seq_len, n_heads, head_dim, false);
+    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) override {
+        rope("rope_fwd", x, table, seq_len, n_heads, head_dim, false, doc_starts);
     }
-    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override {
-        rope("rope_bwd", dx, table, seq_len, n_heads, head_dim, true);
+    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) override {
+        rope("rope_bwd", dx, table, seq_len, n_heads, head_dim, true, doc_starts);
     }
     void gelu_fwd(const Tensor& out, const Tensor& x) override { unary("gelu_fwd", out, x, [&](const Tensor& o, const Tensor& a) { cpu_->gelu_fwd(o, a); }); }
     void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
@@ -308,11 +313,12 @@ private:
         expect_device(op, "total", t);
         if (t.dtype() != DType::f64 || t.numel() != 1) refuse(op, "total", "is not an f64 scalar");
     }
-    void rope(const char* op, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse) {
+    void rope(const char* op, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse,
+              const Tensor& doc_starts) {
         expect_half(op, "x", x); expect_f32(op, "table", table);
         const OwnedTensor values = widened(x);
-        if (inverse) cpu_->rope_bwd(values, host_view(table), seq_len, n_heads, head_dim);
-        else cpu_->rope_fwd(values, host_view(table), seq_len, n_heads, head_dim);
+        if (inverse) cpu_->rope_bwd(values, host_view(table), seq_len, n_heads, head_dim, host_view(doc_starts));
+        else cpu_->rope_fwd(values, host_view(table), seq_len, n_heads, head_dim, host_view(doc_starts));
         store(x, values);
     }
     template <class Fn>

@@ -570,6 +570,35 @@ TEST(Config, TpOverlapWithoutSequenceParallelism_IsRejectedWithTheKeyNamed) {
                          "(got sequence_parallel = true, tp = 1; allowed: false)"));
 }
 
+// Packed documents: causal and no position reset by default; a document mask or position
+// reset needs an end-of-text token (the byte vocabulary's, or a tokenizer's), the CPU backend,
+// and every model chunk seeing the tokens.
+TEST(Config, DocumentMask_DefaultsToCausalAndReadsItsNames) {
+    const Config causal = parse(TomlText::gpt2());
+    EXPECT_EQ(causal.data.attention_mask, AttentionMask::causal);
+    EXPECT_FALSE(causal.data.reset_position_ids);
+    const Config document = parse(TomlText::gpt2().set("data.attention_mask", "\"document\"").set("data.reset_position_ids", "true"));
+    EXPECT_EQ(document.data.attention_mask, AttentionMask::document);
+    EXPECT_TRUE(document.data.reset_position_ids);
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("data.attention_mask", "\"packed\"")), "data.attention_mask"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("data.attention_mask", "\"packed\"")), "document"));
+}
+
+TEST(Config, DocumentMaskWithoutATokenizerWithCudnnOrInterleaved_IsRefusedNamingTheKey) {
+    const TomlText tokens = TomlText::gpt2().set("data.format", "\"tokens\"").set("data.val_path", literal(val_file()));
+    EXPECT_TRUE(Contains(error_of(TomlText(tokens).set("data.attention_mask", "\"document\"")),
+                         "run.toml: data.attention_mask: needs the end-of-text token that ends each document: data.format = \"tokens\" has no tokenizer"));
+    EXPECT_TRUE(Contains(error_of(TomlText(tokens).set("data.reset_position_ids", "true")), "run.toml: data.reset_position_ids: needs the end-of-text token"));
+    EXPECT_NO_THROW(parse(tokens));
+    const TomlText cuda = TomlText::gpt2().set("data.attention_mask", "\"document\"").set("train.device", "\"cuda\"").set("model.n_heads", "1");
+    EXPECT_NO_THROW(parse(cuda));
+    EXPECT_TRUE(Contains(error_of(TomlText(cuda).set("model.attention", "\"cudnn\"")),
+                         "data.attention_mask: = \"document\" runs on the native attention kernels; model.attention = \"cudnn\" cannot take it"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("data.attention_mask", "\"document\"").set("model.n_layers", "4").set("parallel.pp", "2")
+                                      .set("parallel.virtual_stages", "2").set("train.grad_accum", "2")),
+                         "data.attention_mask: needs every model chunk to see its micro-batch's tokens; parallel.virtual_stages = 2"));
+}
+
 // Interleaved 1F1B: each stage's layers split into virtual_stages chunks, micro-batches in
 // groups of pp, and a pipeline to interleave.
 TEST(Config, VirtualStagesThatDoNotFitTheLayout_AreRejectedWithTheKeyNamed) {

@@ -89,6 +89,19 @@ TEST(MemoryPlan, TensorAndPipelineParallel_EqualTrainerMemory_OnEveryRank) {
     expect_plan_matches_every_rank(small("gpt2", {"parallel.pp=2", "train.grad_accum=0", "train.global_batch_size=12"}), 1, 2, 2);
 }
 
+// The document starts (i32 per token) are kept with each activation set in flight.
+TEST(MemoryPlan, DocumentMask_CountsTheDocumentStartsOnEveryRank) {
+    const std::vector<std::string> documents = {"data.attention_mask=\"document\"", "data.reset_position_ids=true"};
+    std::vector<std::string> layout = {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"};
+    layout.insert(layout.end(), documents.begin(), documents.end());
+    expect_plan_matches_every_rank(small("llama", layout), 2, 1, 2);
+    expect_plan_matches_every_rank(small("gpt2", documents), 1, 1, 1);
+    const Mesh one(1, 1, 1, 1, ParallelConfig{}.order);
+    const size_t causal = plan_memory(small("gpt2"), one, 0).memory.activation_bytes;
+    const size_t masked = plan_memory(small("gpt2", documents), one, 0).memory.activation_bytes;
+    EXPECT_GE(masked - causal, size_t{2 * 16 * 4});  // at least one set's batch_size x seq_len i32 starts
+}
+
 // Pipeline stages differ: the first holds the embedding and more micro-batches in flight.
 TEST(MemoryPlan, LargestRank_IsTheStageThatHoldsMost) {
     const Config config = small("gpt2", {"parallel.pp=2", "parallel.stage_layers=\"3,1\""});

@@ -1,6 +1,8 @@
 // Causal self-attention with grouped-query heads on the CPU, one head at a time.
-//   S = q k^T / sqrt(D), masked to s <= t;  P = softmax over each row of S;  out = P v.
-// saved [B, H, T, T] holds P (zeros above the diagonal).
+//   S = q k^T / sqrt(D), masked to first(t) <= s <= t;  P = softmax over each row of S;  out = P v,
+// first(t) = 0 (causal), or the start of t's document (a document mask: doc_starts).
+// saved [B, H, T, T] holds P (zeros outside the mask). Without a document boundary the loops
+// run over exactly the causal range, so the result is bitwise the causal one.
 // Backward, with dP = dout v^T and dS = P (dP - rowsum(P dP)):
 //   dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dv = P^T dout,
 // where dk and dv of a key/value head sum over its group of query heads. Backward runs one
@@ -20,6 +22,9 @@ namespace {
 // Element offsets of the heads inside the packed QKV rows and the output rows.
 struct AttentionLayout {
     int64_t T, H, Hkv, D;
+    const int32_t* doc_starts = nullptr;  // [B*T] or none
+    // The first key query t of sequence b sees.
+    int64_t first_key(int64_t b, int64_t t) const { return doc_starts ? doc_starts[b * T + t] : 0; }
     int64_t qkv_row(int64_t b, int64_t t) const { return (b * T + t) * (H + 2 * Hkv) * D; }
     int64_t q(int64_t b, int64_t t, int64_t h) const { return qkv_row(b, t) + h * D; }
     int64_t k(int64_t b, int64_t t, int64_t g) const { return qkv_row(b, t) + (H + g) * D; }
@@ -51,18 +56,19 @@ void attention_fwd_head(T* out, T* saved, const T* qkv, const AttentionLayout& L
     const int64_t seq = L.T, D = L.D, g = h / L.group();
     for (int64_t t = 0; t < seq; ++t) {
         const T* q = qkv + L.q(b, t, h);
+        const int64_t first = L.first_key(b, t);
         double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = first; s <= t; ++s) {
             scores[static_cast<size_t>(s)] = dot(q, qkv + L.k(b, s, g), D) * L.scale();
             max_score = std::max(max_score, scores[static_cast<size_t>(s)]);
         }
         double sum = 0;
-        for (int64_t s = 0; s <= t; ++s) sum += (scores[static_cast<size_t>(s)] = std::exp(scores[static_cast<size_t>(s)] - max_score));
+        for (int64_t s = first; s <= t; ++s) sum += (scores[static_cast<size_t>(s)] = std::exp(scores[static_cast<size_t>(s)] - max_score));
         T* p = saved + L.probs(b, h) + t * seq;
-        for (int64_t s = 0; s < seq; ++s) p[s] = s <= t ? static_cast<T>(scores[static_cast<size_t>(s)] / sum) : T(0);
+        for (int64_t s = 0; s < seq; ++s) p[s] = s >= first && s <= t ? static_cast<T>(scores[static_cast<size_t>(s)] / sum) : T(0);
         T* o = out + L.out(b, t, h);
         for (int64_t d = 0; d < D; ++d) o[d] = 0;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = first; s <= t; ++s) {
             const T* v = qkv + L.v(b, s, g);
             for (int64_t d = 0; d < D; ++d) o[d] += p[s] * v[d];
         }
@@ -77,14 +83,15 @@ void attention_bwd_head(T* dqkv, const T* dout, const T* qkv, const T* saved, co
         const T* p = saved + L.probs(b, h) + t * seq;
         const T* dout_t = dout + L.out(b, t, h);
         const T* q = qkv + L.q(b, t, h);
+        const int64_t first = L.first_key(b, t);
         double p_dot_dp = 0;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = first; s <= t; ++s) {
             dp[static_cast<size_t>(s)] = dot(dout_t, qkv + L.v(b, s, g), D);
             p_dot_dp += static_cast<double>(p[s]) * dp[static_cast<size_t>(s)];
         }
         T* dq = dqkv + L.q(b, t, h);
         for (int64_t d = 0; d < D; ++d) dq[d] = 0;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = first; s <= t; ++s) {
             const T ds = static_cast<T>(static_cast<double>(p[s]) * (dp[static_cast<size_t>(s)] - p_dot_dp) * L.scale());
             const T* k = qkv + L.k(b, s, g);
             T* dk = dqkv + L.k(b, s, g);
@@ -135,10 +142,13 @@ AttentionLayout expect_attention_shape(const char* op, const AttentionShape& s) 
 
 }  // namespace
 
-void CpuBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) {
+void CpuBackend::attention_fwd(const AttentionFwd& a) {
+    const Tensor &out = a.out, &saved = a.saved, &qkv = a.qkv;
+    const AttentionShape& shape = a.shape;
     cpu::OpTimer timer(profile_, Op::attention_fwd);
     const char* op = timer.name();
-    const AttentionLayout L = expect_attention_shape(op, shape);
+    AttentionLayout L = expect_attention_shape(op, shape);
+    L.doc_starts = cpu::document_starts(op, a.doc_starts, shape.rows(), shape.seq_len);
     cpu::dispatch_float(op, "qkv", qkv, [&]<class T>() {
         const DType dt = qkv.dtype();
         cpu::expect_tensor(op, "qkv", qkv, {shape.rows(), shape.qkv_width()}, dt);
@@ -153,7 +163,8 @@ void CpuBackend::attention_bwd(const AttentionBwd& a) {
     const AttentionShape& shape = a.shape;
     cpu::OpTimer timer(profile_, Op::attention_bwd);
     const char* op = timer.name();
-    const AttentionLayout L = expect_attention_shape(op, shape);
+    AttentionLayout L = expect_attention_shape(op, shape);
+    L.doc_starts = cpu::document_starts(op, a.doc_starts, shape.rows(), shape.seq_len);
     cpu::dispatch_float(op, "qkv", qkv, [&]<class T>() {
         const DType dt = qkv.dtype();
         cpu::expect_tensor(op, "dqkv", dqkv, {shape.rows(), shape.qkv_width()}, dt);

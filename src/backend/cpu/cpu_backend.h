@@ -36,11 +36,11 @@ public:
     bool keeps_row_blocks() const override { return true; }
     void matmul_bwd(const MatmulBwd& args) override;
 
-    void attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& shape) override;
+    void attention_fwd(const AttentionFwd& args) override;
     void attention_bwd(const AttentionBwd& args) override;
 
-    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override;
-    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) override;
+    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) override;
+    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) override;
 
     void gelu_fwd(const Tensor& out, const Tensor& x) override;
     void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override;

@@ -1,6 +1,7 @@
 // Token and position embedding on the CPU.
-//   forward:  out[n] = wte[tokens[n]] + wpe[n % T]
-//   backward: dwte[tokens[n]] += dout[n];  dwpe[n % T] += dout[n]
+//   forward:  out[n] = wte[tokens[n]] + wpe[pos(n)]
+//   backward: dwte[tokens[n]] += dout[n];  dwpe[pos(n)] += dout[n]
+// pos(n) = n % T, less the start of n's document when positions restart (doc_starts).
 // With a vocabulary shard, wte holds rows [begin, begin + V_local): a token outside them
 // contributes a zero row and no gradient.
 // The backward scatters rows into shared gradient rows, so it runs over column blocks:
@@ -12,21 +13,23 @@ namespace llmtrain {
 
 namespace {
 
+int64_t position(int64_t n, int64_t seq_len, const int32_t* doc_starts) { return n % seq_len - (doc_starts ? doc_starts[n] : 0); }
+
 template <class T>
-void embedding_fwd_rows(T* out, const int32_t* tokens, const T* wte, const T* wpe, cpu::VocabRows local, int64_t rows, int64_t C, int64_t seq_len,
-                        int threads) {
+void embedding_fwd_rows(T* out, const int32_t* tokens, const T* wte, const T* wpe, const int32_t* doc_starts, cpu::VocabRows local, int64_t rows, int64_t C,
+                        int64_t seq_len, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
         const T* e = local.holds(tokens[n]) ? wte + (tokens[n] - local.begin) * C : nullptr;
-        const T* p = wpe ? wpe + (n % seq_len) * C : nullptr;
+        const T* p = wpe ? wpe + position(n, seq_len, doc_starts) * C : nullptr;
         T* o = out + n * C;
         for (int64_t c = 0; c < C; ++c) o[c] = (e ? e[c] : T(0)) + (p ? p[c] : T(0));
     }
 }
 
 template <class T>
-void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, cpu::VocabRows local, int64_t rows, int64_t C, int64_t seq_len,
-                           int threads) {
+void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* doc_starts, cpu::VocabRows local, int64_t rows,
+                           int64_t C, int64_t seq_len, int threads) {
     const int64_t blocks = cpu::column_block_count(C);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t block = 0; block < blocks; ++block) {
@@ -38,7 +41,7 @@ void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* token
                 for (int64_t c = c0; c < c1; ++c) g[c] += d[c];
             }
             if (dwpe) {
-                T* p = dwpe + (n % seq_len) * C;
+                T* p = dwpe + position(n, seq_len, doc_starts) * C;
                 for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
             }
         }
@@ -67,7 +70,8 @@ void CpuBackend::embedding_fwd(const EmbeddingFwd& a) {
         const cpu::VocabRows local(shard, V);
         cpu::expect_vocab_rows(op, local);
         cpu::expect_ids_in_vocab(op, "token id", tokens.data<int32_t>(), N, local.total);
-        embedding_fwd_rows(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), cpu::data_or_null<T>(wpe), local, N, C, seq_len, threads_);
+        const int32_t* starts = cpu::document_starts(op, a.doc_starts, N, seq_len);
+        embedding_fwd_rows(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), cpu::data_or_null<T>(wpe), starts, local, N, C, seq_len, threads_);
     });
 }
 
@@ -91,7 +95,8 @@ void CpuBackend::embedding_bwd(const EmbeddingBwd& a) {
         const cpu::VocabRows local(shard, V);
         cpu::expect_vocab_rows(op, local);
         cpu::expect_ids_in_vocab(op, "token id", tokens.data<int32_t>(), N, local.total);
-        embedding_bwd_columns(dwte.data<T>(), cpu::data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), local, N, C, seq_len, threads_);
+        const int32_t* starts = cpu::document_starts(op, a.doc_starts, N, seq_len);
+        embedding_bwd_columns(dwte.data<T>(), cpu::data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), starts, local, N, C, seq_len, threads_);
     });
 }
 

@@ -1,5 +1,5 @@
 // Rotary position embedding on the CPU, in place. For the first n_heads heads of row n
-// (position pos = n % seq_len) and each pair (i, i + D/2), with c = cos, s = sin of the
+// (position pos = n % seq_len, less its document's start with doc_starts) and each pair (i, i + D/2), with c = cos, s = sin of the
 // angle pos * theta^(-2i/D) from the table:
 //   forward:  x_i' = x_i c - x_{i+D/2} s,  x_{i+D/2}' = x_{i+D/2} c + x_i s
 //   backward: the transposed (inverse) rotation, the same with s negated.
@@ -12,11 +12,13 @@ namespace {
 
 // sign = +1 rotates forward, -1 applies the inverse rotation.
 template <class T>
-void rope_rows(T* x, const T* table, int64_t rows, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, T sign, int threads) {
+void rope_rows(T* x, const T* table, const int32_t* doc_starts, int64_t rows, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, T sign,
+               int threads) {
     const int64_t half = head_dim / 2;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
-        const T* cos_row = table + (n % seq_len) * head_dim;
+        const int64_t pos = n % seq_len - (doc_starts ? doc_starts[n] : 0);
+        const T* cos_row = table + pos * head_dim;
         const T* sin_row = cos_row + half;
         for (int64_t h = 0; h < n_heads; ++h) {
             T* x0 = x + n * width + h * head_dim;
@@ -31,7 +33,8 @@ void rope_rows(T* x, const T* table, int64_t rows, int64_t width, int64_t seq_le
     }
 }
 
-void rope(OpProfile& profile, Op op_id, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, int threads) {
+void rope(OpProfile& profile, Op op_id, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
+          int threads) {
     cpu::OpTimer timer(profile, op_id);
     const char* op = timer.name();
     const bool forward = op_id == Op::rope_fwd;
@@ -45,18 +48,19 @@ void rope(OpProfile& profile, Op op_id, const Tensor& x, const Tensor& table, in
         fail(ErrorKind::shape, op, ": seq_len ", seq_len, " must be positive and at most the table's ", table.dim(0), " positions");
     cpu::dispatch_float(op, x_name, x, [&]<class T>() {
         cpu::expect_tensor(op, "table", table, {table.dim(0), head_dim}, x.dtype());
-        rope_rows(x.data<T>(), table.data<T>(), x.dim(0), x.dim(1), seq_len, n_heads, head_dim, forward ? T(1) : T(-1), threads);
+        const int32_t* starts = cpu::document_starts(op, doc_starts, x.dim(0), seq_len);
+        rope_rows(x.data<T>(), table.data<T>(), starts, x.dim(0), x.dim(1), seq_len, n_heads, head_dim, forward ? T(1) : T(-1), threads);
     });
 }
 
 }  // namespace
 
-void CpuBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
-    rope(profile_, Op::rope_fwd, x, table, seq_len, n_heads, head_dim, threads_);
+void CpuBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
+    rope(profile_, Op::rope_fwd, x, table, seq_len, n_heads, head_dim, doc_starts, threads_);
 }
 
-void CpuBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
-    rope(profile_, Op::rope_bwd, dx, table, seq_len, n_heads, head_dim, threads_);
+void CpuBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
+    rope(profile_, Op::rope_bwd, dx, table, seq_len, n_heads, head_dim, doc_starts, threads_);
 }
 
 }  // namespace llmtrain

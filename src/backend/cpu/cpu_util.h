@@ -66,6 +66,19 @@ inline void expect_ids_in_vocab(const char* op, const char* what, const int32_t*
             fail(ErrorKind::data, op, ": ", what, " ", ids[n], " at row ", n, " is outside the vocabulary [0, ", vocab, ")");
 }
 
+// The document starts of `rows` tokens in sequences of seq_len (backend.h), or nullptr when
+// absent: i32 [rows] with 0 <= doc_starts[n] <= n % seq_len (a shape error naming the op and
+// the row otherwise).
+inline const int32_t* document_starts(const char* op, const Tensor& doc_starts, int64_t rows, int64_t seq_len) {
+    if (doc_starts.empty()) return nullptr;
+    expect_tensor(op, "doc_starts", doc_starts, {rows}, DType::i32);
+    const int32_t* starts = doc_starts.data<int32_t>();
+    for (int64_t n = 0; n < rows; ++n)
+        if (starts[n] < 0 || starts[n] > n % seq_len)
+            fail(ErrorKind::shape, op, ": doc_starts ", starts[n], " at row ", n, " is outside [0, ", n % seq_len, "], its position in the sequence");
+    return starts;
+}
+
 // Parameter-gradient reductions over rows run over blocks of this many columns. The width
 // does not depend on the thread count, so every output element is summed by one thread, in
 // row order, through the same code path: the result is the same for any thread count.

@@ -71,6 +71,13 @@ private:
 };
 
 namespace {
+// The document starts of `rows` tokens on the device (backend.h), or null when absent.
+const int32_t* document_starts(const char* op, const Tensor& doc_starts, int64_t rows) {
+    if (doc_starts.empty()) return nullptr;
+    expect_tensor(op, "doc_starts", doc_starts, {rows}, DType::i32, Device::cuda);
+    return static_cast<const int32_t*>(doc_starts.raw());
+}
+
 
 using kernels::Half;
 
@@ -117,7 +124,8 @@ void CudaBackend::embedding_fwd(const EmbeddingFwd& a) {
     }
     expect_positions(op, "wpe", wpe, seq_len);
     expect_vocab(op, shard, V);
-    kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, stream_);
+    const int32_t* starts = document_starts(op, a.doc_starts, N);
+    kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, starts, stream_);
 }
 
 void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
@@ -144,10 +152,11 @@ void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
     }
     // dwpe rows [0, min(seq_len, N)) are written: seq_len must not pass its positions.
     expect_positions(op, "dwpe", dwpe, seq_len);
+    const int32_t* starts = document_starts(op, a.doc_starts, N);
     const size_t scratch_bytes = kernels::embedding_bwd_scratch_bytes(N);
     void* scratch = workspace(scratch_bytes);
     kernels::launch_embedding_bwd(t, static_cast<float*>(ptr_or_null(dwte)), static_cast<float*>(ptr_or_null(dwpe)), dout.raw(), ptr<int32_t>(tokens), N, C,
-                                  seq_len, shard.begin, V, scratch, scratch_bytes, stream_);
+                                  seq_len, shard.begin, V, starts, scratch, scratch_bytes, stream_);
 }
 
 namespace {
@@ -420,21 +429,25 @@ std::string CudaBackend::describe_attention(const AttentionShape& s, DType dtype
                "), workspace ", fixed(static_cast<double>(r.workspace_bytes) / 1e6, 1), " MB");
 }
 
-void CudaBackend::attention_fwd(const Tensor& out, const Tensor& saved, const Tensor& qkv, const AttentionShape& s) {
+void CudaBackend::attention_fwd(const AttentionFwd& a) {
+    const Tensor &out = a.out, &saved = a.saved, &qkv = a.qkv;
+    const AttentionShape& s = a.shape;
     CudaOpScope scope(*this, Op::attention_fwd);
     const char* op = scope.name();
+    // cuDNN's graphs mask causally: a document mask runs on the native kernels.
+    const int32_t* starts = document_starts(op, a.doc_starts, s.rows());
     expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
     expect(op, "out", out, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
     expect_attention_aligned(op, {{"qkv", &qkv}, {"out", &out}}, saved);
-    if (cudnn_runs(s, qkv.dtype(), op)) {
+    if (!starts && cudnn_runs(s, qkv.dtype(), op)) {
         void* scratch = workspace(cudnn_->plan(s, qkv.dtype()).workspace_bytes);
         return cudnn_->forward(s, qkv.dtype(), out.raw(), ptr<float>(saved), qkv.raw(), scratch);
     }
     expect_native_head_dim(op, s);
-    kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, stream_);
+    kernels::launch_attention_fwd(t, out.raw(), ptr<float>(saved), qkv.raw(), s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, starts, stream_);
 }
 
 void CudaBackend::attention_bwd(const AttentionBwd& a) {
@@ -442,6 +455,7 @@ void CudaBackend::attention_bwd(const AttentionBwd& a) {
     const AttentionShape& s = a.shape;
     CudaOpScope scope(*this, Op::attention_bwd);
     const char* op = scope.name();
+    const int32_t* starts = document_starts(op, a.doc_starts, s.rows());
     expect_head_groups(op, s);
     const Half t = half_of(op, "qkv", qkv);
     expect(op, "qkv", qkv, {s.rows(), s.qkv_width()}, qkv.dtype());
@@ -450,14 +464,14 @@ void CudaBackend::attention_bwd(const AttentionBwd& a) {
     expect(op, "dout", dout, {s.rows(), s.out_width()}, qkv.dtype());
     expect(op, "saved", saved, attention_saved_shape(s), DType::f32);
     expect_attention_aligned(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, saved);
-    if (cudnn_runs(s, qkv.dtype(), op)) {
+    if (!starts && cudnn_runs(s, qkv.dtype(), op)) {
         void* scratch = workspace(cudnn_->plan(s, qkv.dtype()).workspace_bytes);
         return cudnn_->backward(s, qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), scratch);
     }
     expect_native_head_dim(op, s);
     void* scratch = workspace(kernels::attention_bwd_scratch_bytes(s.batch, s.seq_len, s.n_heads));
     kernels::launch_attention_bwd(t, dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), ptr<float>(saved), s.batch, s.seq_len, s.n_heads, s.n_kv_heads,
-                                  s.head_dim, scratch, stream_);
+                                  s.head_dim, starts, scratch, stream_);
 }
 
 namespace {
@@ -472,16 +486,19 @@ void expect_rope(const char* op, const Tensor& x, const Tensor& table, int64_t s
 }
 }  // namespace
 
-void CudaBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
+void CudaBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
     CudaOpScope scope(*this, Op::rope_fwd);
     expect_rope(scope.name(), x, table, seq_len, n_heads, head_dim);
-    kernels::launch_rope(half_of(scope.name(), "x", x), x.raw(), ptr<float>(table), x.dim(0), x.dim(1), seq_len, n_heads, head_dim, false, stream_);
+    const int32_t* starts = document_starts(scope.name(), doc_starts, x.dim(0));
+    kernels::launch_rope(half_of(scope.name(), "x", x), x.raw(), ptr<float>(table), x.dim(0), x.dim(1), seq_len, n_heads, head_dim, false, starts, stream_);
 }
 
-void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim) {
+void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
     CudaOpScope scope(*this, Op::rope_bwd);
     expect_rope(scope.name(), dx, table, seq_len, n_heads, head_dim);
-    kernels::launch_rope(half_of(scope.name(), "dx", dx), dx.raw(), ptr<float>(table), dx.dim(0), dx.dim(1), seq_len, n_heads, head_dim, true, stream_);
+    const int32_t* starts = document_starts(scope.name(), doc_starts, dx.dim(0));
+    kernels::launch_rope(half_of(scope.name(), "dx", dx), dx.raw(), ptr<float>(table), dx.dim(0), dx.dim(1), seq_len, n_heads, head_dim, true, starts,
+                         stream_);
 }
 
 namespace {
