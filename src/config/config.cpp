@@ -316,7 +316,11 @@ const std::vector<Field>& schema() {
 
         CONFIG_KEY(parallel, tp).integer(1, 65536).describe("tensor-parallel ranks; divides n_heads, n_kv_heads and d_ff (the vocabulary is padded, see model.pad_vocab_to)"),
         CONFIG_KEY(parallel, pp).integer(1, 65536).describe("pipeline stages (1F1B, interleaved with virtual_stages > 1); at most n_layers; fewer micro-batches than stages widen the bubble"),
-        CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * pp)"),
+        CONFIG_KEY(parallel, dp).integer(0, 65536).describe("data-parallel replicas; 0: world size / (tp * cp * pp)"),
+        CONFIG_KEY(parallel, cp).integer(1, 65536)
+            .describe("context-parallel ranks: each sequence is cut into 2 x cp equal chunks and rank r of the cp group holds chunks r and 2cp - 1 - r "
+                      "(balanced causal work); attention runs as a ring passing keys and values around the group, merged by log-sum-exp; the "
+                      "cp ranks sit just inside dp in the mesh and read the same sequences; train.seq_len must be a multiple of 2 x cp"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero_stage).integer(0, 3)
             .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); 3: parameters "
@@ -824,9 +828,20 @@ constexpr Check kChecks[] = {
                                           m.d_ff, " (got ", tp, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
-        const int64_t tokens = c.train.batch_size * c.train.seq_len;
+        const int64_t cp = c.parallel.cp, T = c.train.seq_len;
+        if (cp == 1 || T % (2 * cp) == 0) return std::nullopt;
+        return Problem{"parallel.cp", cat("= ", cp, " cuts each sequence into 2 x cp = ", 2 * cp, " equal chunks, but train.seq_len = ", T,
+                                          " is not a multiple of ", 2 * cp, " (allowed: a cp with seq_len a multiple of 2 x cp)")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        if (c.parallel.cp == 1 || c.model.attention != AttentionImpl::cudnn) return std::nullopt;
+        return Problem{"parallel.cp", cat("= ", c.parallel.cp, " runs attention as a ring of blocks on the native kernels; model.attention = \"cudnn\" "
+                                          "cannot take it (allowed with cp > 1: model.attention = \"auto\" or \"native\")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        const int64_t tokens = c.train.batch_size * c.train.seq_len / c.parallel.cp;
         if (!c.parallel.sequence_parallel || tokens % c.parallel.tp == 0) return std::nullopt;
-        return Problem{"parallel.sequence_parallel", cat("splits the train.batch_size * train.seq_len = ", tokens,
+        return Problem{"parallel.sequence_parallel", cat("splits the train.batch_size * train.seq_len", c.parallel.cp > 1 ? " / parallel.cp" : "", " = ", tokens,
                                                          " tokens of a micro-batch across parallel.tp = ", c.parallel.tp, " ranks: they must divide evenly")};
     },
     [](const Config& c) -> std::optional<Problem> {
@@ -837,7 +852,7 @@ constexpr Check kChecks[] = {
     },
     [](const Config& c) -> std::optional<Problem> {
         // The last evaluation micro-batch holds the remainder of the sequences.
-        const int64_t rows = c.train.eval_sequences % c.train.batch_size, tokens = rows * c.train.seq_len;
+        const int64_t rows = c.train.eval_sequences % c.train.batch_size, tokens = rows * c.train.seq_len / c.parallel.cp;
         if (!c.parallel.sequence_parallel || tokens % c.parallel.tp == 0) return std::nullopt;
         return Problem{"train.eval_sequences", cat("leaves a last evaluation micro-batch of ", rows, " sequences x train.seq_len = ", tokens,
                                                    " tokens, which parallel.sequence_parallel cannot split across parallel.tp = ", c.parallel.tp,

@@ -57,11 +57,16 @@ DType master_dtype(DType compute) { return compute == DType::bf16 || compute == 
 
 TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, DType dtype, int64_t max_batch, int64_t max_seq_len,
                                      ModelPartition partition, int tp_group_rank, int tp_group_size)
-    : config_(config), device_(device), dtype_(dtype), stat_dtype_(statistics_dtype(dtype)), max_batch_(max_batch), max_seq_len_(max_seq_len),
+    : config_(config), device_(device), dtype_(dtype), stat_dtype_(statistics_dtype(dtype)), max_batch_(max_batch),
+      max_seq_len_(max_seq_len / std::max<int64_t>(1, partition.cp_size)),
       part_(partition), tp_rank_(tp_group_rank), tp_size_(tp_group_size), sp_(partition.sequence_parallel && tp_group_size > 1),
       params_(tp_group_rank, tp_group_size) {
     if (max_seq_len > config.max_seq_len)
         fail(ErrorKind::config, "sequence length ", max_seq_len, " exceeds model.max_seq_len = ", config.max_seq_len);
+    if (partition.cp_size < 1 || partition.cp_rank < 0 || partition.cp_rank >= partition.cp_size ||
+        (partition.cp_size > 1 && max_seq_len % (2 * partition.cp_size) != 0))
+        fail(ErrorKind::config, "parallel.cp = ", partition.cp_size, " cuts sequences of ", max_seq_len, " tokens into 2 x cp equal chunks: the length must be a multiple of ",
+             2 * partition.cp_size);
     if (part_.last_layer < 0) part_.last_layer = config.n_layers;
     const int64_t last_chunk_end = part_.last_layer + (part_.chunks - 1) * part_.chunk_stride;
     const bool sets_ok = static_cast<int64_t>(part_.activation_sets.size()) == part_.chunks &&

@@ -86,6 +86,11 @@ struct ModelPartition {
     bool reset_position_ids = false;  // positions restart at each document
     int32_t document_end_token = -1;  // the end-of-text id that ends a document (>= 0 when either is on)
     bool splits_documents() const { return document_mask || reset_position_ids; }
+    // Context parallelism (parallel.cp): each sequence is cut into 2 * cp_size equal chunks
+    // and this part holds chunks cp_rank and 2 * cp_size - 1 - cp_rank of every sequence
+    // (context_parallel.cpp); activations are planned for seq_len / cp_size tokens.
+    int64_t cp_size = 1;
+    int cp_rank = 0;
 };
 
 // Megatron's reset_attention_mask convention: the end-of-text token is the last token of its
@@ -117,7 +122,7 @@ public:
     DType compute_dtype() const { return dtype_; }
     size_t activation_bytes() const { return arena_.total_bytes(); }
     int64_t max_batch() const { return max_batch_; }
-    int64_t max_seq_len() const { return max_seq_len_; }
+    int64_t max_seq_len() const { return max_seq_len_; }  // this part's tokens per sequence (seq_len / cp)
     int64_t chunk_layers() const { return part_.last_layer - part_.first_layer; }
     int64_t local_layers() const { return part_.chunks * chunk_layers(); }
     // The activation set that micro-batch m of `chunk` uses: a chunk's micro-batches run

@@ -8,21 +8,22 @@ ParallelContext make_single_process_context() {
     ctx.tp = make_self_comm("tp");
     ctx.dp = make_self_comm("dp");
     ctx.pp = make_self_comm("pp");
+    ctx.cp = make_self_comm("cp");
     return ctx;
 }
 
 Mesh make_mesh(const ParallelConfig& parallel, int world_size) {
-    const int64_t tp = parallel.tp, pp = parallel.pp;
-    if (world_size % (tp * pp) != 0)
-        fail(ErrorKind::config, "parallel.tp * parallel.pp = ", tp * pp, " does not divide the world size ", world_size, " (ranks launched)");
-    const int64_t dp = parallel.dp ? parallel.dp : world_size / (tp * pp);
-    if (tp * pp * dp != world_size)
-        fail(ErrorKind::config, "parallel: tp * pp * dp = ", tp, " * ", pp, " * ", dp, " = ", tp * pp * dp, " but ", world_size,
+    const int64_t tp = parallel.tp, pp = parallel.pp, cp = parallel.cp;
+    if (world_size % (tp * cp * pp) != 0)
+        fail(ErrorKind::config, "parallel.tp * parallel.cp * parallel.pp = ", tp * cp * pp, " does not divide the world size ", world_size, " (ranks launched)");
+    const int64_t dp = parallel.dp ? parallel.dp : world_size / (tp * cp * pp);
+    if (tp * cp * pp * dp != world_size)
+        fail(ErrorKind::config, "parallel: tp * cp * pp * dp = ", tp, " * ", cp, " * ", pp, " * ", dp, " = ", tp * cp * pp * dp, " but ", world_size,
              " ranks were launched (set parallel.dp = 0 to derive it)");
     if (parallel.shard_size > 0 && dp % parallel.shard_size != 0)
         fail(ErrorKind::config, "parallel.shard_size = ", parallel.shard_size, " does not divide dp = ", dp,
              " (allowed: a divisor of dp, e.g. the dp ranks of a node; 0: dp)");
-    return Mesh(world_size, static_cast<int>(tp), static_cast<int>(dp), static_cast<int>(pp), parallel.order);
+    return Mesh(world_size, static_cast<int>(tp), static_cast<int>(dp), static_cast<int>(pp), parallel.order, static_cast<int>(cp));
 }
 
 int shard_size_of(const ParallelConfig& parallel, int dp) { return parallel.shard_size > 0 ? static_cast<int>(parallel.shard_size) : dp; }

@@ -18,7 +18,9 @@ struct ParallelContext {
     int world_rank = 0;
     int local_rank = 0;               // rank among the processes of this node
     int local_size = 1;               // processes on this node
-    std::unique_ptr<Comm> world, tp, dp, pp;
+    // dp: the data group (Mesh::data_group, dp x cp ranks holding the same weights), which
+    // reduces gradients and shards the training state; cp: the context-parallel ring.
+    std::unique_ptr<Comm> world, tp, dp, pp, cp;
     // The first and the last pipeline stage of this (tp, dp) column, which both hold the
     // tied token embedding; null on other stages and when pp = 1.
     std::unique_ptr<Comm> embedding;
@@ -31,7 +33,7 @@ struct ParallelContext {
     bool last_stage() const { return coord().pp == mesh.pp() - 1; }
 };
 
-// The mesh of a world of world_size ranks; dp = 0 is derived. Config errors name the keys
+// The mesh of a world of world_size ranks; dp = 0 is derived (world / (tp * cp * pp)). Config errors name the keys
 // (also a parallel.shard_size that does not divide dp).
 Mesh make_mesh(const ParallelConfig& parallel, int world_size);
 // The dp ranks that shard together: parallel.shard_size, or dp when it is 0.

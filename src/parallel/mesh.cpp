@@ -11,6 +11,7 @@ const char* mesh_dim_name(MeshDim dim) {
         case MeshDim::tp: return "tp";
         case MeshDim::dp: return "dp";
         case MeshDim::pp: return "pp";
+        case MeshDim::cp: return "cp";
     }
     return "?";
 }
@@ -31,22 +32,35 @@ std::array<MeshDim, 3> parse_mesh_order(const std::string& order) {
     return dims;
 }
 
-Mesh::Mesh(int world_size, int tp, int dp, int pp, const std::string& order)
-    : world_size_(world_size), sizes_{tp, dp, pp}, order_(parse_mesh_order(order)) {
-    if (tp < 1 || dp < 1 || pp < 1 || static_cast<long long>(tp) * dp * pp != world_size)
-        fail(ErrorKind::config, "world size ", world_size, " is not tp * dp * pp = ", tp, " * ", dp, " * ", pp, " = ",
-             static_cast<long long>(tp) * dp * pp);
+namespace {
+// The three named dims with cp inserted just before dp.
+std::array<MeshDim, 4> with_cp_inside_dp(const std::array<MeshDim, 3>& order) {
+    std::array<MeshDim, 4> dims{};
+    size_t i = 0;
+    for (MeshDim dim : order) {
+        if (dim == MeshDim::dp) dims[i++] = MeshDim::cp;
+        dims[i++] = dim;
+    }
+    return dims;
+}
+}  // namespace
+
+Mesh::Mesh(int world_size, int tp, int dp, int pp, const std::string& order, int cp)
+    : world_size_(world_size), sizes_{tp, dp, pp, cp}, order_(with_cp_inside_dp(parse_mesh_order(order))) {
+    if (tp < 1 || dp < 1 || pp < 1 || cp < 1 || static_cast<long long>(tp) * cp * dp * pp != world_size)
+        fail(ErrorKind::config, "world size ", world_size, " is not tp * cp * dp * pp = ", tp, " * ", cp, " * ", dp, " * ", pp, " = ",
+             static_cast<long long>(tp) * cp * dp * pp);
 }
 
 MeshCoord Mesh::coord(int world_rank) const {
     if (world_rank < 0 || world_rank >= world_size_) fail(ErrorKind::runtime, "rank ", world_rank, " outside the world of ", world_size_);
-    std::array<int, 3> c{};
+    MeshCoord c;
     int rest = world_rank;
     for (MeshDim dim : order_) {
-        c[static_cast<size_t>(dim)] = rest % size(dim);
+        c[dim] = rest % size(dim);
         rest /= size(dim);
     }
-    return {c[0], c[1], c[2]};
+    return c;
 }
 
 int Mesh::world_rank(const MeshCoord& coord) const {
@@ -59,9 +73,17 @@ std::vector<int> Mesh::group(MeshDim dim, int rank) const {
     MeshCoord c = coord(rank);
     std::vector<int> ranks;
     for (int i = 0; i < size(dim); ++i) {
-        (dim == MeshDim::tp ? c.tp : dim == MeshDim::dp ? c.dp : c.pp) = i;
+        c[dim] = i;
         ranks.push_back(world_rank(c));
     }
+    return ranks;
+}
+
+std::vector<int> Mesh::data_group(int rank) const {
+    MeshCoord c = coord(rank);
+    std::vector<int> ranks;
+    for (c.dp = 0; c.dp < dp(); ++c.dp)
+        for (c.cp = 0; c.cp < cp(); ++c.cp) ranks.push_back(world_rank(c));
     return ranks;
 }
 
@@ -71,24 +93,28 @@ void check_shard_size(int dp, int shard_size) {
 }
 }  // namespace
 
+// A block is shard_size dp ranks with their cp ranks: shard_size * cp consecutive entries
+// of the data group.
 std::vector<int> Mesh::shard_group(int rank, int shard_size) const {
     check_shard_size(dp(), shard_size);
-    const std::vector<int> dp_group = group(MeshDim::dp, rank);
-    const auto block = dp_group.begin() + coord(rank).dp / shard_size * shard_size;
-    return {block, block + shard_size};
+    const std::vector<int> data = data_group(rank);
+    const int block_size = shard_size * cp();
+    const auto block = data.begin() + data_index(coord(rank)) / block_size * block_size;
+    return {block, block + block_size};
 }
 
 std::vector<int> Mesh::replica_group(int rank, int shard_size) const {
     check_shard_size(dp(), shard_size);
-    const std::vector<int> dp_group = group(MeshDim::dp, rank);
+    const std::vector<int> data = data_group(rank);
+    const size_t block_size = static_cast<size_t>(shard_size * cp());
     std::vector<int> ranks;
-    for (size_t i = static_cast<size_t>(coord(rank).dp % shard_size); i < dp_group.size(); i += static_cast<size_t>(shard_size)) ranks.push_back(dp_group[i]);
+    for (size_t i = static_cast<size_t>(data_index(coord(rank))) % block_size; i < data.size(); i += block_size) ranks.push_back(data[i]);
     return ranks;
 }
 
 std::string Mesh::describe(int rank) const {
     const MeshCoord c = coord(rank);
-    return cat("tp ", c.tp, ", dp ", c.dp, ", pp ", c.pp);
+    return cat("tp ", c.tp, ", dp ", c.dp, ", pp ", c.pp, cp() > 1 ? cat(", cp ", c.cp) : "");
 }
 
 }  // namespace llmtrain

@@ -96,7 +96,7 @@ double CommTimes::total_seconds() const {
 std::unique_ptr<Comm> make_timed_comm(std::unique_ptr<Comm> inner, CommTimes& times) { return std::make_unique<TimedComm>(std::move(inner), times); }
 
 void time_communication(ParallelContext& ctx, CommTimes& times) {
-    for (std::unique_ptr<Comm>* group : {&ctx.world, &ctx.tp, &ctx.dp, &ctx.pp, &ctx.embedding})
+    for (std::unique_ptr<Comm>* group : {&ctx.world, &ctx.tp, &ctx.dp, &ctx.pp, &ctx.cp, &ctx.embedding})
         if (*group) *group = make_timed_comm(std::move(*group), times);
 }
 

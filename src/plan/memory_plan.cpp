@@ -47,9 +47,11 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     const std::vector<PipeAction> schedule = interleaved_schedule(pp, stage, micro_batches, chunks);
     part.activation_sets.clear();
     for (int64_t c = 0; c < chunks; ++c) part.activation_sets.push_back(chunk_in_flight(schedule, c));
-    part.param_pad_multiple = mesh.dp();
-    part.grad_storage = shards_gradients(config.parallel, mesh.dp()) ? GradStorage::bound : GradStorage::flat;
-    part.value_storage = shards_parameters(config.parallel, mesh.dp()) ? ValueStorage::bound : ValueStorage::flat;
+    part.param_pad_multiple = mesh.data_size();
+    part.grad_storage = shards_gradients(config.parallel, mesh.data_size()) ? GradStorage::bound : GradStorage::flat;
+    part.value_storage = shards_parameters(config.parallel, mesh.data_size()) ? ValueStorage::bound : ValueStorage::flat;
+    part.cp_size = mesh.cp();
+    part.cp_rank = mesh.coord(world_rank).cp;
     part.sequence_parallel = config.parallel.sequence_parallel;
     part.tp_overlap = config.parallel.tp_overlap;
     part.recompute = config.train.recompute;
@@ -80,22 +82,24 @@ Placement state_placement(const Config& config, const Mesh& mesh, int world_rank
     const Parameters& params = model.parameters();
     PlacementSpec spec;
     spec.tensors = tensor_places(params);
-    spec.padded_numel = Parameters::padded_length(params.total_numel(), mesh.dp());
-    spec.zero_stage = mesh.dp() > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;
+    // The data group (dp x cp ranks, Mesh::data_group) holds the same weights and shards.
+    const int data_size = mesh.data_size(), data_index = mesh.data_index(coord);
+    spec.padded_numel = Parameters::padded_length(params.total_numel(), data_size);
+    spec.zero_stage = data_size > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;
     if (spec.zero_stage >= 2) {
-        // Sharded within blocks of shard_size dp ranks, the blocks replicas of each other.
-        const int shard = shard_size_of(config.parallel, mesh.dp());
+        // Sharded within blocks of shard_size dp ranks (with their cp ranks), the blocks replicas of each other.
+        const int shard = shard_size_of(config.parallel, mesh.dp()) * mesh.cp();
         spec.shard_size = shard;
-        spec.shard_rank = coord.dp % shard;
-        spec.replicas = mesh.dp() / shard;
-        spec.replica_rank = coord.dp / shard;
+        spec.shard_rank = data_index % shard;
+        spec.replicas = data_size / shard;
+        spec.replica_rank = data_index / shard;
         std::vector<FlatRange> ranges;
         for (const TensorPlace& t : spec.tensors) ranges.push_back(t.flat);
         spec.cuts = group_cuts(ranges, zero2_gradient_groups(model), shard);
     } else {
-        spec.shard_size = mesh.dp();
-        spec.shard_rank = coord.dp;
-        spec.cuts = bucket_cuts(spec.padded_numel, dtype_size(master), mesh.dp(), gradient_bucket_bytes(config.parallel));
+        spec.shard_size = data_size;
+        spec.shard_rank = data_index;
+        spec.cuts = bucket_cuts(spec.padded_numel, dtype_size(master), data_size, gradient_bucket_bytes(config.parallel));
     }
     // A token embedding tied to the head across stages is held by the first and the last.
     const std::optional<size_t> embedding = model.embedding_param();
@@ -128,20 +132,20 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
     m.gradient_bytes = placement.shards_gradients()
                            ? sharded_gradient_bytes(placement, master, reduce)
                            : bytes_of(padded, master) + (placement.shards_optimizer() ? bytes_of(placement.shard_numel(), master) : 0) +
-                                 GradBuckets::staging_bytes(placement.cuts(), placement.shards_optimizer(), mesh.dp(), master, reduce);
+                                 GradBuckets::staging_bytes(placement.cuts(), placement.shards_optimizer(), mesh.data_size(), master, reduce);
     m.optimizer_bytes = AdamW::state_bytes_for(placement.optimizer_numel(), master);
     m.activation_bytes = model.activation_bytes();
     // Attention's scratch at the micro-batch's shape (this rank's heads), on top of the
     // backend's own: cuDNN's bound unless model.attention = "native".
     const int64_t tp = mesh.tp();
-    const AttentionShape attention{config.train.batch_size, config.train.seq_len, config.model.n_heads / tp, config.model.n_kv_heads / tp,
+    const AttentionShape attention{config.train.batch_size, config.train.seq_len / mesh.cp(), config.model.n_heads / tp, config.model.n_kv_heads / tp,
                                    config.model.head_dim()};
     m.workspace_bytes = reserved_workspace_bytes(plan.device) + attention_workspace_bytes(plan.device, config.model.attention, attention);
     return plan;
 }
 
-// Ranks that differ only in their dp coordinate hold the same (every dp rank owns an equal
-// piece of each bucket), so one dp rank per (tp, pp) pair is planned.
+// Ranks that differ only in their dp or cp coordinate hold the same (every data-group rank
+// owns an equal piece of each bucket, and cp ranks equal chunks), so one per (tp, pp) pair is planned.
 MemoryPlan largest_rank_plan(const Config& config, const Mesh& mesh) {
     MemoryPlan largest;
     bool first = true;

@@ -7,7 +7,7 @@ namespace llmtrain {
 namespace {
 
 bool any_group_communicates(const ParallelContext& ctx) {
-    return ctx.tp->size() > 1 || ctx.dp->size() > 1 || ctx.pp->size() > 1 || (ctx.embedding && ctx.embedding->size() > 1);
+    return ctx.tp->size() > 1 || ctx.dp->size() > 1 || ctx.pp->size() > 1 || (ctx.cp && ctx.cp->size() > 1) || (ctx.embedding && ctx.embedding->size() > 1);
 }
 
 DeviceCommFactory with_defaults(DeviceCommFactory factory, const ParallelContext& ctx, double timeout_seconds) {
@@ -24,12 +24,12 @@ DeviceCommFactory with_defaults(DeviceCommFactory factory, const ParallelContext
 }  // namespace
 
 TrainingComms::TrainingComms(const Config& config, ParallelContext& ctx, Backend& backend, const DeviceCommFactory& overrides)
-    : tp_(ctx.tp.get()), dp_(ctx.dp.get()), pp_(ctx.pp.get()), embedding_(ctx.embedding.get()), shard_(ctx.shard.get()), replica_(ctx.replica.get()) {
+    : tp_(ctx.tp.get()), dp_(ctx.dp.get()), pp_(ctx.pp.get()), cp_(ctx.cp.get()), embedding_(ctx.embedding.get()), shard_(ctx.shard.get()), replica_(ctx.replica.get()) {
     if (comm_backend(config) != CommBackend::nccl || !any_group_communicates(ctx)) return;
     const DeviceCommFactory factory = with_defaults(overrides, ctx, config.parallel.timeout_seconds);
     order_ = factory.make_order(backend);
     watchdog_ = std::make_unique<CommWatchdog>(*order_, config.parallel.timeout_seconds, ctx.world_rank);
-    // Every rank builds the communicators of its groups in the same order (tp, dp, pp,
+    // Every rank builds the communicators of its groups in the same order (tp, dp, pp, cp,
     // embedding, shard, replica): each bootstrap is a broadcast over that group's MPI Comm.
     const auto ordered = [&](Comm*& slot, bool point_to_point) {
         if (!slot || slot->size() == 1) return;
@@ -41,6 +41,8 @@ TrainingComms::TrainingComms(const Config& config, ParallelContext& ctx, Backend
     ordered(tp_, false);
     ordered(dp_, false);
     ordered(pp_, true);
+    // The cp ring sends to the next rank while it receives from the previous one: both lanes.
+    ordered(cp_, true);
     ordered(embedding_, false);
     ordered(shard_, false);
     ordered(replica_, false);

@@ -31,6 +31,7 @@ public:
     Comm& tp() const { return *tp_; }
     Comm& dp() const { return *dp_; }
     Comm& pp() const { return *pp_; }
+    Comm* cp() const { return cp_; }  // null where the context has none (a context made before cp existed)
     Comm* embedding() const { return embedding_; }  // null where the context has none
     // The dp ranks ZeRO-2 shards over: a block of the dp group under hybrid sharding, else the dp group.
     Comm& shard() const { return shard_ ? *shard_ : *dp_; }
@@ -43,7 +44,7 @@ public:
 private:
     std::unique_ptr<StreamOrder> order_;
     std::vector<std::unique_ptr<Comm>> owned_;
-    Comm *tp_ = nullptr, *dp_ = nullptr, *pp_ = nullptr, *embedding_ = nullptr, *shard_ = nullptr, *replica_ = nullptr;
+    Comm *tp_ = nullptr, *dp_ = nullptr, *pp_ = nullptr, *cp_ = nullptr, *embedding_ = nullptr, *shard_ = nullptr, *replica_ = nullptr;
     std::unique_ptr<CommWatchdog> watchdog_;  // last: stopped before the comms it watches go
 };
 
