@@ -48,8 +48,8 @@ std::array<MeshDim, 4> with_cp_inside_dp(const std::array<MeshDim, 3>& order) {
 Mesh::Mesh(int world_size, int tp, int dp, int pp, const std::string& order, int cp)
     : world_size_(world_size), sizes_{tp, dp, pp, cp}, order_(with_cp_inside_dp(parse_mesh_order(order))) {
     if (tp < 1 || dp < 1 || pp < 1 || cp < 1 || static_cast<long long>(tp) * cp * dp * pp != world_size)
-        fail(ErrorKind::config, "world size ", world_size, " is not tp * cp * dp * pp = ", tp, " * ", cp, " * ", dp, " * ", pp, " = ",
-             static_cast<long long>(tp) * cp * dp * pp);
+        fail(ErrorKind::config, "world size ", world_size, " is not tp * ", cp > 1 ? "cp * " : "", "dp * pp = ", tp, " * ", cp > 1 ? cat(cp, " * ") : "", dp,
+             " * ", pp, " = ", static_cast<long long>(tp) * cp * dp * pp);
 }
 
 MeshCoord Mesh::coord(int world_rank) const {

@@ -174,3 +174,31 @@ TEST(PipelineSchedule, AnyMicroBatchCount_PeaksAtTheInFlightCountAndNeverDeadloc
 TEST(PipelineSchedule, OneStageAlternatesForwardAndBackward) {
     EXPECT_EQ(schedule_text(one_f_one_b_schedule(1, 0, 3)), "F0 B0 F1 B1 F2 B2");
 }
+
+// Context parallelism sits just inside dp: the cp ranks of one dp rank are tp apart, and
+// the data group (the weights' replicas) runs cp fastest, then dp.
+TEST(Mesh, ContextParallelRanksSitJustInsideDataParallel) {
+    const Mesh mesh(16, 2, 2, 2, "tp-dp-pp", 2);
+    EXPECT_EQ(mesh.coord(2), (MeshCoord{.tp = 0, .dp = 0, .pp = 0, .cp = 1}));
+    EXPECT_EQ(mesh.coord(4), (MeshCoord{.tp = 0, .dp = 1, .pp = 0, .cp = 0}));
+    EXPECT_EQ(mesh.group(MeshDim::cp, 5), (std::vector<int>{5, 7}));
+    EXPECT_EQ(mesh.data_group(1), (std::vector<int>{1, 3, 5, 7}));
+    EXPECT_EQ(mesh.data_group(9), (std::vector<int>{9, 11, 13, 15}));
+    EXPECT_EQ(mesh.data_index(mesh.coord(7)), 3);
+    // Hybrid sharding cuts the data group into blocks of shard_size dp ranks with their cp ranks.
+    EXPECT_EQ(mesh.shard_group(7, 1), (std::vector<int>{5, 7}));
+    EXPECT_EQ(mesh.replica_group(7, 1), (std::vector<int>{3, 7}));
+    // With pp inside dp, cp still sits just before dp.
+    const Mesh pp_inside(8, 1, 2, 2, "tp-pp-dp", 2);
+    EXPECT_EQ(pp_inside.group(MeshDim::cp, 0), (std::vector<int>{0, 2}));
+    EXPECT_EQ(pp_inside.group(MeshDim::dp, 0), (std::vector<int>{0, 4}));
+}
+
+TEST(Mesh, WorldSizeNotTheProductWithCp_NamesCp) {
+    try {
+        Mesh(8, 2, 2, 2, "tp-dp-pp", 2);
+        FAIL() << "expected a config error";
+    } catch (const Error& e) {
+        EXPECT_STREQ(e.what(), "world size 8 is not tp * cp * dp * pp = 2 * 2 * 2 * 2 = 16");
+    }
+}
