@@ -37,7 +37,8 @@ namespace llmtrain {
     X(attention_bwd) X(rope_fwd) X(rope_bwd) X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd)   \
     X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(logits_row_max) X(xent_partial)   \
     X(xent_combine) X(adamw) X(sum_squares) X(fill_zero) X(copy) X(matmul_gelu_fwd)        \
-    X(gelu_matmul_bwd) X(accumulate_sum) X(accumulate_sum_squares) X(xent_fwd_bwd) X(add_norm_fwd)
+    X(gelu_matmul_bwd) X(accumulate_sum) X(accumulate_sum_squares) X(xent_fwd_bwd) X(add_norm_fwd) \
+    X(attention_block_fwd) X(attention_block_bwd) X(copy_columns)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -104,7 +105,12 @@ struct AdamWStep {
 // token t begins (0 <= doc_starts <= t). Empty: one document per sequence (all zeros), and
 // every op computes bitwise what it computes without the argument.
 
-// out[n] = wte[tokens[n]] + wpe[pos(n)], pos(n) = n % seq_len - doc_starts[n]. With a vocabulary shard, wte holds rows
+// Explicit positions (context parallelism: each rank holds two chunks of every sequence): an
+// optional i32 [N] tensor, positions[n] the position of row n in its sequence (restarts
+// applied), 0 <= positions[n] < the table's rows. Given, it replaces n % seq_len - doc_starts[n]
+// (doc_starts must then be absent).
+
+// out[n] = wte[tokens[n]] + wpe[pos(n)], pos(n) = n % seq_len - doc_starts[n] (or positions[n]). With a vocabulary shard, wte holds rows
 // [vocab.begin, vocab.begin + rows) and tokens outside them give zero rows: the sum over the
 // shards' outputs is the full embedding. Every token must be below the full vocabulary size
 // (a data error otherwise).
@@ -116,6 +122,7 @@ struct EmbeddingFwd {
     int64_t seq_len = 0;
     VocabShard vocab;
     Tensor doc_starts;  // [N] i32, optional: positions restart at each document
+    Tensor positions;   // [N] i32, optional: explicit positions (see above)
 };
 // dwte[tokens[n]] += dout[n] (the rows this shard holds); dwpe[pos(n)] += dout[n].
 struct EmbeddingBwd {
@@ -126,6 +133,7 @@ struct EmbeddingBwd {
     int64_t seq_len = 0;
     VocabShard vocab;
     Tensor doc_starts;  // [N] i32, optional, as in forward
+    Tensor positions;   // [N] i32, optional, as in forward
 };
 
 // out = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps), per row; saves mean, rstd [N].
@@ -209,6 +217,58 @@ struct AttentionBwd {
     Tensor saved;  // attention_saved_shape(), statistics_dtype()
     AttentionShape shape;
     Tensor doc_starts;  // [B*T] i32, optional: the forward's document mask
+};
+
+// Context parallelism's ring attention (model/context_parallel.cpp) runs attention block by
+// block: the queries of this rank's tokens (Tq per sequence) against the keys and values of
+// one rank's tokens (Tk per sequence) at a time, merged by log-sum-exp (Liu et al. 2023, Ring
+// Attention; Megatron-Core's context parallelism). Positions are explicit: query row t of a
+// sequence sits at q_positions[t] in it, key row s at kv_positions[s], and query n = b*Tq + t
+// sees key s of the same sequence iff q_first[n] <= kv_positions[s] <= q_positions[t]
+// (q_first: the first position of n's document; absent: 0, causal).
+// One block's own result, with S = q k^T / sqrt(D) over the keys a query sees:
+//   lse_b = log sum_s exp(S_s),  o_b = sum_s exp(S_s - lse_b) v_s   (lse_b = -inf, o_b = 0: none seen)
+// merged into the running (acc, lse):
+//   lse' = log(exp(lse) + exp(lse_b)),  acc' = acc exp(lse - lse') + o_b exp(lse_b - lse').
+// After the last block, acc is softmax(S) v over every key seen and lse its log-sum-exp.
+struct AttentionBlockFwd {
+    Tensor acc;           // [B*Tq, H*D] statistics dtype: merged output of the blocks so far
+    Tensor lse;           // [B, H, Tq] statistics dtype: their merged log-sum-exp
+    Tensor qkv;           // [B*Tq, (H + 2*Hkv) * D]: the queries (each row's first H*D columns)
+    Tensor kv;            // [B*Tk, 2*Hkv*D]: the block's keys, then its values
+    AttentionShape shape;  // batch B, seq_len Tq, the heads
+    int64_t kv_len = 0;    // Tk
+    Tensor q_positions;   // [Tq] i32
+    Tensor kv_positions;  // [Tk] i32
+    Tensor q_first;       // [B*Tq] i32, optional
+    bool first = false;   // the first block: acc and lse are overwritten instead of merged
+};
+// Backward of one block, from the merged forward (out, lse): with P = exp(S - lse),
+// delta = rowsum(dout * out), dP = dout v^T and dS = P (dP - delta):
+//   dq += dS k / sqrt(D),  dk += dS^T q / sqrt(D),  dv += P^T dout,
+// dk and dv of a key/value head summed over its group of query heads.
+struct AttentionBlockBwd {
+    Tensor dq;            // [B*Tq, H*D] statistics dtype: accumulates
+    Tensor dkv;           // [B*Tk, 2*Hkv*D] statistics dtype: accumulates (keys, then values)
+    Tensor dout;          // [B*Tq, H*D]
+    Tensor out;           // [B*Tq, H*D]: the merged forward output
+    Tensor lse;           // [B, H, Tq] statistics dtype: the merged log-sum-exp
+    Tensor qkv;           // as in forward
+    Tensor kv;            // as in forward
+    AttentionShape shape;
+    int64_t kv_len = 0;
+    Tensor q_positions;
+    Tensor kv_positions;
+    Tensor q_first;
+};
+// dst[n, dst_col + c] = src[n, src_col + c] for c < cols and every row n, converting between
+// float dtypes (rounding to nearest even into 16 bits).
+struct CopyColumns {
+    Tensor dst;  // [N, *]
+    int64_t dst_col = 0;
+    Tensor src;  // [N, *]
+    int64_t src_col = 0;
+    int64_t cols = 0;
 };
 
 // Every cross-entropy op runs over the real classes only (v < vocab.real, see VocabShard):
@@ -416,18 +476,22 @@ public:
     // (AttentionFwd states the mask.)
     virtual void attention_fwd(const AttentionFwd& args) = 0;
     virtual void attention_bwd(const AttentionBwd& args) = 0;
+    // Context parallelism's blocks (AttentionBlockFwd states the math).
+    virtual void attention_block_fwd(const AttentionBlockFwd& args) = 0;
+    virtual void attention_block_bwd(const AttentionBlockBwd& args) = 0;
+    virtual void copy_columns(const CopyColumns& args) = 0;
 
     // Rotary position embedding, in place, on the first n_heads heads of each row of x
     // [B*T, W] (heads at columns [h*D, (h+1)*D)). Pairs are (i, i + D/2) as in Hugging Face
     // Llama: x_i' = x_i cos - x_{i+D/2} sin, x_{i+D/2}' = x_{i+D/2} cos + x_i sin, with angle
     // pos * theta^(-2i/D) read from table [max_seq_len, D] (cos in [0, D/2), sin in [D/2, D)),
     // pos = n % seq_len - doc_starts[n] for row n (doc_starts optional: positions restart at
-    // each document).
+    // each document), or positions[n] (explicit positions, see EmbeddingFwd).
     virtual void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim,
-                          const Tensor& doc_starts = Tensor()) = 0;
+                          const Tensor& doc_starts = Tensor(), const Tensor& positions = Tensor()) = 0;
     // The inverse rotation, in place on the gradient.
     virtual void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim,
-                          const Tensor& doc_starts = Tensor()) = 0;
+                          const Tensor& doc_starts = Tensor(), const Tensor& positions = Tensor()) = 0;
 
     // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
     virtual void gelu_fwd(const Tensor& out, const Tensor& x) = 0;

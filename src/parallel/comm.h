@@ -78,6 +78,13 @@ public:
     virtual CommHandle all_to_all_async(const Tensor& out, const Tensor& in) = 0;
     virtual CommHandle send_async(const Tensor& data, int peer) = 0;
     virtual void recv(const Tensor& data, int peer) = 0;
+    // A receive whose completion the handle waits for (the ring of context parallelism posts
+    // the next block's receive before it computes with the current one). The default
+    // receives at once: a Comm that can defer overrides it.
+    virtual CommHandle recv_async(const Tensor& data, int peer) {
+        recv(data, peer);
+        return {};
+    }
     virtual void broadcast(const Tensor& data, int root) = 0;
     virtual void barrier() = 0;
 

@@ -152,10 +152,11 @@ CommHandle EventOrderedComm::send_async(const Tensor& data, int peer) {
                    [&](StreamCollectives& c, StreamId s) { c.send(data, peer, s); });
 }
 
-void EventOrderedComm::recv(const Tensor& data, int peer) {
-    if (data.device() == Device::cpu) return host_.recv(data, peer);
-    ordered(cat("recv from world rank ", world_rank(peer)), p2p_lane(peer, false), [&](StreamCollectives& c, StreamId s) { c.recv(data, peer, s); })
-        .wait();
+void EventOrderedComm::recv(const Tensor& data, int peer) { recv_async(data, peer).wait(); }
+
+CommHandle EventOrderedComm::recv_async(const Tensor& data, int peer) {
+    if (data.device() == Device::cpu) return host_.recv_async(data, peer);
+    return ordered(cat("recv from world rank ", world_rank(peer)), p2p_lane(peer, false), [&](StreamCollectives& c, StreamId s) { c.recv(data, peer, s); });
 }
 
 void EventOrderedComm::broadcast(const Tensor& data, int root) {

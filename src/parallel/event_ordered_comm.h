@@ -99,6 +99,7 @@ public:
     CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override;
     CommHandle send_async(const Tensor& data, int peer) override;
     void recv(const Tensor& data, int peer) override;
+    CommHandle recv_async(const Tensor& data, int peer) override;
     void broadcast(const Tensor& data, int root) override;
     void barrier() override { host_.barrier(); }
 

@@ -215,6 +215,12 @@ public:
         wait_bounded(r, cat("recv from world rank ", world_rank(peer)));
         staged->write_back();
     }
+    CommHandle recv_async(const Tensor& data, int peer) override {
+        auto staged = stage(data, false, false);
+        MPI_Request r;
+        check(MPI_Irecv(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), "recv");
+        return handle(r, cat("recv from world rank ", world_rank(peer)), std::move(staged));
+    }
     void broadcast(const Tensor& data, int root) override {
         const auto staged = stage(data, true, false);
         MPI_Request r;

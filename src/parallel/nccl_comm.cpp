@@ -219,9 +219,10 @@ public:
         nccl_->send(data, peer, 0);
         return record(cat("send to world rank ", world_rank(peer)));
     }
-    void recv(const Tensor& data, int peer) override {
+    void recv(const Tensor& data, int peer) override { recv_async(data, peer).wait(); }
+    CommHandle recv_async(const Tensor& data, int peer) override {
         nccl_->recv(data, peer, 0);
-        record(cat("recv from world rank ", world_rank(peer))).wait();
+        return record(cat("recv from world rank ", world_rank(peer)));
     }
     void broadcast(const Tensor& data, int root) override {
         nccl_->broadcast(data, root, 0);

@@ -51,6 +51,9 @@ public:
         return timed_async(CommOp::send, [&] { return inner_->send_async(data, peer); });
     }
     void recv(const Tensor& data, int peer) override { timed(CommOp::recv, [&] { inner_->recv(data, peer); }); }
+    CommHandle recv_async(const Tensor& data, int peer) override {
+        return timed_async(CommOp::recv, [&] { return inner_->recv_async(data, peer); });
+    }
     void broadcast(const Tensor& data, int root) override { timed(CommOp::broadcast, [&] { inner_->broadcast(data, root); }); }
     void barrier() override { timed(CommOp::barrier, [&] { inner_->barrier(); }); }
 

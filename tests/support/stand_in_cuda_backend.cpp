@@ -112,7 +112,7 @@ public:
         expect_half(op, "out", out); expect_half(op, "wte", wte); expect_half(op, "wpe", wpe); expect_ids(op, "tokens", tokens);
         const OwnedTensor result(DType::f32, out.shape()), positions = widened(wpe);
         cpu_->embedding_fwd({.out = result, .tokens = host_view(tokens), .wte = widened(wte), .wpe = view_or_empty(positions, wpe),
-                             .seq_len = seq_len, .vocab = shard, .doc_starts = host_view(a.doc_starts)});
+                             .seq_len = seq_len, .vocab = shard, .doc_starts = host_view(a.doc_starts), .positions = host_view(a.positions)});
         store(out, result);
     }
     void embedding_bwd(const EmbeddingBwd& a) override {
@@ -122,7 +122,7 @@ public:
         const char* op = "embedding_bwd";
         expect_f32(op, "dwte", dwte); expect_f32(op, "dwpe", dwpe); expect_half(op, "dout", dout); expect_ids(op, "tokens", tokens);
         cpu_->embedding_bwd({.dwte = host_view(dwte), .dwpe = host_view(dwpe), .dout = widened(dout), .tokens = host_view(tokens), .seq_len = seq_len,
-                             .vocab = shard, .doc_starts = host_view(a.doc_starts)});
+                             .vocab = shard, .doc_starts = host_view(a.doc_starts), .positions = host_view(a.positions)});
     }
     void layernorm_fwd(const LayerNormFwd& a) override {
         const Tensor &out = a.out, &mean = a.mean, &rstd = a.rstd, &x = a.x, &w = a.w, &b = a.b;
@@ -210,11 +210,43 @@ public:
         cpu_->attention_bwd({.dqkv = grad, .dout = widened(dout), .qkv = q, .out = result, .saved = probs, .shape = s, .doc_starts = starts});
         store(dqkv, grad);
     }
-    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) override {
-        rope("rope_fwd", x, table, seq_len, n_heads, head_dim, false, doc_starts);
+    // The blocks in f32 from 16-bit queries, keys, values and output; the running acc, lse and
+    // the gradient accumulators are f32 device tensors, as on CUDA.
+    void attention_block_fwd(const AttentionBlockFwd& a) override {
+        const char* op = "attention_block_fwd";
+        expect_half(op, "qkv", a.qkv); expect_half(op, "kv", a.kv); expect_f32(op, "acc", a.acc); expect_f32(op, "lse", a.lse);
+        expect_ids(op, "q_positions", a.q_positions); expect_ids(op, "kv_positions", a.kv_positions);
+        if (!a.q_first.empty()) expect_ids(op, "q_first", a.q_first);
+        if (!native_attention_takes(a.shape.head_dim))
+            refuse(op, "qkv", cat("has head_dim ", a.shape.head_dim, "; the flash kernels take ", native_attention_head_dims_text()));
+        cpu_->attention_block_fwd({.acc = host_view(a.acc), .lse = host_view(a.lse), .qkv = widened(a.qkv), .kv = widened(a.kv), .shape = a.shape,
+                                   .kv_len = a.kv_len, .q_positions = host_view(a.q_positions), .kv_positions = host_view(a.kv_positions),
+                                   .q_first = host_view(a.q_first), .first = a.first});
     }
-    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) override {
-        rope("rope_bwd", dx, table, seq_len, n_heads, head_dim, true, doc_starts);
+    void attention_block_bwd(const AttentionBlockBwd& a) override {
+        const char* op = "attention_block_bwd";
+        expect_half(op, "qkv", a.qkv); expect_half(op, "kv", a.kv); expect_half(op, "dout", a.dout); expect_half(op, "out", a.out);
+        expect_f32(op, "lse", a.lse); expect_f32(op, "dq", a.dq); expect_f32(op, "dkv", a.dkv);
+        expect_ids(op, "q_positions", a.q_positions); expect_ids(op, "kv_positions", a.kv_positions);
+        if (!a.q_first.empty()) expect_ids(op, "q_first", a.q_first);
+        cpu_->attention_block_bwd({.dq = host_view(a.dq), .dkv = host_view(a.dkv), .dout = widened(a.dout), .out = widened(a.out), .lse = host_view(a.lse),
+                                   .qkv = widened(a.qkv), .kv = widened(a.kv), .shape = a.shape, .kv_len = a.kv_len,
+                                   .q_positions = host_view(a.q_positions), .kv_positions = host_view(a.kv_positions), .q_first = host_view(a.q_first)});
+    }
+    void copy_columns(const CopyColumns& a) override {
+        const char* op = "copy_columns";
+        expect_device(op, "dst", a.dst); expect_device(op, "src", a.src);
+        const OwnedTensor dst = widened(a.dst);
+        cpu_->copy_columns({.dst = dst, .dst_col = a.dst_col, .src = widened(a.src), .src_col = a.src_col, .cols = a.cols});
+        store(a.dst, dst);
+    }
+    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
+                  const Tensor& positions) override {
+        rope("rope_fwd", x, table, seq_len, n_heads, head_dim, false, doc_starts, positions);
+    }
+    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
+                  const Tensor& positions) override {
+        rope("rope_bwd", dx, table, seq_len, n_heads, head_dim, true, doc_starts, positions);
     }
     void gelu_fwd(const Tensor& out, const Tensor& x) override { unary("gelu_fwd", out, x, [&](const Tensor& o, const Tensor& a) { cpu_->gelu_fwd(o, a); }); }
     void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
@@ -314,11 +346,11 @@ private:
         if (t.dtype() != DType::f64 || t.numel() != 1) refuse(op, "total", "is not an f64 scalar");
     }
     void rope(const char* op, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse,
-              const Tensor& doc_starts) {
+              const Tensor& doc_starts, const Tensor& positions) {
         expect_half(op, "x", x); expect_f32(op, "table", table);
         const OwnedTensor values = widened(x);
-        if (inverse) cpu_->rope_bwd(values, host_view(table), seq_len, n_heads, head_dim, host_view(doc_starts));
-        else cpu_->rope_fwd(values, host_view(table), seq_len, n_heads, head_dim, host_view(doc_starts));
+        if (inverse) cpu_->rope_bwd(values, host_view(table), seq_len, n_heads, head_dim, host_view(doc_starts), host_view(positions));
+        else cpu_->rope_fwd(values, host_view(table), seq_len, n_heads, head_dim, host_view(doc_starts), host_view(positions));
         store(x, values);
     }
     template <class Fn>

@@ -1,7 +1,8 @@
 // Token and position embedding on the CPU.
 //   forward:  out[n] = wte[tokens[n]] + wpe[pos(n)]
 //   backward: dwte[tokens[n]] += dout[n];  dwpe[pos(n)] += dout[n]
-// pos(n) = n % T, less the start of n's document when positions restart (doc_starts).
+// pos(n) = n % T, less the start of n's document when positions restart (doc_starts), or
+// explicit positions[n].
 // With a vocabulary shard, wte holds rows [begin, begin + V_local): a token outside them
 // contributes a zero row and no gradient.
 // The backward scatters rows into shared gradient rows, so it runs over column blocks:
@@ -13,23 +14,21 @@ namespace llmtrain {
 
 namespace {
 
-int64_t position(int64_t n, int64_t seq_len, const int32_t* doc_starts) { return n % seq_len - (doc_starts ? doc_starts[n] : 0); }
-
 template <class T>
-void embedding_fwd_rows(T* out, const int32_t* tokens, const T* wte, const T* wpe, const int32_t* doc_starts, cpu::VocabRows local, int64_t rows, int64_t C,
-                        int64_t seq_len, int threads) {
+void embedding_fwd_rows(T* out, const int32_t* tokens, const T* wte, const T* wpe, cpu::RowPositions position, cpu::VocabRows local, int64_t rows, int64_t C,
+                        int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
         const T* e = local.holds(tokens[n]) ? wte + (tokens[n] - local.begin) * C : nullptr;
-        const T* p = wpe ? wpe + position(n, seq_len, doc_starts) * C : nullptr;
+        const T* p = wpe ? wpe + position(n) * C : nullptr;
         T* o = out + n * C;
         for (int64_t c = 0; c < C; ++c) o[c] = (e ? e[c] : T(0)) + (p ? p[c] : T(0));
     }
 }
 
 template <class T>
-void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* doc_starts, cpu::VocabRows local, int64_t rows,
-                           int64_t C, int64_t seq_len, int threads) {
+void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, cpu::RowPositions position, cpu::VocabRows local, int64_t rows,
+                           int64_t C, int threads) {
     const int64_t blocks = cpu::column_block_count(C);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t block = 0; block < blocks; ++block) {
@@ -41,7 +40,7 @@ void embedding_bwd_columns(T* dwte, T* dwpe, const T* dout, const int32_t* token
                 for (int64_t c = c0; c < c1; ++c) g[c] += d[c];
             }
             if (dwpe) {
-                T* p = dwpe + position(n, seq_len, doc_starts) * C;
+                T* p = dwpe + position(n) * C;
                 for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
             }
         }
@@ -70,8 +69,8 @@ void CpuBackend::embedding_fwd(const EmbeddingFwd& a) {
         const cpu::VocabRows local(shard, V);
         cpu::expect_vocab_rows(op, local);
         cpu::expect_ids_in_vocab(op, "token id", tokens.data<int32_t>(), N, local.total);
-        const int32_t* starts = cpu::document_starts(op, a.doc_starts, N, seq_len);
-        embedding_fwd_rows(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), cpu::data_or_null<T>(wpe), starts, local, N, C, seq_len, threads_);
+        const cpu::RowPositions positions = cpu::row_positions(op, a.doc_starts, a.positions, N, seq_len, wpe.empty() ? 0 : wpe.dim(0));
+        embedding_fwd_rows(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), cpu::data_or_null<T>(wpe), positions, local, N, C, threads_);
     });
 }
 
@@ -95,8 +94,8 @@ void CpuBackend::embedding_bwd(const EmbeddingBwd& a) {
         const cpu::VocabRows local(shard, V);
         cpu::expect_vocab_rows(op, local);
         cpu::expect_ids_in_vocab(op, "token id", tokens.data<int32_t>(), N, local.total);
-        const int32_t* starts = cpu::document_starts(op, a.doc_starts, N, seq_len);
-        embedding_bwd_columns(dwte.data<T>(), cpu::data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), starts, local, N, C, seq_len, threads_);
+        const cpu::RowPositions positions = cpu::row_positions(op, a.doc_starts, a.positions, N, seq_len, dwpe.empty() ? 0 : dwpe.dim(0));
+        embedding_bwd_columns(dwte.data<T>(), cpu::data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), positions, local, N, C, threads_);
     });
 }
 

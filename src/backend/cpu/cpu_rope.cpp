@@ -1,5 +1,5 @@
 // Rotary position embedding on the CPU, in place. For the first n_heads heads of row n
-// (position pos = n % seq_len, less its document's start with doc_starts) and each pair (i, i + D/2), with c = cos, s = sin of the
+// (position pos = n % seq_len, less its document's start with doc_starts, or explicit positions[n]) and each pair (i, i + D/2), with c = cos, s = sin of the
 // angle pos * theta^(-2i/D) from the table:
 //   forward:  x_i' = x_i c - x_{i+D/2} s,  x_{i+D/2}' = x_{i+D/2} c + x_i s
 //   backward: the transposed (inverse) rotation, the same with s negated.
@@ -12,12 +12,11 @@ namespace {
 
 // sign = +1 rotates forward, -1 applies the inverse rotation.
 template <class T>
-void rope_rows(T* x, const T* table, const int32_t* doc_starts, int64_t rows, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, T sign,
-               int threads) {
+void rope_rows(T* x, const T* table, cpu::RowPositions position, int64_t rows, int64_t width, int64_t n_heads, int64_t head_dim, T sign, int threads) {
     const int64_t half = head_dim / 2;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
-        const int64_t pos = n % seq_len - (doc_starts ? doc_starts[n] : 0);
+        const int64_t pos = position(n);
         const T* cos_row = table + pos * head_dim;
         const T* sin_row = cos_row + half;
         for (int64_t h = 0; h < n_heads; ++h) {
@@ -34,7 +33,7 @@ void rope_rows(T* x, const T* table, const int32_t* doc_starts, int64_t rows, in
 }
 
 void rope(OpProfile& profile, Op op_id, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-          int threads) {
+          const Tensor& positions, int threads) {
     cpu::OpTimer timer(profile, op_id);
     const char* op = timer.name();
     const bool forward = op_id == Op::rope_fwd;
@@ -48,19 +47,21 @@ void rope(OpProfile& profile, Op op_id, const Tensor& x, const Tensor& table, in
         fail(ErrorKind::shape, op, ": seq_len ", seq_len, " must be positive and at most the table's ", table.dim(0), " positions");
     cpu::dispatch_float(op, x_name, x, [&]<class T>() {
         cpu::expect_tensor(op, "table", table, {table.dim(0), head_dim}, x.dtype());
-        const int32_t* starts = cpu::document_starts(op, doc_starts, x.dim(0), seq_len);
-        rope_rows(x.data<T>(), table.data<T>(), starts, x.dim(0), x.dim(1), seq_len, n_heads, head_dim, forward ? T(1) : T(-1), threads);
+        const cpu::RowPositions position = cpu::row_positions(op, doc_starts, positions, x.dim(0), seq_len, table.dim(0));
+        rope_rows(x.data<T>(), table.data<T>(), position, x.dim(0), x.dim(1), n_heads, head_dim, forward ? T(1) : T(-1), threads);
     });
 }
 
 }  // namespace
 
-void CpuBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
-    rope(profile_, Op::rope_fwd, x, table, seq_len, n_heads, head_dim, doc_starts, threads_);
+void CpuBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
+                          const Tensor& positions) {
+    rope(profile_, Op::rope_fwd, x, table, seq_len, n_heads, head_dim, doc_starts, positions, threads_);
 }
 
-void CpuBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts) {
-    rope(profile_, Op::rope_bwd, dx, table, seq_len, n_heads, head_dim, doc_starts, threads_);
+void CpuBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
+                          const Tensor& positions) {
+    rope(profile_, Op::rope_bwd, dx, table, seq_len, n_heads, head_dim, doc_starts, positions, threads_);
 }
 
 }  // namespace llmtrain

@@ -79,6 +79,28 @@ inline const int32_t* document_starts(const char* op, const Tensor& doc_starts, 
     return starts;
 }
 
+// Row n's position in its sequence (backend.h): positions[n] when explicit, else n % seq_len
+// less its document's start (doc_starts, optional).
+struct RowPositions {
+    const int32_t* doc_starts = nullptr;
+    const int32_t* positions = nullptr;
+    int64_t seq_len = 1;
+    int64_t operator()(int64_t n) const { return positions ? positions[n] : n % seq_len - (doc_starts ? doc_starts[n] : 0); }
+};
+
+// The positions of `rows` rows read from a table of table_rows positions: doc_starts checked
+// as above, or explicit positions each in [0, table_rows) (a shape error naming the op and
+// the row otherwise); both given is a shape error.
+inline RowPositions row_positions(const char* op, const Tensor& doc_starts, const Tensor& positions, int64_t rows, int64_t seq_len, int64_t table_rows) {
+    if (positions.empty()) return {document_starts(op, doc_starts, rows, seq_len), nullptr, seq_len};
+    if (!doc_starts.empty()) fail(ErrorKind::shape, op, ": doc_starts and explicit positions given together (positions already hold the restarts)");
+    expect_tensor(op, "positions", positions, {rows}, DType::i32);
+    const int32_t* p = positions.data<int32_t>();
+    for (int64_t n = 0; n < rows; ++n)
+        if (p[n] < 0 || p[n] >= table_rows) fail(ErrorKind::shape, op, ": position ", p[n], " at row ", n, " is outside the table's [0, ", table_rows, ")");
+    return {nullptr, p, seq_len};
+}
+
 // Parameter-gradient reductions over rows run over blocks of this many columns. The width
 // does not depend on the thread count, so every output element is summed by one thread, in
 // row order, through the same code path: the result is the same for any thread count.
