@@ -68,7 +68,7 @@ std::string manifest_to_json(const Manifest& m) {
         {"format", "llmtrain-checkpoint"}, {"version", kFormatVersion}, {"run_id", m.run_id}, {"sequence", m.sequence},
         {"run_directory", m.run_directory}, {"step", m.step}, {"tokens_seen", m.tokens_seen},
         {"resumes", m.resumes},        {"optimizer_steps", m.optimizer_steps}, {"loss_scale", m.loss_scale}, {"loss_scale_good_steps", m.loss_scale_good_steps},
-        {"seed", m.seed}, {"global_batch", m.global_batch}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"zero_stage", m.zero_stage}}},
+        {"seed", m.seed}, {"global_batch", m.global_batch}, {"mesh", {{"world_size", m.world_size}, {"tp", m.tp}, {"dp", m.dp}, {"pp", m.pp}, {"cp", m.cp}, {"zero_stage", m.zero_stage}}},
         {"created", m.created}};
     j["data"] = m.data ? nlohmann::ordered_json{{"step", m.data->step}, {"cursor", m.data->cursor}, {"seed", m.data->seed}} : nlohmann::ordered_json();
     if (!m.monitor_state.empty()) j["monitor"] = nlohmann::ordered_json::parse(m.monitor_state);
@@ -142,6 +142,7 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         const nlohmann::ordered_json& mesh = get("mesh");
         m.world_size = integer_of<int>(mesh.at("world_size"), "world_size");
         m.tp = integer_of<int>(mesh.at("tp"), "tp"), m.dp = integer_of<int>(mesh.at("dp"), "dp"), m.pp = integer_of<int>(mesh.at("pp"), "pp");
+        m.cp = mesh.contains("cp") ? integer_of<int>(mesh.at("cp"), "cp") : 1;
         // Earlier versions record ZeRO-1 alone (zero1: true or false).
         m.zero_stage = mesh.contains("zero_stage") ? integer_of<int>(mesh.at("zero_stage"), "zero_stage") : mesh.at("zero1").get<bool>() ? 1 : 0;
         m.created = get("created").get<std::string>();

@@ -48,7 +48,7 @@ struct Manifest {
     // Sequences per optimizer step over the whole job (batch_size x grad_accum x dp of the
     // run that saved it): a resume on another layout keeps it. 0: not recorded (format 1).
     int64_t global_batch = 0;
-    int world_size = 1, tp = 1, dp = 1, pp = 1;
+    int world_size = 1, tp = 1, dp = 1, pp = 1, cp = 1;  // cp: absent (1) in checkpoints saved before context parallelism
     int zero_stage = 0;               // as it applied (0 on one dp rank)
     std::string monitor_state;        // the health monitor's windows and counters (JSON); empty: none
     std::string config_toml;          // the effective config of the run that saved it

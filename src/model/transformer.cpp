@@ -89,9 +89,12 @@ TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, D
 }
 
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
-                         ModelPartition partition, Comm* tp)
+                         ModelPartition partition, Comm* tp, Comm* cp)
     : TransformerLayout(config, backend.device(), dtype, max_batch, max_seq_len, partition, tp ? tp->rank() : 0, tp ? tp->size() : 1),
-      backend_(backend), tp_(tp && tp->size() > 1 ? tp : nullptr) {
+      backend_(backend), tp_(tp && tp->size() > 1 ? tp : nullptr), cp_(cp && cp->size() > 1 ? cp : nullptr) {
+    if (context_parallel() != (cp_ != nullptr) || (cp_ && (cp_->size() != part_.cp_size || cp_->rank() != part_.cp_rank)))
+        fail(ErrorKind::runtime, "model partition: context parallelism over ", part_.cp_size, " ranks (rank ", part_.cp_rank, ") but the cp group has ",
+             cp_ ? cp_->size() : 1, " ranks");
     if (part_.splits_documents() && part_.document_end_token < 0)
         fail(ErrorKind::config, part_.document_mask ? "data.attention_mask = \"document\"" : "data.reset_position_ids = true",
              " needs the end-of-text token that ends each document; the run's tokenizer has none");
@@ -226,7 +229,9 @@ TransformerLayout::LayerSlots TransformerLayout::reserve_layer(const std::string
     LayerSlots ls = shared_layer_;
     if (keep_recomputed) ls.norm1 = reserve_norm(p + ".norm1");
     ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
-    ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, attention_saved_shape(device_, full));
+    // Under context parallelism the ring keeps the merged log-sum-exp [B, H, T] whatever the device.
+    const Shape saved = context_parallel() ? Shape{max_batch_, n_heads_, max_seq_len_} : attention_saved_shape(device_, full);
+    ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, saved);
     ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
     ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local, C});
     if (keep_recomputed) ls.norm2 = reserve_norm(p + ".norm2");
@@ -251,7 +256,9 @@ TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set, int
     a.heads = part_.has_head && chunk == part_.chunks - 1;
     a.tokens = arena_.reserve(s + "tokens", DType::i32, {N});
     a.targets = arena_.reserve(s + "targets", DType::i32, {N});
-    if (part_.splits_documents()) a.doc_starts = arena_.reserve(s + "doc_starts", DType::i32, {N});
+    if (part_.splits_documents() && !context_parallel()) a.doc_starts = arena_.reserve(s + "doc_starts", DType::i32, {N});
+    if (context_parallel()) a.positions = arena_.reserve(s + "positions", DType::i32, {N});
+    if (context_parallel() && part_.document_mask) a.first_position = arena_.reserve(s + "first_position", DType::i32, {N});
     const int64_t local = local_tokens(max_batch_, max_seq_len_);
     // The input gradient is sent on while later backwards run. Under 1F1B one buffer serves:
     // its send is received before the previous stage sends anything back. Interleaving's ring
@@ -302,6 +309,7 @@ void TransformerLayout::plan_activations() {
     d_qkv_ = arena_.reserve("grad.qkv", dtype_, {N, full.qkv_width()});
     d_mlp_act_ = arena_.reserve("grad.mlp_act", dtype_, {N, F});
     d_mlp_up_ = arena_.reserve("grad.mlp_up", dtype_, {N, up_width});
+    if (context_parallel()) plan_ring();
 }
 
 Tensor Transformer::rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, batch_ * seq_len_); }
@@ -311,7 +319,7 @@ int64_t TransformerLayout::local_tokens(int64_t batch, int64_t seq_len) const { 
 Tensor Transformer::att_saved(Arena::Slot slot) const {
     // The saved shape for a smaller batch or sequence is a prefix of the planned one.
     const Tensor full = arena_.tensor(slot);
-    const Shape shape = backend_.attention_saved_shape(attention_shape());
+    const Shape shape = context_parallel() ? Shape{batch_, n_heads_, seq_len_} : backend_.attention_saved_shape(attention_shape());
     return Tensor(full.raw(), full.dtype(), shape, full.device());
 }
 
@@ -376,14 +384,14 @@ Transformer::ActivationSet& Transformer::use_set(int64_t set) {
 }
 
 Tensor Transformer::hidden_in(int64_t set, int64_t batch, int64_t seq_len) const {
-    return arena_.tensor(sets_.at(static_cast<size_t>(set)).residual.front()).slice_rows(0, local_tokens(batch, seq_len));
+    return arena_.tensor(sets_.at(static_cast<size_t>(set)).residual.front()).slice_rows(0, local_tokens(batch, seq_len / part_.cp_size));
 }
 Tensor Transformer::hidden_out(int64_t set) const {
     const ActivationSet& a = sets_.at(static_cast<size_t>(set));
     return arena_.tensor(a.residual.back()).slice_rows(0, local_tokens(a.batch, a.seq_len));
 }
 Tensor Transformer::grad_output(int64_t set, int64_t batch, int64_t seq_len) const {
-    return arena_.tensor(sets_.at(static_cast<size_t>(set)).d_resid).slice_rows(0, local_tokens(batch, seq_len));
+    return arena_.tensor(sets_.at(static_cast<size_t>(set)).d_resid).slice_rows(0, local_tokens(batch, seq_len / part_.cp_size));
 }
 Tensor Transformer::grad_input(int64_t set) const { return local_rows(sets_.at(static_cast<size_t>(set)).d_resid); }
 int64_t TransformerLayout::grad_buffer(int64_t set) const { return part_.chunks == 1 ? 0 : set; }
@@ -434,17 +442,27 @@ double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& tar
 
 void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len,
                                std::optional<double> backward_loss_scale) {
-    if (batch < 1 || batch > max_batch_ || seq_len < 1 || seq_len > max_seq_len_)
-        fail(ErrorKind::shape, "forward: batch ", batch, " x seq_len ", seq_len, " outside the planned ", max_batch_, " x ", max_seq_len_);
+    const int64_t cp = part_.cp_size;
+    if (batch < 1 || batch > max_batch_ || seq_len < 1 || seq_len > max_seq_len_ * cp || seq_len % (cp > 1 ? 2 * cp : 1) != 0)
+        fail(ErrorKind::shape, "forward: batch ", batch, " x seq_len ", seq_len, " outside the planned ", max_batch_, " x ", max_seq_len_ * cp,
+             cp > 1 ? cat(" (or seq_len not a multiple of 2 x cp = ", 2 * cp, ")") : "");
     ActivationSet& a = sets_.at(static_cast<size_t>(set));
     a.batch = batch;
-    a.seq_len = seq_len;
+    a.seq_len = seq_len / cp;
     use_set(set);
     const std::vector<size_t> pass = hooked_pass(true, set);
     size_t position = 0;
-    if (part_.splits_documents()) load_document_starts(a, tokens);
+    // Under context parallelism this part's chunks of the whole sequences.
+    const std::vector<int32_t> chunk_tokens = context_parallel() ? context_chunks(tokens, seq_len) : std::vector<int32_t>();
+    const std::vector<int32_t> chunk_targets = context_parallel() ? context_chunks(targets, seq_len) : std::vector<int32_t>();
+    const auto chunks_of = [&](const Tensor& whole, const std::vector<int32_t>& chunks) {
+        return !context_parallel() || whole.empty() ? whole : Tensor(const_cast<int32_t*>(chunks.data()), DType::i32, {batch_ * seq_len_});
+    };
+    const Tensor local_tokens = chunks_of(tokens, chunk_tokens), local_targets = chunks_of(targets, chunk_targets);
+    if (context_parallel()) load_context_positions(a, tokens, seq_len);
+    else if (part_.splits_documents()) load_document_starts(a, tokens);
     if (a.embeds) {
-        load_ids("tokens", a.tokens, tokens);
+        load_ids("tokens", a.tokens, local_tokens);
         const GroupWeights weights = computing(pass, position++);
         embed(a);
     }
@@ -454,7 +472,7 @@ void Transformer::forward_pass(int64_t set, const Tensor& tokens, const Tensor& 
     }
     a.has_targets = a.heads && !targets.empty();
     if (!a.heads) return;
-    if (a.has_targets) load_ids("targets", a.targets, targets);
+    if (a.has_targets) load_ids("targets", a.targets, local_targets);
     const GroupWeights weights = computing(pass, position);
     head_and_loss(a, backward_loss_scale);
 }
@@ -485,10 +503,13 @@ std::vector<int32_t> document_starts(const int32_t* tokens, int64_t batch, int64
 // rank 0 adds the positions: the sum over ranks is the embedding.
 void Transformer::embed(const ActivationSet& a, const KvCache* cache) {
     const int64_t first_position = cache ? cache->length : 0;
-    const Tensor wpe = tp_rank() == 0 && wpe_.present ? value(wpe_).slice_rows(first_position, seq_len_) : Tensor();
+    // Explicit positions (context parallelism) index the whole table.
+    const bool explicit_rows = context_parallel() && !cache;
+    const Tensor wpe = tp_rank() == 0 && wpe_.present ? (explicit_rows ? value(wpe_) : value(wpe_).slice_rows(first_position, seq_len_)) : Tensor();
     const Tensor partial = sp_ ? rows(proj_out_) : rows(a.residual.front());
     backend_.embedding_fwd({.out = partial, .tokens = rows(a.tokens), .wte = value(wte_), .wpe = wpe, .seq_len = seq_len_, .vocab = vocab_shard(),
-                            .doc_starts = wpe.empty() || cache ? Tensor() : position_doc_starts(a)});
+                            .doc_starts = wpe.empty() || cache || explicit_rows ? Tensor() : position_doc_starts(a),
+                            .positions = wpe.empty() || !explicit_rows ? Tensor() : explicit_positions(a)});
     reduce_rows(partial, a.residual.front());
 }
 
@@ -558,9 +579,13 @@ void Transformer::attend(const ActivationSet& a, const LayerSlots& s, int64_t l,
     const AttentionShape shape = attention_shape();
     const int64_t first_position = cache ? cache->length : 0;
     // q and k heads are adjacent in the packed QKV rows: one rotation covers both.
-    if (is_llama())
+    if (is_llama() && context_parallel() && !cache)
+        backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim, Tensor(),
+                          explicit_positions(a));
+    else if (is_llama())
         backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_).slice_rows(first_position, seq_len_), seq_len_, shape.n_heads + shape.n_kv_heads,
                           shape.head_dim, cache ? Tensor() : position_doc_starts(a));
+    if (context_parallel() && !cache) return ring_attention_fwd(a, s);
     if (!cache)
         return backend_.attention_fwd({.out = rows(s.att_out), .saved = att_saved(s.att_saved), .qkv = rows(s.qkv), .shape = shape,
                                        .doc_starts = attention_doc_starts(a)});
@@ -625,7 +650,9 @@ void Transformer::backward(int64_t set, double loss_scale) {
         writing(g.begin, g.end);
         const Tensor dwpe = grad(wpe_);
         backend_.embedding_bwd({.dwte = grad(wte_), .dwpe = dwpe, .dout = gather_rows(d_resid, d_gathered_), .tokens = rows(a.tokens),
-                                .seq_len = seq_len_, .vocab = vocab_shard(), .doc_starts = dwpe.empty() ? Tensor() : position_doc_starts(a)});
+                                .seq_len = seq_len_, .vocab = vocab_shard(),
+                                .doc_starts = dwpe.empty() || context_parallel() ? Tensor() : position_doc_starts(a),
+                                .positions = dwpe.empty() ? Tensor() : explicit_positions(a)});
         ready(g.begin, g.end);
     }
 }
@@ -678,10 +705,14 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
     // Attention block: resid_mid = x + o(attn(rope(qkv(norm1(x))))).
     backend_.matmul_bwd({.dx = rows(d_att_out_), .dw = grad(p.attn_out_w), .dbias = grad(p.attn_out_b), .dout = gather_rows(d_resid, d_gathered_),
                          .x = rows(s.att_out), .w = value(p.attn_out_w)});
-    backend_.attention_bwd({.dqkv = rows(d_qkv_), .dout = rows(d_att_out_), .qkv = rows(s.qkv), .out = rows(s.att_out),
-                            .saved = att_saved(s.att_saved), .shape = shape, .doc_starts = attention_doc_starts(a)});
+    if (context_parallel())
+        ring_attention_bwd(a, s);
+    else
+        backend_.attention_bwd({.dqkv = rows(d_qkv_), .dout = rows(d_att_out_), .qkv = rows(s.qkv), .out = rows(s.att_out),
+                                .saved = att_saved(s.att_saved), .shape = shape, .doc_starts = attention_doc_starts(a)});
     if (is_llama())
-        backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim, position_doc_starts(a));
+        backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim,
+                          context_parallel() ? Tensor() : position_doc_starts(a), explicit_positions(a));
     const Tensor d_norm1 = column_parallel_bwd({.dx = d_norm, .dw = grad(p.qkv_w), .dbias = grad(p.qkv_b), .dout = rows(d_qkv_), .x = Tensor(),
                                                 .w = value(p.qkv_w)},
                                                local_rows(s.norm1.out), d_norm_local_);

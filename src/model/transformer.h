@@ -49,6 +49,7 @@
 // The model knows nothing of MPI: it is handed the tp group's Comm.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -167,7 +168,11 @@ protected:
     // What one micro-batch keeps between its forward and its backward.
     struct ActivationSet {
         Arena::Slot tokens, targets;
-        Arena::Slot doc_starts;  // i32 [B*T] when the partition splits documents
+        Arena::Slot doc_starts;  // i32 [B*T] when the partition splits documents (without cp)
+        // Context parallelism: each row's position in its sequence (restarts applied) for
+        // rope and the learned positions, and the first position it may attend to (its
+        // document's start; document mask only). i32 [B*T] of this rank's chunks.
+        Arena::Slot positions, first_position;
         std::vector<Arena::Slot> residual;  // entering each local layer; the last is the stage output
         std::vector<LayerSlots> layers;
         NormSlots norm_f;
@@ -175,7 +180,7 @@ protected:
         Arena::Slot d_resid;  // the residual stream's gradient in backward (shared under one chunk)
         int64_t chunk = 0;
         bool embeds = false, heads = false;  // chunk 0 with the embedding; the last chunk with the head
-        int64_t batch = 0, seq_len = 0;
+        int64_t batch = 0, seq_len = 0;  // seq_len: this rank's tokens per sequence (the sequence's / cp)
         bool has_targets = false;
         bool logits_hold_gradient = false;  // the fused classifier ran: backward starts from them
     };
@@ -224,6 +229,17 @@ protected:
     std::vector<int64_t> chunk_first_set_;
     Arena::Slot proj_out_, proj_local_, gathered_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
         d_mlp_up_;
+    // Context parallelism's ring (context_parallel.cpp): two key/value blocks [B*T, 2*Hkv*D]
+    // (the one computing, the one arriving), the f32 output (forward) or query-gradient
+    // (backward) accumulator [B*T, H*D], two f32 key/value-gradient blocks being summed and
+    // the one arriving, and every cp rank's chunk positions [cp, T].
+    struct RingSlots {
+        std::array<Arena::Slot, 2> kv, dkv;
+        Arena::Slot acc, dkv_in, chunk_positions;
+    };
+    RingSlots ring_;
+    bool context_parallel() const { return part_.cp_size > 1; }
+    void plan_ring();
 };
 
 class Transformer : public TransformerLayout {
@@ -231,14 +247,18 @@ public:
     // Activations are planned for micro-batches of up to max_batch sequences of up to
     // max_seq_len tokens (<= config.max_seq_len). tp: the tensor-parallel group (null: none).
     // dtype: the compute dtype; the master weights are f32 when it is a 16-bit type.
+    // cp: the context-parallel group, whose size and rank are partition.cp_size and cp_rank
+    // (null: none).
     Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
-                ModelPartition partition = {}, Comm* tp = nullptr);
+                ModelPartition partition = {}, Comm* tp = nullptr, Comm* cp = nullptr);
 
     void initialize(uint64_t seed) { params_.initialize(seed, config_.init_std, config_.n_layers); }
     // The same initial master weights for flat elements `range` alone, into `out` (a shard of them).
     void initialize_range(uint64_t seed, FlatRange range, const Tensor& out) const { params_.initialize_range(seed, config_.init_std, config_.n_layers, range, out); }
 
-    // Runs this part of the model on activation set `set`. tokens (i32 [batch * seq_len],
+    // Runs this part of the model on activation set `set`. seq_len is the whole sequence's
+    // length: under context parallelism tokens and targets hold whole sequences too, and
+    // this part takes its chunks of them. tokens (i32 [batch * seq_len],
     // sequences back to back) are read by the first stage (and by every stage when the
     // partition splits documents), targets by the last one (empty: logits only). A stage without the embedding reads hidden_in(set). On the last stage
     // with targets the mean loss is added to loss_sum() on the device; nothing is read back.
@@ -370,6 +390,18 @@ private:
     Tensor position_doc_starts(const ActivationSet& a) const { return part_.reset_position_ids ? rows(a.doc_starts) : Tensor(); }
     // Derives the set's document starts from the micro-batch's tokens (host i32).
     void load_document_starts(const ActivationSet& a, const Tensor& tokens);
+    // Context parallelism (context_parallel.cpp). This rank's chunks of whole sequences
+    // [batch * seq_len] (host i32), empty if `whole` is.
+    std::vector<int32_t> context_chunks(const Tensor& whole, int64_t seq_len) const;
+    // The set's positions (and first positions under a document mask) from the whole
+    // sequences' tokens (needed only when documents split them) and the chunk positions.
+    void load_context_positions(const ActivationSet& a, const Tensor& whole_tokens, int64_t seq_len);
+    // Position rows for rope and the embedding: the set's explicit positions under cp.
+    Tensor explicit_positions(const ActivationSet& a) const { return context_parallel() ? rows(a.positions) : Tensor(); }
+    // Attention over the ring of cp ranks: s.att_out and the merged log-sum-exp in s.att_saved
+    // (forward); d_qkv_ from d_att_out_ (backward).
+    void ring_attention_fwd(const ActivationSet& a, const LayerSlots& s);
+    void ring_attention_bwd(const ActivationSet& a, const LayerSlots& s);
     // The final norm, the head and (with targets) the loss, its mean added to loss_sum(); with
     // a backward loss scale the logits' gradient too (see forward_pass).
     void head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale = std::nullopt);
@@ -389,6 +421,8 @@ private:
 
     Backend& backend_;
     Comm* tp_;                      // null without tensor parallelism
+    Comm* cp_;                      // null without context parallelism
+    int64_t chunk_positions_len_ = 0;  // the sequence length ring_.chunk_positions was filled for
     int64_t batch_ = 0, seq_len_ = 0;
     std::function<void(size_t, size_t)> grads_ready_, grads_begin_;
     GroupWeightsSource group_weights_;

@@ -109,7 +109,8 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     backend_->set_memory_limit(memory_limit_bytes(config_.train));
     comms_ = std::make_unique<TrainingComms>(config_, *ctx_, *backend_, options_.device_comms);
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);
-    model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len, partition, &comms_->tp());
+    model_ = std::make_unique<Transformer>(config_.model, *backend_, dtype_, config_.train.batch_size, config_.train.seq_len, partition, &comms_->tp(),
+                                           comms_->cp());
     placement_ = std::make_unique<Placement>(state_placement(config_, ctx.mesh, ctx.world_rank, *model_, model_->parameters().dtype()));
     sync_ = make_gradient_sync();
     store_ = make_parameter_store();
@@ -189,12 +190,13 @@ void Trainer::log_startup() const {
     const double params_max = max_over_ranks(mine.parameter_bytes), grads_max = max_over_ranks(mine.gradient_bytes);
     const double optim_max = max_over_ranks(mine.optimizer_bytes), act_max = max_over_ranks(mine.activation_bytes);
     const double total_params = ctx_->world->all_reduce_scalar(
-        ctx_->coord().dp == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
+        ctx_->coord().dp == 0 && ctx_->coord().cp == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
     if (options_.quiet) return;
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
              " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks",
              parameters_beyond_the_model(m, mesh.tp(), mesh.pp(), total_params));
-    log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp(), " (order ", config_.parallel.order,
+    log_info("layout: ", mesh.world_size(), " ranks = tp ", mesh.tp(), mesh.cp() > 1 ? cat(" x cp ", mesh.cp()) : "", " x dp ", mesh.dp(), " x pp ", mesh.pp(),
+             " (order ", config_.parallel.order,
              ")", sequence_parallelism(config_.parallel, mesh.tp()), " | ", sync_->describe(), store_->describe().empty() ? "" : " | ", store_->describe(), " | comm ",
              comms_->event_ordered() ? "nccl (event-ordered)" : comm_backend_name(CommBackend::mpi), " | rank 0 holds layers ", held_layers(part));
     log_info("memory per rank (rank 0 / largest): parameters ", megabytes(static_cast<double>(mine.parameter_bytes)), " / ", megabytes(params_max),
@@ -348,7 +350,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.seed = config_.train.seed;
     m.global_batch = static_cast<int64_t>(global_batch());
     m.world_size = ctx_->mesh.world_size();
-    m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp();
+    m.tp = ctx_->mesh.tp(), m.dp = ctx_->mesh.dp(), m.pp = ctx_->mesh.pp(), m.cp = ctx_->mesh.cp();
     m.zero_stage = placement_->zero_stage();
     // The config as given: a grad_accum derived from the global batch is the layout's, not the run's.
     m.config_toml = dump_config(given_config_);
@@ -386,7 +388,8 @@ void Trainer::load_checkpoint(const std::string& path, const Manifest& manifest,
 // layout it starts again from zero, which costs a few steps of compression error, not a wrong result.
 void Trainer::restore_rank_local_state(const std::string& path, const Manifest& manifest) {
     const Mesh& mesh = ctx_->mesh;
-    const bool same_layout = manifest.world_size == mesh.world_size() && manifest.tp == mesh.tp() && manifest.dp == mesh.dp() && manifest.pp == mesh.pp();
+    const bool same_layout = manifest.world_size == mesh.world_size() && manifest.tp == mesh.tp() && manifest.dp == mesh.dp() && manifest.pp == mesh.pp() &&
+                             manifest.cp == mesh.cp();
     if (load_rank_local_state(path, manifest, ctx_->world_rank, same_layout, *optimizer_) || optimizer_->rank_local_state().empty()) return;
     if (!options_.quiet) log_warn("checkpoint '", path, "': 1-bit Adam's error feedback was saved by another layout (or not at all); it starts from zero");
 }
@@ -631,7 +634,9 @@ void Trainer::forward_backward(int64_t step) {
         data_wait_seconds_ += wait.seconds();
         return MicroBatch{batch_.inputs, batch_.targets};
     };
-    pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_.scale() / static_cast<double>(M * dp), [&](int64_t m) { last = m == M - 1; });
+    // Each cp rank's loss is the mean over its chunks: the step's loss is their mean too.
+    const int64_t cp = ctx_->mesh.cp();
+    pipeline_->train_step(batch_of, t.batch_size, t.seq_len, loss_scale_.scale() / static_cast<double>(M * dp * cp), [&](int64_t m) { last = m == M - 1; });
     model_->set_grads_ready_hook(nullptr);
     model_->set_grads_begin_hook(nullptr);
     if (tied_across_stages && embedding) {
@@ -687,7 +692,7 @@ void Trainer::close_step(StepRecord& s) {
         // Each dp rank holds its share s_r of the summed gradient; its own estimate of the
         // gradient is dp s_r. The norm reported is the root mean square of those estimates
         // over the dp ranks: sqrt(sum_r ||dp s_r||^2 / dp) = sqrt(dp sum_r ||s_r||^2).
-        squares *= static_cast<double>(ctx_->mesh.dp());
+        squares *= static_cast<double>(ctx_->mesh.data_size());
     } else if (!sync_->holds_first_copy() && std::isfinite(squares)) {
         squares = 0;
     }
@@ -695,7 +700,7 @@ void Trainer::close_step(StepRecord& s) {
     std::array<double, 3> closing{local_loss_, squares, static_cast<double>(local_signal != 0)};
     if (ctx_->mesh.world_size() > 1) ctx_->world->all_reduce(Tensor(closing.data(), DType::f64, {3}), ReduceOp::sum);
     const TrainConfig& t = config_.train;
-    s.loss = closing[0] / static_cast<double>(t.grad_accum * ctx_->mesh.dp());
+    s.loss = closing[0] / static_cast<double>(t.grad_accum * ctx_->mesh.dp() * ctx_->mesh.cp());
     s.grad_norm = std::sqrt(closing[1]);
     agreed_stop_signal_ = closing[2] > 0 ? agreed_stop_signal(local_signal) : 0;
 }
@@ -723,7 +728,8 @@ double Trainer::evaluate() {
         if (counted) total += static_cast<double>(rows) * loss;
     }
     const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
-    return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_sequences);
+    // Every cp rank reports the mean over its chunks of the same sequences.
+    return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_sequences * ctx_->mesh.cp());
 }
 
 std::string Trainer::sample_text() {

@@ -105,9 +105,30 @@ void expect_document_mask_layout_matches_single_process(const std::string& famil
     expect_same_run(run_parallel(masked).result, single);
 }
 
+// Context parallelism (parallel.cp): 6 steps of 2 sequences of 256 tokens, so that each of
+// the 2 x cp chunks holds many rows, with the same global batch as one process.
+void expect_context_parallel_matches_single_process(const std::string& family, std::vector<std::string> layout) {
+    layout.insert(layout.end(), {"model.max_seq_len=256", "train.seq_len=256", "train.steps=6", "train.eval_every=3", "train.eval_sequences=3"});
+    expect_layout_matches_single_process(family, 1, layout);
+}
+
 }  // namespace
 
 // ---- 2 ranks ----
+
+PARALLEL_TEST(Layouts, Gpt2ContextParallel_MatchesSingleProcess, 2) { expect_context_parallel_matches_single_process("gpt2", {"parallel.cp=2"}); }
+PARALLEL_TEST(Layouts, LlamaGqaContextParallel_MatchesSingleProcess, 2) { expect_context_parallel_matches_single_process("llama", {"parallel.cp=2"}); }
+PARALLEL_TEST(Layouts, LlamaContextParallelFullRecompute_MatchesSingleProcess, 2) {
+    expect_context_parallel_matches_single_process("llama", {"parallel.cp=2", "train.recompute=\"full\""});
+}
+// A chunk's documents may begin in the other rank's chunks: every rank derives the starts
+// from the whole sequences.
+PARALLEL_TEST(Layouts, Gpt2DocumentMaskContextParallel_MatchesSingleProcess, 2) {
+    expect_document_mask_layout_matches_single_process("gpt2", 1, {"parallel.cp=2"});
+}
+PARALLEL_TEST(Layouts, LlamaDocumentMaskContextParallel_MatchesSingleProcess, 2) {
+    expect_document_mask_layout_matches_single_process("llama", 1, {"parallel.cp=2"});
+}
 
 PARALLEL_TEST(Layouts, Gpt2DataParallel_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero_stage=0"}); }
 PARALLEL_TEST(Layouts, Gpt2DataParallelZero1_MatchesSingleProcess, 2) { expect_layout_matches_single_process("gpt2", 2, {"parallel.zero_stage=1"}); }
@@ -206,6 +227,26 @@ PARALLEL_TEST(Layouts, Gpt2InterleavedPipelineTimesData_MatchesSingleProcess, 4)
 PARALLEL_TEST(Layouts, Gpt2GlobalBatchSizePipelineTimesData_MatchesSingleProcess, 4) {
     expect_global_batch_matches_single_process("gpt2", 4, {"parallel.pp=2"});
 }
+PARALLEL_TEST(Layouts, Gpt2ContextTimesTensorParallel_MatchesSingleProcess, 4) {
+    expect_context_parallel_matches_single_process("gpt2", {"parallel.cp=2", "parallel.tp=2"});
+}
+PARALLEL_TEST(Layouts, LlamaGqaContextTimesTensorParallel_MatchesSingleProcess, 4) {
+    expect_context_parallel_matches_single_process("llama", {"parallel.cp=2", "parallel.tp=2"});
+}
+PARALLEL_TEST(Layouts, LlamaContextTimesSequenceParallel_MatchesSingleProcess, 4) {
+    expect_context_parallel_matches_single_process("llama", {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"});
+}
+PARALLEL_TEST(Layouts, Gpt2FourContextRanks_MatchesSingleProcess, 4) { expect_context_parallel_matches_single_process("gpt2", {"parallel.cp=4"}); }
+PARALLEL_TEST(Layouts, LlamaGqaFourContextRanks_MatchesSingleProcess, 4) { expect_context_parallel_matches_single_process("llama", {"parallel.cp=4"}); }
+PARALLEL_TEST(Layouts, Gpt2ContextTimesDataZero2_MatchesSingleProcess, 4) {
+    expect_context_parallel_matches_single_process("gpt2", {"parallel.cp=2", "parallel.zero_stage=2"});
+}
+PARALLEL_TEST(Layouts, LlamaContextTimesDataZero3_MatchesSingleProcess, 4) {
+    expect_context_parallel_matches_single_process("llama", {"parallel.cp=2", "parallel.zero_stage=3"});
+}
+PARALLEL_TEST(Layouts, Gpt2ContextTimesInterleavedPipeline_MatchesSingleProcess, 4) {
+    expect_context_parallel_matches_single_process("gpt2", {"parallel.cp=2", "parallel.pp=2", "parallel.virtual_stages=2", "train.grad_accum=2"});
+}
 PARALLEL_TEST(Layouts, LlamaTensorTimesData_MatchesSingleProcess, 4) { expect_layout_matches_single_process("llama", 2, {"parallel.tp=2"}); }
 PARALLEL_TEST(Layouts, Gpt2PipelineTimesDataZero1_MatchesSingleProcess, 4) { expect_layout_matches_single_process("gpt2", 2, {"parallel.pp=2"}); }
 PARALLEL_TEST(Layouts, LlamaOnBpeTokenShardsTensorTimesData_MatchesSingleProcess, 4) {
@@ -220,6 +261,12 @@ PARALLEL_TEST(ShardedStateSize, Zero1OptimizerState_IsAQuarterOfPlainDataParalle
 
 // ---- 8 ranks ----
 
+PARALLEL_TEST(Layouts, Gpt2ContextPipelineData_MatchesSingleProcess, 8) {
+    expect_context_parallel_matches_single_process("gpt2", {"parallel.cp=2", "parallel.pp=2", "train.grad_accum=2"});
+}
+PARALLEL_TEST(Layouts, LlamaGqaContextPipelineData_MatchesSingleProcess, 8) {
+    expect_context_parallel_matches_single_process("llama", {"parallel.cp=2", "parallel.pp=2", "train.grad_accum=2"});
+}
 PARALLEL_TEST(Layouts, Gpt2TensorPipelineData_MatchesSingleProcess, 8) {
     expect_layout_matches_single_process("gpt2", 2, {"parallel.tp=2", "parallel.pp=2"});
 }
