@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # resume_on_other_layouts.sh SCRATCH LLMTRAIN MPIEXEC CONFIG [--set ...]: a checkpoint saved
 # at step 5 by TP2 x PP2 x DP2 (8 ranks; or SAVED_LAYOUT="RANKS [--set ...]") is resumed as 1
-# process, as DP4 (ZeRO-1), as TP2 x DP2, as PP4, as DP4 under ZeRO-2 and as DP4 under ZeRO-2
-# sharded within blocks of 2 (hybrid); one saved by DP2 x PP2 under ZeRO-2 (its gradient
+# process, as DP4 (ZeRO-1), as TP2 x DP2, as PP4, as DP4 under ZeRO-2, as DP4 under ZeRO-2
+# sharded within blocks of 2 (hybrid) and as CP2 x TP2 (context parallel); one saved by DP2 x PP2 under ZeRO-2 (its gradient
 # shards and AdamW pieces cut along layer groups) is resumed as 1 process, as DP4 without ZeRO
 # and as TP2 x DP2 under ZeRO-1; one saved by the hybrid layout (two blocks holding the same
 # AdamW shards, the first one's saved) as 1 process and as DP4 under plain ZeRO-2; the first
@@ -18,7 +18,7 @@ read -r -a saved_layout <<<"${SAVED_LAYOUT:-8 --set parallel.tp=2 --set parallel
 run saved "${saved_layout[@]}" --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints"\"
 hybrid=(--set parallel.zero_stage=2 --set parallel.shard_size=2)
 layouts=("one_process 1" "dp4 4" "tp2_dp2 4 --set parallel.tp=2" "pp4 4 --set parallel.pp=4" "dp4_zero2 4 --set parallel.zero_stage=2" "dp4_hybrid 4 ${hybrid[*]}"
-         "dp4_zero3 4 --set parallel.zero_stage=3")
+         "dp4_zero3 4 --set parallel.zero_stage=3" "cp2_tp2 4 --set parallel.cp=2 --set parallel.tp=2")
 if [ -z "${SAVED_LAYOUT:-}" ]; then  # the ZeRO-2 and hybrid saves, once
     run saved_zero2 4 --set parallel.pp=2 --set parallel.zero_stage=2 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints_zero2"\"
     run saved_hybrid 4 "${hybrid[@]}" --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/checkpoints_hybrid"\"
