@@ -6,7 +6,8 @@
 // device tensors and its f32 sums of bf16. Every run tracks the fp32 run of one CPU process.
 // ZeRO-2 sharded within blocks of 2 dp ranks takes the event-ordered path over the shard
 // and replica groups' own communicators, with no race between them and the compute stream;
-// so do sequence parallelism's collectives overlapped with the matmuls (parallel.tp_overlap).
+// so do sequence parallelism's collectives overlapped with the matmuls (parallel.tp_overlap)
+// and context parallelism's ring (parallel.cp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -97,6 +98,15 @@ PARALLEL_TEST(StandInCudaLayouts, SequenceParallelTpOverlapOverEventOrderedColle
 }
 PARALLEL_TEST(StandInCudaLayouts, SequenceParallelTpOverlapOverMpi_TracksCpuFp32, 2) {
     expect_tracks_cpu_with("mpi", 1, {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.tp_overlap=true"});
+}
+// Context parallelism's ring in bf16: each step's key/value block is sent on and the next one
+// received on the cp group's two point-to-point streams while the compute stream works on the
+// current block, and the f32 key/value gradients travel the same way; no race the stream
+// graph sees.
+PARALLEL_TEST(StandInCudaLayouts, ContextParallelBf16OverEventOrderedCollectives_TracksCpuFp32, 2) { expect_tracks_cpu_with("nccl", 1, {"parallel.cp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, ContextParallelBf16OverMpi_TracksCpuFp32, 2) { expect_tracks_cpu_with("mpi", 1, {"parallel.cp=2"}); }
+PARALLEL_TEST(StandInCudaLayouts, ContextTimesTensorParallelOverEventOrderedCollectives_TracksCpuFp32, 4) {
+    expect_tracks_cpu_with("nccl", 1, {"parallel.cp=2", "parallel.tp=2"});
 }
 PARALLEL_TEST(StandInCudaLayouts, DefaultComm_IsTheEventOrderedPath, 2) {
     const StandInRun run = run_on_stand_in(tiny("cuda", 2, {"parallel.tp=2", "train.steps=2"}));

@@ -1,5 +1,7 @@
 #include "support/stream_graph.h"
 
+#include <cstring>
+
 #include <algorithm>
 
 namespace llmtrain::test {
@@ -126,9 +128,25 @@ void RecordedCollectives::all_to_all(const Tensor& out, const Tensor& in, Stream
     host_.all_to_all(on_host(out), on_host(in));
 }
 
+// The bytes leave at once, from a copy; the transfer completes when the peer receives. On a
+// GPU a send and the opposite receive run on streams of their own, so two ranks may each
+// send to the other before either receives (context parallelism's ring): a blocking send
+// here would wait for a receive that its peer issues only after its own send.
 void RecordedCollectives::send(const Tensor& data, int peer, StreamId stream) {
     order_.work(stream, named("send"), {data}, {});
-    host_.send(on_host(data), peer);
+    auto copy = std::make_unique<OwnedTensor>(data.dtype(), data.shape());
+    if (data.numel() > 0) std::memcpy(copy->view().raw(), data.raw(), data.bytes());
+    CommHandle sending = host_.send_async(copy->view(), peer);
+    sends_.push_back({std::move(copy), std::move(sending)});
+    // Every later send is posted already: the oldest completes as soon as its peer gets there.
+    if (sends_.size() > 16) {
+        sends_.front().handle.wait();
+        sends_.erase(sends_.begin());
+    }
+}
+
+RecordedCollectives::~RecordedCollectives() {
+    for (PendingSend& s : sends_) s.handle.wait();
 }
 
 void RecordedCollectives::recv(const Tensor& data, int peer, StreamId stream) {

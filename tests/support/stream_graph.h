@@ -76,6 +76,7 @@ private:
 class RecordedCollectives final : public StreamCollectives {
 public:
     RecordedCollectives(Comm& host, RecordingStreamOrder& order) : host_(host), order_(order) {}
+    ~RecordedCollectives() override;
     void all_reduce(const Tensor& data, ReduceOp op, StreamId stream) override;
     void reduce_scatter(const Tensor& out, const Tensor& in, StreamId stream) override;
     void all_gather(const Tensor& data, StreamId stream) override;
@@ -92,6 +93,11 @@ private:
     Comm& host_;
     RecordingStreamOrder& order_;
     std::atomic<bool> aborted_{false};
+    struct PendingSend {
+        std::unique_ptr<OwnedTensor> bytes;
+        CommHandle handle;
+    };
+    std::vector<PendingSend> sends_;  // completed as the peers receive; waited for when destroyed
 };
 
 // A group of `size` ranks seen from rank `rank` whose operations do nothing: the unit tests
