@@ -21,6 +21,7 @@
 
 #include "config/config.h"
 #include "parallel/context.h"
+#include "parallel/mpi_comm.h"
 #include "plan/memory_plan.h"
 #include "support/parallel_test.h"
 #include "train/trainer.h"
@@ -91,6 +92,26 @@ void expect_plan_is_what_the_rank_holds(const std::string& name, bool fifty_mill
     ctx.world->barrier();
 }
 
+// Context parallelism: the plan is what the ranks hold, and each rank's activations are
+// those of its seq_len / cp tokens (the ring's buffers included), less than without cp.
+void expect_context_parallel_plan_is_what_the_rank_holds(const std::string& name, const std::vector<std::string>& layout) {
+    std::vector<std::string> long_sequences = {"model.max_seq_len=128", "train.seq_len=128"};
+    long_sequences.insert(long_sequences.end(), layout.begin(), layout.end());
+    expect_plan_is_what_the_rank_holds(name, true, long_sequences);
+    Config without_cp = layout_config(true, long_sequences);
+    const int world = MpiSession().world_size();
+    const Mesh with = make_mesh(without_cp.parallel, world);
+    without_cp.parallel.cp = 1;
+    const Mesh without = make_mesh(without_cp.parallel, world);
+    const size_t activations = plan_memory(layout_config(true, long_sequences), with, 0).memory.activation_bytes;
+    const size_t activations_without = plan_memory(without_cp, without, 0).memory.activation_bytes;
+    if (MpiSession().world_rank() == 0)
+        std::printf("[ plan memory ] %-30s activations per rank %7.2f MB, %7.2f MB with cp = 1\n", name.c_str(), static_cast<double>(activations) / 1e6,
+                    static_cast<double>(activations_without) / 1e6);
+    EXPECT_LT(static_cast<double>(activations), 0.75 * static_cast<double>(activations_without))
+        << name << ": activations " << activations << " bytes per rank with cp " << with.cp() << ", " << activations_without << " without";
+}
+
 }  // namespace
 
 PARALLEL_TEST(MemoryPlan, TinyDataParallelZero1_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("tiny dp4 zero1", false, {}); }
@@ -141,6 +162,15 @@ PARALLEL_TEST(MemoryPlan, TinyTensorFourSequenceParallel_IsWhatTheRankHolds, 4) 
 PARALLEL_TEST(MemoryPlan, TinyLlamaSelectiveRecompute_IsWhatTheRankHolds, 4) {
     expect_plan_is_what_the_rank_holds("tiny llama tp2 dp2 selective", false,
                                        {"model.family=\"llama\"", "model.n_kv_heads=2", "parallel.tp=2", "train.recompute=\"selective\""});
+}
+PARALLEL_TEST(MemoryPlan, 50MFourContextRanks_IsWhatTheRankHoldsAndLessThanWithoutCp, 4) {
+    expect_context_parallel_plan_is_what_the_rank_holds("50M cp4", {"parallel.cp=4"});
+}
+PARALLEL_TEST(MemoryPlan, 50MContextTimesDataZero2_IsWhatTheRankHoldsAndLessThanWithoutCp, 4) {
+    expect_context_parallel_plan_is_what_the_rank_holds("50M cp2 dp2 zero2", {"parallel.cp=2", "parallel.zero_stage=2"});
+}
+PARALLEL_TEST(MemoryPlan, 50MContextTimesSequenceParallel_IsWhatTheRankHoldsAndLessThanWithoutCp, 4) {
+    expect_context_parallel_plan_is_what_the_rank_holds("50M cp2 tp2 sp", {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"});
 }
 PARALLEL_TEST(MemoryPlan, 50MDataParallelZero1_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("50M dp4 zero1", true, {}); }
 PARALLEL_TEST(MemoryPlan, 50MTensorTimesData_IsWhatTheRankHolds, 4) { expect_plan_is_what_the_rank_holds("50M tp2 dp2", true, {"parallel.tp=2"}); }
