@@ -1,10 +1,8 @@
 // Packed documents (data.attention_mask = "document", data.reset_position_ids = true): a
 // document's tokens compute the same logits, loss and parameter gradients wherever it sits in
 // a sequence, as if it were alone. Each check isolates document B's share of a run over the
-// sequence [A, B]: the mean loss over T tokens is (la mean_A + lb mean_B) / T, so
-//   T * run([A, B]) - la * run([A] alone) = lb * run([B] alone)
-// for the loss and for every parameter gradient when A and B do not see each other. With the
-// mask off B attends to A and sits at positions la.., and the identity fails.
+// sequence [A, B] (support/document_pair.h). With the mask off B attends to A and sits at
+// positions la.., and the identity fails.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,83 +17,13 @@
 #include "data/byte_level.h"
 #include "data/token_source.h"
 #include "model/transformer.h"
+#include "support/document_pair.h"
 
 using namespace llmtrain;
 
 namespace {
 
-constexpr int32_t kEnd = 3;  // the end-of-text id of these tests
-
-ModelConfig tiny(ModelFamily family) {
-    ModelConfig m;
-    m.family = family;
-    m.n_layers = 2;
-    m.d_model = 16;
-    m.n_heads = 4;
-    m.n_kv_heads = family == ModelFamily::llama ? 2 : 4;
-    m.d_ff = 12;
-    m.vocab_size = 13;
-    m.max_seq_len = 12;
-    m.rope_theta = 100.0;
-    m.tied_embeddings = family == ModelFamily::gpt2;
-    m.init_std = 0.3;
-    return m;
-}
-
-// Document A ends with the end-of-text token (its last token); B follows it.
-const std::vector<int32_t> kDocA = {5, 9, 1, 7, kEnd};
-const std::vector<int32_t> kDocB = {4, 4, 11, 2, 8, 6, 10};
-// Each token's target: the next token of its own document, or an arbitrary id at the end.
-const std::vector<int32_t> kTargetsA = {9, 1, 7, kEnd, 12};
-const std::vector<int32_t> kTargetsB = {4, 11, 2, 8, 6, 10, 0};
-
-std::vector<int32_t> joined(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-    std::vector<int32_t> out = a;
-    out.insert(out.end(), b.begin(), b.end());
-    return out;
-}
-
-// One run of the model over one sequence: its mean loss, its parameter gradients (scaled by
-// `weight`, the sequence's token count, to undo the mean) and the logits of each row.
-struct RunResult {
-    double weighted_loss = 0;
-    std::vector<std::vector<double>> weighted_grads;
-    std::vector<std::vector<double>> logits;
-};
-
-RunResult run(Transformer& model, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
-    const auto T = static_cast<int64_t>(tokens.size());
-    OwnedTensor tok(DType::i32, {T}), tgt(DType::i32, {T});
-    std::copy(tokens.begin(), tokens.end(), tok.data<int32_t>());
-    std::copy(targets.begin(), targets.end(), tgt.data<int32_t>());
-    Parameters& p = model.parameters();
-    model.backend().fill_zero(p.all_grads());
-    RunResult r;
-    r.weighted_loss = static_cast<double>(T) * model.forward(tok.view(), tgt.view(), 1, T);
-    for (int64_t row = 0; row < T; ++row) r.logits.push_back(model.logits_row(row));
-    model.backward(1.0);
-    for (size_t i = 0; i < p.count(); ++i) {
-        const double* g = p.grad(i).data<double>();
-        std::vector<double> scaled(g, g + p.grad(i).numel());
-        for (double& x : scaled) x *= static_cast<double>(T);
-        r.weighted_grads.push_back(std::move(scaled));
-    }
-    return r;
-}
-
-ModelPartition documents(bool mask, bool reset) {
-    ModelPartition part;
-    part.document_mask = mask;
-    part.reset_position_ids = reset;
-    part.document_end_token = kEnd;
-    return part;
-}
-
-// The largest relative difference between B alone and B's share of [A, B] (loss and every
-// gradient element), and whether B's logits in [A, B] equal those of B alone within `tol`.
-struct Isolation {
-    double loss_error = 0, grad_error = 0, logits_error = 0;
-};
+using namespace llmtrain::test::document_pair;
 
 Isolation isolate_document_b(ModelFamily family, bool mask, bool reset) {
     auto backend = make_cpu_backend(1);
@@ -105,17 +33,7 @@ Isolation isolate_document_b(ModelFamily family, bool mask, bool reset) {
     const RunResult both = run(model, joined(kDocA, kDocB), joined(kTargetsA, kTargetsB));
     const RunResult a = run(model, kDocA, kTargetsA);
     const RunResult b = run(model, kDocB, kTargetsB);
-    Isolation out;
-    const auto relative = [](double x, double y) { return std::abs(x - y) / std::max({std::abs(x), std::abs(y), 1e-6}); };
-    out.loss_error = relative(both.weighted_loss - a.weighted_loss, b.weighted_loss);
-    for (size_t i = 0; i < b.weighted_grads.size(); ++i) {
-        double scale = 1e-6;
-        for (double g : b.weighted_grads[i]) scale = std::max(scale, std::abs(g));
-        for (size_t k = 0; k < b.weighted_grads[i].size(); ++k) {
-            const double share = both.weighted_grads[i][k] - a.weighted_grads[i][k];
-            out.grad_error = std::max(out.grad_error, std::abs(share - b.weighted_grads[i][k]) / scale);
-        }
-    }
+    Isolation out = share_of_b(both, a, b);
     for (size_t row = 0; row < kDocB.size(); ++row)
         for (size_t v = 0; v < b.logits[row].size(); ++v)
             out.logits_error = std::max(out.logits_error, relative(both.logits[kDocA.size() + row][v], b.logits[row][v]));
