@@ -219,6 +219,22 @@ struct AttentionBwd {
     Tensor doc_starts;  // [B*T] i32, optional: the forward's document mask
 };
 
+// Rotary position embedding, in place, on the first n_heads heads of each row of x [B*T, W]
+// (heads at columns [h*D, (h+1)*D)). Pairs are (i, i + D/2) as in Hugging Face Llama:
+// x_i' = x_i cos - x_{i+D/2} sin, x_{i+D/2}' = x_{i+D/2} cos + x_i sin, with angle
+// pos * theta^(-2i/D) read from table [max_seq_len, D] (cos in [0, D/2), sin in [D/2, D)),
+// pos = n % seq_len - doc_starts[n] for row n (doc_starts optional: positions restart at each
+// document), or positions[n] (explicit positions, see above).
+struct Rope {
+    Tensor x;           // [B*T, W]: the rows (forward) or their gradient (backward), in place
+    Tensor table;       // [positions, D]
+    int64_t seq_len = 0;
+    int64_t n_heads = 0;
+    int64_t head_dim = 0;
+    Tensor doc_starts;  // [B*T] i32, optional
+    Tensor positions;   // [B*T] i32, optional: explicit positions
+};
+
 // Context parallelism's ring attention (model/context_parallel.cpp) runs attention block by
 // block: the queries of this rank's tokens (Tq per sequence) against the keys and values of
 // one rank's tokens (Tk per sequence) at a time, merged by log-sum-exp (Liu et al. 2023, Ring
@@ -481,17 +497,10 @@ public:
     virtual void attention_block_bwd(const AttentionBlockBwd& args) = 0;
     virtual void copy_columns(const CopyColumns& args) = 0;
 
-    // Rotary position embedding, in place, on the first n_heads heads of each row of x
-    // [B*T, W] (heads at columns [h*D, (h+1)*D)). Pairs are (i, i + D/2) as in Hugging Face
-    // Llama: x_i' = x_i cos - x_{i+D/2} sin, x_{i+D/2}' = x_{i+D/2} cos + x_i sin, with angle
-    // pos * theta^(-2i/D) read from table [max_seq_len, D] (cos in [0, D/2), sin in [D/2, D)),
-    // pos = n % seq_len - doc_starts[n] for row n (doc_starts optional: positions restart at
-    // each document), or positions[n] (explicit positions, see EmbeddingFwd).
-    virtual void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim,
-                          const Tensor& doc_starts = Tensor(), const Tensor& positions = Tensor()) = 0;
-    // The inverse rotation, in place on the gradient.
-    virtual void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim,
-                          const Tensor& doc_starts = Tensor(), const Tensor& positions = Tensor()) = 0;
+    // Rotary position embedding (Rope states the math), in place; backward applies the
+    // inverse rotation to the gradient.
+    virtual void rope_fwd(const Rope& args) = 0;
+    virtual void rope_bwd(const Rope& args) = 0;
 
     // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
     virtual void gelu_fwd(const Tensor& out, const Tensor& x) = 0;

@@ -124,7 +124,7 @@ std::string fixed_percent(double share) {
 // The groups whose blocked time a step reports (parallel/context.cpp names them), in the
 // order every rank sums them in.
 const std::vector<std::string>& timed_groups() {
-    static const std::vector<std::string> groups{"tp", "dp", "pp", "embedding", "world"};
+    static const std::vector<std::string> groups{"tp", "cp", "dp", "pp", "embedding", "world"};
     return groups;
 }
 
@@ -174,7 +174,8 @@ JobWaits agree_on_waits(const RankWaits& mine, const ParallelContext& ctx, int s
 bool group_spans_ranks(const std::string& group, const ParallelContext& ctx) {
     const Mesh& mesh = ctx.mesh;
     if (group == "tp") return mesh.tp() > 1;
-    if (group == "dp") return mesh.dp() > 1;
+    if (group == "cp") return mesh.cp() > 1;
+    if (group == "dp") return mesh.data_size() > 1;  // the data group holds the cp ranks too
     if (group == "pp") return mesh.pp() > 1;
     if (group == "embedding") return ctx.embedding != nullptr;
     return mesh.world_size() > 1;

@@ -13,7 +13,7 @@ namespace llmtrain {
 
 // Time this rank's step loop spent blocked in one operation of one group of ranks.
 struct CommTime {
-    std::string group;  // "world", "tp", "dp", "pp", "embedding"
+    std::string group;  // "world", "tp", "cp", "dp", "pp", "embedding"
     std::string op;     // "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv", "broadcast", "barrier"
     double seconds = 0;
 };

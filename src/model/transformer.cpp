@@ -579,12 +579,14 @@ void Transformer::attend(const ActivationSet& a, const LayerSlots& s, int64_t l,
     const AttentionShape shape = attention_shape();
     const int64_t first_position = cache ? cache->length : 0;
     // q and k heads are adjacent in the packed QKV rows: one rotation covers both.
-    if (is_llama() && context_parallel() && !cache)
-        backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim, Tensor(),
-                          explicit_positions(a));
-    else if (is_llama())
-        backend_.rope_fwd(rows(s.qkv), arena_.tensor(rope_table_).slice_rows(first_position, seq_len_), seq_len_, shape.n_heads + shape.n_kv_heads,
-                          shape.head_dim, cache ? Tensor() : position_doc_starts(a));
+    // Explicit positions (context parallelism) index the whole table.
+    const bool explicit_rows = context_parallel() && !cache;
+    if (is_llama())
+        backend_.rope_fwd({.x = rows(s.qkv),
+                           .table = explicit_rows ? arena_.tensor(rope_table_) : arena_.tensor(rope_table_).slice_rows(first_position, seq_len_),
+                           .seq_len = seq_len_, .n_heads = shape.n_heads + shape.n_kv_heads, .head_dim = shape.head_dim,
+                           .doc_starts = cache || explicit_rows ? Tensor() : position_doc_starts(a),
+                           .positions = explicit_rows ? explicit_positions(a) : Tensor()});
     if (context_parallel() && !cache) return ring_attention_fwd(a, s);
     if (!cache)
         return backend_.attention_fwd({.out = rows(s.att_out), .saved = att_saved(s.att_saved), .qkv = rows(s.qkv), .shape = shape,
@@ -711,8 +713,9 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
         backend_.attention_bwd({.dqkv = rows(d_qkv_), .dout = rows(d_att_out_), .qkv = rows(s.qkv), .out = rows(s.att_out),
                                 .saved = att_saved(s.att_saved), .shape = shape, .doc_starts = attention_doc_starts(a)});
     if (is_llama())
-        backend_.rope_bwd(rows(d_qkv_), arena_.tensor(rope_table_), seq_len_, shape.n_heads + shape.n_kv_heads, shape.head_dim,
-                          context_parallel() ? Tensor() : position_doc_starts(a), explicit_positions(a));
+        backend_.rope_bwd({.x = rows(d_qkv_), .table = arena_.tensor(rope_table_), .seq_len = seq_len_, .n_heads = shape.n_heads + shape.n_kv_heads,
+                           .head_dim = shape.head_dim, .doc_starts = context_parallel() ? Tensor() : position_doc_starts(a),
+                           .positions = explicit_positions(a)});
     const Tensor d_norm1 = column_parallel_bwd({.dx = d_norm, .dw = grad(p.qkv_w), .dbias = grad(p.qkv_b), .dout = rows(d_qkv_), .x = Tensor(),
                                                 .w = value(p.qkv_w)},
                                                local_rows(s.norm1.out), d_norm_local_);

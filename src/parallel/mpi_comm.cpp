@@ -384,7 +384,7 @@ ParallelContext make_mpi_context(const ParallelConfig& parallel, std::shared_ptr
     for (int r = 0; r < world_size; ++r) all[static_cast<size_t>(r)] = r;
     ctx.world = split_group(all, "world", timeout, staging);
     ctx.tp = split_group(ctx.mesh.group(MeshDim::tp, world_rank), "tp", timeout, staging);
-    ctx.dp = split_group(ctx.mesh.data_group(world_rank), ctx.mesh.cp() > 1 ? "dp x cp" : "dp", timeout, staging);
+    ctx.dp = split_group(ctx.mesh.data_group(world_rank), "dp", timeout, staging);  // with its cp ranks
     ctx.pp = split_group(ctx.mesh.group(MeshDim::pp, world_rank), "pp", timeout, staging);
     ctx.cp = split_group(ctx.mesh.group(MeshDim::cp, world_rank), "cp", timeout, staging);
     const std::vector<int> column = ctx.mesh.group(MeshDim::pp, world_rank);

@@ -96,9 +96,10 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
       dtype_(options_.dtype ? *options_.dtype : llmtrain::compute_dtype(config.train)),
       compute_times_(static_cast<size_t>(std::max<int64_t>(1, config.metrics.straggler_interval_steps))) {
     const ParallelContext& ctx = *ctx_;
-    if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp)
-        fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp, " but the run's mesh is tp ",
-             ctx.mesh.tp(), " x pp ", ctx.mesh.pp());
+    if (ctx.mesh.tp() != config_.parallel.tp || ctx.mesh.pp() != config_.parallel.pp || ctx.mesh.cp() != config_.parallel.cp)
+        fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp,
+             config_.parallel.cp > 1 ? cat(" x cp ", config_.parallel.cp) : "", " but the run's mesh is tp ", ctx.mesh.tp(), " x pp ", ctx.mesh.pp(),
+             ctx.mesh.cp() > 1 ? cat(" x cp ", ctx.mesh.cp()) : "");
     check_optimizer_layout(config_.optimizer, config_.parallel, ctx.mesh.dp());
     ModelPartition partition = stage_partition(config_, ctx.mesh, ctx.world_rank);
     if (partition.splits_documents()) partition.document_end_token = document_end_token(config_);

@@ -250,12 +250,12 @@ protected:
         const OwnedTensor out(f32, {N, C});
         const OwnedTensor doc = host_starts(starts), g_doc = device_starts(starts);
         cpu().embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = c.positions ? wpe.view() : Tensor(), .seq_len = c.seq_len,
-                             .vocab = c.shard, .doc_starts = doc});
+                             .vocab = c.shard, .doc_starts = doc, .positions = Tensor()});
 
         const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_wte = to_device(gpu(), wte, dt), g_wpe = to_device(gpu(), wpe, dt);
         const OwnedTensor g_out = device_tensor(gpu(), dt, {N, C});
         gpu().embedding_fwd({.out = g_out, .tokens = g_tokens, .wte = g_wte, .wpe = c.positions ? g_wpe.view() : Tensor(), .seq_len = c.seq_len,
-                             .vocab = c.shard, .doc_starts = g_doc});
+                             .vocab = c.shard, .doc_starts = g_doc, .positions = Tensor()});
         // A row of wte plus a row of wpe in fp32, rounded once.
         expect_matches("out", gpu(), g_out, out, elementwise_tolerance(dt));
     }
@@ -271,12 +271,12 @@ protected:
         const OwnedTensor dwte = copy_of(dwte0), dwpe = copy_of(dwpe0);
         const OwnedTensor doc = host_starts(starts), g_doc = device_starts(starts);
         cpu().embedding_bwd({.dwte = dwte, .dwpe = c.positions ? dwpe.view() : Tensor(), .dout = dout, .tokens = tokens, .seq_len = c.seq_len,
-                             .vocab = c.shard, .doc_starts = doc});
+                             .vocab = c.shard, .doc_starts = doc, .positions = Tensor()});
 
         const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_dout = to_device(gpu(), dout, dt);
         const OwnedTensor g_dwte = to_device(gpu(), dwte0, f32), g_dwpe = to_device(gpu(), dwpe0, f32);
         gpu().embedding_bwd({.dwte = g_dwte, .dwpe = c.positions ? g_dwpe.view() : Tensor(), .dout = g_dout, .tokens = g_tokens, .seq_len = c.seq_len,
-                             .vocab = c.shard, .doc_starts = g_doc});
+                             .vocab = c.shard, .doc_starts = g_doc, .positions = Tensor()});
         expect_matches("dwte", gpu(), g_dwte, dwte, Tolerance{0, 0});
         expect_matches("dwpe", gpu(), g_dwpe, dwpe, Tolerance{0, 0});  // untouched without positions
     }
@@ -482,12 +482,12 @@ protected:
         fill_rope_table(table, 10000.0);
         const OwnedTensor work = copy_of(x);
         const OwnedTensor doc = host_starts(starts), g_doc = device_starts(starts);
-        if (backward) cpu().rope_bwd(work, table, seq_len, n_heads, head_dim, doc);
-        else cpu().rope_fwd(work, table, seq_len, n_heads, head_dim, doc);
+        if (backward) cpu().rope_bwd({.x = work, .table = table, .seq_len = seq_len, .n_heads = n_heads, .head_dim = head_dim, .doc_starts = doc, .positions = Tensor()});
+        else cpu().rope_fwd({.x = work, .table = table, .seq_len = seq_len, .n_heads = n_heads, .head_dim = head_dim, .doc_starts = doc, .positions = Tensor()});
 
         const OwnedTensor g_x = to_device(gpu(), x, dt), g_table = to_device(gpu(), table, f32);
-        if (backward) gpu().rope_bwd(g_x, g_table, seq_len, n_heads, head_dim, g_doc);
-        else gpu().rope_fwd(g_x, g_table, seq_len, n_heads, head_dim, g_doc);
+        if (backward) gpu().rope_bwd({.x = g_x, .table = g_table, .seq_len = seq_len, .n_heads = n_heads, .head_dim = head_dim, .doc_starts = g_doc, .positions = Tensor()});
+        else gpu().rope_fwd({.x = g_x, .table = g_table, .seq_len = seq_len, .n_heads = n_heads, .head_dim = head_dim, .doc_starts = g_doc, .positions = Tensor()});
         const std::vector<double> g = download(gpu(), g_x);
         expect_matches("x", g, values_of(work), elementwise_tolerance(dt));
         const int64_t rotated = n_heads * head_dim;
@@ -1453,7 +1453,7 @@ TEST_F(CudaDeterminism, EmbeddingBwd_TwoRunsAreBitwiseEqual) {
         std::vector<OwnedTensor> g;
         g.push_back(to_device(gpu(), dwte0, f32));
         g.push_back(to_device(gpu(), dwpe0, f32));
-        gpu().embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = g_dout, .tokens = g_tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
+        gpu().embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = g_dout, .tokens = g_tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
         return g;
     });
 }

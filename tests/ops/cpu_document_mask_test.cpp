@@ -141,15 +141,15 @@ TEST(DocumentMaskRope, PositionsRestartAtEachDocumentAndBackwardIsTheInverse) {
     fill_rope_table(table, 100.0);
     const std::vector<int32_t> starts = {0, 0, 2, 2, 2, 5, 5};
     const OwnedTensor doc = starts_tensor(starts), x = random_tensor(f64, {T, W}, 70), work = copy_of(x);
-    be->rope_fwd(work, table, T, heads, D, doc);
+    be->rope_fwd({.x = work, .table = table, .seq_len = T, .n_heads = heads, .head_dim = D, .doc_starts = doc, .positions = Tensor()});
     for (int64_t n = 0; n < T; ++n) {
         const int64_t position = n - starts[static_cast<size_t>(n)];
         const OwnedTensor at(f64, {T, W});
         for (int64_t c = 0; c < W; ++c) set(at, position * W + c, get(x, n * W + c));
-        be->rope_fwd(at, table, T, heads, D);
+        be->rope_fwd({.x = at, .table = table, .seq_len = T, .n_heads = heads, .head_dim = D, .doc_starts = Tensor(), .positions = Tensor()});
         for (int64_t c = 0; c < W; ++c) ASSERT_EQ(get(work, n * W + c), get(at, position * W + c)) << "row " << n << " column " << c;
     }
-    be->rope_bwd(work, table, T, heads, D, doc);
+    be->rope_bwd({.x = work, .table = table, .seq_len = T, .n_heads = heads, .head_dim = D, .doc_starts = doc, .positions = Tensor()});
     for (int64_t i = 0; i < x.numel(); ++i) ASSERT_NEAR(get(work, i), get(x, i), 1e-14);
 }
 
@@ -159,7 +159,7 @@ TEST(DocumentMaskEmbedding, LearnedPositionsRestartAtEachDocument) {
     const std::vector<int32_t> starts = {0, 0, 2, 2, 4, 0, 1, 1, 1, 1};
     const OwnedTensor doc = starts_tensor(starts), tokens = random_tokens(N, V, 71);
     const OwnedTensor wte = random_tensor(f64, {V, C}, 72), wpe = random_tensor(f64, {T, C}, 73), out(f64, {N, C});
-    be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = doc});
+    be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = doc, .positions = Tensor()});
     for (int64_t n = 0; n < N; ++n) {
         const int64_t position = n % T - starts[static_cast<size_t>(n)];
         for (int64_t c = 0; c < C; ++c)
@@ -167,10 +167,10 @@ TEST(DocumentMaskEmbedding, LearnedPositionsRestartAtEachDocument) {
     }
     const OwnedTensor R = random_tensor(f64, {N, C}, 74), dwte = filled(f64, {V, C}, 0.5), dwpe = filled(f64, {T, C}, 0.5);
     auto loss = [&] {
-        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = doc});
+        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = doc, .positions = Tensor()});
         return weighted_sum(out, R);
     };
-    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = R, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = doc});
+    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = R, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = doc, .positions = Tensor()});
     expect_gradient_matches("dwpe", wpe, dwpe, loss, 0.5);
     expect_gradient_matches("dwte", wte, dwte, loss, 0.5);
 }

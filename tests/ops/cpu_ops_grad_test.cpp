@@ -27,12 +27,12 @@ void check_embedding(int64_t B, int64_t T, int64_t C, int64_t V, bool positions)
     const OwnedTensor wpe = positions ? random_tensor(f64, {T + 2, C}, 3) : OwnedTensor();
     const OwnedTensor out(f64, {N, C}), R = random_tensor(f64, {N, C}, 4);
     auto loss = [&] {
-        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
+        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
         return weighted_sum(out, R);
     };
     const OwnedTensor dwte = filled(f64, {V, C}, prefill);
     const OwnedTensor dwpe = positions ? filled(f64, {T + 2, C}, prefill) : OwnedTensor();
-    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = R, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
+    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = R, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
     expect_gradient_matches("dwte", wte, dwte, loss, prefill);
     if (positions) expect_gradient_matches("dwpe", wpe, dwpe, loss, prefill);
 }
@@ -113,11 +113,11 @@ void check_rope(int64_t B, int64_t T, int64_t n_heads, int64_t D) {
     const OwnedTensor x = random_tensor(f64, {N, W}, 50), work(f64, {N, W}), R = random_tensor(f64, {N, W}, 51);
     auto loss = [&] {
         copy_into(work, x);
-        be->rope_fwd(work, table, T, n_heads, D);
+        be->rope_fwd({.x = work, .table = table, .seq_len = T, .n_heads = n_heads, .head_dim = D, .doc_starts = Tensor(), .positions = Tensor()});
         return weighted_sum(work, R);
     };
     const OwnedTensor dx = copy_of(R);
-    be->rope_bwd(dx, table, T, n_heads, D);
+    be->rope_bwd({.x = dx, .table = table, .seq_len = T, .n_heads = n_heads, .head_dim = D, .doc_starts = Tensor(), .positions = Tensor()});
     expect_gradient_matches("dx", x, dx, loss);
 }
 

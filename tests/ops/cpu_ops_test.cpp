@@ -68,7 +68,7 @@ void expect_error(ErrorKind kind, const std::vector<std::string>& words, const s
 TEST(F32Forward, Embedding_MatchesF64) {
     const OwnedTensor tokens = random_tokens(14, 11, 1), wte = random_tensor(f64, {11, 13}, 2), wpe = random_tensor(f64, {9, 13}, 3);
     expect_f32_matches_f64({&tokens, &wte, &wpe}, {{14, 13}}, [](Backend& be, const auto& in, const auto& out) {
-        be.embedding_fwd({.out = out[0], .tokens = in[0], .wte = in[1], .wpe = in[2], .seq_len = 7, .vocab = {}, .doc_starts = Tensor()});
+        be.embedding_fwd({.out = out[0], .tokens = in[0], .wte = in[1], .wpe = in[2], .seq_len = 7, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
     });
 }
 
@@ -107,7 +107,7 @@ TEST(F32Forward, Rope_MatchesF64) {
     fill_rope_table(table, 10000.0);
     expect_f32_matches_f64({&x, &table}, {{10, 20}}, [](Backend& be, const auto& in, const auto& out) {
         copy_into(out[0], in[0]);
-        be.rope_fwd(out[0], in[1], 5, 3, 6);
+        be.rope_fwd({.x = out[0], .table = in[1], .seq_len = 5, .n_heads = 3, .head_dim = 6, .doc_starts = Tensor(), .positions = Tensor()});
     });
 }
 
@@ -256,8 +256,8 @@ TEST(Rope, ForwardThenBackwardIsIdentity) {
     const OwnedTensor table(f64, {8, 4});
     fill_rope_table(table, 10000.0);
     const OwnedTensor x = random_tensor(f64, {14, 13}, 42), work = copy_of(x);
-    be->rope_fwd(work, table, 7, 3, 4);
-    be->rope_bwd(work, table, 7, 3, 4);
+    be->rope_fwd({.x = work, .table = table, .seq_len = 7, .n_heads = 3, .head_dim = 4, .doc_starts = Tensor(), .positions = Tensor()});
+    be->rope_bwd({.x = work, .table = table, .seq_len = 7, .n_heads = 3, .head_dim = 4, .doc_starts = Tensor(), .positions = Tensor()});
     expect_close("x", work, x, 1e-14);
 }
 
@@ -266,7 +266,7 @@ TEST(Rope, LeavesColumnsPastTheRotatedHeadsAndPositionZeroUnchanged) {
     const OwnedTensor table(f64, {8, 4});
     fill_rope_table(table, 10000.0);
     const OwnedTensor x = random_tensor(f64, {14, 13}, 43), work = copy_of(x);
-    be->rope_fwd(work, table, 7, 2, 4);
+    be->rope_fwd({.x = work, .table = table, .seq_len = 7, .n_heads = 2, .head_dim = 4, .doc_starts = Tensor(), .positions = Tensor()});
     for (int64_t n = 0; n < 14; ++n)
         for (int64_t c = 0; c < 13; ++c)
             if (c >= 8 || n % 7 == 0) {
@@ -311,7 +311,7 @@ TEST(Attention, SavedProbabilitiesAreCausalAndSumToOne) {
 
 TEST(Embedding, WithoutPositionsCopiesTokenRows) {
     const OwnedTensor tokens = random_tokens(6, 5, 46), wte = random_tensor(f32, {5, 3}, 47), out(f32, {6, 3});
-    cpu_backend()->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 3, .vocab = {}, .doc_starts = Tensor()});
+    cpu_backend()->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 3, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
     for (int64_t n = 0; n < 6; ++n)
         for (int64_t c = 0; c < 3; ++c) ASSERT_EQ(get(out, n * 3 + c), get(wte, tokens.data<int32_t>()[n] * 3 + c));
 }
@@ -437,7 +437,7 @@ TEST(Determinism, EmbeddingBackward_IsBitwiseEqualAcrossRunsAndThreadCounts) {
             std::vector<OwnedTensor> g;
             g.push_back(filled(f32, {17, 150}, 0.5));
             g.push_back(filled(f32, {20, 150}, 0.5));
-            be.embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = dout, .tokens = tokens, .seq_len = 16, .vocab = {}, .doc_starts = Tensor()});
+            be.embedding_bwd({.dwte = g[0], .dwpe = g[1], .dout = dout, .tokens = tokens, .seq_len = 16, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
             return g;
         },
         true);
@@ -482,7 +482,7 @@ TEST(ShapeErrors, NameTheOpAndTheTensor) {
     const OwnedTensor x64(f64, {4, 6});
     expect_error(ErrorKind::shape, {"add", "b", "f64"}, [&] { be->add(out, x, x64); });
     const OwnedTensor table(f32, {3, 4});
-    expect_error(ErrorKind::shape, {"rope_fwd", "seq_len"}, [&] { be->rope_fwd(x, table, 4, 1, 4); });
+    expect_error(ErrorKind::shape, {"rope_fwd", "seq_len"}, [&] { be->rope_fwd({.x = x, .table = table, .seq_len = 4, .n_heads = 1, .head_dim = 4, .doc_starts = Tensor(), .positions = Tensor()}); });
 }
 
 TEST(DataErrors, TokenOrTargetOutsideTheVocabularyIsReported) {
@@ -490,9 +490,9 @@ TEST(DataErrors, TokenOrTargetOutsideTheVocabularyIsReported) {
     const OwnedTensor tokens(DType::i32, {4}), wte(f32, {5, 3}), out(f32, {4, 3});
     tokens.data<int32_t>()[2] = 5;
     expect_error(ErrorKind::data, {"embedding_fwd: token id 5 at row 2 is outside the vocabulary [0, 5)"},
-                 [&] { be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 4, .vocab = {}, .doc_starts = Tensor()}); });
+                 [&] { be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 4, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()}); });
     expect_error(ErrorKind::data, {"embedding_bwd", "token id 5"}, [&] {
-        be->embedding_bwd({.dwte = wte, .dwpe = Tensor(), .dout = out, .tokens = tokens, .seq_len = 4, .vocab = {}, .doc_starts = Tensor()});
+        be->embedding_bwd({.dwte = wte, .dwpe = Tensor(), .dout = out, .tokens = tokens, .seq_len = 4, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
     });
     const OwnedTensor logits(f32, {4, 5}), losses(f32, {4});
     tokens.data<int32_t>()[2] = -1;

@@ -43,8 +43,8 @@ TEST(VocabShardEmbedding, SumOfShardsEqualsWholeTableForwardAndBackward) {
     const OwnedTensor wte = random_tensor(f64, {kVocab, C}, 1), wpe = random_tensor(f64, {T, C}, 2);
     const OwnedTensor tokens = random_tokens(N, kVocab, 3), dout = random_tensor(f64, {N, C}, 4);
     const OwnedTensor whole(f64, {N, C}), dwte(f64, {kVocab, C}), dwpe(f64, {T, C});
-    be->embedding_fwd({.out = whole, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
-    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor()});
+    be->embedding_fwd({.out = whole, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
+    be->embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor(), .positions = Tensor()});
 
     const OwnedTensor sum = filled(f64, {N, C}, 0);
     for (size_t s = 0; s < kShards.size(); ++s) {
@@ -52,10 +52,10 @@ TEST(VocabShardEmbedding, SumOfShardsEqualsWholeTableForwardAndBackward) {
         const OwnedTensor local = row_block(wte, shard.begin, shard.count), out(f64, {N, C}), dlocal = filled(f64, {shard.count, C}, 0);
         // Positions are added by one shard only, as the tensor-parallel model does.
         be->embedding_fwd({.out = out, .tokens = tokens, .wte = local, .wpe = s == 0 ? Tensor(wpe) : Tensor(), .seq_len = T,
-                           .vocab = {shard.begin, kVocab}, .doc_starts = Tensor()});
+                           .vocab = {shard.begin, kVocab}, .doc_starts = Tensor(), .positions = Tensor()});
         be->add(sum, sum, out);
         be->embedding_bwd({.dwte = dlocal, .dwpe = Tensor(), .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {shard.begin, kVocab},
-                           .doc_starts = Tensor()});
+                           .doc_starts = Tensor(), .positions = Tensor()});
         expect_close("dwte shard", dlocal, row_block(dwte, shard.begin, shard.count), 1e-14);
     }
     expect_close("embedding", sum, whole, 1e-14);
@@ -66,7 +66,7 @@ TEST(VocabShardEmbedding, TokenBeyondTheFullVocabulary_IsADataError) {
     const OwnedTensor wte = random_tensor(f64, {4, 3}, 1), out(f64, {2, 3}), tokens(DType::i32, {2});
     tokens.data<int32_t>()[1] = 8;
     try {
-        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 2, .vocab = {4, 8}, .doc_starts = Tensor()});
+        be->embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = Tensor(), .seq_len = 2, .vocab = {4, 8}, .doc_starts = Tensor(), .positions = Tensor()});
         FAIL() << "expected a data error";
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::data);

@@ -240,14 +240,8 @@ public:
         cpu_->copy_columns({.dst = dst, .dst_col = a.dst_col, .src = widened(a.src), .src_col = a.src_col, .cols = a.cols});
         store(a.dst, dst);
     }
-    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-                  const Tensor& positions) override {
-        rope("rope_fwd", x, table, seq_len, n_heads, head_dim, false, doc_starts, positions);
-    }
-    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-                  const Tensor& positions) override {
-        rope("rope_bwd", dx, table, seq_len, n_heads, head_dim, true, doc_starts, positions);
-    }
+    void rope_fwd(const Rope& a) override { rope("rope_fwd", a, false); }
+    void rope_bwd(const Rope& a) override { rope("rope_bwd", a, true); }
     void gelu_fwd(const Tensor& out, const Tensor& x) override { unary("gelu_fwd", out, x, [&](const Tensor& o, const Tensor& a) { cpu_->gelu_fwd(o, a); }); }
     void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
         binary("gelu_bwd", dx, dout, x, [&](const Tensor& o, const Tensor& a, const Tensor& b) { cpu_->gelu_bwd(o, a, b); });
@@ -345,13 +339,14 @@ private:
         expect_device(op, "total", t);
         if (t.dtype() != DType::f64 || t.numel() != 1) refuse(op, "total", "is not an f64 scalar");
     }
-    void rope(const char* op, const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse,
-              const Tensor& doc_starts, const Tensor& positions) {
-        expect_half(op, "x", x); expect_f32(op, "table", table);
-        const OwnedTensor values = widened(x);
-        if (inverse) cpu_->rope_bwd(values, host_view(table), seq_len, n_heads, head_dim, host_view(doc_starts), host_view(positions));
-        else cpu_->rope_fwd(values, host_view(table), seq_len, n_heads, head_dim, host_view(doc_starts), host_view(positions));
-        store(x, values);
+    void rope(const char* op, const Rope& a, bool inverse) {
+        expect_half(op, "x", a.x); expect_f32(op, "table", a.table);
+        const OwnedTensor values = widened(a.x);
+        const Rope on_host{.x = values, .table = host_view(a.table), .seq_len = a.seq_len, .n_heads = a.n_heads, .head_dim = a.head_dim,
+                           .doc_starts = host_view(a.doc_starts), .positions = host_view(a.positions)};
+        if (inverse) cpu_->rope_bwd(on_host);
+        else cpu_->rope_fwd(on_host);
+        store(a.x, values);
     }
     template <class Fn>
     void unary(const char* op, const Tensor& out, const Tensor& x, Fn&& fn) {

@@ -54,14 +54,8 @@ void rope(OpProfile& profile, Op op_id, const Tensor& x, const Tensor& table, in
 
 }  // namespace
 
-void CpuBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-                          const Tensor& positions) {
-    rope(profile_, Op::rope_fwd, x, table, seq_len, n_heads, head_dim, doc_starts, positions, threads_);
-}
+void CpuBackend::rope_fwd(const Rope& a) { rope(profile_, Op::rope_fwd, a.x, a.table, a.seq_len, a.n_heads, a.head_dim, a.doc_starts, a.positions, threads_); }
 
-void CpuBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-                          const Tensor& positions) {
-    rope(profile_, Op::rope_bwd, dx, table, seq_len, n_heads, head_dim, doc_starts, positions, threads_);
-}
+void CpuBackend::rope_bwd(const Rope& a) { rope(profile_, Op::rope_bwd, a.x, a.table, a.seq_len, a.n_heads, a.head_dim, a.doc_starts, a.positions, threads_); }
 
 }  // namespace llmtrain

@@ -72,10 +72,8 @@ public:
     void attention_block_fwd(const AttentionBlockFwd& args) override;
     void attention_block_bwd(const AttentionBlockBwd& args) override;
     void copy_columns(const CopyColumns& args) override;
-    void rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-                  const Tensor& positions) override;
-    void rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-                  const Tensor& positions) override;
+    void rope_fwd(const Rope& args) override;
+    void rope_bwd(const Rope& args) override;
     void gelu_fwd(const Tensor& out, const Tensor& x) override;
     void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
     void swiglu_fwd(const Tensor& out, const Tensor& x) override;

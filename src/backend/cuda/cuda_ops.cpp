@@ -492,23 +492,22 @@ void CudaBackend::attention_block_fwd(const AttentionBlockFwd&) { fail(ErrorKind
 void CudaBackend::attention_block_bwd(const AttentionBlockBwd&) { fail(ErrorKind::unsupported, "attention_block_bwd: not on CUDA yet"); }
 void CudaBackend::copy_columns(const CopyColumns&) { fail(ErrorKind::unsupported, "copy_columns: not on CUDA yet"); }
 
-void CudaBackend::rope_fwd(const Tensor& x, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-                           const Tensor& positions) {
-    if (!positions.empty()) fail(ErrorKind::unsupported, "rope_fwd: explicit positions not on CUDA yet");
+void CudaBackend::rope_fwd(const Rope& a) {
+    if (!a.positions.empty()) fail(ErrorKind::unsupported, "rope_fwd: explicit positions not on CUDA yet");
     CudaOpScope scope(*this, Op::rope_fwd);
-    expect_rope(scope.name(), x, table, seq_len, n_heads, head_dim);
-    const int32_t* starts = document_starts(scope.name(), doc_starts, x.dim(0));
-    kernels::launch_rope(half_of(scope.name(), "x", x), x.raw(), ptr<float>(table), x.dim(0), x.dim(1), seq_len, n_heads, head_dim, false, starts, stream_);
+    expect_rope(scope.name(), a.x, a.table, a.seq_len, a.n_heads, a.head_dim);
+    const int32_t* starts = document_starts(scope.name(), a.doc_starts, a.x.dim(0));
+    kernels::launch_rope(half_of(scope.name(), "x", a.x), a.x.raw(), ptr<float>(a.table), a.x.dim(0), a.x.dim(1), a.seq_len, a.n_heads, a.head_dim, false,
+                         starts, stream_);
 }
 
-void CudaBackend::rope_bwd(const Tensor& dx, const Tensor& table, int64_t seq_len, int64_t n_heads, int64_t head_dim, const Tensor& doc_starts,
-                           const Tensor& positions) {
-    if (!positions.empty()) fail(ErrorKind::unsupported, "rope_bwd: explicit positions not on CUDA yet");
+void CudaBackend::rope_bwd(const Rope& a) {
+    if (!a.positions.empty()) fail(ErrorKind::unsupported, "rope_bwd: explicit positions not on CUDA yet");
     CudaOpScope scope(*this, Op::rope_bwd);
-    expect_rope(scope.name(), dx, table, seq_len, n_heads, head_dim);
-    const int32_t* starts = document_starts(scope.name(), doc_starts, dx.dim(0));
-    kernels::launch_rope(half_of(scope.name(), "dx", dx), dx.raw(), ptr<float>(table), dx.dim(0), dx.dim(1), seq_len, n_heads, head_dim, true, starts,
-                         stream_);
+    expect_rope(scope.name(), a.x, a.table, a.seq_len, a.n_heads, a.head_dim);
+    const int32_t* starts = document_starts(scope.name(), a.doc_starts, a.x.dim(0));
+    kernels::launch_rope(half_of(scope.name(), "dx", a.x), a.x.raw(), ptr<float>(a.table), a.x.dim(0), a.x.dim(1), a.seq_len, a.n_heads, a.head_dim, true,
+                         starts, stream_);
 }
 
 namespace {
