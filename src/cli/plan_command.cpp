@@ -120,7 +120,7 @@ void print_layout(const LayoutPlan& p, int devices) {
     const int64_t tokens = p.config.train.batch_size * p.config.train.seq_len;
     const std::string per_rank = p.cp > 1 ? cat(" (", tokens / p.cp, " on each of the ", p.cp, " cp ranks)") : "";
     const std::string group = p.cp > 1 ? cat(" over the data group of dp x cp = ", p.dp * p.cp, " ranks") : "";
-    const std::string zero = p.dp * p.cp > 1 ? cat("ZeRO stage ", parallel.zero_stage, group, ", gradients reduced in ", grad_reduce_dtype_name(parallel.grad_reduce_dtype))
+    const std::string zero = p.dp * p.cp > 1 ? cat("ZeRO stage ", parallel.zero_stage, ", gradients reduced in ", grad_reduce_dtype_name(parallel.grad_reduce_dtype), group)
                                              : "ZeRO off (dp 1: nothing to shard)";
     std::printf("layout: %d devices = %s, %lld tokens per micro-batch%s, %s\n", devices, layout_name(p).c_str(), static_cast<long long>(tokens), per_rank.c_str(),
                 zero.c_str());

@@ -88,7 +88,7 @@ void print_dry_run(const Config& config, const Mesh& mesh) {
     const int shard_size = shard_size_of(config.parallel, mesh.dp());
     const std::string hybrid = shard_size < mesh.dp() ? cat(" (sharded within blocks of ", shard_size, " dp ranks)") : "";
     // ZeRO shards over the data group: the dp x cp ranks holding the same weights.
-    const std::string zero = mesh.data_size() > 1 ? cat("ZeRO stage ", config.parallel.zero_stage, mesh.cp() > 1 ? cat(" over dp x cp = ", mesh.data_size(), " ranks") : "")
+    const std::string zero = mesh.data_size() > 1 ? cat("ZeRO stage ", config.parallel.zero_stage, mesh.cp() > 1 ? cat(", data group dp x cp = ", mesh.data_size(), " ranks") : "")
                                                   : "ZeRO off (dp 1: nothing to shard)";
     std::printf("layout: %d ranks = %s (order %s) | layers per stage: %s | %s%s\n", mesh.world_size(), mesh.describe_sizes().c_str(), config.parallel.order.c_str(),
                 stages.c_str(), zero.c_str(), hybrid.c_str());
