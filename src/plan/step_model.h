@@ -12,13 +12,16 @@
 //   step time         (m + (pp - 1) / V) x max over stages of t_mb  (bubble (pp - 1) / (V x m + pp - 1);
 //                     V = parallel.virtual_stages, 1 for plain 1F1B; pipeline sends V times as many)
 //                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) over the data group
-//                     (dp x cp ranks) not hidden by the backward of the last micro-batch, + the parameter all-gather (overlapped:
-//                     what the next step's first forward does not hide, on GPUs)
+//                     (dp x cp ranks) not hidden by the backward of the last micro-batch, + the
+//                     parameter all-gather (overlapped: what the next step's first forward does
+//                     not hide, on GPUs)
 //                   + optimizer bytes / (bandwidth x memory efficiency)
 //   context parallel  (parallel.cp) a rank computes b x s / cp tokens: every per-token term
 //                     falls by cp, and causal attention's b s^2 term too (chunks r and 2cp - 1 - r
 //                     balance it); per layer the ring sends keys and values forward, keys, values
-//                     and their f32 gradients backward (add_layer_ring_sends)
+//                     and their f32 gradients backward (add_layer_ring_sends), each send
+//                     latency + bytes / link GB/s, on GPUs exposed only beyond the time of its
+//                     attention block, 2 b s^2 hd (h / tp) / cp^2 FLOPs (twice in backward)
 //   CPU cores         ranks beyond a node's cores share them: each runs at its share of a core
 //                     (DeviceShare), and collectives among them go over the node's shared memory
 //   collectives       ring: all-reduce 2(n-1)/n x bytes / busbw + 2(n-1) x latency; reduce-scatter
