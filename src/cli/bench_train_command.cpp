@@ -254,6 +254,7 @@ void print_json(const BenchFigures& f, const Config& config, const TrainConfig& 
         {"ranks", ctx.mesh.world_size()},
         {"nodes", f.waits.nodes},
         {"tp", ctx.mesh.tp()},
+        {"cp", ctx.mesh.cp()},
         {"dp", ctx.mesh.dp()},
         {"pp", ctx.mesh.pp()},
         {"virtual_stages", config.parallel.virtual_stages},
@@ -332,9 +333,8 @@ int run_bench_train(const BenchTrainArgs& args) {
     }
     const double tflops = f.tflops_per_device * ctx.mesh.world_size(), per_device = f.tflops_per_device, peak = f.peak_tflops;
     const RankMemory memory = trainer.memory();
-    std::printf("bench %s: %s, %s compute, %d rank(s) (tp %lld x dp %lld x pp %lld), recompute %s\n", config.source_path.c_str(), backend.name().c_str(),
-                dtype_name(trainer.compute_dtype()), ctx.mesh.world_size(), static_cast<long long>(ctx.mesh.tp()), static_cast<long long>(ctx.mesh.dp()),
-                static_cast<long long>(ctx.mesh.pp()), recompute_name(t.recompute));
+    std::printf("bench %s: %s, %s compute, %d rank(s) (%s), recompute %s\n", config.source_path.c_str(), backend.name().c_str(),
+                dtype_name(trainer.compute_dtype()), ctx.mesh.world_size(), ctx.mesh.describe_sizes().c_str(), recompute_name(t.recompute));
     std::printf("model: %.1fM parameters, %lld layers, %lld heads x %lld; batch %lld x %lld tokens x %lld micro-batches = %.0f tokens per step\n",
                 f.parameters / 1e6, static_cast<long long>(config.model.n_layers), static_cast<long long>(config.model.n_heads),
                 static_cast<long long>(config.model.head_dim()), static_cast<long long>(t.batch_size), static_cast<long long>(t.seq_len),

@@ -85,7 +85,7 @@ std::vector<CheckResult> config_checks(const DoctorArgs& args, const World& w, s
         micro_batches_per_step(*config, mesh.dp());
         const MemoryPlan plan = largest_rank_plan(*config, mesh);
         rank_bytes = plan.total();
-        checks.push_back({"config", CheckStatus::pass, cat(args.config_path, ": valid on ", w.size, " rank(s): tp ", mesh.tp(), " x dp ", mesh.dp(), " x pp ", mesh.pp()), ""});
+        checks.push_back({"config", CheckStatus::pass, cat(args.config_path, ": valid on ", w.size, " rank(s): ", mesh.describe_sizes()), ""});
     } catch (const Error& e) {
         checks.push_back({"config", CheckStatus::fail, e.what(), "fix the config or the number of ranks"});
         return checks;

@@ -38,6 +38,7 @@ nlohmann::json memory_json(const LayoutPlan& p) {
             {"tp", p.largest.coord.tp},
             {"dp", p.largest.coord.dp},
             {"pp", p.largest.coord.pp},
+            {"cp", p.largest.coord.cp},
             {"parameter_bytes", m.parameter_bytes},
             {"gradient_bytes", m.gradient_bytes},
             {"optimizer_bytes", m.optimizer_bytes},
@@ -54,6 +55,8 @@ nlohmann::json time_json(const StepTime& t) {
     return {{"step_seconds", t.step_seconds},
             {"compute_seconds", t.compute_seconds},
             {"tp_comm_seconds", t.tp_comm_seconds},
+            {"cp_comm_seconds", t.cp_comm_seconds},
+            {"cp_hidden_seconds", t.cp_hidden_seconds},
             {"pp_comm_seconds", t.pp_comm_seconds},
             {"bubble_seconds", t.bubble_seconds},
             {"dp_exposed_seconds", t.dp_exposed_seconds},
@@ -75,6 +78,7 @@ nlohmann::json plan_json(const LayoutPlan& p) {
     const TrainConfig& t = p.config.train;
     return {{"layout",
              {{"tp", p.tp},
+              {"cp", p.cp},
               {"pp", p.pp},
               {"dp", p.dp},
               {"micro_batch", t.batch_size},
@@ -110,10 +114,22 @@ void print_header(const Config& config, const Cluster& cluster, int devices, dou
     std::printf("calibration: %s\n", cluster.calibration_path.empty() ? "none (the cluster file's assumed efficiencies)" : cluster.calibration_path.c_str());
 }
 
+// As `train` says it: one rank in the data group (dp x cp) has nothing to shard.
+void print_layout(const LayoutPlan& p, int devices) {
+    const ParallelConfig& parallel = p.config.parallel;
+    const int64_t tokens = p.config.train.batch_size * p.config.train.seq_len;
+    const std::string per_rank = p.cp > 1 ? cat(" (", tokens / p.cp, " on each of the ", p.cp, " cp ranks)") : "";
+    const std::string group = p.cp > 1 ? cat(" over the data group of dp x cp = ", p.dp * p.cp, " ranks") : "";
+    const std::string zero = p.dp * p.cp > 1 ? cat("ZeRO stage ", parallel.zero_stage, ", gradients reduced in ", grad_reduce_dtype_name(parallel.grad_reduce_dtype), group)
+                                             : "ZeRO off (dp 1: nothing to shard)";
+    std::printf("layout: %d devices = %s, %lld tokens per micro-batch%s, %s\n", devices, layout_name(p).c_str(), static_cast<long long>(tokens), per_rank.c_str(),
+                zero.c_str());
+}
+
 void print_memory(const LayoutPlan& p) {
     const RankMemory& m = p.largest.memory;
-    std::printf("memory per device (largest: rank %d, tp %d dp %d pp %d; as the trainer allocates):\n", p.largest.world_rank, p.largest.coord.tp,
-                p.largest.coord.dp, p.largest.coord.pp);
+    std::printf("memory per device (largest: rank %d, tp %d%s dp %d pp %d; as the trainer allocates):\n", p.largest.world_rank, p.largest.coord.tp,
+                p.cp > 1 ? cat(" cp ", p.largest.coord.cp).c_str() : "", p.largest.coord.dp, p.largest.coord.pp);
     std::printf("  %-44s %10.2f GB\n", "parameters (master, and 16-bit compute copy)", gb(static_cast<double>(m.parameter_bytes)));
     std::printf("  %-44s %10.2f GB\n", "gradients (and the ZeRO-1 reduced shard)", gb(static_cast<double>(m.gradient_bytes)));
     std::printf("  %-44s %10.2f GB\n", "optimizer state (AdamW moments owned)", gb(static_cast<double>(m.optimizer_bytes)));
@@ -131,6 +147,10 @@ void print_time(const LayoutPlan& p, const PlanOptions& options) {
     std::printf("step time (slowest stage %d):\n", t.slowest_stage);
     row("compute (GEMM, attention, memory-bound ops)", t.compute_seconds);
     row("tensor-parallel collectives", t.tp_comm_seconds);
+    if (p.cp > 1) {
+        row("context-parallel ring sends (exposed)", t.cp_comm_seconds);
+        std::printf("  %-44s %10.2f ms (behind attention blocks, not in the step)\n", "context-parallel ring sends (hidden)", t.cp_hidden_seconds * 1e3);
+    }
     row("pipeline sends", t.pp_comm_seconds);
     row("pipeline bubble", t.bubble_seconds);
     row("data-parallel traffic not hidden", t.dp_exposed_seconds);
@@ -156,7 +176,7 @@ void print_checkpoint(const LayoutPlan& p, const Cluster& cluster) {
     std::printf("  %-44s %10.1f GB (%.2f GB per rank)\n", "size", gb(c.bytes), gb(c.bytes_per_rank));
     std::printf("  %-44s %10.2f s\n", "save: step loop blocked (copy to host)", c.blocked_seconds);
     std::printf("  %-44s %10.1f s\n", "save: written in the background", c.background_seconds);
-    std::printf("  %-44s %10.1f s\n", "resume: verify, load, all-gather over dp", c.resume_seconds);
+    std::printf("  %-44s %10.1f s\n", p.cp > 1 ? "resume: verify, load, all-gather over dp x cp" : "resume: verify, load, all-gather over dp", c.resume_seconds);
 }
 
 void print_search(const LayoutSearch& search, int top) {
@@ -201,13 +221,7 @@ int run_plan(const PlanArgs& args) {
     if (args.json) std::printf("%s\n", plan_json(plan).dump(2).c_str());
     else {
         print_header(config, cluster, devices, parameters);
-        // As `train` says it: one data-parallel rank has nothing to shard.
-        std::printf("layout: %d devices = %s, %lld tokens per micro-batch, %s\n", devices, layout_name(plan).c_str(),
-                    static_cast<long long>(plan.config.train.batch_size * plan.config.train.seq_len),
-                    plan.dp > 1 ? cat("ZeRO stage ", plan.config.parallel.zero_stage, ", gradients reduced in ",
-                                      grad_reduce_dtype_name(plan.config.parallel.grad_reduce_dtype))
-                                      .c_str()
-                                : "ZeRO off (dp 1: nothing to shard)");
+        print_layout(plan, devices);
         print_memory(plan);
         print_time(plan, args.options);
         print_checkpoint(plan, cluster);

@@ -87,13 +87,16 @@ void print_dry_run(const Config& config, const Mesh& mesh) {
     for (size_t s = 0; s < layers.size(); ++s) stages += cat(s ? ", " : "", layers[s]);
     const int shard_size = shard_size_of(config.parallel, mesh.dp());
     const std::string hybrid = shard_size < mesh.dp() ? cat(" (sharded within blocks of ", shard_size, " dp ranks)") : "";
-    const std::string zero = mesh.dp() > 1 ? cat("ZeRO stage ", config.parallel.zero_stage) : "ZeRO off (dp 1: nothing to shard)";
-    std::printf("layout: %d ranks = tp %d x dp %d x pp %d (order %s) | layers per stage: %s | %s%s\n", mesh.world_size(), mesh.tp(), mesh.dp(), mesh.pp(),
-                config.parallel.order.c_str(), stages.c_str(), zero.c_str(), hybrid.c_str());
+    // ZeRO shards over the data group: the dp x cp ranks holding the same weights.
+    const std::string zero = mesh.data_size() > 1 ? cat("ZeRO stage ", config.parallel.zero_stage, mesh.cp() > 1 ? cat(", data group dp x cp = ", mesh.data_size(), " ranks") : "")
+                                                  : "ZeRO off (dp 1: nothing to shard)";
+    std::printf("layout: %d ranks = %s (order %s) | layers per stage: %s | %s%s\n", mesh.world_size(), mesh.describe_sizes().c_str(), config.parallel.order.c_str(),
+                stages.c_str(), zero.c_str(), hybrid.c_str());
     const int64_t micro_batches = micro_batches_per_step(config, mesh.dp());
-    std::printf("batch: %lld x %lld tokens x %lld micro-batches x dp %d = %lld tokens per step\n", static_cast<long long>(config.train.batch_size),
+    std::printf("batch: %lld x %lld tokens x %lld micro-batches x dp %d = %lld tokens per step%s\n", static_cast<long long>(config.train.batch_size),
                 static_cast<long long>(config.train.seq_len), static_cast<long long>(micro_batches), mesh.dp(),
-                static_cast<long long>(config.train.batch_size * config.train.seq_len * micro_batches * mesh.dp()));
+                static_cast<long long>(config.train.batch_size * config.train.seq_len * micro_batches * mesh.dp()),
+                mesh.cp() > 1 ? cat(" (each sequence split over cp ", mesh.cp(), ": ", config.train.seq_len / mesh.cp(), " tokens per rank)").c_str() : "");
     const MemoryPlan plan = largest_rank_plan(config, mesh);
     std::printf("memory plan of the largest rank: %s\n", describe(plan).c_str());
     check_memory_fits(plan, available_memory_per_rank(config, 0, 1));  // as if each rank had a node of this machine's size
@@ -176,9 +179,9 @@ void print_next_commands(const std::string& run_dir, const std::string& checkpoi
     log_info("next: llmtrain generate ", target, "  |  llmtrain eval ", target, "  |  llmtrain checkpoint export ", target, " ", out);
 }
 
-// The world a layout asks for: tp * pp * dp (dp = 0: 1).
+// The world a layout asks for: tp * cp * pp * dp (dp = 0: 1).
 int layout_ranks(const ParallelConfig& parallel) {
-    return static_cast<int>(parallel.tp * parallel.pp * std::max<int64_t>(1, parallel.dp));
+    return static_cast<int>(parallel.tp * parallel.cp * parallel.pp * std::max<int64_t>(1, parallel.dp));
 }
 
 // The starting point: the checkpoint --resume found, else train.init_from's weights, else the
@@ -312,8 +315,8 @@ int train_single_process(const TrainArgs& args, const Config& as_given, FaultPla
     const Mesh mesh = make_mesh(config.parallel, ranks);
     if (args.dry_run) print_effective_config_and_data(config);
     if (ranks > 1 && !args.dry_run)
-        fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp, ", pp ", config.parallel.pp,
-             ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
+        fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp,
+             config.parallel.cp > 1 ? cat(", cp ", config.parallel.cp) : "", ", pp ", config.parallel.pp, ", dp ", config.parallel.dp, ") but this process was not started by an MPI launcher: run `mpirun -np ", ranks, " llmtrain train ...`");
     micro_batches_per_step(config, mesh.dp());  // a global batch that does not split stops the run before its directory exists
     const std::string run_dir = args.run_dir.empty() ? default_run_dir(args.config_path) : args.run_dir;
     const RunStart start = check_run_start(args, run_dir, read_run_record(run_dir), config, mesh.dp(), true,

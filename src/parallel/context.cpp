@@ -14,12 +14,15 @@ ParallelContext make_single_process_context() {
 
 Mesh make_mesh(const ParallelConfig& parallel, int world_size) {
     const int64_t tp = parallel.tp, pp = parallel.pp, cp = parallel.cp;
+    // cp is named only where a config sets it.
+    const bool named_cp = cp > 1;
     if (world_size % (tp * cp * pp) != 0)
-        fail(ErrorKind::config, "parallel.tp * parallel.cp * parallel.pp = ", tp * cp * pp, " does not divide the world size ", world_size, " (ranks launched)");
+        fail(ErrorKind::config, "parallel.tp * ", named_cp ? "parallel.cp * " : "", "parallel.pp = ", tp * cp * pp, " does not divide the world size ", world_size,
+             " (ranks launched)");
     const int64_t dp = parallel.dp ? parallel.dp : world_size / (tp * cp * pp);
     if (tp * cp * pp * dp != world_size)
-        fail(ErrorKind::config, "parallel: tp * cp * pp * dp = ", tp, " * ", cp, " * ", pp, " * ", dp, " = ", tp * cp * pp * dp, " but ", world_size,
-             " ranks were launched (set parallel.dp = 0 to derive it)");
+        fail(ErrorKind::config, "parallel: tp * ", named_cp ? "cp * " : "", "pp * dp = ", tp, " * ", named_cp ? cat(cp, " * ") : "", pp, " * ", dp, " = ",
+             tp * cp * pp * dp, " but ", world_size, " ranks were launched (set parallel.dp = 0 to derive it)");
     if (parallel.shard_size > 0 && dp % parallel.shard_size != 0)
         fail(ErrorKind::config, "parallel.shard_size = ", parallel.shard_size, " does not divide dp = ", dp,
              " (allowed: a divisor of dp, e.g. the dp ranks of a node; 0: dp)");

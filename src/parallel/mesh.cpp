@@ -117,4 +117,6 @@ std::string Mesh::describe(int rank) const {
     return cat("tp ", c.tp, ", dp ", c.dp, ", pp ", c.pp, cp() > 1 ? cat(", cp ", c.cp) : "");
 }
 
+std::string Mesh::describe_sizes() const { return cat("tp ", tp(), cp() > 1 ? cat(" x cp ", cp()) : "", " x dp ", dp(), " x pp ", pp()); }
+
 }  // namespace llmtrain

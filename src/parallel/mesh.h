@@ -70,6 +70,8 @@ public:
     std::vector<int> replica_group(int world_rank, int shard_size) const;
     // "tp 1, dp 0, pp 1" (and ", cp 1" when cp > 1)
     std::string describe(int world_rank) const;
+    // "tp 2 x dp 4 x pp 1"; "tp 2 x cp 2 x dp 1 x pp 1" with cp > 1
+    std::string describe_sizes() const;
 
 private:
     int world_size_;

@@ -59,6 +59,7 @@ LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices
     plan.tp = mesh.tp();
     plan.pp = mesh.pp();
     plan.dp = mesh.dp();
+    plan.cp = mesh.cp();
     plan.config.parallel.dp = mesh.dp();
     plan.micro_batches = micro_batches_per_step(config, mesh.dp());
     plan.largest = largest_rank_plan(config, mesh);
@@ -79,9 +80,9 @@ LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices
 
 namespace {
 
-// One layout the search weighs: the config's model and global batch on a tp x pp x dp mesh.
+// One layout the search weighs: the config's model and global batch on a tp x cp x pp x dp mesh.
 struct Candidate {
-    int tp, pp, dp;
+    int tp, cp, pp, dp;
     int64_t micro_batch;
     Recompute recompute;
     bool sequence_parallel;
@@ -89,15 +90,18 @@ struct Candidate {
 };
 
 // Sequence parallelism needs tp > 1; interleaving needs pp > 1 and n_layers a multiple of
-// pp x v (and micro-batches in groups of pp: stage_partition refuses the rest).
+// pp x v (and micro-batches in groups of pp: stage_partition refuses the rest); context
+// parallelism's ring runs on the native attention kernels, not cuDNN's.
 bool can_exist(const Candidate& k, const ModelConfig& model) {
     if (k.sequence_parallel && k.tp == 1) return false;
+    if (k.cp > 1 && model.attention == AttentionImpl::cudnn) return false;
     return k.virtual_stages == 1 || (k.pp > 1 && model.n_layers % (k.pp * k.virtual_stages) == 0);
 }
 
 Config config_of(const Config& base, const Candidate& k, int64_t global_batch) {
     Config c = base;
     c.parallel.tp = k.tp;
+    c.parallel.cp = k.cp;
     c.parallel.pp = k.pp;
     c.parallel.dp = k.dp;
     c.parallel.stage_layers.clear();
@@ -125,14 +129,17 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
     std::vector<Candidate> candidates;
     for (int tp : divisors(devices)) {
         if (tp > max_tp || !tp_splits_model(config.model, tp)) continue;
-        for (int pp : divisors(devices / tp)) {
-            if (pp > config.model.n_layers) continue;
-            const int dp = devices / (tp * pp);
-            for (int64_t b : micro_batches) {
-                if (batch % (b * dp) != 0) continue;
-                for (Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full})
-                    for (bool sp : {false, true})
-                        for (int64_t v : {1, 2, 4}) candidates.push_back({tp, pp, dp, b, recompute, sp, v});
+        for (int cp : divisors(devices / tp)) {
+            if (config.train.seq_len % (2 * cp) != 0 && cp > 1) continue;  // 2 cp equal chunks per sequence
+            for (int pp : divisors(devices / (tp * cp))) {
+                if (pp > config.model.n_layers) continue;
+                const int dp = devices / (tp * cp * pp);
+                for (int64_t b : micro_batches) {
+                    if (batch % (b * dp) != 0) continue;
+                    for (Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full})
+                        for (bool sp : {false, true})
+                            for (int64_t v : {1, 2, 4}) candidates.push_back({tp, cp, pp, dp, b, recompute, sp, v});
+                }
             }
         }
     }
@@ -159,7 +166,7 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
 
 std::string layout_name(const LayoutPlan& plan) {
     const TrainConfig& t = plan.config.train;
-    return cat("tp ", plan.tp, " x pp ", plan.pp, " x dp ", plan.dp, ", micro-batch ", t.batch_size, " x ", plan.micro_batches, ", recompute ",
+    return cat("tp ", plan.tp, plan.cp > 1 ? cat(" x cp ", plan.cp) : "", " x pp ", plan.pp, " x dp ", plan.dp, ", micro-batch ", t.batch_size, " x ", plan.micro_batches, ", recompute ",
                recompute_name(t.recompute), plan.config.parallel.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
                plan.config.parallel.virtual_stages > 1 ? cat(", ", plan.config.parallel.virtual_stages, " virtual stages") : "");
 }
@@ -173,6 +180,7 @@ struct Part {
 
 std::vector<Part> parts_of(const StepTime& t) {
     return {{"compute", t.compute_seconds},         {"tensor-parallel collectives", t.tp_comm_seconds},
+            {"context-parallel ring sends", t.cp_comm_seconds},
             {"pipeline sends", t.pp_comm_seconds},  {"pipeline bubble", t.bubble_seconds},
             {"exposed data-parallel traffic", t.dp_exposed_seconds}, {"optimizer", t.optimizer_seconds}};
 }
@@ -181,14 +189,14 @@ std::string percent(double x) { return cat(std::lround(x * 1000) / 10.0, "%"); }
 
 }  // namespace
 
-// The best against the fastest layout of another tp x pp: the step-time parts (per token,
-// since the steps hold the same tokens) where they differ most say why.
+// The best against the fastest layout of another tp x cp x pp: the step-time parts (per
+// token, since the steps hold the same tokens) where they differ most say why.
 std::string why_best(const LayoutSearch& search) {
     if (search.ranked.empty()) return "no layout fits";
     const LayoutPlan& best = search.ranked.front();
     const LayoutPlan* other = nullptr;
     for (const LayoutPlan& plan : search.ranked)
-        if (plan.tp != best.tp || plan.pp != best.pp) {
+        if (plan.tp != best.tp || plan.cp != best.cp || plan.pp != best.pp) {
             other = &plan;
             break;
         }
@@ -200,7 +208,7 @@ std::string why_best(const LayoutSearch& search) {
     double gain = 0;
     for (size_t i = 0; i < a.size(); ++i)
         if (b[i].seconds - a[i].seconds > gain) gain = b[i].seconds - a[i].seconds, most = i;
-    text += cat(" The next other tp x pp, ", layout_name(*other), ", reaches ", std::lround(other->time.tokens_per_second_per_device), " tokens/s per device (",
+    text += cat(" The next other tp x ", best.cp > 1 || other->cp > 1 ? "cp x " : "", "pp, ", layout_name(*other), ", reaches ", std::lround(other->time.tokens_per_second_per_device), " tokens/s per device (",
                 percent(1 - other->time.tokens_per_second_per_device / best.time.tokens_per_second_per_device), " slower)");
     if (gain > 0)
         text += cat(": its step spends ", std::lround(b[most].seconds * 1e4) / 10.0, " ms in ", a[most].name, " against ", std::lround(a[most].seconds * 1e4) / 10.0,

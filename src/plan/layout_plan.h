@@ -23,7 +23,7 @@ struct PlanOptions {
 
 struct LayoutPlan {
     Config config;             // with the layout's keys set (parallel.*, train.batch_size, recompute)
-    int tp = 1, pp = 1, dp = 1;
+    int tp = 1, pp = 1, dp = 1, cp = 1;
     int64_t micro_batches = 1;
     MemoryPlan largest;        // the rank that needs the most, as the trainer allocates
     double runtime_bytes = 0;  // the cluster's reserved memory (context, communication buffers)
@@ -36,7 +36,7 @@ struct LayoutPlan {
     double tokens = 0, days = 0, cost_usd = 0;
 };
 
-// The layout of config (parallel.tp, parallel.pp; dp from parallel.dp or devices / (tp pp))
+// The layout of config (parallel.tp, parallel.cp, parallel.pp; dp from parallel.dp or devices / (tp cp pp))
 // on `devices` of the cluster. Throws Error(config) for a layout that cannot exist.
 LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices, const PlanOptions& options, double parameters);
 
@@ -48,16 +48,18 @@ struct LayoutSearch {
     double global_batch = 0;               // sequences per step, the same for every layout
 };
 
-// tp (dividing the heads, the KV heads and d_ff, within a node) x pp (at most the layers) x
-// dp = devices / (tp pp), x micro-batch (1, 2, 4, 8, 16 and the config's, dividing the
-// global batch over dp) x recompute (none, selective, full) x sequence parallel (tp > 1).
+// tp (dividing the heads, the KV heads and d_ff, within a node) x cp (seq_len a multiple of
+// 2 cp; not with cuDNN attention) x pp (at most the layers) x dp = devices / (tp cp pp), x
+// micro-batch (1, 2, 4, 8, 16 and the config's, dividing the global batch over dp) x
+// recompute (none, selective, full) x sequence parallel (tp > 1).
 // The global batch is the config's (train.global_batch_size, else its batch x grad_accum x
 // dp on `devices`).
 LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int devices, const PlanOptions& options, double parameters);
 
-// "tp 8 x pp 2 x dp 8, micro-batch 1, recompute selective, sequence parallel"
+// "tp 8 x pp 2 x dp 8, micro-batch 1, recompute selective, sequence parallel"; with cp > 1
+// "tp 2 x cp 4 x pp 1 x dp 1, ..."
 std::string layout_name(const LayoutPlan& plan);
-// Why the best layout wins over the next one of another tp x pp, in one sentence.
+// Why the best layout wins over the next one of another tp x cp x pp, in one sentence.
 std::string why_best(const LayoutSearch& search);
 
 }  // namespace llmtrain

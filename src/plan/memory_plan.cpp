@@ -145,16 +145,15 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
 }
 
 // Ranks that differ only in their dp or cp coordinate hold the same (every data-group rank
-// owns an equal piece of each bucket, and cp ranks equal chunks), so one per (tp, pp) pair is planned.
+// owns an equal piece of each bucket, and cp ranks equal chunks), and so do the tp ranks of a
+// stage (the heads, d_ff and the padded vocabulary split evenly, the other tensors whole on
+// each): one rank per pipeline stage is planned, which keeps `plan --search` quick.
 MemoryPlan largest_rank_plan(const Config& config, const Mesh& mesh) {
     MemoryPlan largest;
-    bool first = true;
-    for (int pp = 0; pp < mesh.pp(); ++pp)
-        for (int tp = 0; tp < mesh.tp(); ++tp) {
-            const MemoryPlan plan = plan_memory(config, mesh, mesh.world_rank({tp, 0, pp}));
-            if (first || plan.total() > largest.total()) largest = plan;
-            first = false;
-        }
+    for (int pp = 0; pp < mesh.pp(); ++pp) {
+        const MemoryPlan plan = plan_memory(config, mesh, mesh.world_rank({0, 0, pp}));
+        if (pp == 0 || plan.total() > largest.total()) largest = plan;
+    }
     return largest;
 }
 

@@ -14,7 +14,8 @@ namespace llmtrain {
 namespace {
 
 struct Shapes {
-    double b, s, n, d, h, kv, hd, f, up, vocab;  // n = b * s tokens per micro-batch; up: MLP-up width
+    double b, s, n, d, h, kv, hd, f, up, vocab;  // n = b * s / cp tokens per micro-batch on this rank; up: MLP-up width
+    double cp;  // context-parallel ranks sharing each sequence
     double t, compute_bytes, master_bytes, reduce_bytes;  // reduce_bytes: per element of the dp gradient collectives
     bool sequence_parallel, tp_overlap, llama;
     Recompute recompute;
@@ -25,7 +26,8 @@ Shapes shapes_of(const Config& config, const Mesh& mesh) {
     Shapes x{};
     x.b = static_cast<double>(config.train.batch_size);
     x.s = static_cast<double>(config.train.seq_len);
-    x.n = x.b * x.s;
+    x.cp = mesh.cp();
+    x.n = x.b * x.s / x.cp;
     x.d = static_cast<double>(m.d_model);
     x.h = static_cast<double>(m.n_heads);
     x.kv = static_cast<double>(m.n_kv_heads);
@@ -61,8 +63,10 @@ void add_layer_gemms(StageWork& w, const Shapes& x) {
 }
 
 // Causal attention does half of the 4 b s^2 hd FLOPs per head of the full score matrix;
-// the backward twice the forward.
-double layer_attention_flops(const Shapes& x) { return 2 * x.b * x.s * x.s * x.hd * (x.h / x.t) * gemm_passes(x.recompute); }
+// the backward twice the forward. Under context parallelism each of the cp ranks does 1/cp of
+// it: its chunks r and 2cp - 1 - r pair a short causal prefix with a long one.
+double layer_attention_forward_flops(const Shapes& x) { return 2 * x.b * x.s * x.s * x.hd * (x.h / x.t) / x.cp; }
+double layer_attention_flops(const Shapes& x) { return layer_attention_forward_flops(x) * gemm_passes(x.recompute); }
 
 // Elements read and written by one layer's memory-bound forward ops: two norms (read x,
 // write y), two residual adds (two reads, a write), the MLP activation (GELU: read, write;
@@ -121,6 +125,25 @@ void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, 
     calls.push_back({Collective::all_gather, bytes, layers * 2});
 }
 
+// Context parallelism's ring attention (Liu et al. 2023; Megatron-Core's p2p ring) of one layer
+// and micro-batch. Rank r holds chunks r and 2cp - 1 - r of each sequence (2cp chunks of s / 2cp
+// tokens), so each of its cp attention blocks (its own keys and values, then each other rank's)
+// holds two full chunk-by-chunk products: 1/cp of its attention. Forward: cp - 1 steps, each
+// passing the keys and values it holds, [n, 2 kv/t hd] in the compute dtype, to the next rank
+// while the current block computes. Backward: cp - 1 steps passing keys and values and cp hops
+// of their gradients' f32 accumulators, each behind a block's backward (twice its forward)
+// except the last hop, which brings dK/dV home after the last block: exposed. Full
+// recomputation runs the forward ring again.
+void add_layer_ring_sends(std::vector<RingSend>& sends, const Shapes& x, double layers) {
+    if (x.cp <= 1) return;
+    const double kv_elements = x.n * 2 * (x.kv / x.t) * x.hd, steps = x.cp - 1;
+    const double kv_bytes = kv_elements * x.compute_bytes, dkv_bytes = kv_elements * 4;
+    const double block_forward = layer_attention_forward_flops(x) / x.cp, forwards = x.recompute == Recompute::full ? 2 : 1;
+    sends.push_back({kv_bytes, layers * forwards * steps, block_forward});
+    sends.push_back({kv_bytes + dkv_bytes, layers * steps, 2 * block_forward});
+    sends.push_back({dkv_bytes, layers, 0});
+}
+
 int first_rank_of_stage(const Mesh& mesh, int stage) { return mesh.world_rank({0, 0, stage}); }
 
 // A GPU node holds one rank per device; a CPU node holds the job's ranks spread evenly over
@@ -135,9 +158,10 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     const DType compute = compute_dtype(config.train);
     const TransformerLayout layout(config.model, compute_device(config.train), compute, config.train.batch_size, config.train.seq_len, part, 0, mesh.tp());
     const int64_t padded = Parameters::padded_length(layout.parameters().total_numel(), part.param_pad_multiple);
-    // ZeRO (stage >= 1) updates 1/dp of the buffer on each rank: its piece of every bucket or group.
-    const bool sharded = config.parallel.zero_stage >= 1 && mesh.dp() > 1;
-    const int64_t owned = sharded ? padded / mesh.dp() : padded;
+    // ZeRO (stage >= 1) updates 1/(dp cp) of the buffer on each rank of the data group: its
+    // piece of every bucket or group.
+    const bool sharded = config.parallel.zero_stage >= 1 && mesh.data_size() > 1;
+    const int64_t owned = sharded ? padded / mesh.data_size() : padded;
     const double p = static_cast<double>(padded), o = static_cast<double>(owned);
     // AdamW reads the weight, gradient and two moments and writes three of them; every
     // gradient is zeroed (the flat buffer, or ZeRO-2/3's group buffers and shard), the norm
@@ -147,7 +171,7 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     w.gradient_pass_bytes = (p + o) * x.master_bytes + (x.compute_bytes != x.master_bytes ? p * x.compute_bytes : 0);
     // A narrower reduction dtype rounds the gradients into their copy and widens what this
     // rank keeps of the sum back (counted once a step, though ZeRO-2/3 round every micro-batch's).
-    if (x.reduce_bytes != x.master_bytes && mesh.dp() > 1) w.gradient_pass_bytes += (p + o) * (x.master_bytes + x.reduce_bytes);
+    if (x.reduce_bytes != x.master_bytes && mesh.data_size() > 1) w.gradient_pass_bytes += (p + o) * (x.master_bytes + x.reduce_bytes);
     w.dp_gradient_bytes = p * x.master_bytes;
     w.dp_reduce_bytes = p * x.reduce_bytes;
     w.dp_parameter_bytes = sharded ? p * x.master_bytes : 0;
@@ -171,6 +195,7 @@ StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
     w.attention_flops = layers * layer_attention_flops(x);
     w.memory_bytes = layers * layer_memory_bytes(x);
     add_layer_collectives(w.tp_collectives, x, layers);
+    add_layer_ring_sends(w.cp_sends, x, layers);
     const double rows = x.sequence_parallel ? x.n / x.t : x.n;
     if (stage == 0) {
         // The embedding: a gather forward, a scatter-add into the master-dtype gradient backward.
@@ -246,8 +271,9 @@ namespace {
 
 struct StageTime {
     double compute = 0, tp = 0, pp = 0, dp = 0, optimizer = 0;
+    double cp = 0, cp_hidden = 0;  // context-parallel ring sends of a micro-batch: exposed, behind attention
     double dp_micro = 0;  // ZeRO-2/3: data-parallel collectives of each micro-batch, exposed
-    double micro_batch() const { return compute + tp + pp + dp_micro; }
+    double micro_batch() const { return compute + tp + cp + pp + dp_micro; }
 };
 
 double compute_seconds(const StageWork& w, const Cluster& c, double peak, double bandwidth) {
@@ -256,10 +282,17 @@ double compute_seconds(const StageWork& w, const Cluster& c, double peak, double
     return seconds + w.attention_flops / (peak * c.efficiency.attention) + w.memory_bytes / (bandwidth * c.efficiency.memory);
 }
 
-// Ranks are numbered tp fastest, then dp, then pp: a group of `span` consecutive ranks
+// Ranks are numbered tp fastest, then cp, dp, then pp: a group of `span` consecutive ranks
 // stays inside a node when the node holds them all. (Four ranks on a node of two cores talk
 // over its shared memory, not over the inter-node network.)
 const Link& link_for(const Cluster& c, const Mesh& mesh, int span) { return span <= ranks_per_node(mesh, c) ? c.intra_node : c.inter_node; }
+
+// The consecutive world ranks a group along dim spans, from its first to its last: a cp group
+// spans tp x cp ranks (tp x pp x cp with the order tp-pp-dp, pp being inside cp then).
+int group_span(const Mesh& mesh, MeshDim dim) {
+    const std::vector<int> group = mesh.group(dim, 0);
+    return group.back() - group.front() + 1;
+}
 
 // On a CPU cluster the ranks' own cores copy the data (MPI over shared memory), at their
 // share of a core, and a non-blocking collective progresses only inside MPI calls: nothing
@@ -315,7 +348,8 @@ double exposed_param_gather(const Config& config, const Cluster& c, double compu
 // sharding) and ZeRO-2 all-gathers the updated parameters within the block.
 void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, const Cluster& c, const StageWork& w, const DeviceShare& share,
                        double hidden, double buckets) {
-    const int shard = config.parallel.shard_size > 0 ? static_cast<int>(config.parallel.shard_size) : mesh.dp();
+    // A block holds shard_size dp ranks with their cp ranks (state_placement).
+    const int shard = (config.parallel.shard_size > 0 ? static_cast<int>(config.parallel.shard_size) : mesh.dp()) * mesh.cp();
     const Link micro_link = collective_link(c, mesh, shard, mesh.tp() * shard, share.pipeline);
     // Their cuts are the layer groups: every layer, the embedding part, the head.
     const double groups = static_cast<double>(config.model.n_layers) / mesh.pp() + 2;
@@ -328,13 +362,28 @@ void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, con
         const bool overlapped = c.kind == ClusterKind::gpu && config.parallel.prefetch_layers > 0;
         t.dp_micro += overlapped ? std::max(gathers - t.compute, gathers / buckets) : gathers;
     }
-    const int blocks = mesh.dp() / shard;
-    const Link end_link = collective_link(c, mesh, blocks, mesh.tp() * mesh.dp(), share.step_end);
+    const int blocks = mesh.data_size() / shard;
+    const Link end_link = collective_link(c, mesh, blocks, mesh.tp() * mesh.data_size(), share.step_end);
     t.dp = collective_seconds({Collective::all_reduce, w.dp_reduce_bytes / shard, 1}, blocks, end_link);
     if (config.parallel.zero_stage == 2) {
         const double gather = collective_seconds({.op = Collective::all_gather, .bytes = w.dp_parameter_bytes, .count = 1, .message_bytes = w.dp_parameter_bytes / groups},
                                                  shard, collective_link(c, mesh, shard, mesh.tp() * shard, share.step_end));
         t.dp += exposed_param_gather(config, c, t.compute, gather, groups);
+    }
+}
+
+// The ring sends of a micro-batch over the cp group's link (point to point, as the pipeline's):
+// on GPUs each is exposed only by what exceeds its attention block's time; on a CPU the cores
+// that would compute move the bytes: all exposed.
+void ring_time(StageTime& t, const StageWork& w, const Mesh& mesh, const Cluster& c, double peak, double share) {
+    if (w.cp_sends.empty()) return;
+    const Link link = shared_link(link_for(c, mesh, group_span(mesh, MeshDim::cp)), c, share);
+    for (const RingSend& send : w.cp_sends) {
+        const double seconds = link.latency_us * 1e-6 + send.bytes / (link.gbps * 1e9);
+        const double behind = c.kind == ClusterKind::gpu ? send.behind_flops / (peak * c.efficiency.attention) : 0;
+        const double exposed = std::max(0.0, seconds - behind);
+        t.cp += send.count * exposed;
+        t.cp_hidden += send.count * (seconds - exposed);
     }
 }
 
@@ -345,22 +394,25 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     t.compute = compute_seconds(w, c, peak, bandwidth);
     const Link tp_link = collective_link(c, mesh, mesh.tp(), mesh.tp(), share.pipeline);
     for (const CollectiveCall& call : w.tp_collectives) t.tp += exposed_collective_seconds(call, mesh.tp(), tp_link, c, peak);
+    ring_time(t, w, mesh, c, peak, share.pipeline);
     const Link pp_link = shared_link(link_for(c, mesh, mesh.world_size()), c, share.pipeline);
     t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
     // Buckets go out while the last micro-batch's backward (two thirds of its compute) runs;
     // at least the last bucket waits for the end of backward.
     const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
     const double hidden = c.kind == ClusterKind::gpu ? t.compute * 2.0 / 3.0 : 0.0;
-    if (mesh.dp() > 1 && config.parallel.zero_stage >= 2) {
+    // Gradients are reduced over the data group: the dp x cp ranks holding the same weights.
+    const int data = mesh.data_size();
+    if (data > 1 && config.parallel.zero_stage >= 2) {
         zero_sharded_time(t, config, mesh, c, w, share, hidden, buckets);
     } else {
-        const Link dp_link = collective_link(c, mesh, mesh.dp(), mesh.tp() * mesh.dp(), share.step_end);
+        const Link dp_link = collective_link(c, mesh, data, mesh.tp() * data, share.step_end);
         const bool zero1 = config.parallel.zero_stage >= 1;
         const double reduce = collective_seconds({.op = zero1 ? Collective::reduce_scatter : Collective::all_reduce, .bytes = w.dp_reduce_bytes, .count = 1,
                                                   .message_bytes = w.dp_reduce_bytes / buckets},
-                                                 mesh.dp(), dp_link);
+                                                 data, dp_link);
         const double gather = collective_seconds({.op = Collective::all_gather, .bytes = w.dp_parameter_bytes, .count = 1, .message_bytes = w.dp_parameter_bytes / buckets},
-                                                 mesh.dp(), dp_link);
+                                                 data, dp_link);
         t.dp = std::max(reduce - hidden, reduce / buckets) + exposed_param_gather(config, c, t.compute, gather, buckets);
     }
     // AdamW's update has its own efficiency (on a CPU its square root and division per element
@@ -386,6 +438,8 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     r.slowest_stage = static_cast<int>(slowest - stages.begin());
     r.compute_seconds = m * slowest->compute;
     r.tp_comm_seconds = m * slowest->tp;
+    r.cp_comm_seconds = m * slowest->cp;
+    r.cp_hidden_seconds = m * slowest->cp_hidden;
     r.pp_comm_seconds = m * slowest->pp;
     // Interleaving idles pp - 1 chunk slots, each 1/V of a micro-batch's time on the stage.
     const double bubble_slots = static_cast<double>(mesh.pp() - 1) / static_cast<double>(config.parallel.virtual_stages);
@@ -393,6 +447,7 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     r.dp_exposed_seconds = last_to_finish->dp + m * slowest->dp_micro;
     r.optimizer_seconds = last_to_finish->optimizer;
     r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + last_to_finish->dp + r.optimizer_seconds;
+    // The cp ranks of one dp rank share its sequences: the step's tokens are the dp ranks'.
     r.tokens_per_step = static_cast<double>(config.train.batch_size * config.train.seq_len) * m * mesh.dp();
     r.tokens_per_second_per_device = r.tokens_per_step / r.step_seconds / mesh.world_size();
     r.model_flops_per_token = model_flops_per_token(config, parameters);
@@ -413,12 +468,14 @@ CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, c
     t.blocked_seconds = t.bytes_per_rank / (st.host_copy_gbps * 1e9);
     t.background_seconds = transfer(st.write_gbps, st.node_write_gbps);
     const double reads = 2 * transfer(st.read_gbps, st.node_read_gbps);
-    // Below ZeRO-3 the dp ranks hold the master weights whole: each loads 1/dp and the group all-gathers the rest.
+    // Below ZeRO-3 the data group's dp x cp ranks hold the master weights whole: each loads
+    // 1/(dp cp) and the group all-gathers the rest.
     double exchange = 0;
-    if (mesh.dp() > 1 && config.parallel.zero_stage < 3) {
+    const int data = mesh.data_size();
+    if (data > 1 && config.parallel.zero_stage < 3) {
         const double part_weights = master_bytes * parameters / (mesh.tp() * mesh.pp());
-        const Link dp_link = collective_link(cluster, mesh, mesh.dp(), mesh.tp() * mesh.dp(), device_share(config, mesh, cluster).step_end);
-        exchange = collective_seconds({Collective::all_gather, part_weights, 1}, mesh.dp(), dp_link);
+        const Link dp_link = collective_link(cluster, mesh, data, mesh.tp() * data, device_share(config, mesh, cluster).step_end);
+        exchange = collective_seconds({Collective::all_gather, part_weights, 1}, data, dp_link);
     }
     t.resume_seconds = reads + exchange;
     return t;

@@ -7,12 +7,21 @@
 //                          + memory-bound bytes / (bandwidth x memory efficiency)
 //                          + tensor-parallel collectives + pipeline sends (with
 //                            parallel.tp_overlap on GPUs, less what runs behind a GEMM)
+//                          + context-parallel ring sends (on GPUs, less what runs behind
+//                            the attention block computing meanwhile)
 //   step time         (m + (pp - 1) / V) x max over stages of t_mb  (bubble (pp - 1) / (V x m + pp - 1);
 //                     V = parallel.virtual_stages, 1 for plain 1F1B; pipeline sends V times as many)
-//                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) not hidden by the
-//                     backward of the last micro-batch, + the parameter all-gather (overlapped:
-//                     what the next step's first forward does not hide, on GPUs)
+//                   + data-parallel reduce-scatter (all-reduce without ZeRO-1) over the data group
+//                     (dp x cp ranks) not hidden by the backward of the last micro-batch, + the
+//                     parameter all-gather (overlapped: what the next step's first forward does
+//                     not hide, on GPUs)
 //                   + optimizer bytes / (bandwidth x memory efficiency)
+//   context parallel  (parallel.cp) a rank computes b x s / cp tokens: every per-token term
+//                     falls by cp, and causal attention's b s^2 term too (chunks r and 2cp - 1 - r
+//                     balance it); per layer the ring sends keys and values forward, keys, values
+//                     and their f32 gradients backward (add_layer_ring_sends), each send
+//                     latency + bytes / link GB/s, on GPUs exposed only beyond the time of its
+//                     attention block, 2 b s^2 hd (h / tp) / cp^2 FLOPs (twice in backward)
 //   CPU cores         ranks beyond a node's cores share them: each runs at its share of a core
 //                     (DeviceShare), and collectives among them go over the node's shared memory
 //   collectives       ring: all-reduce 2(n-1)/n x bytes / busbw + 2(n-1) x latency; reduce-scatter
@@ -20,9 +29,9 @@
 // The same counts calibrate the cluster: `bench` divides them by what it measured.
 #pragma once
 
-#include <string>
-
 #include <map>
+#include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "plan/cluster.h"
@@ -45,6 +54,16 @@ struct CollectiveCall {
     double message_bytes = 0;
 };
 
+// One step of context parallelism's ring: each rank of the cp group sends `bytes` to the next
+// and receives as much from the previous, while an attention block of behind_flops computes
+// (hidden on GPUs, where the send runs beside the compute stream; 0: nothing computes
+// meanwhile, exposed).
+struct RingSend {
+    double bytes = 0;
+    double count = 0;  // per micro-batch
+    double behind_flops = 0;
+};
+
 // One rank of one pipeline stage.
 struct StageWork {
     // Per micro-batch: forward, backward and recomputation.
@@ -54,13 +73,14 @@ struct StageWork {
     std::vector<CollectiveCall> tp_collectives;
     double pp_send_bytes = 0;  // each pipeline send (activations forward, gradients backward)
     int pp_sends = 0;          // per micro-batch: 0, 2 (an end stage) or 4
+    std::vector<RingSend> cp_sends;
     // Per step.
     double update_bytes = 0;         // what AdamW's update of the owned elements reads and writes
     double gradient_pass_bytes = 0;  // zeroing every gradient, reading their norm, refreshing a 16-bit copy
     double optimizer_bytes() const { return update_bytes + gradient_pass_bytes; }
-    double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over dp (in the master dtype: what its buckets are cut from)
+    double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over the data group, dp x cp ranks (in the master dtype: what its buckets are cut from)
     double dp_reduce_bytes = 0;    // what the dp gradient collectives carry: that buffer in parallel.grad_reduce_dtype
-    double dp_parameter_bytes = 0; // the parameters all-gathered over dp after the update (ZeRO-1)
+    double dp_parameter_bytes = 0; // the parameters all-gathered over the data group after the update (ZeRO-1)
     double compute_parameter_bytes = 0;  // the parameters in the compute dtype (ZeRO-3 gathers them per micro-batch)
     double total_gemm_flops() const;
 };
@@ -78,6 +98,8 @@ DeviceShare device_share(const Config& config, const Mesh& mesh, const Cluster& 
 struct StepTime {
     double compute_seconds = 0;     // m micro-batches of the slowest stage
     double tp_comm_seconds = 0;     // tensor-parallel collectives, exposed (m micro-batches)
+    double cp_comm_seconds = 0;     // context-parallel ring sends, exposed (m micro-batches)
+    double cp_hidden_seconds = 0;   // context-parallel ring sends behind attention blocks (not in the step)
     double pp_comm_seconds = 0;     // pipeline sends on the critical path
     double bubble_seconds = 0;      // (pp - 1) / virtual_stages micro-batch times
     double dp_exposed_seconds = 0;  // data-parallel traffic not hidden by backward
@@ -110,7 +132,8 @@ std::string parameters_beyond_the_model(const ModelConfig& model, int64_t tp, in
 // rank's share into host memory; the writes then go on in the background at the slower of
 // the storage's aggregate bandwidth and the nodes' links to it. A resume reads every byte
 // twice (the verification of its checksums, then the load, each spread over the ranks) and
-// all-gathers the master weights over dp (below ZeRO-3: every dp rank holds them whole).
+// all-gathers the master weights over the data group (below ZeRO-3: each of its dp x cp
+// ranks holds them whole).
 struct CheckpointTime {
     double bytes = 0;               // the whole checkpoint
     double bytes_per_rank = 0;

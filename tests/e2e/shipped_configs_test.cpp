@@ -32,6 +32,21 @@ TEST(ShippedConfigs, Llama1bIsValidWithDataPresent) {
     EXPECT_EQ(c.train.device, ComputeDevice::cuda);
 }
 
+// The long-context config: the Llama-1B shape at 64k tokens, its sequences split over cp 8
+// (2 x 8 equal chunks) on the native attention kernels, the ring's only ones.
+TEST(ShippedConfigs, Llama1b64kIsValidWithDataPresent) {
+    const Config c = load_config("configs/llama-1b-64k.toml", {"data.train_path=data/fortunes.txt", "data.val_path=data/fortunes.txt"});
+    EXPECT_EQ(c.train.seq_len, 65536);
+    EXPECT_EQ(c.model.max_seq_len, 65536);
+    EXPECT_EQ(c.parallel.cp, 8);
+    EXPECT_EQ(c.train.seq_len % (2 * c.parallel.cp), 0);
+    EXPECT_EQ(c.model.attention, AttentionImpl::native);
+    EXPECT_EQ(c.model.d_model, 2048);
+    EXPECT_EQ(c.model.n_kv_heads, 8);
+    EXPECT_TRUE(c.model.tied_embeddings);
+    EXPECT_EQ(c.train.device, ComputeDevice::cuda);
+}
+
 TEST(ShippedConfigs, Gpt2_124mWithoutItsTokenFiles_NamesTheMissingFile) {
     try {
         load_config("configs/gpt2-124m.toml");

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "config/config.h"
+#include "parallel/context.h"
 #include "plan/memory_plan.h"
 #include "support/stream_graph.h"
 #include "train/trainer.h"
@@ -150,4 +151,40 @@ TEST(MemoryPlan, AvailableMemory_IsTheHostsSharedByTheRanksOnTheNode) {
     EXPECT_GT(one, 0u);
     // MemAvailable moves between the two reads; a quarter of it within 5%.
     EXPECT_NEAR(static_cast<double>(four), static_cast<double>(one) / 4, static_cast<double>(one) * 0.05);
+}
+
+// Context parallelism: each rank holds chunks r and 2cp - 1 - r of every sequence, seq_len / cp
+// tokens, so its activations fall with cp (the weights, gradients and their data group's
+// ZeRO-1 shards do not depend on which of dp or cp makes the group up); the attention
+// workspace is planned at the local length.
+TEST(MemoryPlan, ContextParallel_ActivationBytesPerRankFallWithCp) {
+    const auto activations = [](const std::string& family, int cp) {
+        const Config config = small(family, {cat("parallel.cp=", cp)});
+        return plan_memory(config, Mesh(cp, 1, 1, 1, config.parallel.order, cp), 0).memory.activation_bytes;
+    };
+    for (const std::string family : {"gpt2", "llama"}) {
+        SCOPED_TRACE(family);
+        const size_t cp1 = activations(family, 1), cp2 = activations(family, 2), cp4 = activations(family, 4);
+        EXPECT_LT(cp2, cp1);
+        EXPECT_LT(cp4, cp2);
+    }
+    // The data group: cp 2 x dp 1 shards AdamW's moments as dp 2 does.
+    const Config cp2 = small("llama", {"parallel.cp=2"}), dp2 = small("llama");
+    const RankMemory by_cp = plan_memory(cp2, Mesh(2, 1, 1, 1, cp2.parallel.order, 2), 0).memory;
+    const RankMemory by_dp = plan_memory(dp2, Mesh(2, 1, 2, 1, dp2.parallel.order), 0).memory;
+    EXPECT_EQ(by_cp.optimizer_bytes, by_dp.optimizer_bytes);
+    EXPECT_EQ(by_cp.parameter_bytes, by_dp.parameter_bytes);
+    EXPECT_LT(by_cp.optimizer_bytes, plan_memory(dp2, Mesh(1, 1, 1, 1, dp2.parallel.order), 0).memory.optimizer_bytes);
+}
+
+// The long-context config at 64k tokens on 8 GPUs: with cp 8 each GPU holds the activations of
+// 8,192 of the 65,536 tokens (about an eighth of cp 1's, under a quarter whatever the ring
+// keeps besides), and the native attention's workspace is planned for the local length too.
+TEST(MemoryPlan, ContextParallel_LongContextConfigHoldsUnderAQuarterOfTheActivationsAtCp8) {
+    const Config cp8 = load_config("configs/llama-1b-64k.toml", {}, DataFiles::unchecked);
+    ASSERT_EQ(cp8.parallel.cp, 8);
+    const Config cp1 = load_config("configs/llama-1b-64k.toml", {"parallel.cp=1"}, DataFiles::unchecked);
+    const RankMemory a8 = largest_rank_plan(cp8, make_mesh(cp8.parallel, 8)).memory, a1 = largest_rank_plan(cp1, make_mesh(cp1.parallel, 8)).memory;
+    EXPECT_LT(a8.activation_bytes, a1.activation_bytes / 4);
+    EXPECT_LT(a8.workspace_bytes, a1.workspace_bytes);
 }

@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "plan/layout_plan.h"
 #include "plan/step_model.h"
 #include "parallel/context.h"
 
@@ -364,4 +365,158 @@ TEST(ParameterCount, HeldBeyondTheModel_NamesPaddingRowsAndTheTiedCopy) {
     const std::string pp2 = parameters_beyond_the_model(m, 1, 2, model + 257 * 128);
     EXPECT_NE(pp2.find("+ 0.033M the tied embedding's copy on the last pipeline stage"), std::string::npos) << pp2;
     EXPECT_EQ(pp2.find("padding"), std::string::npos) << pp2;
+}
+
+namespace {
+
+// The long-context config (Llama-1B shape, 64k tokens) with parallel.cp = cp, one micro-batch
+// of one sequence per step on each dp rank.
+Config long_context(int cp, std::vector<std::string> extra = {}) {
+    std::vector<std::string> overrides = {cat("parallel.cp=", cp), "train.global_batch_size=0", "train.grad_accum=1"};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    return load_config("configs/llama-1b-64k.toml", overrides, DataFiles::unchecked);
+}
+
+double send_seconds(double bytes, const Link& link) { return link.latency_us * 1e-6 + bytes / (link.gbps * 1e9); }
+
+}  // namespace
+
+// Context parallelism gives each of the cp ranks b x s / cp tokens: its GEMMs and memory-bound
+// bytes fall by cp, and so does its causal attention (chunks r and 2cp - 1 - r balance the
+// work), all exactly (cp a power of two, the GEMMs large either way).
+TEST(StepModel, ContextParallel_DividesTokenWorkAndCausalAttentionByCp) {
+    const StageWork one = stage_work(long_context(1), make_mesh(long_context(1).parallel, 1), 0);
+    EXPECT_TRUE(one.cp_sends.empty());
+    for (int cp : {2, 4, 8}) {
+        SCOPED_TRACE(cat("cp ", cp));
+        const Config config = long_context(cp);
+        const StageWork w = stage_work(config, make_mesh(config.parallel, cp), 0);
+        EXPECT_DOUBLE_EQ(w.total_gemm_flops(), one.total_gemm_flops() / cp);
+        EXPECT_DOUBLE_EQ(w.attention_flops, one.attention_flops / cp);
+        EXPECT_DOUBLE_EQ(w.memory_bytes, one.memory_bytes / cp);
+        EXPECT_DOUBLE_EQ(w.dp_gradient_bytes, one.dp_gradient_bytes);  // the same weights on every cp rank
+    }
+}
+
+// The ring of one micro-batch, per layer: cp - 1 forward sends of this rank's keys and values
+// (8192 tokens x 2 x 8 KV heads x 64 x 2 bytes), cp - 1 backward sends of them with their f32
+// gradients, and the gradients' last hop home. On H100s the sends run over NVLink (the cp group
+// of 8 fills one node) beside attention blocks long enough to hide them: only the last hops
+// are exposed. Full recomputation runs the forward ring twice.
+TEST(StepModel, ContextParallelRing_HiddenBehindAttentionBlocksOnGpus_LastGradientHopExposed) {
+    const Config config = long_context(8);
+    const Mesh mesh = make_mesh(config.parallel, 8);
+    const StageWork w = stage_work(config, mesh, 0);
+    const double kv = 8192.0 * 2 * 8 * 64 * 2, dkv = 2 * kv, layers = 16;
+    ASSERT_EQ(w.cp_sends.size(), 3u);
+    EXPECT_DOUBLE_EQ(w.cp_sends[0].bytes, kv);
+    EXPECT_DOUBLE_EQ(w.cp_sends[0].count, layers * 7);
+    EXPECT_DOUBLE_EQ(w.cp_sends[1].bytes, kv + dkv);
+    EXPECT_DOUBLE_EQ(w.cp_sends[1].count, layers * 7);
+    EXPECT_DOUBLE_EQ(w.cp_sends[2].bytes, dkv);
+    EXPECT_DOUBLE_EQ(w.cp_sends[2].count, layers);
+    EXPECT_DOUBLE_EQ(w.cp_sends[2].behind_flops, 0);
+    // Each forward block is 1/cp of the rank's forward attention, a backward one twice that.
+    EXPECT_DOUBLE_EQ(w.cp_sends[0].behind_flops * 3 * 8 * layers, w.attention_flops);
+    EXPECT_DOUBLE_EQ(w.cp_sends[1].behind_flops, 2 * w.cp_sends[0].behind_flops);
+
+    const Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    const double block_seconds = w.cp_sends[0].behind_flops / (h100.peak_tflops * 1e12 * h100.efficiency.attention);
+    ASSERT_GT(block_seconds, send_seconds(kv, h100.intra_node));  // long enough to hide the send
+    const StepTime t = predict_step_time(config, mesh, h100, model_parameter_count(config.model));
+    const double exposed = layers * send_seconds(dkv, h100.intra_node);
+    const double hidden = layers * 7 * (send_seconds(kv, h100.intra_node) + send_seconds(kv + dkv, h100.intra_node));
+    EXPECT_NEAR(t.cp_comm_seconds, exposed, 1e-12);
+    EXPECT_NEAR(t.cp_hidden_seconds, hidden, 1e-12);
+    EXPECT_NEAR(t.step_seconds, t.compute_seconds + t.cp_comm_seconds + t.dp_exposed_seconds + t.optimizer_seconds, 1e-12);
+
+    const Config full = long_context(8, {"train.recompute=\"full\""});
+    const StageWork again = stage_work(full, mesh, 0);
+    EXPECT_DOUBLE_EQ(again.cp_sends[0].count, 2 * layers * 7);
+    EXPECT_DOUBLE_EQ(again.cp_sends[1].count, layers * 7);
+}
+
+// Two nodes of 8 H100s, tp 8 x cp 2: the cp group's two ranks are 8 apart, in different nodes,
+// so the ring runs over InfiniBand; with tp 4 x cp 2 it stays on NVLink.
+TEST(StepModel, ContextParallelRing_CrossesNodesWhenTpTimesCpExceedsANode) {
+    const Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    // One micro-batch per step: the exposed time is the layers' last hops, the rest hidden.
+    const auto expect_last_hops_over = [&](int tp, const Link& link) {
+        SCOPED_TRACE(cat("tp ", tp));
+        const Config config = long_context(2, {cat("parallel.tp=", tp)});
+        const Mesh mesh = make_mesh(config.parallel, 2 * tp);
+        const RingSend last = stage_work(config, mesh, 0).cp_sends.back();
+        const StepTime t = predict_step_time(config, mesh, h100, model_parameter_count(config.model));
+        EXPECT_NEAR(t.cp_comm_seconds, last.count * send_seconds(last.bytes, link), 1e-12);
+    };
+    expect_last_hops_over(4, h100.intra_node);
+    expect_last_hops_over(8, h100.inter_node);
+    ASSERT_LT(h100.inter_node.gbps, h100.intra_node.gbps);
+}
+
+// On a CPU the cores that would compute move the bytes (and MPI moves them only inside its
+// calls): every ring send is exposed, none hidden.
+TEST(StepModel, ContextParallelRing_AllExposedOnCpus) {
+    const Config config = fifty_million({"parallel.cp=2"});
+    const Cluster cpu = two_core_node();
+    const Mesh mesh = make_mesh(config.parallel, 2);
+    const StageWork w = stage_work(config, mesh, 0);
+    ASSERT_EQ(w.cp_sends.size(), 3u);
+    const StepTime t = predict(config, cpu, 2);
+    double all = 0;
+    for (const RingSend& send : w.cp_sends) all += send.count * send_seconds(send.bytes, cpu.intra_node);  // a whole core each
+    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
+    EXPECT_GT(all, 0);
+    EXPECT_NEAR(t.cp_comm_seconds, m * all, 1e-12 * m * all);
+    EXPECT_DOUBLE_EQ(t.cp_hidden_seconds, 0);
+}
+
+// Gradients are reduced, and ZeRO-1 shards the optimizer, over the data group: the dp x cp
+// ranks holding the same weights. cp 2 x dp 2, cp 4 and dp 4 all reduce over 4 ranks and pay
+// the same; cp 2 alone (dp 1) still reduces over 2. The step's tokens are the dp ranks' (the cp
+// ranks of one dp rank share its sequences).
+TEST(StepModel, ContextParallel_DataGroupOfDpTimesCpDrivesTheGradientReduction) {
+    const Cluster cpu = two_core_node();
+    const Config dp4 = fifty_million({"train.batch_size=1"}), cp2_dp2 = fifty_million({"train.batch_size=1", "parallel.cp=2"});
+    const Config cp4 = fifty_million({"train.batch_size=1", "parallel.cp=4"});
+    const StepTime a = predict(dp4, cpu, 4), b = predict(cp2_dp2, cpu, 4), c = predict(cp4, cpu, 4);
+    EXPECT_GT(a.dp_exposed_seconds, 0);
+    EXPECT_DOUBLE_EQ(b.dp_exposed_seconds, a.dp_exposed_seconds);
+    EXPECT_DOUBLE_EQ(c.dp_exposed_seconds, a.dp_exposed_seconds);
+    const StageWork w4 = stage_work(dp4, make_mesh(dp4.parallel, 4), 0), w22 = stage_work(cp2_dp2, make_mesh(cp2_dp2.parallel, 4), 0);
+    EXPECT_DOUBLE_EQ(w22.update_bytes, w4.update_bytes);  // each updates 1/4 of the elements
+    const Config dp2 = fifty_million({"train.batch_size=1"}), cp2 = fifty_million({"train.batch_size=1", "parallel.cp=2"});
+    EXPECT_DOUBLE_EQ(predict(cp2, cpu, 2).dp_exposed_seconds, predict(dp2, cpu, 2).dp_exposed_seconds);
+    EXPECT_GT(predict(dp4, cpu, 4).dp_exposed_seconds, predict(dp2, cpu, 2).dp_exposed_seconds);
+    const double sequence = 64, m = static_cast<double>(micro_batches_per_step(dp4, 4));
+    EXPECT_DOUBLE_EQ(a.tokens_per_step, sequence * m * 4);
+    EXPECT_DOUBLE_EQ(b.tokens_per_step, sequence * m * 2);
+    EXPECT_DOUBLE_EQ(c.tokens_per_step, sequence * m * 1);
+}
+
+// A sequence no single GPU holds (256k tokens of the Llama-1B shape with one KV head, so tp
+// cannot split it either): of the layouts of 8 H100s, only those with cp > 1 fit, and the
+// search ranks them; with cuDNN attention, which the ring does not run on, it weighs no cp
+// layout and nothing fits.
+TEST(LayoutSearch, LongSequence_FindsAContextParallelLayoutWhereNoneFitsWithout) {
+    const std::vector<std::string> longer = {"model.n_kv_heads=1", "train.seq_len=262144", "model.max_seq_len=262144", "train.global_batch_size=8"};
+    const Config config = load_config("configs/llama-1b-64k.toml", longer, DataFiles::unchecked);
+    const Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    const double params = model_parameter_count(config.model);
+    const LayoutSearch search = search_layouts(config, h100, 8, {}, params);
+    ASSERT_FALSE(search.ranked.empty());
+    for (const LayoutPlan& plan : search.ranked) EXPECT_GT(plan.cp, 1) << layout_name(plan);
+    EXPECT_EQ(search.ranked.front().tp * search.ranked.front().cp * search.ranked.front().pp * search.ranked.front().dp, 8);
+    EXPECT_NE(layout_name(search.ranked.front()).find(cat(" x cp ", search.ranked.front().cp, " x ")), std::string::npos);
+    // cp = 1 was weighed: the same config planned at cp 1 (dp 8) is a layout that does not fit.
+    Config without = config;
+    without.parallel.cp = 1;
+    EXPECT_FALSE(plan_layout(without, h100, 8, {}, params).fits);
+
+    Config cudnn = config;
+    cudnn.model.attention = AttentionImpl::cudnn;
+    const LayoutSearch none = search_layouts(cudnn, h100, 8, {}, params);
+    EXPECT_TRUE(none.ranked.empty());
+    ASSERT_TRUE(none.smallest_unfit.has_value());
+    EXPECT_EQ(none.smallest_unfit->cp, 1);
 }
