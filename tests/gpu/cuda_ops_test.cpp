@@ -6,7 +6,8 @@
 // them (gpu_test_util.h), so the comparisons measure the GPU's arithmetic and its output
 // rounding; the tolerances, and why, are next to their definitions there.
 // Also: the conversions of copy() bit for bit, the kernels' determinism (two runs, bitwise
-// the same), in-place and misaligned calls. Each test is SKIPPED without a GPU.
+// the same), in-place and misaligned calls; context parallelism's attention blocks, explicit
+// positions and copy_columns. Each test is SKIPPED without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -1786,6 +1787,33 @@ TEST_F(CudaDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
             return g;
         });
     }
+}
+
+// A block of rank 1 of cp 2 (T = 96: three key tiles, rows in two chunks) against its own
+// keys, forward and backward from zeroed accumulators.
+TEST_F(CudaDeterminism, AttentionBlockFwdBwd_TwoRunsAreBitwiseEqual) {
+    const AttentionShape s{2, 48, 4, 2, 64};
+    const int64_t KV = 2 * s.n_kv_heads * s.head_dim;
+    const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 5350, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 5351);
+    const OwnedTensor kv = column_block(qkv, s.n_heads * s.head_dim, KV);
+    const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16), g_kv = to_device(gpu(), kv, bf16);
+    const OwnedTensor g_pos = to_device(gpu(), i32_host(cp_rows(96, 2, 1)), i32);
+    expect_two_runs_identical([&] {
+        std::vector<OwnedTensor> g;
+        g.push_back(device_tensor(gpu(), f32, {s.rows(), s.out_width()}));
+        g.push_back(device_tensor(gpu(), f32, {s.batch, s.n_heads, s.seq_len}));
+        g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.out_width()}));
+        g.push_back(device_tensor(gpu(), f32, {s.rows(), s.out_width()}));
+        g.push_back(device_tensor(gpu(), f32, {s.rows(), KV}));
+        gpu().attention_block_fwd({.acc = g[0], .lse = g[1], .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = s.seq_len, .q_positions = g_pos,
+                                   .kv_positions = g_pos, .q_first = Tensor(), .first = true});
+        gpu().copy_columns({.dst = g[2], .dst_col = 0, .src = g[0], .src_col = 0, .cols = s.out_width()});
+        gpu().fill_zero(g[3]);
+        gpu().fill_zero(g[4]);
+        gpu().attention_block_bwd({.dq = g[3], .dkv = g[4], .dout = g_dout, .out = g[2], .lse = g[1], .qkv = g_qkv, .kv = g_kv, .shape = s,
+                                   .kv_len = s.seq_len, .q_positions = g_pos, .kv_positions = g_pos, .q_first = Tensor()});
+        return g;
+    });
 }
 
 TEST_F(CudaDeterminism, SumSquares_TwoRunsAreBitwiseEqual) {
