@@ -17,10 +17,12 @@
 // product against a padded shared row (no bank conflicts), the warp reduces max/sum with
 // shuffles, and each lane owns D/32 output columns, adding the tile's 32 terms from a shared
 // buffer of probabilities. A block (4 warps) shares its K/V (or Q/dout) tiles between 16
-// (forward), 8 (dq) or 8 (dk/dv) rows. The flops are those of the flash kernels
-// (kernels/attention.cu), but on fp32 CUDA cores rather than tensor cores (on an H100 about
-// 67 against 990 dense TFLOP/s) and with K/V re-read from global memory once per 16 or 8
-// query rows rather than per 64: expect several times the flash kernels' time per block.
+// (forward), 8 (dq) or 8 (dk/dv) rows. Cost against the flash kernels (kernels/attention.cu):
+// the same flops, but on fp32 CUDA cores instead of tensor cores, and every multiply-add of
+// a dot product reads two shared-memory operands, so shared-memory bandwidth bounds it at
+// about an eighth of the fp32 peak: an estimate (not measured) of a few TFLOP/s on an H100,
+// tens of times below the flash kernels per block. K/V are also re-read from global memory
+// once per 16 or 8 query rows rather than per 64.
 // Tiles that the mask excludes for every row of a block (a __syncthreads_or over the tile's
 // positions against the block's rows' [first, last] windows) are skipped before they are
 // loaded: the blocks of the causal ring that lie wholly in the future cost a read of their
