@@ -1052,18 +1052,29 @@ TEST_F(CudaOps, AttentionBlock_Bf16_BlockNoQuerySeesChangesNothing) {
     for (const double v : download(gpu(), g_lse)) ASSERT_EQ(v, -std::numeric_limits<double>::infinity());
 }
 
-TEST_F(CudaOps, AttentionBlock_HeadDimTheKernelsDoNotTake_IsRefusedNamingIt) {
-    const AttentionShape s{1, 4, 2, 2, 48};
-    const OwnedTensor g_qkv = device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}), g_kv = device_tensor(gpu(), bf16, {4, 2 * 2 * 48});
-    const OwnedTensor g_acc = device_tensor(gpu(), f32, {s.rows(), s.out_width()}), g_lse = device_tensor(gpu(), f32, {1, 2, 4});
+// Bad arguments are refused naming the op and the tensor: a head dim the kernels do not take,
+// a 16-bit running output, explicit positions beside document starts.
+TEST_F(CudaOps, AttentionBlockAndPositions_BadArguments_AreRefusedNamingThem) {
+    auto expect_refused = [](const std::function<void()>& call, const std::string& message) {
+        try {
+            call();
+            ADD_FAILURE() << "accepted; expected: " << message;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+        }
+    };
     const OwnedTensor pos = to_device(gpu(), i32_host({0, 1, 2, 3}), i32);
-    try {
-        gpu().attention_block_fwd({.acc = g_acc, .lse = g_lse, .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = 4, .q_positions = pos, .kv_positions = pos,
-                                   .q_first = Tensor(), .first = true});
-        FAIL() << "head_dim 48 was accepted";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("attention_block_fwd: head_dim 48"), std::string::npos) << e.what();
+    for (const int64_t D : {48, 32}) {
+        const AttentionShape s{1, 4, 2, 2, D};
+        const OwnedTensor g_qkv = device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}), g_kv = device_tensor(gpu(), bf16, {4, 2 * 2 * D});
+        const OwnedTensor g_acc = device_tensor(gpu(), D == 48 ? f32 : bf16, {s.rows(), s.out_width()}), g_lse = device_tensor(gpu(), f32, {1, 2, 4});
+        expect_refused([&] { gpu().attention_block_fwd({.acc = g_acc, .lse = g_lse, .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = 4, .q_positions = pos,
+                                                        .kv_positions = pos, .q_first = Tensor(), .first = true}); },
+                       D == 48 ? "attention_block_fwd: head_dim 48" : "attention_block_fwd: acc");
     }
+    const OwnedTensor x = device_tensor(gpu(), bf16, {4, 64}), table = device_tensor(gpu(), f32, {8, 64});
+    const OwnedTensor starts = to_device(gpu(), i32_host({0, 0, 2, 2}), i32);
+    expect_refused([&] { gpu().rope_fwd(x, table, 4, 1, 64, starts, pos); }, "rope_fwd: doc_starts and explicit positions given together");
 }
 
 // Rank 1 of cp 2 (positions 8..15 and 16..23 of T = 32) and rank 0 (reaching the table's last
