@@ -1077,6 +1077,30 @@ TEST_F(CudaOps, AttentionBlockAndPositions_BadArguments_AreRefusedNamingThem) {
     expect_refused([&] { gpu().rope_fwd(x, table, 4, 1, 64, starts, pos); }, "rope_fwd: doc_starts and explicit positions given together");
 }
 
+// Rope with explicit positions (rank r of cp 2 over a table of T rows, two sequences) on the
+// device against the CPU; the columns past the rotated heads come back bit for bit.
+void rope_positions_case(Backend& cpu, Backend& gpu, int64_t r, bool backward, uint64_t seed, const Tensor& table, const Tensor& g_table, int64_t heads,
+                         int64_t D, int64_t width) {
+    const std::vector<int32_t> rows = cp_rows(table.dim(0), 2, r);
+    std::vector<int32_t> two = rows;
+    two.insert(two.end(), rows.begin(), rows.end());
+    const auto N = static_cast<int64_t>(two.size());
+    const OwnedTensor x = random_input(bf16, {N, width}, seed, -2, 2), work = copy_of(x), pos = i32_host(two);
+    const OwnedTensor g_x = to_device(gpu, x, bf16), g_pos = to_device(gpu, pos, i32);
+    if (backward) {
+        cpu.rope_bwd(work, table, N / 2, heads, D, Tensor(), pos);
+        gpu.rope_bwd(g_x, g_table, N / 2, heads, D, Tensor(), g_pos);
+    } else {
+        cpu.rope_fwd(work, table, N / 2, heads, D, Tensor(), pos);
+        gpu.rope_fwd(g_x, g_table, N / 2, heads, D, Tensor(), g_pos);
+    }
+    const std::vector<double> g = download(gpu, g_x);
+    expect_matches("x", g, values_of(work), elementwise_tolerance(bf16));
+    const int64_t rotated = heads * D;
+    expect_matches("columns past the rotated heads", columns(g, width, rotated, width - rotated), columns(values_of(x), width, rotated, width - rotated),
+                   Tolerance{0, 0});
+}
+
 // Rank 1 of cp 2 (positions 8..15 and 16..23 of T = 32) and rank 0 (reaching the table's last
 // row, 31): rope with explicit positions against the CPU; positions t - start(t) bitwise the
 // doc_starts path on the device.
@@ -1088,22 +1112,13 @@ TEST_F(CudaOps, RopeFwdBwd_Bf16_ExplicitPositionsMatchCpuAndEqualTheDocumentStar
     for (const int64_t r : {0, 1})
         for (const bool backward : {false, true}) {
             SCOPED_TRACE(cat("rank ", r, backward ? " backward" : " forward"));
-            std::vector<int32_t> rows = cp_rows(T, 2, r), two = rows;
-            two.insert(two.end(), rows.begin(), rows.end());  // two sequences
-            const auto N = static_cast<int64_t>(two.size());
-            const OwnedTensor x = random_input(bf16, {N, width}, 2460 + static_cast<uint64_t>(r), -2, 2), work = copy_of(x), pos = i32_host(two);
-            const OwnedTensor g_x = to_device(gpu(), x, bf16), g_pos = to_device(gpu(), pos, i32);
-            if (backward) {
-                cpu().rope_bwd(work, table, N / 2, heads, D, Tensor(), pos);
-                gpu().rope_bwd(g_x, g_table, N / 2, heads, D, Tensor(), g_pos);
-            } else {
-                cpu().rope_fwd(work, table, N / 2, heads, D, Tensor(), pos);
-                gpu().rope_fwd(g_x, g_table, N / 2, heads, D, Tensor(), g_pos);
-            }
-            const std::vector<double> g = download(gpu(), g_x);
-            expect_matches("x", g, values_of(work), elementwise_tolerance(bf16));
-            expect_matches("columns past the rotated heads", columns(g, width, heads * D, D), columns(values_of(x), width, heads * D, D), Tolerance{0, 0});
+            rope_positions_case(cpu(), gpu(), r, backward, 2460 + static_cast<uint64_t>(r), table, g_table, heads, D, width);
         }
+    // The one-pair path: head dim 10 in rows of 37.
+    const OwnedTensor small_table(f32, {T, 10});
+    fill_rope_table(small_table, 10000.0);
+    rope_positions_case(cpu(), gpu(), 0, false, 2465, small_table, to_device(gpu(), small_table, f32), 3, 10, 37);
+
     const std::vector<int32_t> starts = document_starts_of(T, {{4, 20}, {0, 31}});
     std::vector<int32_t> restarted;
     for (size_t n = 0; n < starts.size(); ++n) restarted.push_back(static_cast<int32_t>(static_cast<int64_t>(n) % T - starts[n]));
@@ -1118,9 +1133,10 @@ TEST_F(CudaOps, RopeFwdBwd_Bf16_ExplicitPositionsMatchCpuAndEqualTheDocumentStar
 // stable sort of the positions) bitwise the CPU's row-order sums; positions t - start(t)
 // bitwise the doc_starts path.
 TEST_F(CudaOps, EmbeddingFwdBwd_Bf16_ExplicitPositionsMatchCpuAndEqualTheDocumentStartsPath) {
-    const int64_t T = 32, V = 37, C = 24, table_rows = T;
+    const int64_t T = 32, V = 37, table_rows = T;
     for (const int64_t r : {0, 1}) {
-        SCOPED_TRACE(cat("rank ", r));
+        const int64_t C = r == 0 ? 24 : 10;  // 16-byte packs, and the one-element path
+        SCOPED_TRACE(cat("rank ", r, " C ", C));
         std::vector<int32_t> rows = cp_rows(T, 2, r), pos_values = rows;
         pos_values.insert(pos_values.end(), rows.begin(), rows.end());
         const auto N = static_cast<int64_t>(pos_values.size());
@@ -1141,6 +1157,7 @@ TEST_F(CudaOps, EmbeddingFwdBwd_Bf16_ExplicitPositionsMatchCpuAndEqualTheDocumen
         expect_matches("dwte", gpu(), g_dwte, dwte, Tolerance{0, 0});
         expect_matches("dwpe", gpu(), g_dwpe, dwpe, Tolerance{0, 0});
     }
+    const int64_t C = 24;
     const std::vector<int32_t> starts = document_starts_of(T, {{3, 17}, {0, 30}});
     std::vector<int32_t> restarted;
     for (size_t n = 0; n < starts.size(); ++n) restarted.push_back(static_cast<int32_t>(static_cast<int64_t>(n) % T - starts[n]));
