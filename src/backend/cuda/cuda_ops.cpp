@@ -163,7 +163,8 @@ void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
         expect_rank(op, "dwpe", dwpe, 2);
         expect(op, "dwpe", dwpe, {dwpe.dim(0), C}, DType::f32);
     }
-    // dwpe rows [0, min(seq_len, N)) are written: seq_len must not pass its positions.
+    // dwpe rows [0, min(seq_len, N)) are written (with explicit positions, the rows they name):
+    // seq_len must not pass its positions.
     expect_positions(op, "dwpe", dwpe, seq_len);
     const int32_t* starts = document_starts(op, a.doc_starts, N);
     const int32_t* positions = explicit_positions(op, a.positions, a.doc_starts, N);
