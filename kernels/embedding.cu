@@ -1,14 +1,16 @@
 // Token and position embedding.
 //   forward:  out[n] = wte[tokens[n] - vocab_begin] + wpe[pos(n)]
 //   backward: dwte[tokens[n] - vocab_begin] += dout[n],  dwpe[pos(n)] += dout[n]
-// pos(n) = n % T, less the start of n's document when positions restart (doc_starts).
+// pos(n) = n % T, less the start of n's document when positions restart (doc_starts), or
+// explicit positions[n] (a position outside the table adds and receives nothing).
 // With a vocabulary shard, wte holds rows [vocab_begin, vocab_begin + vocab_rows): other
 // tokens give a zero row and no gradient.
 // The backward scatters rows into shared gradient rows. Atomics would make the sums depend
 // on timing, so rows are grouped by token with a stable radix sort (CUB) of (token, row)
 // pairs and each group is summed by one block, in row order, into the fp32 gradient; dwpe
 // sums each position's rows in sequence order (with doc_starts, by checking every row of
-// each sequence: O(T) per position). Each sum starts from the gradient's old
+// each sequence: O(T) per position; with explicit positions, grouped by a second stable sort,
+// of (position, row), as the tokens are). Each sum starts from the gradient's old
 // value, so the additions happen in the same order as in the CPU reference.
 #include <algorithm>
 #include <bit>
@@ -31,7 +33,8 @@ constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
 // One thread per VEC columns of one row, grid-stride.
 template <class T, int VEC>
 __global__ void embedding_fwd_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t N, int64_t C, int64_t seq_len,
-                                     int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts) {
+                                     int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, const int32_t* positions,
+                                     int64_t wpe_rows) {
     const int64_t packs_per_row = C / VEC;
     const int64_t total = N * packs_per_row;
     const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -40,7 +43,8 @@ __global__ void embedding_fwd_kernel(T* out, const int32_t* tokens, const T* wte
         const int64_t row = tokens[n] - vocab_begin;
         float acc[VEC] = {};
         if (row >= 0 && row < vocab_rows) add_halves(acc, wte + row * C + c);
-        if (wpe) add_halves(acc, wpe + (n % seq_len - (doc_starts ? doc_starts[n] : 0)) * C + c);
+        const int64_t p = positions ? positions[n] : n % seq_len - (doc_starts ? doc_starts[n] : 0);
+        if (wpe && p >= 0 && p < wpe_rows) add_halves(acc, wpe + p * C + c);
         store_halves(out + n * C + c, acc);
     }
 }
@@ -111,9 +115,11 @@ size_t sort_temp_bytes(int64_t N, int end_bit) {
 
 template <class T, int VEC>
 void launch_embedding_fwd_typed(void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t N, int64_t C, int64_t seq_len,
-                                int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, cudaStream_t stream) {
-    embedding_fwd_kernel<T, VEC><<<grid_for(N * (C / VEC)), kThreads, 0, stream>>>(
-        static_cast<T*>(out), tokens, static_cast<const T*>(wte), static_cast<const T*>(wpe), N, C, seq_len, vocab_begin, vocab_rows, doc_starts);
+                                int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, const int32_t* positions, int64_t wpe_rows,
+                                cudaStream_t stream) {
+    embedding_fwd_kernel<T, VEC><<<grid_for(N * (C / VEC)), kThreads, 0, stream>>>(static_cast<T*>(out), tokens, static_cast<const T*>(wte),
+                                                                                  static_cast<const T*>(wpe), N, C, seq_len, vocab_begin, vocab_rows,
+                                                                                  doc_starts, positions, wpe_rows);
     check_launch("embedding_fwd");
 }
 
@@ -162,12 +168,13 @@ void launch_dwpe(float* dwpe, const void* dout, int64_t N, int64_t C, int64_t se
 }  // namespace
 
 void launch_embedding_fwd(Half t, void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t N, int64_t C, int64_t seq_len,
-                          int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, cudaStream_t stream) {
+                          int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, const int32_t* positions, int64_t wpe_rows,
+                          cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
     const bool vec = C % 8 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
     dispatch_half(t, [&]<class T>() {
-        if (vec) launch_embedding_fwd_typed<T, 8>(out, tokens, wte, wpe, N, C, seq_len, vocab_begin, vocab_rows, doc_starts, stream);
-        else launch_embedding_fwd_typed<T, 1>(out, tokens, wte, wpe, N, C, seq_len, vocab_begin, vocab_rows, doc_starts, stream);
+        if (vec) launch_embedding_fwd_typed<T, 8>(out, tokens, wte, wpe, N, C, seq_len, vocab_begin, vocab_rows, doc_starts, positions, wpe_rows, stream);
+        else launch_embedding_fwd_typed<T, 1>(out, tokens, wte, wpe, N, C, seq_len, vocab_begin, vocab_rows, doc_starts, positions, wpe_rows, stream);
     });
 }
 
@@ -177,9 +184,11 @@ size_t embedding_bwd_scratch_bytes(int64_t N) {
 }
 
 void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int64_t N, int64_t C, int64_t seq_len,
-                          int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                          int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, const int32_t* positions, int64_t dwpe_rows, void* scratch,
+                          size_t scratch_bytes, cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
-    if (dwte && vocab_rows > 0 && scratch_bytes < sort_buffer_bytes(N))
+    const bool sorts = (dwte && vocab_rows > 0) || (dwpe && positions && dwpe_rows > 0);
+    if (sorts && scratch_bytes < sort_buffer_bytes(N))
         fail(ErrorKind::runtime, "embedding_bwd: scratch of ", scratch_bytes, " bytes is smaller than the sort buffers' ", sort_buffer_bytes(N));
     // 8 columns per thread: 16-byte loads of dout, 2 x 16-byte accesses of the fp32 gradient.
     const bool vec = C % 8 == 0 && aligned16(dout) && aligned16(dwte) && aligned16(dwpe);
@@ -188,7 +197,13 @@ void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, co
             if (vec) launch_dwte<T, 8>(dwte, dout, tokens, N, C, vocab_begin, vocab_rows, scratch, scratch_bytes, stream);
             else launch_dwte<T, 1>(dwte, dout, tokens, N, C, vocab_begin, vocab_rows, scratch, scratch_bytes, stream);
         }
-        if (dwpe) {
+        if (dwpe && positions) {
+            // dwpe[positions[n]] += dout[n]: the token path with positions for tokens (the
+            // scratch is reused: the stream orders the two sorts).
+            if (dwpe_rows <= 0) return;
+            if (vec) launch_dwte<T, 8>(dwpe, dout, positions, N, C, 0, dwpe_rows, scratch, scratch_bytes, stream);
+            else launch_dwte<T, 1>(dwpe, dout, positions, N, C, 0, dwpe_rows, scratch, scratch_bytes, stream);
+        } else if (dwpe) {
             if (vec) launch_dwpe<T, 8>(dwpe, dout, N, C, seq_len, doc_starts, stream);
             else launch_dwpe<T, 1>(dwpe, dout, N, C, seq_len, doc_starts, stream);
         }

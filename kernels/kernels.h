@@ -25,16 +25,21 @@ enum class Half { bf16, f16 };
 // embedding.cu
 // doc_starts (here and below): i32 [N], the start of each token's document in its sequence,
 // non-decreasing within a sequence (backend.h); null: one document per sequence.
+// positions (here and below): i32 [N], explicit positions (context parallelism), replacing
+// n % seq_len - doc_starts[n]; null: none. A position outside [0, table rows) takes nothing
+// from the table and adds nothing to its gradient (the callers' positions are in range).
 // out[n] = wte[tokens[n] - vocab_begin] (zero if outside [vocab_begin, vocab_begin + vocab_rows))
-//          + wpe[n % seq_len - doc_starts[n]] (wpe may be null).
+//          + wpe[n % seq_len - doc_starts[n]] (wpe [wpe_rows, C], may be null).
 void launch_embedding_fwd(Half t, void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t N, int64_t C, int64_t seq_len,
-                   int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, cudaStream_t stream);
+                   int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, const int32_t* positions, int64_t wpe_rows, cudaStream_t stream);
 // dwte[tok - vocab_begin] += sum of dout rows with that token; dwpe[p] += sum over sequences
 // of dout rows at position p (dwte or dwpe may be null). Deterministic: rows are grouped by
-// token with a stable radix sort, each group summed in row order.
+// token (and, with explicit positions, by position) with a stable radix sort, each group
+// summed in row order.
 size_t embedding_bwd_scratch_bytes(int64_t N);
 void launch_embedding_bwd(Half t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int64_t N, int64_t C, int64_t seq_len,
-                   int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+                   int64_t vocab_begin, int64_t vocab_rows, const int32_t* doc_starts, const int32_t* positions, int64_t dwpe_rows, void* scratch,
+                   size_t scratch_bytes, cudaStream_t stream);
 
 // norm.cu. mean may be null for RMSNorm; b may be null for LayerNorm without bias.
 void launch_layernorm_fwd(Half t, void* out, float* mean, float* rstd, const void* x, const void* w, const void* b, int64_t N, int64_t C, float eps,
@@ -81,9 +86,10 @@ void launch_gemm_fallback(const FallbackGemm& gemm, cudaStream_t stream);
 
 // rope.cu: rotary embedding in place on heads [0, n_heads) of each row of x [N, width];
 // table [max_seq_len, D] fp32 (cos in [0, D/2), sin in [D/2, D)); inverse: the backward.
-// Row n takes position n % seq_len - doc_starts[n] (doc_starts may be null).
+// Row n takes position n % seq_len - doc_starts[n] (doc_starts may be null), or positions[n]
+// (explicit, see embedding.cu; a row outside the table's table_rows positions is left as it is).
 void launch_rope(Half t, void* x, const float* table, int64_t N, int64_t width, int64_t seq_len, int64_t n_heads, int64_t head_dim, bool inverse,
-          const int32_t* doc_starts, cudaStream_t stream);
+          const int32_t* doc_starts, const int32_t* positions, int64_t table_rows, cudaStream_t stream);
 
 // elementwise.cu
 void launch_gelu_fwd(Half t, void* out, const void* x, int64_t n, cudaStream_t stream);
@@ -161,5 +167,29 @@ void launch_attention_fwd(Half t, void* out, float* lse, const void* qkv, int64_
 size_t attention_bwd_scratch_bytes(int64_t B, int64_t T, int64_t H);
 void launch_attention_bwd(Half t, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, int64_t B, int64_t T, int64_t H,
                    int64_t Hkv, int64_t D, const int32_t* doc_starts, void* scratch, cudaStream_t stream);
+
+// attention_block.cu: context parallelism's attention blocks (backend.h, AttentionBlockFwd):
+// queries of qkv [B*Tq, (H + 2*Hkv) * D] (first H*D columns) against keys and values kv
+// [B*Tk, 2*Hkv*D]; query t of sequence b sees key s iff q_first[b*Tq + t] (0 when null) <=
+// kv_positions[s] <= q_positions[t]. The forward merges the block into acc [B*Tq, H*D] and lse
+// [B, H, Tq] (fp32; first: overwritten); the backward, from the merged out and lse, adds into
+// dq [B*Tq, H*D] and dkv [B*Tk, 2*Hkv*D] (fp32). D is 32, 64 or 128.
+struct AttentionBlockDims {
+    int64_t B = 0, Tq = 0, Tk = 0, H = 0, Hkv = 0, D = 0;
+};
+void launch_attention_block_fwd(Half t, float* acc, float* lse, const void* qkv, const void* kv, const AttentionBlockDims& dims, const int32_t* q_positions,
+                                const int32_t* kv_positions, const int32_t* q_first, bool first, cudaStream_t stream);
+// scratch: attention_block_bwd_scratch_bytes(dims) bytes (rowsum(dout * out) per query row).
+size_t attention_block_bwd_scratch_bytes(const AttentionBlockDims& dims);
+void launch_attention_block_bwd(Half t, float* dq, float* dkv, const void* dout, const void* out, const float* lse, const void* qkv, const void* kv,
+                                const AttentionBlockDims& dims, const int32_t* q_positions, const int32_t* kv_positions, const int32_t* q_first,
+                                void* scratch, cudaStream_t stream);
+
+// attention_block.cu: dst[n * dst_width + c] = src[n * src_width + c] for n < rows, c < cols,
+// converted between the element types (rounded to nearest even into 16 bits). dst and src
+// point at the first copied column of row 0; widths are in elements.
+enum class Element { f32, bf16, f16 };
+void launch_copy_columns(Element dst_type, void* dst, int64_t dst_width, Element src_type, const void* src, int64_t src_width, int64_t rows, int64_t cols,
+                         cudaStream_t stream);
 
 }  // namespace llmtrain::kernels

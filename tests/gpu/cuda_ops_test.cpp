@@ -6,7 +6,8 @@
 // them (gpu_test_util.h), so the comparisons measure the GPU's arithmetic and its output
 // rounding; the tolerances, and why, are next to their definitions there.
 // Also: the conversions of copy() bit for bit, the kernels' determinism (two runs, bitwise
-// the same), in-place and misaligned calls. Each test is SKIPPED without a GPU.
+// the same), in-place and misaligned calls; context parallelism's attention blocks, explicit
+// positions and copy_columns. Each test is SKIPPED without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -885,6 +886,315 @@ TEST_F(CudaOps, EmbeddingFwdBwd_Bf16_PositionsRestartingAtDocumentsMatchCpuBitwi
     }
 }
 
+// ---- context parallelism: attention blocks, explicit positions, copy_columns ----
+// The CUDA kernels (kernels/attention_block.cu) against the CPU reference's blocks
+// (cpu_attention_block.cpp, itself checked against whole attention in f64 by
+// tests/ops/cpu_attention_block_test.cpp), from the same 16-bit inputs. Both compute in fp32
+// or better without rounding P or dS to 16 bits, so the comparisons are fp32-tight.
+
+// The positions rank r of cp holds: chunks r and 2cp - 1 - r of T / (2cp) rows.
+std::vector<int32_t> cp_rows(int64_t T, int64_t cp, int64_t r) {
+    const int64_t chunk = T / (2 * cp);
+    std::vector<int32_t> rows;
+    for (const int64_t c : {r, 2 * cp - 1 - r})
+        for (int64_t i = 0; i < chunk; ++i) rows.push_back(static_cast<int32_t>(c * chunk + i));
+    return rows;
+}
+
+OwnedTensor i32_host(const std::vector<int32_t>& values) {
+    OwnedTensor t(i32, {static_cast<int64_t>(values.size())});
+    std::copy(values.begin(), values.end(), t.data<int32_t>());
+    return t;
+}
+
+OwnedTensor f32_host(const std::vector<double>& values, Shape shape) {
+    OwnedTensor t(f32, shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(values[static_cast<size_t>(i)]);
+    return t;
+}
+
+// Columns [col, col + cols) of the rows `rows` of every sequence of host x [B*T, W].
+OwnedTensor gather_rows(const Tensor& x, int64_t B, int64_t T, const std::vector<int32_t>& rows, int64_t col, int64_t cols) {
+    const auto P = static_cast<int64_t>(rows.size());
+    OwnedTensor out(f32, {B * P, cols});
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < P; ++i)
+            for (int64_t c = 0; c < cols; ++c)
+                out.data<float>()[(b * P + i) * cols + c] = x.data<float>()[(b * T + rows[static_cast<size_t>(i)]) * x.dim(1) + col + c];
+    return out;
+}
+
+std::vector<double> minus(const std::vector<double>& a, const std::vector<double>& b) {
+    std::vector<double> out(a.size());
+    for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] - b[i];
+    return out;
+}
+
+// fp32 arithmetic on both sides from identical 16-bit inputs, in another order (dots of D
+// terms, sums over keys, expf/logf against the CPU's double): ~1e-6 relative to the largest
+// term; 1e-4 of the largest magnitude leaves room and still sees one key missing or counted
+// twice. The backward's dS = P (dout.v - delta) cancels, so its bound is of the largest
+// magnitude only.
+constexpr Tolerance kBlockTolerance{1e-4, 1e-4};
+
+// Context parallelism's ring on both backends: every rank's queries against the blocks of
+// ranks r, r - 1, ... (the first overwriting), then the backward of each block from the
+// merged (out, lse), out rounded to 16 bits by copy_columns on the device and given to both.
+// dq and dkv start from random values: the ops add into them.
+void expect_block_ring_matches(Backend& cpu, Backend& gpu, DType dt, const AttentionShape& s, int64_t cp, const std::vector<int32_t>& starts,
+                               uint64_t seed) {
+    SCOPED_TRACE(cat(describe(s), " cp ", cp, starts.empty() ? " causal" : " document starts"));
+    const int64_t B = s.batch, T = s.seq_len, H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim, KV = 2 * Hkv * D;
+    const OwnedTensor qkv = random_input(dt, {s.rows(), s.qkv_width()}, seed, -2, 2), dout = random_input(dt, {s.rows(), H * D}, seed + 1);
+    for (int64_t r = 0; r < cp; ++r) {
+        SCOPED_TRACE(cat("rank ", r));
+        const std::vector<int32_t> q_rows = cp_rows(T, cp, r);
+        const auto Tq = static_cast<int64_t>(q_rows.size());
+        const AttentionShape local{B, Tq, H, Hkv, D};
+        std::vector<int32_t> first;
+        for (int64_t b = 0; b < B && !starts.empty(); ++b)
+            for (const int32_t t : q_rows) first.push_back(starts[static_cast<size_t>(b * T + t)]);
+        const OwnedTensor q = gather_rows(qkv, B, T, q_rows, 0, s.qkv_width()), d_out = gather_rows(dout, B, T, q_rows, 0, H * D);
+        const OwnedTensor q_pos = i32_host(q_rows), q_first = first.empty() ? OwnedTensor() : i32_host(first);
+        const OwnedTensor g_q = to_device(gpu, q, dt), g_dout = to_device(gpu, d_out, dt), g_q_pos = to_device(gpu, q_pos, i32);
+        const OwnedTensor g_first = first.empty() ? OwnedTensor() : to_device(gpu, q_first, i32);
+        const OwnedTensor acc(f32, {B * Tq, H * D}), lse(f32, {B, H, Tq});
+        const OwnedTensor g_acc = device_tensor(gpu, f32, {B * Tq, H * D}), g_lse = device_tensor(gpu, f32, {B, H, Tq});
+        std::vector<OwnedTensor> kv, kv_pos, g_kv, g_kv_pos;
+        for (int64_t i = 0; i < cp; ++i) {
+            const std::vector<int32_t> k_rows = cp_rows(T, cp, (r - i + cp) % cp);
+            kv.push_back(gather_rows(qkv, B, T, k_rows, H * D, KV));
+            kv_pos.push_back(i32_host(k_rows));
+            g_kv.push_back(to_device(gpu, kv.back(), dt));
+            g_kv_pos.push_back(to_device(gpu, kv_pos.back(), i32));
+        }
+        const int64_t Tk = Tq;
+        for (int64_t i = 0; i < cp; ++i) {
+            cpu.attention_block_fwd({.acc = acc, .lse = lse, .qkv = q, .kv = kv[static_cast<size_t>(i)], .shape = local, .kv_len = Tk, .q_positions = q_pos,
+                                     .kv_positions = kv_pos[static_cast<size_t>(i)], .q_first = q_first, .first = i == 0});
+            gpu.attention_block_fwd({.acc = g_acc, .lse = g_lse, .qkv = g_q, .kv = g_kv[static_cast<size_t>(i)], .shape = local, .kv_len = Tk,
+                                     .q_positions = g_q_pos, .kv_positions = g_kv_pos[static_cast<size_t>(i)], .q_first = g_first, .first = i == 0});
+        }
+        expect_matches("acc", gpu, g_acc, acc, kBlockTolerance);
+        expect_matches("lse", gpu, g_lse, lse, kBlockTolerance);
+
+        const OwnedTensor g_out = device_tensor(gpu, dt, {B * Tq, H * D});
+        gpu.copy_columns({.dst = g_out, .dst_col = 0, .src = g_acc, .src_col = 0, .cols = H * D});
+        const OwnedTensor out = f32_host(download(gpu, g_out), {B * Tq, H * D});
+        expect_matches("out (acc rounded by copy_columns)", download(gpu, g_out), values_of(rounded_to(acc, dt)), elementwise_tolerance(dt));
+        const OwnedTensor dq0 = random_tensor(f32, {B * Tq, H * D}, seed + 2), dq = copy_of(dq0), g_dq = to_device(gpu, dq0, f32);
+        for (int64_t i = 0; i < cp; ++i) {
+            SCOPED_TRACE(cat("block of rank ", (r - i + cp) % cp));
+            const OwnedTensor dkv0 = random_tensor(f32, {B * Tk, KV}, seed + 3 + static_cast<uint64_t>(i)), dkv = copy_of(dkv0);
+            const OwnedTensor g_dkv = to_device(gpu, dkv0, f32);
+            cpu.attention_block_bwd({.dq = dq, .dkv = dkv, .dout = d_out, .out = out, .lse = lse, .qkv = q, .kv = kv[static_cast<size_t>(i)], .shape = local,
+                                     .kv_len = Tk, .q_positions = q_pos, .kv_positions = kv_pos[static_cast<size_t>(i)], .q_first = q_first});
+            gpu.attention_block_bwd({.dq = g_dq, .dkv = g_dkv, .dout = g_dout, .out = g_out, .lse = g_lse, .qkv = g_q, .kv = g_kv[static_cast<size_t>(i)],
+                                     .shape = local, .kv_len = Tk, .q_positions = g_q_pos, .kv_positions = g_kv_pos[static_cast<size_t>(i)],
+                                     .q_first = g_first});
+            const std::vector<double> added = minus(download(gpu, g_dkv), values_of(dkv0)), want = minus(values_of(dkv), values_of(dkv0));
+            // A block wholly in the future of every query adds nothing (exactly).
+            const bool unseen = std::all_of(want.begin(), want.end(), [](double v) { return v == 0; });
+            expect_matches("dk", columns(added, KV, 0, Hkv * D), columns(want, KV, 0, Hkv * D), kBlockTolerance, {.may_be_all_zero = unseen});
+            expect_matches("dv", columns(added, KV, Hkv * D, Hkv * D), columns(want, KV, Hkv * D, Hkv * D), kBlockTolerance, {.may_be_all_zero = unseen});
+            if (unseen) {
+                EXPECT_EQ(download(gpu, g_dkv), values_of(dkv0)) << "an unseen block changed dkv";
+            }
+        }
+        expect_matches("dq", minus(download(gpu, g_dq), values_of(dq0)), minus(values_of(dq), values_of(dq0)), kBlockTolerance);
+    }
+}
+
+TEST_F(CudaOps, AttentionBlockRing_Bf16_MatchesCpuBlocksAtCp2AndCp4WithGqaMqaAndDocumentStarts) {
+    expect_block_ring_matches(cpu(), gpu(), bf16, {2, 64, 4, 2, 32}, 2, {}, 2400);  // GQA, two query tiles of 16 per rank
+    // Three key tiles per block, rank 1's queries (40..119) see none of rank 0's last tile (144..159).
+    expect_block_ring_matches(cpu(), gpu(), bf16, {1, 160, 2, 2, 64}, 2, {}, 2410);
+    // MQA at head dim 128, partial query and key tiles (18 rows per rank), documents crossing chunks.
+    expect_block_ring_matches(cpu(), gpu(), bf16, {1, 36, 2, 1, 128}, 2, document_starts_of(36, {{4, 17, 20}}), 2420);
+    // cp 4: 8-row chunks, MHA, a boundary in every sequence and one on a chunk edge.
+    expect_block_ring_matches(cpu(), gpu(), bf16, {2, 64, 4, 4, 64}, 4, document_starts_of(64, {{7, 30}, {50}}), 2430);
+}
+
+TEST_F(CudaOps, AttentionBlockRing_F16_MatchesCpuBlocks) {
+    expect_block_ring_matches(cpu(), gpu(), f16, {2, 32, 4, 2, 64}, 2, document_starts_of(32, {{9}, {20}}), 2440);
+}
+
+// A block no query sees (keys in the future, or before every query's document) leaves acc,
+// lse, dq and dkv bitwise as they were; as the first block it leaves out 0 and lse -inf.
+TEST_F(CudaOps, AttentionBlock_Bf16_BlockNoQuerySeesChangesNothing) {
+    const AttentionShape s{2, 4, 2, 1, 32};
+    const int64_t KV = 2 * s.head_dim;
+    const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 2450, -2, 2), kv = random_input(bf16, {s.batch * 3, KV}, 2451, -2, 2);
+    const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_kv = to_device(gpu(), kv, bf16);
+    const OwnedTensor q_pos = to_device(gpu(), i32_host({0, 1, 2, 3}), i32), future = to_device(gpu(), i32_host({4, 5, 6}), i32);
+    const OwnedTensor past = to_device(gpu(), i32_host({0, 1, 2}), i32), q_first = to_device(gpu(), i32_host({3, 3, 3, 3, 3, 3, 3, 3}), i32);
+    const OwnedTensor acc0 = random_tensor(f32, {s.rows(), s.out_width()}, 2452), lse0 = random_tensor(f32, {2, 2, 4}, 2453);
+    const OwnedTensor g_acc = to_device(gpu(), acc0, f32), g_lse = to_device(gpu(), lse0, f32);
+    gpu().attention_block_fwd({.acc = g_acc, .lse = g_lse, .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = 3, .q_positions = q_pos,
+                               .kv_positions = future, .q_first = Tensor(), .first = false});
+    gpu().attention_block_fwd({.acc = g_acc, .lse = g_lse, .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = 3, .q_positions = q_pos,
+                               .kv_positions = past, .q_first = q_first, .first = false});
+    EXPECT_EQ(download(gpu(), g_acc), values_of(acc0));
+    EXPECT_EQ(download(gpu(), g_lse), values_of(lse0));
+
+    const OwnedTensor dq0 = random_tensor(f32, {s.rows(), s.out_width()}, 2454), dkv0 = random_tensor(f32, {s.batch * 3, KV}, 2455);
+    const OwnedTensor g_dq = to_device(gpu(), dq0, f32), g_dkv = to_device(gpu(), dkv0, f32);
+    const OwnedTensor g_dout = to_device(gpu(), random_input(bf16, {s.rows(), s.out_width()}, 2456), bf16);
+    const OwnedTensor g_out = to_device(gpu(), rounded_to(acc0, bf16), bf16);
+    gpu().attention_block_bwd({.dq = g_dq, .dkv = g_dkv, .dout = g_dout, .out = g_out, .lse = g_lse, .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = 3,
+                               .q_positions = q_pos, .kv_positions = future, .q_first = Tensor()});
+    EXPECT_EQ(download(gpu(), g_dq), values_of(dq0));
+    EXPECT_EQ(download(gpu(), g_dkv), values_of(dkv0));
+
+    gpu().attention_block_fwd({.acc = g_acc, .lse = g_lse, .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = 3, .q_positions = q_pos,
+                               .kv_positions = future, .q_first = Tensor(), .first = true});
+    for (const double v : download(gpu(), g_acc)) ASSERT_EQ(v, 0.0);
+    for (const double v : download(gpu(), g_lse)) ASSERT_EQ(v, -std::numeric_limits<double>::infinity());
+}
+
+// Bad arguments are refused naming the op and the tensor: a head dim the kernels do not take,
+// a 16-bit running output, explicit positions beside document starts.
+TEST_F(CudaOps, AttentionBlockAndPositions_BadArguments_AreRefusedNamingThem) {
+    auto expect_refused = [](const std::function<void()>& call, const std::string& message) {
+        try {
+            call();
+            ADD_FAILURE() << "accepted; expected: " << message;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+        }
+    };
+    const OwnedTensor pos = to_device(gpu(), i32_host({0, 1, 2, 3}), i32);
+    for (const int64_t D : {48, 32}) {
+        const AttentionShape s{1, 4, 2, 2, D};
+        const OwnedTensor g_qkv = device_tensor(gpu(), bf16, {s.rows(), s.qkv_width()}), g_kv = device_tensor(gpu(), bf16, {4, 2 * 2 * D});
+        const OwnedTensor g_acc = device_tensor(gpu(), D == 48 ? f32 : bf16, {s.rows(), s.out_width()}), g_lse = device_tensor(gpu(), f32, {1, 2, 4});
+        expect_refused([&] { gpu().attention_block_fwd({.acc = g_acc, .lse = g_lse, .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = 4, .q_positions = pos,
+                                                        .kv_positions = pos, .q_first = Tensor(), .first = true}); },
+                       D == 48 ? "attention_block_fwd: head_dim 48" : "attention_block_fwd: acc");
+    }
+    const OwnedTensor x = device_tensor(gpu(), bf16, {4, 64}), table = device_tensor(gpu(), f32, {8, 64});
+    const OwnedTensor starts = to_device(gpu(), i32_host({0, 0, 2, 2}), i32);
+    expect_refused([&] { gpu().rope_fwd({.x = x, .table = table, .seq_len = 4, .n_heads = 1, .head_dim = 64, .doc_starts = starts, .positions = pos}); }, "rope_fwd: doc_starts and explicit positions given together");
+}
+
+// Rope with explicit positions (rank r of cp 2 over a table of T rows, two sequences) on the
+// device against the CPU; the columns past the rotated heads come back bit for bit.
+void rope_positions_case(Backend& cpu, Backend& gpu, int64_t r, bool backward, uint64_t seed, const Tensor& table, const Tensor& g_table, int64_t heads,
+                         int64_t D, int64_t width) {
+    const std::vector<int32_t> rows = cp_rows(table.dim(0), 2, r);
+    std::vector<int32_t> two = rows;
+    two.insert(two.end(), rows.begin(), rows.end());
+    const auto N = static_cast<int64_t>(two.size());
+    const OwnedTensor x = random_input(bf16, {N, width}, seed, -2, 2), work = copy_of(x), pos = i32_host(two);
+    const OwnedTensor g_x = to_device(gpu, x, bf16), g_pos = to_device(gpu, pos, i32);
+    if (backward) {
+        cpu.rope_bwd({.x = work, .table = table, .seq_len = N / 2, .n_heads = heads, .head_dim = D, .doc_starts = Tensor(), .positions = pos});
+        gpu.rope_bwd({.x = g_x, .table = g_table, .seq_len = N / 2, .n_heads = heads, .head_dim = D, .doc_starts = Tensor(), .positions = g_pos});
+    } else {
+        cpu.rope_fwd({.x = work, .table = table, .seq_len = N / 2, .n_heads = heads, .head_dim = D, .doc_starts = Tensor(), .positions = pos});
+        gpu.rope_fwd({.x = g_x, .table = g_table, .seq_len = N / 2, .n_heads = heads, .head_dim = D, .doc_starts = Tensor(), .positions = g_pos});
+    }
+    const std::vector<double> g = download(gpu, g_x);
+    expect_matches("x", g, values_of(work), elementwise_tolerance(bf16));
+    const int64_t rotated = heads * D;
+    expect_matches("columns past the rotated heads", columns(g, width, rotated, width - rotated), columns(values_of(x), width, rotated, width - rotated),
+                   Tolerance{0, 0});
+}
+
+// Rank 1 of cp 2 (positions 8..15 and 16..23 of T = 32) and rank 0 (reaching the table's last
+// row, 31): rope with explicit positions against the CPU; positions t - start(t) bitwise the
+// doc_starts path on the device.
+TEST_F(CudaOps, RopeFwdBwd_Bf16_ExplicitPositionsMatchCpuAndEqualTheDocumentStartsPath) {
+    const int64_t T = 32, D = 64, heads = 3, width = 4 * D;
+    const OwnedTensor table(f32, {T, D});
+    fill_rope_table(table, 10000.0);
+    const OwnedTensor g_table = to_device(gpu(), table, f32);
+    for (const int64_t r : {0, 1})
+        for (const bool backward : {false, true}) {
+            SCOPED_TRACE(cat("rank ", r, backward ? " backward" : " forward"));
+            rope_positions_case(cpu(), gpu(), r, backward, 2460 + static_cast<uint64_t>(r), table, g_table, heads, D, width);
+        }
+    // The one-pair path: head dim 10 in rows of 37.
+    const OwnedTensor small_table(f32, {T, 10});
+    fill_rope_table(small_table, 10000.0);
+    rope_positions_case(cpu(), gpu(), 0, false, 2465, small_table, to_device(gpu(), small_table, f32), 3, 10, 37);
+
+    const std::vector<int32_t> starts = document_starts_of(T, {{4, 20}, {0, 31}});
+    std::vector<int32_t> restarted;
+    for (size_t n = 0; n < starts.size(); ++n) restarted.push_back(static_cast<int32_t>(static_cast<int64_t>(n) % T - starts[n]));
+    const OwnedTensor x = random_input(bf16, {2 * T, width}, 2470, -2, 2);
+    const OwnedTensor by_starts = to_device(gpu(), x, bf16), by_positions = to_device(gpu(), x, bf16);
+    gpu().rope_fwd({.x = by_starts, .table = g_table, .seq_len = T, .n_heads = heads, .head_dim = D, .doc_starts = device_starts(starts), .positions = Tensor()});
+    gpu().rope_fwd({.x = by_positions, .table = g_table, .seq_len = T, .n_heads = heads, .head_dim = D, .doc_starts = Tensor(), .positions = to_device(gpu(), i32_host(restarted), i32)});
+    EXPECT_EQ(download_bits(gpu(), by_starts), download_bits(gpu(), by_positions));
+}
+
+// The embedding with explicit positions: forward against the CPU, dwpe (rows grouped by a
+// stable sort of the positions) bitwise the CPU's row-order sums; positions t - start(t)
+// bitwise the doc_starts path.
+TEST_F(CudaOps, EmbeddingFwdBwd_Bf16_ExplicitPositionsMatchCpuAndEqualTheDocumentStartsPath) {
+    const int64_t T = 32, V = 37, table_rows = T;
+    for (const int64_t r : {0, 1}) {
+        const int64_t C = r == 0 ? 24 : 10;  // 16-byte packs, and the one-element path
+        SCOPED_TRACE(cat("rank ", r, " C ", C));
+        std::vector<int32_t> rows = cp_rows(T, 2, r), pos_values = rows;
+        pos_values.insert(pos_values.end(), rows.begin(), rows.end());
+        const auto N = static_cast<int64_t>(pos_values.size());
+        const OwnedTensor tokens = random_tokens(N, V, 2480), wte = random_input(bf16, {V, C}, 2481), wpe = random_input(bf16, {table_rows, C}, 2482);
+        const OwnedTensor pos = i32_host(pos_values), out(f32, {N, C});
+        cpu().embedding_fwd({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = N / 2, .vocab = {}, .doc_starts = Tensor(), .positions = pos});
+        const OwnedTensor g_tokens = to_device(gpu(), tokens, i32), g_pos = to_device(gpu(), pos, i32), g_out = device_tensor(gpu(), bf16, {N, C});
+        gpu().embedding_fwd({.out = g_out, .tokens = g_tokens, .wte = to_device(gpu(), wte, bf16), .wpe = to_device(gpu(), wpe, bf16), .seq_len = N / 2,
+                             .vocab = {}, .doc_starts = Tensor(), .positions = g_pos});
+        expect_matches("out", gpu(), g_out, out, elementwise_tolerance(bf16));
+
+        const OwnedTensor dout = random_input(bf16, {N, C}, 2483), dwpe0 = random_tensor(f32, {table_rows, C}, 2484), dwpe = copy_of(dwpe0);
+        const OwnedTensor dwte0 = random_tensor(f32, {V, C}, 2485), dwte = copy_of(dwte0);
+        cpu().embedding_bwd({.dwte = dwte, .dwpe = dwpe, .dout = dout, .tokens = tokens, .seq_len = N / 2, .vocab = {}, .doc_starts = Tensor(), .positions = pos});
+        const OwnedTensor g_dwte = to_device(gpu(), dwte0, f32), g_dwpe = to_device(gpu(), dwpe0, f32);
+        gpu().embedding_bwd({.dwte = g_dwte, .dwpe = g_dwpe, .dout = to_device(gpu(), dout, bf16), .tokens = g_tokens, .seq_len = N / 2, .vocab = {},
+                             .doc_starts = Tensor(), .positions = g_pos});
+        expect_matches("dwte", gpu(), g_dwte, dwte, Tolerance{0, 0});
+        expect_matches("dwpe", gpu(), g_dwpe, dwpe, Tolerance{0, 0});
+    }
+    const int64_t C = 24;
+    const std::vector<int32_t> starts = document_starts_of(T, {{3, 17}, {0, 30}});
+    std::vector<int32_t> restarted;
+    for (size_t n = 0; n < starts.size(); ++n) restarted.push_back(static_cast<int32_t>(static_cast<int64_t>(n) % T - starts[n]));
+    const OwnedTensor tokens = to_device(gpu(), random_tokens(2 * T, V, 2490), i32), g_starts = device_starts(starts);
+    const OwnedTensor g_pos = to_device(gpu(), i32_host(restarted), i32);
+    const OwnedTensor wte = to_device(gpu(), random_input(bf16, {V, C}, 2491), bf16), wpe = to_device(gpu(), random_input(bf16, {T, C}, 2492), bf16);
+    const OwnedTensor out_s = device_tensor(gpu(), bf16, {2 * T, C}), out_p = device_tensor(gpu(), bf16, {2 * T, C});
+    gpu().embedding_fwd({.out = out_s, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = g_starts, .positions = Tensor()});
+    gpu().embedding_fwd({.out = out_p, .tokens = tokens, .wte = wte, .wpe = wpe, .seq_len = T, .vocab = {}, .doc_starts = Tensor(), .positions = g_pos});
+    EXPECT_EQ(download_bits(gpu(), out_s), download_bits(gpu(), out_p));
+    const OwnedTensor dout = to_device(gpu(), random_input(bf16, {2 * T, C}, 2493), bf16);
+    const OwnedTensor dwpe_s = to_device(gpu(), test::filled(f32, {T, C}, 0.25), f32), dwpe_p = to_device(gpu(), test::filled(f32, {T, C}, 0.25), f32);
+    gpu().embedding_bwd({.dwte = Tensor(), .dwpe = dwpe_s, .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = g_starts, .positions = Tensor()});
+    gpu().embedding_bwd({.dwte = Tensor(), .dwpe = dwpe_p, .dout = dout, .tokens = tokens, .seq_len = T, .vocab = {}, .doc_starts = Tensor(), .positions = g_pos});
+    EXPECT_EQ(download(gpu(), dwpe_s), download(gpu(), dwpe_p));
+}
+
+// Columns of one matrix into another's, in every direction between f32, bf16 and f16 at odd
+// widths and offsets: the host conversions' values, and nothing outside the columns touched.
+TEST_F(CudaOps, CopyColumns_ConvertsLikeTheHostAndWritesOnlyItsColumns) {
+    const int64_t N = 7, src_width = 37, dst_width = 21, src_col = 5, dst_col = 3, cols = 13;
+    for (const DType from : {f32, bf16, f16})
+        for (const DType to : {f32, bf16, f16}) {
+            SCOPED_TRACE(cat(dtype_name(from), " -> ", dtype_name(to)));
+            const OwnedTensor src = random_input(from, {N, src_width}, 2500, -3, 3), dst0 = random_input(to, {N, dst_width}, 2501);
+            const OwnedTensor g_src = to_device(gpu(), src, from), g_dst = to_device(gpu(), dst0, to);
+            gpu().copy_columns({.dst = g_dst, .dst_col = dst_col, .src = g_src, .src_col = src_col, .cols = cols});
+            std::vector<double> want = values_of(dst0);
+            for (int64_t n = 0; n < N; ++n)
+                for (int64_t c = 0; c < cols; ++c)
+                    want[static_cast<size_t>(n * dst_width + dst_col + c)] = round_to(to, src.data<float>()[n * src_width + src_col + c]);
+            EXPECT_EQ(download(gpu(), g_dst), want);
+        }
+    const OwnedTensor g_src = device_tensor(gpu(), f32, {N, 4}), g_dst = device_tensor(gpu(), bf16, {N, 4});
+    EXPECT_THROW(gpu().copy_columns({.dst = g_dst, .dst_col = 2, .src = g_src, .src_col = 0, .cols = 3}), Error);
+}
+
 // A Llama (GQA, rotary) and a GPT-2 (learned positions) model in bf16 on the CUDA kernels with
 // packed documents: document B after document A (ending with the end-of-text token 3) gets
 // the logits of B alone at the start of a sequence, and B's share of the loss and of every
@@ -1505,6 +1815,33 @@ TEST_F(CudaDeterminism, AttentionBwd_TwoRunsAreBitwiseEqual) {
             return g;
         });
     }
+}
+
+// A block of rank 1 of cp 2 (T = 96: three key tiles, rows in two chunks) against its own
+// keys, forward and backward from zeroed accumulators.
+TEST_F(CudaDeterminism, AttentionBlockFwdBwd_TwoRunsAreBitwiseEqual) {
+    const AttentionShape s{2, 48, 4, 2, 64};
+    const int64_t KV = 2 * s.n_kv_heads * s.head_dim;
+    const OwnedTensor qkv = random_input(bf16, {s.rows(), s.qkv_width()}, 5350, -2, 2), dout = random_input(bf16, {s.rows(), s.out_width()}, 5351);
+    const OwnedTensor kv = column_block(qkv, s.n_heads * s.head_dim, KV);
+    const OwnedTensor g_qkv = to_device(gpu(), qkv, bf16), g_dout = to_device(gpu(), dout, bf16), g_kv = to_device(gpu(), kv, bf16);
+    const OwnedTensor g_pos = to_device(gpu(), i32_host(cp_rows(96, 2, 1)), i32);
+    expect_two_runs_identical([&] {
+        std::vector<OwnedTensor> g;
+        g.push_back(device_tensor(gpu(), f32, {s.rows(), s.out_width()}));
+        g.push_back(device_tensor(gpu(), f32, {s.batch, s.n_heads, s.seq_len}));
+        g.push_back(device_tensor(gpu(), bf16, {s.rows(), s.out_width()}));
+        g.push_back(device_tensor(gpu(), f32, {s.rows(), s.out_width()}));
+        g.push_back(device_tensor(gpu(), f32, {s.rows(), KV}));
+        gpu().attention_block_fwd({.acc = g[0], .lse = g[1], .qkv = g_qkv, .kv = g_kv, .shape = s, .kv_len = s.seq_len, .q_positions = g_pos,
+                                   .kv_positions = g_pos, .q_first = Tensor(), .first = true});
+        gpu().copy_columns({.dst = g[2], .dst_col = 0, .src = g[0], .src_col = 0, .cols = s.out_width()});
+        gpu().fill_zero(g[3]);
+        gpu().fill_zero(g[4]);
+        gpu().attention_block_bwd({.dq = g[3], .dkv = g[4], .dout = g_dout, .out = g[2], .lse = g[1], .qkv = g_qkv, .kv = g_kv, .shape = s,
+                                   .kv_len = s.seq_len, .q_positions = g_pos, .kv_positions = g_pos, .q_first = Tensor()});
+        return g;
+    });
 }
 
 TEST_F(CudaDeterminism, SumSquares_TwoRunsAreBitwiseEqual) {

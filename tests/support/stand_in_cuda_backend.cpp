@@ -229,6 +229,8 @@ public:
         expect_f32(op, "lse", a.lse); expect_f32(op, "dq", a.dq); expect_f32(op, "dkv", a.dkv);
         expect_ids(op, "q_positions", a.q_positions); expect_ids(op, "kv_positions", a.kv_positions);
         if (!a.q_first.empty()) expect_ids(op, "q_first", a.q_first);
+        if (!native_attention_takes(a.shape.head_dim))
+            refuse(op, "qkv", cat("has head_dim ", a.shape.head_dim, "; the flash kernels take ", native_attention_head_dims_text()));
         cpu_->attention_block_bwd({.dq = host_view(a.dq), .dkv = host_view(a.dkv), .dout = widened(a.dout), .out = widened(a.out), .lse = host_view(a.lse),
                                    .qkv = widened(a.qkv), .kv = widened(a.kv), .shape = a.shape, .kv_len = a.kv_len,
                                    .q_positions = host_view(a.q_positions), .kv_positions = host_view(a.kv_positions), .q_first = host_view(a.q_first)});

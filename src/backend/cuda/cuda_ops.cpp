@@ -78,6 +78,17 @@ const int32_t* document_starts(const char* op, const Tensor& doc_starts, int64_t
     return static_cast<const int32_t*>(doc_starts.raw());
 }
 
+// Explicit positions of `rows` tokens on the device (backend.h), or null when absent; they
+// replace doc_starts, so both together are refused. Their range is the caller's (it builds
+// them from the sequence layout): reading them here would synchronize the stream, so the
+// kernels only keep an out-of-table position from touching memory.
+const int32_t* explicit_positions(const char* op, const Tensor& positions, const Tensor& doc_starts, int64_t rows) {
+    if (positions.empty()) return nullptr;
+    if (!doc_starts.empty()) fail(ErrorKind::shape, op, ": doc_starts and explicit positions given together (positions already hold the restarts)");
+    expect_tensor(op, "positions", positions, {rows}, DType::i32, Device::cuda);
+    return static_cast<const int32_t*>(positions.raw());
+}
+
 
 using kernels::Half;
 
@@ -125,7 +136,9 @@ void CudaBackend::embedding_fwd(const EmbeddingFwd& a) {
     expect_positions(op, "wpe", wpe, seq_len);
     expect_vocab(op, shard, V);
     const int32_t* starts = document_starts(op, a.doc_starts, N);
-    kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, starts, stream_);
+    const int32_t* positions = explicit_positions(op, a.positions, a.doc_starts, N);
+    kernels::launch_embedding_fwd(t, out.raw(), ptr<int32_t>(tokens), wte.raw(), ptr_or_null(wpe), N, C, seq_len, shard.begin, V, starts, positions,
+                                  wpe.empty() ? 0 : wpe.dim(0), stream_);
 }
 
 void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
@@ -150,13 +163,15 @@ void CudaBackend::embedding_bwd(const EmbeddingBwd& a) {
         expect_rank(op, "dwpe", dwpe, 2);
         expect(op, "dwpe", dwpe, {dwpe.dim(0), C}, DType::f32);
     }
-    // dwpe rows [0, min(seq_len, N)) are written: seq_len must not pass its positions.
+    // dwpe rows [0, min(seq_len, N)) are written (with explicit positions, the rows they name):
+    // seq_len must not pass its positions.
     expect_positions(op, "dwpe", dwpe, seq_len);
     const int32_t* starts = document_starts(op, a.doc_starts, N);
+    const int32_t* positions = explicit_positions(op, a.positions, a.doc_starts, N);
     const size_t scratch_bytes = kernels::embedding_bwd_scratch_bytes(N);
     void* scratch = workspace(scratch_bytes);
     kernels::launch_embedding_bwd(t, static_cast<float*>(ptr_or_null(dwte)), static_cast<float*>(ptr_or_null(dwpe)), dout.raw(), ptr<int32_t>(tokens), N, C,
-                                  seq_len, shard.begin, V, starts, scratch, scratch_bytes, stream_);
+                                  seq_len, shard.begin, V, starts, positions, dwpe.empty() ? 0 : dwpe.dim(0), scratch, scratch_bytes, stream_);
 }
 
 namespace {
@@ -486,28 +501,100 @@ void expect_rope(const char* op, const Tensor& x, const Tensor& table, int64_t s
 }
 }  // namespace
 
-// TEMPORARY (replaced before the merge): the CUDA kernels of the attention blocks and of
-// explicit positions are not written yet.
-void CudaBackend::attention_block_fwd(const AttentionBlockFwd&) { fail(ErrorKind::unsupported, "attention_block_fwd: not on CUDA yet"); }
-void CudaBackend::attention_block_bwd(const AttentionBlockBwd&) { fail(ErrorKind::unsupported, "attention_block_bwd: not on CUDA yet"); }
-void CudaBackend::copy_columns(const CopyColumns&) { fail(ErrorKind::unsupported, "copy_columns: not on CUDA yet"); }
+namespace {
+// The positions and the optional document starts of a block (AttentionBlockFwd), and its
+// shape: heads grouping evenly, a head dim the kernels take, positive lengths.
+template <class Args>
+kernels::AttentionBlockDims expect_block(const char* op, const Args& a) {
+    const AttentionShape& s = a.shape;
+    expect_head_groups(op, s);
+    expect_native_head_dim(op, s);
+    if (s.batch < 1 || s.seq_len < 1 || a.kv_len < 1)
+        fail(ErrorKind::shape, op, ": batch ", s.batch, ", query rows ", s.seq_len, " and key rows ", a.kv_len, " must be positive");
+    expect(op, "q_positions", a.q_positions, {s.seq_len}, DType::i32);
+    expect(op, "kv_positions", a.kv_positions, {a.kv_len}, DType::i32);
+    if (!a.q_first.empty()) expect(op, "q_first", a.q_first, {s.rows()}, DType::i32);
+    return {s.batch, s.seq_len, a.kv_len, s.n_heads, s.n_kv_heads, s.head_dim};
+}
+const int32_t* i32_or_null(const Tensor& t) { return t.empty() ? nullptr : ptr<int32_t>(t); }
+}  // namespace
+
+void CudaBackend::attention_block_fwd(const AttentionBlockFwd& a) {
+    CudaOpScope scope(*this, Op::attention_block_fwd);
+    const char* op = scope.name();
+    const kernels::AttentionBlockDims dims = expect_block(op, a);
+    const AttentionShape& s = a.shape;
+    const Half t = half_of(op, "qkv", a.qkv);
+    expect(op, "qkv", a.qkv, {s.rows(), s.qkv_width()}, a.qkv.dtype());
+    expect(op, "kv", a.kv, {s.batch * a.kv_len, 2 * s.n_kv_heads * s.head_dim}, a.qkv.dtype());
+    expect(op, "acc", a.acc, {s.rows(), s.out_width()}, DType::f32);
+    expect(op, "lse", a.lse, {s.batch, s.n_heads, s.seq_len}, DType::f32);
+    kernels::launch_attention_block_fwd(t, ptr<float>(a.acc), ptr<float>(a.lse), a.qkv.raw(), a.kv.raw(), dims, ptr<int32_t>(a.q_positions),
+                                        ptr<int32_t>(a.kv_positions), i32_or_null(a.q_first), a.first, stream_);
+}
+
+void CudaBackend::attention_block_bwd(const AttentionBlockBwd& a) {
+    CudaOpScope scope(*this, Op::attention_block_bwd);
+    const char* op = scope.name();
+    const kernels::AttentionBlockDims dims = expect_block(op, a);
+    const AttentionShape& s = a.shape;
+    const Half t = half_of(op, "qkv", a.qkv);
+    expect(op, "qkv", a.qkv, {s.rows(), s.qkv_width()}, a.qkv.dtype());
+    expect(op, "kv", a.kv, {s.batch * a.kv_len, 2 * s.n_kv_heads * s.head_dim}, a.qkv.dtype());
+    expect(op, "dout", a.dout, {s.rows(), s.out_width()}, a.qkv.dtype());
+    expect(op, "out", a.out, {s.rows(), s.out_width()}, a.qkv.dtype());
+    expect(op, "lse", a.lse, {s.batch, s.n_heads, s.seq_len}, DType::f32);
+    expect(op, "dq", a.dq, {s.rows(), s.out_width()}, DType::f32);
+    expect(op, "dkv", a.dkv, {s.batch * a.kv_len, 2 * s.n_kv_heads * s.head_dim}, DType::f32);
+    void* scratch = workspace(kernels::attention_block_bwd_scratch_bytes(dims));
+    kernels::launch_attention_block_bwd(t, ptr<float>(a.dq), ptr<float>(a.dkv), a.dout.raw(), a.out.raw(), ptr<float>(a.lse), a.qkv.raw(), a.kv.raw(), dims,
+                                        ptr<int32_t>(a.q_positions), ptr<int32_t>(a.kv_positions), i32_or_null(a.q_first), scratch, stream_);
+}
+
+namespace {
+kernels::Element element_of(const char* op, const char* name, const Tensor& t) {
+    switch (t.dtype()) {
+        case DType::f32: return kernels::Element::f32;
+        case DType::bf16: return kernels::Element::bf16;
+        case DType::f16: return kernels::Element::f16;
+        default: fail(ErrorKind::unsupported, op, ": ", name, " has dtype ", dtype_name(t.dtype()), "; the CUDA backend copies f32, bf16 or f16 columns");
+    }
+}
+}  // namespace
+
+void CudaBackend::copy_columns(const CopyColumns& a) {
+    CudaOpScope scope(*this, Op::copy_columns);
+    const char* op = scope.name();
+    expect_rank(op, "dst", a.dst, 2);
+    expect_rank(op, "src", a.src, 2);
+    expect_device(op, "dst", a.dst);
+    expect_device(op, "src", a.src);
+    const kernels::Element dst_type = element_of(op, "dst", a.dst), src_type = element_of(op, "src", a.src);
+    const int64_t N = a.dst.dim(0);
+    if (a.src.dim(0) != N || a.cols < 0 || a.dst_col < 0 || a.src_col < 0 || a.dst_col + a.cols > a.dst.dim(1) || a.src_col + a.cols > a.src.dim(1))
+        fail(ErrorKind::shape, op, ": columns [", a.src_col, ", ", a.src_col + a.cols, ") of src ", a.src.shape().str(), " into [", a.dst_col, ", ",
+             a.dst_col + a.cols, ") of dst ", a.dst.shape().str(), " do not fit");
+    auto* dst = static_cast<char*>(a.dst.raw()) + a.dst_col * static_cast<int64_t>(dtype_size(a.dst.dtype()));
+    const auto* src = static_cast<const char*>(a.src.raw()) + a.src_col * static_cast<int64_t>(dtype_size(a.src.dtype()));
+    kernels::launch_copy_columns(dst_type, dst, a.dst.dim(1), src_type, src, a.src.dim(1), N, a.cols, stream_);
+}
 
 void CudaBackend::rope_fwd(const Rope& a) {
-    if (!a.positions.empty()) fail(ErrorKind::unsupported, "rope_fwd: explicit positions not on CUDA yet");
     CudaOpScope scope(*this, Op::rope_fwd);
     expect_rope(scope.name(), a.x, a.table, a.seq_len, a.n_heads, a.head_dim);
     const int32_t* starts = document_starts(scope.name(), a.doc_starts, a.x.dim(0));
+    const int32_t* explicit_pos = explicit_positions(scope.name(), a.positions, a.doc_starts, a.x.dim(0));
     kernels::launch_rope(half_of(scope.name(), "x", a.x), a.x.raw(), ptr<float>(a.table), a.x.dim(0), a.x.dim(1), a.seq_len, a.n_heads, a.head_dim, false,
-                         starts, stream_);
+                         starts, explicit_pos, a.table.dim(0), stream_);
 }
 
 void CudaBackend::rope_bwd(const Rope& a) {
-    if (!a.positions.empty()) fail(ErrorKind::unsupported, "rope_bwd: explicit positions not on CUDA yet");
     CudaOpScope scope(*this, Op::rope_bwd);
     expect_rope(scope.name(), a.x, a.table, a.seq_len, a.n_heads, a.head_dim);
     const int32_t* starts = document_starts(scope.name(), a.doc_starts, a.x.dim(0));
+    const int32_t* explicit_pos = explicit_positions(scope.name(), a.positions, a.doc_starts, a.x.dim(0));
     kernels::launch_rope(half_of(scope.name(), "dx", a.x), a.x.raw(), ptr<float>(a.table), a.x.dim(0), a.x.dim(1), a.seq_len, a.n_heads, a.head_dim, true,
-                         starts, stream_);
+                         starts, explicit_pos, a.table.dim(0), stream_);
 }
 
 namespace {
