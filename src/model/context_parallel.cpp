@@ -93,67 +93,73 @@ void Transformer::load_context_positions(const ActivationSet& a, const Tensor& w
 
 namespace {
 
-// The ring's neighbours and the chunk positions of the rank whose block arrives at a step.
+// The ring's neighbours and the rank whose keys and values a step computes with.
 struct Ring {
     int size, rank;
     int next() const { return (rank + 1) % size; }
     int prev() const { return (rank + size - 1) % size; }
-    int holder(int step) const { return (rank - step % size + size) % size; }  // whose keys and values step `step` computes with
+    int holder(int step) const { return (rank - step % size + size) % size; }
 };
 
 }  // namespace
 
+// What both directions of the ring read: the shape, the widths of the query and key/value
+// columns, the two key/value buffers and each rank's chunk positions.
+Transformer::RingPass Transformer::ring_pass(const ActivationSet& a, const LayerSlots& s) const {
+    RingPass r;
+    r.shape = attention_shape();
+    r.q_width = r.shape.out_width();
+    r.kv_width = 2 * r.shape.n_kv_heads * r.shape.head_dim;
+    r.qkv = rows(s.qkv);
+    r.kv = {rows(ring_.kv[0]), rows(ring_.kv[1])};
+    r.chunk_positions = arena_.tensor(ring_.chunk_positions);
+    r.first = part_.document_mask ? rows(a.first_position) : Tensor();
+    return r;
+}
+
 void Transformer::ring_attention_fwd(const ActivationSet& a, const LayerSlots& s) {
-    const AttentionShape shape = attention_shape();
+    const RingPass r = ring_pass(a, s);
     const Ring ring{part_.cp_size, part_.cp_rank};
-    const int64_t q_width = shape.out_width(), kv_width = 2 * shape.n_kv_heads * shape.head_dim;
-    const Tensor qkv = rows(s.qkv), acc = rows(ring_.acc), lse = att_saved(s.att_saved);
-    const std::array<Tensor, 2> kv{rows(ring_.kv[0]), rows(ring_.kv[1])};
-    const Tensor chunk_positions = arena_.tensor(ring_.chunk_positions);
-    const auto positions_of = [&](int rank) { return chunk_positions.slice_rows(rank * seq_len_, seq_len_); };
-    const Tensor first = part_.document_mask ? rows(a.first_position) : Tensor();
-    backend_.copy_columns({.dst = kv[0], .dst_col = 0, .src = qkv, .src_col = q_width, .cols = kv_width});
+    const Tensor acc = rows(ring_.acc), lse = att_saved(s.att_saved);
+    backend_.copy_columns({.dst = r.kv[0], .dst_col = 0, .src = r.qkv, .src_col = r.q_width, .cols = r.kv_width});
     for (int step = 0; step < ring.size; ++step) {
-        const Tensor& current = kv[static_cast<size_t>(step % 2)];
+        const Tensor& current = r.kv[static_cast<size_t>(step % 2)];
         CommHandle sent, received;
         if (step + 1 < ring.size) {
             sent = cp_->send_async(current, ring.next());
-            received = cp_->recv_async(kv[static_cast<size_t>((step + 1) % 2)], ring.prev());
+            received = cp_->recv_async(r.kv[static_cast<size_t>((step + 1) % 2)], ring.prev());
         }
-        backend_.attention_block_fwd({.acc = acc, .lse = lse, .qkv = qkv, .kv = current, .shape = shape, .kv_len = seq_len_,
-                                      .q_positions = positions_of(ring.rank), .kv_positions = positions_of(ring.holder(step)), .q_first = first,
-                                      .first = step == 0});
+        backend_.attention_block_fwd({.acc = acc, .lse = lse, .qkv = r.qkv, .kv = current, .shape = r.shape, .kv_len = seq_len_,
+                                      .q_positions = r.positions_of(ring.rank, seq_len_), .kv_positions = r.positions_of(ring.holder(step), seq_len_),
+                                      .q_first = r.first, .first = step == 0});
         received.wait();
         sent.wait();
     }
-    backend_.copy_columns({.dst = rows(s.att_out), .dst_col = 0, .src = acc, .src_col = 0, .cols = q_width});
+    backend_.copy_columns({.dst = rows(s.att_out), .dst_col = 0, .src = acc, .src_col = 0, .cols = r.q_width});
 }
 
 void Transformer::ring_attention_bwd(const ActivationSet& a, const LayerSlots& s) {
-    const AttentionShape shape = attention_shape();
+    const RingPass r = ring_pass(a, s);
     const Ring ring{part_.cp_size, part_.cp_rank};
-    const int64_t q_width = shape.out_width(), kv_width = 2 * shape.n_kv_heads * shape.head_dim;
-    const Tensor qkv = rows(s.qkv), dq = rows(ring_.acc), dkv_in = rows(ring_.dkv_in);
-    const std::array<Tensor, 2> kv{rows(ring_.kv[0]), rows(ring_.kv[1])}, dkv{rows(ring_.dkv[0]), rows(ring_.dkv[1])};
-    const Tensor chunk_positions = arena_.tensor(ring_.chunk_positions);
-    const auto positions_of = [&](int rank) { return chunk_positions.slice_rows(rank * seq_len_, seq_len_); };
-    const Tensor first = part_.document_mask ? rows(a.first_position) : Tensor();
+    const Tensor dq = rows(ring_.acc), dkv_in = rows(ring_.dkv_in);
+    const std::array<Tensor, 2> dkv{rows(ring_.dkv[0]), rows(ring_.dkv[1])};
     backend_.fill_zero(dq);
-    backend_.copy_columns({.dst = kv[0], .dst_col = 0, .src = qkv, .src_col = q_width, .cols = kv_width});
+    backend_.copy_columns({.dst = r.kv[0], .dst_col = 0, .src = r.qkv, .src_col = r.q_width, .cols = r.kv_width});
     CommHandle share_sent, share_received;
     for (int step = 0; step < ring.size; ++step) {
-        const Tensor& current = kv[static_cast<size_t>(step % 2)];
+        const Tensor& current = r.kv[static_cast<size_t>(step % 2)];
         CommHandle sent, received;
         if (step + 1 < ring.size) {
             sent = cp_->send_async(current, ring.next());
-            received = cp_->recv_async(kv[static_cast<size_t>((step + 1) % 2)], ring.prev());
+            received = cp_->recv_async(r.kv[static_cast<size_t>((step + 1) % 2)], ring.prev());
         }
         // This rank's share of the block's gradient, in the buffer not in flight.
         const Tensor& share = dkv[static_cast<size_t>(step % 2)];
         backend_.fill_zero(share);
         backend_.attention_block_bwd({.dq = dq, .dkv = share, .dout = rows(d_att_out_), .out = rows(s.att_out), .lse = att_saved(s.att_saved),
-                                      .qkv = qkv, .kv = current, .shape = shape, .kv_len = seq_len_, .q_positions = positions_of(ring.rank),
-                                      .kv_positions = positions_of(ring.holder(step)), .q_first = first});
+                                      .qkv = r.qkv, .kv = current, .shape = r.shape, .kv_len = seq_len_,
+                                      .q_positions = r.positions_of(ring.rank, seq_len_), .kv_positions = r.positions_of(ring.holder(step), seq_len_),
+                                      .q_first = r.first});
         // The shares of the ranks the block visited before, then on to the next rank.
         if (step > 0) {
             share_received.wait();
@@ -168,8 +174,8 @@ void Transformer::ring_attention_bwd(const ActivationSet& a, const LayerSlots& s
     // Every rank's share of this rank's own keys and values has come back around the ring.
     share_received.wait();
     share_sent.wait();
-    backend_.copy_columns({.dst = rows(d_qkv_), .dst_col = 0, .src = dq, .src_col = 0, .cols = q_width});
-    backend_.copy_columns({.dst = rows(d_qkv_), .dst_col = q_width, .src = dkv_in, .src_col = 0, .cols = kv_width});
+    backend_.copy_columns({.dst = rows(d_qkv_), .dst_col = 0, .src = dq, .src_col = 0, .cols = r.q_width});
+    backend_.copy_columns({.dst = rows(d_qkv_), .dst_col = r.q_width, .src = dkv_in, .src_col = 0, .cols = r.kv_width});
 }
 
 }  // namespace llmtrain

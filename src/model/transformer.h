@@ -401,6 +401,15 @@ private:
     // Attention over the ring of cp ranks: s.att_out and the merged log-sum-exp in s.att_saved
     // (forward); d_qkv_ from d_att_out_ (backward).
     void ring_attention_fwd(const ActivationSet& a, const LayerSlots& s);
+    struct RingPass {
+        AttentionShape shape;
+        int64_t q_width = 0, kv_width = 0;
+        Tensor qkv;
+        std::array<Tensor, 2> kv;
+        Tensor chunk_positions, first;
+        Tensor positions_of(int rank, int64_t rows) const { return chunk_positions.slice_rows(rank * rows, rows); }
+    };
+    RingPass ring_pass(const ActivationSet& a, const LayerSlots& s) const;
     void ring_attention_bwd(const ActivationSet& a, const LayerSlots& s);
     // The final norm, the head and (with targets) the loss, its mean added to loss_sum(); with
     // a backward loss scale the logits' gradient too (see forward_pass).

@@ -210,6 +210,7 @@ void apply_calibration(Cluster& cluster, const std::string& path) {
         if (keys.find(key)) cluster.efficiency.gemm[c] = keys.number(key, "measured share of peak", 0, 1);
     }
     cluster.efficiency.attention = keys.optional_number("compute.attention_efficiency", "measured share of peak", 0, 1, cluster.efficiency.attention);
+    cluster.efficiency.ring_attention = keys.optional_number("compute.ring_attention_efficiency", "measured share of peak", 0, 1, cluster.efficiency.ring_attention);
     cluster.efficiency.memory = keys.optional_number("compute.memory_efficiency", "measured share of the memory bandwidth", 0, 2, cluster.efficiency.memory);
     cluster.efficiency.optimizer = keys.optional_number("compute.optimizer_efficiency", "measured share of the memory bandwidth AdamW's update reaches", 0, 2,
                                                         cluster.efficiency.optimizer);
@@ -260,6 +261,8 @@ Cluster load_cluster(const std::string& path) {
     c.efficiency.gemm_default = keys.number("efficiency.gemm", "share of peak a GEMM reaches", 0, 1);
     c.efficiency.attention = keys.number("efficiency.attention", "share of peak attention reaches", 0, 1);
     c.efficiency.memory = keys.number("efficiency.memory", "share of the memory bandwidth memory-bound ops reach", 0, 1);
+    c.efficiency.ring_attention = keys.optional_number("efficiency.ring_attention",
+                                                       "share of peak context parallelism's attention blocks reach (default: efficiency.attention)", 0, 1, 0);
     c.efficiency.optimizer = keys.optional_number("efficiency.optimizer", "share of the memory bandwidth AdamW's update reaches (default: efficiency.memory)", 0, 1, 0);
     if (keys.find("storage")) {
         Storage& st = c.storage.emplace();

@@ -13,7 +13,8 @@
 //   [network] intra_node_gbps, intra_node_latency_us, inter_node_gbps, inter_node_latency_us
 //             (bandwidth per device and direction, as nccl-tests' bus bandwidth)
 //   [efficiency] gemm, attention, memory: the shares of peak (memory: of the bandwidth)
-//             assumed where nothing was measured
+//             assumed where nothing was measured; ring_attention (optional, default
+//             attention): context parallelism's attention blocks
 //   [storage] optional, the shared file system checkpoints go to: write_gbps, read_gbps
 //             (aggregate over the cluster), node_write_gbps, node_read_gbps (one node's
 //             link to it), host_copy_gbps (per device: the copy of its state into host
@@ -80,11 +81,15 @@ struct ComputeEfficiency {
     std::map<GemmClass, double> gemm;  // measured per class; missing: the nearest measured, else gemm_default
     double gemm_default = 0;
     double attention = 0;
+    // Context parallelism's attention blocks (attention_block_fwd / _bwd): on CUDA kernels of
+    // their own on the fp32 cores, not the flash kernels' tensor cores. 0: as `attention`.
+    double ring_attention = 0;
     double memory = 0;
     double optimizer = 0;  // AdamW's update, a share of the memory bandwidth; 0: as `memory`
     double gradient_pass = 0;  // zeroing the gradients and reading their norm (plain streams); 0: as `memory`
     double gemm_for(GemmClass c) const;
     double optimizer_or_memory() const { return optimizer > 0 ? optimizer : memory; }
+    double ring_attention_or_attention() const { return ring_attention > 0 ? ring_attention : attention; }
     double gradient_pass_or_memory() const { return gradient_pass > 0 ? gradient_pass : memory; }
 };
 

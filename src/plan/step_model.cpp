@@ -276,10 +276,13 @@ struct StageTime {
     double micro_batch() const { return compute + tp + cp + pp + dp_micro; }
 };
 
-double compute_seconds(const StageWork& w, const Cluster& c, double peak, double bandwidth) {
+// Attention's share of peak: under context parallelism every block runs on the ring's kernels.
+double attention_efficiency(const Cluster& c, const Mesh& mesh) { return mesh.cp() > 1 ? c.efficiency.ring_attention_or_attention() : c.efficiency.attention; }
+
+double compute_seconds(const StageWork& w, const Cluster& c, const Mesh& mesh, double peak, double bandwidth) {
     double seconds = 0;
     for (const auto& [cls, flops] : w.gemm_flops) seconds += flops / (peak * c.efficiency.gemm_for(cls));
-    return seconds + w.attention_flops / (peak * c.efficiency.attention) + w.memory_bytes / (bandwidth * c.efficiency.memory);
+    return seconds + w.attention_flops / (peak * attention_efficiency(c, mesh)) + w.memory_bytes / (bandwidth * c.efficiency.memory);
 }
 
 // Ranks are numbered tp fastest, then cp, dp, then pp: a group of `span` consecutive ranks
@@ -380,7 +383,7 @@ void ring_time(StageTime& t, const StageWork& w, const Mesh& mesh, const Cluster
     const Link link = shared_link(link_for(c, mesh, group_span(mesh, MeshDim::cp)), c, share);
     for (const RingSend& send : w.cp_sends) {
         const double seconds = link.latency_us * 1e-6 + send.bytes / (link.gbps * 1e9);
-        const double behind = c.kind == ClusterKind::gpu ? send.behind_flops / (peak * c.efficiency.attention) : 0;
+        const double behind = c.kind == ClusterKind::gpu ? send.behind_flops / (peak * attention_efficiency(c, mesh)) : 0;
         const double exposed = std::max(0.0, seconds - behind);
         t.cp += send.count * exposed;
         t.cp_hidden += send.count * (seconds - exposed);
@@ -391,7 +394,7 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     const double peak = c.peak_tflops * 1e12 * share.pipeline, bandwidth = c.memory_bandwidth_gbps * 1e9 * share.pipeline;
     const StageWork w = stage_work(config, mesh, stage);
     StageTime t;
-    t.compute = compute_seconds(w, c, peak, bandwidth);
+    t.compute = compute_seconds(w, c, mesh, peak, bandwidth);
     const Link tp_link = collective_link(c, mesh, mesh.tp(), mesh.tp(), share.pipeline);
     for (const CollectiveCall& call : w.tp_collectives) t.tp += exposed_collective_seconds(call, mesh.tp(), tp_link, c, peak);
     ring_time(t, w, mesh, c, peak, share.pipeline);

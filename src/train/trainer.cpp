@@ -741,8 +741,9 @@ std::string Trainer::sample_text() {
         if (!options_.quiet) log_info("sample: not generated; under parallel.zero_stage = 3 every forward gathers the parameters over the dp group");
         return "";
     }
-    if (ctx_->mesh.tp() > 1 || ctx_->mesh.pp() > 1) {
-        if (!options_.quiet) log_info("sample: not generated; sampling runs on a model held whole by one rank (tp = pp = 1)");
+    // Under cp a rank holds its chunks of each sequence: a forward is a ring over the cp group.
+    if (ctx_->mesh.tp() > 1 || ctx_->mesh.pp() > 1 || ctx_->mesh.cp() > 1) {
+        if (!options_.quiet) log_info("sample: not generated; sampling runs on a model held whole by one rank over whole sequences (tp = pp = cp = 1)");
         return "";
     }
     const std::vector<int32_t> context = data_->prompt_tokens(t.sample_prompt);

@@ -570,6 +570,23 @@ TEST(Config, TpOverlapWithoutSequenceParallelism_IsRejectedWithTheKeyNamed) {
                          "(got sequence_parallel = true, tp = 1; allowed: false)"));
 }
 
+// Context parallelism cuts each sequence into 2 x cp equal chunks and runs attention as a
+// ring on the native kernels: a length that does not split, or cuDNN's attention, is refused
+// naming the key before anything is allocated.
+TEST(Config, ContextParallelSequenceNotInTwoCpChunks_IsRejectedWithTheKeyNamed) {
+    const TomlText cp4 = TomlText::gpt2().set("parallel.cp", "4");
+    EXPECT_NO_THROW(parse(TomlText(cp4).set("train.seq_len", "32")));
+    EXPECT_TRUE(Contains(error_of(TomlText(cp4).set("train.seq_len", "28")),
+                         "run.toml: parallel.cp: = 4 cuts each sequence into 2 x cp = 8 equal chunks, but train.seq_len = 28 is not a multiple of 8"));
+}
+
+TEST(Config, ContextParallelWithCudnnAttention_IsRejectedWithTheKeyNamed) {
+    const TomlText cudnn = TomlText::gpt2().set("parallel.cp", "2").set("train.device", "\"cuda\"");
+    EXPECT_TRUE(Contains(error_of(TomlText(cudnn).set("model.attention", "\"cudnn\"")),
+                         "run.toml: parallel.cp: = 2 runs attention as a ring of blocks on the native kernels; model.attention = \"cudnn\" cannot take it"));
+    EXPECT_NO_THROW(parse(TomlText(cudnn).set("model.attention", "\"native\"")));
+}
+
 // Packed documents: causal and no position reset by default; a document mask or position
 // reset needs an end-of-text token (the byte vocabulary's, or a tokenizer's), the CPU backend,
 // and every model chunk seeing the tokens.
