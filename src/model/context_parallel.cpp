@@ -119,7 +119,7 @@ Transformer::RingPass Transformer::ring_pass(const ActivationSet& a, const Layer
 
 void Transformer::ring_attention_fwd(const ActivationSet& a, const LayerSlots& s) {
     const RingPass r = ring_pass(a, s);
-    const Ring ring{part_.cp_size, part_.cp_rank};
+    const Ring ring{static_cast<int>(part_.cp_size), part_.cp_rank};
     const Tensor acc = rows(ring_.acc), lse = att_saved(s.att_saved);
     backend_.copy_columns({.dst = r.kv[0], .dst_col = 0, .src = r.qkv, .src_col = r.q_width, .cols = r.kv_width});
     for (int step = 0; step < ring.size; ++step) {
@@ -140,7 +140,7 @@ void Transformer::ring_attention_fwd(const ActivationSet& a, const LayerSlots& s
 
 void Transformer::ring_attention_bwd(const ActivationSet& a, const LayerSlots& s) {
     const RingPass r = ring_pass(a, s);
-    const Ring ring{part_.cp_size, part_.cp_rank};
+    const Ring ring{static_cast<int>(part_.cp_size), part_.cp_rank};
     const Tensor dq = rows(ring_.acc), dkv_in = rows(ring_.dkv_in);
     const std::array<Tensor, 2> dkv{rows(ring_.dkv[0]), rows(ring_.dkv[1])};
     backend_.fill_zero(dq);

@@ -421,7 +421,7 @@ TEST(StepModel, ContextParallelRing_HiddenBehindAttentionBlocksOnGpus_LastGradie
     EXPECT_DOUBLE_EQ(w.cp_sends[1].behind_flops, 2 * w.cp_sends[0].behind_flops);
 
     const Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
-    const double block_seconds = w.cp_sends[0].behind_flops / (h100.peak_tflops * 1e12 * h100.efficiency.attention);
+    const double block_seconds = w.cp_sends[0].behind_flops / (h100.peak_tflops * 1e12 * h100.efficiency.ring_attention_or_attention());
     ASSERT_GT(block_seconds, send_seconds(kv, h100.intra_node));  // long enough to hide the send
     const StepTime t = predict_step_time(config, mesh, h100, model_parameter_count(config.model));
     const double exposed = layers * send_seconds(dkv, h100.intra_node);
@@ -434,6 +434,33 @@ TEST(StepModel, ContextParallelRing_HiddenBehindAttentionBlocksOnGpus_LastGradie
     const StageWork again = stage_work(full, mesh, 0);
     EXPECT_DOUBLE_EQ(again.cp_sends[0].count, 2 * layers * 7);
     EXPECT_DOUBLE_EQ(again.cp_sends[1].count, layers * 7);
+}
+
+// Under cp every attention block runs on the ring's own kernels, at the cluster file's
+// efficiency.ring_attention (the shipped GPU files assume the fp32-core kernels' share): the
+// attention time is that share's, not the flash kernels'.
+TEST(StepModel, ContextParallelAttention_RunsAtTheRingKernelsEfficiency) {
+    const Config config = long_context(8);
+    const Mesh mesh = make_mesh(config.parallel, 8);
+    Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    ASSERT_GT(h100.efficiency.ring_attention, 0);
+    ASSERT_LT(h100.efficiency.ring_attention, h100.efficiency.attention);
+    const StageWork w = stage_work(config, mesh, 0);
+    const double micro_batches = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
+    const StepTime ring = predict_step_time(config, mesh, h100, model_parameter_count(config.model));
+    const double ring_efficiency = h100.efficiency.ring_attention;
+    h100.efficiency.ring_attention = 0;  // as efficiency.attention
+    const StepTime flash = predict_step_time(config, mesh, h100, model_parameter_count(config.model));
+    const double peak = h100.peak_tflops * 1e12;
+    const double expected = micro_batches * w.attention_flops / peak * (1 / ring_efficiency - 1 / h100.efficiency.attention);
+    EXPECT_NEAR(ring.compute_seconds - flash.compute_seconds, expected, 1e-9 * expected);
+    // Without cp attention runs on the flash kernels whatever the ring's efficiency.
+    const Config whole = long_context(1, {"train.recompute=\"full\""});
+    const Mesh one = make_mesh(whole.parallel, 8);
+    Cluster slow_ring = load_cluster("configs/clusters/h100-sxm.toml");
+    const StepTime a = predict_step_time(whole, one, slow_ring, model_parameter_count(whole.model));
+    slow_ring.efficiency.ring_attention = 0;
+    EXPECT_DOUBLE_EQ(predict_step_time(whole, one, slow_ring, model_parameter_count(whole.model)).compute_seconds, a.compute_seconds);
 }
 
 // Two nodes of 8 H100s, tp 8 x cp 2: the cp group's two ranks are 8 apart, in different nodes,
