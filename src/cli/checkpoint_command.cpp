@@ -212,7 +212,7 @@ void print_state(const std::string& path, const Manifest& m) {
     else
         std::printf("data position    none (training windows are drawn from (seed, step))\n");
     std::printf("seed             %llu\n", static_cast<unsigned long long>(m.seed));
-    std::printf("mesh             tp %d x dp %d x pp %d = %d rank(s), %s\n", m.tp, m.dp, m.pp, m.world_size,
+    std::printf("mesh             tp %d x %sdp %d x pp %d = %d rank(s), %s\n", m.tp, m.cp > 1 ? cat("cp ", m.cp, " x ").c_str() : "", m.dp, m.pp, m.world_size,
                 m.zero_stage == 0 ? "ZeRO-1 off (stage 0)" : cat("ZeRO stage ", m.zero_stage).c_str());
     std::printf("created          %s\n", m.created.c_str());
     std::printf("files\n");
