@@ -1,8 +1,11 @@
 #include "checkpoint/checkpoint_store.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <fcntl.h>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -125,42 +128,97 @@ void write_rank_record(const std::string& dir, int world_rank, const std::string
     write_file_atomically((fs::path(dir) / rank_record_name(world_rank)).string(), record.dump() + "\n");
 }
 
-Manifest commit_checkpoint(const std::string& root, Manifest manifest) {
-    const std::string pending = pending_dir(root, manifest.step);
-    manifest.files.clear();
-    for (int r = 0; r < manifest.world_size; ++r) {
+namespace {
+// manifest.files from the ranks' records in the pending directory.
+std::vector<CheckpointFile> read_rank_records(const std::string& pending, int world_size) {
+    std::vector<CheckpointFile> files;
+    for (int r = 0; r < world_size; ++r) {
         const std::string record_path = (fs::path(pending) / rank_record_name(r)).string();
         const nlohmann::json record = nlohmann::json::parse(read_file(record_path), nullptr, false);
         if (record.is_discarded() || !record.contains("bytes") || !record.contains("xxh64"))
             fail(ErrorKind::io, "rank ", r, "'s record '", record_path, "' is unreadable");
-        manifest.files.push_back({rank_file_name(r), record.at("bytes").get<uint64_t>(), record.at("xxh64").get<uint64_t>()});
+        files.push_back({rank_file_name(r), record.at("bytes").get<uint64_t>(), record.at("xxh64").get<uint64_t>()});
     }
-    // Files of an older, larger world in a reused pending directory are not part of this one.
-    for (const fs::directory_entry& entry : fs::directory_iterator(pending)) {
-        const std::string name = entry.path().filename().string();
-        const bool listed = std::any_of(manifest.files.begin(), manifest.files.end(), [&](const CheckpointFile& f) { return f.name == name; });
-        if (!listed) fs::remove(entry.path());
+    return files;
+}
+
+// Files of an older, larger world (or an older save's manifest) in a reused pending directory
+// are not part of this save.
+void remove_unlisted_files(const std::string& pending, const std::vector<CheckpointFile>& files) {
+    std::error_code ec;
+    std::vector<fs::path> stray;
+    for (fs::directory_iterator it(pending, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (std::none_of(files.begin(), files.end(), [&](const CheckpointFile& f) { return f.name == name; })) stray.push_back(it->path());
     }
+    if (ec) fail(ErrorKind::io, "cannot list '", pending, "': ", ec.message());
+    for (const fs::path& path : stray) remove_all(path.string());
+}
+
+void rename_or_fail(const std::string& from, const std::string& to) {
+    std::error_code ec;
+    fs::rename(from, to, ec);
+    if (ec) fail(ErrorKind::io, "cannot rename '", from, "' to '", to, "': ", ec.message());
+}
+
+// pending (committed: it holds its manifest) takes the place of final_path, an older save of
+// the same step. With an atomic exchange (renameat2 RENAME_EXCHANGE: Linux on ext4, XFS,
+// btrfs, tmpfs) final_path names a whole checkpoint at every instant, the old one and then the
+// new one, and pending holds the old one afterwards. Where the file system has no exchange
+// (EINVAL), `latest` names pending itself while the two renames run, so that it names a
+// loadable checkpoint at every instant there too. Either way the replaced save is deleted.
+void replace_checkpoint(const std::string& root, const std::string& pending, const std::string& final_path, const std::function<void(std::string_view)>& at) {
+    at("exchange");
+    if (::renameat2(AT_FDCWD, pending.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) == 0) {
+        at("remove replaced");
+        remove_all(pending);
+        return;
+    }
+    const int reason = errno;
+    if (reason != EINVAL && reason != ENOSYS && reason != ENOTSUP)
+        fail(ErrorKind::io, "cannot exchange '", pending, "' with '", final_path, "': ", std::strerror(reason));
+    at("point latest at pending");
+    write_file_atomically((fs::path(root) / kLatest).string(), fs::path(pending).filename().string() + "\n");
+    const std::string replaced = final_path + ".replaced";
+    at("move old aside");
+    remove_all(replaced);
+    rename_or_fail(final_path, replaced);
+    at("rename");
+    rename_or_fail(pending, final_path);
+    at("remove replaced");
+    remove_all(replaced);
+}
+}  // namespace
+
+Manifest commit_checkpoint(const std::string& root, Manifest manifest, const CommitProbe& probe) {
+    const std::function<void(std::string_view)> at = [&](std::string_view point) {
+        if (probe) probe(manifest.step, point);
+    };
+    const std::string pending = pending_dir(root, manifest.step);
+    at("read rank records");
+    manifest.files = read_rank_records(pending, manifest.world_size);
+    at("remove stray files");
+    remove_unlisted_files(pending, manifest.files);
     const std::vector<ChainLink> chain = read_checkpoint_chains(root).chain(manifest.run_id);
     manifest.sequence = chain.empty() ? 1 : chain.back().sequence + 1;
     manifest.created = utc_now();
     const std::string final_path = (fs::path(root) / checkpoint_name(manifest.step)).string();
     refuse_to_replace_another_runs(final_path, manifest.run_id);
+    at("write manifest");
     write_file_atomically((fs::path(pending) / kManifest).string(), manifest_to_json(manifest));
-    if (fs::exists(final_path)) {
+    std::error_code ec;
+    if (fs::exists(final_path, ec)) {
         // The same step saved again (a run resumed from it and saved it anew): the new one wins.
-        const std::string replaced = final_path + ".replaced";
-        remove_all(replaced);
-        fs::rename(final_path, replaced);
-        fs::rename(pending, final_path);
-        remove_all(replaced);
+        replace_checkpoint(root, pending, final_path, at);
     } else {
-        std::error_code ec;
-        fs::rename(pending, final_path, ec);
-        if (ec) fail(ErrorKind::io, "cannot rename '", pending, "' to '", final_path, "': ", ec.message());
+        at("rename");
+        rename_or_fail(pending, final_path);
     }
+    at("fsync root");
     fsync_directory(root);
+    at("write latest");
     write_file_atomically((fs::path(root) / kLatest).string(), checkpoint_name(manifest.step) + "\n");
+    at("committed");
     return manifest;
 }
 
@@ -325,6 +383,21 @@ std::optional<std::string> find_resume_checkpoint(const std::string& root, const
     if (!fs::is_directory(path)) fail(ErrorKind::data, "--resume ", mode, ": '", path, "' is not a checkpoint directory");
     if (const std::optional<std::string> why = problem(path)) fail(ErrorKind::data, "--resume ", mode, ": ", *why);
     return path;
+}
+
+std::optional<std::string> newest_checkpoint_for_reader(const std::string& root, const std::optional<std::string>& run_id) {
+    const CheckpointChains chains = read_checkpoint_chains(root);
+    const std::optional<std::string> run = chain_to_resume(root, chains, run_id);
+    if (!run) return std::nullopt;
+    const std::vector<ChainLink> chain = chains.chain(*run);
+    if (chain.empty()) return std::nullopt;
+    const std::optional<std::string> why = checkpoint_problem(chain.back().path);
+    if (!why) return chain.back().path;
+    std::optional<std::string> valid;
+    for (auto link = chain.rbegin() + 1; link != chain.rend() && !valid; ++link)
+        if (!checkpoint_problem(link->path)) valid = link->path;
+    fail(ErrorKind::data, "the newest checkpoint '", chain.back().path, "' cannot be loaded: ", *why, "; ",
+         valid ? cat("the newest one that can is '", *valid, "': pass it instead to use that older model") : std::string("no older checkpoint of this run can be loaded either"));
 }
 
 ProblemOf shared_problem_check(FileShare share, std::function<int(bool found)> first_failing, std::function<void(const std::string&)> own) {

@@ -2,14 +2,16 @@
 //
 //   step_00000500.tmp/   every rank writes rank_NNNNN.h5 and fsyncs it, then a small
 //                        rank_NNNNN.json with its size and XXH64 checksum
-//   (every rank reported success: rank 0 alone goes on)
+//   (every rank reported success: rank 0 alone goes on, off the step loop)
 //   manifest.json        written to a temporary name, fsynced, renamed: the commit point
-//   step_00000500/       the directory renamed, its parent fsynced
+//   step_00000500/       the directory renamed (a save of a step already committed: the two
+//                        directories exchanged atomically), its parent fsynced
 //   latest               "step_00000500", written to a temporary name and renamed
 //   retention            only now are older checkpoints of the same run deleted
 //
-// A crash at any point leaves the previous checkpoint and `latest` intact; a directory
-// without a manifest, or whose files fail their size or checksum, is never loaded.
+// A crash at any point leaves `latest` naming a loadable checkpoint (the previous one or the
+// new one); a directory without a manifest, or whose files fail their size or checksum, is
+// never loaded.
 //
 // A checkpoint chain belongs to its run: every manifest names the run that wrote it (a run id
 // kept across restarts). A run saves only into a checkpoint.dir that holds no other run's
@@ -22,6 +24,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "checkpoint/manifest.h"
@@ -40,11 +43,20 @@ std::string pending_dir(const std::string& root, int64_t step);    // root/step_
 // The size and XXH64 of a written rank file, recorded next to it for rank 0's manifest.
 void write_rank_record(const std::string& dir, int world_rank, const std::string& file_path);
 
+// Sees the step of the checkpoint and the name of each filesystem step of its commit just
+// before it runs ("write manifest", "rename", "exchange", "write latest", ...), and
+// "committed" at the end: a test crashes the process there, fault injection slows or fails
+// the commit.
+using CommitProbe = std::function<void(int64_t checkpoint_step, std::string_view point)>;
+
 // Rank 0, once every rank's file is durable in pending_dir(root, manifest.step): completes
 // manifest.files from the ranks' records and manifest.sequence from the run's chain, and
-// commits as above. Returns the manifest written. Refuses (Error(io)) to replace a checkpoint
-// of the same step that another run wrote.
-Manifest commit_checkpoint(const std::string& root, Manifest manifest);
+// commits as above. A save of a step already committed replaces it by an atomic exchange of
+// the two directories (see replace_checkpoint in the .cpp), so that `latest` names a loadable
+// checkpoint at every instant. Returns the manifest written. Every failure, of the file
+// system included, is an Error(io) naming the path; it refuses to replace a checkpoint of the
+// same step that another run wrote.
+Manifest commit_checkpoint(const std::string& root, Manifest manifest, const CommitProbe& probe = {});
 
 // Replaces the manifest of the committed checkpoint at path (temporary name, fsync, rename):
 // a rollback records there the data it skips, so that the skip survives a restart.
@@ -127,6 +139,11 @@ ProblemOf shared_problem_check(Comm& group);
 std::optional<std::string> find_resume_checkpoint(const std::string& root, const std::string& mode,
                                                   const std::function<void(const std::string&)>& skipped, const ProblemOf& problem_of = {},
                                                   const std::optional<std::string>& run_id = std::nullopt);
+// The newest committed checkpoint of a chain under root (run_id's, else the one run's), for a
+// reader that must not fall back silently (eval, generate, export on a directory): nullopt
+// when there is none; Error(data) when it cannot be loaded, naming it, why, and the newest
+// one that can (or saying none can). `--resume auto` passes over such a one instead.
+std::optional<std::string> newest_checkpoint_for_reader(const std::string& root, const std::optional<std::string>& run_id = std::nullopt);
 // manifest.json of a checkpoint (its own checksum verified); throws Error(data) naming the file.
 Manifest read_checkpoint_manifest(const std::string& path);
 

@@ -41,8 +41,13 @@ Config saved_config(const ResumePoint& resume) {
     return parse_config(resume.manifest.config_toml, resume.path + "/manifest.json (config)", {}, DataFiles::unchecked);
 }
 
-bool same_batch_keys(const TrainConfig& saved, const TrainConfig& now) {
-    return saved.batch_size == now.batch_size && saved.global_batch_size == now.global_batch_size && saved.grad_accum == now.grad_accum;
+// A resume states another global batch only by giving train.global_batch_size or
+// train.grad_accum (in its file or a --set) with another value than the saved run had. A key
+// left to its default is no statement: a run saved with --set train.global_batch_size=8 and
+// resumed on the nodes that are left, from the same file without that --set, keeps 8.
+bool restates_global_batch(const TrainConfig& saved, const Config& now) {
+    return (now.states("train.global_batch_size") && now.train.global_batch_size != saved.global_batch_size) ||
+           (now.states("train.grad_accum") && now.train.grad_accum != saved.grad_accum);
 }
 }  // namespace
 
@@ -56,11 +61,11 @@ int64_t saved_global_batch(const ResumePoint& resume) {
 void keep_saved_global_batch(const ResumePoint& resume, Config& config, int64_t dp, bool report) {
     const int64_t saved = saved_global_batch(resume);
     TrainConfig& t = config.train;
-    if (!same_batch_keys(saved_config(resume).train, t)) {
+    if (restates_global_batch(saved_config(resume).train, config)) {
         const int64_t now = t.global_batch_size > 0 ? t.global_batch_size : t.batch_size * std::max<int64_t>(t.grad_accum, 1) * dp;
         if (report && now != saved)
             log_warn("resuming '", resume.path, "' with another global batch: ", saved, " -> ", now,
-                     " sequences per step (train.batch_size, train.global_batch_size or train.grad_accum changed)");
+                     " sequences per step (this config states train.global_batch_size or train.grad_accum anew)");
         return;
     }
     if (saved % (t.batch_size * dp) != 0)

@@ -32,12 +32,12 @@ void check_resume_config(const ResumePoint& resume, const Config& config, bool r
 // with: recorded in the manifest, or for a format-1 checkpoint derived from its config and
 // mesh.
 int64_t saved_global_batch(const ResumePoint& resume);
-// Resume keeps what it saved. Where this config leaves the saved config's batch keys
-// (train.batch_size, train.global_batch_size, train.grad_accum) as they were, the saved
-// global batch is kept whatever the layout: train.global_batch_size becomes it and
-// train.grad_accum follows from this dp; a dp that cannot hold it is an Error(config) with the
-// numbers. A deliberate change of those keys is applied, and warned about when it changes the
-// global batch. Reports (when report is set) what it kept or changed.
+// Resume keeps what it saved: the saved global batch is kept whatever the layout unless this
+// config states train.global_batch_size or train.grad_accum (in its file or a --set) with
+// another value than the saved config; train.global_batch_size becomes the saved one and
+// train.grad_accum follows from this dp and train.batch_size; a dp that cannot hold it is an
+// Error(config) with the numbers. A restated global batch is applied, and warned about when it
+// differs. Reports (when report is set) what it kept or changed.
 void keep_saved_global_batch(const ResumePoint& resume, Config& config, int64_t dp, bool report);
 // Whether the checkpoint has every step of the run already: a restart of a finished run
 // (the same command line for every restart) then has nothing to do, and says so if report.

@@ -28,8 +28,12 @@ std::string run_directory_checkpoint(const std::string& run_dir, const RunRecord
         fail(ErrorKind::data, who, " saved no checkpoint (checkpoint.every_steps = 0); give a checkpoint, or train with --set checkpoint.every_steps=N");
     if (root.empty() || !fs::is_directory(root)) fail(ErrorKind::data, who, ": its checkpoint.dir '", root, "' does not exist");
     if (!run.run_id) log_warn(who, " records no run id: using the newest valid checkpoint under '", root, "', which may be another run's");
-    const auto skipped = [](const std::string& message) { log_warn(message); };
-    const std::optional<std::string> found = find_resume_checkpoint(root, "auto", skipped, {}, run.run_id);
+    std::optional<std::string> found;
+    try {
+        found = newest_checkpoint_for_reader(root, run.run_id);
+    } catch (const Error& e) {
+        fail(e.kind(), who, ": ", e.what());
+    }
     if (!found) fail(ErrorKind::data, who, " has no valid checkpoint of its own under '", root, "'");
     return *found;
 }
@@ -43,8 +47,7 @@ std::string find_checkpoint(const std::string& path) {
     const RunRecord run = read_run_record(path);
     if (run.holds_run || fs::exists(fs::path(path) / "config.toml")) return run_directory_checkpoint(path, run);
     if (!fs::is_directory(path)) fail(ErrorKind::data, "'", path, "' is not a checkpoint, a checkpoint directory or a run directory");
-    const auto skipped = [](const std::string& message) { log_warn(message); };
-    const std::optional<std::string> found = find_resume_checkpoint(path, "auto", skipped);
+    const std::optional<std::string> found = newest_checkpoint_for_reader(path);
     if (!found) fail(ErrorKind::data, "'", path, "': no valid checkpoint under it (not a checkpoint, a checkpoint directory or a run directory)");
     return *found;
 }

@@ -17,9 +17,11 @@
 namespace llmtrain {
 
 // The checkpoint a path names, verified (checkpoint_store.h: verify_checkpoint): a checkpoint
-// directory itself; a checkpoint.dir (the newest valid checkpoint of the one run it holds);
-// or a run directory (the newest valid checkpoint of that run's own chain, never another
-// run's). Throws Error(data) naming the path when there is none.
+// directory itself; a checkpoint.dir (the newest checkpoint of the one run it holds); or a
+// run directory (the newest checkpoint of that run's own chain, never another run's). A
+// newest checkpoint that fails verification is refused, naming the newest valid one to pass
+// instead: shipping an older model than the user thinks is worse than an error. Throws
+// Error(data) naming the path when there is none.
 std::string find_checkpoint(const std::string& path);
 
 struct ModelOptions {

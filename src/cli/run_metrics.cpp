@@ -63,12 +63,14 @@ std::vector<std::string> gather_endpoints(Comm& world, int rank, const std::stri
 
 }  // namespace
 
-// Counts each committed checkpoint save of this rank once, after the step that committed it.
+// Counts each committed checkpoint save of this rank once, after the step that committed it,
+// and each failed save.
 class RunMetrics::SaveCounter : public StepObserver {
 public:
     SaveCounter(const Checkpointer& checkpointer, MetricsExporter& exporter) : checkpointer_(checkpointer), exporter_(exporter) {}
     void after_step(const StepRecord&) override { count_new_save(); }
     void count_new_save() {
+        for (; counted_failures_ < checkpointer_.failed_saves(); ++counted_failures_) exporter_.checkpoint_failed();
         const std::optional<SaveReport>& save = checkpointer_.last_save();
         if (!save || save->step == counted_step_) return;
         counted_step_ = save->step;
@@ -79,6 +81,7 @@ private:
     const Checkpointer& checkpointer_;
     MetricsExporter& exporter_;
     int64_t counted_step_ = -1;
+    int64_t counted_failures_ = 0;
 };
 
 RunMetrics::RunMetrics(Trainer& trainer, const Config& config, const std::string& job, const Checkpointer* checkpointer)

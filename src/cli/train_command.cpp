@@ -20,6 +20,7 @@
 #include "checkpoint/resume_point.h"
 #include "cli/commands.h"
 #include "cli/run_directory.h"
+#include "cli/run_guards.h"
 #include "cli/run_metrics.h"
 #include "config/config.h"
 #include "core/durable_file.h"
@@ -55,6 +56,7 @@ struct TrainArgs {
     std::vector<std::string> overrides;
     std::string run_dir;
     bool dry_run = false;
+    bool strict = false;  // refuse to start where a warning would do (too little room for checkpoints)
     std::string resume;  // "", auto, latest or a checkpoint directory
 };
 
@@ -201,7 +203,8 @@ void restore(Trainer& trainer, const std::optional<ResumePoint>& resume, const C
     if (!health.empty()) log_info("health: in force from before the checkpoint: ", health);
 }
 
-void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config, const Config& as_given, const std::string& run_dir) {
+void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config, const Config& as_given, const std::string& run_dir,
+                        const FaultPlan& faults) {
     if (config.checkpoint.every_steps == 0) return;
     const ParallelContext& ctx = trainer.context();
     const FileAttributes file{0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
@@ -215,6 +218,7 @@ void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trai
         m.run_directory = run_dir;
         return m;
     };
+    if (!faults.empty()) hooks.commit_probe = [faults](int64_t step, std::string_view point) { faults.strike_commit(step, point); };
     checkpointer.emplace(config.checkpoint, *ctx.world, file, std::move(hooks));
     trainer.observe(*checkpointer);
     trainer.settle_checkpoints_with([&saver = *checkpointer] { saver.finish(); });
@@ -248,7 +252,29 @@ struct RunPlan {
     std::string job_run_dir;  // the run directory, known to every rank
     int ranks = 1;
     RunIdentity identity;
+    const FaultPlan& faults;  // the commit's faults (the trainer holds its own copy for the steps)
 };
+
+// A failed save in log.jsonl: the step, who failed and why, how many in a row, and what there
+// is to resume from.
+void record_failed_saves(Checkpointer& checkpointer, RunLog& log) {
+    checkpointer.on_outcome([&log](const SaveOutcome& o) {
+        if (o.committed) return;
+        log.write("checkpoint_failed", {{"step", o.step}, {"rank", o.failed_rank}, {"reason", o.reason}, {"failures_in_a_row", o.failures_in_a_row},
+                                        {"newest_checkpoint", o.newest_checkpoint}});
+    });
+}
+
+// The state after the last step must be on disk before the process says it is done: a run
+// whose final save failed ends with Error(storage) (exit 74), never 0, naming what is left.
+void require_final_save(const Checkpointer& checkpointer, int64_t last_step) {
+    if (checkpointer.saved(last_step)) return;
+    const std::optional<SaveOutcome>& failure = checkpointer.last_failure();
+    const std::string newest = failure && !failure->newest_checkpoint.empty() ? cat("the newest checkpoint is '", failure->newest_checkpoint, "'")
+                                                                              : "no newer checkpoint of this run was found";
+    fail(ErrorKind::storage, "the checkpoint of the last step ", last_step, " was not saved", failure ? cat(" (", failure->reason, ")") : "",
+         ": the steps since are lost; ", newest, ". Fix the storage of checkpoint.dir, then run the same command with --resume auto");
+}
 
 // Trains with everything checked; rank 0 (run_dir set) records the run. Returns the exit code.
 int train(Trainer& trainer, const RunPlan& run) {
@@ -257,7 +283,8 @@ int train(Trainer& trainer, const RunPlan& run) {
     std::optional<ConsoleObserver> console;
     std::optional<AnomalyLog> anomalies;
     std::optional<Checkpointer> checkpointer;
-    start_checkpointer(checkpointer, trainer, config, run.as_given, run.job_run_dir);
+    std::optional<UnsavedRunWarning> unsaved;
+    start_checkpointer(checkpointer, trainer, config, run.as_given, run.job_run_dir, run.faults);
     // Before the run directory: a metrics port that cannot be bound leaves nothing behind.
     RunMetrics metrics(trainer, config, run_name(run.job_run_dir), checkpointer ? &*checkpointer : nullptr);
     if (!run.run_dir.empty()) {
@@ -269,6 +296,11 @@ int train(Trainer& trainer, const RunPlan& run) {
         console.emplace(config.train.log_every, config.train.steps);
         trainer.observe(*console);
         if (config.metrics.jsonl) trainer.observe(dir->log());
+        if (checkpointer) record_failed_saves(*checkpointer, dir->log());
+        if (!checkpointer) {
+            unsaved.emplace(config, trainer.start_step());
+            trainer.observe(*unsaved);
+        }
     }
     metrics.publish_endpoints(run.run_dir);
     try {
@@ -276,7 +308,8 @@ int train(Trainer& trainer, const RunPlan& run) {
         const int64_t last_step = trainer.start_step() + static_cast<int64_t>(result.steps.size());
         // Stopped or finished: the state after the last step is saved before the process ends.
         if (checkpointer) checkpointer->save_and_wait(last_step);
-        metrics.finish();
+        metrics.finish();  // the last scrape sees the final save, failed or not
+        if (checkpointer) require_final_save(*checkpointer, last_step);
         if (result.stop_signal != 0) {
             const ExitCode code = exit_code_of_stop(result.stop_signal);
             if (dir) {
@@ -328,14 +361,16 @@ int train_single_process(const TrainArgs& args, const Config& as_given, FaultPla
     require_checkpoint_dir_creatable(config);
     check_rank_memory(config, mesh, 0, 1);
     if (finished_already(start, config, run_dir, true)) return exit_ok;
+    const RunLocks locks(run_dir, config);
+    check_checkpoint_room(config, args.strict);
     install_stop_signal_handlers();
     TrainerOptions options;
     options.stop_signal = pending_stop_signal;
     options.run_id = start.identity.run_id;
-    options.faults = std::move(faults);
+    options.faults = faults;
     Trainer trainer(config, std::move(options));
     restore(trainer, start.resume, config);
-    return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity});
+    return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity, faults});
 }
 
 // Runs checks on every rank. If any rank fails, the first failing rank alone prints its
@@ -415,6 +450,12 @@ int train_under_mpi(const TrainArgs& args) {
     if (args.dry_run) return exit_ok;
     start.identity.run_id = mpi.broadcast_text(0, start.identity.run_id);  // a new run's id is rank 0's
     if (finished_already(start, config, run_dir, world_rank == 0)) return exit_ok;
+    std::optional<RunLocks> locks;  // rank 0's
+    check_on_every_rank(mpi, [&] {
+        if (world_rank != 0) return;
+        locks.emplace(run_dir, config);
+        check_checkpoint_room(config, args.strict);
+    });
     CommTimes comm_times;  // outlives the context's groups, which add to it
     std::optional<ParallelContext> ctx;
     std::string where = cat("rank ", world_rank);
@@ -429,11 +470,11 @@ int train_under_mpi(const TrainArgs& args) {
         options.stop_signal = pending_stop_signal;
         options.comm_times = &comm_times;
         options.run_id = start.identity.run_id;
-        options.faults = std::move(faults);
+        options.faults = faults;
         Trainer trainer(config, std::move(options), *ctx);
         restore(trainer, start.resume, config);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
-        return train(trainer, {config, *as_given, run_dir, job_run_dir, mpi.world_size(), start.identity});
+        return train(trainer, {config, *as_given, run_dir, job_run_dir, mpi.world_size(), start.identity, faults});
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
         print_error_line(cat("llmtrain: ", where, ": ", error_kind_name(e.kind()), ": ", e.what()));
@@ -464,6 +505,8 @@ void register_train_command(CLI::App& app, CommandAction& action) {
                     "Continue from a checkpoint: auto (the newest valid one of this run's chain under checkpoint.dir, or a fresh start if none), "
                     "latest, or a checkpoint directory")
         ->type_name("auto|latest|PATH");
+    cmd->add_flag("--strict", args->strict,
+                  "Refuse to start (exit 74) where a warning would do: checkpoint.dir without room for checkpoint.keep_last + 1 checkpoints");
     cmd->add_flag("--dry-run", args->dry_run,
                   "Print the effective config, run every check the run would (data, tokenizer, resume target, checkpoint.dir, memory), and exit");
     cmd->callback([args, &action] { action = [args] { return run_train(*args); }; });

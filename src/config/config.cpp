@@ -360,7 +360,9 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(checkpoint, keep_last).integer(1, kMillion).describe("newest checkpoints kept on disk"),
         CONFIG_KEY(checkpoint, keep_every).integer(0, kTrillion).describe("also keep every checkpoint whose step is a multiple of this forever; 0: none"),
         CONFIG_KEY(checkpoint, async).boolean().describe("write checkpoints in the background while training goes on"),
-        CONFIG_KEY(checkpoint, on_save_error).choice(kSaveErrorNames).describe("a failed save: warn and train on, or abort the run"),
+        CONFIG_KEY(checkpoint, on_save_error).choice(kSaveErrorNames).describe("a failed save: warn and train on, or abort the run (exit 74)"),
+        CONFIG_KEY(checkpoint, max_failed_saves).integer(1, kMillion)
+            .describe("failed saves in a row that stop the run with exit 74 (fix the storage), even under on_save_error = \"warn\""),
 
         CONFIG_KEY(monitor, on_nonfinite).choice(kHealthActionNames)
             .describe("on a NaN or Inf loss or gradient on any rank: abort (exit 3), skip the update, rollback to the last checkpoint, or lower_lr"),
@@ -1067,6 +1069,7 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
     const GivenKeys given = read_keys(root, origin, config);
     reject_impossible_combinations(config, given, origin);
     if (data_files == DataFiles::checked) require_data_files(config, origin);
+    for (const std::string_view key : given) config.given_keys.emplace(key);
     return config;
 }
 

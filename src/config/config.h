@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,7 @@ struct CheckpointConfig {
     int64_t keep_every = 0;                // also keep steps that are multiples of this forever; 0: none
     bool async = true;                     // write in the background; false: the step loop waits
     SaveErrorPolicy on_save_error = SaveErrorPolicy::warn;
+    int64_t max_failed_saves = 3;          // that many failed saves in a row stop the run (exit 74) whatever on_save_error says
 };
 
 // What the run does about a health event (monitor/health_monitor.h).
@@ -222,6 +224,10 @@ struct Config {
     MonitorConfig monitor;
     MetricsConfig metrics;
     std::string source_path;               // the file it was read from
+    // The keys the file or a --set gave ("train.global_batch_size"); every other key holds its
+    // default or a value derived from the given ones.
+    std::set<std::string> given_keys;
+    bool states(const std::string& key) const { return given_keys.count(key) > 0; }
 };
 
 // Reads, overrides and validates. Throws Error(ErrorKind::config) with a one-line message

@@ -14,6 +14,7 @@ const char* error_kind_name(ErrorKind kind) {
         case ErrorKind::runtime: return "error";
         case ErrorKind::diverged: return "training diverged";
         case ErrorKind::hardware: return "hardware fault";
+        case ErrorKind::storage: return "storage error";
     }
     return "error";
 }
@@ -26,6 +27,7 @@ ExitCode exit_code_for(ErrorKind kind) {
         case ErrorKind::unsupported: return exit_bad_input;
         case ErrorKind::diverged: return exit_diverged;
         case ErrorKind::hardware: return exit_exclude_node;
+        case ErrorKind::storage: return exit_storage;
         case ErrorKind::shape:
         case ErrorKind::io:
         case ErrorKind::runtime: return exit_failure;

@@ -18,6 +18,7 @@ enum class ErrorKind {
     runtime,      // anything else that went wrong while running
     diverged,     // training health stopped the run (non-finite loss or gradients)
     hardware,     // the device reported a hardware fault (uncorrectable ECC, NVLink): take the node out
+    storage,      // checkpoints cannot be saved (space, permissions, a failing mount): fix the storage first
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -198,6 +198,7 @@ MetricsExporter::MetricsExporter(const MetricsLabels& labels, const MetricsRunFa
     ckpt_background_ = &counter("llmtrain_checkpoint_background_seconds_total", "Seconds the checkpoint writer thread spent writing this rank's files.");
     ckpt_bytes_ = &counter("llmtrain_checkpoint_written_bytes_total", "Bytes of checkpoint files written by this rank.");
     ckpt_saves_ = &counter("llmtrain_checkpoint_saves_total", "Checkpoints saved and committed.");
+    ckpt_failures_ = &counter("llmtrain_checkpoint_failures_total", "Checkpoint saves that failed (written or committed on no rank: the newest checkpoint is older than hoped).");
     anomalies_ = &prometheus::BuildCounter().Name("llmtrain_anomalies_total").Help("Training anomalies seen by the health checks, by kind and the action taken.")
                       .Labels(constant).Register(r);
     skipped_ = &counter("llmtrain_skipped_steps_total", "Optimizer steps whose update was skipped (non-finite values, fp16 overflow, health policy).");
@@ -282,6 +283,8 @@ void MetricsExporter::checkpoint_saved(double blocked_seconds, double background
     ckpt_bytes_->Increment(static_cast<double>(bytes));
     ckpt_saves_->Increment();
 }
+
+void MetricsExporter::checkpoint_failed() { ckpt_failures_->Increment(); }
 
 std::string MetricsExporter::exposition() const {
     std::vector<MetricFamily> families = registry_->Collect();

@@ -66,6 +66,8 @@ public:
     void after_anomaly(const AnomalyRecord& a) override;
     // A save of this rank's checkpoint file completed.
     void checkpoint_saved(double blocked_seconds, double background_seconds, uint64_t bytes);
+    // A save failed (the same verdict on every rank: each rank's series counts it).
+    void checkpoint_failed();
 
     // What GET /metrics returns now (tests, and the cost measurement).
     std::string exposition() const;
@@ -86,7 +88,7 @@ private:
 
     prometheus::Gauge *step_, *loss_, *val_loss_, *grad_norm_, *lr_, *loss_scale_, *tokens_per_second_, *mfu_ = nullptr;
     prometheus::Gauge *last_step_time_, *straggler_;
-    prometheus::Counter *tokens_, *samples_, *skipped_, *dp_bytes_, *data_wait_, *ckpt_blocked_, *ckpt_background_, *ckpt_bytes_, *ckpt_saves_;
+    prometheus::Counter *tokens_, *samples_, *skipped_, *dp_bytes_, *data_wait_, *ckpt_blocked_, *ckpt_background_, *ckpt_bytes_, *ckpt_saves_, *ckpt_failures_;
     prometheus::Histogram* step_duration_;
     prometheus::Family<prometheus::Counter>* comm_family_;
     prometheus::Family<prometheus::Counter>* anomalies_;

@@ -458,13 +458,17 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     return r;
 }
 
+double planned_checkpoint_bytes(const Config& config, double parameters) {
+    return 3 * static_cast<double>(dtype_size(master_dtype(compute_dtype(config.train)))) * parameters;
+}
+
 CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
     if (!cluster.storage) fail(ErrorKind::config, cluster.source_path, ": storage: missing (the shared storage checkpoints go to: write_gbps, read_gbps, node_write_gbps, node_read_gbps, host_copy_gbps)");
     const Storage& st = *cluster.storage;
     const double master_bytes = static_cast<double>(dtype_size(master_dtype(compute_dtype(config.train))));
     const int nodes = std::max(1, (mesh.world_size() + ranks_per_node(mesh, cluster) - 1) / ranks_per_node(mesh, cluster));
     CheckpointTime t;
-    t.bytes = 3 * master_bytes * parameters;
+    t.bytes = planned_checkpoint_bytes(config, parameters);
     t.bytes_per_rank = t.bytes / mesh.world_size();
     // Every node moves its ranks' shares over its own link; together at most the storage's bandwidth.
     const auto transfer = [&](double aggregate_gbps, double node_gbps) { return std::max(t.bytes / (aggregate_gbps * 1e9), t.bytes / nodes / (node_gbps * 1e9)); };

@@ -141,6 +141,8 @@ struct CheckpointTime {
     double background_seconds = 0;  // the writes, while training goes on
     double resume_seconds = 0;      // verification, load and the dp exchange
 };
+// The whole checkpoint's bytes: the master weights and AdamW's two moments in the master dtype.
+double planned_checkpoint_bytes(const Config& config, double parameters);
 // Throws Error(config) naming the cluster file when it has no [storage].
 CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
 

@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <system_error>
 #include <iterator>
 #include <sstream>
 #include <thread>
@@ -37,14 +40,18 @@ FaultPlan FaultPlan::parse(const std::string& spec, const std::string& source) {
         if (three_fields && is_rank_kind(f.kind)) {
             f.rank = static_cast<int>(std::strtol(first, &rest, 10));
             if (*rest == 0) f.step = std::strtoll(second, &rest, 10);
-        } else if (three_fields && (f.kind == "spike" || f.kind == "lr")) {
+        } else if (three_fields && (f.kind == "spike" || f.kind == "lr" || f.kind == "slowcommit")) {
             f.step = std::strtoll(first, &rest, 10);
             if (*rest == 0) f.factor = std::strtod(second, &rest);
+        } else if (three_fields && f.kind == "commitfail") {
+            f.step = std::strtoll(first, &rest, 10);
+            f.how = second;
+            if (f.how != "error" && f.how != "filesystem") rest = nullptr;
         }
         if (!rest || *rest != 0 || f.step < 1)
             fail(ErrorKind::config, source, "=\"", spec, "\": '", item,
-                 "': expected KIND:RANK:STEP with KIND one of exit, hang, abort, hardware, nan, bitflip, or spike:STEP:FACTOR or lr:STEP:FACTOR"
-                 " (several separated by commas)");
+                 "': expected KIND:RANK:STEP with KIND one of exit, hang, abort, hardware, nan, bitflip, or spike:STEP:FACTOR, lr:STEP:FACTOR,"
+                 " commitfail:STEP:error, commitfail:STEP:filesystem or slowcommit:STEP:SECONDS (several separated by commas)");
         plan.faults_.push_back(f);
     }
     return plan;
@@ -82,6 +89,17 @@ double FaultPlan::lr_factor(int64_t step) const {
     for (const Fault& f : faults_)
         if (f.kind == "lr" && step >= f.step) factor *= f.factor;
     return factor;
+}
+
+void FaultPlan::strike_commit(int64_t step, std::string_view commit_step) const {
+    for (const Fault& f : faults_) {
+        if (f.step != step) continue;
+        if (f.kind == "slowcommit" && commit_step == "read rank records") std::this_thread::sleep_for(std::chrono::duration<double>(f.factor));
+        if (f.kind == "commitfail" && f.how == "error" && commit_step == "write manifest")
+            fail(ErrorKind::io, "injected failure of the commit of step ", step, " (LLMTRAIN_INJECT_FAULT commitfail)");
+        if (f.kind == "commitfail" && f.how == "filesystem" && commit_step == "rename")
+            throw std::filesystem::filesystem_error("injected rename failure of the commit of step " + std::to_string(step), std::make_error_code(std::errc::io_error));
+    }
 }
 
 void FaultPlan::strike_if_due(int world_rank, int64_t step) const {

@@ -13,6 +13,10 @@
 //                      batch a run without skipped data reads at step STEP) multiplied by
 //                      FACTOR: a bad batch, which a re-run meets again and a rollback skips
 //   lr:STEP:FACTOR     the learning rate multiplied by FACTOR from step STEP on
+// and on rank 0, in the commit of the checkpoint of step STEP (its background thread):
+//   commitfail:STEP:error       an Error(io) before the manifest is written
+//   commitfail:STEP:filesystem  a std::filesystem::filesystem_error before the rename
+//   slowcommit:STEP:SECONDS     a sleep before the commit's first step (slow shared storage)
 // The command reads the variable once (fault_plan_from_environment) and hands the plan to the
 // trainer in its options; the step loop asks the plan, never the environment.
 #pragma once
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace llmtrain {
@@ -39,13 +44,17 @@ public:
     // data_step: 1-based, the step whose data is read (the step itself unless data was skipped).
     double spike_factor(int64_t data_step) const;
     double lr_factor(int64_t step) const;
+    // Carries out a commitfail or slowcommit fault of the checkpoint of `step` before its
+    // commit's filesystem step `commit_step` (checkpoint_store.h: CommitProbe).
+    void strike_commit(int64_t step, std::string_view commit_step) const;
 
 private:
     struct Fault {
         std::string kind;
         int rank = -1;  // the rank kinds: exit, hang, abort, hardware, nan, bitflip
         int64_t step = -1;
-        double factor = 1;  // spike, lr
+        double factor = 1;  // spike, lr; slowcommit: seconds
+        std::string how;    // commitfail: error or filesystem
     };
     bool requested(const std::string& kind, int world_rank, int64_t step) const;
 

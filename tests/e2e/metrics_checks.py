@@ -232,6 +232,8 @@ def counts(scratch):
             fail(f"{target}: the injected non-finite step is not counted once")
         if values(s, "llmtrain_checkpoint_saves_total") != [3]:
             fail(f"{target}: checkpoint saves {values(s, 'llmtrain_checkpoint_saves_total')}, want 3 (steps 500, 1000, 1500)")
+        if values(s, "llmtrain_checkpoint_failures_total") != [0]:
+            fail(f"{target}: failed checkpoint saves {values(s, 'llmtrain_checkpoint_failures_total')}, want 0")
     # Every loss Prometheus stored equals log.jsonl's loss of the step scraped with it.
     losses = {r["step"]: r["loss"] for r in jsonl(state["run_dir"], "step")}
     window = int(time.time() - state["end"]) + 600

@@ -2,6 +2,8 @@
 // on a prepared machine, so the bundled corpus stands in for them here.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "config/config.h"
 #include "core/error.h"
 
@@ -55,4 +57,24 @@ TEST(ShippedConfigs, Gpt2_124mWithoutItsTokenFiles_NamesTheMissingFile) {
         EXPECT_EQ(e.kind(), ErrorKind::data);
         EXPECT_NE(std::string(e.what()).find("data/gpt2/train.bin"), std::string::npos) << e.what();
     }
+}
+
+// Every shipped config meant for GPUs (train.device = "cuda": run on many of them, dp derived
+// from the world, or a layout of several) saves checkpoints: a month-long run's first failure
+// must not lose it all. The 72B production config saves every 500 steps. configs/published
+// only describes others' runs for `plan` (their data is not shipped) and configs/clusters are
+// not run configs.
+TEST(ShippedConfigs, EveryConfigForMoreThanOneGpu_SavesCheckpoints) {
+    namespace fs = std::filesystem;
+    int gpu_configs = 0;
+    for (const fs::directory_entry& entry : fs::directory_iterator("configs")) {
+        if (entry.path().extension() != ".toml") continue;
+        const Config c = load_config(entry.path().string(), {}, DataFiles::unchecked);
+        if (c.train.device != ComputeDevice::cuda) continue;
+        ++gpu_configs;
+        EXPECT_GT(c.checkpoint.every_steps, 0) << entry.path() << " is for GPUs and saves no checkpoints";
+        EXPECT_GE(c.checkpoint.keep_last, 2) << entry.path() << ": one kept checkpoint leaves nothing when it is damaged";
+    }
+    EXPECT_GE(gpu_configs, 4);
+    EXPECT_EQ(load_config("configs/qwen2.5-72b.toml", {}, DataFiles::unchecked).checkpoint.every_steps, 500);
 }

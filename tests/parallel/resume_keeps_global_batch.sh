@@ -5,7 +5,9 @@
 # on dp 1) and says so; its steps 4..6 have the losses of an uninterrupted one-process run of
 # 8 sequences per step within 1e-5 relative. A deliberate change (train.global_batch_size = 4)
 # is applied and warned about; a layout that cannot hold 8 (dp 3 x batch_size 2) is refused
-# (exit 2) with the numbers.
+# (exit 2) with the numbers. A global batch given only by --set (train.global_batch_size = 8 on
+# pp 2 x dp 2) is kept by a resume on one process whose command leaves it out: steps 4..6 have
+# the uninterrupted 4-rank run's losses within 1e-5 relative.
 set -u
 scratch=$1 bin=$2 mpiexec=$3
 shift 3
@@ -32,6 +34,20 @@ losses "$scratch/resumed" >"$scratch/resumed.losses"
     awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5 * ($2 < 0 ? -$2 : $2)) exit 1 }' ||
     fail "steps 4..6 (reference | resumed): $(paste "$scratch/reference.losses" "$scratch/resumed.losses" | tr '\n' ';')"
 echo "ok   resumed on one process with the saved 8 sequences per step; steps 4..6 match: $(tr '\n' ' ' <"$scratch/resumed.losses")"
+
+"$mpiexec" --oversubscribe -np 4 "$bin" train "${common[@]}" --set train.global_batch_size=8 --set parallel.pp=2 --set checkpoint.every_steps=3 \
+    --set checkpoint.dir=\""$scratch/ck_set"\" --run-dir "$scratch/saved_set" >"$scratch/saved_set.out" 2>&1 || fail "the --set run failed: $(tail -3 "$scratch/saved_set.out")"
+grep -q "global batch 8 sequences = batch_size 2 x grad_accum 2 x dp 2" "$scratch/saved_set.out" || fail "the --set run's batch: $(grep 'global batch' "$scratch/saved_set.out")"
+"$bin" train "${common[@]}" --resume "$scratch/ck_set/step_00000003" --run-dir "$scratch/resumed_set" >"$scratch/resumed_set.out" 2>&1 ||
+    fail "the resume without the --set failed: $(tail -3 "$scratch/resumed_set.out")"
+grep -q "resume: keeping the checkpoint's global batch of 8 sequences per step: grad_accum 4 on dp 1 (saved on dp 2)" "$scratch/resumed_set.out" ||
+    fail "the resume without the --set does not keep 8: $(grep -i 'batch' "$scratch/resumed_set.out")"
+losses "$scratch/saved_set" >"$scratch/saved_set.losses"
+losses "$scratch/resumed_set" >"$scratch/resumed_set.losses"
+[ "$(wc -l <"$scratch/resumed_set.losses")" -eq 3 ] && paste "$scratch/saved_set.losses" "$scratch/resumed_set.losses" |
+    awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5 * ($2 < 0 ? -$2 : $2)) exit 1 }' ||
+    fail "steps 4..6 (4 ranks uninterrupted | resumed): $(paste "$scratch/saved_set.losses" "$scratch/resumed_set.losses" | tr '\n' ';')"
+echo "ok   a global batch given by --set is kept when the resume leaves it out; steps 4..6 match the 4-rank run: $(tr '\n' ' ' <"$scratch/resumed_set.losses")"
 
 "$bin" train "${common[@]}" --set train.global_batch_size=4 --resume "$scratch/ck/step_00000003" --run-dir "$scratch/changed" >"$scratch/changed.out" 2>&1 ||
     fail "a deliberate change of the global batch failed: $(tail -3 "$scratch/changed.out")"

@@ -664,6 +664,20 @@ TEST(Config, CheckpointKeys_HaveTheirDefaultsAndRefuseUnknownPolicies) {
     EXPECT_EQ(c.checkpoint.on_save_error, SaveErrorPolicy::warn);
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("checkpoint.on_save_error", "\"ignore\"")), "checkpoint.on_save_error"));
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("checkpoint.keep_last", "0")), "checkpoint.keep_last"));
+    EXPECT_EQ(c.checkpoint.max_failed_saves, 3);
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("checkpoint.max_failed_saves", "0")), "checkpoint.max_failed_saves"));
+}
+
+// A resume keeps the saved global batch unless the config states it anew: which keys a config
+// states is known, whatever their values (a key left to its default states nothing).
+TEST(Config, GivenKeys_AreTheFilesAndTheOverrides_NotTheDefaults) {
+    const Config c = parse(TomlText::gpt2().set("checkpoint.every_steps", "100"));
+    EXPECT_TRUE(c.states("checkpoint.every_steps"));
+    EXPECT_TRUE(c.states("model.n_layers"));
+    EXPECT_FALSE(c.states("train.global_batch_size"));
+    EXPECT_FALSE(c.states("checkpoint.max_failed_saves"));
+    const Config with_set = parse(TomlText::gpt2(), {"train.grad_accum=2"});
+    EXPECT_TRUE(with_set.states("train.grad_accum"));
 }
 
 // ---- Data files ----

@@ -2,6 +2,7 @@
 // trainer at every step.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "core/error.h"
@@ -47,4 +48,17 @@ TEST(FaultPlan, MalformedItem_IsAConfigErrorNamingTheVariableAndTheForms) {
         EXPECT_NE(message.find("LLMTRAIN_INJECT_FAULT=\"nan:1:3,crash:2\": 'crash:2'"), std::string::npos) << message;
         EXPECT_NE(message.find("expected KIND:RANK:STEP"), std::string::npos) << message;
     }
+}
+
+// The commit drills act in the commit of their own checkpoint, at their own filesystem step:
+// an Error before the manifest, a std::filesystem::filesystem_error before the rename.
+TEST(FaultPlan, CommitFaults_StrikeTheirCheckpointsCommitAtTheirStepOnly) {
+    const FaultPlan plan = FaultPlan::parse("commitfail:10:error,commitfail:15:filesystem,slowcommit:20:0.01", "LLMTRAIN_INJECT_FAULT");
+    EXPECT_NO_THROW(plan.strike_commit(10, "read rank records"));
+    EXPECT_THROW(plan.strike_commit(10, "write manifest"), Error);
+    EXPECT_NO_THROW(plan.strike_commit(5, "write manifest"));
+    EXPECT_NO_THROW(plan.strike_commit(15, "write manifest"));
+    EXPECT_THROW(plan.strike_commit(15, "rename"), std::filesystem::filesystem_error);
+    EXPECT_NO_THROW(plan.strike_commit(20, "read rank records"));
+    EXPECT_THROW(FaultPlan::parse("commitfail:10:maybe", "LLMTRAIN_INJECT_FAULT"), Error);
 }
