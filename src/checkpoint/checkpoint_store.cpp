@@ -385,6 +385,17 @@ std::optional<std::string> find_resume_checkpoint(const std::string& root, const
     return path;
 }
 
+void refuse_damaged_newest(const std::string& newest, const std::string& why, const std::vector<std::string>& older_newest_first) {
+    std::optional<std::string> valid;
+    for (const std::string& path : older_newest_first)
+        if (!checkpoint_problem(path)) {
+            valid = path;
+            break;
+        }
+    fail(ErrorKind::data, "the newest checkpoint '", newest, "' cannot be loaded: ", why, "; ",
+         valid ? cat("the newest one that can is '", *valid, "': pass it instead to use that older model") : std::string("no older checkpoint can be loaded either"));
+}
+
 std::optional<std::string> newest_checkpoint_for_reader(const std::string& root, const std::optional<std::string>& run_id) {
     const CheckpointChains chains = read_checkpoint_chains(root);
     const std::optional<std::string> run = chain_to_resume(root, chains, run_id);
@@ -393,11 +404,9 @@ std::optional<std::string> newest_checkpoint_for_reader(const std::string& root,
     if (chain.empty()) return std::nullopt;
     const std::optional<std::string> why = checkpoint_problem(chain.back().path);
     if (!why) return chain.back().path;
-    std::optional<std::string> valid;
-    for (auto link = chain.rbegin() + 1; link != chain.rend() && !valid; ++link)
-        if (!checkpoint_problem(link->path)) valid = link->path;
-    fail(ErrorKind::data, "the newest checkpoint '", chain.back().path, "' cannot be loaded: ", *why, "; ",
-         valid ? cat("the newest one that can is '", *valid, "': pass it instead to use that older model") : std::string("no older checkpoint of this run can be loaded either"));
+    std::vector<std::string> older;
+    for (auto link = chain.rbegin() + 1; link != chain.rend(); ++link) older.push_back(link->path);
+    refuse_damaged_newest(chain.back().path, *why, older);
 }
 
 ProblemOf shared_problem_check(FileShare share, std::function<int(bool found)> first_failing, std::function<void(const std::string&)> own) {

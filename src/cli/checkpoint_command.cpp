@@ -61,13 +61,22 @@ bool has_manifest(const std::string& path) { return fs::exists(fs::path(path) / 
 // given, the one a checkpoint.dir's `latest` names, or a run directory's own newest.
 std::string resolve_checkpoint(const std::string& path) {
     if (!fs::is_directory(path)) fail(ErrorKind::data, "'", path, "' is not a directory");
-    std::string checkpoint;
-    if (has_manifest(path)) checkpoint = path;
-    else if (const std::optional<std::string> latest = latest_checkpoint(path)) checkpoint = *latest;
-    else if (fs::exists(fs::path(path) / "log.jsonl") || fs::exists(fs::path(path) / "config.toml")) return find_checkpoint(path);
-    else fail(ErrorKind::data, "'", path, "' has no manifest.json (an incomplete save, or not a checkpoint), no 'latest', and is not a run directory");
-    verify_checkpoint(checkpoint);
-    return checkpoint;
+    if (has_manifest(path)) {
+        verify_checkpoint(path);
+        return path;
+    }
+    if (const std::optional<std::string> latest = latest_checkpoint(path)) {
+        // A checkpoint.dir: what `latest` names, and never an older one in its place.
+        const std::optional<std::string> why = checkpoint_problem(*latest);
+        if (!why) return *latest;
+        std::vector<std::string> older;
+        const std::vector<CheckpointEntry> entries = list_checkpoints(path);
+        for (auto e = entries.rbegin(); e != entries.rend(); ++e)
+            if (std::error_code ec; e->committed && !fs::equivalent(e->path, *latest, ec)) older.push_back(e->path);
+        refuse_damaged_newest(*latest, *why, older);
+    }
+    if (fs::exists(fs::path(path) / "log.jsonl") || fs::exists(fs::path(path) / "config.toml")) return find_checkpoint(path);
+    fail(ErrorKind::data, "'", path, "' has no manifest.json (an incomplete save, or not a checkpoint), no 'latest', and is not a run directory");
 }
 
 // Every tensor of a rank file that fails to read (chunk checksum, damaged metadata): the

@@ -75,8 +75,9 @@ one_run_per_dir)
     command=(train "${config[@]}" --set train.steps=60 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/ck"\" --run-dir "$scratch/run" --resume auto)
     LLMTRAIN_INJECT_FAULT=hang:0:30 "$bin" "${command[@]}" >"$scratch/first.out" 2>&1 &
     holder=$!
+    # Until it hangs at step 30 with a checkpoint committed (log.jsonl is written a record at a time).
     for _ in $(seq 1 600); do
-        grep -q "step_00000025" "$scratch/first.out" 2>/dev/null && break
+        [ -e "$scratch/ck/latest" ] && grep -q '"step":29,' "$scratch/run/log.jsonl" 2>/dev/null && break
         sleep 0.1
     done
     grep -q "pid $holder" "$scratch/run/.llmtrain.lock" || { kill -9 "$holder"; fail "the run directory's lock does not name pid $holder: $(cat "$scratch/run/.llmtrain.lock")"; }
