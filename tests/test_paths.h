@@ -6,12 +6,21 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
 namespace llmtrain::test {
 
 inline std::string process_temp_path(const std::string& name) { return testing::TempDir() + "llmtrain." + std::to_string(getpid()) + "." + name; }
+
+// This process's scratch directory `name`, made empty; returns its path.
+inline std::string fresh_temp_dir(const std::string& name) {
+    const std::string dir = process_temp_path(name);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+}
 
 // Writes bytes to this process's scratch file `name`; returns its path.
 inline std::string write_temp_file(const std::string& name, const std::string& bytes) {

@@ -17,6 +17,7 @@
 #include "core/checksum_policy.h"
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace llmtrain {
 
@@ -47,15 +48,6 @@ uint64_t file_xxh64(const std::string& path) {
     const uint64_t hash = XXH64_digest(state);
     XXH64_freeState(state);
     return hash;
-}
-
-std::string utc_now() {
-    const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-    std::tm utc{};
-    gmtime_r(&now, &utc);
-    char text[32];
-    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    return text;
 }
 
 // The step of "step_00000500" or "step_00000500.tmp"; nullopt for other names.
@@ -201,7 +193,7 @@ Manifest commit_checkpoint(const std::string& root, Manifest manifest, const Com
     remove_unlisted_files(pending, manifest.files);
     const std::vector<ChainLink> chain = read_checkpoint_chains(root).chain(manifest.run_id);
     manifest.sequence = chain.empty() ? 1 : chain.back().sequence + 1;
-    manifest.created = utc_now();
+    manifest.created = utc_timestamp();
     const std::string final_path = (fs::path(root) / checkpoint_name(manifest.step)).string();
     refuse_to_replace_another_runs(final_path, manifest.run_id);
     at("write manifest");

@@ -477,6 +477,13 @@ int train_under_mpi(const TrainArgs& args) {
         return train(trainer, {config, *as_given, run_dir, job_run_dir, mpi.world_size(), start.identity, faults});
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
+        // A storage error is a verdict every rank reached at the same point (the outcome of a
+        // save is agreed): rank 0 alone reports it (train() recorded it), and every rank ends
+        // normally with its code, so that rank 0's record is not cut short by an abort.
+        if (e.kind() == ErrorKind::storage) {
+            if (world_rank == 0) print_error_line(cat("llmtrain: ", error_kind_name(e.kind()), ": ", e.what()));
+            throw ExitNow{exit_code_for(e.kind())};
+        }
         print_error_line(cat("llmtrain: ", where, ": ", error_kind_name(e.kind()), ": ", e.what()));
         // Rank 0 records its own errors; another rank's would die with it, unrecorded, at the abort.
         if (world_rank != 0)

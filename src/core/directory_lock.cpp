@@ -1,10 +1,8 @@
 #include "core/directory_lock.h"
 
 #include <cerrno>
-#include <chrono>
 #include <csignal>
 #include <cstring>
-#include <ctime>
 #include <fcntl.h>
 #include <filesystem>
 #include <sstream>
@@ -35,10 +33,18 @@ std::string read_all(int fd) {
     return text;
 }
 
+// Where the storage refuses to be written (read-only, full, over quota, not permitted) the run
+// cannot save anything: Error(storage), exit 74, "fix the storage"; any other failure (a path
+// through a file) is Error(io).
+ErrorKind kind_of_write_failure(int error) {
+    return error == EROFS || error == ENOSPC || error == EDQUOT || error == EACCES || error == EPERM ? ErrorKind::storage : ErrorKind::io;
+}
+
 void write_holder(int fd, const std::string& path, const std::string& holder) {
     const std::string line = holder + "\n";
-    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()) || ::fsync(fd) != 0)
-        fail(ErrorKind::storage, "cannot write the lock file '", path, "': ", std::strerror(errno));
+    if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0) return;
+    const int reason = errno;
+    fail(kind_of_write_failure(reason), "cannot write the lock file '", path, "': ", std::strerror(reason));
 }
 
 // A holder the lock file names, alive on this host: the judgment left where flock is missing.
@@ -55,22 +61,18 @@ bool flock_unsupported(int error) { return error == ENOSYS || error == ENOLCK ||
 
 }  // namespace
 
-std::string lock_holder_of_this_process() {
-    const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-    std::tm utc{};
-    gmtime_r(&now, &utc);
-    char since[32];
-    std::strftime(since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    return cat("host ", this_host(), " pid ", ::getpid(), " since ", since);
-}
+std::string lock_holder_of_this_process() { return cat("host ", this_host(), " pid ", ::getpid(), " since ", utc_timestamp()); }
 
 DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    if (ec) fail(ErrorKind::storage, what, " '", dir, "': cannot create it: ", ec.message());
+    if (ec) fail(kind_of_write_failure(ec.value()), "cannot create ", what, " '", dir, "': ", ec.message());
     path_ = (std::filesystem::path(dir) / kLockFile).string();
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(ErrorKind::storage, what, " '", dir, "': cannot open its lock file '", path_, "': ", std::strerror(errno));
+    if (fd_ < 0) {
+        const int reason = errno;
+        fail(kind_of_write_failure(reason), what, " '", dir, "': cannot open its lock file '", path_, "': ", std::strerror(reason));
+    }
     const std::string previous = read_all(fd_);
     const auto refuse = [&](const std::string& holder) {
         ::close(fd_);

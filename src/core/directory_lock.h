@@ -18,8 +18,9 @@ class DirectoryLock {
 public:
     // Takes the lock of dir (made if missing) for `what` ("run directory", "checkpoint.dir").
     // Error(config) naming the directory, the holder and the lock file when another process
-    // holds it; Error(storage) (exit 74) when the lock file cannot be made (a read-only or full
-    // file system). Where the file system has no
+    // holds it; when the directory or the lock file cannot be made, Error(storage) (exit 74)
+    // where the storage refuses writes (read-only, full, over quota, not permitted), else
+    // Error(io). Where the file system has no
     // flock (ENOSYS, ENOLCK, EOPNOTSUPP), a holder named in the file on this host that is
     // alive still refuses; others are taken over with a warning.
     DirectoryLock(const std::string& dir, const std::string& what);

@@ -1,6 +1,8 @@
 #include "core/log.h"
 
 #include <cerrno>
+#include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
@@ -68,6 +70,15 @@ std::string scientific(double value) {
 }
 
 std::string megabytes(double bytes) { return fixed(bytes / 1e6, 1) + " MB"; }
+
+std::string utc_timestamp() {
+    const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    return text;
+}
 
 void set_log_copy(const std::string& path) {
     std::FILE* file = std::fopen(path.c_str(), "a");

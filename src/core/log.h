@@ -28,6 +28,8 @@ std::string fixed(double value, int decimals);
 std::string scientific(double value);
 // bytes in megabytes with one decimal: "12.3 MB".
 std::string megabytes(double bytes);
+// The current UTC time to the second, ISO 8601: "2026-12-06T21:55:46Z".
+std::string utc_timestamp();
 
 template <class... Args> void log_info(Args&&... args) { log_line(LogLevel::info, cat(std::forward<Args>(args)...)); }
 template <class... Args> void log_warn(Args&&... args) { log_line(LogLevel::warn, cat(std::forward<Args>(args)...)); }

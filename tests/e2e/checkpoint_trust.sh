@@ -4,7 +4,8 @@
 #   commit_fails    rank 0's commit fails (an Error at step 10, a std::filesystem error at 15,
 #                   injected), on 1 and on 2 ranks under "warn": each failure is a warning
 #                   naming the newest checkpoint that exists and a checkpoint_failed record;
-#                   the run trains on on every rank, step 20 commits, exit 0.
+#                   the run trains on on every rank, step 20 commits, exit 0. Three failures
+#                   in a row on 2 ranks stop both at the same save, exit 74, said once.
 #   slow_commit     4 ranks, the commit of step 20 sleeping 3 s (slow shared storage): the
 #                   steps while it runs stay within the spread of the steps before it.
 #   one_run_per_dir a run holding its run directory and checkpoint.dir (hung at step 30): the
@@ -57,6 +58,21 @@ commit_fails)
         "$bin" checkpoint verify "$ck/step_00000020" >/dev/null 2>&1 || fail "$ranks rank(s): step 20 does not verify"
         echo "ok   $ranks rank(s): commits of steps 10 (Error) and 15 (filesystem_error) failed on rank 0; the run went on, step 20 committed"
     done
+    # Three failed commits in a row (checkpoint.max_failed_saves = 3) stop both ranks alike at
+    # the same save: exit 74, said once, recorded once.
+    dir=$scratch/in_a_row
+    LLMTRAIN_INJECT_FAULT=commitfail:10:error,commitfail:15:error,commitfail:20:error "$mpiexec" --oversubscribe -np 2 "$bin" train "${config[@]}" \
+        --set train.steps=30 --set checkpoint.every_steps=5 --set checkpoint.dir=\""$scratch/in_a_row-ck"\" --run-dir "$dir" >"$dir.out" 2>&1
+    status=$?
+    [ "$status" -eq 74 ] || fail "3 failed commits in a row on 2 ranks: exit $status: $(tail -3 "$dir.out")"
+    [ "$(grep -c "storage error: checkpoint at step 20 failed: injected failure of the commit of step 20 .*; that is 3 failed save(s) in a row" "$dir.out")" -eq 1 ] ||
+        fail "the stop is not said once: $(grep -i 'storage error' "$dir.out")"
+    [ "$(grep -c '"event":"error"' "$dir/log.jsonl")" -eq 1 ] && tail -n 1 "$dir/log.jsonl" | grep -q '"exit_code":74' ||
+        fail "log.jsonl's error records: $(grep '"event":"error"' "$dir/log.jsonl")"
+    # The verdict comes at a step boundary after step 20's save, at the latest when step 25's falls due.
+    ! grep -q '"event":"step".*"step":\(2[6-9]\|30\),' "$dir/log.jsonl" || fail "the run trained on past step 25"
+    [ "$(cat "$scratch/in_a_row-ck/latest")" = step_00000005 ] || fail "latest is $(cat "$scratch/in_a_row-ck/latest")"
+    echo "ok   2 ranks, 3 failed commits in a row: both stop at step 20's save, exit 74, one error line and one record"
     ;;
 slow_commit)
     dir=$scratch/run

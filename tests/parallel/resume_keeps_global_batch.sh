@@ -16,6 +16,15 @@ mkdir -p "$scratch"
 common=("$@" --set train.steps=6 --set train.batch_size=2 --set train.sample_tokens=0 --set train.log_every=100)
 fail() { echo "FAIL: $*"; exit 1; }
 losses() { grep '"event":"step"' "$1/log.jsonl" | sed -E 's/.*"loss":([^,]*).*"step":([0-9]+),.*/\2 \1/' | awk '$1 > 3' | sort -n; }
+# expect_same_losses REFERENCE RESUMED: the run directories' steps 4..6, three of them, equal
+# within 1e-5 relative.
+expect_same_losses() {
+    losses "$scratch/$1" >"$scratch/$1.losses"
+    losses "$scratch/$2" >"$scratch/$2.losses"
+    [ "$(wc -l <"$scratch/$2.losses")" -eq 3 ] && paste "$scratch/$1.losses" "$scratch/$2.losses" |
+        awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5 * ($2 < 0 ? -$2 : $2)) exit 1 }' ||
+        fail "steps 4..6 ($1 | $2): $(paste "$scratch/$1.losses" "$scratch/$2.losses" | tr '\n' ';')"
+}
 
 "$bin" train "${common[@]}" --set train.grad_accum=4 --run-dir "$scratch/reference" >"$scratch/reference.out" 2>&1 ||
     fail "the reference run failed: $(tail -3 "$scratch/reference.out")"
@@ -28,11 +37,7 @@ grep -q "global batch 8 sequences = batch_size 2 x grad_accum 2 x dp 2" "$scratc
 grep -q "resume: keeping the checkpoint's global batch of 8 sequences per step: grad_accum 4 on dp 1 (saved on dp 2)" "$scratch/resumed.out" ||
     fail "the resume does not say it keeps the global batch: $(grep -i 'batch' "$scratch/resumed.out")"
 grep -q "global batch 8 sequences = batch_size 2 x grad_accum 4 x dp 1" "$scratch/resumed.out" || fail "resumed with $(grep -o 'global batch [0-9]* sequences' "$scratch/resumed.out")"
-losses "$scratch/reference" >"$scratch/reference.losses"
-losses "$scratch/resumed" >"$scratch/resumed.losses"
-[ "$(wc -l <"$scratch/resumed.losses")" -eq 3 ] && paste "$scratch/reference.losses" "$scratch/resumed.losses" |
-    awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5 * ($2 < 0 ? -$2 : $2)) exit 1 }' ||
-    fail "steps 4..6 (reference | resumed): $(paste "$scratch/reference.losses" "$scratch/resumed.losses" | tr '\n' ';')"
+expect_same_losses reference resumed
 echo "ok   resumed on one process with the saved 8 sequences per step; steps 4..6 match: $(tr '\n' ' ' <"$scratch/resumed.losses")"
 
 "$mpiexec" --oversubscribe -np 4 "$bin" train "${common[@]}" --set train.global_batch_size=8 --set parallel.pp=2 --set checkpoint.every_steps=3 \
@@ -42,11 +47,7 @@ grep -q "global batch 8 sequences = batch_size 2 x grad_accum 2 x dp 2" "$scratc
     fail "the resume without the --set failed: $(tail -3 "$scratch/resumed_set.out")"
 grep -q "resume: keeping the checkpoint's global batch of 8 sequences per step: grad_accum 4 on dp 1 (saved on dp 2)" "$scratch/resumed_set.out" ||
     fail "the resume without the --set does not keep 8: $(grep -i 'batch' "$scratch/resumed_set.out")"
-losses "$scratch/saved_set" >"$scratch/saved_set.losses"
-losses "$scratch/resumed_set" >"$scratch/resumed_set.losses"
-[ "$(wc -l <"$scratch/resumed_set.losses")" -eq 3 ] && paste "$scratch/saved_set.losses" "$scratch/resumed_set.losses" |
-    awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5 * ($2 < 0 ? -$2 : $2)) exit 1 }' ||
-    fail "steps 4..6 (4 ranks uninterrupted | resumed): $(paste "$scratch/saved_set.losses" "$scratch/resumed_set.losses" | tr '\n' ';')"
+expect_same_losses saved_set resumed_set
 echo "ok   a global batch given by --set is kept when the resume leaves it out; steps 4..6 match the 4-rank run: $(tr '\n' ' ' <"$scratch/resumed_set.losses")"
 
 "$bin" train "${common[@]}" --set train.global_batch_size=4 --resume "$scratch/ck/step_00000003" --run-dir "$scratch/changed" >"$scratch/changed.out" 2>&1 ||

@@ -22,12 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-    const std::string dir = test::process_temp_path(name);
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    return dir;
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_temp_dir(name); }
 
 std::string read_text(const std::string& path) { return test::read_bytes(path); }
 void write_text(const std::string& path, const std::string& text) { test::write_bytes(path, text); }
