@@ -82,8 +82,9 @@ slow_commit)
     before=$(step_ms "$dir" 2 19 | sort -n | awk '{ v[NR] = $1 } END { print v[int(NR / 2) + 1], v[NR] }')
     during=$(step_ms "$dir" 21 40 | sort -n | tail -1)
     read -r median_before max_before <<<"$before"
-    # The commit sleeps 3000 ms; a step waiting for it would take that long.
-    python3 -c "import sys; sys.exit(0 if $during <= max(3 * $max_before, $median_before + 500) else 1)" ||
+    # The commit sleeps 3000 ms: a step waiting for it would take that long. Within the spread:
+    # at most 3x the slowest step before it, or the median and half the sleep (a busy machine).
+    python3 -c "import sys; sys.exit(0 if $during <= max(3 * $max_before, $median_before + 1500) else 1)" ||
         fail "a step during the slow commit took $during ms (steps 2-19: median $median_before ms, max $max_before ms)"
     echo "ok   4 ranks, step 20's commit slept 3 s: steps 21-40 took at most $during ms (steps 2-19: median $median_before, max $max_before ms)"
     ;;

@@ -111,6 +111,13 @@ void expect_same_on_every_rank(Comm& world, double value, const std::string& wha
     EXPECT_EQ(-world.all_reduce_scalar(-value, ReduceOp::max), world.all_reduce_scalar(value, ReduceOp::max)) << what << " differs between ranks";
 }
 
+// The checkpointer stopped on every rank, rank 0 removes the shared directory.
+void remove_when_every_rank_is_done(Saver& s, const std::string& dir) {
+    s.checkpointer.reset();
+    s.ctx.world->barrier();
+    if (s.ctx.world_rank == 0) fs::remove_all(dir);
+}
+
 std::string joined(const std::vector<std::string>& items) {
     std::string text;
     for (const std::string& item : items) text += item + "; ";
@@ -130,9 +137,7 @@ PARALLEL_TEST(CheckpointAgreement, CommitFailingOnRankZero_WarnPolicy_EveryRankR
     expect_same_on_every_rank(*s.ctx.world, static_cast<double>(s.outcomes.size()), "the number of outcomes");
     const std::optional<std::string> latest = latest_checkpoint(dir);
     EXPECT_TRUE(latest && latest->ends_with("step_00000006"));
-    s.checkpointer.reset();
-    s.ctx.world->barrier();
-    if (s.ctx.world_rank == 0) fs::remove_all(dir);
+    remove_when_every_rank_is_done(s, dir);
 }
 
 PARALLEL_TEST(CheckpointAgreement, CommitFailingOnRankZero_AbortPolicy_StopsEveryRankAtTheSameSave, 2) {
@@ -143,9 +148,7 @@ PARALLEL_TEST(CheckpointAgreement, CommitFailingOnRankZero_AbortPolicy_StopsEver
     // Step 2 committed; step 4's filesystem_error stopped every rank, and nothing after it ran.
     EXPECT_EQ(joined(s.outcomes), "2 committed; 4 failed (rank 0, 1 in a row); ");
     expect_same_on_every_rank(*s.ctx.world, static_cast<double>(s.outcomes.size()), "the number of outcomes");
-    s.checkpointer.reset();
-    s.ctx.world->barrier();
-    if (s.ctx.world_rank == 0) fs::remove_all(dir);
+    remove_when_every_rank_is_done(s, dir);
 }
 
 PARALLEL_TEST(CheckpointAgreement, MaxFailedSavesInARow_StopsEveryRankUnderWarn, 2) {
@@ -155,7 +158,5 @@ PARALLEL_TEST(CheckpointAgreement, MaxFailedSavesInARow_StopsEveryRankUnderWarn,
     EXPECT_EQ(run_steps(s, 10), -1);
     EXPECT_EQ(joined(s.outcomes), "2 committed; 4 failed (rank 0, 1 in a row); 6 failed (rank 0, 2 in a row); ");
     expect_same_on_every_rank(*s.ctx.world, static_cast<double>(s.outcomes.size()), "the number of outcomes");
-    s.checkpointer.reset();
-    s.ctx.world->barrier();
-    if (s.ctx.world_rank == 0) fs::remove_all(dir);
+    remove_when_every_rank_is_done(s, dir);
 }
