@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <ctime>
@@ -161,12 +162,15 @@ void rename_or_fail(const std::string& from, const std::string& to) {
 // loadable checkpoint at every instant there too. Either way the replaced save is deleted.
 void replace_checkpoint(const std::string& root, const std::string& pending, const std::string& final_path, const std::function<void(std::string_view)>& at) {
     at("exchange");
-    if (::renameat2(AT_FDCWD, pending.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) == 0) {
+    // A test hook: LLMTRAIN_CHECKPOINT_NO_RENAME_EXCHANGE takes the path of a file system
+    // without the exchange, so that its crash safety is tested on any machine.
+    const bool exchange_refused = std::getenv("LLMTRAIN_CHECKPOINT_NO_RENAME_EXCHANGE") != nullptr;
+    if (!exchange_refused && ::renameat2(AT_FDCWD, pending.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) == 0) {
         at("remove replaced");
         remove_all(pending);
         return;
     }
-    const int reason = errno;
+    const int reason = exchange_refused ? EINVAL : errno;
     if (reason != EINVAL && reason != ENOSYS && reason != ENOTSUP)
         fail(ErrorKind::io, "cannot exchange '", pending, "' with '", final_path, "': ", std::strerror(reason));
     at("point latest at pending");
@@ -239,6 +243,11 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
     std::string name = read_file(pointer.string());
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     if (name.empty() || name.find('/') != std::string::npos) fail(ErrorKind::data, "'", pointer.string(), "' does not name a checkpoint");
+    // A re-save on a file system without an atomic exchange points `latest` at its pending
+    // directory while that is renamed to the step's name (replace_checkpoint): once renamed,
+    // the name without ".tmp" is the one it meant.
+    std::error_code ec;
+    if (name.ends_with(".tmp") && !fs::exists(fs::path(root) / name, ec)) name.resize(name.size() - 4);
     return (fs::path(root) / name).string();
 }
 

@@ -133,6 +133,21 @@ TEST(CheckpointCommit, ReSaveOfTheSameStep_KilledBeforeEveryFilesystemStep_Leave
     std::printf("re-save killed before each of: %s\n", listed.c_str());
 }
 
+// Where the file system has no RENAME_EXCHANGE (forced by the test hook), `latest` names the
+// new save's pending directory while the old one is moved aside and the new one renamed.
+TEST(CheckpointCommit, ReSaveWithoutAnAtomicExchange_KilledBeforeEveryFilesystemStep_LeavesALoadableLatest) {
+    const pid_t child = fork();
+    if (child == 0) {
+        setenv("LLMTRAIN_CHECKPOINT_NO_RENAME_EXCHANGE", "1", 1);
+        const std::vector<std::string> walked = walk_crashes("commit-resave-no-exchange", true);
+        const bool fallback = std::find(walked.begin(), walked.end(), "move old aside") != walked.end();
+        _exit(!testing::Test::HasFailure() && fallback ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the walk without an exchange failed (its output above says where)";
+}
+
 TEST(CheckpointCommit, FirstSave_KilledBeforeEveryFilesystemStep_LeavesALoadableLatest) {
     const std::vector<std::string> walked = walk_crashes("commit-first", false);
     EXPECT_NE(std::find(walked.begin(), walked.end(), "rename"), walked.end());
