@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -341,6 +339,19 @@ void verify_checkpoint(const std::string& path, Verification depth) {
 }
 
 namespace {
+// A reader's refusal of a damaged newest checkpoint: Error(data) naming it, why, and the first
+// of older_newest_first that loads (or saying none does).
+[[noreturn]] void refuse_damaged_newest(const std::string& newest, const std::string& why, const std::vector<std::string>& older_newest_first) {
+    std::optional<std::string> valid;
+    for (const std::string& path : older_newest_first)
+        if (!checkpoint_problem(path)) {
+            valid = path;
+            break;
+        }
+    fail(ErrorKind::data, "the newest checkpoint '", newest, "' cannot be loaded: ", why, "; ",
+         valid ? cat("the newest one that can is '", *valid, "': pass it instead to use that older model") : std::string("no older checkpoint can be loaded either"));
+}
+
 // The run whose chain `--resume auto` continues: run_id when given, else the one run whose
 // checkpoints root holds (none: nullopt).
 std::optional<std::string> chain_to_resume(const std::string& root, const CheckpointChains& chains, const std::optional<std::string>& run_id) {
@@ -386,17 +397,6 @@ std::optional<std::string> find_resume_checkpoint(const std::string& root, const
     return path;
 }
 
-void refuse_damaged_newest(const std::string& newest, const std::string& why, const std::vector<std::string>& older_newest_first) {
-    std::optional<std::string> valid;
-    for (const std::string& path : older_newest_first)
-        if (!checkpoint_problem(path)) {
-            valid = path;
-            break;
-        }
-    fail(ErrorKind::data, "the newest checkpoint '", newest, "' cannot be loaded: ", why, "; ",
-         valid ? cat("the newest one that can is '", *valid, "': pass it instead to use that older model") : std::string("no older checkpoint can be loaded either"));
-}
-
 std::optional<std::string> newest_checkpoint_for_reader(const std::string& root, const std::optional<std::string>& run_id) {
     const CheckpointChains chains = read_checkpoint_chains(root);
     const std::optional<std::string> run = chain_to_resume(root, chains, run_id);
@@ -408,6 +408,18 @@ std::optional<std::string> newest_checkpoint_for_reader(const std::string& root,
     std::vector<std::string> older;
     for (auto link = chain.rbegin() + 1; link != chain.rend(); ++link) older.push_back(link->path);
     refuse_damaged_newest(chain.back().path, *why, older);
+}
+
+std::optional<std::string> latest_checkpoint_for_reader(const std::string& root) {
+    const std::optional<std::string> latest = latest_checkpoint(root);
+    if (!latest) return std::nullopt;
+    const std::optional<std::string> why = checkpoint_problem(*latest);
+    if (!why) return latest;
+    std::vector<std::string> older;
+    const std::vector<CheckpointEntry> entries = list_checkpoints(root);
+    for (auto e = entries.rbegin(); e != entries.rend(); ++e)
+        if (std::error_code ec; e->committed && !fs::equivalent(e->path, *latest, ec)) older.push_back(e->path);
+    refuse_damaged_newest(*latest, *why, older);
 }
 
 ProblemOf shared_problem_check(FileShare share, std::function<int(bool found)> first_failing, std::function<void(const std::string&)> own) {

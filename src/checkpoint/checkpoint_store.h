@@ -144,9 +144,9 @@ std::optional<std::string> find_resume_checkpoint(const std::string& root, const
 // when there is none; Error(data) when it cannot be loaded, naming it, why, and the newest
 // one that can (or saying none can). `--resume auto` passes over such a one instead.
 std::optional<std::string> newest_checkpoint_for_reader(const std::string& root, const std::optional<std::string>& run_id = std::nullopt);
-// The refusal of a damaged newest checkpoint: Error(data) naming it, why, and the first of
-// older_newest_first that loads (or saying none does).
-[[noreturn]] void refuse_damaged_newest(const std::string& newest, const std::string& why, const std::vector<std::string>& older_newest_first);
+// The same for the checkpoint `latest` names under root (`checkpoint inspect` and `export` on
+// a checkpoint.dir): never an older one in its place, but named when it is damaged.
+std::optional<std::string> latest_checkpoint_for_reader(const std::string& root);
 // manifest.json of a checkpoint (its own checksum verified); throws Error(data) naming the file.
 Manifest read_checkpoint_manifest(const std::string& path);
 

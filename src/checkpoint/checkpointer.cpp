@@ -119,6 +119,8 @@ void Checkpointer::advance(bool wait) {
     if (committed) complete(*committed, *committed ? -1 : 0);
 }
 
+double Checkpointer::over_world(double value, ReduceOp op) { return world_.size() == 1 ? value : world_.all_reduce_scalar(value, op); }
+
 // Each rank adds 1 once its file is written and W + 1 if it failed (W ranks): the sum says
 // how many did which, so one all-reduce answers both questions; the lowest failing rank is
 // -max(-rank) over the ranks that failed.
@@ -132,13 +134,12 @@ std::optional<int> Checkpointer::agree_written(bool wait) {
     const bool failed_here = state == State::write_failed;
     const double world = world_.size();
     const double mine = state == State::written ? 1.0 : failed_here ? world + 1 : 0.0;
-    const double sum = world_.size() == 1 ? mine : world_.all_reduce_scalar(mine, ReduceOp::sum);
+    const double sum = over_world(mine, ReduceOp::sum);
     const double failed = std::floor(sum / (world + 1)), written = sum - failed * (world + 1);
     if (failed + written < world) return std::nullopt;
     if (failed == 0) return -1;
     const double mine_failed = -(failed_here ? file_.world_rank : world_.size());
-    const double lowest = world_.size() == 1 ? -mine_failed : -world_.all_reduce_scalar(mine_failed, ReduceOp::max);
-    return static_cast<int>(lowest);
+    return static_cast<int>(-over_world(mine_failed, ReduceOp::max));
 }
 
 // Rank 0 contributes 1 (committed) or 2 (failed) once its commit thread is done, the other
@@ -150,7 +151,7 @@ std::optional<bool> Checkpointer::agree_committed(bool wait) {
         if (wait) changed_.wait(lock, [&] { return state_ != State::committing; });
         mine = state_ == State::committed ? 1 : state_ == State::commit_failed ? 2 : 0;
     }
-    const double verdict = world_.size() == 1 ? mine : world_.all_reduce_scalar(mine, ReduceOp::sum);
+    const double verdict = over_world(mine, ReduceOp::sum);
     if (verdict == 0) return std::nullopt;
     return verdict == 1;
 }
@@ -161,7 +162,6 @@ void Checkpointer::begin_commit() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         state_ = State::committing;
-        commit_result_ = {};
     }
     changed_.notify_all();
 }

@@ -108,6 +108,8 @@ private:
     std::optional<int> agree_written(bool wait);
     // Rank 0's commit, told to every rank: nullopt while it runs, else whether it succeeded.
     std::optional<bool> agree_committed(bool wait);
+    // value reduced over the world (one scalar all-reduce; none on one rank).
+    double over_world(double value, ReduceOp op);
     void begin_commit();
     void complete(bool committed, int failed_rank);
     void report_commit(const SaveReport& report, const CommitResult& commit);

@@ -65,16 +65,7 @@ std::string resolve_checkpoint(const std::string& path) {
         verify_checkpoint(path);
         return path;
     }
-    if (const std::optional<std::string> latest = latest_checkpoint(path)) {
-        // A checkpoint.dir: what `latest` names, and never an older one in its place.
-        const std::optional<std::string> why = checkpoint_problem(*latest);
-        if (!why) return *latest;
-        std::vector<std::string> older;
-        const std::vector<CheckpointEntry> entries = list_checkpoints(path);
-        for (auto e = entries.rbegin(); e != entries.rend(); ++e)
-            if (std::error_code ec; e->committed && !fs::equivalent(e->path, *latest, ec)) older.push_back(e->path);
-        refuse_damaged_newest(*latest, *why, older);
-    }
+    if (const std::optional<std::string> latest = latest_checkpoint_for_reader(path)) return *latest;
     if (fs::exists(fs::path(path) / "log.jsonl") || fs::exists(fs::path(path) / "config.toml")) return find_checkpoint(path);
     fail(ErrorKind::data, "'", path, "' has no manifest.json (an incomplete save, or not a checkpoint), no 'latest', and is not a run directory");
 }

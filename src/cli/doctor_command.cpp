@@ -23,6 +23,7 @@
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
 #include "plan/memory_plan.h"
+#include "plan/step_model.h"
 
 namespace llmtrain {
 
@@ -255,7 +256,7 @@ int run_doctor(const DoctorArgs& args) {
     // AdamW moments in f32: 12 bytes per parameter.
     const std::string dir = !args.checkpoint_dir.empty() ? args.checkpoint_dir : config ? config->checkpoint.dir : "checkpoints";
     uint64_t checkpoint_bytes = 0;
-    if (config) checkpoint_bytes = 12 * static_cast<uint64_t>(TransformerLayout(config->model, Device::cpu, DType::f32, 1, 1, {}, 0, 1).parameters().total_numel());
+    if (config) checkpoint_bytes = static_cast<uint64_t>(planned_checkpoint_bytes(*config, model_parameter_count(config->model)));
     if (w.local_rank == 0) {
         const int64_t keep = config ? config->checkpoint.keep_last + 1 : 1;
         for (CheckResult& c : check_checkpoint_storage(dir, checkpoint_bytes, keep, static_cast<uint64_t>(args.io_mb) << 20)) checks.push_back(std::move(c));

@@ -36,10 +36,11 @@ void RunLocks::release(Held& held) {
     if (!held.lock) return;
     const std::string lock_path = held.lock->path();
     held.lock.reset();
+    if (!held.made) return;
     std::error_code ec;
-    if (!held.made || fs::directory_iterator(held.dir, ec) == fs::directory_iterator() || ec) return;
     for (const fs::directory_entry& entry : fs::directory_iterator(held.dir, ec))
         if (entry.path() != fs::path(lock_path)) return;  // the run wrote into it: it stays
+    if (ec) return;
     fs::remove(lock_path, ec);
     fs::remove(held.dir, ec);
 }

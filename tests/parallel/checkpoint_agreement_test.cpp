@@ -13,7 +13,6 @@
 #include <system_error>
 #include <vector>
 
-#include <stdlib.h>
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/checkpointer.h"
@@ -21,6 +20,7 @@
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "support/parallel_test.h"
+#include "support/shared_scratch.h"
 
 using namespace llmtrain;
 
@@ -28,16 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string shared_scratch(const std::string& name) {
-    MpiSession mpi;
-    std::string dir;
-    if (mpi.world_rank() == 0) {
-        std::string pattern = testing::TempDir() + "llmtrain_agreement_" + name + "_XXXXXX";
-        if (!mkdtemp(pattern.data())) ADD_FAILURE() << "cannot create " << pattern;
-        dir = pattern;
-    }
-    return mpi.broadcast_text(0, dir);
-}
+std::string shared_scratch(const std::string& name) { return test::shared_scratch("llmtrain_agreement_" + name); }
 
 // A commit probe that fails the commits of the steps given: an Error(io) before the manifest
 // is written for the first kind, a filesystem_error before the rename for the second.
@@ -114,8 +105,7 @@ void expect_same_on_every_rank(Comm& world, double value, const std::string& wha
 // The checkpointer stopped on every rank, rank 0 removes the shared directory.
 void remove_when_every_rank_is_done(Saver& s, const std::string& dir) {
     s.checkpointer.reset();
-    s.ctx.world->barrier();
-    if (s.ctx.world_rank == 0) fs::remove_all(dir);
+    test::remove_shared_scratch(dir);
 }
 
 std::string joined(const std::vector<std::string>& items) {

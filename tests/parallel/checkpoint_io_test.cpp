@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include <stdlib.h>
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/checkpointer.h"
@@ -26,6 +25,7 @@
 #include "parallel/context.h"
 #include "parallel/mpi_comm.h"
 #include "support/parallel_test.h"
+#include "support/shared_scratch.h"
 #include "train/trainer.h"
 
 using namespace llmtrain;
@@ -58,22 +58,9 @@ Config io_config(const std::string& dir, const std::vector<std::string>& layout,
 }
 
 // A fresh directory, the same on every rank (rank 0 makes it).
-std::string scratch(const std::string& name) {
-    MpiSession mpi;
-    std::string dir;
-    if (mpi.world_rank() == 0) {
-        std::string pattern = testing::TempDir() + "llmtrain_checkpoint_io_" + name + "_XXXXXX";
-        if (!mkdtemp(pattern.data())) ADD_FAILURE() << "cannot create " << pattern;
-        dir = pattern;
-    }
-    return mpi.broadcast_text(0, dir);
-}
+std::string scratch(const std::string& name) { return test::shared_scratch("llmtrain_checkpoint_io_" + name); }
 
-void remove_scratch(const std::string& dir) {
-    MpiSession mpi;
-    mpi.broadcast_from(0, 0);  // every rank is done with it
-    if (mpi.world_rank() == 0) fs::remove_all(dir);
-}
+void remove_scratch(const std::string& dir) { test::remove_shared_scratch(dir); }
 
 // Trains `steps` steps on the layout and saves the state after them, as the train command does.
 TrainResult train_and_save(const Config& config) {
