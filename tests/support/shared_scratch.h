@@ -24,10 +24,11 @@ inline std::string shared_scratch(const std::string& prefix) {
     return mpi.broadcast_text(0, dir);
 }
 
-// Removes it once every rank got here.
+// Removes it once every rank got here. An all-reduce, not a broadcast: a broadcast's root may
+// return before the others arrive, and remove the directory while a rank still reads it.
 inline void remove_shared_scratch(const std::string& dir) {
     MpiSession mpi;
-    mpi.broadcast_from(0, 0);
+    mpi.first_failing_rank(false);
     if (mpi.world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
