@@ -19,6 +19,7 @@ build_packages=(
   libopenblas-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libpcre2-dev libzstd-dev libxxhash-dev  # tokenizer regex, token shards, checksums
   zlib1g-dev  # gzip input of `prepare`
+  libthrift-dev thrift-compiler libboost-dev libsnappy-dev  # Parquet input of `prepare`: the footer's Thrift metadata, snappy pages
   libopenmpi-dev openmpi-bin  # MPI: parallel training and `prepare`, and the tests of every layout
   libhdf5-dev  # checkpoints (serial HDF5)
   prometheus-cpp-dev  # metrics: the /metrics exposition (prometheus-cpp core and pull)

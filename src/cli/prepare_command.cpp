@@ -30,6 +30,7 @@ struct PrepareArgs {
     std::string input_format = "auto";
     std::string separator;
     std::string json_key = "text";
+    std::string text_column = "text";
     std::string on_bad_record = "abort";
     std::string output_format = "shards";
     double val_fraction = 0.0;
@@ -79,10 +80,12 @@ private:
 PrepareOptions options_from(const PrepareArgs& args) {
     PrepareOptions o;
     o.inputs = expand_inputs(args.inputs);
-    o.input_format = args.input_format == "jsonl" ? InputFormat::jsonl : args.input_format == "text" ? InputFormat::text : InputFormat::automatic;
+    o.input_format = args.input_format == "jsonl" ? InputFormat::jsonl : args.input_format == "text" ? InputFormat::text
+                   : args.input_format == "parquet" ? InputFormat::parquet : InputFormat::automatic;
     o.on_bad_record = args.on_bad_record == "skip" ? BadRecordPolicy::skip : BadRecordPolicy::abort;
     o.separator = unescape(args.separator);
     o.json_key = args.json_key;
+    o.text_column = args.text_column;
     o.output_dir = args.output;
     o.replace = args.force;
     o.output_format = args.output_format == "megatron" ? OutputFormat::megatron
@@ -114,7 +117,7 @@ int run_prepare(const PrepareArgs& args) {
             log_info("prepare: ", s.documents, " documents, ", mb, " MB in ", s.units, " unit(s) -> ", s.train_tokens, " train + ", s.val_tokens, " val tokens in ",
                      args.output, " | ", s.seconds, " s, ", mb / s.seconds, " MB/s on ", cores, " thread(s): ", mb / s.seconds / cores, " MB/s per thread");
             if (s.skipped_records > 0)
-                log_warn("prepare: ", s.skipped_records, " bad record(s) skipped; each is listed (file, line, reason) in ", args.output, "/skipped-records.jsonl");
+                log_warn("prepare: ", s.skipped_records, " bad record(s) skipped; each is listed (file, line or row group and row, reason) in ", args.output, "/skipped-records.jsonl");
         }
         return 0;
     } catch (const Error& e) {
@@ -130,17 +133,18 @@ int run_prepare(const PrepareArgs& args) {
 
 void register_prepare_command(CLI::App& app, CommandAction& action) {
     auto args = std::make_shared<PrepareArgs>();
-    CLI::App* cmd = app.add_subcommand("prepare", "Tokenize text or JSONL files into a dataset of compressed token shards");
+    CLI::App* cmd = app.add_subcommand("prepare", "Tokenize text, JSONL or Parquet files into a dataset of compressed token shards");
     cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json, or a directory with it or with GPT-2's encoder.json + vocab.bpe")->required();
     cmd->add_option("--input", args->inputs, "Input files or glob patterns (matches sorted); gzip and zstd are read by their magic bytes")->required();
     cmd->add_option("--output", args->output, "Dataset directory to write (written beside it, then swapped in)")->required();
     cmd->add_flag("--force", args->force, "Replace the dataset already in --output");
-    cmd->add_option("--input-format", args->input_format, "text or jsonl (auto: per file, jsonl for .jsonl/.json, also under .gz/.zst)")
-        ->check(CLI::IsMember({"auto", "text", "jsonl"}))->capture_default_str();
-    cmd->add_option("--on-bad-record", args->on_bad_record, "jsonl: a line that is not an object with a string --json-key field ends the run naming file:line (abort) or is left out and listed in DIR/skipped-records.jsonl (skip)")
+    cmd->add_option("--input-format", args->input_format, "text, jsonl or parquet (auto: per file, parquet for .parquet/.pq, jsonl for .jsonl/.json, also under .gz/.zst)")
+        ->check(CLI::IsMember({"auto", "text", "jsonl", "parquet"}))->capture_default_str();
+    cmd->add_option("--on-bad-record", args->on_bad_record, "a JSONL line that is not an object with a string --json-key field, or a Parquet row whose text is null or not UTF-8, ends the run naming file:line or file, row group and row (abort) or is left out and listed in DIR/skipped-records.jsonl (skip)")
         ->check(CLI::IsMember({"abort", "skip"}))->capture_default_str();
     cmd->add_option("--separator", args->separator, "text: split files into documents at this string (C escapes: \\n); default one document per file");
     cmd->add_option("--json-key", args->json_key, "jsonl: the field holding the text")->capture_default_str();
+    cmd->add_option("--text-column", args->text_column, "parquet: the (flat, string) column holding the text")->capture_default_str();
     cmd->add_option("--output-format", args->output_format, "shards (llmtrain), megatron (.bin/.idx), llmc, nanogpt")
         ->check(CLI::IsMember({"shards", "megatron", "llmc", "nanogpt"}))->capture_default_str();
     cmd->add_option("--val-fraction", args->val_fraction, "Share of documents held out for validation")->check(CLI::Range(0.0, 0.5))->capture_default_str();

@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "data/bpe_trainer.h"
 #include "data/input_files.h"
+#include "data/parquet_input.h"
 #include "data/prepare.h"
 #include "data/prepare_plan.h"
 #include "data/text_input.h"
@@ -28,6 +29,7 @@ struct TokenizerArgs {
     std::string pattern = "gpt2";
     std::string input_format = "auto";
     std::string json_key = "text";
+    std::string text_column = "text";
     std::vector<std::string> special_tokens = {"<|endoftext|>"};
     int64_t min_frequency = 2;
     std::string tokenizer;
@@ -37,14 +39,24 @@ struct TokenizerArgs {
 };
 
 // A text file is trained on as it is; a JSONL file (by --input-format, or by its name: .jsonl,
-// .json, also under .gz / .zst) on its --json-key documents, bad records left out and counted.
+// .json, also under .gz / .zst) on its --json-key documents and a Parquet file (.parquet, .pq)
+// on its --text-column, bad records left out and counted.
 void add_training_text(BpeTrainer& trainer, const std::string& file, const TokenizerArgs& args) {
     PrepareOptions o;
-    o.input_format = resolve_input_format(args.input_format == "jsonl" ? InputFormat::jsonl : args.input_format == "text" ? InputFormat::text : InputFormat::automatic, file);
+    const InputFormat option = args.input_format == "jsonl" ? InputFormat::jsonl : args.input_format == "text" ? InputFormat::text
+                               : args.input_format == "parquet" ? InputFormat::parquet : InputFormat::automatic;
+    o.input_format = resolve_input_format(option, file);
     if (o.input_format == InputFormat::text) return trainer.add_text(read_input_text(file));
     o.json_key = args.json_key;
+    o.text_column = args.text_column;
     o.on_bad_record = BadRecordPolicy::skip;
     std::vector<SkippedRecord> skipped;
+    if (o.input_format == InputFormat::parquet) {
+        const InputFile input = scan_parquet_input(file, o);
+        for (const std::string& document : parquet_documents(input, Segment{0, 0, input.text_bytes}, o, &skipped)) trainer.add_text(document);
+        if (!skipped.empty()) log_warn("tokenizer: ", skipped.size(), " row(s) of '", file, "' left out (the first: row group ", skipped.front().row_group, ", row ", skipped.front().row, ": ", skipped.front().reason, ")");
+        return;
+    }
     for (const std::string& document : split_documents(read_input_text(file), o, file, 1, &skipped)) trainer.add_text(document);
     if (!skipped.empty()) log_warn("tokenizer: ", skipped.size(), " record(s) of '", file, "' without a string \"", args.json_key, "\" left out (the first: line ", skipped.front().line, ")");
 }
@@ -116,9 +128,10 @@ void register_tokenizer_command(CLI::App& app, CommandAction& action) {
     train->add_option("--input", args->inputs, "Text files or glob patterns (gzip / zstd read by their magic bytes)")->required();
     train->add_option("--output", args->output, "tokenizer.json to write (through a temporary file and a rename)")->required();
     train->add_flag("--force", args->force, "Replace an existing --output file");
-    train->add_option("--input-format", args->input_format, "text or jsonl (auto: per file, jsonl for .jsonl/.json, also under .gz/.zst)")
-        ->check(CLI::IsMember({"auto", "text", "jsonl"}))->capture_default_str();
+    train->add_option("--input-format", args->input_format, "text, jsonl or parquet (auto: per file, parquet for .parquet/.pq, jsonl for .jsonl/.json, also under .gz/.zst)")
+        ->check(CLI::IsMember({"auto", "text", "jsonl", "parquet"}))->capture_default_str();
     train->add_option("--json-key", args->json_key, "jsonl: the field holding the text")->capture_default_str();
+    train->add_option("--text-column", args->text_column, "parquet: the (flat, string) column holding the text")->capture_default_str();
     train->add_option("--pattern", args->pattern, "Pre-tokenizer split pattern: gpt2, cl100k (Llama 3's) or qwen2 (cl100k's with single digits)")->check(CLI::IsMember({"gpt2", "cl100k", "qwen2"}))->capture_default_str();
     train->add_option("--special", args->special_tokens, "Special tokens, given the last ids")->capture_default_str();
     train->add_option("--min-frequency", args->min_frequency, "Stop merging below this pair count")->capture_default_str();

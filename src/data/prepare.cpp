@@ -20,6 +20,7 @@
 #include "core/staged_directory.h"
 #include "data/external_formats.h"
 #include "data/input_files.h"
+#include "data/parquet_input.h"
 #include "data/prepare_plan.h"
 #include "data/prepare_reader.h"
 #include "data/token_shard.h"
@@ -61,12 +62,26 @@ std::string skipped_part_name(size_t unit) {
     return name;
 }
 
-// One JSON line per skipped record: {"file": ..., "line": ..., "reason": ...}.
+// One JSON line per skipped record: {"file": ..., "line": ..., "reason": ...}, or for a
+// Parquet row {"file": ..., "row_group": ..., "row": ..., "reason": ...}.
 std::string skipped_records_jsonl(const std::vector<SkippedRecord>& records) {
+    using ojson = nlohmann::ordered_json;
     std::string out;
-    for (const SkippedRecord& r : records)  // a reason may quote the record's invalid bytes: they become U+FFFD
-        out += nlohmann::json{{"file", r.file}, {"line", r.line}, {"reason", r.reason}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    for (const SkippedRecord& r : records) {
+        const ojson record = r.row_group >= 0 ? ojson{{"file", r.file}, {"row_group", r.row_group}, {"row", r.row}, {"reason", r.reason}}
+                                              : ojson{{"file", r.file}, {"line", r.line}, {"reason", r.reason}};
+        out += record.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n";  // a reason may quote invalid bytes: they become U+FFFD
+    }
     return out;
+}
+
+// The documents of one segment of a unit's input.
+std::vector<std::string> segment_documents(const SegmentText& s, const InputFile& file, const PrepareOptions& o, std::vector<SkippedRecord>& skipped) {
+    if (file.format == InputFormat::parquet) return parquet_documents(file, s.segment, o, &skipped);
+    require_text(sniff_text(s.text, false), cat("input '", file.path, "' (text bytes ", s.segment.begin, "-", s.segment.end, ")"));
+    PrepareOptions per_file = o;
+    per_file.input_format = file.format;
+    return split_documents(s.text, per_file, file.path, s.first_line(), &skipped);
 }
 
 // Tokenizes one unit's text and writes its shard(s) (and its skipped records); returns its
@@ -79,11 +94,7 @@ std::vector<uint64_t> process_unit(size_t index, const PreparePlan& plan, UnitRe
     size_t document = 0;
     uint64_t reported = 0;
     for (SegmentText& s : reader.read(index)) {
-        const InputFile& file = plan.files[s.segment.file];
-        require_text(sniff_text(s.text, false), cat("input '", file.path, "' (text bytes ", s.segment.begin, "-", s.segment.end, ")"));
-        PrepareOptions per_file = o;
-        per_file.input_format = file.format;
-        for (const std::string& text : split_documents(s.text, per_file, file.path, s.first_line(), &skipped_records)) {
+        for (const std::string& text : segment_documents(s, plan.files[s.segment.file], o, skipped_records)) {
             ShardContents& c = out.split[goes_to_validation(o, index, document++)];
             tokenizer.encode_append(text, c.tokens, &cache);
             c.tokens.push_back(eos);

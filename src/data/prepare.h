@@ -1,5 +1,5 @@
 // `llmtrain prepare`: raw text -> tokenized dataset. The input (files in the given order,
-// plain, gzip or zstd, each split into documents) is cut into work units of about
+// plain, gzip or zstd text or JSONL, or Parquet, each split into documents) is cut into work units of about
 // unit_bytes at document boundaries; the plan depends on the input alone (prepare_plan.h).
 // Each unit is tokenized by one rank, by whichever of its threads is free, and written as
 // its own shard(s). So the output is byte-identical whatever the number of ranks or threads,
@@ -21,9 +21,10 @@
 
 namespace llmtrain {
 
-enum class InputFormat { text, jsonl, automatic };  // automatic: per file, by its name
-// What a JSONL record that is not an object with a string --json-key field does: end the run
-// naming file:line, or be left out and listed in skipped-records.jsonl in the dataset.
+enum class InputFormat { text, jsonl, parquet, automatic };  // automatic: per file, by its name
+// What a bad record does (a JSONL line that is not an object with a string --json-key field;
+// a Parquet row whose text is null or not UTF-8): end the run naming file:line (file, row
+// group and row), or be left out and listed in skipped-records.jsonl in the dataset.
 enum class BadRecordPolicy { abort, skip };
 enum class OutputFormat { shards, megatron, llmc, nanogpt };
 
@@ -32,6 +33,7 @@ struct PrepareOptions {
     InputFormat input_format = InputFormat::text;
     std::string separator;                  // text: "" = one document per file, else the split string
     std::string json_key = "text";          // jsonl: the field holding the document
+    std::string text_column = "text";       // parquet: the column holding the document
     BadRecordPolicy on_bad_record = BadRecordPolicy::abort;
     std::string output_dir;                 // written in full beside it, then swapped in (StagedDirectory)
     bool replace = false;                   // --force: a non-empty output_dir holding a dataset is replaced
@@ -69,11 +71,13 @@ struct PrepareSummary {
 // leaves output_dir as it was, and every rank throws.
 PrepareSummary prepare_dataset(const Tokenizer& tokenizer, const std::string& tokenizer_json, const PrepareOptions& options, const RankGroup& group);
 
-// A JSONL record left out under BadRecordPolicy::skip.
+// A record left out under BadRecordPolicy::skip: a JSONL line, or a Parquet row.
 struct SkippedRecord {
     std::string file;
-    uint64_t line = 0;  // 1-based
+    uint64_t line = 0;  // JSONL: 1-based
     std::string reason;
+    int64_t row_group = -1;  // Parquet: 0-based row group, and row within it
+    uint64_t row = 0;
 };
 
 // The documents of one piece of input (exposed for tests): the whole text, the non-empty

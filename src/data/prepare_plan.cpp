@@ -9,6 +9,7 @@
 #include <atomic>
 
 #include "core/error.h"
+#include "data/parquet_input.h"
 
 namespace llmtrain {
 
@@ -133,11 +134,13 @@ void share_scans(std::vector<InputFile>& files, const RankGroup& g, bool failed)
 
 InputFormat resolve_input_format(InputFormat option, const std::string& path) {
     if (option != InputFormat::automatic) return option;
+    if (is_parquet_name(path)) return InputFormat::parquet;
     const std::string_view name = without_compression_extension(path);
     return name.ends_with(".jsonl") || name.ends_with(".json") ? InputFormat::jsonl : InputFormat::text;
 }
 
 InputFile scan_input(const std::string& path, InputFormat format, const PrepareOptions& o) {
+    if (format == InputFormat::parquet) return scan_parquet_input(path, o);
     InputFile file;
     file.path = path;
     file.format = format;

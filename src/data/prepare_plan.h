@@ -22,7 +22,7 @@ namespace llmtrain {
 
 struct InputFile {
     std::string path;
-    InputFormat format = InputFormat::text;  // resolved: text or jsonl
+    InputFormat format = InputFormat::text;  // resolved: text, jsonl or parquet
     Compression compression = Compression::none;
     uint64_t text_bytes = 0;
     std::vector<uint64_t> cuts;  // piece boundaries inside the file, ascending, each in (0, text_bytes)
@@ -45,8 +45,8 @@ struct PreparePlan {
     std::vector<int> job_rank;  // job -> the rank that runs it
 };
 
-// text or jsonl for a file: the option when it is set, else from the name without its
-// compression extension (.jsonl, .json -> jsonl).
+// text, jsonl or parquet for a file: the option when it is set, else from the name
+// (.parquet, .pq -> parquet; without its compression extension, .jsonl, .json -> jsonl).
 InputFormat resolve_input_format(InputFormat option, const std::string& path);
 
 // Text size and cut points of one input (sniffed for text first; decompressed in full when

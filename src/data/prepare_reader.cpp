@@ -72,8 +72,11 @@ std::vector<SegmentText> UnitReader::read(size_t u) {
     }
     std::vector<SegmentText> texts;
     try {
-        for (const Segment& s : unit.segments)
-            texts.push_back(plan_.files[s.file].compression == Compression::none ? read_plain(s) : read_compressed(job, s));
+        for (const Segment& s : unit.segments) {
+            const InputFile& file = plan_.files[s.file];
+            if (file.format == InputFormat::parquet) texts.push_back(SegmentText{s, "", [] { return uint64_t{0}; }});  // read by row group (parquet_input.h)
+            else texts.push_back(file.compression == Compression::none ? read_plain(s) : read_compressed(job, s));
+        }
     } catch (...) {
         job.broken = true;
         pass_turn();

@@ -22,6 +22,7 @@ struct SegmentText {
     Segment segment;
     std::string text;
     std::function<uint64_t()> first_line;  // 1-based line number of the text's first byte
+    // A Parquet segment comes with no text: its documents are read by row group (parquet_input.h).
 };
 
 class UnitReader {

@@ -1,0 +1,90 @@
+#include "data/parquet_input.h"
+
+#include "core/error.h"
+#include "data/parquet_reader.h"
+
+namespace llmtrain {
+
+namespace {
+
+parquet::TextColumnReader open_text_column(const std::string& path, const PrepareOptions& o) {
+    return parquet::TextColumnReader(parquet::open_file_source(path), path, o.text_column);
+}
+
+// Row group g starts at the sum of the weights before it.
+std::vector<uint64_t> row_group_starts(const parquet::TextColumnReader& reader) {
+    std::vector<uint64_t> starts{0};
+    for (size_t g = 0; g < reader.row_groups(); ++g) starts.push_back(starts.back() + reader.weight(g));
+    return starts;
+}
+
+}  // namespace
+
+bool is_parquet_name(const std::string& path) { return path.ends_with(".parquet") || path.ends_with(".pq"); }
+
+InputFile scan_parquet_input(const std::string& path, const PrepareOptions& o) {
+    InputFile file;
+    file.path = path;
+    file.format = InputFormat::parquet;
+    const parquet::TextColumnReader reader = open_text_column(path, o);
+    const std::vector<uint64_t> starts = row_group_starts(reader);
+    file.text_bytes = starts.back();
+    file.cuts.assign(starts.begin() + 1, starts.end() - 1);
+    return file;
+}
+
+std::vector<std::string> parquet_documents(const InputFile& file, const Segment& segment, const PrepareOptions& o, std::vector<SkippedRecord>* skipped) {
+    const parquet::TextColumnReader reader = open_text_column(file.path, o);
+    const std::vector<uint64_t> starts = row_group_starts(reader);
+    if (starts.back() != file.text_bytes) fail(ErrorKind::io, "input '", file.path, "' changed while being read: its row groups are not the ones planned");
+    std::vector<std::string> documents;
+    for (size_t g = 0; g < reader.row_groups(); ++g) {
+        if (starts[g] < segment.begin || starts[g] >= segment.end) continue;
+        reader.read_row_group(g, [&](uint64_t row, const std::string_view* text) {
+            std::string reason;
+            if (!text) {
+                reason = cat(o.text_column, " is null");
+            } else if (const size_t bad = first_invalid_utf8(*text); bad != std::string_view::npos) {
+                reason = cat(o.text_column, " is not valid UTF-8 (byte ", bad, " of ", text->size(), ")");
+            } else {
+                documents.emplace_back(*text);
+                return;
+            }
+            if (o.on_bad_record != BadRecordPolicy::skip || !skipped)
+                fail(ErrorKind::data, file.path, ": row group ", g, ", row ", row, ": ", reason, " (--on-bad-record skip leaves such records out)");
+            skipped->push_back({file.path, 0, reason, static_cast<int64_t>(g), row});
+        });
+    }
+    return documents;
+}
+
+size_t first_invalid_utf8(std::string_view text) {
+    const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+    const size_t n = text.size();
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = s[i];
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        // Lead byte: the length, and the range the first continuation byte must fall in
+        // (which excludes overlong forms, surrogates and code points past U+10FFFF).
+        size_t length = 0;
+        unsigned char low = 0x80, high = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) length = 2;
+        else if (c == 0xe0) length = 3, low = 0xa0;
+        else if (c == 0xed) length = 3, high = 0x9f;
+        else if (c >= 0xe1 && c <= 0xef) length = 3;
+        else if (c == 0xf0) length = 4, low = 0x90;
+        else if (c >= 0xf1 && c <= 0xf3) length = 4;
+        else if (c == 0xf4) length = 4, high = 0x8f;
+        else return i;
+        if (n - i < length || s[i + 1] < low || s[i + 1] > high) return i;
+        for (size_t k = 2; k < length; ++k)
+            if (s[i + k] < 0x80 || s[i + k] > 0xbf) return i;
+        i += length;
+    }
+    return std::string_view::npos;
+}
+
+}  // namespace llmtrain
