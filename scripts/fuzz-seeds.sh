@@ -11,6 +11,8 @@
 #   jsonl                fortunes entries as JSONL records
 #   gzip_input           the records gzipped (one member, and two concatenated)
 #   zstd_input           the records as zstd (one frame, two frames, a skippable frame first)
+#   parquet              the 40 fortunes entries of the JSONL in every file of tests/parquet's fixture
+#                        script: both writers, every codec, page version and encoding read
 #   tokenizer_roundtrip  fortunes entries, and the JSONL
 #   safetensors          `checkpoint export` of the tiny GPT-2 and Llama of tests/fuzz/models,
 #                        each trained 2 steps
@@ -128,6 +130,16 @@ dictionary zstd_input json <<'EOF'
 "\x00\x00\x00\x00"
 "\xff\xff\xff\xff"
 EOF
+# Small Parquet files of both writers the tests use (tests/parquet/make_parquet_fixtures.mjs):
+# every codec, page version and encoding the reader reads, several row groups and pages.
+python3 -c 'import json, sys
+print(json.dumps([e for e in open(sys.argv[1], encoding="utf-8", errors="replace").read().split("\n%\n") if e]))' "$work/entries.txt" >"$work/parquet-texts.json"
+[ -d node_modules/parquet-wasm ] || { echo "fuzz-seeds: node_modules/parquet-wasm missing; run scripts/install-deps.sh" >&2; exit 1; }
+quiet node tests/parquet/make_parquet_fixtures.mjs "$work/parquet" "$work/parquet-texts.json"
+while read -r file; do seed parquet "$file" "$work/parquet/$file"; done <"$work/parquet/fixtures.txt"
+seed parquet nulls.parquet "$work/parquet/nulls.parquet"
+dictionary parquet parquet </dev/null
+
 awk -v dir="$work" 'BEGIN { RS = "\n%\n" } NR <= 8 { f = dir "/entry-" NR ".txt"; printf "%s", $0 > f; close(f) }' "$work/entries.txt"
 for entry in "$work"/entry-*.txt; do seed tokenizer_roundtrip "$(basename "$entry")" "$entry"; done
 dictionary tokenizer_roundtrip text </dev/null

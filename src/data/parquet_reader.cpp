@@ -87,7 +87,8 @@ template <class T>
 T read_thrift(std::string_view bytes, size_t& consumed) {
     using apache::thrift::transport::TMemoryBuffer;
     const int limit = static_cast<int>(std::min<size_t>(bytes.size(), INT_MAX));
-    auto config = std::make_shared<apache::thrift::TConfiguration>(limit, apache::thrift::TConfiguration::DEFAULT_MAX_FRAME_SIZE, kMaxSchemaDepth);
+    const int frame_size = apache::thrift::TConfiguration::DEFAULT_MAX_FRAME_SIZE;  // a copy: the constant has no definition to bind a reference to
+    auto config = std::make_shared<apache::thrift::TConfiguration>(limit, frame_size, kMaxSchemaDepth);
     auto buffer = std::make_shared<TMemoryBuffer>(reinterpret_cast<uint8_t*>(const_cast<char*>(bytes.data())), static_cast<uint32_t>(limit), TMemoryBuffer::OBSERVE, config);
     apache::thrift::protocol::TCompactProtocolT<TMemoryBuffer> protocol(buffer, limit, limit);
     T value;
