@@ -135,9 +135,10 @@ EOF
 python3 -c 'import json, sys
 print(json.dumps([e for e in open(sys.argv[1], encoding="utf-8", errors="replace").read().split("\n%\n") if e]))' "$work/entries.txt" >"$work/parquet-texts.json"
 [ -d node_modules/parquet-wasm ] || { echo "fuzz-seeds: node_modules/parquet-wasm missing; run scripts/install-deps.sh" >&2; exit 1; }
-quiet node tests/parquet/make_parquet_fixtures.mjs "$work/parquet" "$work/parquet-texts.json"
+quiet node tests/parquet/make_parquet_fixtures.mjs "$work/parquet" "$work/parquet-texts.json" --small
 while read -r file; do seed parquet "$file" "$work/parquet/$file"; done <"$work/parquet/fixtures.txt"
 seed parquet nulls.parquet "$work/parquet/nulls.parquet"
+for file in "$work/parquet/unsupported"/*.parquet; do seed parquet "unsupported-$(basename "$file")" "$file"; done
 dictionary parquet parquet </dev/null
 
 awk -v dir="$work" 'BEGIN { RS = "\n%\n" } NR <= 8 { f = dir "/entry-" NR ".txt"; printf "%s", $0 > f; close(f) }' "$work/entries.txt"

@@ -1,6 +1,9 @@
 // Parquet fixtures for the tests of `llmtrain prepare --input FILE.parquet`.
 //
-// usage: node make_parquet_fixtures.mjs OUT_DIR TEXTS_JSON
+// usage: node make_parquet_fixtures.mjs OUT_DIR TEXTS_JSON [--small]
+//   --small  for fewer documents (the fuzz seeds, scripts/fuzz-seeds.sh): row-group and page
+//            sizes scaled down to the documents given, and no check that every file has
+//            several row groups of several pages
 //
 // TEXTS_JSON is a JSON array of strings: the documents, in order. Every file listed in
 // OUT_DIR/fixtures.txt holds exactly those documents, in that order, in a BYTE_ARRAY (UTF-8)
@@ -72,9 +75,10 @@ import { parquetHeader } from 'hyparquet/src/column.js'
 import { parquetWriteBuffer } from 'hyparquet-writer'
 import * as pq from 'parquet-wasm'
 
-const [outDir, textsJson] = process.argv.slice(2)
-if (!outDir || !textsJson) {
-  console.error('usage: make_parquet_fixtures.mjs OUT_DIR TEXTS_JSON')
+const [outDir, textsJson, mode] = process.argv.slice(2)
+const small = mode === '--small'
+if (!outDir || !textsJson || (mode !== undefined && !small)) {
+  console.error('usage: make_parquet_fixtures.mjs OUT_DIR TEXTS_JSON [--small]')
   process.exit(1)
 }
 const texts = JSON.parse(fs.readFileSync(textsJson, 'utf8'))
@@ -203,6 +207,13 @@ const fixtures = [
   ['hyp-v2-gzip-delta_length_byte_array', ['id', 'url', 'text?'], { codec: 'GZIP', encoding: 'DELTA_LENGTH_BYTE_ARRAY', rows: 250, page: 8192 }],
   ['hyp-v2-zstd-plain', ['id', 'text?'], { codec: 'ZSTD', encoding: 'PLAIN', rows: 400, page: 16384 }],
 ]
+if (small) {  // the same shapes for fewer documents: sizes in proportion, within sane floors
+  for (const [, , o] of fixtures) {
+    if (o.rows) o.rows = Math.max(4, Math.round(o.rows * n / 1900))
+    if (o.page) o.page = Math.max(64, Math.round(o.page * n / 1900))
+    if (o.dictLimit) o.dictLimit = Math.max(256, Math.round(o.dictLimit * n / 1900))
+  }
+}
 
 // ---- Thrift compact protocol, each value read with its place, for relabelling in place ----
 function varint(b, pos) {
@@ -406,6 +417,7 @@ function checkPromises(name, d) {
   // Several row groups, each but the last (the rows left over) of several pages. parquet-wasm
   // writes the dictionary indices of an optional column's chunk as one data page, whatever
   // the page size limit; hyparquet-writer splits them.
+  if (small) return
   const onePage = extra === 'one_page'
   if (onePage && (d.metadata.row_groups.length !== 1 || d.pagesPerGroup[0] !== 1)) fail(name, 'expected one row group of one page')
   if (!onePage && (d.metadata.row_groups.length < 2 || Math.min(...d.pagesPerGroup.slice(0, -1)) < (dict && writer === 'hyp' ? 3 : 2))) {
