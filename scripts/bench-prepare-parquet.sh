@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The throughput of `prepare` on Parquet against the same texts as .jsonl.zst (docs/data.md).
-# Builds MB megabytes of documents (fortunes entries from data/fortunes.txt, 1 to 30 of them
+# Builds MB megabytes of documents (default 290, which makes a Parquet file of about 200 MB) (fortunes entries from data/fortunes.txt, 1 to 30 of them
 # joined per document in a seeded random order, so documents run from a few hundred bytes to
 # a few kilobytes, as web text does), writes them as JSONL compressed by the zstd tool
 # (level 3) and as Parquet (scripts/prepare-bench/jsonl-to-parquet.mjs: SNAPPY, 10,000 rows
 # per row group), checks that both give the same dataset, then runs
 # `prepare` ROUNDS times on each, alternated, with GPT-2's vocabulary (converted from
 # tiktoken's ranks) and --threads THREADS, and prints every run's wall time and the text
-# MB/s (the documents' UTF-8 bytes over the wall time), then the medians. Run it on an
-# otherwise idle machine (the timings are wall-clock).
+# MB/s (the documents' UTF-8 bytes over the wall time) and peak resident memory, then the
+# medians. Run it on an otherwise idle machine (the timings are wall-clock).
 #
-# usage: scripts/bench-prepare-parquet.sh [LLMTRAIN] [MB] [ROUNDS] [THREADS]   (defaults: build/llmtrain, 200, 3, the cores)
+# usage: scripts/bench-prepare-parquet.sh [LLMTRAIN] [MB] [ROUNDS] [THREADS]   (defaults: build/llmtrain, 290, 5, the cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 llmtrain=${1:-build/llmtrain}
-megabytes=${2:-200}
-rounds=${3:-3}
+megabytes=${2:-290}
+rounds=${3:-5}
 threads=${4:-$(nproc)}
 work=build/prepare-bench
 mkdir -p "$work"
@@ -47,11 +47,15 @@ parquet=$work/texts-${megabytes}mb.parquet
 text_bytes=$(cat "$work/texts-${megabytes}mb.text-bytes")
 echo "texts: $text_bytes bytes of UTF-8; $jsonl.zst $(stat -c %s "$jsonl.zst") bytes, $parquet $(stat -c %s "$parquet") bytes; $rounds alternated rounds, --threads $threads"
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-run() {  # run INPUT OUTPUT: prints the wall seconds
-    local start end
+# run INPUT OUTPUT: prints the wall seconds; the peak resident memory (MB) goes to $work/last.rss
+# where GNU time is installed.
+run() {
+    local start end timer=()
+    [ -x /usr/bin/time ] && timer=(/usr/bin/time -f %M -o "$work/last.rss")
     start=$(date +%s.%N)
-    "$llmtrain" prepare --tokenizer "$tokenizer" --input "$1" --threads "$threads" --output "$2" --force >/dev/null
+    "${timer[@]}" "$llmtrain" prepare --tokenizer "$tokenizer" --input "$1" --threads "$threads" --output "$2" --force >/dev/null
     end=$(date +%s.%N)
+    [ -x /usr/bin/time ] && awk '{ printf "%.0f", $1 / 1024 }' "$work/last.rss" >"$work/last.rss.mb" || echo "?" >"$work/last.rss.mb"
     awk -v a="$start" -v b="$end" 'BEGIN { printf "%.3f\n", b - a }'
 }
 rate() { awk -v bytes="$text_bytes" -v s="$1" 'BEGIN { printf "%.2f", bytes / 1e6 / s }'; }

@@ -7,15 +7,41 @@ namespace llmtrain {
 
 namespace {
 
-parquet::TextColumnReader open_text_column(const std::string& path, const PrepareOptions& o) {
-    return parquet::TextColumnReader(parquet::open_file_source(path), path, o.text_column);
-}
+using parquet::TextColumnReader;
+
+TextColumnReader open_text_column(const std::string& path, const PrepareOptions& o) { return TextColumnReader(parquet::open_file_source(path), path, o.text_column); }
 
 // Row group g starts at the sum of the weights before it.
-std::vector<uint64_t> row_group_starts(const parquet::TextColumnReader& reader) {
+std::vector<uint64_t> row_group_starts(const TextColumnReader& reader) {
     std::vector<uint64_t> starts{0};
     for (size_t g = 0; g < reader.row_groups(); ++g) starts.push_back(starts.back() + reader.weight(g));
     return starts;
+}
+
+// A piece of the plan: the pages of a row group from `from` up to the page at `to`, whose
+// text offset is `start`.
+struct Piece {
+    size_t row_group = 0;
+    TextColumnReader::PageStart from;
+    uint64_t to = UINT64_MAX;  // past the chunk: every page to the last
+    uint64_t start = 0;
+};
+
+// The pieces of row group g, which starts at text offset `start`: the whole row group, or, when
+// it weighs more than unit_bytes, cut at each data page where another unit_bytes of its pages
+// begin (read from the pages' headers), so that no piece is much larger than a unit.
+std::vector<Piece> row_group_pieces(const TextColumnReader& reader, size_t g, uint64_t start, uint64_t unit_bytes) {
+    std::vector<Piece> pieces{{g, reader.chunk_start(g), UINT64_MAX, start}};
+    const uint64_t weight = reader.weight(g);
+    if (weight <= unit_bytes) return pieces;
+    uint64_t last_cut = 0;
+    for (const TextColumnReader::PageStart& page : reader.data_pages(g)) {
+        if (page.bytes_before - last_cut < unit_bytes || page.bytes_before >= weight) continue;
+        pieces.back().to = page.offset;
+        pieces.push_back({g, page, UINT64_MAX, start + page.bytes_before});
+        last_cut = page.bytes_before;
+    }
+    return pieces;
 }
 
 }  // namespace
@@ -26,34 +52,39 @@ InputFile scan_parquet_input(const std::string& path, const PrepareOptions& o) {
     InputFile file;
     file.path = path;
     file.format = InputFormat::parquet;
-    const parquet::TextColumnReader reader = open_text_column(path, o);
+    const TextColumnReader reader = open_text_column(path, o);
     const std::vector<uint64_t> starts = row_group_starts(reader);
+    for (size_t g = 0; g < reader.row_groups(); ++g)
+        for (const Piece& piece : row_group_pieces(reader, g, starts[g], o.unit_bytes))
+            if (piece.start > 0) file.cuts.push_back(piece.start);
     file.text_bytes = starts.back();
-    file.cuts.assign(starts.begin() + 1, starts.end() - 1);
     return file;
 }
 
 std::vector<std::string> parquet_documents(const InputFile& file, const Segment& segment, const PrepareOptions& o, std::vector<SkippedRecord>* skipped) {
-    const parquet::TextColumnReader reader = open_text_column(file.path, o);
+    const TextColumnReader reader = open_text_column(file.path, o);
     const std::vector<uint64_t> starts = row_group_starts(reader);
     if (starts.back() != file.text_bytes) fail(ErrorKind::io, "input '", file.path, "' changed while being read: its row groups are not the ones planned");
     std::vector<std::string> documents;
     for (size_t g = 0; g < reader.row_groups(); ++g) {
-        if (starts[g] < segment.begin || starts[g] >= segment.end) continue;
-        reader.read_row_group(g, [&](uint64_t row, const std::string_view* text) {
-            std::string reason;
-            if (!text) {
-                reason = cat(o.text_column, " is null");
-            } else if (const size_t bad = first_invalid_utf8(*text); bad != std::string_view::npos) {
-                reason = cat(o.text_column, " is not valid UTF-8 (byte ", bad, " of ", text->size(), ")");
-            } else {
-                documents.emplace_back(*text);
-                return;
-            }
-            if (o.on_bad_record != BadRecordPolicy::skip || !skipped)
-                fail(ErrorKind::data, file.path, ": row group ", g, ", row ", row, ": ", reason, " (--on-bad-record skip leaves such records out)");
-            skipped->push_back({file.path, 0, reason, static_cast<int64_t>(g), row});
-        });
+        if (starts[g + 1] <= segment.begin || starts[g] >= segment.end) continue;  // no piece of it in the segment
+        for (const Piece& piece : row_group_pieces(reader, g, starts[g], o.unit_bytes)) {
+            if (piece.start < segment.begin || piece.start >= segment.end) continue;
+            reader.read_pages(g, piece.from, piece.to, [&](uint64_t row, const std::string_view* text) {
+                std::string reason;
+                if (!text) {
+                    reason = cat(o.text_column, " is null");
+                } else if (const size_t bad = first_invalid_utf8(*text); bad != std::string_view::npos) {
+                    reason = cat(o.text_column, " is not valid UTF-8 (byte ", bad, " of ", text->size(), ")");
+                } else {
+                    documents.emplace_back(*text);
+                    return;
+                }
+                if (o.on_bad_record != BadRecordPolicy::skip || !skipped)
+                    fail(ErrorKind::data, file.path, ": row group ", g, ", row ", row, ": ", reason, " (--on-bad-record skip leaves such records out)");
+                skipped->push_back({file.path, 0, reason, static_cast<int64_t>(g), row});
+            });
+        }
     }
     return documents;
 }

@@ -26,7 +26,7 @@ constexpr int32_t kByteArray = 6;
 constexpr int32_t kRequired = 0, kRepeated = 2;
 enum PageType : int32_t { data_page = 0, index_page = 1, dictionary_page = 2, data_page_v2 = 3 };
 enum Encoding : int32_t { plain = 0, plain_dictionary = 2, rle = 3, bit_packed = 4, delta_length_byte_array = 6, delta_byte_array = 7, rle_dictionary = 8 };
-constexpr size_t kFirstHeaderRead = 64 << 10, kMaxPageHeader = 16 << 20;
+constexpr size_t kFirstHeaderRead = 4 << 10, kMaxPageHeader = 16 << 20;  // a header is tens of bytes, more with statistics
 constexpr int kMaxSchemaDepth = 64;
 
 const char* type_name(int32_t type) {
@@ -174,16 +174,17 @@ void TextColumnReader::read_footer() {
         fail(ErrorKind::data, "input '", name_, "': footer: the metadata is cut short or corrupt (", e.what(), ")");
     }
     if (metadata.__isset.encryption_algorithm) fail(ErrorKind::data, "input '", name_, "': footer: the file is encrypted, which is not supported");
+    size_t leaves = 0;
     try {
-        find_column(metadata);
+        leaves = find_column(metadata);
     } catch (const Error& e) {
         if (std::string_view(e.what()).starts_with("input '")) throw;
         fail(ErrorKind::data, "input '", name_, "': footer: ", e.what());
     }
-    locate_chunks(metadata, data_end);
+    locate_chunks(metadata, leaves, data_end);
 }
 
-void TextColumnReader::find_column(const pf::FileMetaData& metadata) {
+size_t TextColumnReader::find_column(const pf::FileMetaData& metadata) {
     const auto& schema = metadata.schema;
     if (schema.empty() || !is_group(schema[0])) fail(ErrorKind::data, "the schema has no root group");
     SchemaWalk walk{schema};
@@ -207,15 +208,10 @@ void TextColumnReader::find_column(const pf::FileMetaData& metadata) {
         fail(ErrorKind::data, where, " holds ", found->__isset.type ? type_name(found->type) : "no type", ", not BYTE_ARRAY strings");
     max_definition_ = found->__isset.repetition_type && found->repetition_type != kRequired ? 1 : 0;
     if (metadata.num_rows < 0) fail(ErrorKind::data, "the file says it holds ", metadata.num_rows, " rows");
-    static_cast<void>(walk.leaves);
+    return walk.leaves;
 }
 
-void TextColumnReader::locate_chunks(const pf::FileMetaData& metadata, uint64_t data_end) {
-    const size_t leaves = [&] {
-        SchemaWalk walk{metadata.schema};
-        for (int32_t c = 0; c < metadata.schema[0].num_children; ++c) walk.element(1);
-        return walk.leaves;
-    }();
+void TextColumnReader::locate_chunks(const pf::FileMetaData& metadata, size_t leaves, uint64_t data_end) {
     for (size_t g = 0; g < metadata.row_groups.size(); ++g) {
         const pf::RowGroup& group = metadata.row_groups[g];
         const std::string where = cat("input '", name_, "': footer: row group ", g, ", column \"", column_, "\"");
@@ -244,29 +240,66 @@ void TextColumnReader::locate_chunks(const pf::FileMetaData& metadata, uint64_t 
     }
 }
 
-void TextColumnReader::read_row_group(size_t g, const RowVisitor& visit) const {
+template <class Work>
+auto TextColumnReader::in_page(size_t g, uint64_t page_at, Work&& work) const {
+    try {
+        return work();
+    } catch (const apache::thrift::TException& e) {
+        fail(ErrorKind::data, "input '", name_, "': row group ", g, ", column \"", column_, "\", page at byte ", page_at, ": the page header is corrupt (", e.what(), ")");
+    } catch (const Error& e) {
+        if (e.kind() != ErrorKind::data) throw;
+        fail(ErrorKind::data, "input '", name_, "': row group ", g, ", column \"", column_, "\", page at byte ", page_at, ": ", e.what());
+    }
+}
+
+TextColumnReader::PageStart TextColumnReader::chunk_start(size_t g) const { return {chunks_.at(g).begin, 0, 0}; }
+
+std::vector<TextColumnReader::PageStart> TextColumnReader::data_pages(size_t g) const {
+    const Chunk& chunk = chunks_.at(g);
+    std::vector<PageStart> pages;
+    uint64_t pos = chunk.begin, rows = 0, bytes = 0;
+    while (rows < chunk.rows && pos < chunk.end) {
+        const uint64_t page_at = pos;
+        const pf::PageHeader header = in_page(g, page_at, [&] { return read_page_header(chunk, pos); });
+        const bool data = header.type == data_page || header.type == data_page_v2;
+        if (data) pages.push_back({page_at, rows, bytes});
+        if (header.type == data_page && header.__isset.data_page_header) rows += static_cast<uint64_t>(std::max(0, header.data_page_header.num_values));
+        if (header.type == data_page_v2 && header.__isset.data_page_header_v2) rows += static_cast<uint64_t>(std::max(0, header.data_page_header_v2.num_values));
+        bytes += (pos - page_at) + static_cast<uint64_t>(header.uncompressed_page_size);
+        pos += static_cast<uint64_t>(header.compressed_page_size);
+    }
+    return pages;
+}
+
+void TextColumnReader::read_row_group(size_t g, const RowVisitor& visit) const { read_pages(g, chunk_start(g), chunks_.at(g).end, visit); }
+
+void TextColumnReader::read_pages(size_t g, const PageStart& from, uint64_t to, const RowVisitor& visit) const {
     const Chunk& chunk = chunks_.at(g);
     ChunkState state;
     state.row_group = g;
     uint64_t pos = chunk.begin;
-    while (state.row < chunk.rows) {
-        if (pos >= chunk.end) fail(ErrorKind::data, "input '", name_, "': row group ", g, ", column \"", column_, "\": the column chunk ends after ", state.row, " of its ", chunk.rows, " rows");
+    // Pages before `from`: only a dictionary page is read (its values are the later pages'),
+    // the others are passed over by their headers.
+    while (pos < from.offset && pos < chunk.end) {
         const uint64_t page_at = pos;
-        DecodedPage page;
-        try {
-            page = read_page(chunk, pos, state);
-        } catch (const apache::thrift::TException& e) {
-            fail(ErrorKind::data, "input '", name_, "': row group ", g, ", column \"", column_, "\", page at byte ", page_at, ": the page header is corrupt (", e.what(), ")");
-        } catch (const Error& e) {
-            if (e.kind() != ErrorKind::data) throw;
-            fail(ErrorKind::data, "input '", name_, "': row group ", g, ", column \"", column_, "\", page at byte ", page_at, ": ", e.what());
-        }
+        uint64_t after = pos;
+        const pf::PageHeader header = in_page(g, page_at, [&] { return read_page_header(chunk, after); });
+        if (header.type == dictionary_page) in_page(g, page_at, [&] { return read_page(chunk, pos, state); });
+        else pos = after + static_cast<uint64_t>(header.compressed_page_size);
+    }
+    if (pos != from.offset) fail(ErrorKind::data, "input '", name_, "': row group ", g, ", column \"", column_, "\": no page starts at byte ", from.offset);
+    state.row = from.rows_before;
+    while (state.row < chunk.rows && pos < to) {
+        const uint64_t page_at = pos;
+        const DecodedPage page = in_page(g, page_at, [&] { return read_page(chunk, pos, state); });
         size_t next = 0;
         for (const uint8_t present : page.present) visit(state.row++, present ? &page.values.values[next++] : nullptr);
     }
+    if (to >= chunk.end && state.row < chunk.rows)
+        fail(ErrorKind::data, "input '", name_, "': row group ", g, ", column \"", column_, "\": the column chunk ends after ", state.row, " of its ", chunk.rows, " rows");
 }
 
-TextColumnReader::DecodedPage TextColumnReader::read_page(const Chunk& chunk, uint64_t& pos, ChunkState& state) const {
+parquet_format::PageHeader TextColumnReader::read_page_header(const Chunk& chunk, uint64_t& pos) const {
     // The header's length is known only once it is parsed: read a window, and a larger one
     // if the header (statistics can be long) does not fit.
     pf::PageHeader header;
@@ -288,6 +321,12 @@ TextColumnReader::DecodedPage TextColumnReader::read_page(const Chunk& chunk, ui
     const auto compressed = static_cast<uint64_t>(header.compressed_page_size), size = static_cast<uint64_t>(header.uncompressed_page_size);
     if (compressed > chunk.end - pos) fail(ErrorKind::data, "the page's ", compressed, " bytes run past the column chunk (which ends at byte ", chunk.end, ")");
     if (size > limits_.max_page_bytes) fail(ErrorKind::data, "the page is ", size, " bytes uncompressed, more than the ", limits_.max_page_bytes, " this reader takes");
+    return header;
+}
+
+TextColumnReader::DecodedPage TextColumnReader::read_page(const Chunk& chunk, uint64_t& pos, ChunkState& state) const {
+    const pf::PageHeader header = read_page_header(chunk, pos);
+    const auto compressed = static_cast<uint64_t>(header.compressed_page_size), size = static_cast<uint64_t>(header.uncompressed_page_size);
     const std::string body = source_->read(pos, static_cast<size_t>(compressed));
     pos += compressed;
     switch (header.type) {

@@ -24,6 +24,7 @@
 
 namespace llmtrain::parquet_format {
 class FileMetaData;  // parquet_format.thrift
+class PageHeader;
 }
 
 namespace llmtrain::parquet {
@@ -66,13 +67,34 @@ public:
     // Calls visit for every row of the row group, in order; row is 0-based within it.
     void read_row_group(size_t row_group, const RowVisitor& visit) const;
 
+    // Where a row group's rows can be read from: the chunk's start, or a data page. A large row
+    // group is split at its data pages, so that a piece of work need not be a whole row group.
+    struct PageStart {
+        uint64_t offset = 0;        // in the file
+        uint64_t rows_before = 0;   // rows of the row group before it
+        uint64_t bytes_before = 0;  // the pages before it, headers and uncompressed bodies
+    };
+    PageStart chunk_start(size_t row_group) const;
+    // The row group's data pages, read by their headers alone.
+    std::vector<PageStart> data_pages(size_t row_group) const;
+    // Visits the rows of the pages from `from` up to the page at file offset `to` (the chunk's
+    // end or beyond: every page to the last), reading the chunk's dictionary page first.
+    void read_pages(size_t row_group, const PageStart& from, uint64_t to, const RowVisitor& visit) const;
+
 private:
     struct Chunk;       // where a row group's text column chunk lies, and how it is coded
     struct ChunkState;  // the dictionary and the rows read so far, while a chunk is read
     void read_footer();
-    void find_column(const parquet_format::FileMetaData& metadata);
-    void locate_chunks(const parquet_format::FileMetaData& metadata, uint64_t data_end);
+    // Finds column_ among the top-level fields; returns the schema's number of leaves.
+    size_t find_column(const parquet_format::FileMetaData& metadata);
+    // Each row group's chunk of the column, checked to lie inside the data (before the footer).
+    void locate_chunks(const parquet_format::FileMetaData& metadata, size_t leaves, uint64_t data_end);
     struct DecodedPage;  // a data page's rows: which are present, and their values
+    // Runs work(), giving its data errors the file, row group, column and page.
+    template <class Work>
+    auto in_page(size_t row_group, uint64_t page_at, Work&& work) const;
+    // Reads and checks the page header at `pos`, advancing it to the page's body.
+    parquet_format::PageHeader read_page_header(const Chunk& chunk, uint64_t& pos) const;
     // Reads the page at `pos`, advancing it past the page: a data page's rows, or none (a
     // dictionary page, kept in `state`, or an index page).
     DecodedPage read_page(const Chunk& chunk, uint64_t& pos, ChunkState& state) const;

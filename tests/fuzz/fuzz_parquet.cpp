@@ -1,6 +1,7 @@
 // Arbitrary bytes as a Parquet input of `llmtrain prepare`, read as prepare reads it
 // (data/parquet_reader.h): the footer, the "text" column found, then every row group's pages,
-// each row's text checked as UTF-8. Never a crash, a hang or an allocation beyond the limits
+// each row's text checked as UTF-8, and each row group again from its second data page on (as
+// a piece of a large row group is read). Never a crash, a hang or an allocation beyond the limits
 // (lowered here: a 1 MiB footer, 8 MiB pages, 65,536 rows a page); every refusal names the
 // file, and a row group that reads has exactly the rows its footer promised. The seeds
 // (scripts/fuzz-seeds.sh) are small files of both writers the tests use, in every codec and
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 #include "data/parquet_input.h"
@@ -40,6 +42,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 if (++rows > kMaxRows) throw TooManyRows{};
             });
             if (in_group != reader.rows(g)) std::abort();  // a row group that reads holds what its footer says
+            const std::vector<parquet::TextColumnReader::PageStart> pages = reader.data_pages(g);
+            if (pages.size() < 2) continue;
+            uint64_t expected = pages[1].rows_before;
+            reader.read_pages(g, pages[1], UINT64_MAX, [&](uint64_t row, const std::string_view*) {
+                if (row != expected++) std::abort();  // the piece's rows are numbered from the rows before it
+                if (++rows > kMaxRows) throw TooManyRows{};
+            });
+            if (expected != reader.rows(g)) std::abort();
         }
     } catch (const Error& e) {
         if (std::string_view(e.what()).find("input '" + name + "'") == std::string_view::npos) std::abort();  // a refusal must name the file

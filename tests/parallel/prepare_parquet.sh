@@ -5,7 +5,8 @@
 # bytes of the same documents as JSONL; --text-column picks another column and a missing one
 # is named with the file's columns; `tokenizer train` reads the documents too; Parquet and
 # JSONL files mixed in one run give the dataset of their documents in input order; with small
-# units (row groups as the pieces) the dataset is the same on 1 and 2 threads and 4 ranks;
+# units (row groups, and the data pages of a large one, as the pieces) the dataset is the same
+# on 1 and 2 threads and 4 ranks;
 # null texts abort naming row group and row, or are skipped, counted and listed; hostile and
 # unsupported files (tests/parquet/break_parquet.py) are refused in one line naming the file
 # and the part, writing nothing.
@@ -98,17 +99,23 @@ prepare "${inputs[@]}" --output "$work/mixed"
 diff -r "$work/mixed-jsonl" "$work/mixed" || fail "Parquet and JSONL inputs in one run: the dataset differs from their concatenated JSONL's"
 echo "prepare_parquet: Parquet and JSONL inputs mixed in one run give the dataset of their documents in input order"
 
-# Units of 50 KB: the row groups (60-90 KB of text each) are the units' pieces.
-for f in wasm-v2-zstd-plain.parquet hyp-v2-snappy-delta_byte_array.parquet; do
+# Units of 50 KB: the row groups (60-90 KB of text each in the first two files; about 200 KB
+# of 19-20 pages in the third, which is cut at its data pages) are the units' pieces.
+for f in wasm-v2-zstd-plain.parquet hyp-v2-snappy-delta_byte_array.parquet wasm-v1-zstd-dict_fallback_plain.parquet; do
     "$llmtrain" prepare "${common[@]}" --unit-mb 0.05 --threads 1 --input "$fx/$f" --output "$work/units/$f.t1" >/dev/null
     "$llmtrain" prepare "${common[@]}" --unit-mb 0.05 --threads 2 --input "$fx/$f" --output "$work/units/$f.t2" >/dev/null
     prepare_np 4 --unit-mb 0.05 --input "$fx/$f" --output "$work/units/$f.np4"
-    shards=("$work/units/$f.t1"/*.ltshard)
-    [ "${#shards[@]}" -ge 4 ] || fail "$f with --unit-mb 0.05: ${#shards[@]} shard(s), expected several"
+    shards=("$work/units/$f.t1"/train-*.ltshard)
+    [ "${#shards[@]}" -ge 4 ] || fail "$f with --unit-mb 0.05: ${#shards[@]} train shard(s), expected several"
     diff -r "$work/units/$f.t1" "$work/units/$f.t2" || fail "$f with --unit-mb 0.05: 2 threads differ from 1"
     diff -r "$work/units/$f.t1" "$work/units/$f.np4" || fail "$f with --unit-mb 0.05: 4 ranks differ from 1 process"
+    python3 -c 'import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+total = lambda d, k: d["train"][k] + d["val"][k]
+assert (total(a, "tokens"), total(a, "documents")) == (total(b, "tokens"), total(b, "documents")), (a, b)' \
+        "$work/units/$f.t1/dataset.json" "$work/jsonl/dataset.json" || fail "$f with --unit-mb 0.05: not the JSONL's documents and tokens"
 done
-echo "prepare_parquet: with row groups as the units' pieces, 1 thread, 2 threads and 4 ranks write the same shards"
+echo "prepare_parquet: with row groups (and pages of a large one) as the units' pieces, 1 thread, 2 threads and 4 ranks write the same shards, of the JSONL's documents and tokens"
 
 # Null texts at rows 7 and 21: row 7 of row group 0 and row 5 of row group 1.
 refused "$fx/nulls.parquet" "row group 0, row 7" "null"
