@@ -138,6 +138,7 @@ print(json.dumps([e for e in open(sys.argv[1], encoding="utf-8", errors="replace
 quiet node tests/parquet/make_parquet_fixtures.mjs "$work/parquet" "$work/parquet-texts.json" --small
 while read -r file; do seed parquet "$file" "$work/parquet/$file"; done <"$work/parquet/fixtures.txt"
 seed parquet nulls.parquet "$work/parquet/nulls.parquet"
+seed parquet invalid-utf8.parquet "$work/parquet/invalid-utf8.parquet"
 for file in "$work/parquet/unsupported"/*.parquet; do seed parquet "unsupported-$(basename "$file")" "$file"; done
 dictionary parquet parquet </dev/null
 

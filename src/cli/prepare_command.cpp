@@ -135,7 +135,7 @@ void register_prepare_command(CLI::App& app, CommandAction& action) {
     auto args = std::make_shared<PrepareArgs>();
     CLI::App* cmd = app.add_subcommand("prepare", "Tokenize text, JSONL or Parquet files into a dataset of compressed token shards");
     cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json, or a directory with it or with GPT-2's encoder.json + vocab.bpe")->required();
-    cmd->add_option("--input", args->inputs, "Input files or glob patterns (matches sorted); gzip and zstd are read by their magic bytes")->required();
+    cmd->add_option("--input", args->inputs, "Input files, directories (their input files at any depth) or glob patterns, each sorted; gzip and zstd are read by their magic bytes")->required();
     cmd->add_option("--output", args->output, "Dataset directory to write (written beside it, then swapped in)")->required();
     cmd->add_flag("--force", args->force, "Replace the dataset already in --output");
     cmd->add_option("--input-format", args->input_format, "text, jsonl or parquet (auto: per file, parquet for .parquet/.pq, jsonl for .jsonl/.json, also under .gz/.zst)")

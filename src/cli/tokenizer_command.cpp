@@ -125,7 +125,7 @@ void register_tokenizer_command(CLI::App& app, CommandAction& action) {
     cmd->require_subcommand(1);
     CLI::App* train = cmd->add_subcommand("train", "Train a byte-level BPE on text files and write tokenizer.json");
     train->add_option("--vocab-size", args->vocab_size, "Tokens in all: 256 bytes + merges + special tokens")->required();
-    train->add_option("--input", args->inputs, "Text files or glob patterns (gzip / zstd read by their magic bytes)")->required();
+    train->add_option("--input", args->inputs, "Input files, directories (their input files at any depth) or glob patterns (gzip / zstd read by their magic bytes)")->required();
     train->add_option("--output", args->output, "tokenizer.json to write (through a temporary file and a rename)")->required();
     train->add_flag("--force", args->force, "Replace an existing --output file");
     train->add_option("--input-format", args->input_format, "text, jsonl or parquet (auto: per file, parquet for .parquet/.pq, jsonl for .jsonl/.json, also under .gz/.zst)")

@@ -7,7 +7,8 @@
 # JSONL files mixed in one run give the dataset of their documents in input order; with small
 # units (row groups, and the data pages of a large one, as the pieces) the dataset is the same
 # on 1 and 2 threads and 4 ranks;
-# null texts abort naming row group and row, or are skipped, counted and listed; hostile and
+# null texts and texts that are not UTF-8 abort naming row group and row, or are skipped,
+# counted and listed as JSONL's bad records are; hostile and
 # unsupported files (tests/parquet/break_parquet.py) are refused in one line naming the file
 # and the part, writing nothing.
 # usage: prepare_parquet.sh LLMTRAIN MPIEXEC CORPUS WORK_DIR
@@ -132,7 +133,14 @@ assert len(records) == 2 and all({"file", "row_group", "row", "reason"} <= set(r
 assert all(r["file"].endswith("nulls.parquet") for r in records), records
 assert [(r["row_group"], r["row"]) for r in records] == [(0, 7), (1, 5)], records' "$work/nulls-skip/skipped-records.jsonl" \
     || { cat "$work/nulls-skip/skipped-records.jsonl"; fail "skipped rows listed wrongly"; }
-echo "prepare_parquet: null texts abort naming row group and row, or are skipped, counted and listed"
+# Text that is not UTF-8 at row 3 of row group 0: a bad record, as the same bytes are in JSONL.
+refused "$fx/invalid-utf8.parquet" "row group 0, row 3" "not valid UTF-8"
+prepare --input "$fx/invalid-utf8.parquet" --on-bad-record skip --output "$work/utf8-skip" 2>"$work/stderr"
+prepare --input "$fx/invalid-utf8.jsonl" --on-bad-record skip --output "$work/utf8-jsonl-skip" 2>"$work/stderr"
+diff -r -x skipped-records.jsonl "$work/utf8-jsonl-skip" "$work/utf8-skip" || fail "invalid-utf8.parquet skipped: the dataset differs from invalid-utf8.jsonl's"
+grep -q '"skipped_records": 1' "$work/utf8-skip/dataset.json" || fail "the manifest does not count 1 skipped record"
+grep -q '"row_group":0,"row":3,"reason":"text is not valid UTF-8' "$work/utf8-skip/skipped-records.jsonl" || { cat "$work/utf8-skip/skipped-records.jsonl"; fail "the invalid row is listed wrongly"; }
+echo "prepare_parquet: null texts and texts that are not UTF-8 abort naming row group and row, or are skipped, counted and listed"
 
 # Each broken in one way (see break_parquet.py), and the refused codecs and nesting.
 for case in "truncated-footer.parquet|footer" "footer-length-past-start.parquet|footer" "wrong-magic-head.parquet|magic" \

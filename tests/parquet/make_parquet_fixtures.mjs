@@ -54,6 +54,8 @@
 //                        7 and 21 of the file; row groups of 16 rows, then 600: row group 0
 //                        row 7 and row group 1 row 5), text optional; nulls.jsonl: the same
 //                        records, {"text": null} at the null rows
+//   invalid-utf8.parquet document 3 replaced by bytes that are not UTF-8 (row 3 of row group 0);
+//                        invalid-utf8.jsonl: the same records, the raw bytes in the JSON string
 //   body-column.parquet  the documents in a column named `body` (columns: id, body)
 //   unsupported/         files the reader is to refuse: lz4_raw.parquet, lz4.parquet (Hadoop
 //                        LZ4), brotli.parquet (codecs), nested-list.parquet (text: list<string>)
@@ -485,6 +487,33 @@ fs.writeFileSync(path.join(outDir, 'texts.jsonl'), texts.map(text => `${JSON.str
   fs.writeFileSync(path.join(outDir, 'nulls.jsonl'), withNulls.map(text => `${JSON.stringify({ text })}\n`).join(''))
 }
 
+// invalid-utf8: the documents with document 3 replaced by bytes that are not UTF-8 ("a", 0xff,
+// "b"), in a BYTE_ARRAY column; row groups of 16 rows, then 600 (row 3 of row group 0), and
+// invalid-utf8.jsonl: the same records with those raw bytes inside the JSON string.
+{
+  const encoder = new TextEncoder()
+  const invalid = Uint8Array.from([0x61, 0xff, 0x62])
+  const values = texts.map((t, i) => (i === 3 ? invalid : encoder.encode(t)))
+  const buffer = parquetWriteBuffer({
+    columnData: [
+      { name: 'id', data: Int32Array.from(texts, (_, i) => i), type: 'INT32', nullable: false, encoding: 'PLAIN' },
+      { name: 'text', data: values, type: 'BYTE_ARRAY', nullable: false, encoding: 'PLAIN' },
+    ],
+    codec: 'SNAPPY',
+    rowGroupSize: [16, 600],
+    pageSize: 8192,
+    createdBy: 'hyparquet-writer',
+  })
+  const bytes = new Uint8Array(buffer)
+  describe('invalid-utf8', bytes)
+  const rows = await parquetReadObjects({ file: buffer, utf8: false })
+  const third = rows[3].text
+  if (!(third instanceof Uint8Array) || Buffer.compare(Buffer.from(third), Buffer.from(invalid)) !== 0) fail('invalid-utf8', 'row 3 is not the invalid bytes')
+  save('invalid-utf8.parquet', bytes)
+  const lines = texts.map((text, i) => (i === 3 ? Buffer.concat([Buffer.from('{"text": "'), Buffer.from(invalid), Buffer.from('"}\n')]) : Buffer.from(`${JSON.stringify({ text })}\n`)))
+  fs.writeFileSync(path.join(outDir, 'invalid-utf8.jsonl'), Buffer.concat(lines))
+}
+
 // body-column: columns id, body; no `text`.
 {
   const bytes = writeWasm(['id', 'body'], { version: 1, codec: 'SNAPPY', encoding: 'PLAIN', rows: 400, page: 8192 })
@@ -510,4 +539,4 @@ for (const [name, column] of [['nested-list', 'text:list'], ['nested-struct', 't
   if (got.some((t, i) => t !== texts[i])) fail(name, 'does not read back to the documents')
   save(`unsupported/${name}.parquet`, bytes)
 }
-console.log(`make_parquet_fixtures: ${fixtures.length} files of the ${n} documents, nulls, body-column and 5 unsupported files in ${outDir}`)
+console.log(`make_parquet_fixtures: ${fixtures.length} files of the ${n} documents, nulls, invalid-utf8, body-column and 5 unsupported files in ${outDir}`)

@@ -566,3 +566,24 @@ TEST(Prepare, BinaryInputIsRefusedNamingTheFileBeforeAnyShard) {
     }
 }
 
+
+TEST(PrepareInputs, ADirectoryStandsForItsInputFilesAtAnyDepthSortedWithoutHiddenOnes) {
+    const fs::path dir = test::fresh_temp_dir("prepare_input_dir");
+    fs::create_directories(dir / "sample" / "10BT");
+    fs::create_directories(dir / ".cache" / "huggingface");
+    for (const char* name : {"sample/10BT/001_00000.parquet", "sample/10BT/000_00000.parquet", "extra.jsonl.zst", "notes.txt", "README.md",
+                             ".gitattributes", ".cache/huggingface/000_00000.parquet", "sample/.hidden.parquet"})
+        std::ofstream(dir / name) << "x";
+    const std::vector<std::string> files = expand_inputs({dir.string()});
+    EXPECT_EQ(files, (std::vector<std::string>{(dir / "extra.jsonl.zst").string(), (dir / "notes.txt").string(), (dir / "sample/10BT/000_00000.parquet").string(),
+                                               (dir / "sample/10BT/001_00000.parquet").string()}));
+    fs::create_directories(dir / "empty");
+    std::ofstream(dir / "empty" / "README.md") << "x";
+    try {
+        expand_inputs({(dir / "empty").string()});
+        FAIL() << "a directory without an input file was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("holds no input file"), std::string::npos) << e.what();
+    }
+    fs::remove_all(dir);
+}
