@@ -73,10 +73,11 @@ PY
 parquet_times=() jsonl_times=()
 for round in $(seq 1 "$rounds"); do
     parquet_times+=("$(run "$parquet" "$work/out-parquet")")
+    parquet_rss=$(cat "$work/last.rss.mb")
     jsonl_times+=("$(run "$jsonl.zst" "$work/out-jsonl")")
-
-    printf 'round %d: parquet %7.2f s (%s MB/s)   jsonl.zst %7.2f s (%s MB/s)\n' "$round" \
-        "${parquet_times[-1]}" "$(rate "${parquet_times[-1]}")" "${jsonl_times[-1]}" "$(rate "${jsonl_times[-1]}")"
+    jsonl_rss=$(cat "$work/last.rss.mb")
+    printf 'round %d: parquet %7.2f s (%s MB/s, peak RSS %s MB)   jsonl.zst %7.2f s (%s MB/s, peak RSS %s MB)\n' "$round" \
+        "${parquet_times[-1]}" "$(rate "${parquet_times[-1]}")" "$parquet_rss" "${jsonl_times[-1]}" "$(rate "${jsonl_times[-1]}")" "$jsonl_rss"
 done
 p=$(printf '%s\n' "${parquet_times[@]}" | median) j=$(printf '%s\n' "${jsonl_times[@]}" | median)
 printf 'median: parquet %.2f s (%s MB/s of text), jsonl.zst %.2f s (%s MB/s of text)\n' "$p" "$(rate "$p")" "$j" "$(rate "$j")"
