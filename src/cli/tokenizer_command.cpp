@@ -52,8 +52,9 @@ void add_training_text(BpeTrainer& trainer, const std::string& file, const Token
     o.on_bad_record = BadRecordPolicy::skip;
     std::vector<SkippedRecord> skipped;
     if (o.input_format == InputFormat::parquet) {
-        const InputFile input = scan_parquet_input(file, o);
-        for (const std::string& document : parquet_documents(input, Segment{0, 0, input.text_bytes}, o, &skipped)) trainer.add_text(document);
+        const ParquetTextOptions parquet = parquet_text_options(o);
+        const ParquetLayout layout = scan_parquet_layout(file, parquet);
+        for (const std::string& document : parquet_documents(file, layout.text_bytes, 0, layout.text_bytes, parquet, &skipped)) trainer.add_text(document);
         if (!skipped.empty()) log_warn("tokenizer: ", skipped.size(), " row(s) of '", file, "' left out (the first: row group ", skipped.front().row_group, ", row ", skipped.front().row, ": ", skipped.front().reason, ")");
         return;
     }

@@ -9,7 +9,7 @@ namespace {
 
 using parquet::TextColumnReader;
 
-TextColumnReader open_text_column(const std::string& path, const PrepareOptions& o) { return TextColumnReader(parquet::open_file_source(path), path, o.text_column); }
+TextColumnReader open_text_column(const std::string& path, const ParquetTextOptions& o) { return TextColumnReader(parquet::open_file_source(path), path, o.text_column); }
 
 // Row group g starts at the sum of the weights before it.
 std::vector<uint64_t> row_group_starts(const TextColumnReader& reader) {
@@ -48,28 +48,27 @@ std::vector<Piece> row_group_pieces(const TextColumnReader& reader, size_t g, ui
 
 bool is_parquet_name(const std::string& path) { return path.ends_with(".parquet") || path.ends_with(".pq"); }
 
-InputFile scan_parquet_input(const std::string& path, const PrepareOptions& o) {
-    InputFile file;
-    file.path = path;
-    file.format = InputFormat::parquet;
+ParquetLayout scan_parquet_layout(const std::string& path, const ParquetTextOptions& o) {
     const TextColumnReader reader = open_text_column(path, o);
     const std::vector<uint64_t> starts = row_group_starts(reader);
+    ParquetLayout layout;
     for (size_t g = 0; g < reader.row_groups(); ++g)
         for (const Piece& piece : row_group_pieces(reader, g, starts[g], o.unit_bytes))
-            if (piece.start > 0) file.cuts.push_back(piece.start);
-    file.text_bytes = starts.back();
-    return file;
+            if (piece.start > 0) layout.cuts.push_back(piece.start);
+    layout.text_bytes = starts.back();
+    return layout;
 }
 
-std::vector<std::string> parquet_documents(const InputFile& file, const Segment& segment, const PrepareOptions& o, std::vector<SkippedRecord>* skipped) {
-    const TextColumnReader reader = open_text_column(file.path, o);
+std::vector<std::string> parquet_documents(const std::string& path, uint64_t text_bytes, uint64_t begin, uint64_t end, const ParquetTextOptions& o,
+                                           std::vector<SkippedRecord>* skipped) {
+    const TextColumnReader reader = open_text_column(path, o);
     const std::vector<uint64_t> starts = row_group_starts(reader);
-    if (starts.back() != file.text_bytes) fail(ErrorKind::io, "input '", file.path, "' changed while being read: its row groups are not the ones planned");
+    if (starts.back() != text_bytes) fail(ErrorKind::io, "input '", path, "' changed while being read: its row groups are not the ones planned");
     std::vector<std::string> documents;
     for (size_t g = 0; g < reader.row_groups(); ++g) {
-        if (starts[g + 1] <= segment.begin || starts[g] >= segment.end) continue;  // no piece of it in the segment
+        if (starts[g + 1] <= begin || starts[g] >= end) continue;  // no piece of it in [begin, end)
         for (const Piece& piece : row_group_pieces(reader, g, starts[g], o.unit_bytes)) {
-            if (piece.start < segment.begin || piece.start >= segment.end) continue;
+            if (piece.start < begin || piece.start >= end) continue;
             reader.read_pages(g, piece.from, piece.to, [&](uint64_t row, const std::string_view* text) {
                 std::string reason;
                 if (!text) {
@@ -81,8 +80,8 @@ std::vector<std::string> parquet_documents(const InputFile& file, const Segment&
                     return;
                 }
                 if (o.on_bad_record != BadRecordPolicy::skip || !skipped)
-                    fail(ErrorKind::data, file.path, ": row group ", g, ", row ", row, ": ", reason, " (--on-bad-record skip leaves such records out)");
-                skipped->push_back({file.path, 0, reason, static_cast<int64_t>(g), row});
+                    fail(ErrorKind::data, path, ": row group ", g, ", row ", row, ": ", reason, " (--on-bad-record skip leaves such records out)");
+                skipped->push_back({path, 0, reason, static_cast<int64_t>(g), row});
             });
         }
     }

@@ -20,7 +20,6 @@
 #include "core/staged_directory.h"
 #include "data/external_formats.h"
 #include "data/input_files.h"
-#include "data/parquet_input.h"
 #include "data/prepare_plan.h"
 #include "data/prepare_reader.h"
 #include "data/token_shard.h"
@@ -77,7 +76,7 @@ std::string skipped_records_jsonl(const std::vector<SkippedRecord>& records) {
 
 // The documents of one segment of a unit's input.
 std::vector<std::string> segment_documents(const SegmentText& s, const InputFile& file, const PrepareOptions& o, std::vector<SkippedRecord>& skipped) {
-    if (file.format == InputFormat::parquet) return parquet_documents(file, s.segment, o, &skipped);
+    if (file.format == InputFormat::parquet) return parquet_documents(file.path, file.text_bytes, s.segment.begin, s.segment.end, parquet_text_options(o), &skipped);
     require_text(sniff_text(s.text, false), cat("input '", file.path, "' (text bytes ", s.segment.begin, "-", s.segment.end, ")"));
     PrepareOptions per_file = o;
     per_file.input_format = file.format;

@@ -16,16 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "data/bad_records.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
 
 namespace llmtrain {
 
 enum class InputFormat { text, jsonl, parquet, automatic };  // automatic: per file, by its name
-// What a bad record does (a JSONL line that is not an object with a string --json-key field;
-// a Parquet row whose text is null or not UTF-8): end the run naming file:line (file, row
-// group and row), or be left out and listed in skipped-records.jsonl in the dataset.
-enum class BadRecordPolicy { abort, skip };
 enum class OutputFormat { shards, megatron, llmc, nanogpt };
 
 struct PrepareOptions {
@@ -70,15 +67,6 @@ struct PrepareSummary {
 // rank 0 the rest; an error on any rank before the swap removes the staging directory and
 // leaves output_dir as it was, and every rank throws.
 PrepareSummary prepare_dataset(const Tokenizer& tokenizer, const std::string& tokenizer_json, const PrepareOptions& options, const RankGroup& group);
-
-// A record left out under BadRecordPolicy::skip: a JSONL line, or a Parquet row.
-struct SkippedRecord {
-    std::string file;
-    uint64_t line = 0;  // JSONL: 1-based
-    std::string reason;
-    int64_t row_group = -1;  // Parquet: 0-based row group, and row within it
-    uint64_t row = 0;
-};
 
 // The documents of one piece of input (exposed for tests): the whole text, the non-empty
 // parts between separators, or the json_key strings of JSONL lines. first_line is the

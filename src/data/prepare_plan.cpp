@@ -9,7 +9,6 @@
 #include <atomic>
 
 #include "core/error.h"
-#include "data/parquet_input.h"
 
 namespace llmtrain {
 
@@ -139,11 +138,18 @@ InputFormat resolve_input_format(InputFormat option, const std::string& path) {
     return name.ends_with(".jsonl") || name.ends_with(".json") ? InputFormat::jsonl : InputFormat::text;
 }
 
+ParquetTextOptions parquet_text_options(const PrepareOptions& o) { return {o.text_column, o.unit_bytes, o.on_bad_record}; }
+
 InputFile scan_input(const std::string& path, InputFormat format, const PrepareOptions& o) {
-    if (format == InputFormat::parquet) return scan_parquet_input(path, o);
     InputFile file;
     file.path = path;
     file.format = format;
+    if (format == InputFormat::parquet) {  // read by positioned reads: no compression of the file as a whole
+        ParquetLayout layout = scan_parquet_layout(path, parquet_text_options(o));
+        file.text_bytes = layout.text_bytes;
+        file.cuts = std::move(layout.cuts);
+        return file;
+    }
     TextReader reader(path);
     file.compression = reader.compression();
     std::string start;

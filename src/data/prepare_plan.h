@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "data/parquet_input.h"
 #include "data/prepare.h"
 #include "data/text_input.h"
 
@@ -48,6 +49,9 @@ struct PreparePlan {
 // text, jsonl or parquet for a file: the option when it is set, else from the name
 // (.parquet, .pq -> parquet; without its compression extension, .jsonl, .json -> jsonl).
 InputFormat resolve_input_format(InputFormat option, const std::string& path);
+
+// What the Parquet reader takes of the options.
+ParquetTextOptions parquet_text_options(const PrepareOptions& o);
 
 // Text size and cut points of one input (sniffed for text first; decompressed in full when
 // compressed). Throws ErrorKind::data naming the file.
