@@ -461,22 +461,29 @@ for (const [name, columns, o] of fixtures) {
 fs.writeFileSync(path.join(outDir, 'fixtures.txt'), fixtures.map(([name]) => `${name}.parquet\n`).join(''))
 fs.writeFileSync(path.join(outDir, 'texts.jsonl'), texts.map(text => `${JSON.stringify({ text })}\n`).join(''))
 
-// nulls: null rows inserted before documents 7 and 20, so rows 7 and 21 of the file; the first
-// row group 16 rows (row 7 in row group 0), then 600 (row 21 is row 5 of row group 1).
-{
-  const withNulls = [...texts.slice(0, 7), null, ...texts.slice(7, 20), null, ...texts.slice(20)]
-  let id = 0
-  const ids = Int32Array.from(withNulls, t => (t === null ? -1 : id++))
-  const buffer = parquetWriteBuffer({
+// The files of bad rows (nulls, invalid-utf8): hyparquet-writer, an INT32 id and the text
+// column given, PLAIN in SNAPPY, row groups of 16 rows, then 600, so that a bad row early in
+// the documents lies in row group 0 and a later one in row group 1.
+function writeBadRows(ids, text) {
+  return parquetWriteBuffer({
     columnData: [
       { name: 'id', data: ids, type: 'INT32', nullable: false, encoding: 'PLAIN' },
-      { name: 'text', data: withNulls, type: 'STRING', nullable: true, encoding: 'PLAIN' },
+      { name: 'text', encoding: 'PLAIN', ...text },
     ],
     codec: 'SNAPPY',
     rowGroupSize: [16, 600],
     pageSize: 8192,
     createdBy: 'hyparquet-writer',
   })
+}
+
+// nulls: null rows inserted before documents 7 and 20, so rows 7 and 21 of the file; the first
+// row group 16 rows (row 7 in row group 0), then 600 (row 21 is row 5 of row group 1).
+{
+  const withNulls = [...texts.slice(0, 7), null, ...texts.slice(7, 20), null, ...texts.slice(20)]
+  let id = 0
+  const ids = Int32Array.from(withNulls, t => (t === null ? -1 : id++))
+  const buffer = writeBadRows(ids, { data: withNulls, type: 'STRING', nullable: true })
   const bytes = new Uint8Array(buffer)
   const d = describe('nulls', bytes)
   const rows = await parquetReadObjects({ file: buffer })
@@ -494,16 +501,7 @@ fs.writeFileSync(path.join(outDir, 'texts.jsonl'), texts.map(text => `${JSON.str
   const encoder = new TextEncoder()
   const invalid = Uint8Array.from([0x61, 0xff, 0x62])
   const values = texts.map((t, i) => (i === 3 ? invalid : encoder.encode(t)))
-  const buffer = parquetWriteBuffer({
-    columnData: [
-      { name: 'id', data: Int32Array.from(texts, (_, i) => i), type: 'INT32', nullable: false, encoding: 'PLAIN' },
-      { name: 'text', data: values, type: 'BYTE_ARRAY', nullable: false, encoding: 'PLAIN' },
-    ],
-    codec: 'SNAPPY',
-    rowGroupSize: [16, 600],
-    pageSize: 8192,
-    createdBy: 'hyparquet-writer',
-  })
+  const buffer = writeBadRows(Int32Array.from(texts, (_, i) => i), { data: values, type: 'BYTE_ARRAY', nullable: false })
   const bytes = new Uint8Array(buffer)
   describe('invalid-utf8', bytes)
   const rows = await parquetReadObjects({ file: buffer, utf8: false })
