@@ -17,6 +17,7 @@
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/config_changes.h"
 #include "checkpoint/initial_weights.h"
+#include "checkpoint/local_snapshots.h"
 #include "checkpoint/resume_point.h"
 #include "cli/commands.h"
 #include "cli/run_directory.h"
@@ -203,6 +204,77 @@ void restore(Trainer& trainer, const std::optional<ResumePoint>& resume, const C
     if (!health.empty()) log_info("health: in force from before the checkpoint: ", health);
 }
 
+// Where this run's local snapshots live ([checkpoint.local]): every rank's node and this
+// node's directory, checked to be node-local. Known before the restore, which may use them.
+struct LocalSnapshotPlace {
+    NodeMap nodes;
+    std::string root;
+};
+
+std::optional<LocalSnapshotPlace> place_local_snapshots(Trainer& trainer, const Config& config, const std::string& run_id) {
+    if (config.checkpoint.local.every_steps == 0) return std::nullopt;
+    Comm& world = *trainer.context().world;
+    LocalSnapshotPlace place{gather_node_map(world), ""};
+    place.root = local_snapshot_root(config.checkpoint.local, place.nodes.names[static_cast<size_t>(place.nodes.node_of_rank[static_cast<size_t>(world.rank())])], run_id);
+    check_node_local(world, place.nodes, place.root);
+    return place;
+}
+
+// --resume auto with local snapshots: the newest local snapshot whose every piece survives,
+// when it is newer than the persistent checkpoint found (the same step: the local one, read
+// from memory rather than shared storage). Every rank takes the same decision.
+void prefer_local_snapshot(Trainer& trainer, std::optional<ResumePoint>& resume, const std::optional<LocalSnapshotPlace>& place, const std::string& mode,
+                           const std::string& run_id) {
+    if (!place || mode != "auto") return;
+    const bool root = trainer.context().world_rank == 0;
+    const Manifest here = trainer.manifest_at(0);
+    const LayoutCheck same_layout = [&here](const Manifest& m) -> std::optional<std::string> {
+        if (m.world_size == here.world_size && m.tp == here.tp && m.cp == here.cp && m.dp == here.dp && m.pp == here.pp && m.zero_stage == here.zero_stage)
+            return std::nullopt;
+        return cat("it was written on another layout (", m.world_size, " ranks: tp ", m.tp, " cp ", m.cp, " dp ", m.dp, " pp ", m.pp, ", ZeRO ", m.zero_stage,
+                   "); local snapshots restore on the layout that wrote them only, so the persistent checkpoints are used");
+    };
+    const int64_t persistent = resume ? resume->manifest.step - 1 : -1;  // a local snapshot of the same step is preferred
+    const std::optional<LocalResume> local = agree_on_local_snapshot(*trainer.context().world, place->nodes, place->root, run_id, persistent, same_layout,
+                                                                     [root](const std::string& why) {
+                                                                         if (root) log_warn("--resume auto: ", why);
+                                                                     });
+    if (!local) {
+        if (root && resume) log_info("--resume auto: no complete local snapshot newer than the persistent checkpoint '", resume->path, "'");
+        return;
+    }
+    if (root)
+        log_info("--resume auto: the local snapshot of step ", local->manifest.step, " (", local->path, " on each node) is the newest restorable state",
+                 resume ? cat("; the persistent checkpoint is at step ", resume->manifest.step) : "; no persistent checkpoint yet", " | ", local->fetched,
+                 " rank(s) fetched their piece from a peer (", megabytes(static_cast<double>(local->fetched_bytes)), ")");
+    resume = ResumePoint{local->path, local->manifest};
+}
+
+void start_local_snapshots(std::optional<LocalSnapshotter>& snapshots, Trainer& trainer, const Config& config, const Config& as_given,
+                           const std::optional<LocalSnapshotPlace>& place, const std::string& run_dir) {
+    if (!place) return;
+    const ParallelContext& ctx = trainer.context();
+    const FileAttributes file{0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
+    LocalSnapshotHooks hooks;
+    hooks.capture = [&trainer](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
+    hooks.manifest = [&trainer, given = dump_config(as_given), run_dir](int64_t step) {
+        Manifest m = trainer.manifest_at(step);
+        m.config_toml = given;
+        m.run_directory = run_dir;
+        return m;
+    };
+    snapshots.emplace(config.checkpoint.local, *ctx.world, file, place->nodes, place->root, std::move(hooks));
+    trainer.observe(*snapshots);
+}
+
+// A local snapshot in log.jsonl: complete or failed, what it cost the step loop and the node.
+void record_local_snapshots(LocalSnapshotter& snapshots, RunLog& log) {
+    snapshots.on_outcome([&log](const LocalSnapshotOutcome& o) {
+        log.write("local_snapshot", {{"step", o.step}, {"complete", o.complete}, {"reason", o.reason}, {"blocked_seconds", o.blocked_seconds},
+                                     {"own_bytes", o.own_bytes}, {"replica_bytes", o.replica_bytes}, {"seconds_to_complete", o.seconds_to_complete}});
+    });
+}
+
 void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trainer, const Config& config, const Config& as_given, const std::string& run_dir,
                         const FaultPlan& faults) {
     if (config.checkpoint.every_steps == 0) return;
@@ -253,6 +325,7 @@ struct RunPlan {
     int ranks = 1;
     RunIdentity identity;
     const FaultPlan& faults;  // the commit's faults (the trainer holds its own copy for the steps)
+    const std::optional<LocalSnapshotPlace>& local;
 };
 
 // A failed save in log.jsonl: the step, who failed and why, how many in a row, and what there
@@ -283,8 +356,10 @@ int train(Trainer& trainer, const RunPlan& run) {
     std::optional<ConsoleObserver> console;
     std::optional<AnomalyLog> anomalies;
     std::optional<Checkpointer> checkpointer;
+    std::optional<LocalSnapshotter> snapshots;
     std::optional<UnsavedRunWarning> unsaved;
     start_checkpointer(checkpointer, trainer, config, run.as_given, run.job_run_dir, run.faults);
+    start_local_snapshots(snapshots, trainer, config, run.as_given, run.local, run.job_run_dir);
     // Before the run directory: a metrics port that cannot be bound leaves nothing behind.
     RunMetrics metrics(trainer, config, run_name(run.job_run_dir), checkpointer ? &*checkpointer : nullptr);
     if (!run.run_dir.empty()) {
@@ -297,6 +372,7 @@ int train(Trainer& trainer, const RunPlan& run) {
         trainer.observe(*console);
         if (config.metrics.jsonl) trainer.observe(dir->log());
         if (checkpointer) record_failed_saves(*checkpointer, dir->log());
+        if (snapshots) record_local_snapshots(*snapshots, dir->log());
         if (!checkpointer) {
             unsaved.emplace(config, trainer.start_step());
             trainer.observe(*unsaved);
@@ -307,6 +383,7 @@ int train(Trainer& trainer, const RunPlan& run) {
         const TrainResult result = trainer.run();
         const int64_t last_step = trainer.start_step() + static_cast<int64_t>(result.steps.size());
         // Stopped or finished: the state after the last step is saved before the process ends.
+        if (snapshots) snapshots->finish();
         if (checkpointer) checkpointer->save_and_wait(last_step);
         metrics.finish();  // the last scrape sees the final save, failed or not
         if (checkpointer) require_final_save(*checkpointer, last_step);
@@ -369,8 +446,11 @@ int train_single_process(const TrainArgs& args, const Config& as_given, FaultPla
     options.run_id = start.identity.run_id;
     options.faults = faults;
     Trainer trainer(config, std::move(options));
-    restore(trainer, start.resume, config);
-    return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity, faults});
+    const std::optional<LocalSnapshotPlace> local = place_local_snapshots(trainer, config, start.identity.run_id);
+    std::optional<ResumePoint> resume = start.resume;
+    prefer_local_snapshot(trainer, resume, local, args.resume, start.identity.run_id);
+    restore(trainer, resume, config);
+    return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity, faults, local});
 }
 
 // Runs checks on every rank. If any rank fails, the first failing rank alone prints its
@@ -472,9 +552,13 @@ int train_under_mpi(const TrainArgs& args) {
         options.run_id = start.identity.run_id;
         options.faults = faults;
         Trainer trainer(config, std::move(options), *ctx);
-        restore(trainer, start.resume, config);
+        std::optional<LocalSnapshotPlace> local;
+        check_on_every_rank(mpi, [&] { local = place_local_snapshots(trainer, config, start.identity.run_id); });
+        std::optional<ResumePoint> resume = start.resume;
+        prefer_local_snapshot(trainer, resume, local, args.resume, start.identity.run_id);
+        restore(trainer, resume, config);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
-        return train(trainer, {config, *as_given, run_dir, job_run_dir, mpi.world_size(), start.identity, faults});
+        return train(trainer, {config, *as_given, run_dir, job_run_dir, mpi.world_size(), start.identity, faults, local});
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
         // A storage error is a verdict every rank reached at the same point (the outcome of a

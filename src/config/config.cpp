@@ -191,6 +191,15 @@ struct Field {
         f.store = [](Config& c, const Value& v) { from_value(v, (c.*Section).*Member); };
         return f;
     }
+    // A key of a table inside a section ("checkpoint.local.every_steps").
+    template <auto Section, auto Table, auto Member>
+    static Field of(std::string_view path) {
+        Field f{};
+        f.path = path;
+        f.load = [](const Config& c) { return to_value(((c.*Section).*Table).*Member); };
+        f.store = [](Config& c, const Value& v) { from_value(v, ((c.*Section).*Table).*Member); };
+        return f;
+    }
     Field integer(int64_t lo, int64_t hi) const { return with_rule(IntRule{lo, hi}); }
     Field number(Bound lo, Bound hi) const { return with_rule(NumberRule{lo, hi}); }
     Field boolean() const { return with_rule(BoolRule{}); }
@@ -203,8 +212,9 @@ struct Field {
     Field describe(std::string_view text) const { Field f = *this; f.doc = text; return f; }
     Field with_rule(Rule r) const { Field f = *this; f.rule = r; return f; }
 
-    std::string_view section() const { return path.substr(0, path.find('.')); }
-    std::string_view key() const { return path.substr(path.find('.') + 1); }
+    // The table the key is in ("checkpoint" or "checkpoint.local") and its name there.
+    std::string_view section() const { return path.substr(0, path.rfind('.')); }
+    std::string_view key() const { return path.substr(path.rfind('.') + 1); }
 };
 
 void default_n_kv_heads(Config& c) { c.model.n_kv_heads = c.model.n_heads; }
@@ -224,6 +234,10 @@ void default_tied_embeddings(Config& c) { c.model.tied_embeddings = c.model.fami
 // so a key's name cannot drift from its member's.
 #define CONFIG_KEY(section, key) \
     Field::of<&Config::section, &decltype(Config::section)::key>(#section "." #key)
+// CONFIG_SUBKEY(checkpoint, local, every_steps): config.checkpoint.local.every_steps under
+// "checkpoint.local.every_steps", the key of the TOML table [checkpoint.local].
+#define CONFIG_SUBKEY(section, table, key) \
+    Field::of<&Config::section, &decltype(Config::section)::table, &decltype(decltype(Config::section)::table)::key>(#section "." #table "." #key)
 
 const std::vector<Field>& schema() {
     static const std::vector<Field> fields = {
@@ -363,6 +377,13 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(checkpoint, on_save_error).choice(kSaveErrorNames).describe("a failed save: warn and train on, or abort the run (exit 74)"),
         CONFIG_KEY(checkpoint, max_failed_saves).integer(1, kMillion)
             .describe("failed saves in a row that stop the run with exit 74 (fix the storage), even under on_save_error = \"warn\""),
+        CONFIG_SUBKEY(checkpoint, local, every_steps).integer(0, kTrillion)
+            .describe("steps between node-local snapshots (restored on the same layout only); 0: none"),
+        CONFIG_SUBKEY(checkpoint, local, dir).string()
+            .describe("node-local directory of the snapshots (the run's go to DIR/<run id>); \"{node}\" becomes the node's name; a directory "
+                      "every node sees is refused"),
+        CONFIG_SUBKEY(checkpoint, local, replicas).integer(0, 16).describe("copies of each rank's snapshot kept on other nodes"),
+        CONFIG_SUBKEY(checkpoint, local, keep).integer(1, 1000).describe("newest complete local snapshots kept on each node"),
 
         CONFIG_KEY(monitor, on_nonfinite).choice(kHealthActionNames)
             .describe("on a NaN or Inf loss or gradient on any rank: abort (exit 3), skip the update, rollback to the last checkpoint, or lower_lr"),
@@ -486,7 +507,7 @@ Problem unknown_name(std::string_view path, bool holds_table) {
     for (const auto& [retired, replacement] : kRetiredKeys)
         if (path == retired) return {std::string(path), std::string(replacement)};
     const auto sections = section_names();
-    const size_t dot = path.find('.');
+    const size_t dot = path.rfind('.');
     const std::string_view section = path.substr(0, dot);
     if (dot == std::string_view::npos && !holds_table) {
         const std::string what = is_section(path) ? "is a section, not a key" : "unknown key outside any section";
@@ -557,6 +578,34 @@ void assign_override(toml::table& section, const Field& field, const std::string
     section.insert_or_assign(field.key(), text);
 }
 
+// The node at a table path ("checkpoint" or "checkpoint.local") under root; null where a
+// part of it is missing or is no table.
+const toml::node* node_at(const toml::table& root, std::string_view section) {
+    const toml::node* node = &root;
+    for (size_t start = 0; node;) {
+        const size_t dot = section.find('.', start);
+        const std::string_view part = section.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+        node = node->is_table() ? node->as_table()->get(part) : nullptr;
+        if (dot == std::string_view::npos) break;
+        start = dot + 1;
+    }
+    return node;
+}
+
+// The table at a table path, made where missing; null where a part is no table.
+toml::table* table_for_override(toml::table& root, std::string_view section) {
+    toml::table* table = &root;
+    for (size_t start = 0; table;) {
+        const size_t dot = section.find('.', start);
+        const std::string part(section.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+        if (!table->contains(part)) table->insert(part, toml::table{});
+        table = table->get_as<toml::table>(part);
+        if (dot == std::string_view::npos) break;
+        start = dot + 1;
+    }
+    return table;
+}
+
 // Applies each "key.path=value" onto the parsed file, so overrides meet the file's checks.
 void apply_overrides(toml::table& root, const std::vector<std::string>& overrides, Origin& origin) {
     for (const std::string& text : overrides) {
@@ -570,9 +619,8 @@ void apply_overrides(toml::table& root, const std::vector<std::string>& override
             fail(ErrorKind::config, origin.source, ": --set ", text, ": ", problem.where, ": ", problem.text);
         }
         origin.overrides[path] = text;
-        if (!root.contains(field->section())) root.insert(field->section(), toml::table{});
         // A section that is no table in the file is reported when the keys are read.
-        if (toml::table* section = root.get_as<toml::table>(field->section()))
+        if (toml::table* section = table_for_override(root, field->section()))
             assign_override(*section, *field, text.substr(eq + 1));
     }
 }
@@ -580,11 +628,13 @@ void apply_overrides(toml::table& root, const std::vector<std::string>& override
 // Unknown keys come first: a misspelt key would otherwise surface as a missing one.
 void reject_unknown_keys(const toml::table& root, const Origin& origin) {
     for (std::string_view section : section_names()) {
-        const toml::table* table = root.get_as<toml::table>(section);
+        const toml::node* found = node_at(root, section);
+        const toml::table* table = found ? found->as_table() : nullptr;
         if (!table) continue;
         for (auto&& [key, node] : *table) {
             const std::string path = cat(section, ".", key.str());
-            if (!find_field(path)) origin.fail_at(unknown_name(path, node.is_table()));
+            const bool inner_section = node.is_table() && is_section(path);  // [checkpoint.local] in [checkpoint]
+            if (!find_field(path) && !inner_section) origin.fail_at(unknown_name(path, node.is_table()));
         }
     }
     for (auto&& [name, node] : root)
@@ -644,7 +694,7 @@ struct KeyReader {
 
 // The key's checked value; nullopt where neither the file nor --set gives it.
 std::optional<Value> read_key(const toml::table& root, const Field& field, const Origin& origin) {
-    const toml::node* section = root.get(field.section());
+    const toml::node* section = node_at(root, field.section());
     if (!section) return std::nullopt;
     if (!section->is_table())
         origin.fail_at({std::string(field.section()), cat("expected a table [", field.section(), "], got ", type_phrase(*section))});

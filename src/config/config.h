@@ -169,6 +169,18 @@ struct ParallelConfig {
 
 enum class SaveErrorPolicy { warn, abort };
 
+// Node-local snapshots ([checkpoint.local], checkpoint/local_snapshots.h): each rank's state in
+// node-local storage every few steps, copied to peers on other nodes, so that a restart loses
+// minutes of work rather than the interval between persistent checkpoints.
+struct LocalSnapshotConfig {
+    int64_t every_steps = 0;               // 0: no local snapshots
+    // Node-local root; the run's snapshots go to <dir>/<run id>. "{node}" becomes the node's
+    // name (a shared file system can then hold one directory per node).
+    std::string dir = "/dev/shm/llmtrain";
+    int64_t replicas = 1;                  // copies of each rank's piece on other nodes
+    int64_t keep = 2;                      // newest complete snapshots kept per node
+};
+
 struct CheckpointConfig {
     std::string dir = "checkpoints";
     int64_t every_steps = 0;               // 0: no checkpoints
@@ -177,6 +189,7 @@ struct CheckpointConfig {
     bool async = true;                     // write in the background; false: the step loop waits
     SaveErrorPolicy on_save_error = SaveErrorPolicy::warn;
     int64_t max_failed_saves = 3;          // that many failed saves in a row stop the run (exit 74) whatever on_save_error says
+    LocalSnapshotConfig local;
 };
 
 // What the run does about a health event (monitor/health_monitor.h).

@@ -29,6 +29,13 @@ void CommHandle::wait() {
     request->wait();
 }
 
+bool CommHandle::done() {
+    if (!request_) return true;
+    if (!request_->done()) return false;
+    wait();
+    return true;
+}
+
 double Comm::all_reduce_scalar(double value, ReduceOp op) {
     double buffer = value;
     all_reduce(Tensor(&buffer, DType::f64, {1}), op);

@@ -36,6 +36,13 @@ public:
     // Lets the operation advance without waiting for it: MPI moves a nonblocking collective
     // only inside MPI calls, so a rank computing between them polls it (NCCL's run by themselves).
     virtual void progress() {}
+    // Whether the operation has completed, without waiting where the transport can tell (MPI:
+    // one MPI_Test); the default waits for it. A transfer that runs across many steps (a
+    // local snapshot's replica) is polled with it at each step boundary.
+    virtual bool done() {
+        wait();
+        return true;
+    }
 };
 
 class CommHandle {
@@ -49,6 +56,8 @@ public:
     void progress() {
         if (request_) request_->progress();
     }
+    // True once the operation has completed (then as after wait()); never blocks on MPI.
+    bool done();
 
 private:
     std::unique_ptr<CommRequest> request_;

@@ -137,6 +137,11 @@ public:
         int done = 0;
         MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
     }
+    bool done() override {
+        int done = 0;
+        MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+        return done != 0;
+    }
 
 private:
     const MpiComm& comm_;

@@ -19,6 +19,7 @@ public:
         times_.add(group_, op_, seconds_since(start));
     }
     void progress() override { inner_.progress(); }
+    bool done() override { return inner_.done(); }
 
 private:
     CommHandle inner_;

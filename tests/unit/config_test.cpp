@@ -47,13 +47,14 @@ public:
     }
     static TomlText llama() { return gpt2().set("model.family", "\"llama\""); }
 
+    // "checkpoint.local.every_steps": key every_steps of table [checkpoint.local].
     TomlText& set(const std::string& path, const std::string& value) {
-        const size_t dot = path.find('.');
+        const size_t dot = path.rfind('.');
         sections_[path.substr(0, dot)][path.substr(dot + 1)] = value;
         return *this;
     }
     TomlText& erase(const std::string& path) {
-        const size_t dot = path.find('.');
+        const size_t dot = path.rfind('.');
         sections_[path.substr(0, dot)].erase(path.substr(dot + 1));
         return *this;
     }
@@ -300,7 +301,25 @@ TEST(Config, UnknownKey_IsReportedBeforeTheMissingKeyItMisspells) {
 TEST(Config, UnknownSection_IsRejectedWithSuggestion) {
     const std::string message = error_of(TomlText::gpt2().set("trainer.steps", "3"));
     EXPECT_TRUE(Contains(message, "run.toml: trainer: unknown section (known sections: model, data, train, optimizer, parallel, "
-                                  "checkpoint, monitor, metrics); did you mean [train]?"));
+                                  "checkpoint, checkpoint.local, monitor, metrics); did you mean [train]?"));
+}
+
+TEST(Config, LocalSnapshotKeys_AreReadFromTheirTableInsideCheckpoint) {
+    const Config c = parse(TomlText::gpt2().set("checkpoint.local.every_steps", "5").set("checkpoint.local.dir", "\"/dev/shm/x/{node}\""),
+                           {"checkpoint.local.replicas=2"});
+    EXPECT_EQ(c.checkpoint.local.every_steps, 5);
+    EXPECT_EQ(c.checkpoint.local.dir, "/dev/shm/x/{node}");
+    EXPECT_EQ(c.checkpoint.local.replicas, 2);
+    EXPECT_EQ(c.checkpoint.local.keep, 2);  // the default
+    EXPECT_EQ(parse(TomlText::gpt2()).checkpoint.local.every_steps, 0);
+}
+
+TEST(Config, UnknownKeyInTheLocalSnapshotTable_NamesItsTableAndTheNearestKey) {
+    const std::string message = error_of(TomlText::gpt2().set("checkpoint.local.evry_steps", "5"));
+    EXPECT_TRUE(Contains(message, "run.toml: checkpoint.local.evry_steps: unknown key (known keys in [checkpoint.local]: every_steps, dir, replicas, keep)"))
+        << message;
+    EXPECT_TRUE(Contains(message, "did you mean checkpoint.local.every_steps?")) << message;
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"checkpoint.local.replicas=-1"}), "checkpoint.local.replicas"));
 }
 
 TEST(Config, KeyOutsideAnySection_IsRejectedWithSuggestion) {
