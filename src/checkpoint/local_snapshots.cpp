@@ -211,8 +211,18 @@ struct LocalSnapshotter::Transfer {
     std::vector<CommHandle> in_flight;
 };
 
-LocalSnapshotter::LocalSnapshotter(const LocalSnapshotConfig& config, Comm& world, FileAttributes file, NodeMap nodes, std::string root, LocalSnapshotHooks hooks)
+LocalSnapshotter::LocalSnapshotter(const LocalSnapshotConfig& config, Comm& world, FileAttributes file, NodeMap nodes, std::string root, int64_t start_step,
+                                   LocalSnapshotHooks hooks)
     : config_(config), world_(world), file_(file), nodes_(std::move(nodes)), root_(std::move(root)), hooks_(std::move(hooks)) {
+    // Snapshots of steps after the one this run starts from belong to a timeline a failure
+    // abandoned: they go before this run writes any (every rank waits for this in the
+    // first step's collectives, and none writes a snapshot before that step ends).
+    if (nodes_.local_index(file_.world_rank) == 0)
+        for (int64_t step : steps_under(root_)) {
+            if (step <= start_step) break;
+            std::error_code ec;
+            fs::remove_all(step_dir(step), ec);
+        }
     const int replicas = static_cast<int>(config_.replicas);
     holders_ = replica_holders(nodes_, file_.world_rank, replicas);
     for (int r = 0; r < world_.size(); ++r) {
@@ -462,6 +472,7 @@ void LocalSnapshotter::worker_loop() {
 }
 
 void LocalSnapshotter::write_own_file() {
+    if (hooks_.before_write) hooks_.before_write(snapshot_.step);
     const std::string dir = step_dir(snapshot_.step);
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -495,13 +506,12 @@ void LocalSnapshotter::store_replicas() {
 }
 
 // The node's first rank: the snapshots beyond the newest `keep` up to the one just completed
-// go, and any of a later step (a timeline abandoned at a restart).
+// go (a later one is the next snapshot, which another rank of the node may be writing).
 void LocalSnapshotter::apply_retention() {
     const int64_t newest = *newest_complete_;
     int64_t kept = 0;
     for (int64_t step : steps_under(root_)) {
-        const bool keep = step <= newest && kept++ < config_.keep;
-        if (keep) continue;
+        if (step > newest || kept++ < config_.keep) continue;
         std::error_code ec;
         fs::remove_all(step_dir(step), ec);
         if (ec) log_warn("local snapshot retention: cannot delete '", step_dir(step), "': ", ec.message());

@@ -79,6 +79,9 @@ void check_node_local(Comm& world, const NodeMap& nodes, const std::string& root
 struct LocalSnapshotHooks {
     std::function<void(int64_t step, RankSnapshot& out)> capture;  // this rank's state after a step
     std::function<Manifest(int64_t step)> manifest;               // rank 0: the manifest's scalars
+    // Before this rank's file of a step is written, in the background thread (optional):
+    // fault injection fails a snapshot there as a full file system would.
+    std::function<void(int64_t step)> before_write;
 };
 
 // What the run log and the metrics hear of each snapshot, on every rank alike.
@@ -94,7 +97,10 @@ struct LocalSnapshotOutcome {
 
 class LocalSnapshotter : public StepObserver {
 public:
-    LocalSnapshotter(const LocalSnapshotConfig& config, Comm& world, FileAttributes file, NodeMap nodes, std::string root, LocalSnapshotHooks hooks);
+    // start_step: the step the run starts from (the node's snapshots of later steps are a
+    // timeline a failure abandoned, and are deleted).
+    LocalSnapshotter(const LocalSnapshotConfig& config, Comm& world, FileAttributes file, NodeMap nodes, std::string root, int64_t start_step,
+                     LocalSnapshotHooks hooks);
     ~LocalSnapshotter() override;
     LocalSnapshotter(const LocalSnapshotter&) = delete;
     LocalSnapshotter& operator=(const LocalSnapshotter&) = delete;

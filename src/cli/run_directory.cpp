@@ -56,6 +56,7 @@ RunRecord read_run_record(const std::string& dir) {
         const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.is_object()) continue;  // a line cut by a kill
         const std::string event = j.value("event", "");
+        if (event == "step" && j.contains("step") && j.at("step").is_number_integer()) record.last_step = std::max(record.last_step, j.at("step").get<int64_t>());
         if (event != "start" && event != "resume") continue;
         if (j.contains("run_id") && j.at("run_id").is_string()) record.run_id = j.at("run_id").get<std::string>();
         if (j.contains("checkpoint_dir") && j.at("checkpoint_dir").is_string()) record.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();

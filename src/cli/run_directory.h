@@ -25,6 +25,7 @@ struct RunRecord {
     bool holds_run = false;
     std::optional<std::string> run_id;
     std::string checkpoint_dir;  // absolute; "" when not recorded
+    int64_t last_step = -1;      // the newest step record (what a failure interrupted); -1 none
 };
 RunRecord read_run_record(const std::string& dir);
 

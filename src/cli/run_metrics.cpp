@@ -75,6 +75,7 @@ public:
         if (!save || save->step == counted_step_) return;
         counted_step_ = save->step;
         exporter_.checkpoint_saved(save->blocked_seconds, save->background_seconds, save->bytes);
+        exporter_.restorable_state(save->step);
     }
 
 private:
@@ -84,7 +85,7 @@ private:
     int64_t counted_failures_ = 0;
 };
 
-RunMetrics::RunMetrics(Trainer& trainer, const Config& config, const std::string& job, const Checkpointer* checkpointer)
+RunMetrics::RunMetrics(Trainer& trainer, const Config& config, const std::string& job, const Checkpointer* checkpointer, LocalSnapshotter* snapshots)
     : config_(config), trainer_(trainer) {
     const ParallelContext& ctx = trainer.context();
     // Under a launcher a rank's stdout is the launcher's pseudo-terminal (Open MPI forwards
@@ -111,6 +112,11 @@ RunMetrics::RunMetrics(Trainer& trainer, const Config& config, const std::string
         saves_ = std::make_unique<SaveCounter>(*checkpointer, *exporter_);
         trainer.observe(*saves_);
     }
+    if (snapshots)
+        snapshots->on_outcome([&exporter = *exporter_](const LocalSnapshotOutcome& o) {
+            exporter.local_snapshot(o.complete, o.blocked_seconds, o.own_bytes, o.replica_bytes);
+            if (o.complete) exporter.restorable_state(o.step);
+        });
     std::string why_not;
     gpu_ = GpuSampler::start(*exporter_, ctx.local_rank, config.metrics.gpu_interval_seconds, why_not);
     if (!gpu_ && ctx.world_rank == 0) log_info("metrics: no GPU series: ", why_not);
@@ -130,6 +136,10 @@ void RunMetrics::publish_endpoints(const std::string& run_dir) {
     for (size_t i = 0; i < endpoints.size() && i < 4; ++i) shown += cat(i ? ", " : "", endpoints[i]);
     if (endpoints.size() > 4) shown += cat(", ... (", endpoints.size(), " ranks)");
     log_info("metrics: /metrics on ", shown, " | Prometheus targets in ", path);
+}
+
+void RunMetrics::restart(int64_t steps_lost, const std::vector<std::pair<std::string, double>>& phases) {
+    if (exporter_) exporter_->restart(steps_lost, phases);
 }
 
 void RunMetrics::finish() {

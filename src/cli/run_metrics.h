@@ -7,8 +7,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/local_snapshots.h"
 #include "config/config.h"
 #include "metrics/gpu_metrics.h"
 #include "metrics/progress.h"
@@ -21,7 +24,8 @@ class RunMetrics {
 public:
     // Starts serving (a port that cannot be bound is Error(config)) and registers the
     // observers with the trainer. job: the run's name; checkpointer: null without checkpoints.
-    RunMetrics(Trainer& trainer, const Config& config, const std::string& job, const Checkpointer* checkpointer);
+    // snapshots: null without local snapshots.
+    RunMetrics(Trainer& trainer, const Config& config, const std::string& job, const Checkpointer* checkpointer, LocalSnapshotter* snapshots = nullptr);
     ~RunMetrics();
     // Rank 0, once the run directory exists: every rank's endpoint, logged and written to
     // <run_dir>/metrics_targets.json (Prometheus file_sd). A collective: every rank calls it.
@@ -29,6 +33,9 @@ public:
     // The run is over: the last checkpoint save is counted, and /metrics is served
     // metrics.linger_seconds longer for a last scrape.
     void finish();
+    // This process resumed a run: the steps lost (rank 0; -1 elsewhere: not exported) and the
+    // restart's phases in seconds.
+    void restart(int64_t steps_lost, const std::vector<std::pair<std::string, double>>& phases);
 
 private:
     class SaveCounter;

@@ -20,6 +20,7 @@
 #include "checkpoint/local_snapshots.h"
 #include "checkpoint/resume_point.h"
 #include "cli/commands.h"
+#include "cli/restart_report.h"
 #include "cli/run_directory.h"
 #include "cli/run_guards.h"
 #include "cli/run_metrics.h"
@@ -223,9 +224,10 @@ std::optional<LocalSnapshotPlace> place_local_snapshots(Trainer& trainer, const 
 // --resume auto with local snapshots: the newest local snapshot whose every piece survives,
 // when it is newer than the persistent checkpoint found (the same step: the local one, read
 // from memory rather than shared storage). Every rank takes the same decision.
-void prefer_local_snapshot(Trainer& trainer, std::optional<ResumePoint>& resume, const std::optional<LocalSnapshotPlace>& place, const std::string& mode,
+// Returns whether the local snapshot was chosen.
+bool prefer_local_snapshot(Trainer& trainer, std::optional<ResumePoint>& resume, const std::optional<LocalSnapshotPlace>& place, const std::string& mode,
                            const std::string& run_id) {
-    if (!place || mode != "auto") return;
+    if (!place || mode != "auto") return false;
     const bool root = trainer.context().world_rank == 0;
     const Manifest here = trainer.manifest_at(0);
     const LayoutCheck same_layout = [&here](const Manifest& m) -> std::optional<std::string> {
@@ -241,17 +243,25 @@ void prefer_local_snapshot(Trainer& trainer, std::optional<ResumePoint>& resume,
                                                                      });
     if (!local) {
         if (root && resume) log_info("--resume auto: no complete local snapshot newer than the persistent checkpoint '", resume->path, "'");
-        return;
+        return false;
     }
     if (root)
         log_info("--resume auto: the local snapshot of step ", local->manifest.step, " (", local->path, " on each node) is the newest restorable state",
                  resume ? cat("; the persistent checkpoint is at step ", resume->manifest.step) : "; no persistent checkpoint yet", " | ", local->fetched,
                  " rank(s) fetched their piece from a peer (", megabytes(static_cast<double>(local->fetched_bytes)), ")");
     resume = ResumePoint{local->path, local->manifest};
+    return true;
+}
+
+// A resumed run's restart facts (nullopt for a fresh start).
+std::optional<RestartFacts> restart_facts(const std::optional<ResumePoint>& resume, bool local, int64_t interrupted_step, RestartMarks marks) {
+    if (!resume) return std::nullopt;
+    marks.loaded = unix_now();
+    return RestartFacts{resume->manifest.step, local ? "local snapshot" : "checkpoint", resume->path, interrupted_step, marks};
 }
 
 void start_local_snapshots(std::optional<LocalSnapshotter>& snapshots, Trainer& trainer, const Config& config, const Config& as_given,
-                           const std::optional<LocalSnapshotPlace>& place, const std::string& run_dir) {
+                           const std::optional<LocalSnapshotPlace>& place, const std::string& run_dir, const FaultPlan& faults) {
     if (!place) return;
     const ParallelContext& ctx = trainer.context();
     const FileAttributes file{0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
@@ -263,7 +273,8 @@ void start_local_snapshots(std::optional<LocalSnapshotter>& snapshots, Trainer& 
         m.run_directory = run_dir;
         return m;
     };
-    snapshots.emplace(config.checkpoint.local, *ctx.world, file, place->nodes, place->root, std::move(hooks));
+    if (!faults.empty()) hooks.before_write = [faults, rank = ctx.world_rank](int64_t step) { faults.strike_local_snapshot(rank, step); };
+    snapshots.emplace(config.checkpoint.local, *ctx.world, file, place->nodes, place->root, trainer.start_step(), std::move(hooks));
     trainer.observe(*snapshots);
 }
 
@@ -326,6 +337,7 @@ struct RunPlan {
     RunIdentity identity;
     const FaultPlan& faults;  // the commit's faults (the trainer holds its own copy for the steps)
     const std::optional<LocalSnapshotPlace>& local;
+    const std::optional<RestartFacts>& restart;  // a resumed run's
 };
 
 // A failed save in log.jsonl: the step, who failed and why, how many in a row, and what there
@@ -359,9 +371,10 @@ int train(Trainer& trainer, const RunPlan& run) {
     std::optional<LocalSnapshotter> snapshots;
     std::optional<UnsavedRunWarning> unsaved;
     start_checkpointer(checkpointer, trainer, config, run.as_given, run.job_run_dir, run.faults);
-    start_local_snapshots(snapshots, trainer, config, run.as_given, run.local, run.job_run_dir);
+    start_local_snapshots(snapshots, trainer, config, run.as_given, run.local, run.job_run_dir, run.faults);
     // Before the run directory: a metrics port that cannot be bound leaves nothing behind.
-    RunMetrics metrics(trainer, config, run_name(run.job_run_dir), checkpointer ? &*checkpointer : nullptr);
+    RunMetrics metrics(trainer, config, run_name(run.job_run_dir), checkpointer ? &*checkpointer : nullptr, snapshots ? &*snapshots : nullptr);
+    std::optional<RestartReport> restart;
     if (!run.run_dir.empty()) {
         dir.emplace(run.run_dir, config, config.source_path, run.ranks, run.identity);
         anomalies.emplace((std::filesystem::path(run.run_dir) / "anomalies.jsonl").string(), run.identity.continues_record);
@@ -377,6 +390,10 @@ int train(Trainer& trainer, const RunPlan& run) {
             unsaved.emplace(config, trainer.start_step());
             trainer.observe(*unsaved);
         }
+    }
+    if (run.restart) {
+        restart.emplace(*run.restart, dir ? &dir->log() : nullptr, metrics);
+        trainer.observe(*restart);
     }
     metrics.publish_endpoints(run.run_dir);
     try {
@@ -419,7 +436,7 @@ bool finished_already(const RunStart& start, const Config& config, const std::st
     return true;
 }
 
-int train_single_process(const TrainArgs& args, const Config& as_given, FaultPlan faults) {
+int train_single_process(const TrainArgs& args, const Config& as_given, FaultPlan faults, RestartMarks marks) {
     Config config = as_given;
     const int ranks = layout_ranks(config.parallel);
     const Mesh mesh = make_mesh(config.parallel, ranks);
@@ -445,12 +462,14 @@ int train_single_process(const TrainArgs& args, const Config& as_given, FaultPla
     options.stop_signal = pending_stop_signal;
     options.run_id = start.identity.run_id;
     options.faults = faults;
+    marks.communicators = unix_now();
     Trainer trainer(config, std::move(options));
     const std::optional<LocalSnapshotPlace> local = place_local_snapshots(trainer, config, start.identity.run_id);
     std::optional<ResumePoint> resume = start.resume;
-    prefer_local_snapshot(trainer, resume, local, args.resume, start.identity.run_id);
+    const bool from_local = prefer_local_snapshot(trainer, resume, local, args.resume, start.identity.run_id);
     restore(trainer, resume, config);
-    return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity, faults, local});
+    const std::optional<RestartFacts> restart = restart_facts(resume, from_local, read_run_record(run_dir).last_step, marks);
+    return train(trainer, {config, as_given, run_dir, run_dir, 1, start.identity, faults, local, restart});
 }
 
 // Runs checks on every rank. If any rank fails, the first failing rank alone prints its
@@ -499,6 +518,7 @@ RunRecord agree_on_run_record(const MpiSession& mpi, const std::string& run_dir)
 // any rank after the checks is printed with the rank's place in the mesh and ends the whole
 // job, so that no rank is left waiting for a peer that is gone.
 int train_under_mpi(const TrainArgs& args) {
+    RestartMarks marks{process_start_unix()};
     MpiSession mpi;
     const int world_rank = mpi.world_rank();
     std::optional<Config> as_given;
@@ -520,6 +540,7 @@ int train_under_mpi(const TrainArgs& args) {
         micro_batches_per_step(config, mesh->dp());
     });
     const RunRecord record = agree_on_run_record(mpi, run_dir);
+    marks.launched = unix_now();
     RunStart start;
     check_on_every_rank(mpi, [&] {
         start = check_run_start(args, run_dir, record, config, mesh->dp(), world_rank == 0,
@@ -542,6 +563,7 @@ int train_under_mpi(const TrainArgs& args) {
     try {
         ctx.emplace(make_mpi_context(config.parallel));
         time_communication(*ctx, comm_times);
+        marks.communicators = unix_now();
         where = cat("rank ", world_rank, " (", ctx->mesh.describe(world_rank), ")");
         check_on_every_rank(mpi, [&] { check_rank_memory(config, ctx->mesh, ctx->local_rank, ctx->local_size); });
         install_stop_signal_handlers();
@@ -555,10 +577,11 @@ int train_under_mpi(const TrainArgs& args) {
         std::optional<LocalSnapshotPlace> local;
         check_on_every_rank(mpi, [&] { local = place_local_snapshots(trainer, config, start.identity.run_id); });
         std::optional<ResumePoint> resume = start.resume;
-        prefer_local_snapshot(trainer, resume, local, args.resume, start.identity.run_id);
+        const bool from_local = prefer_local_snapshot(trainer, resume, local, args.resume, start.identity.run_id);
         restore(trainer, resume, config);
+        const std::optional<RestartFacts> restart = restart_facts(resume, from_local, record.last_step, marks);
         // No barrier at the end: rank 0 may still be sampling text, which has no time limit.
-        return train(trainer, {config, *as_given, run_dir, job_run_dir, mpi.world_size(), start.identity, faults, local});
+        return train(trainer, {config, *as_given, run_dir, job_run_dir, mpi.world_size(), start.identity, faults, local, restart});
     } catch (const Error& e) {
         if (mpi.world_size() == 1) throw;
         // A storage error is a verdict every rank reached at the same point (the outcome of a
@@ -579,8 +602,10 @@ int train_under_mpi(const TrainArgs& args) {
 
 int run_train(const TrainArgs& args) {
     if (launched_by_mpi()) return train_under_mpi(args);
+    RestartMarks marks{process_start_unix()};
     const Config as_given = load_config(args.config_path, args.overrides);
-    return train_single_process(args, as_given, fault_plan_from_environment());
+    marks.launched = unix_now();
+    return train_single_process(args, as_given, fault_plan_from_environment(), marks);
 }
 
 }  // namespace

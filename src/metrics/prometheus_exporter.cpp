@@ -206,6 +206,16 @@ MetricsExporter::MetricsExporter(const MetricsLabels& labels, const MetricsRunFa
     last_step_time_ = &gauge("llmtrain_last_step_timestamp_seconds", "Unix time at which the last step completed.");
     straggler_ = &gauge("llmtrain_straggler_score", "The fastest rank's median step compute time over this rank's (1: as fast as the fastest).");
     straggler_->Set(1);
+    local_snapshots_ = &counter("llmtrain_local_snapshots_total", "Node-local snapshots completed (every rank's piece and its copies on other nodes stored).");
+    local_failures_ = &counter("llmtrain_local_snapshot_failures_total", "Node-local snapshots that failed (training went on; the persistent checkpoints are untouched).");
+    local_blocked_ = &counter("llmtrain_local_snapshot_blocked_seconds_total", "Seconds the step loop was blocked by local snapshots (the copy to host).");
+    local_bytes_ = &counter("llmtrain_local_snapshot_written_bytes_total", "Bytes of this rank's own local snapshot files written to node-local storage.");
+    local_replica_bytes_ = &counter("llmtrain_local_snapshot_replica_bytes_total", "Bytes of other nodes' ranks' snapshot copies this rank received and stored.");
+    restorable_step_ = &gauge("llmtrain_restorable_step", "Step of the newest state a restart can resume from (committed checkpoint or complete local snapshot); -1: none yet.");
+    restorable_step_->Set(-1);
+    restorable_time_ = &gauge("llmtrain_restorable_timestamp_seconds",
+                              "Unix time at which the newest restorable state became restorable (time() minus it: the age of what a failure now falls back to).");
+    restorable_time_->SetToCurrentTime();
 }
 
 MetricsExporter::~MetricsExporter() = default;
@@ -285,6 +295,33 @@ void MetricsExporter::checkpoint_saved(double blocked_seconds, double background
 }
 
 void MetricsExporter::checkpoint_failed() { ckpt_failures_->Increment(); }
+
+void MetricsExporter::local_snapshot(bool complete, double blocked_seconds, uint64_t own_bytes, uint64_t replica_bytes) {
+    local_blocked_->Increment(blocked_seconds);
+    if (!complete) return local_failures_->Increment();
+    local_snapshots_->Increment();
+    local_bytes_->Increment(static_cast<double>(own_bytes));
+    local_replica_bytes_->Increment(static_cast<double>(replica_bytes));
+}
+
+void MetricsExporter::restorable_state(int64_t step) {
+    if (static_cast<double>(step) < restorable_step_->Value()) return;  // an older save completing late
+    restorable_step_->Set(static_cast<double>(step));
+    restorable_time_->SetToCurrentTime();
+}
+
+// Registered once, by the one restart a process makes.
+void MetricsExporter::restart(int64_t steps_lost, const std::vector<std::pair<std::string, double>>& phases) {
+    const prometheus::Labels constant = to_labels(labels_);
+    if (steps_lost >= 0)
+        prometheus::BuildGauge().Name("llmtrain_restart_steps_lost")
+            .Help("Steps trained before the last failure that this process had to train again (the restart's lost work; rank 0, which reads the run's log).")
+            .Labels(constant).Register(*registry_).Add({}).Set(static_cast<double>(steps_lost));
+    auto& family = prometheus::BuildGauge().Name("llmtrain_restart_phase_seconds")
+                       .Help("Seconds of this process's restart by phase: launch (process start to MPI ready), communicators, load, first_step.")
+                       .Labels(constant).Register(*registry_);
+    for (const auto& [phase, seconds] : phases) family.Add({{"phase", phase}}).Set(seconds);
+}
 
 std::string MetricsExporter::exposition() const {
     std::vector<MetricFamily> families = registry_->Collect();

@@ -68,6 +68,14 @@ public:
     void checkpoint_saved(double blocked_seconds, double background_seconds, uint64_t bytes);
     // A save failed (the same verdict on every rank: each rank's series counts it).
     void checkpoint_failed();
+    // A node-local snapshot completed (or failed: complete = false) on every rank.
+    void local_snapshot(bool complete, double blocked_seconds, uint64_t own_bytes, uint64_t replica_bytes);
+    // The newest state a restart could resume from is now the one after `step` (a committed
+    // checkpoint or a complete local snapshot), as of now.
+    void restorable_state(int64_t step);
+    // This process's restart: the steps the failure cost, and its phases in seconds
+    // ("launch", "communicators", "load", "first_step").
+    void restart(int64_t steps_lost, const std::vector<std::pair<std::string, double>>& phases);
 
     // What GET /metrics returns now (tests, and the cost measurement).
     std::string exposition() const;
@@ -87,7 +95,8 @@ private:
     int port_ = 0;
 
     prometheus::Gauge *step_, *loss_, *val_loss_, *grad_norm_, *lr_, *loss_scale_, *tokens_per_second_, *mfu_ = nullptr;
-    prometheus::Gauge *last_step_time_, *straggler_;
+    prometheus::Gauge *last_step_time_, *straggler_, *restorable_step_, *restorable_time_;
+    prometheus::Counter *local_snapshots_, *local_failures_, *local_blocked_, *local_bytes_, *local_replica_bytes_;
     prometheus::Counter *tokens_, *samples_, *skipped_, *dp_bytes_, *data_wait_, *ckpt_blocked_, *ckpt_background_, *ckpt_bytes_, *ckpt_saves_, *ckpt_failures_;
     prometheus::Histogram* step_duration_;
     prometheus::Family<prometheus::Counter>* comm_family_;

@@ -19,7 +19,7 @@ namespace llmtrain {
 namespace {
 
 bool is_rank_kind(const std::string& kind) {
-    const std::string kinds[] = {"exit", "hang", "abort", "hardware", "nan", "bitflip"};
+    const std::string kinds[] = {"exit", "hang", "abort", "hardware", "nan", "bitflip", "localfull"};
     return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
@@ -50,7 +50,7 @@ FaultPlan FaultPlan::parse(const std::string& spec, const std::string& source) {
         }
         if (!rest || *rest != 0 || f.step < 1)
             fail(ErrorKind::config, source, "=\"", spec, "\": '", item,
-                 "': expected KIND:RANK:STEP with KIND one of exit, hang, abort, hardware, nan, bitflip, or spike:STEP:FACTOR, lr:STEP:FACTOR,"
+                 "': expected KIND:RANK:STEP with KIND one of exit, hang, abort, hardware, nan, bitflip, localfull, or spike:STEP:FACTOR, lr:STEP:FACTOR,"
                  " commitfail:STEP:error, commitfail:STEP:filesystem or slowcommit:STEP:SECONDS (several separated by commas)");
         plan.faults_.push_back(f);
     }
@@ -112,6 +112,11 @@ void FaultPlan::strike_if_due(int world_rank, int64_t step) const {
         if (injected == "hardware") fail(ErrorKind::hardware, "step ", step, ": injected uncorrectable ECC error on this rank's device");
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
+}
+
+void FaultPlan::strike_local_snapshot(int world_rank, int64_t step) const {
+    if (requested("localfull", world_rank, step))
+        fail(ErrorKind::io, "cannot write the local snapshot of step ", step, ": No space left on device (injected: LLMTRAIN_INJECT_FAULT localfull)");
 }
 
 }  // namespace llmtrain

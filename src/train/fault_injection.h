@@ -8,6 +8,8 @@
 //   nan       (nonfinite_gradients) a NaN in this rank's gradients
 //   bitflip   (bit_flip) one bit of one of this rank's gradients flipped, once: a re-run of
 //             the step computes correctly (silent data corruption)
+//   localfull the local snapshot of step STEP fails on this rank as a full node-local file
+//             system fails it (ENOSPC), in its background thread
 // and on every rank:
 //   spike:STEP:FACTOR  the loss and gradients of the step that reads step STEP's data (the
 //                      batch a run without skipped data reads at step STEP) multiplied by
@@ -47,11 +49,13 @@ public:
     // Carries out a commitfail or slowcommit fault of the checkpoint of `step` before its
     // commit's filesystem step `commit_step` (checkpoint_store.h: CommitProbe).
     void strike_commit(int64_t step, std::string_view commit_step) const;
+    // Carries out a localfull fault of this rank's local snapshot of `step` (an Error(io)).
+    void strike_local_snapshot(int world_rank, int64_t step) const;
 
 private:
     struct Fault {
         std::string kind;
-        int rank = -1;  // the rank kinds: exit, hang, abort, hardware, nan, bitflip
+        int rank = -1;  // the rank kinds: exit, hang, abort, hardware, nan, bitflip, localfull
         int64_t step = -1;
         double factor = 1;  // spike, lr; slowcommit: seconds
         std::string how;    // commitfail: error or filesystem

@@ -16,7 +16,10 @@
 #   both_lost     node b's directory deleted and rank 2's replicas on node a damaged: every
 #                 local snapshot is passed over, saying why, and the job resumes from the
 #                 persistent checkpoint of step 6
-# and
+# and, without a restart,
+#   disk_full     rank 1's snapshot of step 4 fails as a full /dev/shm fails it (the fault
+#                 `localfull`): a warning, the next snapshot complete, the run's final weights
+#                 those of the uninterrupted run
 #   shared_dir    a checkpoint.local.dir both nodes see is refused before training (exit 2).
 set -u
 scratch=$1 bin=$2 mpiexec=$3 supervise=$4
@@ -84,6 +87,7 @@ scenario() {
     wait $supervisor
     local code=$?
     [ $code -eq 0 ] || { fail "$name: supervisor exit $code"; tail -15 "$dir/supervise.out"; return 1; }
+    ! grep -q "local snapshot of step [0-9]* failed" "$dir/supervise.out" || fail "$name: a local snapshot failed: $(grep -m1 "local snapshot of step [0-9]* failed" "$dir/supervise.out")"
     for file in "$reference/checkpoints/$final"/rank_*.h5; do
         h5diff -q "$file" "$dir/checkpoints/$final/$(basename "$file")" || { fail "$name: $(basename "$file") differs from the uninterrupted run's"; return 1; }
     done
@@ -121,7 +125,11 @@ if scenario node_lost delete_node_b; then
     [[ $line == *"/local/"*"step_00000010' at step 10" ]] || fail "node_lost: expected a resume from the local snapshot of step 10, got: $line"
     grep -q "2 rank(s) fetched their piece from a peer" "$scratch/node_lost/supervise.out" || fail "node_lost: ranks 2 and 3 did not fetch their pieces from a peer"
     same_losses_after node_lost 10
-    echo "node_lost: $line; 2 pieces fetched from node a; final weights and moments bitwise equal"
+    restart=$(grep '"event":"restart"' "$scratch/node_lost/run/log.jsonl" | tail -1)
+    for field in '"interrupted_step":12' '"source":"local snapshot"' '"steps_lost":2' '"communicators":' '"first_step":' '"launch":' '"load":'; do
+        [[ $restart == *"$field"* ]] || fail "node_lost: the restart record lacks $field: $restart"
+    done
+    echo "node_lost: $line; 2 pieces fetched from node a; restart record: 2 steps lost; final weights and moments bitwise equal"
 fi
 
 if scenario process_lost keep_all; then
@@ -140,6 +148,24 @@ if scenario both_lost delete_node_b_and_damage_replicas; then
         fail "both_lost: the restart did not say why the snapshot of step 10 was passed over"
     same_losses_after both_lost 6
     echo "both_lost: $line; local snapshots passed over with the reason; final weights and moments bitwise equal"
+fi
+
+full=$scratch/disk_full
+mkdir -p "$full"
+read -ra command <<<"$(job "$full")"
+LLMTRAIN_INJECT_FAULT=localfull:1:4 "${command[@]}" >"$full/out" 2>&1
+code=$?
+snapshots=$(grep '"event":"local_snapshot"' "$full/run/log.jsonl" 2>/dev/null | sed -E 's/.*"complete":([a-z]+),.*"step":([0-9]+),.*/\2:\1/' | tr '\n' ' ')
+if [ $code -ne 0 ]; then
+    fail "disk_full: the run ended with exit $code"; tail -5 "$full/out"
+elif ! grep -q "local snapshot of step 4 failed on rank 1: .*No space left on device" "$full/out"; then
+    fail "disk_full: no warning naming rank 1's failed snapshot"
+elif [[ $snapshots != *"4:false 6:true"* ]]; then
+    fail "disk_full: expected step 4 failed and step 6 complete in log.jsonl, got: $snapshots"
+elif ! h5diff -q "$reference/checkpoints/$final/rank_00001.h5" "$full/checkpoints/$final/rank_00001.h5"; then
+    fail "disk_full: the final weights differ from the uninterrupted run's"
+else
+    echo "disk_full: warned, training went on; snapshots $snapshots; final weights bitwise equal"
 fi
 
 # A directory without "{node}" is the same for both simulated nodes: a shared file system.

@@ -78,6 +78,36 @@ TEST(MetricsExporter, CommunicationAnomaliesAndCheckpointsAreCounted) {
     EXPECT_EQ(sample(text, "llmtrain_checkpoint_written_bytes_total"), "1000");
 }
 
+TEST(MetricsExporter, LocalSnapshotsAndTheNewestRestorableStateAreExported) {
+    MetricsExporter exporter(labels(), {});
+    EXPECT_EQ(sample(exporter.exposition(), "llmtrain_restorable_step"), "-1");
+    exporter.local_snapshot(true, 0.25, 1000, 3000);
+    exporter.restorable_state(10);
+    exporter.local_snapshot(false, 0.5, 0, 0);
+    exporter.restorable_state(6);  // a persistent save of an older step committing later changes nothing
+    const std::string text = exporter.exposition();
+    EXPECT_EQ(sample(text, "llmtrain_local_snapshots_total"), "1");
+    EXPECT_EQ(sample(text, "llmtrain_local_snapshot_failures_total"), "1");
+    EXPECT_EQ(sample(text, "llmtrain_local_snapshot_blocked_seconds_total"), "0.75");
+    EXPECT_EQ(sample(text, "llmtrain_local_snapshot_written_bytes_total"), "1000");
+    EXPECT_EQ(sample(text, "llmtrain_local_snapshot_replica_bytes_total"), "3000");
+    EXPECT_EQ(sample(text, "llmtrain_restorable_step"), "10");
+    EXPECT_GT(std::stod(sample(text, "llmtrain_restorable_timestamp_seconds")), 1.7e9);
+}
+
+TEST(MetricsExporter, RestartPhasesAndLostStepsAreExportedOnce) {
+    MetricsExporter exporter(labels(), {});
+    EXPECT_EQ(sample(exporter.exposition(), "llmtrain_restart_steps_lost"), "absent");
+    exporter.restart(2, {{"launch", 1.5}, {"communicators", 0.25}, {"load", 3}, {"first_step", 0.5}});
+    const std::string text = exporter.exposition();
+    EXPECT_EQ(sample(text, "llmtrain_restart_steps_lost"), "2");
+    EXPECT_EQ(sample(text, "llmtrain_restart_phase_seconds", "phase=\"launch\""), "1.5");
+    EXPECT_EQ(sample(text, "llmtrain_restart_phase_seconds", "phase=\"load\""), "3");
+    MetricsExporter other_rank(labels(), {});
+    other_rank.restart(-1, {{"launch", 1}});  // only rank 0 knows the lost steps
+    EXPECT_EQ(sample(other_rank.exposition(), "llmtrain_restart_steps_lost"), "absent");
+}
+
 TEST(MetricsExporter, MfuIsPalmFlopsPerDeviceOverPeak) {
     MetricsRunFacts facts;
     facts.flops_per_token = 1e9, facts.peak_tflops = 100, facts.world_size = 4, facts.restarts = 2;
