@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "cli/commands.h"
 #include "config/config.h"
@@ -27,6 +30,8 @@ struct PlanArgs {
     bool search = false;
     int top = 10;
     bool json = false;
+    double mtbf_hours = 0;      // 0: the cluster file's node.mtbf_hours, if any
+    double launch_seconds = 0;  // 0: the cluster file's node.launch_seconds, else assumed
     PlanOptions options;
 };
 
@@ -74,6 +79,35 @@ nlohmann::json checkpoint_json(const LayoutPlan& p) {
             {"background_seconds", c.background_seconds}, {"resume_seconds", c.resume_seconds}};
 }
 
+nlohmann::json goodput_at_json(const std::optional<GoodputAt>& at) {
+    if (!at) return nullptr;
+    return {{"every_steps", at->every_steps}, {"cycle_seconds", at->cycle_seconds}, {"step_share", at->step_share},
+            {"restorable_after_seconds", at->restorable_after_seconds}, {"restart_seconds", at->restart_seconds},
+            {"lost_work_seconds", at->lost_work_seconds}, {"goodput", at->goodput}};
+}
+
+nlohmann::json goodput_json(const LayoutPlan& p) {
+    if (!p.goodput) return nullptr;
+    const GoodputPlan& g = *p.goodput;
+    const FailureModel& f = g.failures;
+    return {{"node_mtbf_hours", f.node_mtbf_hours}, {"nodes", f.nodes}, {"job_mtbf_hours", f.job_mtbf_seconds / 3600},
+            {"detection_seconds", f.detection_seconds}, {"launch_seconds", f.launch_seconds}, {"launch_assumed", f.launch_assumed},
+            {"persistent_only", goodput_at_json(g.persistent_only)}, {"persistent_best", goodput_at_json(g.persistent_best)},
+            {"persistent_young_daly_seconds", g.persistent_young_daly_seconds},
+            {"local_survives_node_loss", g.local_survives_node_loss}, {"with_local", goodput_at_json(g.with_local)},
+            {"local_best", goodput_at_json(g.local_best)}, {"local_young_daly_seconds", g.local ? nlohmann::json(g.local_young_daly_seconds) : nullptr}};
+}
+
+nlohmann::json node_local_json(const LayoutPlan& p) {
+    if (!p.node_local) return nullptr;
+    const NodeLocalSnapshots& n = *p.node_local;
+    return {{"ranks_per_node", n.ranks_per_node}, {"bytes_per_rank", n.bytes_per_rank}, {"replicas", n.replicas}, {"keep", n.keep},
+            {"bytes_per_snapshot_per_node", n.bytes_per_snapshot}, {"bytes_kept_per_node", n.bytes_kept}, {"bytes_peak_per_node", n.bytes_peak},
+            {"buffer_bytes_per_node", n.buffer_bytes},
+            {"host_memory_bytes_per_node", n.host_memory_bytes > 0 ? nlohmann::json(n.host_memory_bytes) : nullptr},
+            {"replica_bytes_per_node", n.replica_bytes_per_node}, {"replica_seconds", n.replica_seconds}};
+}
+
 nlohmann::json plan_json(const LayoutPlan& p) {
     const TrainConfig& t = p.config.train;
     return {{"layout",
@@ -92,6 +126,8 @@ nlohmann::json plan_json(const LayoutPlan& p) {
             {"memory", memory_json(p)},
             {"time", time_json(p.time)},
             {"checkpoint", checkpoint_json(p)},
+            {"node_local_snapshots", node_local_json(p)},
+            {"goodput", goodput_json(p)},
             {"tokens", p.tokens},
             {"days", p.days},
             {"cost_usd", p.cost_usd}};
@@ -179,6 +215,90 @@ void print_checkpoint(const LayoutPlan& p, const Cluster& cluster) {
     std::printf("  %-44s %10.1f s\n", p.cp > 1 ? "resume: verify, load, all-gather over dp x cp" : "resume: verify, load, all-gather over dp", c.resume_seconds);
 }
 
+std::string plural(int64_t count, const char* noun) { return cat(count, " ", noun, count == 1 ? "" : "s"); }
+
+// "374.9 s", "5.7 min", "2.38 h", "6.2 days": a duration at the unit that reads best.
+std::string duration_text(double seconds) {
+    char text[32];
+    if (seconds < 120) std::snprintf(text, sizeof text, "%.1f s", seconds);
+    else if (seconds < 7200) std::snprintf(text, sizeof text, "%.1f min", seconds / 60);
+    else if (seconds < 3 * 86400) std::snprintf(text, sizeof text, "%.2f h", seconds / 3600);
+    else std::snprintf(text, sizeof text, "%.1f days", seconds / 86400);
+    return text;
+}
+
+void print_node_local(const LayoutPlan& p) {
+    if (!p.node_local) return;
+    const NodeLocalSnapshots& n = *p.node_local;
+    const LocalSnapshotConfig& local = p.config.checkpoint.local;
+    std::printf("node-local snapshots (checkpoint.local: every %s, %s, keep %lld) in host memory, per node of %s:\n", plural(local.every_steps, "step").c_str(),
+                plural(n.replicas, "replica").c_str(), static_cast<long long>(n.keep), plural(n.ranks_per_node, "rank").c_str());
+    std::printf("  %-44s %10.2f GB (%d x %.2f GB)\n", "one snapshot of the node's own ranks", gb(n.bytes_per_snapshot / static_cast<double>(1 + n.replicas)),
+                n.ranks_per_node, gb(n.bytes_per_rank));
+    std::printf("  %-44s %10.2f GB\n", cat("with ", plural(n.replicas, "replica"), " of other nodes' ranks").c_str(), gb(n.bytes_per_snapshot));
+    std::printf("  %-44s %10.2f GB\n", cat("kept: ", n.keep, " snapshots").c_str(), gb(n.bytes_kept));
+    std::printf("  %-44s %10.2f GB\n", cat("peak: ", n.keep + 1, " while the next is written").c_str(), gb(n.bytes_peak));
+    std::printf("  %-44s %10.2f GB (host copy, the file kept for sending, %s received)\n", "the ranks' buffers", gb(n.buffer_bytes),
+                plural(n.replicas, "replica").c_str());
+    const double total = n.bytes_peak + n.buffer_bytes;
+    std::printf("  %-44s %10.2f GB", "total at the peak", gb(total));
+    if (n.host_memory_bytes > 0) std::printf(" of %.0f GB host memory (%.1f%%)\n", gb(n.host_memory_bytes), 100 * total / n.host_memory_bytes);
+    else std::printf(" (host memory per node: not in the cluster file, node.host_memory_gb)\n");
+    std::printf("  %-44s %10.2f GB out of each node (as much in), %.2f s per rank at the inter-node link\n", "replica traffic per snapshot",
+                gb(n.replica_bytes_per_node), n.replica_seconds);
+}
+
+// "every 500 steps (2.38 h): 99.130% (stall 0.003%, restorable 17.2 s after; per failure: restart 6.2 min, lost work 71.8 min)"
+void print_goodput_row(const char* label, const GoodputAt& at, double step_seconds, const std::string& after = "") {
+    std::printf("  %-44s every %s (%s): %.3f%% (stall %.3f%%, restorable %s after; per failure: restart %s, lost work %s)%s\n", label,
+                plural(at.every_steps, "step").c_str(), duration_text(static_cast<double>(at.every_steps) * step_seconds).c_str(), 100 * at.goodput,
+                100 * (1 - at.step_share), duration_text(at.restorable_after_seconds).c_str(), duration_text(at.restart_seconds).c_str(),
+                duration_text(at.lost_work_seconds).c_str(), after.c_str());
+}
+
+// "; Young/Daly sqrt(2 x 0.27 s x 150.0 h) = 9.0 min"
+std::string young_daly_text(double stall_seconds, double job_mtbf_seconds, double interval_seconds) {
+    char text[96];
+    std::snprintf(text, sizeof text, "; Young/Daly sqrt(2 x %.3g s x %.1f h) = %s", stall_seconds, job_mtbf_seconds / 3600, duration_text(interval_seconds).c_str());
+    return text;
+}
+
+void print_local_goodput(const GoodputPlan& g, const LocalSnapshotConfig& local) {
+    if (!g.local) return;
+    const std::string label = cat("with local snapshots (", plural(local.replicas, "replica"), ")");
+    if (g.local_survives_node_loss) {
+        print_goodput_row(label.c_str(), *g.with_local, g.step_seconds);
+        print_goodput_row("  at the best snapshot interval", *g.local_best, g.step_seconds,
+                          young_daly_text(g.local->stall_seconds, g.failures.job_mtbf_seconds, g.local_young_daly_seconds));
+        return;
+    }
+    // Nothing of the lost node's snapshots survives it: the persistent checkpoint is restored.
+    const char* why = g.failures.nodes > 1 ? "no replica: a lost node's snapshots go with it" : "one node: no other node holds a replica";
+    std::printf("  %-44s every %s, %s; %s\n", label.c_str(), plural(local.every_steps, "step").c_str(), why,
+                g.with_local ? "the persistent checkpoint is restored" : "and there is no persistent checkpoint (checkpoint.every_steps = 0)");
+    if (g.with_local) print_goodput_row("  persistent checkpoints restored", *g.with_local, g.step_seconds);
+}
+
+void print_goodput(const LayoutPlan& p, const Cluster& cluster, bool mtbf_from_flag) {
+    if (!p.checkpoint) return;
+    if (!p.goodput) {
+        std::printf("goodput: no node MTBF (--mtbf-hours H, or node.mtbf_hours in %s)\n", cluster.source_path.c_str());
+        return;
+    }
+    const GoodputPlan& g = *p.goodput;
+    const FailureModel& f = g.failures;
+    std::printf("goodput (share of wall time in steps that count; exponential node failures, one at a time; formula in src/plan/goodput.h):\n");
+    std::printf("  %-44s %.0f h (%s); %s: job MTBF %.1f h\n", "node MTBF", f.node_mtbf_hours, mtbf_from_flag ? "--mtbf-hours" : "node.mtbf_hours",
+                plural(f.nodes, "node").c_str(), f.job_mtbf_seconds / 3600);
+    std::printf("  %-44s %.0f s: %.0f s until a collective times out (parallel.timeout_seconds), %.0f s relaunch%s\n", "restart before the load",
+                f.detection_seconds + f.launch_seconds, f.detection_seconds, f.launch_seconds, f.launch_assumed ? " (assumed; --launch-seconds)" : "");
+    if (g.persistent_only) print_goodput_row("persistent checkpoints only", *g.persistent_only, g.step_seconds);
+    else std::printf("  %-44s none (checkpoint.every_steps = 0): a failure loses the run so far\n", "persistent checkpoints only");
+    print_goodput_row("  at the best checkpoint interval", g.persistent_best, g.step_seconds,
+                      young_daly_text(g.persistent.stall_seconds, f.job_mtbf_seconds, g.persistent_young_daly_seconds));
+    print_local_goodput(g, p.config.checkpoint.local);
+}
+
 void print_search(const LayoutSearch& search, int top) {
     std::printf("search: %d layouts considered (%d cannot exist), %zu fit; global batch %.0f sequences\n", search.considered, search.invalid,
                 search.ranked.size(), search.global_batch);
@@ -196,6 +316,8 @@ int run_plan(const PlanArgs& args) {
     Cluster cluster = load_cluster(args.cluster_path);
     if (!args.calibration_path.empty()) apply_calibration(cluster, args.calibration_path);
     if (args.nodes > 0) cluster.nodes = args.nodes;
+    if (args.mtbf_hours > 0) cluster.node_mtbf_hours = args.mtbf_hours;
+    if (args.launch_seconds > 0) cluster.launch_seconds = args.launch_seconds;
     const int devices = args.devices > 0 ? args.devices : cluster.devices();
     const double parameters = model_parameter_count(config.model);
     if (args.search) {
@@ -223,13 +345,27 @@ int run_plan(const PlanArgs& args) {
         print_header(config, cluster, devices, parameters);
         print_layout(plan, devices);
         print_memory(plan);
+        print_node_local(plan);
         print_time(plan, args.options);
         print_checkpoint(plan, cluster);
+        print_goodput(plan, cluster, args.mtbf_hours > 0);
     }
     if (!plan.fits)
         fail(ErrorKind::config, "plan: does not fit: needs ", std::lround(plan.total_bytes / 1e7) / 100.0, " GB per device, has ",
              std::lround(plan.capacity_bytes / 1e7) / 100.0, " GB (", describe(plan.largest), "); try --search");
     return 0;
+}
+
+// A figure that must be above zero: "--mtbf-hours: must be a positive number of hours, got '0'".
+CLI::Validator positive(const char* unit) {
+    return CLI::Validator(
+        [unit](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double value = std::strtod(text.c_str(), &end);
+            if (end != text.c_str() && *end == '\0' && value > 0 && std::isfinite(value)) return "";
+            return cat("must be a positive number of ", unit, ", got '", text, "'");
+        },
+        cat(unit, " > 0"));
 }
 
 }  // namespace
@@ -248,6 +384,11 @@ void register_plan_command(CLI::App& app, CommandAction& action) {
     cmd->add_flag("--json", args->json, "print JSON instead of tables");
     cmd->add_option("--tokens", args->options.tokens, "token budget for days and cost (default: train.steps steps)")->check(CLI::PositiveNumber);
     cmd->add_option("--gpu-hour-usd", args->options.gpu_hour_usd, "price of one device-hour, for the cost")->check(CLI::PositiveNumber);
+    cmd->add_option("--mtbf-hours", args->mtbf_hours, "mean time between failures of one node, hours, for the goodput (default: the cluster's node.mtbf_hours)")
+        ->check(positive("hours"));
+    cmd->add_option("--launch-seconds", args->launch_seconds,
+                    "a restart's relaunch of every rank and communicator set-up, seconds (default: the cluster's node.launch_seconds, else 60, assumed)")
+        ->check(positive("seconds"));
     cmd->callback([args, &action] { action = [args] { return run_plan(*args); }; });
 }
 

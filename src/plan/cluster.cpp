@@ -249,6 +249,9 @@ Cluster load_cluster(const std::string& path) {
     c.kind = kind == "gpu" ? ClusterKind::gpu : ClusterKind::cpu;
     c.devices_per_node = keys.integer("node.devices", "devices per node: GPUs, or cores for kind = \"cpu\"", 1 << 16);
     c.nodes = keys.integer("node.count", "number of nodes", 1 << 20);
+    c.node_mtbf_hours = keys.optional_number("node.mtbf_hours", "mean time between failures of one node, hours", 0, 1e9, 0);
+    c.launch_seconds = keys.optional_number("node.launch_seconds", "a restart's relaunch of every rank and communicator set-up, seconds", 0, 1e6, 0);
+    c.host_memory_gb = keys.optional_number("node.host_memory_gb", "host memory per node, GB", 0, 1e9, 0);
     c.device_name = keys.text("device.name", "the device's name");
     c.peak_tflops = device_peak_tflops(keys, c.kind);
     c.memory_gb = keys.number("device.memory_gb", "memory per device, GB", 0, 1e6);

@@ -5,7 +5,10 @@
 // A TOML file (configs/clusters/*.toml):
 //   name = "..."
 //   kind = "gpu" | "cpu"           cpu: a device is one core; ranks beyond the cores share them
-//   [node]    devices, count
+//   [node]    devices, count; optionally mtbf_hours (mean time between failures of one node,
+//             for the goodput; missing: none), launch_seconds (a restart's relaunch of
+//             every rank and its communicators' set-up, before the load; missing: 60,
+//             assumed), host_memory_gb (host RAM per node, which node-local snapshots use)
 //   [device]  name, peak_tflops (dense, in the compute dtype: bf16 on GPUs, f32 on the CPU;
 //             on a cpu cluster "auto": one core of the machine reading the file, measured),
 //             memory_gb, memory_bandwidth_gbps, reserved_gb (runtime context and
@@ -115,6 +118,9 @@ struct Cluster {
     Link intra_node, inter_node;
     ComputeEfficiency efficiency;
     std::optional<Storage> storage;  // none: no [storage] section
+    double node_mtbf_hours = 0;      // 0: not known (node.mtbf_hours, or plan --mtbf-hours)
+    double launch_seconds = 0;       // 0: not given (node.launch_seconds, or plan --launch-seconds)
+    double host_memory_gb = 0;       // 0: not known (node.host_memory_gb)
     int devices() const { return devices_per_node * nodes; }
 };
 

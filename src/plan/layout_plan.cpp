@@ -12,9 +12,10 @@ namespace llmtrain {
 namespace {
 
 // The checkpoint writer copies what a resume needs to host memory at the step boundary:
-// the master weights this rank holds and the AdamW moments it owns.
+// the master weights this rank holds and the AdamW moments it owns; a node-local snapshot
+// holds the same bytes, taken the same way.
 double checkpoint_staging_bytes(const Config& config, const MemoryPlan& plan) {
-    if (config.checkpoint.every_steps <= 0) return 0;
+    if (config.checkpoint.every_steps <= 0 && config.checkpoint.local.every_steps <= 0) return 0;
     const DType compute = compute_dtype(config.train), master = master_dtype(compute);
     const double master_share = compute == master ? 1.0 : static_cast<double>(dtype_size(master)) / static_cast<double>(dtype_size(master) + dtype_size(compute));
     return static_cast<double>(plan.memory.parameter_bytes) * master_share + static_cast<double>(plan.memory.optimizer_bytes);
@@ -71,6 +72,8 @@ LayoutPlan plan_layout(const Config& config, const Cluster& cluster, int devices
     plan.fits = plan.total_bytes <= plan.capacity_bytes;
     plan.time = predict_step_time(config, mesh, cluster, parameters);
     if (cluster.storage) plan.checkpoint = predict_checkpoint_time(config, mesh, cluster, parameters);
+    if (plan.checkpoint && cluster.node_mtbf_hours > 0) plan.goodput = plan_goodput(config, mesh, cluster, *plan.checkpoint, plan.time.step_seconds);
+    if (config.checkpoint.local.every_steps > 0) plan.node_local = plan_node_local_snapshots(config, mesh, cluster, parameters);
     plan.tokens = token_budget(config, options, plan.time.tokens_per_step);
     const double seconds = plan.tokens / (plan.time.tokens_per_second_per_device * devices);
     plan.days = seconds / 86400;

@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "plan/cluster.h"
+#include "plan/goodput.h"
 #include "plan/memory_plan.h"
 #include "plan/step_model.h"
 
@@ -33,6 +34,8 @@ struct LayoutPlan {
     bool fits = false;
     StepTime time;
     std::optional<CheckpointTime> checkpoint;  // when the cluster describes its storage
+    std::optional<GoodputPlan> goodput;        // with the checkpoint times and a node MTBF
+    std::optional<NodeLocalSnapshots> node_local;  // with checkpoint.local.every_steps > 0
     double tokens = 0, days = 0, cost_usd = 0;
 };
 

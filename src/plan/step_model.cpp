@@ -466,7 +466,7 @@ CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, c
     if (!cluster.storage) fail(ErrorKind::config, cluster.source_path, ": storage: missing (the shared storage checkpoints go to: write_gbps, read_gbps, node_write_gbps, node_read_gbps, host_copy_gbps)");
     const Storage& st = *cluster.storage;
     const double master_bytes = static_cast<double>(dtype_size(master_dtype(compute_dtype(config.train))));
-    const int nodes = std::max(1, (mesh.world_size() + ranks_per_node(mesh, cluster) - 1) / ranks_per_node(mesh, cluster));
+    const int nodes = planned_nodes(mesh, cluster);
     CheckpointTime t;
     t.bytes = planned_checkpoint_bytes(config, parameters);
     t.bytes_per_rank = t.bytes / mesh.world_size();
@@ -484,8 +484,16 @@ CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, c
         const Link dp_link = collective_link(cluster, mesh, data, mesh.tp() * data, device_share(config, mesh, cluster).step_end);
         exchange = collective_seconds({Collective::all_gather, part_weights, 1}, data, dp_link);
     }
+    t.exchange_seconds = exchange;
     t.resume_seconds = reads + exchange;
     return t;
+}
+
+int planned_ranks_per_node(const Mesh& mesh, const Cluster& cluster) { return ranks_per_node(mesh, cluster); }
+
+int planned_nodes(const Mesh& mesh, const Cluster& cluster) {
+    const int per_node = ranks_per_node(mesh, cluster);
+    return std::max(1, (mesh.world_size() + per_node - 1) / per_node);
 }
 
 }  // namespace llmtrain

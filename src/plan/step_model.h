@@ -140,11 +140,17 @@ struct CheckpointTime {
     double blocked_seconds = 0;     // the step loop waits for the copy to host memory
     double background_seconds = 0;  // the writes, while training goes on
     double resume_seconds = 0;      // verification, load and the dp exchange
+    double exchange_seconds = 0;    // of which the dp exchange (the master weights' all-gather below ZeRO-3)
 };
 // The whole checkpoint's bytes: the master weights and AdamW's two moments in the master dtype.
 double planned_checkpoint_bytes(const Config& config, double parameters);
 // Throws Error(config) naming the cluster file when it has no [storage].
 CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
+
+// The ranks the layout puts on one node (a GPU node: one per device; a CPU node: the job's
+// ranks spread evenly), and the nodes the job takes.
+int planned_ranks_per_node(const Mesh& mesh, const Cluster& cluster);
+int planned_nodes(const Mesh& mesh, const Cluster& cluster);
 
 // The seconds a collective takes on a link among n ranks.
 double collective_seconds(const CollectiveCall& call, int ranks, const Link& link);
