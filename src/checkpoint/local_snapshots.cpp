@@ -27,11 +27,12 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kManifest = "manifest.json";
-// A replica travels in messages of this many bytes (MPI counts are ints), this many in flight
-// per peer: the copies advance at every step boundary without flooding the links the
-// training's collectives use.
+// A replica travels in messages of this many bytes (MPI counts are ints), this many (1 GiB) in
+// flight per peer, refilled at every step boundary: a transport that moves posted messages by
+// itself (RDMA) moves a GiB per step, and the host memory pinned for the transfer stays
+// bounded. plan/goodput.cpp models the same numbers: keep the two in step.
 constexpr size_t kMessageBytes = size_t{64} << 20;
-constexpr size_t kMessagesInFlight = 4;
+constexpr size_t kMessagesInFlight = 16;
 constexpr size_t kNameBytes = 64;
 
 double now_seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -271,6 +272,7 @@ void LocalSnapshotter::start(int64_t step, double waited_seconds) {
     Stopwatch clock;
     started_at_ = now_seconds();
     hooks_.capture(step, snapshot_);
+    const double copy_seconds = clock.seconds();
     std::string text;
     if (file_.world_rank == 0) {
         Manifest m = hooks_.manifest(step);
@@ -278,7 +280,7 @@ void LocalSnapshotter::start(int64_t step, double waited_seconds) {
         text = manifest_to_json(m);
     }
     manifest_ = manifest_from_json(broadcast_text(world_, 0, text), "the local snapshot's manifest");
-    in_flight_ = {step, false, "", waited_seconds + clock.seconds(), 0, 0, 0};
+    in_flight_ = {step, false, "", copy_seconds, waited_seconds + clock.seconds(), 0, 0, 0};
     phase_ = Phase::writing;
     wait_job();  // the last snapshot's retention
     {
@@ -395,10 +397,13 @@ void LocalSnapshotter::complete() {
     in_flight_.seconds_to_complete = now_seconds() - started_at_;
     newest_complete_ = in_flight_.step;
     phase_ = Phase::idle;
-    if (file_.world_rank == 0)
+    // Said for the first and then about every 100 steps (log.jsonl has every one).
+    const int64_t every = std::max<int64_t>(1, 100 / config_.every_steps);
+    if (file_.world_rank == 0 && completed_++ % every == 0)
         log_info("local snapshot of step ", in_flight_.step, ": complete in ", fixed(in_flight_.seconds_to_complete, 3), " s | step loop blocked ",
-                 fixed(in_flight_.blocked_seconds, 3), " s | ", megabytes(static_cast<double>(in_flight_.own_bytes)), " on rank 0 + ", holders_.size(),
-                 " cop", holders_.size() == 1 ? "y" : "ies", " on other nodes | ", root_);
+                 fixed(in_flight_.blocked_seconds, 3), " s (copy to host ", fixed(in_flight_.copy_seconds, 3), " s) | rank 0 keeps ",
+                 megabytes(static_cast<double>(in_flight_.own_bytes)), " of its own and ", megabytes(static_cast<double>(in_flight_.replica_bytes)),
+                 " of other nodes' ranks | ", holders_.size(), " cop", holders_.size() == 1 ? "y" : "ies", " of each piece on other nodes | ", root_);
     notify(in_flight_);
     if (nodes_.local_index(file_.world_rank) == 0) post([this] { apply_retention(); });
 }

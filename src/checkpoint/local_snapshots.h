@@ -11,7 +11,7 @@
 //                   boundary, then one all-gather of every file's size and XXH64), each node
 //                   holds the manifest (the persistent one's format, every file listed) and
 //                   each rank sends its file to checkpoint.local.replicas ranks on other
-//                   nodes, in 64 MiB messages, at most 4 in flight per peer, polled at step
+//                   nodes, in 64 MiB messages, at most 16 in flight per peer, polled at step
 //                   boundaries; the receivers check the XXH64 and store the copies;
 //   3. complete     when every rank has stored its copies (one scalar all-reduce per
 //                   boundary): the node's oldest snapshots beyond checkpoint.local.keep go.
@@ -89,7 +89,8 @@ struct LocalSnapshotOutcome {
     int64_t step = 0;
     bool complete = false;
     std::string reason;              // a failed one's (this rank's error, or the failing rank)
-    double blocked_seconds = 0;      // the step loop's: the copy to host
+    double copy_seconds = 0;         // the copy to host memory
+    double blocked_seconds = 0;      // the step loop's in all: the copy, the manifest's broadcast and any wait for the one before
     uint64_t own_bytes = 0;          // this rank's file
     uint64_t replica_bytes = 0;      // copies this rank stored for others
     double seconds_to_complete = 0;  // from the capture to the agreement
@@ -163,6 +164,7 @@ private:
     bool storing_ = false;                   // the received copies are being written
     std::optional<int64_t> newest_complete_;
     int64_t waits_ = 0;
+    int64_t completed_ = 0;
 
     std::mutex mutex_;
     std::condition_variable changed_;

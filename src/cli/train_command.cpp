@@ -281,7 +281,7 @@ void start_local_snapshots(std::optional<LocalSnapshotter>& snapshots, Trainer& 
 // A local snapshot in log.jsonl: complete or failed, what it cost the step loop and the node.
 void record_local_snapshots(LocalSnapshotter& snapshots, RunLog& log) {
     snapshots.on_outcome([&log](const LocalSnapshotOutcome& o) {
-        log.write("local_snapshot", {{"step", o.step}, {"complete", o.complete}, {"reason", o.reason}, {"blocked_seconds", o.blocked_seconds},
+        log.write("local_snapshot", {{"step", o.step}, {"complete", o.complete}, {"reason", o.reason}, {"copy_seconds", o.copy_seconds}, {"blocked_seconds", o.blocked_seconds},
                                      {"own_bytes", o.own_bytes}, {"replica_bytes", o.replica_bytes}, {"seconds_to_complete", o.seconds_to_complete}});
     });
 }

@@ -103,15 +103,15 @@ SaveCadence persistent_cadence(const Config& config, const CheckpointTime& check
 }
 
 // How checkpoint/local_snapshots.cpp sends a snapshot's file to a peer: in messages of 64 MiB,
-// at most 4 in flight per peer, posted at step boundaries (kept in step with that file).
+// at most 16 (1 GiB) in flight per peer, posted at step boundaries (kept in step with that file).
 constexpr double kSnapshotMessageBytes = 64.0 * 1024 * 1024;
-constexpr double kSnapshotMessagesPerBoundary = 4;
+constexpr double kSnapshotMessagesPerBoundary = 16;
 
 // A snapshot is the rank's checkpoint share: the same host copy stalls the loop. Its work: the
 // file written into node-local memory (assumed at the host copy's rate), sent to `replicas`
 // peers one after another at the rank's inter-node bus bandwidth, and the copies received
 // stored (as many, at the host copy's rate). Its boundaries: the one after the write starts
-// the replication, each later one posts 4 messages per peer, the one after the last stores.
+// the replication, each later one posts 16 messages per peer, the one after the last stores.
 // A restart reads it twice from node-local memory (verification, load: at the host copy's
 // rate), after the lost node's replacement fetched its ranks' files from a peer over the
 // inter-node link; the dp exchange follows as after any load.

@@ -88,22 +88,22 @@ TEST(PlanGoodput, WithLocalSnapshotsByHand) {
     // The persistent checkpoints stall 1 s per 100 steps beside the snapshots: T' = 9.99 + 0.01 = 10.
     // Snapshot: s = 1 (the same host copy); d = 1 (into node-local memory at the host copy's
     // rate) + 1 replica x (4.5 GB / 45 GB/s = 0.1 s sent + 1 s stored) = 2.1 s; its boundaries:
-    // ceil(1 / 10) = 1 to write, 4.5e9 / 64 MiB = 67.06: 68 messages, 4 per boundary: 17, and
-    // 1 to store: b = 19, D = max(2.1, 19 x 10) = 190 s.
+    // ceil(1 / 10) = 1 to write, 4.5e9 / 64 MiB = 67.06: 68 messages, 16 per boundary: 5, and
+    // 1 to store: b = 7, D = max(2.1, 7 x 10) = 70 s.
     // R = 300 + 60 + 0.1 (the lost node's file from its peer) + 2 x 1 (verify, load from
     // node-local memory) + 0.5 (dp exchange) = 362.6 s.
     // k = 50: C = 50 x 10 + 1 = 501 s, of which 50 x 9.99 = 499.5 s are steps.
     ASSERT_TRUE(g.local);
-    EXPECT_EQ(g.local->boundaries, 19);
+    EXPECT_EQ(g.local->boundaries, 7);
     EXPECT_NEAR(g.local->work_seconds, 2.1, 1e-12);
     EXPECT_NEAR(b.cycle_seconds, 501, 1e-9);
     EXPECT_NEAR(b.step_share, 499.5 / 501, 1e-12);
     EXPECT_NEAR(b.restart_seconds, 362.6, 1e-9);
-    EXPECT_NEAR(b.restorable_after_seconds, 190, 1e-9);
-    EXPECT_NEAR(b.lost_work_seconds, 441.5, 1e-9);  // 501/2 + 1 + 190
-    // (499.5 / 501) x (1 - (362.6 + 441.5) / 108000) = 0.99700599 x 0.99255463 = 0.98958291
-    EXPECT_NEAR(b.goodput, 499.5 / 501 * (1 - 804.1 / 108000), 1e-12);
-    EXPECT_NEAR(b.goodput, 0.98958291, 1e-8);
+    EXPECT_NEAR(b.restorable_after_seconds, 70, 1e-9);
+    EXPECT_NEAR(b.lost_work_seconds, 321.5, 1e-9);  // 501/2 + 1 + 70
+    // (499.5 / 501) x (1 - (362.6 + 321.5) / 108000) = 0.99700599 x 0.99366574 = 0.99069069
+    EXPECT_NEAR(b.goodput, 499.5 / 501 * (1 - 684.1 / 108000), 1e-12);
+    EXPECT_NEAR(b.goodput, 0.99069069, 1e-8);
     EXPECT_GT(b.goodput, g.persistent_only->goodput);
 }
 
@@ -114,13 +114,13 @@ TEST(PlanGoodput, BestIntervalsByHand) {
     // waits, ceil(200 / 9.99) = 21 being where waiting stops). Young: sqrt(2 x 1 x 108000) = 464.76 s.
     EXPECT_EQ(g.persistent_best.every_steps, 46);
     EXPECT_NEAR(g.persistent_young_daly_seconds, 464.7580015, 1e-6);
-    // Snapshots, T' = 10: from b = 19 on, D = 190: x* = sqrt(2 x (108000 - 362.6 - 190 - 1)) - 1
-    // = sqrt(214892.8) - 1 = 462.57 s, 46 steps. Below b, D = x: x* = sqrt(1 + (108000 - 364.1)
-    // / 1.5) - 1 = 266.9 s, beyond b, so that range's best is its end, 18 steps, lower.
+    // Snapshots, T' = 10: from b = 7 on, D = 70: x* = sqrt(2 x (108000 - 362.6 - 70 - 1)) - 1
+    // = sqrt(215132.8) - 1 = 462.83 s, 46 steps. Below b, D = x: x* = sqrt(1 + (108000 - 364.1)
+    // / 1.5) - 1 = 266.9 s, beyond b, so that range's best is its end, 6 steps, lower.
     ASSERT_TRUE(g.local_best);
     EXPECT_EQ(g.local_best->every_steps, 46);
-    // At k = 46: C = 46 x 10 + 1 = 461 s; (459.54 / 461) x (1 - (362.6 + 230.5 + 1 + 190) / 108000)
-    EXPECT_NEAR(g.local_best->goodput, 459.54 / 461 * (1 - 784.1 / 108000), 1e-12);
+    // At k = 46: C = 46 x 10 + 1 = 461 s; (459.54 / 461) x (1 - (362.6 + 230.5 + 1 + 70) / 108000)
+    EXPECT_NEAR(g.local_best->goodput, 459.54 / 461 * (1 - 664.1 / 108000), 1e-12);
 }
 
 TEST(PlanGoodput, TheBestIntervalBeatsEveryOther) {
