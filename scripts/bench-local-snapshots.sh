@@ -1,30 +1,35 @@
 #!/usr/bin/env bash
-# bench-local-snapshots.sh PAIRS STEPS CONFIG [--set ...]: what local snapshots
-# ([checkpoint.local]) cost a run. Runs the config on 2 ranks placed on 2 simulated nodes (so
-# every snapshot is also copied to the other node), PAIRS times without snapshots and with
-# one after every step, alternated (without, with, without, ...), STEPS steps each, the
-# snapshots in /dev/shm. Prints each run's tokens/s (the run's own figure, steps after the
+# bench-local-snapshots.sh RANKS PAIRS STEPS CONFIG [--set ...]: what local snapshots
+# ([checkpoint.local]) cost a run. Runs the config on RANKS ranks (dp), each rank on a
+# simulated node of its own (LLMTRAIN_NODE_NAME) so that every snapshot is also copied to
+# another node when RANKS > 1, PAIRS times without snapshots and with one after every step,
+# alternated (without, with, without, ...), STEPS steps each, the snapshots in /dev/shm.
+# Each rank's snapshot is written by a thread of its own beside the training threads: leave
+# it a core (RANKS x train.threads below the cores) or it takes the steps' time. Prints each run's tokens/s (the run's own figure, steps after the
 # first), the mean of each side and their ratio, and per snapshot the seconds the step loop
 # was blocked against the copy to host memory alone (from log.jsonl), the seconds to
 # complete and the bytes kept per node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pairs=$1 steps=$2
-shift 2
+ranks=$1 pairs=$2 steps=$3
+shift 3
 bin=${LLMTRAIN:-build/llmtrain}
 mpiexec=${MPIEXEC:-mpiexec}
 scratch=$(mktemp -d)
 shm=$(mktemp -d /dev/shm/llmtrain-bench.XXXXXX)
 trap 'rm -rf "$scratch" "$shm"' EXIT
-common=("$@" --set train.steps="$steps" --set train.sample_tokens=0 --set train.eval_every=0 --set train.log_every=1000 --set parallel.dp=2
+common=("$@" --set train.steps="$steps" --set train.sample_tokens=0 --set train.eval_every=0 --set train.log_every=1000 --set parallel.dp="$ranks"
         --set metrics.enabled=off --set checkpoint.local.dir=\""$shm/{node}"\")
 
 run() {  # NAME [--set ...]: the run's tokens/s
     local name=$1
     shift
-    "$mpiexec" --oversubscribe -np 1 -x LLMTRAIN_NODE_NAME=a "$bin" train "${common[@]}" "$@" --run-dir "$scratch/$name" \
-        : -np 1 -x LLMTRAIN_NODE_NAME=b "$bin" train "${common[@]}" "$@" --run-dir "$scratch/$name" >"$scratch/$name.out" 2>&1 ||
-        { echo "run $name failed:" >&2; tail -5 "$scratch/$name.out" >&2; exit 1; }
+    local launch=() r
+    for r in $(seq 0 $((ranks - 1))); do
+        [ "$r" -gt 0 ] && launch+=(:)
+        launch+=(-np 1 -x LLMTRAIN_NODE_NAME="node$r" "$bin" train "${common[@]}" "$@" --run-dir "$scratch/$name")
+    done
+    "$mpiexec" --oversubscribe "${launch[@]}" >"$scratch/$name.out" 2>&1 || { echo "run $name failed:" >&2; tail -5 "$scratch/$name.out" >&2; exit 1; }
     grep '"event":"end"' "$scratch/$name/log.jsonl" | sed -E 's/.*"tokens_per_second":([0-9.e+]+).*/\1/'
 }
 

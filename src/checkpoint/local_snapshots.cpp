@@ -37,22 +37,44 @@ constexpr size_t kNameBytes = 64;
 
 double now_seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-std::string read_whole_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
+// The file's bytes in one read (a stream's buffer, 8 KiB at a time, reads a GB ten times
+// slower) into `bytes`, resized to whole 32-bit words (what the last message of a transfer
+// carries) and reused from call to call: a fresh GB costs more in page faults than the read.
+// Returns the file's size.
+size_t read_file_words(const std::string& path, std::vector<char>& bytes) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) fail(ErrorKind::io, "cannot read '", path, "'");
-    std::ostringstream bytes;
-    bytes << in.rdbuf();
-    if (!in.good() && !in.eof()) fail(ErrorKind::io, "cannot read '", path, "'");
-    return bytes.str();
+    const auto length = static_cast<size_t>(in.tellg());
+    bytes.resize((length + 3) / 4 * 4);
+    in.seekg(0);
+    if (!in.read(bytes.data(), static_cast<std::streamsize>(length))) fail(ErrorKind::io, "cannot read '", path, "'");
+    return length;
+}
+std::vector<char> read_file_words(const std::string& path, size_t& length) {
+    std::vector<char> bytes;
+    length = read_file_words(path, bytes);
+    return bytes;
 }
 
-uint64_t xxh64_of(const std::string& bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
+std::string read_whole_file(const std::string& path) {
+    size_t length = 0;
+    const std::vector<char> bytes = read_file_words(path, length);
+    return std::string(bytes.data(), length);
+}
+
+
+// path holds exactly these bytes, fsynced (an ENOSPC or EIO an Error(io) naming it).
+void write_bytes_durably(const std::string& path, const char* data, size_t length) {
+    OutputFile out(path);
+    out.append(data, length);
+    out.finish();
+}
 
 // Writes path through a name of this rank's own (ranks of a node write the same manifest)
 // and a rename, so a reader sees the old bytes or the new ones.
-void write_replacing(const std::string& path, const std::string& bytes, int world_rank) {
+void write_replacing(const std::string& path, const char* data, size_t length, int world_rank) {
     const std::string part = cat(path, ".", world_rank, ".part");
-    write_file_durably(part, bytes);
+    write_bytes_durably(part, data, length);
     std::error_code ec;
     fs::rename(part, path, ec);
     if (ec) {
@@ -60,6 +82,7 @@ void write_replacing(const std::string& path, const std::string& bytes, int worl
         fail(ErrorKind::io, "cannot rename '", part, "' to '", path, "': ", ec.message());
     }
 }
+void write_replacing(const std::string& path, const std::string& bytes, int world_rank) { write_replacing(path, bytes.data(), bytes.size(), world_rank); }
 
 // Text from root to every rank of world: its length, then its bytes as 32-bit words.
 std::string broadcast_text(Comm& world, int root, std::string text) {
@@ -93,11 +116,6 @@ Tensor words_of(char* data, size_t bytes) { return Tensor(data, DType::i32, {sta
 
 // `length` bytes in a buffer of whole 32-bit words (what the last message carries).
 std::vector<char> word_buffer(size_t length) { return std::vector<char>((length + 3) / 4 * 4); }
-std::vector<char> word_buffer(const std::string& bytes) {
-    std::vector<char> buffer = word_buffer(bytes.size());
-    std::memcpy(buffer.data(), bytes.data(), bytes.size());
-    return buffer;
-}
 uint64_t xxh64_of(const std::vector<char>& buffer, size_t length) { return XXH64(buffer.data(), length, 0); }
 
 std::optional<int64_t> snapshot_step(const std::string& name) {
@@ -205,16 +223,15 @@ struct LocalSnapshotter::Transfer {
     int peer = 0;                // world rank
     bool sending = false;
     int piece = 0;               // whose file (a receive: the peer's)
-    char* data = nullptr;        // what is sent (this rank's file) or received (into `received`)
+    char* data = nullptr;        // what is sent (this rank's file) or received (a buffer kept for the source)
     size_t length = 0;
-    std::vector<char> received;
     size_t posted = 0, messages = 0;
     std::vector<CommHandle> in_flight;
 };
 
-LocalSnapshotter::LocalSnapshotter(const LocalSnapshotConfig& config, Comm& world, FileAttributes file, NodeMap nodes, std::string root, int64_t start_step,
-                                   LocalSnapshotHooks hooks)
-    : config_(config), world_(world), file_(file), nodes_(std::move(nodes)), root_(std::move(root)), hooks_(std::move(hooks)) {
+LocalSnapshotter::LocalSnapshotter(const LocalSnapshotConfig& config, Comm& world, Comm& copies, FileAttributes file, NodeMap nodes, std::string root,
+                                   int64_t start_step, LocalSnapshotHooks hooks)
+    : config_(config), world_(world), copies_(copies), file_(file), nodes_(std::move(nodes)), root_(std::move(root)), hooks_(std::move(hooks)) {
     // Snapshots of steps after the one this run starts from belong to a timeline a failure
     // abandoned: they go before this run writes any (every rank waits for this in the
     // first step's collectives, and none writes a snapshot before that step ends).
@@ -260,6 +277,20 @@ void LocalSnapshotter::after_step(const StepRecord& record) {
                      fixed(clock.seconds(), 3), " s for it (raise checkpoint.local.every_steps; said once, the waits count in each snapshot's blocked time)");
     }
     start(record.step, clock.seconds());
+}
+
+void LocalSnapshotter::after_anomaly(const AnomalyRecord& anomaly) {
+    if (anomaly.action != "rollback" || anomaly.rollback_to < 0) return;
+    finish();
+    wait_job();
+    if (nodes_.local_index(file_.world_rank) == 0)
+        for (int64_t step : steps_under(root_)) {
+            std::error_code ec;
+            fs::remove_all(step_dir(step), ec);
+        }
+    if (file_.world_rank == 0 && newest_complete_)
+        log_info("local snapshots deleted after the rollback to step ", anomaly.rollback_to, ": they hold the steps it abandoned");
+    newest_complete_.reset();
 }
 
 void LocalSnapshotter::finish() {
@@ -348,6 +379,7 @@ void LocalSnapshotter::begin_replication() {
         manifest_.files.push_back({rank_file_name(static_cast<int>(r)), static_cast<uint64_t>(figures[2 * r]), hash});
     }
     in_flight_.own_bytes = own_length_;
+    in_flight_.write_seconds = write_seconds_;
     transfers_.clear();
     for (int peer : holders_) {
         auto t = std::make_unique<Transfer>();
@@ -363,8 +395,9 @@ void LocalSnapshotter::begin_replication() {
         t->peer = source;
         t->piece = source;
         t->length = manifest_.files[static_cast<size_t>(source)].bytes;
-        t->received = word_buffer(t->length);
-        t->data = t->received.data();
+        std::vector<char>& buffer = received_[source];  // reused: a fresh GB costs its page faults again
+        buffer.resize((t->length + 3) / 4 * 4);
+        t->data = buffer.data();
         transfers_.push_back(std::move(t));
     }
     for (auto& t : transfers_) t->messages = message_count(t->length);
@@ -382,7 +415,7 @@ bool LocalSnapshotter::transfers_done() {
         while (t->posted < t->messages && t->in_flight.size() < kMessagesInFlight) {
             const Message m = message(t->length, t->posted++);
             const Tensor words = words_of(t->data + m.offset, m.bytes);
-            t->in_flight.push_back(t->sending ? world_.send_async(words, t->peer) : world_.recv_async(words, t->peer));
+            t->in_flight.push_back(t->sending ? copies_.send_async(words, t->peer) : copies_.recv_async(words, t->peer));
         }
         all = all && t->posted == t->messages && t->in_flight.empty();
     }
@@ -477,6 +510,7 @@ void LocalSnapshotter::worker_loop() {
 }
 
 void LocalSnapshotter::write_own_file() {
+    Stopwatch clock;
     if (hooks_.before_write) hooks_.before_write(snapshot_.step);
     const std::string dir = step_dir(snapshot_.step);
     std::error_code ec;
@@ -487,10 +521,9 @@ void LocalSnapshotter::write_own_file() {
     FileAttributes attributes = file_;
     attributes.step = snapshot_.step;
     write_rank_file(part, snapshot_, attributes);
-    const std::string bytes = read_whole_file(part);
-    own_bytes_ = word_buffer(bytes);
-    own_length_ = bytes.size();
-    own_xxh64_ = xxh64_of(bytes);
+    own_length_ = read_file_words(part, own_bytes_);  // the bytes the peers get
+    own_xxh64_ = xxh64_of(own_bytes_, own_length_);
+    write_seconds_ = clock.seconds();
     fs::rename(part, path, ec);
     if (ec) fail(ErrorKind::io, "cannot rename '", part, "': ", ec.message());
 }
@@ -503,10 +536,9 @@ void LocalSnapshotter::store_replicas() {
     for (const auto& t : transfers_) {
         if (t->sending) continue;
         const CheckpointFile& expected = manifest_.files.at(static_cast<size_t>(t->piece));
-        if (xxh64_of(t->received, t->length) != expected.xxh64)
+        if (XXH64(t->data, t->length, 0) != expected.xxh64)
             fail(ErrorKind::io, "the copy of rank ", t->piece, "'s snapshot of step ", manifest_.step, " arrived damaged (XXH64 differs)");
-        write_replacing((fs::path(step_dir(manifest_.step)) / rank_file_name(t->piece)).string(), std::string(t->received.data(), t->length), file_.world_rank);
-        std::vector<char>().swap(t->received);
+        write_replacing((fs::path(step_dir(manifest_.step)) / rank_file_name(t->piece)).string(), t->data, t->length, file_.world_rank);
     }
 }
 
@@ -568,7 +600,9 @@ PieceCheck check_pieces(const std::string& dir, const NodeMap& nodes, int rank, 
         std::error_code ec;
         if (fs::file_size(path, ec) != f.bytes || ec) continue;
         try {
-            check.verified[static_cast<size_t>(q)] = xxh64_of(read_whole_file(path)) == f.xxh64;
+            size_t length = 0;
+            const std::vector<char> bytes = read_file_words(path, length);
+            check.verified[static_cast<size_t>(q)] = xxh64_of(bytes, length) == f.xxh64;
         } catch (const std::exception&) {
         }
     }
@@ -603,29 +637,30 @@ Availability agree_availability(Comm& world, const PieceCheck& check) {
 
 // Rank q's file from its holder into q's node, in the order of q (no rank waits on another in
 // a cycle); q checks the XXH64 before the rename.
-uint64_t fetch_missing(Comm& world, const Availability& a, const Manifest& manifest, const std::string& dir) {
+uint64_t fetch_missing(Comm& copies, const Availability& a, const Manifest& manifest, const std::string& dir) {
     uint64_t fetched = 0;
-    for (int q = 0; q < world.size(); ++q) {
+    for (int q = 0; q < copies.size(); ++q) {
         if (!a.need[static_cast<size_t>(q)]) continue;
         const int holder = a.holder[static_cast<size_t>(q)];
         const CheckpointFile& f = manifest.files[static_cast<size_t>(q)];
         const std::string path = (fs::path(dir) / f.name).string();
-        if (world.rank() == holder) {
-            std::vector<char> bytes = word_buffer(read_whole_file(path));
+        if (copies.rank() == holder) {
+            size_t length = 0;
+            std::vector<char> bytes = read_file_words(path, length);
             for (size_t i = 0; i < message_count(f.bytes); ++i) {
                 const Message m = message(f.bytes, i);
-                world.send(words_of(bytes.data() + m.offset, m.bytes), q);
+                copies.send(words_of(bytes.data() + m.offset, m.bytes), q);
             }
-        } else if (world.rank() == q) {
+        } else if (copies.rank() == q) {
             std::vector<char> bytes = word_buffer(f.bytes);
             for (size_t i = 0; i < message_count(f.bytes); ++i) {
                 const Message m = message(f.bytes, i);
-                world.recv(words_of(bytes.data() + m.offset, m.bytes), holder);
+                copies.recv(words_of(bytes.data() + m.offset, m.bytes), holder);
             }
             if (xxh64_of(bytes, f.bytes) != f.xxh64) fail(ErrorKind::io, "rank ", q, "'s snapshot piece fetched from rank ", holder, " arrived damaged (XXH64 differs)");
             std::error_code ec;
             fs::create_directories(dir, ec);
-            write_replacing(path, std::string(bytes.data(), f.bytes), q);
+            write_replacing(path, bytes.data(), f.bytes, q);
         }
         fetched += f.bytes;
     }
@@ -634,7 +669,7 @@ uint64_t fetch_missing(Comm& world, const Availability& a, const Manifest& manif
 
 }  // namespace
 
-std::optional<LocalResume> agree_on_local_snapshot(Comm& world, const NodeMap& nodes, const std::string& root, const std::string& run_id, int64_t newer_than,
+std::optional<LocalResume> agree_on_local_snapshot(Comm& world, Comm& copies, const NodeMap& nodes, const std::string& root, const std::string& run_id, int64_t newer_than,
                                                    const LayoutCheck& same_layout, const std::function<void(const std::string&)>& skipped) {
     const std::vector<int64_t> mine = steps_under(root);
     const int ranks = world.size();
@@ -668,7 +703,7 @@ std::optional<LocalResume> agree_on_local_snapshot(Comm& world, const NodeMap& n
                                                      "the local snapshot's manifest");
         LocalResume resume{dir, manifest, 0, 0};
         for (int q = 0; q < ranks; ++q) resume.fetched += a.need[static_cast<size_t>(q)] ? 1 : 0;
-        resume.fetched_bytes = fetch_missing(world, a, manifest, dir);
+        resume.fetched_bytes = fetch_missing(copies, a, manifest, dir);
         if (!check.manifest) {
             std::error_code ec;
             fs::create_directories(dir, ec);

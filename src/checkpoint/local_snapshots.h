@@ -32,6 +32,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -92,6 +94,7 @@ struct LocalSnapshotOutcome {
     double copy_seconds = 0;         // the copy to host memory
     double blocked_seconds = 0;      // the step loop's in all: the copy, the manifest's broadcast and any wait for the one before
     uint64_t own_bytes = 0;          // this rank's file
+    double write_seconds = 0;        // its write (and read back for the copies), in the background
     uint64_t replica_bytes = 0;      // copies this rank stored for others
     double seconds_to_complete = 0;  // from the capture to the agreement
 };
@@ -100,13 +103,18 @@ class LocalSnapshotter : public StepObserver {
 public:
     // start_step: the step the run starts from (the node's snapshots of later steps are a
     // timeline a failure abandoned, and are deleted).
-    LocalSnapshotter(const LocalSnapshotConfig& config, Comm& world, FileAttributes file, NodeMap nodes, std::string root, int64_t start_step,
+    // world: the agreements; copies: the world's ranks on a communicator of their own, which
+    // the copies' messages travel on.
+    LocalSnapshotter(const LocalSnapshotConfig& config, Comm& world, Comm& copies, FileAttributes file, NodeMap nodes, std::string root, int64_t start_step,
                      LocalSnapshotHooks hooks);
     ~LocalSnapshotter() override;
     LocalSnapshotter(const LocalSnapshotter&) = delete;
     LocalSnapshotter& operator=(const LocalSnapshotter&) = delete;
 
     void after_step(const StepRecord& record) override;
+    // A rollback restored an older checkpoint: the snapshots hold the steps it abandoned (and
+    // predate the data it skips), so they all go, after the one in flight completes.
+    void after_anomaly(const AnomalyRecord& anomaly) override;
     // Waits for the snapshot in flight to complete or fail (the end of a run).
     void finish();
     void on_outcome(std::function<void(const LocalSnapshotOutcome&)> listener) { listeners_.push_back(std::move(listener)); }
@@ -144,6 +152,7 @@ private:
 
     LocalSnapshotConfig config_;
     Comm& world_;
+    Comm& copies_;
     FileAttributes file_;
     NodeMap nodes_;
     std::string root_;
@@ -160,7 +169,9 @@ private:
     std::vector<char> own_bytes_;            // this rank's file, as written (in whole 32-bit words)
     size_t own_length_ = 0;
     uint64_t own_xxh64_ = 0;
+    double write_seconds_ = 0;
     std::vector<std::unique_ptr<Transfer>> transfers_;
+    std::map<int, std::vector<char>> received_;  // the copies of each source rank's file, kept allocated
     bool storing_ = false;                   // the received copies are being written
     std::optional<int64_t> newest_complete_;
     int64_t waits_ = 0;
@@ -187,8 +198,9 @@ struct LocalResume {
 // The newest local snapshot of run_id newer than `newer_than` (the persistent checkpoint's
 // step, -1: none) whose every piece is available; this rank's own piece is fetched from a
 // peer when its node lost it. Every candidate passed over is told to `skipped` (on every
-// rank alike). A collective over world; nullopt when none qualifies.
-std::optional<LocalResume> agree_on_local_snapshot(Comm& world, const NodeMap& nodes, const std::string& root, const std::string& run_id, int64_t newer_than,
+// rank alike). A collective over world (the pieces travel on `copies`, the world's ranks on a
+// communicator of their own); nullopt when none qualifies.
+std::optional<LocalResume> agree_on_local_snapshot(Comm& world, Comm& copies, const NodeMap& nodes, const std::string& root, const std::string& run_id, int64_t newer_than,
                                                    const LayoutCheck& same_layout, const std::function<void(const std::string&)>& skipped);
 
 }  // namespace llmtrain

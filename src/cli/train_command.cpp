@@ -237,7 +237,7 @@ bool prefer_local_snapshot(Trainer& trainer, std::optional<ResumePoint>& resume,
                    "); local snapshots restore on the layout that wrote them only, so the persistent checkpoints are used");
     };
     const int64_t persistent = resume ? resume->manifest.step - 1 : -1;  // a local snapshot of the same step is preferred
-    const std::optional<LocalResume> local = agree_on_local_snapshot(*trainer.context().world, place->nodes, place->root, run_id, persistent, same_layout,
+    const std::optional<LocalResume> local = agree_on_local_snapshot(*trainer.context().world, *trainer.context().snapshot_copies, place->nodes, place->root, run_id, persistent, same_layout,
                                                                      [root](const std::string& why) {
                                                                          if (root) log_warn("--resume auto: ", why);
                                                                      });
@@ -274,14 +274,14 @@ void start_local_snapshots(std::optional<LocalSnapshotter>& snapshots, Trainer& 
         return m;
     };
     if (!faults.empty()) hooks.before_write = [faults, rank = ctx.world_rank](int64_t step) { faults.strike_local_snapshot(rank, step); };
-    snapshots.emplace(config.checkpoint.local, *ctx.world, file, place->nodes, place->root, trainer.start_step(), std::move(hooks));
+    snapshots.emplace(config.checkpoint.local, *ctx.world, *ctx.snapshot_copies, file, place->nodes, place->root, trainer.start_step(), std::move(hooks));
     trainer.observe(*snapshots);
 }
 
 // A local snapshot in log.jsonl: complete or failed, what it cost the step loop and the node.
 void record_local_snapshots(LocalSnapshotter& snapshots, RunLog& log) {
     snapshots.on_outcome([&log](const LocalSnapshotOutcome& o) {
-        log.write("local_snapshot", {{"step", o.step}, {"complete", o.complete}, {"reason", o.reason}, {"copy_seconds", o.copy_seconds}, {"blocked_seconds", o.blocked_seconds},
+        log.write("local_snapshot", {{"step", o.step}, {"complete", o.complete}, {"reason", o.reason}, {"copy_seconds", o.copy_seconds}, {"write_seconds", o.write_seconds}, {"blocked_seconds", o.blocked_seconds},
                                      {"own_bytes", o.own_bytes}, {"replica_bytes", o.replica_bytes}, {"seconds_to_complete", o.seconds_to_complete}});
     });
 }

@@ -9,6 +9,7 @@ ParallelContext make_single_process_context() {
     ctx.dp = make_self_comm("dp");
     ctx.pp = make_self_comm("pp");
     ctx.cp = make_self_comm("cp");
+    ctx.snapshot_copies = make_self_comm("snapshot copies");
     return ctx;
 }
 

@@ -27,6 +27,10 @@ struct ParallelContext {
     // Hybrid sharding (parallel.shard_size < dp): this rank's block of the dp group, which
     // shards, and its replica group across the blocks. Null otherwise: the dp group shards.
     std::unique_ptr<Comm> shard, replica;
+    // The world's ranks again, on a communicator of their own: the copies of local snapshots
+    // (checkpoint/local_snapshots.h) travel on it in the background, across steps, and so
+    // never match another exchange's point-to-point messages.
+    std::unique_ptr<Comm> snapshot_copies;
 
     MeshCoord coord() const { return mesh.coord(world_rank); }
     bool first_stage() const { return coord().pp == 0; }

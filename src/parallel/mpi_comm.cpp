@@ -388,6 +388,7 @@ ParallelContext make_mpi_context(const ParallelConfig& parallel, std::shared_ptr
     std::vector<int> all(static_cast<size_t>(world_size));
     for (int r = 0; r < world_size; ++r) all[static_cast<size_t>(r)] = r;
     ctx.world = split_group(all, "world", timeout, staging);
+    ctx.snapshot_copies = split_group(all, "snapshot copies", timeout, staging);
     ctx.tp = split_group(ctx.mesh.group(MeshDim::tp, world_rank), "tp", timeout, staging);
     ctx.dp = split_group(ctx.mesh.data_group(world_rank), "dp", timeout, staging);  // with its cp ranks
     ctx.pp = split_group(ctx.mesh.group(MeshDim::pp, world_rank), "pp", timeout, staging);

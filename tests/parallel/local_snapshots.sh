@@ -20,6 +20,9 @@
 #   disk_full     rank 1's snapshot of step 4 fails as a full /dev/shm fails it (the fault
 #                 `localfull`): a warning, the next snapshot complete, the run's final weights
 #                 those of the uninterrupted run
+#   rollback      a loss spike rolled back to the persistent checkpoint of step 18 deletes the
+#                 local snapshots (they hold the abandoned steps and predate the skipped
+#                 data); the snapshots after it are the new timeline's
 #   shared_dir    a checkpoint.local.dir both nodes see is refused before training (exit 2).
 set -u
 scratch=$1 bin=$2 mpiexec=$3 supervise=$4
@@ -35,10 +38,12 @@ common=("$@" --set train.steps=$steps --set checkpoint.every_steps=6 --set check
 final=$(printf 'step_%08d' $steps)
 
 # The command of a job in directory $1 (its checkpoints, run directory and local directories
-# there), ranks 0-1 on node a and 2-3 on node b; $2 is the node directory pattern.
+# there), ranks 0-1 on node a and 2-3 on node b; $2 is the node directory pattern (default
+# DIR/local/{node}), further arguments go to every rank.
 job() {
     local dir=$1 local_dir=${2:-$1/local/\{node\}}
-    local args=("${common[@]}" --set checkpoint.dir=\""$dir/checkpoints"\" --set checkpoint.local.dir=\""$local_dir"\" --run-dir "$dir/run")
+    shift 2 2>/dev/null || shift $#
+    local args=("${common[@]}" --set checkpoint.dir=\""$dir/checkpoints"\" --set checkpoint.local.dir=\""$local_dir"\" --run-dir "$dir/run" "$@")
     echo "$mpiexec" --oversubscribe -np 2 -x LLMTRAIN_NODE_NAME=a -x LLMTRAIN_INJECT_FAULT "$bin" train "${args[@]}" \
         : -np 2 -x LLMTRAIN_NODE_NAME=b -x LLMTRAIN_INJECT_FAULT "$bin" train "${args[@]}"
 }
@@ -124,6 +129,7 @@ if scenario node_lost delete_node_b; then
     line=$(resumed_from "$scratch/node_lost")
     [[ $line == *"/local/"*"step_00000010' at step 10" ]] || fail "node_lost: expected a resume from the local snapshot of step 10, got: $line"
     grep -q "2 rank(s) fetched their piece from a peer" "$scratch/node_lost/supervise.out" || fail "node_lost: ranks 2 and 3 did not fetch their pieces from a peer"
+    grep -q "restart 1 of 2 from step 10 " "$scratch/node_lost/supervise.out" || fail "node_lost: the supervisor did not count the local snapshot of step 10 as the restorable state"
     same_losses_after node_lost 10
     restart=$(grep '"event":"restart"' "$scratch/node_lost/run/log.jsonl" | tail -1)
     for field in '"interrupted_step":12' '"source":"local snapshot"' '"steps_lost":2' '"communicators":' '"first_step":' '"launch":' '"load":'; do
@@ -166,6 +172,24 @@ elif ! h5diff -q "$reference/checkpoints/$final/rank_00001.h5" "$full/checkpoint
     fail "disk_full: the final weights differ from the uninterrupted run's"
 else
     echo "disk_full: warned, training went on; snapshots $snapshots; final weights bitwise equal"
+fi
+
+rollback=$scratch/rollback
+mkdir -p "$rollback"
+read -ra command <<<"$(job "$rollback" "" --set train.steps=30 --set monitor.on_spike=rollback --set monitor.warmup_steps=4 --set monitor.window=8)"
+LLMTRAIN_INJECT_FAULT=spike:22:1000 "${command[@]}" >"$rollback/out" 2>&1
+code=$?
+left=$(cd "$rollback/local/a"/*/ 2>/dev/null && ls -d step_* | tr '\n' ' ')
+if [ $code -ne 0 ]; then
+    fail "rollback: the run ended with exit $code"; tail -5 "$rollback/out"
+elif ! grep -q '"action":"rollback".*"rollback_to":18' "$rollback/run/anomalies.jsonl"; then
+    fail "rollback: no rollback to step 18: $(cat "$rollback/run/anomalies.jsonl")"
+elif ! grep -q "local snapshots deleted after the rollback to step 18" "$rollback/out"; then
+    fail "rollback: the local snapshots were not deleted at the rollback"
+elif [ "$left" != "step_00000026 step_00000028 step_00000030 " ]; then
+    fail "rollback: expected the new timeline's snapshots 26, 28 and 30 on node a, found: $left"
+else
+    echo "rollback: local snapshots deleted at the rollback to step 18; node a keeps $left"
 fi
 
 # A directory without "{node}" is the same for both simulated nodes: a shared file system.
