@@ -5,7 +5,9 @@
 # another node when RANKS > 1, PAIRS times without snapshots and with one after every step,
 # alternated (without, with, without, ...), STEPS steps each, the snapshots in /dev/shm.
 # Each rank's snapshot is written by a thread of its own beside the training threads: leave
-# it a core (RANKS x train.threads below the cores) or it takes the steps' time. Prints each run's tokens/s (the run's own figure, steps after the
+# it a core (RANKS x train.threads below the cores) or it takes the steps' time. The ranks are
+# not bound to cores (mpirun binds each of 2 or fewer ranks to one core by default, where the
+# thread would share the training thread's core). Prints each run's tokens/s (the run's own figure, steps after the
 # first), the mean of each side and their ratio, and per snapshot the seconds the step loop
 # was blocked against the copy to host memory alone (from log.jsonl), the seconds to
 # complete and the bytes kept per node.
@@ -29,7 +31,7 @@ run() {  # NAME [--set ...]: the run's tokens/s
         [ "$r" -gt 0 ] && launch+=(:)
         launch+=(-np 1 -x LLMTRAIN_NODE_NAME="node$r" "$bin" train "${common[@]}" "$@" --run-dir "$scratch/$name")
     done
-    "$mpiexec" --oversubscribe "${launch[@]}" >"$scratch/$name.out" 2>&1 || { echo "run $name failed:" >&2; tail -5 "$scratch/$name.out" >&2; exit 1; }
+    "$mpiexec" --oversubscribe --bind-to none "${launch[@]}" >"$scratch/$name.out" 2>&1 || { echo "run $name failed:" >&2; tail -5 "$scratch/$name.out" >&2; exit 1; }
     grep '"event":"end"' "$scratch/$name/log.jsonl" | sed -E 's/.*"tokens_per_second":([0-9.e+]+).*/\1/'
 }
 

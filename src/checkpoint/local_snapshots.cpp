@@ -265,17 +265,28 @@ LocalSnapshotter::~LocalSnapshotter() {
 
 void LocalSnapshotter::after_step(const StepRecord& record) {
     if (phase_ != Phase::idle) advance(false);
-    if (config_.every_steps <= 0 || record.step % config_.every_steps != 0) return;
-    // The one before is awaited rather than the new one skipped: every due step is restorable
-    // once written, and the wait shows in the step loop's blocked time.
-    Stopwatch clock;
-    if (phase_ != Phase::idle) {
-        const int64_t previous = in_flight_.step;
-        finish();
-        if (++waits_ == 1 && file_.world_rank == 0)
-            log_warn("local snapshot at step ", record.step, ": the one of step ", previous, " was still being written or copied, and the step loop waited ",
-                     fixed(clock.seconds(), 3), " s for it (raise checkpoint.local.every_steps; said once, the waits count in each snapshot's blocked time)");
+    const bool due = config_.every_steps > 0 && record.step % config_.every_steps == 0;
+    if (!due && !(deferred_ && phase_ == Phase::idle)) return;
+    if (phase_ == Phase::idle) {
+        deferred_ = false;
+        return start(record.step, 0);
     }
+    const int64_t previous = in_flight_.step;
+    if (config_.when_busy == SnapshotWhenBusy::defer) {
+        // Every rank reaches the same phase at the same boundary (it moves on agreements only).
+        deferred_ = true;
+        if (++busy_snapshots_ == 1 && file_.world_rank == 0)
+            log_warn("local snapshot due at step ", record.step, " deferred: the one of step ", previous,
+                     " is still being written or copied; it is taken at the first step boundary after that one completes (raise "
+                     "checkpoint.local.every_steps, or checkpoint.local.when_busy = \"wait\"; said once, log.jsonl has the steps taken)");
+        return;
+    }
+    // when_busy = wait: every due step is snapshotted; the wait shows in the blocked time.
+    Stopwatch clock;
+    finish();
+    if (++busy_snapshots_ == 1 && file_.world_rank == 0)
+        log_warn("local snapshot at step ", record.step, ": the one of step ", previous, " was still being written or copied, and the step loop waited ",
+                 fixed(clock.seconds(), 3), " s for it (raise checkpoint.local.every_steps; said once, the waits count in each snapshot's blocked time)");
     start(record.step, clock.seconds());
 }
 
@@ -323,8 +334,7 @@ void LocalSnapshotter::start(int64_t step, double waited_seconds) {
 
 // Each rank says 1 when done, W + 1 when failed: the sum tells both counts, and the lowest
 // failing rank is -max(-rank) over those that failed.
-std::optional<int> LocalSnapshotter::agree_done(bool done, bool failed, bool wait) {
-    (void)wait;
+std::optional<int> LocalSnapshotter::agree_done(bool done, bool failed) {
     const double ranks = world_.size();
     const double mine = failed ? ranks + 1 : done ? 1.0 : 0.0;
     const double sum = world_.size() == 1 ? mine : world_.all_reduce_scalar(mine, ReduceOp::sum);
@@ -339,7 +349,7 @@ void LocalSnapshotter::advance(bool wait) {
     if (wait) wait_job();
     if (phase_ == Phase::writing) {
         const bool running = job_running();
-        const std::optional<int> failed = agree_done(!running, !running && !job_error_.empty(), wait);
+        const std::optional<int> failed = agree_done(!running, !running && !job_error_.empty());
         if (!failed) return;
         if (*failed >= 0) return abandon(*failed);
         begin_replication();
@@ -354,7 +364,7 @@ void LocalSnapshotter::advance(bool wait) {
         }
         if (wait) wait_job();
         const bool done = storing_ && !job_running();
-        const std::optional<int> failed = agree_done(done, done && !job_error_.empty(), wait);
+        const std::optional<int> failed = agree_done(done, done && !job_error_.empty());
         if (failed) return *failed >= 0 ? abandon(*failed) : complete();
         if (wait) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     } while (wait);

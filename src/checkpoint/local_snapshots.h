@@ -17,8 +17,10 @@
 //                   boundary): the node's oldest snapshots beyond checkpoint.local.keep go.
 //
 // The main thread makes every MPI call (MPI_THREAD_FUNNELED); the thread only writes files.
-// At most one snapshot is in flight: one falling due before the previous completes waits for
-// it (the wait counted in its blocked time, warned about once).
+// At most one snapshot is in flight: one falling due before the previous completes is
+// deferred to the first step boundary after it completes (checkpoint.local.when_busy =
+// "defer": the step loop waits for the copy to host alone), or waits for it ("wait": the wait
+// counted in its blocked time); warned about once.
 //
 // A restart (--resume auto) asks agree_on_local_snapshot for the newest step whose every
 // piece is somewhere: on the rank's own node, or as a replica on a surviving node, from
@@ -120,8 +122,8 @@ public:
     void on_outcome(std::function<void(const LocalSnapshotOutcome&)> listener) { listeners_.push_back(std::move(listener)); }
     // The newest step this run can restore from a local snapshot (nullopt: none yet).
     std::optional<int64_t> newest_complete() const { return newest_complete_; }
-    // Snapshots that found the previous one in flight and waited for it.
-    int64_t waits() const { return waits_; }
+    // Snapshots that fell due while the one before was in flight (deferred or waited for).
+    int64_t busy_snapshots() const { return busy_snapshots_; }
     const std::string& root() const { return root_; }
 
 private:
@@ -132,7 +134,7 @@ private:
     void advance(bool wait);
     // Sum over the world of what each rank says: 1 done, W + 1 failed, 0 not yet. nullopt while
     // some rank is not done; else the lowest failing rank (-1: none).
-    std::optional<int> agree_done(bool done, bool failed, bool wait);
+    std::optional<int> agree_done(bool done, bool failed);
     void begin_replication();
     bool transfers_done();
     void complete();
@@ -174,7 +176,8 @@ private:
     std::map<int, std::vector<char>> received_;  // the copies of each source rank's file, kept allocated
     bool storing_ = false;                   // the received copies are being written
     std::optional<int64_t> newest_complete_;
-    int64_t waits_ = 0;
+    int64_t busy_snapshots_ = 0;
+    bool deferred_ = false;  // a snapshot fell due while one was in flight: take it once that completes
     int64_t completed_ = 0;
 
     std::mutex mutex_;

@@ -260,19 +260,31 @@ std::optional<RestartFacts> restart_facts(const std::optional<ResumePoint>& resu
     return RestartFacts{resume->manifest.step, local ? "local snapshot" : "checkpoint", resume->path, interrupted_step, marks};
 }
 
-void start_local_snapshots(std::optional<LocalSnapshotter>& snapshots, Trainer& trainer, const Config& config, const Config& as_given,
-                           const std::optional<LocalSnapshotPlace>& place, const std::string& run_dir, const FaultPlan& faults) {
-    if (!place) return;
-    const ParallelContext& ctx = trainer.context();
-    const FileAttributes file{0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
-    LocalSnapshotHooks hooks;
-    hooks.capture = [&trainer](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
-    hooks.manifest = [&trainer, given = dump_config(as_given), run_dir](int64_t step) {
+// What a save of this rank's state (a checkpoint or a local snapshot) takes from the run: its
+// file's attributes, the copy of its state, and the manifest's fields.
+FileAttributes rank_file_attributes(const ParallelContext& ctx) {
+    return {0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
+}
+std::function<void(int64_t, RankSnapshot&)> state_capture(Trainer& trainer) {
+    return [&trainer](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
+}
+// The config as the user gave it: a resume compares its batch keys with the next one's (a kept
+// global batch is in the manifest's global_batch, not in the keys).
+std::function<Manifest(int64_t)> manifest_fields(Trainer& trainer, const Config& as_given, const std::string& run_dir) {
+    return [&trainer, given = dump_config(as_given), run_dir](int64_t step) {
         Manifest m = trainer.manifest_at(step);
         m.config_toml = given;
         m.run_directory = run_dir;
         return m;
     };
+}
+
+void start_local_snapshots(std::optional<LocalSnapshotter>& snapshots, Trainer& trainer, const Config& config, const Config& as_given,
+                           const std::optional<LocalSnapshotPlace>& place, const std::string& run_dir, const FaultPlan& faults) {
+    if (!place) return;
+    const ParallelContext& ctx = trainer.context();
+    const FileAttributes file = rank_file_attributes(ctx);
+    LocalSnapshotHooks hooks{state_capture(trainer), manifest_fields(trainer, as_given, run_dir), {}};
     if (!faults.empty()) hooks.before_write = [faults, rank = ctx.world_rank](int64_t step) { faults.strike_local_snapshot(rank, step); };
     snapshots.emplace(config.checkpoint.local, *ctx.world, *ctx.snapshot_copies, file, place->nodes, place->root, trainer.start_step(), std::move(hooks));
     trainer.observe(*snapshots);
@@ -281,8 +293,9 @@ void start_local_snapshots(std::optional<LocalSnapshotter>& snapshots, Trainer& 
 // A local snapshot in log.jsonl: complete or failed, what it cost the step loop and the node.
 void record_local_snapshots(LocalSnapshotter& snapshots, RunLog& log) {
     snapshots.on_outcome([&log](const LocalSnapshotOutcome& o) {
-        log.write("local_snapshot", {{"step", o.step}, {"complete", o.complete}, {"reason", o.reason}, {"copy_seconds", o.copy_seconds}, {"write_seconds", o.write_seconds}, {"blocked_seconds", o.blocked_seconds},
-                                     {"own_bytes", o.own_bytes}, {"replica_bytes", o.replica_bytes}, {"seconds_to_complete", o.seconds_to_complete}});
+        log.write("local_snapshot", {{"step", o.step}, {"complete", o.complete}, {"reason", o.reason}, {"copy_seconds", o.copy_seconds},
+                                     {"write_seconds", o.write_seconds}, {"blocked_seconds", o.blocked_seconds}, {"own_bytes", o.own_bytes},
+                                     {"replica_bytes", o.replica_bytes}, {"seconds_to_complete", o.seconds_to_complete}});
     });
 }
 
@@ -290,17 +303,10 @@ void start_checkpointer(std::optional<Checkpointer>& checkpointer, Trainer& trai
                         const FaultPlan& faults) {
     if (config.checkpoint.every_steps == 0) return;
     const ParallelContext& ctx = trainer.context();
-    const FileAttributes file{0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
+    const FileAttributes file = rank_file_attributes(ctx);
     CheckpointerHooks hooks;
-    hooks.capture = [&trainer](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
-    // The config as the user gave it: a resume compares its batch keys with the next one's
-    // (a kept global batch is in the manifest's global_batch, not in the keys).
-    hooks.manifest = [&trainer, given = dump_config(as_given), run_dir](int64_t step) {
-        Manifest m = trainer.manifest_at(step);
-        m.config_toml = given;
-        m.run_directory = run_dir;
-        return m;
-    };
+    hooks.capture = state_capture(trainer);
+    hooks.manifest = manifest_fields(trainer, as_given, run_dir);
     if (!faults.empty()) hooks.commit_probe = [faults](int64_t step, std::string_view point) { faults.strike_commit(step, point); };
     checkpointer.emplace(config.checkpoint, *ctx.world, file, std::move(hooks));
     trainer.observe(*checkpointer);

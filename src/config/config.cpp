@@ -40,6 +40,7 @@ constexpr const char* kDecayNames[] = {"cosine", "linear", "constant"};
 constexpr const char* kOptimizerNames[] = {"adamw", "onebit_adam"};
 constexpr const char* kHealthActionNames[] = {"abort", "skip", "rollback", "lower_lr"};
 constexpr const char* kSaveErrorNames[] = {"warn", "abort"};
+constexpr const char* kSnapshotWhenBusyNames[] = {"defer", "wait"};
 constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
 constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
@@ -58,6 +59,7 @@ Names names_of(LrDecay) { return kDecayNames; }
 Names names_of(OptimizerName) { return kOptimizerNames; }
 Names names_of(HealthAction) { return kHealthActionNames; }
 Names names_of(SaveErrorPolicy) { return kSaveErrorNames; }
+Names names_of(SnapshotWhenBusy) { return kSnapshotWhenBusyNames; }
 Names names_of(ComputeDevice) { return kDeviceNames; }
 Names names_of(Precision) { return kPrecisionNames; }
 Names names_of(Recompute) { return kRecomputeNames; }
@@ -384,6 +386,9 @@ const std::vector<Field>& schema() {
                       "every node sees is refused"),
         CONFIG_SUBKEY(checkpoint, local, replicas).integer(0, 16).describe("copies of each rank's snapshot kept on other nodes"),
         CONFIG_SUBKEY(checkpoint, local, keep).integer(1, 1000).describe("newest complete local snapshots kept on each node"),
+        CONFIG_SUBKEY(checkpoint, local, when_busy).choice(kSnapshotWhenBusyNames)
+            .describe("a snapshot falling due while the one before is still written or copied: defer it to the first step boundary after that one "
+                      "completes (the step loop never waits), or wait for that one (every due step is snapshotted)"),
 
         CONFIG_KEY(monitor, on_nonfinite).choice(kHealthActionNames)
             .describe("on a NaN or Inf loss or gradient on any rank: abort (exit 3), skip the update, rollback to the last checkpoint, or lower_lr"),

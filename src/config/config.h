@@ -169,6 +169,11 @@ struct ParallelConfig {
 
 enum class SaveErrorPolicy { warn, abort };
 
+// A local snapshot falling due while the one before is still being written or copied: defer
+// it to the first step boundary after that one completes (the step loop never waits), or
+// wait for that one (every due step is snapshotted).
+enum class SnapshotWhenBusy { defer, wait };
+
 // Node-local snapshots ([checkpoint.local], checkpoint/local_snapshots.h): each rank's state in
 // node-local storage every few steps, copied to peers on other nodes, so that a restart loses
 // minutes of work rather than the interval between persistent checkpoints.
@@ -179,6 +184,7 @@ struct LocalSnapshotConfig {
     std::string dir = "/dev/shm/llmtrain";
     int64_t replicas = 1;                  // copies of each rank's piece on other nodes
     int64_t keep = 2;                      // newest complete snapshots kept per node
+    SnapshotWhenBusy when_busy = SnapshotWhenBusy::defer;
 };
 
 struct CheckpointConfig {

@@ -33,7 +33,10 @@ mkdir -p "$scratch"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
+# checkpoint.local.when_busy = "wait": every due step is snapshotted whatever this machine's
+# speed, so that the snapshot of step 10 is complete when rank 2 stops at step 13.
 common=("$@" --set train.steps=$steps --set checkpoint.every_steps=6 --set checkpoint.local.every_steps=2 --set checkpoint.local.keep=3
+        --set checkpoint.local.when_busy=wait
         --set train.sample_tokens=0 --set train.log_every=1 --set train.eval_every=0 --resume auto)
 final=$(printf 'step_%08d' $steps)
 

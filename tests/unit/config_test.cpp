@@ -310,13 +310,14 @@ TEST(Config, LocalSnapshotKeys_AreReadFromTheirTableInsideCheckpoint) {
     EXPECT_EQ(c.checkpoint.local.every_steps, 5);
     EXPECT_EQ(c.checkpoint.local.dir, "/dev/shm/x/{node}");
     EXPECT_EQ(c.checkpoint.local.replicas, 2);
-    EXPECT_EQ(c.checkpoint.local.keep, 2);  // the default
+    EXPECT_EQ(c.checkpoint.local.keep, 2);  // the defaults
+    EXPECT_EQ(c.checkpoint.local.when_busy, SnapshotWhenBusy::defer);
     EXPECT_EQ(parse(TomlText::gpt2()).checkpoint.local.every_steps, 0);
 }
 
 TEST(Config, UnknownKeyInTheLocalSnapshotTable_NamesItsTableAndTheNearestKey) {
     const std::string message = error_of(TomlText::gpt2().set("checkpoint.local.evry_steps", "5"));
-    EXPECT_TRUE(Contains(message, "run.toml: checkpoint.local.evry_steps: unknown key (known keys in [checkpoint.local]: every_steps, dir, replicas, keep)"))
+    EXPECT_TRUE(Contains(message, "run.toml: checkpoint.local.evry_steps: unknown key (known keys in [checkpoint.local]: every_steps, dir, replicas, keep, when_busy)"))
         << message;
     EXPECT_TRUE(Contains(message, "did you mean checkpoint.local.every_steps?")) << message;
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"checkpoint.local.replicas=-1"}), "checkpoint.local.replicas"));
