@@ -118,20 +118,13 @@ Tensor words_of(char* data, size_t bytes) { return Tensor(data, DType::i32, {sta
 std::vector<char> word_buffer(size_t length) { return std::vector<char>((length + 3) / 4 * 4); }
 uint64_t xxh64_of(const std::vector<char>& buffer, size_t length) { return XXH64(buffer.data(), length, 0); }
 
-std::optional<int64_t> snapshot_step(const std::string& name) {
-    if (name.size() != 13 || name.rfind("step_", 0) != 0) return std::nullopt;
-    const std::string digits = name.substr(5);
-    if (digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-    return std::stoll(digits);
-}
-
-// The snapshot steps under root, newest first.
+// The snapshot steps under root (its step_* directories, as checkpoint.dir's are named), newest
+// first.
 std::vector<int64_t> steps_under(const std::string& root) {
     std::vector<int64_t> steps;
-    std::error_code ec;
-    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
-        if (const auto step = snapshot_step(it->path().filename().string()); step && it->is_directory(ec)) steps.push_back(*step);
-    std::sort(steps.rbegin(), steps.rend());
+    for (const CheckpointEntry& entry : list_checkpoints(root)) steps.push_back(entry.step);
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    std::reverse(steps.begin(), steps.end());
     return steps;
 }
 

@@ -120,11 +120,6 @@ public:
     // Waits for the snapshot in flight to complete or fail (the end of a run).
     void finish();
     void on_outcome(std::function<void(const LocalSnapshotOutcome&)> listener) { listeners_.push_back(std::move(listener)); }
-    // The newest step this run can restore from a local snapshot (nullopt: none yet).
-    std::optional<int64_t> newest_complete() const { return newest_complete_; }
-    // Snapshots that fell due while the one before was in flight (deferred or waited for).
-    int64_t busy_snapshots() const { return busy_snapshots_; }
-    const std::string& root() const { return root_; }
 
 private:
     enum class Phase { idle, writing, replicating };
@@ -176,7 +171,7 @@ private:
     std::map<int, std::vector<char>> received_;  // the copies of each source rank's file, kept allocated
     bool storing_ = false;                   // the received copies are being written
     std::optional<int64_t> newest_complete_;
-    int64_t busy_snapshots_ = 0;
+    int64_t busy_snapshots_ = 0;  // snapshots that fell due while the one before was in flight
     bool deferred_ = false;  // a snapshot fell due while one was in flight: take it once that completes
     int64_t completed_ = 0;
 
