@@ -72,7 +72,7 @@ void report(const TrainResult& result) {
         const auto op = static_cast<size_t>(order[i]);
         top += cat(i ? ", " : "", op_name(static_cast<Op>(op)), " ", std::lround(100 * p.seconds[op] / result.train_seconds), "%");
     }
-    log_info("done: ", result.steps.size(), " steps in ", std::round(result.train_seconds * 10) / 10, " s | ", std::lround(result.tokens_per_second),
+    log_info("done: ", result.steps_taken, " steps in ", std::round(result.train_seconds * 10) / 10, " s | ", std::lround(result.tokens_per_second),
              " tokens/s (steps after the first)",
              p.total_seconds() > 0 ? cat(" | time in GEMMs: ", std::lround(100 * result.gemm_fraction), "% of step time") : std::string());
     // The CUDA backend times ops only when profiling (bench): no timing events in a training step.
@@ -404,7 +404,7 @@ int train(Trainer& trainer, const RunPlan& run) {
     metrics.publish_endpoints(run.run_dir);
     try {
         const TrainResult result = trainer.run();
-        const int64_t last_step = trainer.start_step() + static_cast<int64_t>(result.steps.size());
+        const int64_t last_step = result.last_step;
         // Stopped or finished: the state after the last step is saved before the process ends.
         if (snapshots) snapshots->finish();
         if (checkpointer) checkpointer->save_and_wait(last_step);

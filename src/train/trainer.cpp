@@ -237,6 +237,7 @@ TrainResult Trainer::run() {
     if (start_step_ == 0) record_eval(0, evaluate());
     const int64_t steps = config_.train.steps;
     for (int64_t step = start_step_; step < steps; ++step) {
+    result_.last_step = start_step_;
         options_.faults.strike_if_due(ctx_->world_rank, step + 1);
         const OpProfile before = backend_->profile();
         StepRecord s = train_step(step);
@@ -255,12 +256,12 @@ TrainResult Trainer::run() {
         if (!last && (result_.stop_signal = stop_signal_after_step()) != 0) break;
     }
     result_.gemm_fraction = result_.train_seconds > 0 ? result_.step_profile.gemm_seconds() / result_.train_seconds : 0;
-    double timed_seconds = 0;
-    for (size_t i = result_.steps.size() > 1 ? 1 : 0; i < result_.steps.size(); ++i) timed_seconds += result_.steps[i].step_seconds;
-    const auto done = static_cast<int64_t>(result_.steps.size());
+    // The first step warms up (allocations, plans): timed over the others when there are others.
+    const int64_t done = result_.steps_taken;
     const int64_t timed_steps = done > 1 ? done - 1 : done;
     const double tokens_per_step = static_cast<double>(config_.train.batch_size * config_.train.seq_len * config_.train.grad_accum * ctx_->mesh.dp());
     result_.tokens_per_second = tokens_per_step * static_cast<double>(timed_steps) / timed_seconds;
+    const double timed_seconds = done > 1 ? result_.train_seconds - first_step_seconds_ : result_.train_seconds;
     if (result_.stop_signal == 0) result_.sample = sample_text();
     store_->settle();
     return result_;
@@ -802,3 +803,6 @@ int Trainer::agreed_stop_signal(int local_signal) {
 }
 
 }  // namespace llmtrain
+    if (result_.steps_taken++ == 0) first_step_seconds_ = s.step_seconds;
+    result_.last_step = s.step;
+    if (result_.steps.size() > TrainResult::kStepRecordsKept) result_.steps.pop_front();

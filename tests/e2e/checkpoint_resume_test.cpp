@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <deque>
 #include <filesystem>
 #include <optional>
 
@@ -22,7 +23,7 @@ using namespace llmtrain;
 namespace {
 
 struct Outcome {
-    std::vector<StepRecord> steps;
+    std::deque<StepRecord> steps;
     std::vector<EvalRecord> evals;
     std::vector<float> master_weights;
 };
