@@ -30,7 +30,7 @@ packages=(
   libonig-dev  # tests: the regex engine of Hugging Face's tokenizers, for split parity
   zstd gzip  # tests: the CLIs make the compressed inputs of `prepare`'s tests
   hdf5-tools  # h5ls / h5dump read checkpoints; the tests compare them with h5diff
-  prometheus python3  # tests: a real Prometheus scrapes a run (driven by tests/e2e/metrics_checks.py); promtool checks the exposition and the scrape config
+  prometheus python3 python3-yaml  # tests: a real Prometheus scrapes a run (driven by tests/e2e/metrics_checks.py); promtool checks the exposition, the scrape config and the alert rules (python3-yaml reads them)
   fortunes  # the quickstart's corpus
   slurmctld slurmd slurm-client munge  # tests: a single-node Slurm runs scripts/slurm/llmtrain.sbatch
   debootstrap debian-archive-keyring buildah podman runc  # tests: scripts/container-test.sh builds the image on a Debian 12 base and runs it (runc: podman run on hybrid cgroups)

@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
 """The metrics of `llmtrain train` against a real Prometheus, and the exporter under abuse.
 
-metrics_checks.py CHECK SCRATCH LLMTRAIN [MPIEXEC PROMETHEUS PROMTOOL DASHBOARD FAKE_NVML_DIR]
+metrics_checks.py CHECK SCRATCH LLMTRAIN [MPIEXEC PROMETHEUS RULES PROMTOOL DASHBOARD RULES_TEST FAKE_NVML_DIR]
 
   scraped-run   (fixture) a Prometheus on 127.0.0.1 (free port, its own data directory) scrapes
                 a 2-rank `mpirun llmtrain train` found through the run's metrics_targets.json
-                (metrics.port = 0); Prometheus stays up for the checks below, `stop` ends it.
+                (metrics.port = 0) and evaluates the alert rules every second; Prometheus stays
+                up for the checks below, `stop` ends it.
   dashboard     every expression of every panel of the dashboard answers, with the run's labels
-                (GPU panels: nothing, on a machine without NVML).
+                (GPU panels: nothing, on a machine without NVML); every llmtrain_* series it
+                names is exported; a panel outside the row "By rank" draws at most k ranks, and
+                those of that row only the ranks of the variable rank.
+  alerts        Prometheus evaluated every rule without error; every llmtrain_* series the rules
+                name is exported; the run's injected NaN fired LlmtrainNonFiniteLoss (naming the
+                action taken) and no other alert.
+  alert-tests   every alert of RULES has a case of RULES_TEST that fires it and is silent in its
+                healthy run; then promtool test rules RULES_TEST.
   counts        step histogram count = steps, tokens = steps x tokens per step, and every
                 scraped loss equals log.jsonl's loss of the scraped step.
   lint          promtool check metrics accepts a scrape of /metrics.
@@ -25,6 +33,20 @@ TINY = ["--set", "model.n_layers=2", "--set", "model.d_model=64", "--set", "mode
         "--set", "train.seq_len=64", "--set", "train.eval_sequences=8", "--set", "train.sample_tokens=0", "--set", "train.threads=1",
         "--set", "optimizer.warmup_steps=2", "--set", "train.log_every=1000"]
 TOKENS_PER_STEP_PER_DP = 4 * 64
+
+
+# What the fake NVML (tests/e2e/fake_nvml.c) reports, as the exporter must serve it: every
+# llmtrain_gpu_* series there is.
+FAKE_NVML_VALUES = {
+    ("llmtrain_gpu_utilization_ratio", ()): 0.42, ("llmtrain_gpu_memory_utilization_ratio", ()): 0.17,
+    ("llmtrain_gpu_memory_used_bytes", ()): 30e9, ("llmtrain_gpu_memory_total_bytes", ()): 80e9,
+    ("llmtrain_gpu_power_watts", ()): 312.5, ("llmtrain_gpu_temperature_celsius", ()): 61,
+    ("llmtrain_gpu_sm_clock_hertz", ()): 1.98e9, ("llmtrain_gpu_energy_joules_total", ()): 123456.789,
+    ("llmtrain_gpu_throttle_active", (("reason", "sw_power_cap"),)): 1, ("llmtrain_gpu_throttle_active", (("reason", "gpu_idle"),)): 0,
+    ("llmtrain_gpu_ecc_errors_total", (("type", "corrected"),)): 3, ("llmtrain_gpu_ecc_errors_total", (("type", "uncorrected"),)): 0,
+    ("llmtrain_gpu_xid_errors_total", ()): 1, ("llmtrain_gpu_last_xid", ()): 79,
+    ("llmtrain_gpu_nvlink_up", (("link", "0"),)): 1, ("llmtrain_gpu_nvlink_up", (("link", "1"),)): 0}
+GPU_SERIES = {name for name, _ in FAKE_NVML_VALUES}
 
 
 def fail(message):
@@ -90,16 +112,25 @@ def train_command(llmtrain, run_dir, steps, extra=()):
 
 # ---- the fixture: Prometheus scraping a 2-rank run ----
 
-def scraped_run(scratch, llmtrain, mpiexec, prometheus):
+def scraped_run(scratch, llmtrain, mpiexec, prometheus, rules_path):
     subprocess.run(["rm", "-rf", scratch])
     os.makedirs(scratch)
     run_dir = os.path.join(scratch, "run")
     prom_port = free_port()
+    # The shipped rules, evaluated every second instead of every minute: the run lasts a minute.
+    rules = os.path.join(scratch, "llmtrain-alerts.yml")
+    with open(rules_path) as f, open(rules, "w") as out:
+        text = f.read()
+        if text.count("interval: 1m") != 2:
+            fail(f"{rules_path}: two rule groups evaluated every minute (interval: 1m) expected")
+        out.write(text.replace("interval: 1m", "interval: 1s"))
     config = os.path.join(scratch, "prometheus.yml")
     with open(config, "w") as f:
         f.write(f"""global:
   scrape_interval: 1s
   scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files: ['{rules}']
 scrape_configs:
   - job_name: llmtrain
     honor_labels: true
@@ -137,11 +168,12 @@ scrape_configs:
     wait_for(lambda: os.path.exists(os.path.join(run_dir, "log.jsonl")) and len(jsonl(run_dir, "step")) >= 20, 120, "20 steps")
     with open(os.path.join(scratch, "scrape.txt"), "w") as f:
         f.write(http_get(f"http://{targets[1]}/metrics"))
-    # The run's last scrape: its values once the run has ended.
-    final = {}
+    # The run's last scrape: its values once the run has ended; and the alerts firing last.
+    final, alerts = {}, []
     while job.poll() is None:
         try:
             final = {t: http_get(f"http://{t}/metrics", 1) for t in targets}
+            alerts = json.loads(http_get(f"{url}/api/v1/alerts", 1))["data"]["alerts"]
         except OSError:
             pass
         time.sleep(0.2)
@@ -152,6 +184,8 @@ scrape_configs:
         json.dump(state, f)
     with open(os.path.join(scratch, "final.json"), "w") as f:
         json.dump(final, f)
+    with open(os.path.join(scratch, "alerts.json"), "w") as f:
+        json.dump(alerts, f)
     print(f"ok: Prometheus at {url} scraped the 2-rank run at {', '.join(targets)}")
 
 
@@ -170,36 +204,79 @@ def prom_query(state, expr, at):
 
 # ---- the checks ----
 
+def exported_series(scratch):
+    """The names of the series the run's ranks served in their last scrape."""
+    with open(os.path.join(scratch, "final.json")) as f:
+        return {name for text in json.load(f).values() for name, _ in parse_exposition(text)}
+
+
+def check_names_exported(what, expressions, exported):
+    """Every llmtrain_* series the expressions name is one the run served, or a GPU series the
+    fake NVML check proves served (a machine without NVML has none). Recorded series
+    (job_kind:llmtrain_...:increase30m) are not the exporter's."""
+    named = {n for e in expressions for n in re.findall(r"(?<![\w:])llmtrain_\w+", e)}
+    unknown = sorted(n for n in named if n not in exported and n not in GPU_SERIES)
+    if unknown:
+        fail(f"{what} name series the exporter does not serve: {', '.join(unknown)}")
+    return named
+
+
+def dashboard_panels(board):
+    """(row title, panel) of every panel, those inside collapsed rows included."""
+    row = ""
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+            for inner in panel.get("panels", []):
+                yield row, inner
+        else:
+            yield row, panel
+
+
 def dashboard(scratch, dashboard_path):
     state = load_state(scratch)
     with open(dashboard_path) as f:
         board = json.load(f)
-    names = [v["name"] for v in board["templating"]["list"]]
-    if not {"job", "host", "rank"} <= set(names):
-        fail(f"dashboard variables {names}: job, host and rank wanted")
-    substitutions = {"$job": re.escape(state["job"]), "$host": ".*", "$rank": ".*", "$__rate_interval": "10s", "$__range": "1m", "$__interval": "2s"}
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    if not {"job", "host", "rank", "k"} <= set(variables):
+        fail(f"dashboard variables {sorted(variables)}: job, host, rank and k wanted")
+    if variables["k"]["current"].get("value") != "5" or not variables["rank"].get("multi"):
+        fail(f"variable k defaults to {variables['k']['current']}, want 5; variable rank must be multi-select")
+    # k = 1 and rank = 1: a job panel draws at most one rank of the two, a "By rank" panel rank 1 only.
+    substitutions = {"$job": re.escape(state["job"]), "$host": ".*", "$rank": "1", "$k": "1", "$__rate_interval": "10s", "$__range": "1m",
+                     "$__interval": "2s"}
     at = state["end"] - 2  # while the run still served its last values
-    checked = 0
-    for panel in board["panels"]:
+    checked, expressions = 0, []
+    for row, panel in dashboard_panels(board):
+        by_rank = row.startswith("By rank")
         for target in panel.get("targets", []):
             expr = target["expr"]
+            expressions.append(expr)
+            where = f"panel {panel['title']!r}: {expr}"
+            if by_rank != ('rank=~"$rank"' in expr) or (not by_rank and "$rank" in expr):
+                fail(f"{where}: the variable rank belongs in every query of the row By rank and in no other")
             for variable, value in substitutions.items():
                 expr = expr.replace(variable, value)
-            data = prom_query(state, expr, at)
-            result = data["result"]
-            gpu = "llmtrain_gpu_" in expr
-            if gpu:
+            result = prom_query(state, expr, at)["result"]
+            if "llmtrain_gpu_" in expr:
                 if result:
-                    fail(f"panel {panel['title']!r}: {expr} answers on a machine without NVML: {result[:1]}")
-            else:
-                if not result:
-                    fail(f"panel {panel['title']!r}: {expr} answers nothing")
-                for series in result:
-                    if series["metric"].get("job") != state["job"]:
-                        fail(f"panel {panel['title']!r}: {expr}: a series without job=\"{state['job']}\": {series['metric']}")
-                    if "rank" in target.get("legendFormat", "") and "rank" not in series["metric"]:
-                        fail(f"panel {panel['title']!r}: {expr}: a series without rank: {series['metric']}")
+                    fail(f"{where} answers on a machine without NVML: {result[:1]}")
+                checked += 1
+                continue
+            if not result:
+                fail(f"{where} answers nothing")
+            for series in result:
+                if series["metric"].get("job") != state["job"]:
+                    fail(f"{where}: a series without job=\"{state['job']}\": {series['metric']}")
+                if "rank" in target.get("legendFormat", "") and "rank" not in series["metric"]:
+                    fail(f"{where}: a series without rank: {series['metric']}")
+            ranks = {s["metric"]["rank"] for s in result if "rank" in s["metric"]}
+            if by_rank and ranks != {"1"}:
+                fail(f"{where}: with rank = 1 it draws ranks {sorted(ranks)}")
+            if not by_rank and len(ranks) > 1:
+                fail(f"{where}: with k = 1 it draws {len(ranks)} ranks: a job panel shows aggregates and the worst k ranks")
             checked += 1
+    named = check_names_exported("the dashboard's queries", expressions, exported_series(scratch))
     # The labels every raw series carries.
     for series in prom_query(state, f'llmtrain_loss{{job="{state["job"]}"}}', at)["result"]:
         if not {"job", "rank", "tp", "dp", "pp", "host"} <= set(series["metric"]):
@@ -207,7 +284,58 @@ def dashboard(scratch, dashboard_path):
     ranks = sorted(s["metric"]["rank"] for s in prom_query(state, f'llmtrain_step{{job="{state["job"]}"}}', at)["result"])
     if ranks != ["0", "1"]:
         fail(f"llmtrain_step of ranks {ranks}, want 0 and 1")
-    print(f"ok: {checked} expressions of {len(board['panels'])} panels answer with job=\"{state['job']}\" (GPU panels empty without NVML)")
+    print(f"ok: {checked} expressions of {sum(1 for _ in dashboard_panels(board))} panels answer with job=\"{state['job']}\" (GPU panels empty "
+          f"without NVML), job panels draw at most k ranks, the row By rank only the chosen; the {len(named)} llmtrain_* series they name are served")
+
+
+def alerts(scratch):
+    state = load_state(scratch)
+    groups = json.loads(http_get(f"{state['prometheus']}/api/v1/rules"))["data"]["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    if not rules:
+        fail("Prometheus loaded no rules")
+    broken = [f"{r['name']}: {r['health']} {r.get('lastError', '')}" for r in rules if r["health"] != "ok"]
+    if broken:
+        fail("rules that did not evaluate: " + "; ".join(broken))
+    named = check_names_exported("the alert rules", [r["query"] for r in rules], exported_series(scratch))
+    # The run's one anomaly, the NaN injected at step 7 and skipped, is the one alert.
+    job = state["job"]
+    firing = sorted(s["metric"]["alertname"] for s in prom_query(state, f'ALERTS{{alertstate="firing",job="{job}"}}', state["end"] - 2)["result"])
+    if firing != ["LlmtrainNonFiniteLoss"]:
+        fail(f"alerts firing at the run's end: {firing}, want LlmtrainNonFiniteLoss alone")
+    with open(os.path.join(scratch, "alerts.json")) as f:
+        last = [a for a in json.load(f) if a["labels"].get("job") == job and a["state"] == "firing"]
+    description = " ".join(a["annotations"].get("description", "") for a in last)
+    if f"{job} had a NaN or Inf loss" not in description or "actions since the ranks started: skip x1" not in description:
+        fail(f"LlmtrainNonFiniteLoss's description does not name the run and the action: {last}")
+    print(f"ok: {len(rules)} rules evaluated, the {len(named)} llmtrain_* series they name are served; the injected NaN fired "
+          f"LlmtrainNonFiniteLoss alone: {description[:120]}...")
+
+
+def alert_tests(rules_path, tests_path, promtool):
+    import yaml  # python3-yaml
+    with open(rules_path) as f:
+        alert_names = [r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r]
+    with open(tests_path) as f:
+        suite = yaml.safe_load(f)
+    rule_files = [os.path.realpath(os.path.join(os.path.dirname(tests_path), r)) for r in suite["rule_files"]]
+    if rule_files != [os.path.realpath(rules_path)]:
+        fail(f"{tests_path} tests {rule_files}, not {rules_path}")
+    fired, healthy = set(), set()
+    for test in suite["tests"]:
+        for case in test.get("alert_rule_test", []):
+            if case.get("exp_alerts"):
+                fired.add(case["alertname"])
+            elif test["name"] == "healthy run":
+                healthy.add(case["alertname"])
+    never_fired = [a for a in alert_names if a not in fired]
+    never_silent = [a for a in alert_names if a not in healthy]
+    if never_fired or never_silent:
+        fail(f"{tests_path}: no case fires {never_fired}; the healthy run does not check {never_silent}")
+    done = subprocess.run([promtool, "test", "rules", tests_path], capture_output=True, text=True)
+    if done.returncode != 0:
+        fail(f"promtool test rules: exit {done.returncode}\n{done.stdout}{done.stderr}")
+    print(f"ok: promtool test rules: each of the {len(alert_names)} alerts fires from synthetic series and none in the healthy run")
 
 
 def counts(scratch):
@@ -425,14 +553,7 @@ def port_taken_auto(scratch, llmtrain, mpiexec):
 
 
 def nvml(scratch, llmtrain, fake_dir):
-    expected = {("llmtrain_gpu_utilization_ratio", ()): 0.42, ("llmtrain_gpu_memory_utilization_ratio", ()): 0.17,
-                ("llmtrain_gpu_memory_used_bytes", ()): 30e9, ("llmtrain_gpu_memory_total_bytes", ()): 80e9,
-                ("llmtrain_gpu_power_watts", ()): 312.5, ("llmtrain_gpu_temperature_celsius", ()): 61,
-                ("llmtrain_gpu_sm_clock_hertz", ()): 1.98e9, ("llmtrain_gpu_energy_joules_total", ()): 123456.789,
-                ("llmtrain_gpu_throttle_active", (("reason", "sw_power_cap"),)): 1, ("llmtrain_gpu_throttle_active", (("reason", "gpu_idle"),)): 0,
-                ("llmtrain_gpu_ecc_errors_total", (("type", "corrected"),)): 3, ("llmtrain_gpu_ecc_errors_total", (("type", "uncorrected"),)): 0,
-                ("llmtrain_gpu_xid_errors_total", ()): 1, ("llmtrain_gpu_last_xid", ()): 79,
-                ("llmtrain_gpu_nvlink_up", (("link", "0"),)): 1, ("llmtrain_gpu_nvlink_up", (("link", "1"),)): 0}
+    expected = FAKE_NVML_VALUES
     for with_fake in (True, False):
         sub = os.path.join(scratch, "fake" if with_fake else "none")
         subprocess.run(["rm", "-rf", sub])
@@ -487,7 +608,8 @@ def progress(scratch, llmtrain):
 if __name__ == "__main__":
     check, scratch, llmtrain, *rest = sys.argv[1:]
     scratch, llmtrain = os.path.abspath(scratch), os.path.abspath(llmtrain)
-    checks = {"scraped-run": lambda: scraped_run(scratch, llmtrain, rest[0], rest[1]), "dashboard": lambda: dashboard(scratch, rest[0]),
+    checks = {"scraped-run": lambda: scraped_run(scratch, llmtrain, rest[0], rest[1], rest[2]), "dashboard": lambda: dashboard(scratch, rest[0]),
+              "alerts": lambda: alerts(scratch), "alert-tests": lambda: alert_tests(rest[0], rest[1], rest[2]),
               "counts": lambda: counts(scratch), "lint": lambda: lint(scratch, rest[0]), "stop": lambda: stop(scratch),
               "hostile": lambda: hostile(scratch, llmtrain), "port-in-use": lambda: port_in_use(scratch, llmtrain),
               "port-taken-auto": lambda: port_taken_auto(scratch, llmtrain, rest[0]),
