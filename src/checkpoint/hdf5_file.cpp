@@ -267,6 +267,7 @@ void write_rank_file(const std::string& path, const RankSnapshot& snapshot, cons
         write_ints(file, "world_rank", {attributes.world_rank});
         write_ints(file, "world_size", {attributes.world_size});
         write_ints(file, "mesh_tp_dp_pp", {attributes.tp, attributes.dp, attributes.pp});
+        write_ints(file, "mesh_cp", {attributes.cp});
         Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
         H5Pset_create_intermediate_group(links, 1);
         for (const SavedTensor& t : snapshot.tensors) {
@@ -301,6 +302,7 @@ RankFileReader::RankFileReader(const std::string& path, bool index) : path_(path
         const std::vector<int64_t> mesh = read_int_attribute(file_, "mesh_tp_dp_pp");
         if (mesh.size() != 3) fail(ErrorKind::data, "attribute 'mesh_tp_dp_pp' does not hold 3 values");
         attributes_.tp = static_cast<int>(mesh[0]), attributes_.dp = static_cast<int>(mesh[1]), attributes_.pp = static_cast<int>(mesh[2]);
+        if (H5Aexists(file_, "mesh_cp") > 0) attributes_.cp = static_cast<int>(read_int_attribute(file_, "mesh_cp").at(0));
         if (!index) return;
         hsize_t file_bytes = 0;
         if (H5Fget_filesize(file_, &file_bytes) < 0) fail(ErrorKind::data, "its size is unreadable: ", hdf5_reason());

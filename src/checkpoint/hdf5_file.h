@@ -23,10 +23,13 @@
 
 namespace llmtrain {
 
+// The file attributes "mesh_tp_dp_pp" (three values, as files before context parallelism
+// wrote them) and "mesh_cp" (absent from those files: cp 1).
 struct FileAttributes {
     int64_t step = 0;
     int world_rank = 0, world_size = 1;
     int tp = 1, dp = 1, pp = 1;
+    int cp = 1;
 };
 
 // Writes path (replacing it) and syncs it to disk. between_tensors, if set, runs after each

@@ -83,14 +83,14 @@ TextCodec::TextCodec(const Config& config, const std::string& tokenizer_path) {
     else kind_ = config.data.format == DataFormat::text ? Kind::bytes : Kind::ids;
 }
 
-std::vector<int32_t> TextCodec::encode_prompt(const std::string& prompt) const {
+std::vector<int32_t> TextCodec::encode_prompt(const std::string& prompt, bool document_start) const {
     std::vector<int32_t> ids;
     if (kind_ == Kind::tokenizer) {
-        if (tokenizer_->end_of_text_id()) ids.push_back(*tokenizer_->end_of_text_id());
+        if (document_start && tokenizer_->end_of_text_id()) ids.push_back(*tokenizer_->end_of_text_id());
         tokenizer_->encode_append(prompt, ids);
     } else if (kind_ == Kind::bytes) {
         ids = bytes_to_tokens(prompt, "");
-        ids.insert(ids.begin(), byte_eos_token);
+        if (document_start) ids.insert(ids.begin(), byte_eos_token);
     } else {
         std::istringstream in(prompt);
         for (std::string word; in >> word;) {
@@ -101,8 +101,16 @@ std::vector<int32_t> TextCodec::encode_prompt(const std::string& prompt) const {
             }
         }
     }
-    if (ids.empty()) fail(ErrorKind::config, "--prompt: no tokens to start from (this run's tokenizer has no end-of-text token: give a prompt)");
+    if (ids.empty())
+        fail(ErrorKind::config, "--prompt: no tokens to start from (", document_start ? "this run's tokenizer has no end-of-text token" : "--no-document-start",
+             ": give a prompt)");
     return ids;
+}
+
+std::optional<std::string> TextCodec::document_start_token() const {
+    if (kind_ == Kind::bytes) return "<|eos|>";
+    if (kind_ != Kind::tokenizer || !tokenizer_->end_of_text_id()) return std::nullopt;
+    return token_text(*tokenizer_->end_of_text_id());
 }
 
 std::string TextCodec::token_text(int32_t token) const {

@@ -49,8 +49,12 @@ CheckpointModel load_checkpoint_model(const std::string& path, const ModelOption
 class TextCodec {
 public:
     TextCodec(const Config& config, const std::string& tokenizer_path);
-    // The prompt's ids after an end-of-document token (where the run's tokenizer has one).
-    std::vector<int32_t> encode_prompt(const std::string& prompt) const;
+    // The prompt's ids, after an end-of-document token where document_start and the run's
+    // text has one (byte-level text, a tokenizer with an end-of-text token): the model then
+    // continues it as the start of a new document, as its training data begins one.
+    std::vector<int32_t> encode_prompt(const std::string& prompt, bool document_start = true) const;
+    // The end-of-document token encode_prompt puts first ("<|endoftext|>"); nullopt where none.
+    std::optional<std::string> document_start_token() const;
     std::string token_text(int32_t token) const;
     // Bytes of text the token stands for (0 for the end of a document); nullopt without text.
     std::optional<int64_t> token_bytes(int32_t token) const;

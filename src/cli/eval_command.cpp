@@ -1,10 +1,13 @@
 // `llmtrain eval CKPT_OR_RUN_DIR`: loss, perplexity and bits per byte of a checkpoint on
 // validation sequences, computed as training's evaluation computes them (the same
 // sequences, micro-batches of train.batch_size, the mean over every target token), so on the
-// run's own validation data it reproduces the run's logged val_loss.
+// run's own validation data it reproduces the run's logged val_loss. More sequences than the
+// validation data holds wrap around (as in training): warned, and the distinct count reported.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -74,19 +77,23 @@ int run_eval(const EvalArgs& args) {
     // saved config (with --set) before --data and --format stood in for its data.
     const Config run = parse_config(m.manifest.config_toml, m.path + "/manifest.json (config)", args.overrides, DataFiles::unchecked);
     const TextCodec codec(run, args.tokenizer);
+    // A small validation set wraps around: said on stderr, so --json's stdout stays one object.
+    const std::optional<int64_t> distinct = data->distinct_eval_sequences();
+    if (const auto warning = repeated_eval_warning(*data, sequences, m.config.train.seq_len, "--sequences ")) log_warn("eval: ", *warning);
     const EvalResult r = evaluate(m, *data, codec, sequences);
     const double perplexity = std::exp(r.loss);
     const std::optional<double> bpb = r.bytes && *r.bytes > 0 ? std::optional<double>(r.loss * static_cast<double>(r.tokens) / (std::log(2.0) * static_cast<double>(*r.bytes))) : std::nullopt;
     if (args.json) {
         nlohmann::json j{{"checkpoint", m.path}, {"step", m.manifest.step}, {"data", data->describe()}, {"sequences", sequences},
-                         {"tokens", r.tokens}, {"loss", r.loss}, {"perplexity", perplexity}};
+                         {"distinct_sequences", distinct ? nlohmann::json(std::min(*distinct, sequences)) : nlohmann::json(sequences)}, {"tokens", r.tokens}, {"loss", r.loss}, {"perplexity", perplexity}};
         j["bytes"] = r.bytes ? nlohmann::json(*r.bytes) : nlohmann::json(nullptr);
         j["bits_per_byte"] = bpb ? nlohmann::json(*bpb) : nlohmann::json(nullptr);
         std::printf("%s\n", j.dump().c_str());
         return exit_ok;
     }
-    std::printf("checkpoint %s (step %lld)\ndata: %s\n%lld sequences x %lld tokens | loss %.6f nats/token | perplexity %.4f | bits per byte %s\n",
-                m.path.c_str(), static_cast<long long>(m.manifest.step), data->describe().c_str(), static_cast<long long>(sequences),
+    const std::string repeats = distinct && *distinct < sequences ? cat(" (", *distinct, " distinct, repeated)") : "";
+    std::printf("checkpoint %s (step %lld)\ndata: %s\n%lld sequences%s x %lld tokens | loss %.6f nats/token | perplexity %.4f | bits per byte %s\n",
+                m.path.c_str(), static_cast<long long>(m.manifest.step), data->describe().c_str(), static_cast<long long>(sequences), repeats.c_str(),
                 static_cast<long long>(m.config.train.seq_len), r.loss, perplexity, bpb ? cat(*bpb).c_str() : "n/a (no text: the run has no tokenizer)");
     return exit_ok;
 }

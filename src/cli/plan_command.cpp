@@ -1,11 +1,15 @@
 // `llmtrain plan CONFIG --cluster CLUSTER.toml [--search]`: memory per device and predicted
 // step time of a parallel layout on a described cluster, before renting it (ops/layout_plan.h);
-// with --search, the layouts of --gpus devices ranked by predicted tokens/s among those that fit.
+// with --search, the layouts of --gpus devices ranked by predicted tokens/s among those that fit,
+// and the `train` command (its --set flags) that runs the fastest.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -299,6 +303,36 @@ void print_goodput(const LayoutPlan& p, const Cluster& cluster, bool mtbf_from_f
     print_local_goodput(g, p.config.checkpoint.local);
 }
 
+// An argument as a POSIX shell reads it back: plain ones bare, others in single quotes.
+std::string shell_word(const std::string& word) {
+    const bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_-./=,:+", c); });
+    if (plain) return word;
+    std::string quoted = "'";
+    for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return quoted + "'";
+}
+
+// The overrides `train` takes to run a searched layout: the user's own --set (those the
+// layout does not set again), then the layout's keys.
+std::vector<std::string> run_overrides(const std::vector<std::string>& given, const Config& config, const LayoutPlan& plan) {
+    const std::vector<std::string> layout = layout_overrides(config, plan);
+    std::vector<std::string> all;
+    for (const std::string& text : given) {
+        const std::string key = text.substr(0, text.find('='));
+        if (std::none_of(layout.begin(), layout.end(), [&](const std::string& l) { return l.starts_with(key + "="); })) all.push_back(text);
+    }
+    all.insert(all.end(), layout.begin(), layout.end());
+    return all;
+}
+
+// "to run it (128 ranks): llmtrain train CONFIG --set parallel.tp=8 --set ...": what the
+// prose says, as the command that runs it.
+void print_run_command(const std::string& config_path, const std::vector<std::string>& overrides, const LayoutPlan& plan) {
+    std::string command = cat("llmtrain train ", shell_word(config_path));
+    for (const std::string& text : overrides) command += cat(" --set ", shell_word(text));
+    std::printf("to run it (%d ranks): %s\n", plan.tp * plan.cp * plan.pp * plan.dp, command.c_str());
+}
+
 void print_search(const LayoutSearch& search, int top) {
     std::printf("search: %d layouts considered (%d cannot exist), %zu fit; global batch %.0f sequences\n", search.considered, search.invalid,
                 search.ranked.size(), search.global_batch);
@@ -324,12 +358,17 @@ int run_plan(const PlanArgs& args) {
         const LayoutSearch search = search_layouts(config, cluster, devices, args.options, parameters);
         if (args.json) {
             nlohmann::json ranked = nlohmann::json::array();
-            for (size_t i = 0; i < search.ranked.size() && static_cast<int>(i) < args.top; ++i) ranked.push_back(plan_json(search.ranked[i]));
+            for (size_t i = 0; i < search.ranked.size() && static_cast<int>(i) < args.top; ++i) {
+                nlohmann::json layout = plan_json(search.ranked[i]);
+                layout["set"] = run_overrides(args.overrides, config, search.ranked[i]);
+                ranked.push_back(std::move(layout));
+            }
             std::printf("%s\n", nlohmann::json{{"devices", devices}, {"considered", search.considered}, {"invalid", search.invalid},
                                                {"fitting", search.ranked.size()}, {"ranked", ranked}, {"why", why_best(search)}}.dump(2).c_str());
         } else {
             print_header(config, cluster, devices, parameters);
             print_search(search, args.top);
+            if (!search.ranked.empty()) print_run_command(args.config_path, run_overrides(args.overrides, config, search.ranked.front()), search.ranked.front());
         }
         if (search.ranked.empty()) {
             if (!search.smallest_unfit) fail(ErrorKind::config, "plan: no layout of ", devices, " devices can exist for this model (tp must divide the heads and d_ff, pp at most the layers, the global batch split over dp)");

@@ -62,7 +62,17 @@ struct TrainArgs {
     std::string resume;  // "", auto, latest or a checkpoint directory
 };
 
-void report(const TrainResult& result) {
+// The run's evaluations, first and last; one evaluation is said once. A resumed run was
+// evaluated at its start by the run that saved it, so its first here is a later step.
+std::string val_loss_summary(const std::vector<EvalRecord>& evals, int64_t start_step) {
+    const EvalRecord &first = evals.front(), &last = evals.back();
+    std::string text = cat("val loss: ", first.val_loss, " at step ", first.step);
+    if (evals.size() > 1) text += cat(" -> ", last.val_loss, " at step ", last.step);
+    if (start_step > 0) text += cat(" (", evals.size() > 1 ? "this run's first and last evaluations" : "this run's one evaluation", "; it resumed at step ", start_step, ")");
+    return text;
+}
+
+void report(const TrainResult& result, int64_t start_step) {
     const OpProfile& p = result.step_profile;
     std::vector<int> order(op_count);
     for (int i = 0; i < op_count; ++i) order[static_cast<size_t>(i)] = i;
@@ -77,8 +87,7 @@ void report(const TrainResult& result) {
              p.total_seconds() > 0 ? cat(" | time in GEMMs: ", std::lround(100 * result.gemm_fraction), "% of step time") : std::string());
     // The CUDA backend times ops only when profiling (bench): no timing events in a training step.
     if (p.total_seconds() > 0) log_info("op time: ", top);
-    if (!result.evals.empty())
-        log_info("val loss: ", result.evals.front().val_loss, " at step ", result.evals.front().step, " -> ", result.evals.back().val_loss, " at step ", result.evals.back().step);
+    if (!result.evals.empty()) log_info(val_loss_summary(result.evals, start_step));
 }
 
 // SIGINT is the user at the terminal; SIGTERM and SIGUSR1 are a scheduler's notice: run again.
@@ -263,7 +272,7 @@ std::optional<RestartFacts> restart_facts(const std::optional<ResumePoint>& resu
 // What a save of this rank's state (a checkpoint or a local snapshot) takes from the run: its
 // file's attributes, the copy of its state, and the manifest's fields.
 FileAttributes rank_file_attributes(const ParallelContext& ctx) {
-    return {0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp()};
+    return {0, ctx.world_rank, ctx.mesh.world_size(), ctx.mesh.tp(), ctx.mesh.dp(), ctx.mesh.pp(), ctx.mesh.cp()};
 }
 std::function<void(int64_t, RankSnapshot&)> state_capture(Trainer& trainer) {
     return [&trainer](int64_t step, RankSnapshot& out) { capture_snapshot(trainer.snapshot_source(), step, out); };
@@ -420,7 +429,7 @@ int train(Trainer& trainer, const RunPlan& run) {
             return code;
         }
         if (dir) {
-            report(result);
+            report(result, trainer.start_step());
             dir->log().write("end", {{"steps", last_step}, {"seconds", result.train_seconds},
                                      {"tokens_per_second", result.tokens_per_second}, {"exit_code", exit_ok}});
             if (checkpointer && checkpointer->last_save())

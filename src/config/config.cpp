@@ -9,9 +9,11 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -755,17 +757,24 @@ std::optional<Problem> batch_split_problem(const TrainConfig& t, int64_t dp) {
 }
 
 // Interleaved 1F1B's micro-batches come in groups of pp (Megatron's rule); nullopt also when
-// the count is not known yet (a global batch on parallel.dp = 0).
+// the count is not known yet (a global batch on parallel.dp = 0). The problem names the key
+// that gave the count (train.grad_accum, train.global_batch_size, or parallel.virtual_stages
+// itself where neither is set and a step is one micro-batch), its value and what to set.
 std::optional<Problem> interleaving_micro_batch_problem(const Config& c, int64_t dp) {
     const TrainConfig& t = c.train;
-    const int64_t pp = c.parallel.pp;
-    if (c.parallel.virtual_stages == 1 || batch_split_problem(t, dp)) return std::nullopt;
+    const int64_t pp = c.parallel.pp, v = c.parallel.virtual_stages;
+    if (v == 1 || batch_split_problem(t, dp)) return std::nullopt;
     if (t.grad_accum == 0 && t.global_batch_size > 0 && dp == 0) return std::nullopt;
     const int64_t m = t.grad_accum > 0 ? t.grad_accum : (t.global_batch_size > 0 ? t.global_batch_size / (t.batch_size * dp) : 1);
     if (m % pp == 0) return std::nullopt;
-    return Problem{t.grad_accum > 0 ? "train.grad_accum" : "train.global_batch_size",
-                   cat("gives ", m, " micro-batches per step; parallel.virtual_stages = ", c.parallel.virtual_stages,
-                       " runs them in groups of parallel.pp = ", pp, " stages: the micro-batches per step must be a multiple of pp")};
+    const std::string groups = cat("; parallel.virtual_stages = ", v, " runs them in groups of parallel.pp = ", pp, " stages");
+    if (t.grad_accum > 0) return Problem{"train.grad_accum", cat("gives ", m, " micro-batches per step", groups, " (allowed: a multiple of ", pp, ")")};
+    if (t.global_batch_size > 0)
+        return Problem{"train.global_batch_size", cat(t.global_batch_size, " sequences / (train.batch_size = ", t.batch_size, " x dp = ", dp, ") gives ", m,
+                                                      " micro-batches per step", groups, " (allowed: a multiple of batch_size x dp x pp = ", t.batch_size * dp * pp, ")")};
+    return Problem{"parallel.virtual_stages", cat("= ", v, " runs the micro-batches of a step in groups of parallel.pp = ", pp,
+                                                  " stages, but a step is 1 micro-batch (neither train.grad_accum nor train.global_batch_size is set): "
+                                                  "set train.grad_accum to a multiple of ", pp, ", or parallel.virtual_stages = 1")};
 }
 
 // The key that asks for document boundaries, for errors: the mask, else the position reset.
@@ -1139,6 +1148,36 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     Config config = parse_config(text, path, overrides, data_files);
     config.source_path = path;
     return config;
+}
+
+void require_possible_combination(const Config& config) {
+    const Origin origin{config.source_path.empty() ? "config" : config.source_path, {}};
+    for (const Check check : kChecks)
+        if (auto problem = check(config)) origin.fail_at(*problem);
+}
+
+namespace {
+
+// A value as --set reads it back: a plain word bare (a string key takes its text as it is),
+// anything else as its TOML literal.
+std::string override_literal(const Value& value) {
+    if (const auto* text = std::get_if<std::string>(&value);
+        text && !text->empty() && std::all_of(text->begin(), text->end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_-./", c); }))
+        return *text;
+    return toml_literal(value);
+}
+
+}  // namespace
+
+std::vector<std::string> overrides_between(const Config& base, const Config& target, const std::vector<std::string_view>& keys) {
+    std::vector<std::string> overrides;
+    for (const Field& field : schema()) {
+        if (field.only_for && *field.only_for != target.model.family) continue;
+        const Value value = field.load(target);
+        if (std::find(keys.begin(), keys.end(), field.path) != keys.end() || value != field.load(base))
+            overrides.push_back(cat(field.path, "=", override_literal(value)));
+    }
+    return overrides;
 }
 
 // Keys in schema order, one per line with its description; keys that do not apply to the

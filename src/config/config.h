@@ -286,6 +286,15 @@ Config resolve_on_mesh(const Config& config, int64_t dp);
 // multiple of pp. The layer rules are checked when the config is read.
 void require_interleavable_micro_batches(const Config& config, int64_t dp);
 
+// Throws Error(config) naming the key at the first combination of values parse_config would
+// refuse: for a config made in code (`plan --search`'s layouts), checked as a file would be.
+void require_possible_combination(const Config& config);
+
+// The --set texts ("parallel.tp=8", "train.recompute=selective") that make `base`, given the
+// same file, into `target`: each key of `keys` whatever its value, and every other key whose
+// value differs, in schema order.
+std::vector<std::string> overrides_between(const Config& base, const Config& target, const std::vector<std::string_view>& keys);
+
 // The effective config (defaults filled in) as TOML that parse_config accepts again.
 std::string dump_config(const Config& config);
 

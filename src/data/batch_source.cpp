@@ -33,6 +33,11 @@ public:
     void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) override {
         fill_eval_batch(out, splits_.val, first_sequence, sequences, config_.train.seq_len);
     }
+    // Window w starts at token w * seq_len modulo (tokens - seq_len): the windows before the
+    // first wrap are (tokens - 1) / seq_len, as the loader's samples of a source (loader.h).
+    std::optional<int64_t> distinct_eval_sequences() const override {
+        return (static_cast<int64_t>(splits_.val.size()) - 1) / config_.train.seq_len;
+    }
     std::string describe() const override { return cat(splits_.train.size(), " training and ", splits_.val.size(), " validation tokens"); }
     std::vector<int32_t> prompt_tokens(const std::string& prompt) const override {
         if (config_.data.format == DataFormat::tokens) return {splits_.val.front()};
@@ -76,6 +81,7 @@ public:
         fill(out, global_micro_batch * t.batch_size, t.batch_size, training);
     }
     void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) override { fill(out, first_sequence, sequences, evaluation); }
+    std::optional<int64_t> distinct_eval_sequences() const override { return std::nullopt; }
     std::string describe() const override { return cat("synthetic: uniform random tokens over the vocabulary of ", config_.model.vocab_size); }
     std::vector<int32_t> prompt_tokens(const std::string&) const override { return {0}; }
     std::string printable(const std::vector<int32_t>& tokens) const override {
@@ -192,6 +198,7 @@ public:
         loader_->fill(out, step, micro_batch, dp_rank, dp_size);
     }
     void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) override { eval_->fill(out, first_sequence, sequences); }
+    std::optional<int64_t> distinct_eval_sequences() const override { return static_cast<int64_t>(eval_->samples()); }
     std::string describe() const override { return cat(loader_->describe(), " | validation ", eval_->token_count(), " tokens"); }
     std::vector<int32_t> prompt_tokens(const std::string& prompt) const override {
         std::vector<int32_t> context;
@@ -232,6 +239,13 @@ private:
 };
 
 }  // namespace
+
+std::optional<std::string> repeated_eval_warning(const BatchSource& data, int64_t sequences, int64_t seq_len, const std::string& fix) {
+    const std::optional<int64_t> distinct = data.distinct_eval_sequences();
+    if (!distinct || sequences <= *distinct) return std::nullopt;
+    return cat("validation: ", sequences, " sequences of ", seq_len, " tokens asked, but the validation data holds ", *distinct,
+               " distinct ones: the other ", sequences - *distinct, " wrap around and repeat its tokens (", fix, *distinct, " reads each once)");
+}
 
 int32_t document_end_token(const Config& config) {
     if (config.data.format == DataFormat::text) return byte_eos_token;

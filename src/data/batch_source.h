@@ -26,6 +26,9 @@ public:
     // Rows [0, sequences) of out: validation sequences first_sequence, first_sequence + 1, ...
     // Sequence i is the same whatever the batch it is asked in.
     virtual void fill_eval(BatchBuffers& out, int64_t first_sequence, int64_t sequences) = 0;
+    // How many distinct validation sequences the data holds: those past it wrap around to the
+    // start of the validation tokens and repeat them. nullopt: they never repeat (synthetic).
+    virtual std::optional<int64_t> distinct_eval_sequences() const = 0;
     // One line for the startup log: sources and token counts.
     virtual std::string describe() const = 0;
     // Tokens to start generation from: the prompt after an end-of-document token.
@@ -47,6 +50,11 @@ std::optional<Tokenizer> run_tokenizer(const Config& config);
 // "document", data.reset_position_ids): the byte vocabulary's for data.format = "text", else
 // the run's tokenizer's. A config error naming the key when there is none.
 int32_t document_end_token(const Config& config);
+
+// A warning's text where `sequences` validation sequences exceed the distinct ones `data`
+// holds, naming both counts and `fix`, the key or flag that sets the count ("--sequences ");
+// nullopt where every sequence is distinct.
+std::optional<std::string> repeated_eval_warning(const BatchSource& data, int64_t sequences, int64_t seq_len, const std::string& fix);
 
 // Opens the configured data; errors name the key and the file. resume: where a resumed run's
 // data stands (from its checkpoint, or a rollback that skips data); nullopt: the start.

@@ -100,6 +100,8 @@ public:
     // Rows [0, sequences) of out: samples first_sequence, first_sequence + 1, ...
     void fill(BatchBuffers& out, int64_t first_sequence, int64_t sequences);
     uint64_t token_count() const { return source_->token_count(); }
+    // Distinct sequences: sample i is sample i % samples().
+    uint64_t samples() const { return samples_; }
     TokenSource& source() { return *source_; }
 
 private:

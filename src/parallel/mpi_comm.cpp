@@ -188,6 +188,8 @@ public:
     CommHandle all_gather_async(const Tensor& data) override {
         if (size_ == 1) return {};
         if (data.numel() % size_ != 0) fail(ErrorKind::shape, "all_gather in the ", describe(), ": ", data.numel(), " elements do not split into ", size_, " chunks");
+        if (data.numel() / size_ > std::numeric_limits<int>::max())
+            fail(ErrorKind::unsupported, "MPI all_gather chunk of ", data.numel() / size_, " elements exceeds 2^31 - 1");
         auto staged = stage(data, true, false);
         MPI_Request r;
         const int chunk = static_cast<int>(data.numel() / size_);

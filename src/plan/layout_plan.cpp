@@ -150,7 +150,9 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
         if (!can_exist(k, config.model)) continue;
         ++search.considered;
         try {
-            LayoutPlan plan = plan_layout(config_of(config, k, batch), cluster, devices, options, parameters);
+            const Config layout = config_of(config, k, batch);
+            require_possible_combination(layout);  // what the config would refuse is no layout to run
+            LayoutPlan plan = plan_layout(layout, cluster, devices, options, parameters);
             (plan.fits ? search.ranked : unfit).push_back(std::move(plan));
         } catch (const Error&) {
             ++search.invalid;  // a layout the model or the batch cannot take
@@ -172,6 +174,12 @@ std::string layout_name(const LayoutPlan& plan) {
     return cat("tp ", plan.tp, plan.cp > 1 ? cat(" x cp ", plan.cp) : "", " x pp ", plan.pp, " x dp ", plan.dp, ", micro-batch ", t.batch_size, " x ", plan.micro_batches, ", recompute ",
                recompute_name(t.recompute), plan.config.parallel.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
                plan.config.parallel.virtual_stages > 1 ? cat(", ", plan.config.parallel.virtual_stages, " virtual stages") : "");
+}
+
+std::vector<std::string> layout_overrides(const Config& config, const LayoutPlan& plan) {
+    return overrides_between(config, plan.config,
+                             {"parallel.tp", "parallel.cp", "parallel.pp", "parallel.dp", "parallel.virtual_stages", "parallel.sequence_parallel",
+                              "parallel.zero_stage", "train.batch_size", "train.global_batch_size", "train.grad_accum", "train.recompute"});
 }
 
 namespace {

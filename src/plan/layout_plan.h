@@ -64,5 +64,9 @@ LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int de
 std::string layout_name(const LayoutPlan& plan);
 // Why the best layout wins over the next one of another tp x cp x pp, in one sentence.
 std::string why_best(const LayoutSearch& search);
+// The --set texts that run `plan` from `config` (the config the search started from): every
+// key a searched layout sets (tp, cp, pp, dp, virtual stages, sequence parallelism, ZeRO
+// stage, micro-batch size, global batch, recompute) and any other key it changed.
+std::vector<std::string> layout_overrides(const Config& config, const LayoutPlan& plan);
 
 }  // namespace llmtrain

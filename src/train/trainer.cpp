@@ -218,6 +218,7 @@ void Trainer::log_schedule_notes() const {
     const int64_t warmup = config_.optimizer.warmup_steps, steps = config_.train.steps;
     if (warmup > steps)
         log_info("optimizer: warmup over ", steps, " steps, the whole run (optimizer.warmup_steps = ", warmup, " > train.steps = ", steps, ")");
+    if (const auto repeated = repeated_eval_warning(*data_, config_.train.eval_sequences, config_.train.seq_len, "train.eval_sequences = ")) log_warn(*repeated);
     // 1F1B idles each stage for pp - 1 micro-batch slots of the M + pp - 1 a step takes;
     // interleaving with V chunks for pp - 1 chunk slots of the V * M + pp - 1.
     const int64_t pp = ctx_->mesh.pp(), micro_batches = config_.train.grad_accum, chunks = config_.parallel.virtual_stages;

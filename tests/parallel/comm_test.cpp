@@ -1,10 +1,12 @@
 // MpiComm's collectives and transfers on small integers (exact in f32), and its bounded
 // waits: run under `mpirun -np 3` (an odd size).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -59,6 +61,26 @@ PARALLEL_TEST(MpiCollectives, AllGatherInPlace_CollectsEveryRanksChunk, 3) {
     data[static_cast<size_t>(2 * r + 1)] = static_cast<float>(10 * r + 1);
     world.all_gather(view(data));
     EXPECT_EQ(data, (std::vector<float>{0, 1, 10, 11, 20, 21}));
+}
+
+// MPI counts are ints: a chunk of 2^31 elements is refused as the other collectives refuse
+// one, before a byte is staged (the tensor is address space alone: reading it would fault).
+PARALLEL_TEST(MpiCollectives, AllGatherOfAChunkBeyondIntRange_IsRefusedBeforeAnyByteMoves, 3) {
+    ParallelContext ctx = world_context();
+    Comm& world = *ctx.world;
+    const int64_t chunk = int64_t{std::numeric_limits<int>::max()} + 1, numel = chunk * world.size();
+    const size_t bytes = static_cast<size_t>(numel) * dtype_size(DType::u16);
+    void* memory = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ASSERT_NE(memory, MAP_FAILED);
+    try {
+        world.all_gather(Tensor(memory, DType::u16, {numel}));
+        ADD_FAILURE() << "an all-gather chunk of 2^31 elements was accepted";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+        EXPECT_NE(std::string(e.what()).find("MPI all_gather chunk of 2147483648 elements exceeds 2^31 - 1"), std::string::npos) << e.what();
+    }
+    munmap(memory, bytes);
+    world.barrier();
 }
 
 PARALLEL_TEST(MpiCollectives, SendRecvRingAndBroadcast_DeliverExactly, 3) {

@@ -2,9 +2,10 @@
 // here piece by piece: a rank reads any range of its layout from pieces cut another way,
 // each intersection a hyperslab of its own; a padded vocabulary's extra rows read as zeros;
 // and a piece missing, overlapping another or outside the global shape is an error naming
-// the file, the tensor and the ranges.
+// the file, the tensor and the ranges. A rank file's attributes record the mesh, cp included.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -122,4 +123,23 @@ TEST(CheckpointPieces, AnotherShape_NamesTheFileAndBothShapes) {
     std::vector<float> out(12);
     const std::string message = error_of([&] { checkpoint.read(TensorRole::weights, wider, {0, 12}, out.data(), DType::f32); });
     EXPECT_NE(message.find("rank_00000.h5': tensor 'w' is [4, 2] there and [4, 3] in this model"), std::string::npos) << message;
+}
+
+// A rank file records the whole mesh it was saved on, context parallelism included; a file of
+// the first format (tests/fixtures: tp 2 x dp 2, saved before cp existed) has no mesh_cp and
+// reads as cp 1.
+TEST(RankFileAttributes, MeshWithCp_IsRecordedAndFilesWithoutItReadAsCp1) {
+    const std::string dir = testing::TempDir() + "rank_file_mesh";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string file = dir + "/" + rank_file_name(5);
+    write_rank_file(file, RankSnapshot{}, FileAttributes{7, 5, 16, 2, 2, 2, 2});
+    const FileAttributes written = RankFileReader(file, false).attributes();
+    EXPECT_EQ(std::vector<int64_t>({written.step, written.world_rank, written.world_size, written.tp, written.dp, written.pp, written.cp}),
+              std::vector<int64_t>({7, 5, 16, 2, 2, 2, 2}));
+
+    ASSERT_EQ(std::system(("tar -xzf tests/fixtures/checkpoint_format_1.tar.gz -C '" + dir + "'").c_str()), 0);
+    const FileAttributes old = RankFileReader(dir + "/checkpoint_format_1/step_00000003/" + rank_file_name(3), false).attributes();
+    EXPECT_EQ(std::vector<int64_t>({old.step, old.world_rank, old.world_size, old.tp, old.dp, old.pp, old.cp}), std::vector<int64_t>({3, 3, 4, 2, 2, 1, 1}));
+    fs::remove_all(dir);
 }

@@ -644,7 +644,8 @@ TEST(Config, VirtualStagesThatDoNotFitTheLayout_AreRejectedWithTheKeyNamed) {
     EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.virtual_stages", "2")),
                          "run.toml: parallel.virtual_stages: = 2 must divide the layers of each of the parallel.pp = 2 stages"));
     EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.virtual_stages", "3").set("train.grad_accum", "3")),
-                         "run.toml: train.grad_accum: gives 3 micro-batches per step; parallel.virtual_stages = 3 runs them in groups of parallel.pp = 2"));
+                         "run.toml: train.grad_accum: gives 3 micro-batches per step; parallel.virtual_stages = 3 runs them in groups of parallel.pp = 2 "
+                         "stages (allowed: a multiple of 2)"));
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.virtual_stages", "2")), "run.toml: parallel.virtual_stages: = 2 interleaves pipeline stages and needs parallel.pp > 1"));
     EXPECT_TRUE(Contains(error_of(TomlText(two_stages).set("parallel.virtual_stages", "3").set("parallel.stage_layers", "'3,3'")),
                          "run.toml: parallel.stage_layers: sets uneven stages; parallel.virtual_stages = 3 needs balanced ones"));
@@ -662,8 +663,21 @@ TEST(Config, InterleavedGlobalBatchNotInGroupsOfStages_IsRefusedOnTheMesh) {
         FAIL() << "3 micro-batches for 2 stages were accepted";
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::config);
-        EXPECT_TRUE(Contains(e.what(), "train.global_batch_size: gives 3 micro-batches per step")) << e.what();
+        EXPECT_TRUE(Contains(e.what(), "train.global_batch_size: 12 sequences / (train.batch_size = 2 x dp = 2) gives 3 micro-batches per step; "
+                                       "parallel.virtual_stages = 3 runs them in groups of parallel.pp = 2 stages (allowed: a multiple of batch_size x dp x pp = 8)"))
+            << e.what();
     }
+}
+
+// Neither train.grad_accum nor train.global_batch_size set: a step is one micro-batch, and the
+// refusal names virtual_stages and what to set, not a batch key the config never gave.
+TEST(Config, InterleavingWithNoBatchKeySet_NamesVirtualStagesAndTheKeyToSet) {
+    const std::string error = error_of(TomlText::gpt2().set("model.n_layers", "4").set("parallel.pp", "2").set("parallel.virtual_stages", "2"));
+    EXPECT_TRUE(Contains(error, "run.toml: parallel.virtual_stages: = 2 runs the micro-batches of a step in groups of parallel.pp = 2 stages, but a step is "
+                                "1 micro-batch (neither train.grad_accum nor train.global_batch_size is set): set train.grad_accum to a multiple of 2"))
+        << error;
+    EXPECT_FALSE(Contains(error, "global_batch_size:")) << error;
+    EXPECT_NO_THROW(parse(TomlText::gpt2().set("model.n_layers", "4").set("parallel.pp", "2").set("parallel.virtual_stages", "2").set("train.grad_accum", "2")));
 }
 
 TEST(Config, StageLayers_DefaultToBalancedWithTheRemainderFirst) {
