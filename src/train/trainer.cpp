@@ -236,9 +236,9 @@ TrainResult Trainer::run() {
     log_startup();
     // A resumed run was evaluated at its start already, by the run that saved it.
     if (start_step_ == 0) record_eval(0, evaluate());
+    result_.last_step = start_step_;
     const int64_t steps = config_.train.steps;
     for (int64_t step = start_step_; step < steps; ++step) {
-    result_.last_step = start_step_;
         options_.faults.strike_if_due(ctx_->world_rank, step + 1);
         const OpProfile before = backend_->profile();
         StepRecord s = train_step(step);
@@ -260,9 +260,9 @@ TrainResult Trainer::run() {
     // The first step warms up (allocations, plans): timed over the others when there are others.
     const int64_t done = result_.steps_taken;
     const int64_t timed_steps = done > 1 ? done - 1 : done;
+    const double timed_seconds = done > 1 ? result_.train_seconds - first_step_seconds_ : result_.train_seconds;
     const double tokens_per_step = static_cast<double>(config_.train.batch_size * config_.train.seq_len * config_.train.grad_accum * ctx_->mesh.dp());
     result_.tokens_per_second = tokens_per_step * static_cast<double>(timed_steps) / timed_seconds;
-    const double timed_seconds = done > 1 ? result_.train_seconds - first_step_seconds_ : result_.train_seconds;
     if (result_.stop_signal == 0) result_.sample = sample_text();
     store_->settle();
     return result_;
@@ -756,7 +756,10 @@ std::string Trainer::sample_text() {
 }
 
 void Trainer::record(const StepRecord& s) {
+    if (result_.steps_taken++ == 0) first_step_seconds_ = s.step_seconds;
+    result_.last_step = s.step;
     result_.steps.push_back(s);
+    if (result_.steps.size() > TrainResult::kStepRecordsKept) result_.steps.pop_front();
     for (StepObserver* observer : options_.observers) observer->after_step(s);
 }
 
@@ -804,6 +807,3 @@ int Trainer::agreed_stop_signal(int local_signal) {
 }
 
 }  // namespace llmtrain
-    if (result_.steps_taken++ == 0) first_step_seconds_ = s.step_seconds;
-    result_.last_step = s.step;
-    if (result_.steps.size() > TrainResult::kStepRecordsKept) result_.steps.pop_front();

@@ -49,15 +49,15 @@
 
 namespace llmtrain {
 
+// What a run leaves behind. Observers see every step as it is taken (log.jsonl, metrics);
+// the result keeps only the newest kStepRecordsKept records, so a month-long run's memory
+// does not grow with its steps (a record is ~0.3 KB, ~1 KB with the comm rows of a multi-rank
+// step and a world-sized straggler vector).
 struct TrainResult {
     static constexpr size_t kStepRecordsKept = 1024;
     std::deque<StepRecord> steps;   // the newest kStepRecordsKept steps of this run, oldest first
     int64_t steps_taken = 0;        // steps of this run (after its start step), all of them
     int64_t last_step = 0;          // the step the state is at: the last one taken, after any rollback
-// What a run leaves behind. Observers see every step as it is taken (log.jsonl, metrics);
-// the result keeps only the newest kStepRecordsKept records, so a month-long run's memory
-// does not grow with its steps (a record is ~0.3 KB, ~1 KB with the comm rows of a multi-rank
-// step and a world-sized straggler vector).
     std::vector<EvalRecord> evals;
     double tokens_per_second = 0;   // over all steps but the first (warm-up)
     double train_seconds = 0;       // wall time of the steps
