@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
     register_train_command(app, action);
     register_tokenizer_command(app, action);
     register_prepare_command(app, action);
+    register_data_command(app, action);
     register_bench_command(app, action);
     register_checkpoint_command(app, action);
     register_plan_command(app, action);

@@ -32,7 +32,9 @@ void register_checkpoint_command(CLI::App& app, CommandAction& action);
 void register_generate_command(CLI::App& app, CommandAction& action);
 // `llmtrain eval CKPT_OR_RUN_DIR [--data PATH] [--json]`
 void register_eval_command(CLI::App& app, CommandAction& action);
-// `llmtrain doctor [CONFIG] [--checkpoint-dir DIR] [--json]`
+// `llmtrain data verify DATASET... [--threads N] [--json]`
+void register_data_command(CLI::App& app, CommandAction& action);
+// `llmtrain doctor [CONFIG] [--data] [--checkpoint-dir DIR] [--json]`
 void register_doctor_command(CLI::App& app, CommandAction& action);
 // `llmtrain bench CONFIG [--warmup N] [--steps M] [--set ...]`, on the `bench` app.
 void register_bench_train(CLI::App& bench, CommandAction& action);

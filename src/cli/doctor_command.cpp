@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
+#include "cli/data_verification.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/nvml.h"
@@ -36,6 +37,7 @@ struct DoctorArgs {
     int64_t nccl_max_mb = 1024;
     double net_gbps = 0;
     bool json = false;
+    bool verify_data = false;  // --data: every block of the config's datasets
 };
 
 struct World {
@@ -94,11 +96,35 @@ std::vector<CheckResult> config_checks(const DoctorArgs& args, const World& w, s
     try {
         load_config(args.config_path, args.overrides, DataFiles::checked);
         const std::unique_ptr<BatchSource> data = make_batch_source(*config);
-        checks.push_back({"data", CheckStatus::pass, cat("readable: ", data->describe()), ""});
+        checks.push_back({"data", CheckStatus::pass, cat("readable (headers and indexes; --data reads every block): ", data->describe()), ""});
     } catch (const Error& e) {
         checks.push_back({"data", CheckStatus::fail, e.what(), "the run would stop at its first step: fix data.* or the files"});
     }
     return checks;
+}
+
+// --data: every block of the config's token shard datasets, as `llmtrain data verify` checks
+// them, shared by every rank's threads (a collective: every rank calls it).
+CheckResult data_blocks_check(const std::optional<Config>& config, const MpiSession* mpi) {
+    if (!config) return {"data.blocks", CheckStatus::fail, "--data verifies the datasets of a run's config: none was given, or it did not load (see config)", "run llmtrain doctor CONFIG --data"};
+    const DataConfig& d = config->data;
+    if (d.format != DataFormat::shards)
+        return {"data.blocks", CheckStatus::skip, "only token shards (data.format = \"shards\") carry block checksums", "prepare the data with llmtrain prepare to have them checked"};
+    std::vector<std::string> datasets;
+    for (const WeightedPath& source : training_sources(d)) datasets.push_back(source.path);
+    if (!d.val_path.empty()) datasets.push_back(d.val_path);
+    const int threads = default_verify_threads();
+    try {
+        const VerifyReport report = verify_datasets(datasets, threads, mpi);
+        const std::string where = cat(describe_verified(report), " on ", mpi ? mpi->world_size() : 1, " rank(s) x ", threads, " thread(s)");
+        if (report.clean()) return {"data.blocks", CheckStatus::pass, cat("every block checks: ", where), ""};
+        const size_t more = report.corrupt.size() - 1;
+        return {"data.blocks", CheckStatus::fail, cat(report.corrupt.front().message, more ? cat(" (and ", more, " more corrupt block(s) or shard(s))") : "", "; ", where),
+                "the run would stop at the step that reads it: `llmtrain data verify DATASET` lists every one; prepare the dataset again, or set "
+                "data.on_corrupt_block = \"skip\" to train on without them"};
+    } catch (const Error& e) {
+        return {"data.blocks", CheckStatus::fail, e.what(), "fix data.train_path / data.blend / data.val_path or the dataset"};
+    }
 }
 
 // Each node's GPUs (from its first rank), gathered to rank 0 through one broadcast per rank.
@@ -250,6 +276,10 @@ int run_doctor(const DoctorArgs& args) {
     std::optional<Config> config;
     uint64_t rank_bytes = 0;
     if (!args.config_path.empty()) for (CheckResult& c : config_checks(args, w, config, rank_bytes)) checks.push_back(std::move(c));
+    if (args.verify_data) {
+        CheckResult blocks = data_blocks_check(config, mpi ? &*mpi : nullptr);
+        if (w.rank == 0) checks.push_back(std::move(blocks));  // the job's verdict: rank 0 says it once
+    }
     checks.push_back(check_host_memory(rank_bytes, w.local_size));
     checks.push_back(check_host_cores(w.local_size));
     // The storage of this node, checked by its first rank; a checkpoint holds weights and two
@@ -286,6 +316,7 @@ void register_doctor_command(CLI::App& app, CommandAction& action) {
         ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 14));
     cmd->add_option("--net-gbps", args->net_gbps, "The network's line rate between two nodes in Gbit/s (e.g. 400 for NDR InfiniBand): "
                     "inter-node MPI bandwidth below 80% of it warns")->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--data", args->verify_data, "Also read and check every block of the config's datasets (as `llmtrain data verify`): FAIL on a corrupt one");
     cmd->add_flag("--json", args->json, "One JSON object instead of the table");
     cmd->callback([args, &action] { action = [args] { return run_doctor(*args); }; });
 }

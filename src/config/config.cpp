@@ -52,6 +52,7 @@ constexpr const char* kCommNames[] = {"auto", "nccl", "mpi"};
 constexpr const char* kGradReduceDtypeNames[] = {"f32", "bf16"};
 constexpr const char* kMetricsServeNames[] = {"auto", "on", "off"};
 constexpr const char* kAttentionMaskNames[] = {"causal", "document"};
+constexpr const char* kCorruptBlockNames[] = {"abort", "skip"};
 constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
 using Names = std::span<const char* const>;
@@ -70,6 +71,7 @@ Names names_of(CommBackend) { return kCommNames; }
 Names names_of(GradReduceDtype) { return kGradReduceDtypeNames; }
 Names names_of(MetricsServe) { return kMetricsServeNames; }
 Names names_of(AttentionMask) { return kAttentionMaskNames; }
+Names names_of(CorruptBlockPolicy) { return kCorruptBlockNames; }
 
 // ---- Values and the rules they must satisfy ----
 
@@ -283,6 +285,9 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(data, attention_mask).choice(kAttentionMaskNames)
             .describe("causal: every earlier token of the sequence; document: only those of the token's own document (after the last end-of-text token)"),
         CONFIG_KEY(data, reset_position_ids).boolean().describe("positions (learned or rotary) restart at 0 after each end-of-text token"),
+        CONFIG_KEY(data, on_corrupt_block).choice(kCorruptBlockNames)
+            .describe("a token shard block that fails its checksum (shards): abort the run naming it (exit 2), or skip: each sample touching it "
+                      "becomes the next clean sample of its source, the same on every layout and restart, logged and counted"),
 
         CONFIG_KEY(train, seed).integer(0, std::numeric_limits<int64_t>::max())
             .describe("seed of initialization, data order and sampling"),

@@ -58,6 +58,10 @@ struct DataConfig;
 // Whether the model needs each sequence's document starts: a document mask or position reset.
 bool splits_documents(const DataConfig& data);
 
+// A block of a token shard that fails its checksum while training (data/loader.h): stop the
+// run naming it, or replace the samples that touch it and train on.
+enum class CorruptBlockPolicy { abort, skip };
+
 struct DataConfig {
     DataFormat format = DataFormat::text;  // text: bytes, vocab 256 + EOS (id 256)
     std::string train_path;                // shards: dataset.json; megatron: the .bin or .idx
@@ -71,6 +75,7 @@ struct DataConfig {
     int64_t prefetch = 4;                  // micro-batches the loader thread prepares ahead
     AttentionMask attention_mask = AttentionMask::causal;
     bool reset_position_ids = false;       // positions restart at 0 after each end-of-text token
+    CorruptBlockPolicy on_corrupt_block = CorruptBlockPolicy::abort;
 };
 
 // A training source and its blending weight.

@@ -182,17 +182,18 @@ public:
     LoaderBatchSource(const Config& config, std::optional<LoaderState> resume) : config_(config), tokenizer_(run_tokenizer(config)) {
         if (tokenizer_) check_tokenizer_of_datasets(config.data, *tokenizer_);
         const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
+        const bool skip_corrupt = config.data.on_corrupt_block == CorruptBlockPolicy::skip;
         std::vector<std::unique_ptr<TokenSource>> sources;
         std::vector<double> weights;
         for (const WeightedPath& source : training_sources(config.data)) {
             TrainVal tv = open_train_and_val(config.data, source.path, sources.empty(), vocab);
-            if (tv.val) eval_ = std::make_unique<EvalWindows>(std::move(tv.val), config.train.seq_len);
+            if (tv.val) eval_ = std::make_unique<EvalWindows>(std::move(tv.val), config.train.seq_len, skip_corrupt);
             sources.push_back(std::move(tv.train));
             weights.push_back(source.weight);
         }
         const TrainConfig& t = config.train;
         loader_ = std::make_unique<DataLoader>(std::move(sources), weights,
-                                               LoaderOptions{t.seq_len, t.batch_size, t.grad_accum, t.seed, static_cast<size_t>(config.data.prefetch), resume.value_or(LoaderState{})});
+                                               LoaderOptions{t.seq_len, t.batch_size, t.grad_accum, t.seed, static_cast<size_t>(config.data.prefetch), resume.value_or(LoaderState{}), skip_corrupt});
     }
     void fill_train(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) override {
         loader_->fill(out, step, micro_batch, dp_rank, dp_size);
@@ -221,6 +222,8 @@ public:
         return out;
     }
     std::optional<LoaderState> state_at(int64_t step, int dp_size) const override { return loader_->state_at(step, dp_size); }
+    std::vector<ReplacedSample> take_replaced_samples() override { return loader_->take_replaced(); }
+    BlockOrigin corrupt_block_origin(const ReplacedSample& r) const override { return loader_->block_origin(r); }
     // One entry per sample, "1600: 'train-00000.ltshard' documents 12-14", the first
     // kListedSamples of them.
     std::string describe_samples(uint64_t begin, uint64_t end) const override {

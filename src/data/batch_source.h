@@ -40,6 +40,11 @@ public:
     virtual std::optional<LoaderState> state_at(int64_t step, int dp_size) const = 0;
     // Where global samples [begin, end) come from, for a person to look at them.
     virtual std::string describe_samples(uint64_t begin, uint64_t end) const = 0;
+    // Training samples replaced since the last call because they met a corrupt block
+    // (data.on_corrupt_block = "skip"; data/loader.h), and the file and tokens of such a block.
+    // Only token shards have blocks: the other sources never replace one.
+    virtual std::vector<ReplacedSample> take_replaced_samples() { return {}; }
+    virtual BlockOrigin corrupt_block_origin(const ReplacedSample& r) const { fail(ErrorKind::runtime, describe(), " has no corrupt block ", r.block); }
 };
 
 // The tokenizer a run's text goes through: data.tokenizer, else a shards dataset's own

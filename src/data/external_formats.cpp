@@ -343,26 +343,38 @@ nlohmann::json parse_manifest(const std::string& path) {
     }
 }
 
+// The manifest's format, and its vocabulary size.
+uint64_t check_manifest(const nlohmann::json& m, const std::string& manifest_path) {
+    if (m.at("format") != "llmtrain-token-shards" || m.at("version") != 1)
+        fail(ErrorKind::data, "'", manifest_path, "': not an llmtrain dataset manifest (format llmtrain-token-shards, version 1)");
+    return m.at("tokenizer").at("vocab_size").get<uint64_t>();
+}
+
+std::vector<ManifestShard> manifest_shards(const nlohmann::json& m, const std::string& manifest_path, const char* split) {
+    const fs::path dir = fs::path(manifest_path).parent_path();
+    std::vector<ManifestShard> shards;
+    for (const auto& shard : m.at(split).at("shards"))
+        shards.push_back({split, (dir / shard.at("file").get<std::string>()).string(), shard.at("tokens").get<uint64_t>(), shard.at("bytes").get<uint64_t>()});
+    return shards;
+}
+
 class ShardDatasetSource : public TokenSource {
 public:
     ShardDatasetSource(const std::string& manifest_path, const std::string& split, uint64_t vocab) : manifest_(manifest_path), split_(split) {
         const nlohmann::json m = parse_manifest(manifest_path);
         const auto bad = [&](auto&&... what) { fail(ErrorKind::data, "'", manifest_path, "': ", what...); };
         try {
-            if (m.at("format") != "llmtrain-token-shards" || m.at("version") != 1) bad("not an llmtrain dataset manifest (format llmtrain-token-shards, version 1)");
-            if (m.at("tokenizer").at("vocab_size").get<uint64_t>() > vocab)
-                bad("the dataset's vocabulary of ", m["tokenizer"]["vocab_size"].get<uint64_t>(), " tokens exceeds model.vocab_size = ", vocab);
-            const fs::path dir = fs::path(manifest_path).parent_path();
+            const uint64_t dataset_vocab = check_manifest(m, manifest_path);
+            if (dataset_vocab > vocab) bad("the dataset's vocabulary of ", dataset_vocab, " tokens exceeds model.vocab_size = ", vocab);
             starts_.push_back(0);
-            for (const auto& shard : m.at(split).at("shards")) {
-                const std::string path = (dir / shard.at("file").get<std::string>()).string();
+            for (const ManifestShard& shard : manifest_shards(m, manifest_path, split.c_str())) {
                 std::error_code ec;
-                const uint64_t size = fs::file_size(path, ec);
-                if (ec) bad("shard '", path, "': ", ec.message());
-                if (size != shard.at("bytes").get<uint64_t>()) bad("shard '", path, "' has ", size, " bytes, the manifest says ", shard["bytes"].get<uint64_t>(), ": truncated or replaced");
-                shards_.push_back(std::make_unique<ShardReader>(path));
-                paths_.push_back(path);
-                if (shards_.back()->token_count() != shard.at("tokens").get<uint64_t>()) bad("shard '", path, "' holds ", shards_.back()->token_count(), " tokens, the manifest says ", shard["tokens"]);
+                const uint64_t size = fs::file_size(shard.path, ec);
+                if (ec) bad("shard '", shard.path, "': ", ec.message());
+                if (size != shard.bytes) bad("shard '", shard.path, "' has ", size, " bytes, the manifest says ", shard.bytes, ": truncated or replaced");
+                shards_.push_back(std::make_unique<ShardReader>(shard.path));
+                paths_.push_back(shard.path);
+                if (shards_.back()->token_count() != shard.tokens) bad("shard '", shard.path, "' holds ", shards_.back()->token_count(), " tokens, the manifest says ", shard.tokens);
                 starts_.push_back(starts_.back() + shards_.back()->token_count());
             }
         } catch (const nlohmann::json::exception& e) {
@@ -375,7 +387,12 @@ public:
         while (count > 0) {
             const size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), start) - starts_.begin() - 1);
             const uint64_t n = std::min<uint64_t>(count, starts_[s + 1] - start);
-            shards_[s]->read(start - starts_[s], n, out);
+            try {
+                shards_[s]->read(start - starts_[s], n, out);
+            } catch (CorruptBlockError& e) {
+                e.shard_index = s;
+                throw;
+            }
             out += n;
             start += n;
             count -= n;
@@ -390,6 +407,13 @@ public:
         const uint64_t first = start - starts_[s], last = std::min(start + count, starts_[s + 1]) - 1 - starts_[s];
         const auto document_of = [&](uint64_t token) { return std::upper_bound(docs.begin(), docs.end(), token) - docs.begin() - 1; };
         return cat("'", paths_[s], "' documents ", document_of(first), "-", document_of(last));
+    }
+
+    BlockOrigin block_origin(size_t shard, uint32_t block) const override {
+        if (shard >= shards_.size() || block >= shards_[shard]->block_count())
+            fail(ErrorKind::runtime, describe(), " has no shard ", shard, " block ", block);
+        const ShardReader& r = *shards_[shard];
+        return {paths_[shard], block, r.block_first_token(block), r.block_token_count(block)};
     }
 
 private:
@@ -417,6 +441,18 @@ std::vector<uint64_t> megatron_document_starts(const std::string& prefix, uint64
     std::vector<uint64_t> starts;
     for (int64_t first_sequence : source.index().document_indices) starts.push_back(source.starts()[static_cast<size_t>(first_sequence)]);
     return starts;
+}
+
+std::vector<ManifestShard> dataset_shards(const std::string& manifest_path) {
+    const nlohmann::json m = parse_manifest(manifest_path);
+    try {
+        check_manifest(m, manifest_path);
+        std::vector<ManifestShard> shards = manifest_shards(m, manifest_path, "train");
+        for (ManifestShard& shard : manifest_shards(m, manifest_path, "val")) shards.push_back(std::move(shard));
+        return shards;
+    } catch (const nlohmann::json::exception& e) {
+        fail(ErrorKind::data, "'", manifest_path, "': malformed manifest: ", e.what());
+    }
 }
 
 void check_dataset_tokenizer(const std::string& manifest_path, uint64_t tokenizer_hash, const std::string& tokenizer_path) {

@@ -20,6 +20,13 @@
 
 namespace llmtrain {
 
+// A block of a token shard, for a person: the file and the block's tokens within it.
+struct BlockOrigin {
+    std::string shard;
+    uint32_t block = 0;
+    uint64_t first_token = 0, tokens = 0;
+};
+
 // A random-access stream of token ids (documents back to back).
 class TokenSource {
 public:
@@ -31,6 +38,11 @@ public:
     // Where tokens [start, start + count) come from, for a person to look at them: the file
     // and, where the format records them, the document ids.
     virtual std::string locate(uint64_t start, uint64_t count) const { return cat(describe(), " tokens [", start, ", ", start + count, ")"); }
+    // Block `block` of shard `shard` (CorruptBlockError::shard_index) of a source read from
+    // token shards; an error for the formats without blocks.
+    virtual BlockOrigin block_origin(size_t shard, uint32_t block) const {
+        fail(ErrorKind::runtime, describe(), " has no shard ", shard, " block ", block, ": it is not read from token shards");
+    }
 };
 
 class TokenStreamWriter {
@@ -50,6 +62,14 @@ std::unique_ptr<TokenSource> open_llmc(const std::string& path, uint64_t vocab_s
 std::unique_ptr<TokenSource> open_nanogpt(const std::string& path, uint64_t vocab_size);
 // One split ("train" | "val") of an llmtrain dataset, given its dataset.json.
 std::unique_ptr<TokenSource> open_shard_dataset(const std::string& manifest_path, const std::string& split, uint64_t vocab_size);
+// The shards an llmtrain dataset's manifest lists, split by split ("train" then "val"), with
+// the token count and size it records for each. Error(data) naming the manifest when it is
+// not one.
+struct ManifestShard {
+    std::string split, path;  // path: beside the manifest
+    uint64_t tokens = 0, bytes = 0;
+};
+std::vector<ManifestShard> dataset_shards(const std::string& manifest_path);
 // Refuses (ErrorKind::data) a tokenizer other than the one an llmtrain dataset was prepared
 // with: dataset.json records the xxh3 of its canonical tokenizer.json (Tokenizer::hash).
 void check_dataset_tokenizer(const std::string& manifest_path, uint64_t tokenizer_hash, const std::string& tokenizer_path);

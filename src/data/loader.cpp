@@ -1,8 +1,11 @@
 #include "data/loader.h"
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "data/token_shard.h"
 
 namespace llmtrain {
 
@@ -22,6 +25,12 @@ void split_windows(BatchBuffers& out, const std::vector<int32_t>& windows, int64
     }
 }
 
+// data.on_corrupt_block = "abort": the error says what to do about it.
+[[noreturn]] void stop_at_corrupt_block(const CorruptBlockError& e, const char* split, uint64_t sample) {
+    fail(ErrorKind::data, "corrupt ", split, " data (sample ", sample, "): ", e.what(), "; data.on_corrupt_block = \"abort\" stops here: `llmtrain data verify DATASET` ",
+         "lists every corrupt block, and data.on_corrupt_block = \"skip\" trains on without them");
+}
+
 class SliceSource : public TokenSource {
 public:
     SliceSource(std::shared_ptr<TokenSource> source, uint64_t begin, uint64_t end) : source_(std::move(source)), begin_(begin), end_(end) {}
@@ -29,6 +38,7 @@ public:
     void read(uint64_t start, uint64_t count, int32_t* out) override { source_->read(begin_ + start, count, out); }
     std::string describe() const override { return cat(source_->describe(), " tokens [", begin_, ", ", end_, ")"); }
     std::string locate(uint64_t start, uint64_t count) const override { return source_->locate(begin_ + start, count); }
+    BlockOrigin block_origin(size_t shard, uint32_t block) const override { return source_->block_origin(shard, block); }
 
 private:
     std::shared_ptr<TokenSource> source_;
@@ -37,13 +47,42 @@ private:
 
 }  // namespace
 
+std::optional<Substitute> WindowReader::read(uint64_t sample, int32_t* out) {
+    const uint64_t width = static_cast<uint64_t>(seq_len_) + 1;
+    const auto seq_len = static_cast<uint64_t>(seq_len_);
+    if (const auto known = substitutes_.find(sample); known != substitutes_.end()) {
+        source_.read(known->second.sample * seq_len, width, out);
+        return known->second;
+    }
+    try {
+        source_.read(sample * seq_len, width, out);
+        return std::nullopt;
+    } catch (const CorruptBlockError& e) {
+        if (!skip_) throw;
+        for (uint64_t ahead = 1; ahead < samples_; ++ahead) {
+            const uint64_t candidate = (sample + ahead) % samples_;
+            if (substitutes_.count(candidate) > 0) continue;
+            try {
+                source_.read(candidate * seq_len, width, out);
+            } catch (const CorruptBlockError&) {
+                continue;
+            }
+            return substitutes_.emplace(sample, Substitute{candidate, e.shard_index, e.block()}).first->second;
+        }
+        fail(ErrorKind::data, source_.describe(), ": every sample meets a corrupt block (the first: ", e.what(), "): nothing left to train on");
+    }
+}
+
 std::unique_ptr<TokenSource> slice_source(std::shared_ptr<TokenSource> source, uint64_t begin, uint64_t end) {
     return std::make_unique<SliceSource>(std::move(source), begin, end);
 }
 
 DataLoader::DataLoader(std::vector<std::unique_ptr<TokenSource>> sources, const std::vector<double>& weights, LoaderOptions options)
     : sources_(std::move(sources)), options_(options) {
-    for (const auto& s : sources_) samples_.push_back(sample_count(*s, options_.seq_len));
+    for (const auto& s : sources_) {
+        samples_.push_back(sample_count(*s, options_.seq_len));
+        readers_.emplace_back(*s, samples_.back(), options_.seq_len, options_.skip_corrupt_blocks);
+    }
     order_ = std::make_unique<GlobalSampleOrder>(samples_, weights, options_.seed);
     if (options_.prefetch > 0) thread_ = std::thread([this] { prefetch_loop(); });
 }
@@ -81,16 +120,24 @@ uint64_t DataLoader::global_sample(int64_t step, int64_t micro_batch, int dp_ran
 }
 
 // Reads the micro-batch's windows, sample by sample.
-std::vector<int32_t> DataLoader::build(const Request& r) {
+DataLoader::Ready DataLoader::build(const Request& r) {
     const int64_t width = options_.seq_len + 1;
-    std::vector<int32_t> windows(static_cast<size_t>(options_.batch_size * width));
+    Ready ready{r, std::vector<int32_t>(static_cast<size_t>(options_.batch_size * width)), {}};
     std::lock_guard<std::mutex> lock(read_mutex_);
     for (int64_t row = 0; row < options_.batch_size; ++row) {
-        const SampleRef ref = order_->at(global_sample(r.step, r.micro_batch, r.dp_rank, r.dp_size, row));
-        sources_[ref.source]->read(ref.sample * static_cast<uint64_t>(options_.seq_len), static_cast<uint64_t>(width), windows.data() + row * width);
+        const uint64_t global = global_sample(r.step, r.micro_batch, r.dp_rank, r.dp_size, row);
+        const SampleRef ref = order_->at(global);
+        try {
+            if (const std::optional<Substitute> met = readers_[ref.source].read(ref.sample, ready.windows.data() + row * width))
+                ready.replaced.push_back({global, ref.source, met->shard, met->block});
+        } catch (const CorruptBlockError& e) {
+            stop_at_corrupt_block(e, "training", global);
+        }
     }
-    return windows;
+    return ready;
 }
+
+std::vector<ReplacedSample> DataLoader::take_replaced() { return std::exchange(replaced_, {}); }
 
 DataLoader::Request DataLoader::next_request(const Request& r) const {
     if (r.micro_batch + 1 < options_.grad_accum) return {r.step, r.micro_batch + 1, r.dp_rank, r.dp_size};
@@ -103,13 +150,13 @@ DataLoader::Request DataLoader::next_request(const Request& r) const {
 void DataLoader::fill(BatchBuffers& out, int64_t step, int64_t micro_batch, int dp_rank, int dp_size) {
     if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) fail(ErrorKind::runtime, "data loader: dp_rank ", dp_rank, " is outside dp_size ", dp_size);
     const Request wanted{step, micro_batch, dp_rank, dp_size};
-    std::vector<int32_t> windows;
+    Ready ready;
     bool hit = false;
     {
         std::unique_lock<std::mutex> lock(queue_mutex_);
         while (true) {
             if (!queue_.empty() && queue_.front().request == wanted) {
-                windows = std::move(queue_.front().windows);
+                ready = std::move(queue_.front());
                 queue_.pop_front();
                 hit = true;
                 break;
@@ -126,8 +173,9 @@ void DataLoader::fill(BatchBuffers& out, int64_t step, int64_t micro_batch, int 
         }
     }
     queue_changed_.notify_all();
-    if (!hit) windows = build(wanted);
-    split_windows(out, windows, options_.batch_size, options_.seq_len);
+    if (!hit) ready = build(wanted);
+    replaced_.insert(replaced_.end(), ready.replaced.begin(), ready.replaced.end());
+    split_windows(out, ready.windows, options_.batch_size, options_.seq_len);
 }
 
 void DataLoader::prefetch_loop() {
@@ -140,10 +188,10 @@ void DataLoader::prefetch_loop() {
         in_flight_ = request;
         next_ = next_request(request);
         lock.unlock();
-        std::vector<int32_t> windows;
+        Ready ready;
         bool failed = false;
         try {
-            windows = build(request);
+            ready = build(request);
         } catch (const std::exception&) {
             failed = true;  // the caller meets the same error when it builds this batch itself
         }
@@ -151,20 +199,31 @@ void DataLoader::prefetch_loop() {
         in_flight_.reset();
         if (generation == generation_) {
             if (failed) have_next_ = false;
-            else queue_.push_back({request, std::move(windows)});
+            else queue_.push_back(std::move(ready));
         }
         queue_changed_.notify_all();
     }
 }
 
-EvalWindows::EvalWindows(std::unique_ptr<TokenSource> source, int64_t seq_len) : source_(std::move(source)), seq_len_(seq_len), samples_(sample_count(*source_, seq_len)) {}
+EvalWindows::EvalWindows(std::unique_ptr<TokenSource> source, int64_t seq_len, bool skip_corrupt)
+    : source_(std::move(source)), seq_len_(seq_len), samples_(sample_count(*source_, seq_len)), reader_(*source_, samples_, seq_len, skip_corrupt) {}
 
 void EvalWindows::fill(BatchBuffers& out, int64_t first_sequence, int64_t sequences) {
     const int64_t width = seq_len_ + 1;
     std::vector<int32_t> windows(static_cast<size_t>(sequences * width));
     for (int64_t row = 0; row < sequences; ++row) {
         const uint64_t sample = static_cast<uint64_t>(first_sequence + row) % samples_;
-        source_->read(sample * static_cast<uint64_t>(seq_len_), static_cast<uint64_t>(width), windows.data() + row * width);
+        std::optional<Substitute> met;
+        try {
+            met = reader_.read(sample, windows.data() + row * width);
+        } catch (const CorruptBlockError& e) {
+            stop_at_corrupt_block(e, "validation", sample);
+        }
+        if (met && reported_.emplace(met->shard, met->block).second) {
+            const BlockOrigin b = source_->block_origin(met->shard, met->block);
+            log_warn("data: validation sample ", sample, " meets corrupt block ", b.block, " of '", b.shard, "' (tokens [", b.first_token, ", ", b.first_token + b.tokens,
+                     ")): replaced by validation sample ", met->sample, ", and so is every validation sample that meets the block (data.on_corrupt_block = \"skip\")");
+        }
     }
     split_windows(out, windows, sequences, seq_len_);
 }

@@ -194,28 +194,38 @@ void ShardReader::parse_metadata(const std::string& head, uint64_t file_size) {
     payload_offset_ = kHeaderBytes + metadata_bytes;
 }
 
-// Decompresses block `index` (checking its size and zstd checksum) and checks every id.
-const std::vector<int32_t>& ShardReader::block(uint32_t index) {
-    if (index == cached_block_) return cached_tokens_;
-    cached_block_ = UINT32_MAX;
-    const uint64_t first_token = uint64_t{index} * block_tokens_;
-    const uint64_t count = std::min<uint64_t>(block_tokens_, token_count_ - first_token);
+CorruptBlockError::CorruptBlockError(std::string shard, uint32_t block, uint64_t byte_offset, uint64_t first_token, uint64_t tokens, std::string reason)
+    : Error(ErrorKind::data, cat("shard '", shard, "': block ", block, " at byte offset ", byte_offset, " (tokens [", first_token, ", ", first_token + tokens, ")): ", reason)),
+      shard_(std::move(shard)), reason_(std::move(reason)), block_(block), first_token_(first_token), tokens_(tokens) {}
+
+uint64_t ShardReader::block_token_count(uint32_t index) const { return std::min<uint64_t>(block_tokens_, token_count_ - block_first_token(index)); }
+
+// Checks the frame's sizes and zstd checksum, then every id.
+void ShardReader::decode_block(uint32_t index, std::vector<int32_t>& out) const {
+    const uint64_t first_token = block_first_token(index);
+    const uint64_t count = block_token_count(index);
     const uint64_t offset = payload_offset_ + block_offsets_[index];
-    const std::string frame = read_bytes(offset, block_offsets_[index + 1] - block_offsets_[index]);
-    const auto bad = [&](auto&&... what) { fail(ErrorKind::data, "shard '", path_, "': block ", index, " at byte offset ", offset, ": ", what...); };
+    const std::string frame = read_bytes(offset, block_bytes(index));
+    const auto bad = [&](auto&&... what) { throw CorruptBlockError(path_, index, offset, first_token, count, cat(what...)); };
     std::string raw(count * token_bytes_, '\0');
     if (ZSTD_getFrameContentSize(frame.data(), frame.size()) != raw.size()) bad("frame header does not announce ", raw.size(), " bytes: corrupt");
     if (ZSTD_findFrameCompressedSize(frame.data(), frame.size()) != frame.size()) bad("frame does not fill its ", frame.size(), " bytes: corrupt");
     const size_t got = decompress_frame(raw, frame);
     if (ZSTD_isError(got)) bad("zstd: ", ZSTD_getErrorName(got));
     if (got != raw.size()) bad("decompressed to ", got, " bytes instead of ", raw.size());
-    cached_tokens_.resize(count);
+    out.resize(count);
     for (uint64_t i = 0; i < count; ++i) {
         uint32_t id = 0;
         std::memcpy(&id, raw.data() + i * token_bytes_, token_bytes_);
         if (id >= vocab_size_) bad("token id ", id, " at token offset ", first_token + i, " is not below the vocabulary size ", vocab_size_);
-        cached_tokens_[i] = static_cast<int32_t>(id);
+        out[i] = static_cast<int32_t>(id);
     }
+}
+
+const std::vector<int32_t>& ShardReader::block(uint32_t index) {
+    if (index == cached_block_) return cached_tokens_;
+    cached_block_ = UINT32_MAX;
+    decode_block(index, cached_tokens_);
     cached_block_ = index;
     return cached_tokens_;
 }

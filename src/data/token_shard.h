@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace llmtrain {
 
 constexpr uint32_t kShardVersion = 1;
@@ -41,6 +43,27 @@ struct ShardWriteOptions {
 // The shard's bytes; checks ids < vocab_size and that they fit token_bytes.
 std::string encode_shard(const ShardContents& contents, const ShardWriteOptions& options);
 
+// One block of a shard fails its checks (zstd's content checksum, its frame's sizes, an id at
+// or above the vocabulary): the file's bytes are wrong there, the same at every read, unlike
+// an I/O error. The loader may train on without it (data.on_corrupt_block); verify_dataset
+// lists them.
+class CorruptBlockError : public Error {
+public:
+    CorruptBlockError(std::string shard, uint32_t block, uint64_t byte_offset, uint64_t first_token, uint64_t tokens, std::string reason);
+    const std::string& shard() const { return shard_; }
+    uint32_t block() const { return block_; }
+    uint64_t first_token() const { return first_token_; }  // within the shard
+    uint64_t tokens() const { return tokens_; }
+    const std::string& reason() const { return reason_; }
+    // The position of the shard in its dataset split (set by the dataset's reader).
+    size_t shard_index = 0;
+
+private:
+    std::string shard_, reason_;
+    uint32_t block_;
+    uint64_t first_token_, tokens_;
+};
+
 class ShardReader {
 public:
     // Reads and checks the header and index; errors name the file and what is wrong.
@@ -57,6 +80,15 @@ public:
     uint32_t token_bytes() const { return token_bytes_; }
     const std::vector<uint64_t>& document_starts() const { return document_starts_; }
     const std::string& path() const { return path_; }
+    uint32_t block_count() const { return static_cast<uint32_t>(block_offsets_.size() - 1); }
+    uint32_t block_tokens() const { return block_tokens_; }
+    uint64_t block_bytes(uint32_t index) const { return block_offsets_[index + 1] - block_offsets_[index]; }
+    uint64_t block_first_token(uint32_t index) const { return uint64_t{index} * block_tokens_; }
+    uint64_t block_token_count(uint32_t index) const;
+
+    // Decompresses block `index` into out and checks it; throws CorruptBlockError when its
+    // bytes are wrong, Error(data) when they cannot be read. Safe from several threads.
+    void decode_block(uint32_t index, std::vector<int32_t>& out) const;
 
     // Tokens [start, start + count) into out; decompresses only the blocks they lie in.
     void read(uint64_t start, uint64_t count, int32_t* out);

@@ -201,6 +201,11 @@ MetricsExporter::MetricsExporter(const MetricsLabels& labels, const MetricsRunFa
     ckpt_failures_ = &counter("llmtrain_checkpoint_failures_total", "Checkpoint saves that failed (written or committed on no rank: the newest checkpoint is older than hoped).");
     anomalies_ = &prometheus::BuildCounter().Name("llmtrain_anomalies_total").Help("Training anomalies seen by the health checks, by kind and the action taken.")
                       .Labels(constant).Register(r);
+    corrupt_blocks_ = &counter("llmtrain_data_corrupt_blocks_total",
+                               "Corrupt blocks of the training data skipped by the whole job since this process started (data.on_corrupt_block = \"skip\").");
+    corrupt_tokens_ = &counter("llmtrain_data_corrupt_tokens_total", "Tokens of those blocks: training data not trained on.");
+    replaced_samples_ = &counter("llmtrain_data_replaced_samples_total",
+                                 "Training samples replaced by the whole job because they met a corrupt block (each replacement counted).");
     skipped_ = &counter("llmtrain_skipped_steps_total", "Optimizer steps whose update was skipped (non-finite values, fp16 overflow, health policy).");
     counter("llmtrain_restarts_total", "Times this run was resumed from a checkpoint.").Increment(static_cast<double>(facts.restarts));
     last_step_time_ = &gauge("llmtrain_last_step_timestamp_seconds", "Unix time at which the last step completed.");
@@ -279,6 +284,7 @@ void MetricsExporter::after_step(const StepRecord& s) {
     for (const CommTime& t : s.rank.comm) comm_counter(t).Increment(t.seconds);
     data_wait_->Increment(s.rank.data_wait_seconds);
     if (s.skipped) skipped_->Increment();
+    replaced_samples_->Increment(static_cast<double>(s.samples_replaced));
     if (static_cast<size_t>(rank_) < s.straggler_scores.size()) straggler_->Set(s.straggler_scores[static_cast<size_t>(rank_)]);
     last_step_time_->Set(unix_time_seconds());
 }
@@ -286,6 +292,11 @@ void MetricsExporter::after_step(const StepRecord& s) {
 void MetricsExporter::after_eval(const EvalRecord& e) { val_loss_->Set(e.val_loss); }
 
 void MetricsExporter::after_anomaly(const AnomalyRecord& a) { anomalies_->Add({{"kind", a.kind}, {"action", a.action}}).Increment(); }
+
+void MetricsExporter::after_corrupt_block(const CorruptBlockRecord& c) {
+    corrupt_blocks_->Increment();
+    corrupt_tokens_->Increment(static_cast<double>(c.tokens));
+}
 
 void MetricsExporter::checkpoint_saved(double blocked_seconds, double background_seconds, uint64_t bytes) {
     ckpt_blocked_->Increment(blocked_seconds);

@@ -64,6 +64,7 @@ public:
     void after_step(const StepRecord& s) override;
     void after_eval(const EvalRecord& e) override;
     void after_anomaly(const AnomalyRecord& a) override;
+    void after_corrupt_block(const CorruptBlockRecord& c) override;
     // A save of this rank's checkpoint file completed.
     void checkpoint_saved(double blocked_seconds, double background_seconds, uint64_t bytes);
     // A save failed (the same verdict on every rank: each rank's series counts it).
@@ -97,6 +98,7 @@ private:
     prometheus::Gauge *step_, *loss_, *val_loss_, *grad_norm_, *lr_, *loss_scale_, *tokens_per_second_, *mfu_ = nullptr;
     prometheus::Gauge *last_step_time_, *straggler_, *restorable_step_, *restorable_time_;
     prometheus::Counter *local_snapshots_, *local_failures_, *local_blocked_, *local_bytes_, *local_replica_bytes_;
+    prometheus::Counter *corrupt_blocks_, *corrupt_tokens_, *replaced_samples_;
     prometheus::Counter *tokens_, *samples_, *skipped_, *dp_bytes_, *data_wait_, *ckpt_blocked_, *ckpt_background_, *ckpt_bytes_, *ckpt_saves_, *ckpt_failures_;
     prometheus::Histogram* step_duration_;
     prometheus::Family<prometheus::Counter>* comm_family_;

@@ -64,7 +64,13 @@ void RunLog::after_step(const StepRecord& s) {
                              {"grad_norm", s.grad_norm}, {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second},
                              {"skipped", s.skipped}, {"dp_bytes_sent", s.dp_bytes_sent}, {"host_syncs", s.rank.host_syncs}};
     if (s.dynamic_loss_scale) fields["loss_scale"] = s.loss_scale;
+    if (s.samples_replaced > 0) fields["samples_replaced"] = s.samples_replaced;
     write("step", fields);
+}
+
+void RunLog::after_corrupt_block(const CorruptBlockRecord& c) {
+    write("corrupt_block", {{"step", c.step}, {"shard", c.shard}, {"block", c.block}, {"first_token", c.first_token}, {"tokens_lost", c.tokens},
+                            {"samples_replaced", c.samples_replaced}});
 }
 
 void RunLog::after_eval(const EvalRecord& e) { write("eval", {{"step", e.step}, {"val_loss", e.val_loss}}); }

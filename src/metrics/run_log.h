@@ -1,7 +1,8 @@
 // log.jsonl of a run directory: one JSON object per line, appended and flushed as it
 // happens, so the file alone tells what became of a run:
 //   {"event":"start",...}        first line: version, command, config, ranks, host, pid, run id
-//   {"event":"step",...}         one per optimizer step; {"event":"eval",...} per evaluation
+//   {"event":"step",...}         one per optimizer step; {"event":"eval",...} per evaluation;
+//   {"event":"corrupt_block",...} a corrupt block of the training data met and skipped
 //   then exactly one of
 //   {"event":"end",...}          finished (exit_code 0)
 //   {"event":"interrupted",...}  stopped by SIGINT / SIGTERM / SIGUSR1 at a step boundary
@@ -33,6 +34,7 @@ public:
     void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
     void after_step(const StepRecord& s) override;
     void after_eval(const EvalRecord& e) override;
+    void after_corrupt_block(const CorruptBlockRecord& c) override;
     // Appends one record to the log.jsonl of another process (a rank other than 0 that ends the
     // job with an error). Best effort: false if the file is not there or not writable.
     static bool append_to(const std::string& path, const std::string& event, nlohmann::json fields);

@@ -43,6 +43,9 @@ struct StepRecord {
     // Gradient (or 1-bit Adam's compressed momentum) bytes each dp rank sent over its dp
     // group this step (ring all-reduce: 2 (dp - 1) / dp of the buffer); the same on every dp rank.
     int64_t dp_bytes_sent = 0;
+    // Samples of the step replaced because their window met a corrupt block of the training
+    // data (data.on_corrupt_block = "skip"), over the whole job.
+    int64_t samples_replaced = 0;
     RankStepTimes rank;      // this rank's
     // Every world rank's straggler score (the fastest rank's median compute time over its
     // own, 1 for the fastest), on the steps where it was measured; empty on the others.
@@ -70,12 +73,25 @@ struct AnomalyRecord {
     int64_t rollback_to = -1;  // rollback: the step of the checkpoint restored
 };
 
+// A corrupt block of the training data, met for the first time by this process at `step`
+// (data.on_corrupt_block = "skip"): the samples that meet it are replaced, its tokens are not
+// trained on. Every rank sees the same record.
+struct CorruptBlockRecord {
+    int64_t step = 0;
+    std::string shard;         // the shard file
+    int64_t block = 0;         // in the shard
+    int64_t first_token = 0;   // the block's tokens within the shard: [first_token, first_token + tokens)
+    int64_t tokens = 0;        // lost: not trained on
+    int64_t samples_replaced = 0;  // of this step, that met it first
+};
+
 class StepObserver {
 public:
     virtual ~StepObserver() = default;
     virtual void after_step(const StepRecord&) {}
     virtual void after_eval(const EvalRecord&) {}
     virtual void after_anomaly(const AnomalyRecord&) {}
+    virtual void after_corrupt_block(const CorruptBlockRecord&) {}
 };
 
 }  // namespace llmtrain

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <thread>
 #include <unistd.h>
 
@@ -700,12 +701,65 @@ void Trainer::close_step(StepRecord& s) {
         squares = 0;
     }
     const int local_signal = options_.stop_signal ? options_.stop_signal() : 0;
-    std::array<double, 3> closing{local_loss_, squares, static_cast<double>(local_signal != 0)};
-    if (ctx_->mesh.world_size() > 1) ctx_->world->all_reduce(Tensor(closing.data(), DType::f64, {3}), ReduceOp::sum);
+    std::vector<ReplacedSample> replaced = data_->take_replaced_samples();
+    std::array<double, 4> closing{local_loss_, squares, static_cast<double>(local_signal != 0), static_cast<double>(replaced.size())};
+    if (ctx_->mesh.world_size() > 1) ctx_->world->all_reduce(Tensor(closing.data(), DType::f64, {4}), ReduceOp::sum);
     const TrainConfig& t = config_.train;
     s.loss = closing[0] / static_cast<double>(t.grad_accum * ctx_->mesh.dp() * ctx_->mesh.cp());
     s.grad_norm = std::sqrt(closing[1]);
     agreed_stop_signal_ = closing[2] > 0 ? agreed_stop_signal(local_signal) : 0;
+    if (closing[3] > 0) report_replaced_samples(s, replaced);
+}
+
+// Rare (a corrupt block met): one reduction for the longest list, one all-gather of every
+// rank's (global sample, source, shard, block) rows. Ranks that read the same samples (tp, cp,
+// the first and last pipeline stages) list them alike: keyed by global sample, each counts once.
+std::map<uint64_t, ReplacedSample> Trainer::gather_replaced_samples(const std::vector<ReplacedSample>& mine) {
+    constexpr size_t kFields = 4;
+    const int world = ctx_->mesh.world_size();
+    const auto most = static_cast<size_t>(world > 1 ? ctx_->world->all_reduce_scalar(static_cast<double>(mine.size()), ReduceOp::max) : static_cast<double>(mine.size()));
+    std::vector<double> rows(static_cast<size_t>(world) * most * kFields, -1.0);
+    for (size_t i = 0; i < mine.size(); ++i) {
+        double* row = rows.data() + (static_cast<size_t>(ctx_->world_rank) * most + i) * kFields;
+        row[0] = static_cast<double>(mine[i].global_sample);
+        row[1] = mine[i].source;
+        row[2] = static_cast<double>(mine[i].shard);
+        row[3] = mine[i].block;
+    }
+    if (world > 1) ctx_->world->all_gather(Tensor(rows.data(), DType::f64, {static_cast<int64_t>(rows.size())}));
+    std::map<uint64_t, ReplacedSample> by_sample;
+    for (size_t r = 0; r < rows.size(); r += kFields)
+        if (rows[r] >= 0)
+            by_sample.emplace(static_cast<uint64_t>(rows[r]), ReplacedSample{static_cast<uint64_t>(rows[r]), static_cast<uint32_t>(rows[r + 1]),
+                                                                             static_cast<uint64_t>(rows[r + 2]), static_cast<uint32_t>(rows[r + 3])});
+    return by_sample;
+}
+
+// A block is reported the first time this process meets it: the same step on every layout,
+// since the global samples of a step do not depend on the layout.
+void Trainer::report_replaced_samples(StepRecord& s, const std::vector<ReplacedSample>& mine) {
+    const std::map<uint64_t, ReplacedSample> by_sample = gather_replaced_samples(mine);
+    s.samples_replaced = static_cast<int64_t>(by_sample.size());
+    std::map<CorruptBlockKey, CorruptBlockRecord> met;  // blocks not reported before, in (source, shard, block) order
+    for (const auto& [global, r] : by_sample) {
+        const CorruptBlockKey key{r.source, r.shard, r.block};
+        if (reported_blocks_.count(key) > 0) continue;
+        const auto [entry, fresh] = met.try_emplace(key);
+        if (!fresh) {
+            ++entry->second.samples_replaced;
+            continue;
+        }
+        const BlockOrigin origin = data_->corrupt_block_origin(r);
+        entry->second = {s.step, origin.shard, origin.block, static_cast<int64_t>(origin.first_token), static_cast<int64_t>(origin.tokens), 1};
+    }
+    for (const auto& [key, record] : met) {
+        reported_blocks_.insert(key);
+        if (is_logger() && !options_.quiet)
+            log_warn("data: step ", record.step, ": block ", record.block, " of '", record.shard, "' (tokens [", record.first_token, ", ", record.first_token + record.tokens,
+                     ")) is corrupt: its ", record.tokens, " tokens are skipped, and each sample that meets it is replaced by the next clean sample of its source ",
+                     "(data.on_corrupt_block = \"skip\"; ", record.samples_replaced, " this step); `llmtrain data verify` lists every corrupt block");
+        for (StepObserver* observer : options_.observers) observer->after_corrupt_block(record);
+    }
 }
 
 // The validation set is sequences [0, eval_sequences) whatever the micro-batch size and the

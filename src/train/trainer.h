@@ -18,9 +18,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -181,6 +184,11 @@ private:
     // small reduction. Sets s.loss, s.grad_norm (still times the loss scale) and
     // agreed_stop_signal_.
     void close_step(StepRecord& s);
+    // The training samples every rank replaced this step (they met a corrupt block) into
+    // s.samples_replaced; a corrupt block not reported before, logged and told to the observers.
+    void report_replaced_samples(StepRecord& s, const std::vector<ReplacedSample>& mine);
+    // Every rank's replaced samples, by global sample (a collective over the world).
+    std::map<uint64_t, ReplacedSample> gather_replaced_samples(const std::vector<ReplacedSample>& mine);
     void scale_gradients(double factor);
     void flip_gradient_bit();
     void sync_tied_embedding();
@@ -224,12 +232,12 @@ private:
     DType dtype_;
     DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
     int64_t start_step_ = 0;         // steps taken before this process (a resumed run)
+    double first_step_seconds_ = 0;  // this run's first step: warm-up, left out of tokens/s
     int64_t tokens_seen_ = 0;        // over the whole job, since the run's first step
     int64_t resumes_ = 0;            // resumes from a checkpoint before this process
     double data_wait_seconds_ = 0;   // of the step under way
     ComputeTimeWindow compute_times_{0};
     std::vector<std::unique_ptr<UpdateGuard>> own_guards_;
-    double first_step_seconds_ = 0;  // this run's first step: warm-up, left out of tokens/s
     std::vector<UpdateGuard*> guards_;  // in the order they judge
     HealthMonitor* health_ = nullptr;   // one of own_guards_
     int64_t current_step_ = 0;          // 0-based step being run
@@ -240,6 +248,8 @@ private:
     // On the device, f64: [the loss sum, the counted gradients' sum of squares, the others'].
     OwnedTensor step_scalars_;
     int agreed_stop_signal_ = 0;  // as of the last closed step
+    using CorruptBlockKey = std::tuple<uint32_t, uint64_t, uint32_t>;  // (source, shard, block)
+    std::set<CorruptBlockKey> reported_blocks_;  // corrupt blocks reported by this process
     bool gradients_reduced_ = true;  // this step's gradients were reduced over dp (not so under 1-bit Adam after its freeze)
     TrainResult result_;
 };

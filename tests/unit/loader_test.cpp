@@ -3,12 +3,15 @@
 // size, blending by weight, and prefetching that never changes what a batch holds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/sampler.h"
+#include "data/token_shard.h"
 
 using namespace llmtrain;
 
@@ -152,5 +155,77 @@ TEST(Loader, SourceShorterThanOneSequenceIsAnError) {
         FAIL() << "expected an error";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("holds 8 tokens; one sequence needs train.seq_len + 1 = 9"), std::string::npos) << e.what();
+    }
+}
+
+namespace {
+
+// A CountingSource whose tokens [bad_begin, bad_end) lie in a corrupt block (block 3 of shard 0).
+class CorruptCountingSource : public CountingSource {
+public:
+    CorruptCountingSource(uint64_t tokens, uint64_t bad_begin, uint64_t bad_end) : CountingSource(tokens), bad_begin_(bad_begin), bad_end_(bad_end) {}
+    void read(uint64_t start, uint64_t count, int32_t* out) override {
+        if (start < bad_end_ && start + count > bad_begin_) throw CorruptBlockError("counting.ltshard", 3, 0, bad_begin_, bad_end_ - bad_begin_, "zstd: checksum");
+        CountingSource::read(start, count, out);
+    }
+
+private:
+    uint64_t bad_begin_, bad_end_;
+};
+
+std::vector<std::unique_ptr<TokenSource>> corrupt_source(uint64_t samples) {
+    std::vector<std::unique_ptr<TokenSource>> s;
+    s.push_back(std::make_unique<CorruptCountingSource>(samples * kSeqLen + 1, 20 * kSeqLen + 3, 23 * kSeqLen));
+    return s;
+}
+
+// Global samples replaced, in order, as each rank's loader reported them.
+std::vector<uint64_t> replaced_samples(DataLoader& loader) {
+    std::vector<uint64_t> samples;
+    for (const ReplacedSample& r : loader.take_replaced()) {
+        EXPECT_EQ(r.block, 3u);
+        samples.push_back(r.global_sample);
+    }
+    return samples;
+}
+
+}  // namespace
+
+// data.on_corrupt_block = "skip": samples 20, 21 and 22 (whose windows of 9 tokens meet
+// tokens [163, 184)) become sample 23, the first whole one after them. Over one epoch (3 steps
+// of 16 of the 48 samples) the global order, and the samples replaced, are the same on every
+// dp size, micro-batch count and prefetch depth.
+TEST(Loader, CorruptBlockSkipReplacesTheSameSamplesOnEveryLayout) {
+    const int64_t batch = 4;
+    DataLoader reference(corrupt_source(48), {1.0}, {kSeqLen, batch, 4, 5, 0, {}, true});
+    const std::vector<int32_t> order = global_order(reference, batch, 4, 1, 0, 3);
+    const std::vector<uint64_t> replaced = replaced_samples(reference);
+    EXPECT_EQ(replaced.size(), 3u);
+    std::map<int32_t, int> seen;
+    for (int32_t start : order) ++seen[start / static_cast<int32_t>(kSeqLen)];
+    for (int32_t sample = 20; sample <= 22; ++sample) EXPECT_EQ(seen.count(sample), 0u) << "sample " << sample << " meets the corrupt tokens";
+    EXPECT_EQ(seen[23], 4) << "sample 23 is read for itself and for samples 20, 21 and 22";
+    EXPECT_EQ(seen.size(), 45u);
+    for (const auto& [dp, accum, prefetch] : std::vector<std::array<int64_t, 3>>{{2, 2, 0}, {4, 1, 3}, {2, 2, 2}}) {
+        DataLoader layout(corrupt_source(48), {1.0}, {kSeqLen, batch, accum, 5, static_cast<size_t>(prefetch), {}, true});
+        EXPECT_EQ(global_order(layout, batch, accum, static_cast<int>(dp), 0, 3), order) << "dp " << dp;
+        std::vector<uint64_t> got = replaced_samples(layout), want = replaced;
+        std::sort(got.begin(), got.end());
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(got, want) << "dp " << dp;
+    }
+}
+
+// "abort": the sample that meets the block stops the run, naming it and the remedy.
+TEST(Loader, CorruptBlockAbortNamesTheBlockAndTheSample) {
+    DataLoader loader(corrupt_source(48), {1.0}, {kSeqLen, 48, 1, 5, 0, {}, false});
+    BatchBuffers b(48, kSeqLen);
+    try {
+        loader.fill(b, 0, 0, 0, 1);
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::data);
+        for (const char* needle : {"corrupt training data (sample ", "shard 'counting.ltshard': block 3", "data.on_corrupt_block = \"skip\""})
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << needle << " not in: " << e.what();
     }
 }

@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "data/dataset_verify.h"
 #include "data/external_formats.h"
 #include "data/input_files.h"
 #include "data/token_shard.h"
@@ -213,4 +215,98 @@ TEST(Megatron, IndexOfZeroSequencesIsValid) {
     idx.append(reinterpret_cast<const char*>(&documents), 8);
     idx.append(reinterpret_cast<const char*>(&first), 8);
     EXPECT_NO_THROW(check_megatron_index("empty.idx", idx, 0));
+}
+
+namespace {
+
+// A dataset directory of two training shards and one validation shard (blocks of 256
+// tokens), the way prepare lays it out; returns its directory.
+std::string write_dataset(const std::string& name, const std::vector<ShardContents>& train, const ShardContents& val) {
+    const std::string dir = temp_path(name);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::string manifest = R"({"format": "llmtrain-token-shards", "version": 1, "tokenizer": {"vocab_size": 1000}, "train": {"shards": [)";
+    const auto add = [&](const std::string& file, const ShardContents& c, bool first) {
+        const std::string bytes = encode_shard(c, kOptions);
+        write_bytes(dir + "/" + file, bytes);
+        manifest += cat(first ? "" : ", ", R"({"file": ")", file, R"(", "tokens": )", c.tokens.size(), R"(, "bytes": )", bytes.size(), "}");
+    };
+    for (size_t i = 0; i < train.size(); ++i) add(cat("train-0000", i, ".ltshard"), train[i], i == 0);
+    manifest += R"(]}, "val": {"shards": [)";
+    add("val-00000.ltshard", val, true);
+    write_bytes(dir + "/dataset.json", manifest + "]}}");
+    return dir;
+}
+
+// Flips a byte halfway through block `block`'s frame.
+void flip_block(const std::string& path, uint32_t block) {
+    std::string bytes;
+    {
+        std::ifstream in(path, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    const ShardReader reader("probe", bytes);
+    uint64_t offset = bytes.size();
+    for (uint32_t b = reader.block_count(); b-- > block;) offset -= reader.block_bytes(b);
+    bytes[offset + reader.block_bytes(block) / 2] ^= 0x10;
+    write_bytes(path, bytes);
+}
+
+}  // namespace
+
+TEST(TokenShard, FlippedBitInABlockIsACorruptBlockErrorWithItsTokens) {
+    std::string bytes = encode_shard(random_contents(2000, 1000, 5), kOptions);
+    bytes[bytes.size() - 30] ^= 0x10;
+    const ShardReader r("flipped.ltshard", bytes);
+    std::vector<int32_t> tokens;
+    try {
+        r.decode_block(7, tokens);
+        FAIL() << "expected a corrupt block";
+    } catch (const CorruptBlockError& e) {
+        EXPECT_EQ(e.shard(), "flipped.ltshard");
+        EXPECT_EQ(e.block(), 7u);
+        EXPECT_EQ(e.first_token(), 7u * 256);
+        EXPECT_EQ(e.tokens(), 2000u - 7 * 256);
+    }
+    r.decode_block(6, tokens);  // the others read
+    EXPECT_EQ(tokens.size(), 256u);
+}
+
+// Blocks 3 of train-00000 and 1 of val-00000 flipped: each reported once, in manifest order,
+// whatever the number of ranks (their shares merged) and threads; every block counted once.
+TEST(DatasetVerify, ReportsEachCorruptBlockOnceOnAnyRanksAndThreads) {
+    const std::string dir = write_dataset("verify_dataset", {random_contents(3000, 1000, 7), random_contents(1000, 1000, 8)}, random_contents(600, 1000, 9));
+    VerifyReport clean = verify_dataset(dir, {0, 1, 2});
+    EXPECT_TRUE(clean.clean());
+    EXPECT_EQ(clean.shards, 3u);
+    EXPECT_EQ(clean.blocks, 12u + 4 + 3);
+    EXPECT_EQ(clean.tokens, 4600u);
+    flip_block(dir + "/train-00000.ltshard", 3);
+    flip_block(dir + "/val-00000.ltshard", 1);
+    for (int ranks : {1, 2, 3, 7})
+        for (int threads : {1, 3}) {
+            VerifyReport job;
+            for (int rank = 0; rank < ranks; ++rank) job.merge(VerifyReport::from_json(verify_dataset(dir + "/dataset.json", {rank, ranks, threads}).to_json()));
+            EXPECT_EQ(job.shards, 3u);
+            EXPECT_EQ(job.blocks, 19u) << ranks << " ranks";
+            ASSERT_EQ(job.corrupt.size(), 2u) << ranks << " ranks, " << threads << " threads";
+            EXPECT_EQ(job.corrupt[0].block, 3);
+            EXPECT_EQ(job.corrupt[0].first_token, 768u);
+            EXPECT_NE(job.corrupt[0].message.find("train-00000.ltshard': block 3 at byte offset"), std::string::npos) << job.corrupt[0].message;
+            EXPECT_EQ(job.corrupt[1].block, 1);
+            EXPECT_NE(job.corrupt[1].shard.find("val-00000.ltshard"), std::string::npos);
+        }
+}
+
+// A shard that is missing or whose index is damaged is one problem of the whole shard,
+// reported by rank 0 alone; the other shards' blocks are still checked.
+TEST(DatasetVerify, AShardThatCannotBeOpenedIsReportedOnce) {
+    const std::string dir = write_dataset("verify_missing", {random_contents(3000, 1000, 10), random_contents(1000, 1000, 11)}, random_contents(600, 1000, 12));
+    std::filesystem::remove(dir + "/train-00001.ltshard");
+    VerifyReport job;
+    for (int rank = 0; rank < 2; ++rank) job.merge(verify_dataset(dir, {rank, 2, 1}));
+    ASSERT_EQ(job.corrupt.size(), 1u);
+    EXPECT_EQ(job.corrupt[0].block, -1);
+    EXPECT_NE(job.corrupt[0].message.find("train-00001.ltshard"), std::string::npos) << job.corrupt[0].message;
+    EXPECT_EQ(job.blocks, 12u + 3);
 }
