@@ -144,13 +144,6 @@ int NodeMap::local_index(int rank) const {
     return static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
 }
 
-std::string this_node_name() {
-    if (const char* name = std::getenv("LLMTRAIN_NODE_NAME"); name && *name) return name;
-    char host[256] = {};
-    if (gethostname(host, sizeof host - 1) != 0) return "unknown";
-    return host;
-}
-
 NodeMap gather_node_map(Comm& world) {
     const size_t ranks = static_cast<size_t>(world.size());
     std::vector<char> names(ranks * kNameBytes, 0);

@@ -48,6 +48,7 @@
 #include "config/config.h"
 #include "metrics/step_record.h"
 #include "parallel/comm.h"
+#include "parallel/launch_env.h"
 
 namespace llmtrain {
 
@@ -61,9 +62,6 @@ struct NodeMap {
     int local_index(int rank) const;
 };
 
-// This process's node: LLMTRAIN_NODE_NAME when set (a test gives groups of ranks a node each),
-// else the host name.
-std::string this_node_name();
 // Every rank's node (a collective over world).
 NodeMap gather_node_map(Comm& world);
 // The ranks that keep copies of `rank`'s piece: on each of the next `replicas` nodes (a ring

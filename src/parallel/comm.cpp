@@ -36,16 +36,46 @@ bool CommHandle::done() {
     return true;
 }
 
+const char* comm_op_name(CommOp op) {
+    static constexpr const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv", "broadcast", "barrier"};
+    return names[static_cast<size_t>(op)];
+}
+
 double Comm::all_reduce_scalar(double value, ReduceOp op) {
     double buffer = value;
     all_reduce(Tensor(&buffer, DType::f64, {1}), op);
     return buffer;
 }
 
-std::string Comm::describe() const {
-    std::string ranks;
-    for (int r = 0; r < size(); ++r) ranks += cat(r ? ", " : "", world_rank(r));
-    return cat(name(), " group (world ranks ", ranks, ")");
+// Runs of 4 or more ranks at one stride are written as their ends, so a group of 128 reads
+// "world ranks 0-127" and a dp group across nodes "world ranks 0, 8, ..., 120 (stride 8)".
+std::string describe_world_ranks(const std::vector<int>& ranks) {
+    constexpr size_t kShortestRun = 4;
+    std::string text;
+    for (size_t begin = 0; begin < ranks.size();) {
+        size_t end = begin + 1;
+        const int stride = end < ranks.size() ? ranks[end] - ranks[begin] : 0;
+        while (stride > 0 && end < ranks.size() && ranks[end] - ranks[end - 1] == stride) ++end;
+        if (text.size()) text += ", ";
+        if (end - begin < kShortestRun) {
+            text += std::to_string(ranks[begin]);
+            ++begin;
+            continue;
+        }
+        text += stride == 1 ? cat(ranks[begin], "-", ranks[end - 1]) : cat(ranks[begin], ", ", ranks[begin + 1], ", ..., ", ranks[end - 1], " (stride ", stride, ")");
+        begin = end;
+    }
+    return text;
+}
+
+const std::string& Comm::describe() const {
+    // Built once: an operation's message names its group, and a group of 128 is long to write.
+    std::call_once(described_, [this] {
+        std::vector<int> ranks(static_cast<size_t>(size()));
+        for (int r = 0; r < size(); ++r) ranks[static_cast<size_t>(r)] = world_rank(r);
+        description_ = cat(name(), " group (world ranks ", describe_world_ranks(ranks), ")");
+    });
+    return description_;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ namespace llmtrain {
 // (parallel.grad_reduce_dtype) asks for it: its point is the halved bytes. For f32 and wider
 // the two are the same.
 enum class ReduceOp { sum, max, sum_in_dtype };
+
+// The operations of a Comm, as timings and progress records name them.
+enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, all_to_all, send, recv, broadcast, barrier };
+const char* comm_op_name(CommOp op);
 
 // A pending asynchronous operation. wait() blocks until it completes (or times out); a
 // handle that is destroyed unwaited waits in its destructor, so buffers outlive transfers.
@@ -104,9 +109,16 @@ public:
     void send(const Tensor& data, int peer) { send_async(data, peer).wait(); }
     // Sum (or max) of one number over the group.
     double all_reduce_scalar(double value, ReduceOp op);
-    // "dp group (world ranks 2, 3)"
-    std::string describe() const;
+    // "dp group (world ranks 2, 3)"; built on first use (from another thread too).
+    const std::string& describe() const;
+
+private:
+    mutable std::once_flag described_;
+    mutable std::string description_;
 };
+
+// "0, 1, 2", "0-127", "0, 8, ..., 120 (stride 8)": world ranks in ascending runs.
+std::string describe_world_ranks(const std::vector<int>& ranks);
 
 // A group of one rank: reductions and gathers leave the data as it is.
 std::unique_ptr<Comm> make_self_comm(const std::string& name);

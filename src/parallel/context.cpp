@@ -32,4 +32,25 @@ Mesh make_mesh(const ParallelConfig& parallel, int world_size) {
 
 int shard_size_of(const ParallelConfig& parallel, int dp) { return parallel.shard_size > 0 ? static_cast<int>(parallel.shard_size) : dp; }
 
+std::vector<int> context_group_ranks(const Mesh& mesh, int shard_size, const std::string& group, int world_rank) {
+    if (group == "world" || group == "snapshot copies") {
+        std::vector<int> all(static_cast<size_t>(mesh.world_size()));
+        for (int r = 0; r < mesh.world_size(); ++r) all[static_cast<size_t>(r)] = r;
+        return all;
+    }
+    if (group == "tp") return mesh.group(MeshDim::tp, world_rank);
+    if (group == "dp") return mesh.data_group(world_rank);  // with its cp ranks
+    if (group == "pp") return mesh.group(MeshDim::pp, world_rank);
+    if (group == "cp") return mesh.group(MeshDim::cp, world_rank);
+    if (group == "embedding") {
+        const std::vector<int> column = mesh.group(MeshDim::pp, world_rank);
+        const int stage = mesh.coord(world_rank).pp;
+        if (mesh.pp() > 1 && (stage == 0 || stage == mesh.pp() - 1)) return {column.front(), column.back()};
+        return {};
+    }
+    if (shard_size < mesh.dp() && group == "shard") return mesh.shard_group(world_rank, shard_size);
+    if (shard_size < mesh.dp() && group == "replica") return mesh.replica_group(world_rank, shard_size);
+    return {};
+}
+
 }  // namespace llmtrain

@@ -10,6 +10,7 @@
 #include "parallel/comm.h"
 #include "parallel/device_staging.h"
 #include "parallel/mesh.h"
+#include "parallel/progress_board.h"
 
 namespace llmtrain {
 
@@ -31,6 +32,8 @@ struct ParallelContext {
     // (checkpoint/local_snapshots.h) travel on it in the background, across steps, and so
     // never match another exchange's point-to-point messages.
     std::unique_ptr<Comm> snapshot_copies;
+    // How far each rank got in its communication (progress_board.h); null in a single process.
+    std::shared_ptr<ProgressBoard> progress;
 
     MeshCoord coord() const { return mesh.coord(world_rank); }
     bool first_stage() const { return coord().pp == 0; }
@@ -42,6 +45,13 @@ struct ParallelContext {
 Mesh make_mesh(const ParallelConfig& parallel, int world_size);
 // The dp ranks that shard together: parallel.shard_size, or dp when it is 0.
 int shard_size_of(const ParallelConfig& parallel, int dp);
+
+// The world ranks of the group named `group` ("world", "snapshot copies", "tp", "dp", "pp",
+// "cp", "embedding", "shard", "replica") that holds world_rank: the one formula the groups of
+// make_mpi_context are split by, which also tells a hang's diagnosis the groups of other
+// ranks. Empty: world_rank is in no such group (embedding off the end stages, shard and
+// replica without hybrid sharding).
+std::vector<int> context_group_ranks(const Mesh& mesh, int shard_size, const std::string& group, int world_rank);
 
 // A run of one process: every group is that process alone.
 ParallelContext make_single_process_context();

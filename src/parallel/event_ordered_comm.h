@@ -22,7 +22,12 @@
 // completion event goes to a CommWatchdog, whose thread polls the events; one not passed
 // within parallel.timeout_seconds (or a transport error) aborts its communicator, so that
 // nothing waits on it forever, and the next operation or the step's end throws an error
-// naming the rank, the operation and the group.
+// naming the rank, the operation and the group, and the ranks that never arrived (from the
+// progress board, read by the thread that throws). An operation's clock starts when it could
+// start on the device: once the compute stream has passed the event it waits for and every
+// earlier operation of its stream has completed, not when the host enqueued it (which can be
+// a step earlier). The watchdog publishes it on the progress board then, as this rank's
+// arrival at it: what the device reached, not what the host queued.
 #pragma once
 
 #include <atomic>
@@ -31,30 +36,53 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "parallel/comm.h"
+#include "parallel/progress_board.h"
 #include "parallel/stream_collectives.h"
 #include "parallel/stream_order.h"
 
 namespace llmtrain {
 
+// One lane of a group as the watchdog sees it: the group (named in failures), its collectives
+// (aborted by one) and its channel on the progress board.
+struct WatchedLane {
+    const Comm* group = nullptr;
+    CommLane lane = CommLane::device;
+    StreamCollectives* collectives = nullptr;
+    ProgressChannel progress;
+};
+
+// An operation enqueued on a lane: a collective with its sequence number in the lane, or a
+// transfer with its peer's world rank.
+struct LaneOperation {
+    CommOp op = CommOp::barrier;
+    uint64_t seq_or_peer = 0;
+};
+
 class CommWatchdog {
 public:
-    // rank: this process's world rank, named in failures.
-    CommWatchdog(StreamOrder& order, double timeout_seconds, int rank);
+    // rank: this process's world rank, named in failures. board: where arrivals are published
+    // and hangs diagnosed (null: neither).
+    CommWatchdog(StreamOrder& order, double timeout_seconds, int rank, ProgressBoard* board = nullptr);
     ~CommWatchdog();
     CommWatchdog(const CommWatchdog&) = delete;
     CommWatchdog& operator=(const CommWatchdog&) = delete;
 
-    // Watches an operation's completion event: what (e.g. "all_reduce in the tp group
-    // (world ranks 0, 1)") is named if it fails; collectives is aborted then.
-    void watch(const StreamEvent& done, std::string what, StreamCollectives& collectives);
-    // One pass over the watched events: forgets those passed; the first one past its
-    // deadline, or a transport error, becomes the failure (its collectives aborted).
+    ProgressBoard* board() const { return board_; }
+    // Watches an operation enqueued on lane.collectives' stream after `ready` (an event of the
+    // compute stream) and before `done`; the lane is aborted if it fails.
+    void watch(const StreamEvent& ready, const StreamEvent& done, WatchedLane& lane, LaneOperation op);
+    // One pass over the watched events: forgets those passed, starts the clock of those that
+    // could start; the first one past its deadline, or a transport error, becomes the failure
+    // (its collectives aborted).
     void poll();
-    // Throws the failure, if there is one.
+    // Throws the failure, if there is one, with the ranks that held it up (the first call
+    // after a timeout reads the progress board, asking other nodes for up to 10 s: call it
+    // from the thread that calls MPI).
     void check() const;
     // Polls every `interval` on a thread of its own until destroyed.
     void start(std::chrono::milliseconds interval);
@@ -62,19 +90,27 @@ public:
 
 private:
     struct Watched {
-        StreamEvent done;
-        std::string what;
-        StreamCollectives* collectives;
+        StreamEvent ready, done;
+        WatchedLane* lane;
+        LaneOperation op;
+        bool started = false;  // could start: its clock runs since `since`
         std::chrono::steady_clock::time_point since;
     };
-    void fail_with(std::string message, StreamCollectives& collectives);
+    // to_diagnose: a timeout, whose ranks check() names.
+    void fail_with(std::string message, const Watched& hung, std::optional<HungOperation> to_diagnose);
+    // Publishes the device's wait on the oldest started operation (or none).
+    void publish_wait(const Watched* oldest_started);
 
     StreamOrder& order_;
     double timeout_seconds_;
     int rank_;
+    ProgressBoard* board_;
     mutable std::mutex mutex_;
     std::deque<Watched> watched_;
-    std::string failure_;
+    uint64_t published_wait_ = 0;  // the done event id of the operation published as waited on
+    const WatchedLane* waited_lane_ = nullptr;
+    mutable std::string failure_;
+    mutable std::optional<HungOperation> undiagnosed_;  // a timeout whose ranks are still to be named
     std::atomic<bool> failed_{false};
     std::condition_variable stop_signal_;
     bool stopping_ = false;
@@ -107,11 +143,12 @@ private:
     struct Lane {
         std::unique_ptr<StreamCollectives> collectives;
         StreamId stream = -1;
+        WatchedLane watched;
     };
     // Orders `run` (which enqueues on the lane's stream) after the compute stream's work so
-    // far; the handle orders the compute stream after it.
+    // far; the handle orders the compute stream after it. peer: a transfer's group rank.
     template <class Run>
-    CommHandle ordered(const std::string& op, Lane& lane, Run run);
+    CommHandle ordered(CommOp op, Lane& lane, Run run, int peer = -1);
     Lane& p2p_lane(int peer, bool sending);
 
     Comm& host_;

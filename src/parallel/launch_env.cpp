@@ -4,6 +4,8 @@
 // the launch that made this process.
 #include "parallel/launch_env.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string_view>
 
@@ -115,6 +117,13 @@ void check_mpi_world_matches(const LaunchEnvironment& launch, int mpi_world_size
     if (launch.world_size == 0 || launch.world_size == mpi_world_size) return;
     fail(ErrorKind::config, "the launcher started ", launch.world_size, " ranks but MPI sees a world of ", mpi_world_size,
          ": this MPI library does not speak the launcher's PMI (with srun: try --mpi=pmix or --mpi=pmi2, see `srun --mpi=list`; or use mpirun)");
+}
+
+std::string this_node_name() {
+    if (const char* name = std::getenv("LLMTRAIN_NODE_NAME"); name && *name) return name;
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) != 0) return "unknown";
+    return host;
 }
 
 }  // namespace llmtrain

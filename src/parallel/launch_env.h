@@ -42,6 +42,10 @@ LaunchEnvironment launch_environment();
 // config error naming the text when it is malformed or has no such node.
 int slurm_tasks_on_node(const std::string& tasks_per_node, int node_index);
 
+// This process's node as messages and node-local files name it: LLMTRAIN_NODE_NAME when set
+// (a test gives groups of ranks a node each), else the host name.
+std::string this_node_name();
+
 // After MPI_Init: throws a config error when MPI's world is not the one the launcher
 // started (an MPI library without the launcher's PMI makes every task a world of one).
 void check_mpi_world_matches(const LaunchEnvironment& launch, int mpi_world_size);

@@ -2,6 +2,9 @@
 // non-blocking and then waited for with a deadline (wait_bounded): MPI's own blocking calls
 // would wait forever on a dead or hung peer. While waiting, the rank polls MPI_Test and
 // yields the core (ranks may outnumber cores), sleeping between polls once a wait is long.
+// Every operation is published on the progress board (progress_board.h): a collective's
+// sequence number when it is called, and what the host waits on once a wait is long; a
+// timeout names the ranks that never arrived, from their records.
 #include "parallel/mpi_comm.h"
 
 #include <mpi.h>
@@ -14,6 +17,7 @@
 #include "parallel/context.h"
 #include "parallel/device_staging.h"
 #include "parallel/launch_env.h"
+#include "parallel/progress_board.h"
 
 namespace llmtrain {
 
@@ -126,10 +130,17 @@ private:
 
 class MpiComm;
 
+// An operation as messages name it: a collective and its sequence number in the group, or a
+// transfer and its peer (a group rank).
+struct Operation {
+    CommOp op = CommOp::barrier;
+    uint64_t seq_or_peer = 0;
+};
+
 class MpiRequest final : public CommRequest {
 public:
-    MpiRequest(const MpiComm& comm, MPI_Request request, std::string op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input)
-        : comm_(comm), request_(request), op_(std::move(op)), result_(std::move(result)), input_(std::move(input)) {}
+    MpiRequest(MpiComm& comm, MPI_Request request, Operation op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input)
+        : comm_(comm), request_(request), op_(op), result_(std::move(result)), input_(std::move(input)) {}
     void wait() override;
     // One MPI_Test: advances the collective's schedule; once it completes the request is
     // MPI_REQUEST_NULL and wait() only writes the result back.
@@ -144,20 +155,24 @@ public:
     }
 
 private:
-    const MpiComm& comm_;
+    MpiComm& comm_;
     MPI_Request request_;
-    std::string op_;
+    Operation op_;
     std::unique_ptr<Staged> result_;  // written back to GPU memory once complete
     std::unique_ptr<Staged> input_;   // a host copy MPI reads until completion
 };
 
 class MpiComm final : public Comm {
 public:
-    MpiComm(MPI_Comm comm, std::string name, std::vector<int> world_ranks, double timeout_seconds, std::shared_ptr<DeviceStaging> staging)
+    // progress: the board this group's operations are published on (null: none).
+    MpiComm(MPI_Comm comm, std::string name, std::vector<int> world_ranks, double timeout_seconds, std::shared_ptr<DeviceStaging> staging,
+            std::shared_ptr<ProgressBoard> progress)
         : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)), timeout_seconds_(timeout_seconds), staging_(std::move(staging)),
-          pinned_([s = staging_](size_t bytes) { return s->allocate_host(bytes); }), host_([](size_t bytes) { return allocate_host_memory(bytes); }) {
+          pinned_([s = staging_](size_t bytes) { return s->allocate_host(bytes); }), host_([](size_t bytes) { return allocate_host_memory(bytes); }),
+          board_(std::move(progress)) {
         MPI_Comm_rank(comm_, &rank_);
         MPI_Comm_size(comm_, &size_);
+        if (board_) channel_ = board_->channel(name_, CommLane::host);
     }
     ~MpiComm() override {
         if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -172,8 +187,9 @@ public:
         if (size_ == 1) return {};
         auto staged = stage(data, true, widens(op));
         MPI_Request r;
-        check(MPI_Iallreduce(MPI_IN_PLACE, staged->data(), count_of(data), staged->type(), mpi_op(op, data.dtype()), comm_, &r), "all_reduce");
-        return handle(r, "all_reduce", std::move(staged));
+        const Operation started = collective(CommOp::all_reduce);
+        check(MPI_Iallreduce(MPI_IN_PLACE, staged->data(), count_of(data), staged->type(), mpi_op(op, data.dtype()), comm_, &r), started);
+        return handle(r, started, std::move(staged));
     }
     CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override {
         if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype())
@@ -181,9 +197,9 @@ public:
         auto staged_out = stage(out, false, widens(op));
         auto staged_in = stage(in, true, widens(op));
         MPI_Request r;
-        check(MPI_Ireduce_scatter_block(staged_in->data(), staged_out->data(), count_of(out), staged_in->type(), mpi_op(op, in.dtype()), comm_, &r),
-              "reduce_scatter");
-        return handle(r, "reduce_scatter", std::move(staged_out), std::move(staged_in));
+        const Operation started = collective(CommOp::reduce_scatter);
+        check(MPI_Ireduce_scatter_block(staged_in->data(), staged_out->data(), count_of(out), staged_in->type(), mpi_op(op, in.dtype()), comm_, &r), started);
+        return handle(r, started, std::move(staged_out), std::move(staged_in));
     }
     CommHandle all_gather_async(const Tensor& data) override {
         if (size_ == 1) return {};
@@ -193,8 +209,9 @@ public:
         auto staged = stage(data, true, false);
         MPI_Request r;
         const int chunk = static_cast<int>(data.numel() / size_);
-        check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, staged->data(), chunk, staged->type(), comm_, &r), "all_gather");
-        return handle(r, "all_gather", std::move(staged));
+        const Operation started = collective(CommOp::all_gather);
+        check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, staged->data(), chunk, staged->type(), comm_, &r), started);
+        return handle(r, started, std::move(staged));
     }
     CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override {
         if (in.bytes() != out.bytes() || in.bytes() % static_cast<size_t>(size_) != 0)
@@ -206,74 +223,111 @@ public:
         auto staged_in = stage(in, true, false);
         MPI_Request r;
         const int chunk = static_cast<int>(in.bytes() / static_cast<size_t>(size_));
-        check(MPI_Ialltoall(staged_in->data(), chunk, MPI_BYTE, staged_out->data(), chunk, MPI_BYTE, comm_, &r), "all_to_all");
-        return handle(r, "all_to_all", std::move(staged_out), std::move(staged_in));
+        const Operation started = collective(CommOp::all_to_all);
+        check(MPI_Ialltoall(staged_in->data(), chunk, MPI_BYTE, staged_out->data(), chunk, MPI_BYTE, comm_, &r), started);
+        return handle(r, started, std::move(staged_out), std::move(staged_in));
     }
     CommHandle send_async(const Tensor& data, int peer) override {
         auto staged = stage(data, true, false);
         MPI_Request r;
-        check(MPI_Isend(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), "send");
-        return handle(r, cat("send to world rank ", world_rank(peer)), nullptr, std::move(staged));
+        const Operation started = transfer(CommOp::send, peer);
+        check(MPI_Isend(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), started);
+        return handle(r, started, nullptr, std::move(staged));
     }
     void recv(const Tensor& data, int peer) override {
         const auto staged = stage(data, false, false);
         MPI_Request r;
-        check(MPI_Irecv(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), "recv");
-        wait_bounded(r, cat("recv from world rank ", world_rank(peer)));
+        const Operation started = transfer(CommOp::recv, peer);
+        check(MPI_Irecv(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), started);
+        wait_bounded(r, started);
         staged->write_back();
     }
     CommHandle recv_async(const Tensor& data, int peer) override {
         auto staged = stage(data, false, false);
         MPI_Request r;
-        check(MPI_Irecv(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), "recv");
-        return handle(r, cat("recv from world rank ", world_rank(peer)), std::move(staged));
+        const Operation started = transfer(CommOp::recv, peer);
+        check(MPI_Irecv(staged->data(), count_of(data), staged->type(), peer, 0, comm_, &r), started);
+        return handle(r, started, std::move(staged));
     }
     void broadcast(const Tensor& data, int root) override {
         const auto staged = stage(data, true, false);
         MPI_Request r;
-        check(MPI_Ibcast(staged->data(), count_of(data), staged->type(), root, comm_, &r), "broadcast");
-        wait_bounded(r, "broadcast");
+        const Operation started = collective(CommOp::broadcast);
+        check(MPI_Ibcast(staged->data(), count_of(data), staged->type(), root, comm_, &r), started);
+        wait_bounded(r, started);
         staged->write_back();
     }
     void barrier() override {
         MPI_Request r;
-        check(MPI_Ibarrier(comm_, &r), "barrier");
-        wait_bounded(r, "barrier");
+        const Operation started = collective(CommOp::barrier);
+        check(MPI_Ibarrier(comm_, &r), started);
+        wait_bounded(r, started);
     }
 
-    // Polls until the request completes; throws naming this rank, the op and the group once
-    // the timeout has passed.
-    void wait_bounded(MPI_Request& request, const std::string& op) const {
+    // Polls until the request completes; throws naming the op, the group and the ranks that
+    // never arrived once the timeout has passed. A long wait is published (the host waits on
+    // op), and answers other nodes' questions about this node's progress meanwhile.
+    void wait_bounded(MPI_Request& request, Operation op) {
         using clock = std::chrono::steady_clock;
         const auto start = clock::now();
+        bool published = false;
         for (int polls = 0;; ++polls) {
             int done = 0;
             check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), op);
-            if (done) return;
+            if (done) {
+                if (published) channel_.done_waiting(Waiter::host);
+                return;
+            }
             if (polls < 2000) {
                 std::this_thread::yield();
                 continue;
             }
+            if (!published) channel_.waiting(Waiter::host, op.op, op.seq_or_peer), published = true;
+            if (board_) board_->answer_questions();
             std::this_thread::sleep_for(std::chrono::microseconds(200));
             const double waited = std::chrono::duration<double>(clock::now() - start).count();
             if (waited > timeout_seconds_)
-                fail(ErrorKind::runtime, op, " in the ", describe(), " did not complete within ", timeout_seconds_,
-                     " s (parallel.timeout_seconds): a rank of this group has died or hangs");
+                fail(ErrorKind::runtime, text(op), " in the ", describe(), " did not complete within ", timeout_seconds_, " s (parallel.timeout_seconds): ",
+                     why_hung(op));
         }
     }
 
 private:
     // widened: a reduction (16-bit floats travel as f32).
     std::unique_ptr<Staged> stage(const Tensor& t, bool read, bool widened) { return std::make_unique<Staged>(*staging_, pinned_, host_, t, read, widened); }
-    CommHandle handle(MPI_Request r, std::string op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input = nullptr) {
-        return CommHandle(std::make_unique<MpiRequest>(*this, r, std::move(op), std::move(result), std::move(input)));
+    CommHandle handle(MPI_Request r, Operation op, std::unique_ptr<Staged> result, std::unique_ptr<Staged> input = nullptr) {
+        return CommHandle(std::make_unique<MpiRequest>(*this, r, op, std::move(result), std::move(input)));
     }
-    void check(int code, const std::string& op) const {
+    // A collective entered: its sequence number in this group, published.
+    Operation collective(CommOp op) {
+        const Operation started{op, channel_.next_collective()};
+        channel_.arrived(op, started.seq_or_peer);
+        return started;
+    }
+    Operation transfer(CommOp op, int peer) {
+        channel_.point_to_point(op, world_rank(peer));
+        return {op, static_cast<uint64_t>(peer)};
+    }
+    // "all_reduce #12", "recv from world rank 3"
+    std::string text(Operation op) const {
+        if (op.op == CommOp::send) return cat("send to world rank ", world_rank(static_cast<int>(op.seq_or_peer)));
+        if (op.op == CommOp::recv) return cat("recv from world rank ", world_rank(static_cast<int>(op.seq_or_peer)));
+        return channel_ ? cat(comm_op_name(op.op), " #", op.seq_or_peer) : comm_op_name(op.op);
+    }
+    // The ranks that never arrived at op, from the progress board; the other nodes' records
+    // are waited for up to the timeout, at most 10 s.
+    std::string why_hung(Operation op) {
+        if (!board_) return "a rank of this group has died or hangs";
+        HungOperation hung{name_, CommLane::host, op.op, op.seq_or_peer, -1, world_ranks_, world_rank(rank_)};
+        if (op.op == CommOp::send || op.op == CommOp::recv) hung.seq = 0, hung.peer = world_rank(static_cast<int>(op.seq_or_peer));
+        return board_->diagnose_hang(hung, std::min(timeout_seconds_, 10.0));
+    }
+    void check(int code, Operation op) const {
         if (code == MPI_SUCCESS) return;
-        char text[MPI_MAX_ERROR_STRING];
+        char message[MPI_MAX_ERROR_STRING];
         int length = 0;
-        MPI_Error_string(code, text, &length);
-        fail(ErrorKind::runtime, op, " in the ", describe(), " failed: ", std::string(text, static_cast<size_t>(length)));
+        MPI_Error_string(code, message, &length);
+        fail(ErrorKind::runtime, text(op), " in the ", describe(), " failed: ", std::string(message, static_cast<size_t>(length)));
     }
 
     MPI_Comm comm_;
@@ -285,6 +339,8 @@ private:
     // the f32 values of 16-bit reductions.
     std::shared_ptr<DeviceStaging> staging_;
     StagingPool pinned_, host_;
+    std::shared_ptr<ProgressBoard> board_;
+    ProgressChannel channel_;
 };
 
 void MpiRequest::wait() {
@@ -295,7 +351,7 @@ void MpiRequest::wait() {
 // The sub-communicator of `ranks` (world ranks, in group order) that contains this rank;
 // ranks outside any group pass an empty list.
 std::unique_ptr<Comm> split_group(const std::vector<int>& ranks, const std::string& name, double timeout_seconds,
-                                  const std::shared_ptr<DeviceStaging>& staging) {
+                                  const std::shared_ptr<DeviceStaging>& staging, const std::shared_ptr<ProgressBoard>& progress) {
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     const int color = ranks.empty() ? MPI_UNDEFINED : ranks.front();
@@ -305,7 +361,7 @@ std::unique_ptr<Comm> split_group(const std::vector<int>& ranks, const std::stri
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm);
     if (ranks.empty()) return nullptr;
-    return std::make_unique<MpiComm>(comm, name, ranks, timeout_seconds, staging);
+    return std::make_unique<MpiComm>(comm, name, ranks, timeout_seconds, staging, progress);
 }
 
 }  // namespace
@@ -386,23 +442,23 @@ ParallelContext make_mpi_context(const ParallelConfig& parallel, std::shared_ptr
     ctx.mesh = make_mesh(parallel, world_size);
     ctx.world_rank = world_rank;
     const double timeout = parallel.timeout_seconds;
-
-    std::vector<int> all(static_cast<size_t>(world_size));
-    for (int r = 0; r < world_size; ++r) all[static_cast<size_t>(r)] = r;
-    ctx.world = split_group(all, "world", timeout, staging);
-    ctx.snapshot_copies = split_group(all, "snapshot copies", timeout, staging);
-    ctx.tp = split_group(ctx.mesh.group(MeshDim::tp, world_rank), "tp", timeout, staging);
-    ctx.dp = split_group(ctx.mesh.data_group(world_rank), "dp", timeout, staging);  // with its cp ranks
-    ctx.pp = split_group(ctx.mesh.group(MeshDim::pp, world_rank), "pp", timeout, staging);
-    ctx.cp = split_group(ctx.mesh.group(MeshDim::cp, world_rank), "cp", timeout, staging);
-    const std::vector<int> column = ctx.mesh.group(MeshDim::pp, world_rank);
-    const bool ends = ctx.mesh.pp() > 1 && (ctx.first_stage() || ctx.last_stage());
-    ctx.embedding = split_group(ends ? std::vector<int>{column.front(), column.back()} : std::vector<int>{}, "embedding", timeout, staging);
     // Every rank decides alike (from the config) whether the dp group is cut into blocks.
     const int shard_size = shard_size_of(parallel, ctx.mesh.dp());
+    const Mesh mesh = ctx.mesh;
+    const auto ranks_of = [mesh, shard_size](const std::string& group, int rank) { return context_group_ranks(mesh, shard_size, group, rank); };
+    ctx.progress = make_mpi_progress_board(ranks_of);
+    const auto split = [&](const std::string& group) { return split_group(ranks_of(group, world_rank), group, timeout, staging, ctx.progress); };
+
+    ctx.world = split("world");
+    ctx.snapshot_copies = split("snapshot copies");
+    ctx.tp = split("tp");
+    ctx.dp = split("dp");  // with its cp ranks
+    ctx.pp = split("pp");
+    ctx.cp = split("cp");
+    ctx.embedding = split("embedding");  // the first and last stage of a column, when pp > 1
     if (shard_size < ctx.mesh.dp()) {
-        ctx.shard = split_group(ctx.mesh.shard_group(world_rank, shard_size), "shard", timeout, staging);
-        ctx.replica = split_group(ctx.mesh.replica_group(world_rank, shard_size), "replica", timeout, staging);
+        ctx.shard = split("shard");
+        ctx.replica = split("replica");
     }
 
     MPI_Comm node = MPI_COMM_NULL;

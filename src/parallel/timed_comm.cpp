@@ -80,11 +80,6 @@ private:
 
 }  // namespace
 
-const char* comm_op_name(CommOp op) {
-    static constexpr const char* names[comm_op_count] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv", "broadcast", "barrier"};
-    return names[static_cast<size_t>(op)];
-}
-
 size_t CommTimes::add_group(const std::string& name) {
     groups_.push_back({name, {}});
     return groups_.size() - 1;

@@ -15,9 +15,7 @@
 
 namespace llmtrain {
 
-enum class CommOp { all_reduce, reduce_scatter, all_gather, all_to_all, send, recv, broadcast, barrier };
-inline constexpr int comm_op_count = 8;
-const char* comm_op_name(CommOp op);
+inline constexpr int comm_op_count = 8;  // the values of CommOp (comm.h)
 
 // Seconds per (group, op) since the start, added to on the thread that communicates (the
 // step loop's: MPI runs funneled), read on the same thread.

@@ -1,6 +1,7 @@
 #include "train/fault_injection.h"
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "core/error.h"
 #include "core/exit_code.h"
 
@@ -19,7 +22,7 @@ namespace llmtrain {
 namespace {
 
 bool is_rank_kind(const std::string& kind) {
-    const std::string kinds[] = {"exit", "hang", "abort", "hardware", "nan", "bitflip", "localfull"};
+    const std::string kinds[] = {"exit", "hang", "stop", "abort", "hardware", "nan", "bitflip", "localfull"};
     return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
@@ -50,7 +53,7 @@ FaultPlan FaultPlan::parse(const std::string& spec, const std::string& source) {
         }
         if (!rest || *rest != 0 || f.step < 1)
             fail(ErrorKind::config, source, "=\"", spec, "\": '", item,
-                 "': expected KIND:RANK:STEP with KIND one of exit, hang, abort, hardware, nan, bitflip, localfull, or spike:STEP:FACTOR, lr:STEP:FACTOR,"
+                 "': expected KIND:RANK:STEP with KIND one of exit, hang, stop, abort, hardware, nan, bitflip, localfull, or spike:STEP:FACTOR, lr:STEP:FACTOR,"
                  " commitfail:STEP:error, commitfail:STEP:filesystem or slowcommit:STEP:SECONDS (several separated by commas)");
         plan.faults_.push_back(f);
     }
@@ -103,10 +106,16 @@ void FaultPlan::strike_commit(int64_t step, std::string_view commit_step) const 
 }
 
 void FaultPlan::strike_if_due(int world_rank, int64_t step) const {
-    for (const std::string injected : {"exit", "abort", "hardware", "hang"}) {
+    for (const std::string injected : {"exit", "abort", "hardware", "hang", "stop"}) {
         if (!requested(injected, world_rank, step)) continue;
-        std::fprintf(stderr, "[rank %d] injected fault: %s at step %lld\n", world_rank, injected.c_str(), static_cast<long long>(step));
+        // The pid lets a test end a stopped process once the job is over.
+        std::fprintf(stderr, "[rank %d] injected fault: %s at step %lld (pid %d)\n", world_rank, injected.c_str(), static_cast<long long>(step),
+                     static_cast<int>(getpid()));
         std::fflush(stderr);
+        if (injected == "stop") {
+            raise(SIGSTOP);
+            continue;  // continued (SIGCONT): the run goes on
+        }
         if (injected == "exit") std::_Exit(exit_failure);  // a crash, which a supervisor restarts (not 3: diverged)
         if (injected == "abort") std::abort();
         if (injected == "hardware") fail(ErrorKind::hardware, "step ", step, ": injected uncorrectable ECC error on this rank's device");

@@ -3,6 +3,8 @@
 // step STEP (1-based):
 //   exit      exit at once without any clean-up (a process that vanished)
 //   hang      stop making progress forever
+//   stop      stop the process (SIGSTOP to itself), as a debugger or a frozen node would: its
+//             memory stays as it was, and only SIGCONT or SIGKILL moves it again
 //   abort     std::abort(): a crash by a fatal signal (SIGABRT)
 //   hardware  throw the error a device reports for an uncorrectable hardware fault
 //   nan       (nonfinite_gradients) a NaN in this rank's gradients
@@ -38,7 +40,7 @@ public:
     static FaultPlan parse(const std::string& spec, const std::string& source);
 
     bool empty() const { return faults_.empty(); }
-    // Carries out an exit, abort, hardware or hang fault of this rank at this step, if any.
+    // Carries out an exit, abort, hardware, hang or stop fault of this rank at this step, if any.
     void strike_if_due(int world_rank, int64_t step) const;
     bool nonfinite_gradients(int world_rank, int64_t step) const;
     // True once per plan and step: a re-run of the step computes correctly.
@@ -55,7 +57,7 @@ public:
 private:
     struct Fault {
         std::string kind;
-        int rank = -1;  // the rank kinds: exit, hang, abort, hardware, nan, bitflip, localfull
+        int rank = -1;  // the rank kinds: exit, hang, stop, abort, hardware, nan, bitflip, localfull
         int64_t step = -1;
         double factor = 1;  // spike, lr; slowcommit: seconds
         std::string how;    // commitfail: error or filesystem

@@ -28,7 +28,7 @@ TrainingComms::TrainingComms(const Config& config, ParallelContext& ctx, Backend
     if (comm_backend(config) != CommBackend::nccl || !any_group_communicates(ctx)) return;
     const DeviceCommFactory factory = with_defaults(overrides, ctx, config.parallel.timeout_seconds);
     order_ = factory.make_order(backend);
-    watchdog_ = std::make_unique<CommWatchdog>(*order_, config.parallel.timeout_seconds, ctx.world_rank);
+    watchdog_ = std::make_unique<CommWatchdog>(*order_, config.parallel.timeout_seconds, ctx.world_rank, ctx.progress.get());
     // Every rank builds the communicators of its groups in the same order (tp, dp, pp, cp,
     // embedding, shard, replica): each bootstrap is a broadcast over that group's MPI Comm.
     const auto ordered = [&](Comm*& slot, bool point_to_point) {

@@ -36,8 +36,29 @@ StreamEvent RecordingStreamOrder::record(StreamId stream) {
     std::vector<uint64_t>& clock = clock_of(stream);
     ++clock[static_cast<size_t>(stream)];
     events_.push_back(clock);
-    hung_.push_back(hanging_);
+    const bool hangs = (communication_hangs_ && stream != compute_stream()) ||
+                       (static_cast<size_t>(stream) < hanging_.size() && hanging_[static_cast<size_t>(stream)]);
+    hung_.push_back(hangs);
+    event_streams_.push_back(stream);
     return StreamEvent(events_.size(), stream, nullptr);
+}
+
+void RecordingStreamOrder::hang() {
+    const std::lock_guard lock(mutex_);
+    communication_hangs_ = true;
+}
+
+void RecordingStreamOrder::hang(StreamId stream) {
+    const std::lock_guard lock(mutex_);
+    if (hanging_.size() <= static_cast<size_t>(stream)) hanging_.resize(static_cast<size_t>(stream) + 1, false);
+    hanging_[static_cast<size_t>(stream)] = true;
+}
+
+void RecordingStreamOrder::resume(StreamId stream, size_t count) {
+    const std::lock_guard lock(mutex_);
+    if (count == SIZE_MAX && static_cast<size_t>(stream) < hanging_.size()) hanging_[static_cast<size_t>(stream)] = false;
+    for (size_t e = 0; e < hung_.size() && count > 0; ++e)
+        if (event_streams_[e] == stream && hung_[e]) hung_[e] = false, --count;
 }
 
 void RecordingStreamOrder::wait(StreamId stream, const StreamEvent& event) {

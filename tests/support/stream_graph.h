@@ -36,14 +36,21 @@ public:
     void* native_stream(StreamId) const override { return nullptr; }
     StreamEvent record(StreamId stream) override;
     void wait(StreamId stream, const StreamEvent& event) override;
-    // Whether the event is passed: always, but for events recorded while hanging.
+    // Whether the event is passed: always, but for events recorded on a hanging stream.
     bool done(const StreamEvent& event) override;
 
     // Work on `stream` that reads and writes these tensors' bytes (a kernel on the compute
     // stream; a collective on a communication stream).
     void work(StreamId stream, const std::string& name, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes);
-    // From now on, recorded events are never passed (a collective that hangs).
-    void hang() { hanging_ = true; }
+    // From now on, events recorded on the communication streams are never passed (a
+    // collective that hangs); the compute stream goes on.
+    void hang();
+    // From now on, events recorded on `stream` are not passed until resume(stream) (a stream
+    // stalled behind long work).
+    void hang(StreamId stream);
+    // The oldest `count` hung events of `stream` are passed; with all of them passed, it
+    // hangs no more.
+    void resume(StreamId stream, size_t count = SIZE_MAX);
 
     // "<work> on <stream> writes bytes that <work> on <stream> reads, unordered", per race.
     std::vector<std::string> races() const;
@@ -69,8 +76,10 @@ private:
     std::vector<std::vector<uint64_t>> clocks_;   // per stream
     std::vector<std::vector<uint64_t>> events_;   // per event id - 1: the clock it carries
     std::vector<bool> hung_;                      // per event id - 1
+    std::vector<StreamId> event_streams_;         // per event id - 1
     std::vector<Work> work_;
-    bool hanging_ = false;
+    std::vector<bool> hanging_;                   // per stream
+    bool communication_hangs_ = false;
 };
 
 class RecordedCollectives final : public StreamCollectives {

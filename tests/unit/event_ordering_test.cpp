@@ -24,10 +24,19 @@ namespace {
 OwnedTensor device_tensor(DType dtype, int64_t n) { return OwnedTensor(dtype, {n}, Device::cuda, allocate_host_memory); }
 Tensor part(const Tensor& flat, int64_t begin, int64_t end) { return flat.slice_rows(begin, end - begin); }
 
-// One group's EventOrderedComm over recorded collectives of an idle group.
+std::vector<int> first_ranks(int size) {
+    std::vector<int> ranks(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) ranks[static_cast<size_t>(r)] = r;
+    return ranks;
+}
+
+// One group's EventOrderedComm over recorded collectives of an idle group, publishing on a
+// progress board of this process alone.
 struct Rig {
     explicit Rig(const std::string& name, int rank = 0, int size = 2, double timeout_seconds = 300, bool point_to_point = false)
-        : host(test::make_idle_group(name, rank, size)), watchdog(order, timeout_seconds, rank) {
+        : host(test::make_idle_group(name, rank, size)),
+          board(ProgressBoard::private_board(rank, "test-node", [size](const std::string&, int) { return first_ranks(size); })),
+          watchdog(order, timeout_seconds, rank, board.get()) {
         auto main = std::make_unique<test::RecordedCollectives>(*host, order);
         collectives = main.get();
         std::unique_ptr<StreamCollectives> reverse;
@@ -39,6 +48,7 @@ struct Rig {
 
     test::RecordingStreamOrder order;
     std::unique_ptr<Comm> host;
+    std::shared_ptr<ProgressBoard> board;
     CommWatchdog watchdog;
     test::RecordedCollectives* collectives = nullptr;
     std::unique_ptr<EventOrderedComm> comm;
@@ -193,8 +203,9 @@ TEST(EventOrdering, HungCollective_AbortsItsCommunicatorAndNamesTheRankTheOpAndT
         rig.comm->all_reduce(grads.view(), ReduceOp::sum);
         FAIL() << "the next collective must throw";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("all_reduce in the dp group (world ranks 0, 1) did not complete within 0.05 s "
-                                             "(parallel.timeout_seconds) on world rank 1"),
+        // Rank 0's record is not on this rank's board: its node did not answer.
+        EXPECT_NE(std::string(e.what()).find("all_reduce #2 in the dp group (world ranks 0, 1) did not complete within 0.05 s "
+                                             "(parallel.timeout_seconds) on world rank 1: no record of world rank 0 could be read"),
                   std::string::npos)
             << e.what();
     }
@@ -209,4 +220,50 @@ TEST(EventOrdering, WatchdogThread_FindsAHangWithoutAnyoneAsking) {
     for (int i = 0; i < 200 && !rig.collectives->aborted(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_TRUE(rig.collectives->aborted());
     EXPECT_THROW(rig.watchdog.check(), Error);
+}
+
+TEST(EventOrdering, WatchdogClock_StartsWhenTheCollectiveCouldStartWhichIsWhenItArrives) {
+    Rig rig("dp", 1, 2, 0.05);
+    OwnedTensor grads = device_tensor(DType::f32, 8);
+    rig.order.hang(rig.compute());  // the backward the collective waits for is still running
+    rig.order.hang();               // and the collective hangs once it runs
+    rig.comm->all_reduce(grads.view(), ReduceOp::sum);
+    const auto device_lane = [&rig] { return *rig.board->read_local(1).find("dp", CommLane::device); };
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    rig.watchdog.poll();
+    EXPECT_NO_THROW(rig.watchdog.check()) << "enqueued 0.1 s ago, but it could not start: no clock yet";
+    EXPECT_EQ(device_lane().collectives, 0u) << "the device has not reached it";
+    EXPECT_EQ(rig.board->read_local(1).device_wait.channel, -1);
+
+    rig.order.resume(rig.compute());
+    rig.watchdog.poll();
+    EXPECT_EQ(device_lane().collectives, 1u);
+    EXPECT_EQ(device_lane().collective_op, CommOp::all_reduce);
+    EXPECT_EQ(rig.board->read_local(1).device_wait.value, 1u) << "the device waits in it";
+    EXPECT_NO_THROW(rig.watchdog.check()) << "it could start just now";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    rig.watchdog.poll();
+    EXPECT_THROW(rig.watchdog.check(), Error);
+}
+
+TEST(EventOrdering, WatchdogClock_OfAnOperationStartsOnceTheOneBeforeItOnItsStreamHasCompleted) {
+    Rig rig("dp", 0, 2, 0.05);
+    OwnedTensor grads = device_tensor(DType::f32, 8);
+    const StreamId lane = 1;  // the group's stream, the first made after the compute stream
+    rig.order.hang(lane);
+    rig.comm->all_reduce(grads.view(), ReduceOp::sum);  // runs long
+    rig.comm->all_reduce(grads.view(), ReduceOp::sum);  // queued behind it
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    rig.order.resume(lane, 1);  // the first completes 0.1 s after both were queued
+    rig.watchdog.poll();
+    EXPECT_NO_THROW(rig.watchdog.check()) << "the second could start only now";
+    EXPECT_EQ(rig.board->read_local(0).find("dp", CommLane::device)->collectives, 2u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    rig.watchdog.poll();
+    try {
+        rig.watchdog.check();
+        FAIL() << "the second collective hangs";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("all_reduce #2 in the dp group"), std::string::npos) << e.what();
+    }
 }
