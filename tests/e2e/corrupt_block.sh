@@ -5,9 +5,9 @@
 #   verify  `data verify` exits 0 on the clean dataset and 2 on the corrupt one, naming the shard
 #           and the block, alone and on 2 ranks; `doctor --data` fails on it (data.blocks FAIL,
 #           exit 2) and passes on the clean one
-#   train   data.on_corrupt_block = "skip": a run finishes on 1 rank and on 2 ranks (dp 2, the
-#           same global batch), both logging the same corrupt_block record and replacing samples
-#           at the same steps; a run resumed from a checkpoint before the block was met logs
+#   train   data.on_corrupt_block = "skip": a run finishes on 1 rank and on 2 ranks (dp 2, tp 2,
+#           pp 2; the same global batch), each logging the same corrupt_block record and
+#           replacing samples at the same steps; a run resumed from a checkpoint before the block was met logs
 #           it again at the same step; "abort" exits 2 naming the shard and the block
 set -u
 mode=$1 scratch=$2 bin=$3 mpiexec=$4
@@ -106,6 +106,14 @@ train)
         "$scratch/one_rank.skips" || fail "1 rank: the record does not name the block: $(cat "$scratch/one_rank.skips")"
     cmp -s "$scratch/one_rank.skips" "$scratch/two_ranks.skips" ||
         fail "1 and 2 ranks skipped differently: $(diff "$scratch/one_rank.skips" "$scratch/two_ranks.skips")"
+    # Ranks that read the same samples (tp ranks; the first and last pipeline stages) count them once.
+    for layout in parallel.tp=2 parallel.pp=2; do
+        train "$layout" "${mpi[@]}" "${skip[@]}" --set model.n_layers=2 --set "$layout"
+        expect_status "$layout" 0 $?
+        skips "$layout" >"$scratch/$layout.skips"
+        cmp -s "$scratch/one_rank.skips" "$scratch/$layout.skips" ||
+            fail "$layout skipped otherwise than 1 rank: $(diff "$scratch/one_rank.skips" "$scratch/$layout.skips")"
+    done
     grep -q "data: step [0-9]*: block 5 of '$shard' (tokens \[1280, 1536)) is corrupt: its 256 tokens are skipped" "$scratch/one_rank.out" ||
         fail "1 rank: no log line for the block"
 
@@ -122,7 +130,7 @@ train)
     awk -v from="$from" 'match($0, /"step":[0-9]+/) { if (substr($0, RSTART + 7, RLENGTH - 7) + 0 > from) print }' "$scratch/one_rank.skips" >"$scratch/one_rank_after.skips"
     cmp -s "$scratch/one_rank_after.skips" "$scratch/resumed.skips" ||
         fail "the resumed run skipped differently: $(diff "$scratch/one_rank_after.skips" "$scratch/resumed.skips")"
-    echo "ok: abort exits 2 naming the block; skip: 1 and 2 ranks log block 5 at step $met and replace samples at the same $(grep -c samples_replaced "$scratch/one_rank.skips") steps;" \
+    echo "ok: abort exits 2 naming the block; skip: 1 rank and 2 (dp, tp, pp) log block 5 at step $met and replace samples at the same $(grep -c samples_replaced "$scratch/one_rank.skips") steps;" \
          "resumed at step $from, the run logs it again at step $met"
     ;;
 *) fail "unknown mode '$mode' (verify, train)" ;;
