@@ -3,7 +3,8 @@
 # STEPS steps three times (no checkpoints; checkpoint.every_steps = 10 asynchronously; the
 # same synchronously) and prints, from each run's log: the state saved, the seconds the step
 # loop was blocked per save, the seconds written in the background, and the step loop's wall
-# time against the run without checkpoints (the final save, after the last step, excluded).
+# time against the run without checkpoints (the final save, after the last step, excluded),
+# and the rate of a save's host checksum passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=$1
@@ -30,6 +31,11 @@ async=$(run async --set checkpoint.every_steps=10 --set checkpoint.async=true)
 sync=$(run sync --set checkpoint.every_steps=10 --set checkpoint.async=false)
 echo "step loop (wall time from the first step record to the last, $steps steps): none ${none} s | async every 10: ${async} s | sync every 10: ${sync} s"
 awk -v n="$none" -v a="$async" -v s="$sync" 'BEGIN { printf "slowdown against no checkpoints: async %+.1f%% | sync %+.1f%%\n", 100 * (a - n) / n, 100 * (s - n) / n }'
+# The host passes of a save beside the write itself, timed as `checkpoint verify` runs them
+# over the last checkpoint (in the page cache): XXH64 over each rank file, Fletcher32 over
+# each chunk. plan's save model takes this rate as storage.checksum_gbps.
+last=$(ls -d "$scratch"/async-checkpoints/step_* | tail -n 1)
+"$bin" checkpoint verify "$last" | sed -nE 's/.*, ([0-9.]+) MB; .* verified in ([0-9.]+) s, ([0-9.]+) GB\/s.*/host checksums (XXH64 + Fletcher32, one thread, page cache): \1 MB in \2 s: \3 GB\/s/p'
 for mode in async sync; do
     saves "$mode" | awk -v m="$mode" '{ b += $1; w += $2; mb = $3; k++ } END { if (k) printf "%s: %d saves of %.1f MB | step loop blocked %.3f s per save | written in %.3f s per save\n", m, k, mb, b / k, w / k }'
 done

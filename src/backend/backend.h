@@ -445,6 +445,15 @@ public:
     virtual Memory allocate(size_t bytes) = 0;  // zeroed, 256-byte aligned
     virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
     virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+    // Page-locks [p, p + bytes) of host memory for copy_to_host into it (a device copies into
+    // pinned memory at its link's rate, into pageable memory at a fraction of it) until the
+    // handle returned is released; release it before the memory is freed. Null: nothing to
+    // pin on this backend, or the pinning failed (said once; the copies still work, slower).
+    virtual std::shared_ptr<void> pin_host_memory(void* p, size_t bytes) {
+        (void)p;
+        (void)bytes;
+        return nullptr;
+    }
     // Waits for every op enqueued so far (timing, host reads); a no-op on the CPU.
     virtual void synchronize() {}
     // The native stream every op is enqueued on (cudaStream_t), for ordering communication

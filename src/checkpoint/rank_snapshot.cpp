@@ -83,7 +83,11 @@ void capture_snapshot(const SnapshotSource& source, int64_t step, RankSnapshot& 
         t.byte_offset = bytes;
         bytes += static_cast<size_t>(t.numel()) * dtype_size(t.dtype);
     }
-    out.data.resize(bytes);  // no reallocation when the layout is the same as last time
+    // No reallocation when the layout is the same as last time; a larger one is unpinned
+    // before the buffer moves, and the new one pinned once.
+    if (bytes > out.data.capacity()) out.pinned.reset();
+    out.data.resize(bytes);
+    if (!out.pinned && bytes > 0) out.pinned = source.backend.pin_host_memory(out.data.data(), out.data.capacity());
     for (const Copy& c : copies) source.backend.copy_to_host(out.data.data() + out.tensors[c.tensor].byte_offset, c.from);
     for (const auto& [tensor, values] : host_copies) std::memcpy(out.data.data() + out.tensors[tensor].byte_offset, values->data(), values->size() * sizeof(float));
 }

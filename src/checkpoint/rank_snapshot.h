@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,14 @@ struct RankSnapshot {
     int world_rank = 0;
     std::vector<SavedTensor> tensors;
     std::vector<char> data;   // every tensor's values, back to back; reused from save to save
+    // data's allocation page-locked by the backend (null on the CPU), so a GPU copies into it
+    // at its link's rate; declared after data: unpinned before it is freed.
+    std::shared_ptr<void> pinned;
     size_t bytes() const { return data.size(); }
+
+    RankSnapshot() = default;
+    RankSnapshot(const RankSnapshot&) = delete;  // a copy's buffer would not be the one pinned
+    RankSnapshot& operator=(const RankSnapshot&) = delete;
 };
 
 // What a rank holds, for capture_snapshot.

@@ -80,7 +80,7 @@ nlohmann::json checkpoint_json(const LayoutPlan& p) {
     if (!p.checkpoint) return nullptr;
     const CheckpointTime& c = *p.checkpoint;
     return {{"bytes", c.bytes}, {"bytes_per_rank", c.bytes_per_rank}, {"blocked_seconds", c.blocked_seconds},
-            {"background_seconds", c.background_seconds}, {"resume_seconds", c.resume_seconds}};
+            {"background_seconds", c.background_seconds}, {"checksum_seconds", c.checksum_seconds}, {"resume_seconds", c.resume_seconds}};
 }
 
 nlohmann::json goodput_at_json(const std::optional<GoodputAt>& at) {
@@ -215,7 +215,8 @@ void print_checkpoint(const LayoutPlan& p, const Cluster& cluster) {
                 st.write_gbps, st.read_gbps, st.node_write_gbps, st.node_read_gbps);
     std::printf("  %-44s %10.1f GB (%.2f GB per rank)\n", "size", gb(c.bytes), gb(c.bytes_per_rank));
     std::printf("  %-44s %10.2f s\n", "save: step loop blocked (copy to host)", c.blocked_seconds);
-    std::printf("  %-44s %10.1f s\n", "save: written in the background", c.background_seconds);
+    std::printf("  %-44s %10.1f s (of which checksums %.1f s at %.2f GB/s per rank)\n", "save: written in the background", c.background_seconds,
+                c.checksum_seconds, st.checksum_gbps);
     std::printf("  %-44s %10.1f s\n", p.cp > 1 ? "resume: verify, load, all-gather over dp x cp" : "resume: verify, load, all-gather over dp", c.resume_seconds);
 }
 

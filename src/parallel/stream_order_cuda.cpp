@@ -3,6 +3,7 @@
 // copies or other libraries' default-stream work never serialize them with compute.
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <vector>
 
 #include "core/error.h"
@@ -15,6 +16,39 @@ namespace {
 void check_cuda(cudaError_t code, const char* what) {
     if (code != cudaSuccess) fail(ErrorKind::runtime, what, ": ", cudaGetErrorString(code));
 }
+
+// Every event-ordered collective records two events (its input ready, its completion): tens
+// of thousands a minute on a large model. Creating and destroying each takes the driver's
+// lock; a released event comes back here instead, and is recorded again. The pool is shared
+// with the events' deleters, so an event outliving its StreamOrder still finds it.
+class EventPool {
+public:
+    ~EventPool() {
+        for (cudaEvent_t event : free_) cudaEventDestroy(event);
+    }
+    cudaEvent_t take() {
+        {
+            const std::lock_guard lock(mutex_);
+            if (!free_.empty()) {
+                cudaEvent_t event = free_.back();
+                free_.pop_back();
+                return event;
+            }
+        }
+        cudaEvent_t event = nullptr;
+        check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+        return event;
+    }
+    // From any thread: the watchdog drops the events of the operations it saw complete.
+    void give_back(cudaEvent_t event) {
+        const std::lock_guard lock(mutex_);
+        free_.push_back(event);
+    }
+
+private:
+    std::mutex mutex_;
+    std::vector<cudaEvent_t> free_;
+};
 
 class CudaStreamOrder final : public StreamOrder {
 public:
@@ -32,9 +66,8 @@ public:
     }
     void* native_stream(StreamId stream) const override { return streams_.at(static_cast<size_t>(stream)); }
     StreamEvent record(StreamId stream) override {
-        cudaEvent_t event = nullptr;
-        check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-        std::shared_ptr<void> owned(event, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+        cudaEvent_t event = events_->take();
+        std::shared_ptr<void> owned(event, [pool = events_](void* e) { pool->give_back(static_cast<cudaEvent_t>(e)); });
         check_cuda(cudaEventRecord(event, streams_.at(static_cast<size_t>(stream))), "cudaEventRecord");
         return StreamEvent(++recorded_, stream, std::move(owned));
     }
@@ -53,6 +86,7 @@ public:
 private:
     int device_ = 0;
     std::vector<cudaStream_t> streams_;  // [0]: the backend's compute stream (not ours to destroy)
+    std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
     uint64_t recorded_ = 0;
 };
 

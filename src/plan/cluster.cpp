@@ -274,6 +274,8 @@ Cluster load_cluster(const std::string& path) {
         st.node_write_gbps = keys.number("storage.node_write_gbps", "one node's write bandwidth to the shared storage, GB/s", 0, 1e6);
         st.node_read_gbps = keys.number("storage.node_read_gbps", "one node's read bandwidth from the shared storage, GB/s", 0, 1e6);
         st.host_copy_gbps = keys.number("storage.host_copy_gbps", "per device, the copy of its state into host memory, GB/s", 0, 1e6);
+        st.checksum_gbps = keys.optional_number("storage.checksum_gbps", "per rank, one thread's Fletcher32 and XXH64 passes over its file, GB/s", 0, 1e6,
+                                                Storage::kMeasuredChecksumGbps);
     }
     if (keys.find("calibration")) {
         const std::filesystem::path relative = keys.text("calibration", "a calibration file, relative to this one");

@@ -108,12 +108,13 @@ constexpr double kSnapshotMessageBytes = 64.0 * 1024 * 1024;
 constexpr double kSnapshotMessagesPerBoundary = 16;
 
 // A snapshot is the rank's checkpoint share: the same host copy stalls the loop. Its work: the
-// file written into node-local memory (assumed at the host copy's rate), sent to `replicas`
+// file written into node-local memory (assumed at the host copy's rate) with the checkpoint's
+// checksum passes (Fletcher32 per chunk, XXH64 over the file: checksum_gbps), sent to `replicas`
 // peers one after another at the rank's inter-node bus bandwidth, and the copies received
 // stored (as many, at the host copy's rate). Its boundaries: the one after the write starts
 // the replication, each later one posts 16 messages per peer, the one after the last stores.
 // A restart reads it twice from node-local memory (verification, load: at the host copy's
-// rate), after the lost node's replacement fetched its ranks' files from a peer over the
+// rate, checking the same checksums), after the lost node's replacement fetched its ranks' files from a peer over the
 // inter-node link; the dp exchange follows as after any load.
 SaveCadence local_cadence(const Config& config, const Cluster& cluster, const CheckpointTime& checkpoint, const FailureModel& f, double loop_seconds_per_step) {
     const LocalSnapshotConfig& local = config.checkpoint.local;
@@ -125,10 +126,11 @@ SaveCadence local_cadence(const Config& config, const Cluster& cluster, const Ch
     SaveCadence l;
     l.every_steps = local.every_steps;
     l.stall_seconds = host_copy;
-    l.work_seconds = host_copy + replicas * (peer_send + host_copy);
-    l.boundaries = holders == 0 ? static_cast<int64_t>(std::ceil(host_copy / loop_seconds_per_step))
-                                       : static_cast<int64_t>(std::ceil(host_copy / loop_seconds_per_step) + std::ceil(messages / kSnapshotMessagesPerBoundary) + 1);
-    l.restart_seconds = f.detection_seconds + f.launch_seconds + peer_send + 2 * host_copy + checkpoint.exchange_seconds;
+    const double write = host_copy + checkpoint.checksum_seconds;
+    l.work_seconds = write + replicas * (peer_send + host_copy);
+    l.boundaries = holders == 0 ? static_cast<int64_t>(std::ceil(write / loop_seconds_per_step))
+                                       : static_cast<int64_t>(std::ceil(write / loop_seconds_per_step) + std::ceil(messages / kSnapshotMessagesPerBoundary) + 1);
+    l.restart_seconds = f.detection_seconds + f.launch_seconds + peer_send + 2 * host_copy + checkpoint.checksum_seconds + checkpoint.exchange_seconds;
     return l;
 }
 

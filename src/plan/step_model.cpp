@@ -473,7 +473,10 @@ CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, c
     // Every node moves its ranks' shares over its own link; together at most the storage's bandwidth.
     const auto transfer = [&](double aggregate_gbps, double node_gbps) { return std::max(t.bytes / (aggregate_gbps * 1e9), t.bytes / nodes / (node_gbps * 1e9)); };
     t.blocked_seconds = t.bytes_per_rank / (st.host_copy_gbps * 1e9);
-    t.background_seconds = transfer(st.write_gbps, st.node_write_gbps);
+    // Each rank's writer checksums its file (Fletcher32 as it writes, XXH64 after): its share
+    // at one thread's rate, in series with the transfer.
+    t.checksum_seconds = t.bytes_per_rank / (st.checksum_gbps * 1e9);
+    t.background_seconds = transfer(st.write_gbps, st.node_write_gbps) + t.checksum_seconds;
     const double reads = 2 * transfer(st.read_gbps, st.node_read_gbps);
     // Below ZeRO-3 the data group's dp x cp ranks hold the master weights whole: each loads
     // 1/(dp cp) and the group all-gathers the rest.

@@ -138,7 +138,8 @@ struct CheckpointTime {
     double bytes = 0;               // the whole checkpoint
     double bytes_per_rank = 0;
     double blocked_seconds = 0;     // the step loop waits for the copy to host memory
-    double background_seconds = 0;  // the writes, while training goes on
+    double background_seconds = 0;  // the writes and their checksums, while training goes on
+    double checksum_seconds = 0;    // of which each rank's checksum passes over its file
     double resume_seconds = 0;      // verification, load and the dp exchange
     double exchange_seconds = 0;    // of which the dp exchange (the master weights' all-gather below ZeRO-3)
 };

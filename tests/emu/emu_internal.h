@@ -33,6 +33,8 @@ void set_last_error(cudaError_t error);
 uint64_t seed();
 // How many schedules each launch runs under (LLMTRAIN_EMU_SCHEDULES, default 2).
 int schedules();
+// Host memory registered with cudaHostRegister and not yet unregistered.
+size_t registered_host_bytes();
 // True while a kernel's thread runs (a fault is then a device fault, not a host throw).
 bool in_device_code();
 

@@ -40,6 +40,7 @@ constexpr size_t kTotalBytes = size_t{80} << 30;
 struct Memory {
     std::map<uintptr_t, Allocation> allocations;  // by base
     std::set<void*> pinned;
+    std::map<void*, size_t> registered;  // cudaHostRegister: start -> bytes
     size_t allocated = 0;
     uint64_t next_id = 1;
     cudaError_t last_error = cudaSuccess;
@@ -173,6 +174,8 @@ const char* cudaGetErrorString(cudaError_t error) {
     switch (error) {
         case cudaSuccess: return "no error";
         case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+        case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
         case cudaErrorMemoryAllocation: return "out of memory";
         case cudaErrorInvalidConfiguration: return "invalid configuration argument";
         case cudaErrorInvalidDevice: return "invalid device ordinal";
@@ -315,8 +318,24 @@ cudaError_t cudaFreeHost(void* p) {
     return cudaSuccess;
 }
 
-cudaError_t cudaHostRegister(void*, size_t, unsigned) { return cudaSuccess; }
-cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
+// As the driver: a range registers once, and unregisters by its start.
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
+    if (!p || bytes == 0) return emu::fail(cudaErrorInvalidValue);
+    if (!memory().registered.emplace(p, bytes).second) return emu::fail(cudaErrorHostMemoryAlreadyRegistered);
+    return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* p) {
+    if (memory().registered.erase(p) == 0) return emu::fail(cudaErrorHostMemoryNotRegistered);
+    return cudaSuccess;
+}
+
+namespace emu {
+size_t registered_host_bytes() {
+    size_t bytes = 0;
+    for (const auto& [p, n] : memory().registered) bytes += n;
+    return bytes;
+}
+}  // namespace emu
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     using namespace emu;

@@ -23,6 +23,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#ifdef LLMTRAIN_CUDA_EMULATION
+#include "emu_internal.h"
+#endif
 #include "gpu/gpu_test_util.h"
 #include "model/transformer.h"
 
@@ -653,6 +656,30 @@ protected:
 }  // namespace
 
 // ---- embedding ----
+
+// A checkpoint's host copy lands in memory the backend page-locked once (rank_snapshot.cpp):
+// pinned until the handle goes, and a second pin of the same range refused (null), as the
+// driver refuses it, rather than thrown.
+TEST_F(CudaOps, PinHostMemory_PinsTheRangeUntilItsHandleIsReleased) {
+    const OwnedTensor values = random_input(f32, {1000}, 77);
+    const OwnedTensor g_values = to_device(gpu(), values, f32);
+    std::vector<float> host(1000, 0.0f);
+    const size_t bytes = host.size() * sizeof(float);
+    {
+        const std::shared_ptr<void> pinned = gpu().pin_host_memory(host.data(), bytes);
+        ASSERT_TRUE(pinned) << "cudaHostRegister of " << bytes << " bytes";
+#ifdef LLMTRAIN_CUDA_EMULATION
+        EXPECT_EQ(emu::registered_host_bytes(), bytes);
+#endif
+        EXPECT_FALSE(gpu().pin_host_memory(host.data(), bytes)) << "the range is pinned already";
+        gpu().copy_to_host(host.data(), g_values);
+        EXPECT_EQ(std::memcmp(host.data(), values.data<float>(), bytes), 0);
+    }
+#ifdef LLMTRAIN_CUDA_EMULATION
+    EXPECT_EQ(emu::registered_host_bytes(), 0u) << "released with its handle";
+#endif
+    EXPECT_TRUE(gpu().pin_host_memory(host.data(), bytes)) << "pinned again once released";
+}
 
 TEST_F(CudaOps, EmbeddingFwd_Bf16_MatchesCpuWithAndWithoutPositionsAndShards) {
     for (size_t i = 0; i < kEmbeddingCases.size(); ++i) embedding_fwd_case(bf16, kEmbeddingCases[i], 100 + 10 * i);

@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "core/error.h"
@@ -333,12 +337,42 @@ TEST(StepModel, CheckpointTimes_FollowTheStorageFigures) {
     EXPECT_DOUBLE_EQ(t.bytes, 12 * params);
     EXPECT_DOUBLE_EQ(t.bytes_per_rank, t.bytes / 128);
     EXPECT_DOUBLE_EQ(t.blocked_seconds, t.bytes_per_rank / (st.host_copy_gbps * 1e9));
-    EXPECT_DOUBLE_EQ(t.background_seconds, std::max(t.bytes / (st.write_gbps * 1e9), t.bytes / 16 / (st.node_write_gbps * 1e9)));
+    // The transfer (the slower of the storage and the nodes' links), then each rank's checksum
+    // passes over its own file, in series on its writer thread.
+    EXPECT_DOUBLE_EQ(t.checksum_seconds, t.bytes_per_rank / (st.checksum_gbps * 1e9));
+    EXPECT_DOUBLE_EQ(t.background_seconds, std::max(t.bytes / (st.write_gbps * 1e9), t.bytes / 16 / (st.node_write_gbps * 1e9)) + t.checksum_seconds);
     const double reads = 2 * std::max(t.bytes / (st.read_gbps * 1e9), t.bytes / 16 / (st.node_read_gbps * 1e9));
     EXPECT_GT(t.resume_seconds, reads);
     Config zero3 = config;
     zero3.parallel.zero_stage = 3;
     EXPECT_DOUBLE_EQ(predict_checkpoint_time(zero3, mesh, h100, params).resume_seconds, reads) << "ZeRO-3 loads its shards alone: no exchange";
+}
+
+TEST(StepModel, ChecksumRate_DefaultsToTheMeasuredOneAndFollowsTheClusterFile) {
+    const Config config = load_config("configs/qwen2.5-72b.toml", {}, DataFiles::unchecked);
+    Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    {
+        // A cluster file without the key (written before it existed) plans at the measured rate.
+        std::ifstream in("configs/clusters/h100-sxm.toml");
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), kept, line;
+        std::istringstream lines(text);
+        while (std::getline(lines, line))
+            if (!line.starts_with("checksum_gbps")) kept += line + "\n";
+        const std::string path = (std::filesystem::temp_directory_path() / cat("llmtrain-cluster-", ::getpid(), ".toml")).string();
+        std::ofstream(path) << kept;
+        const Cluster older = load_cluster(path);
+        std::filesystem::remove(path);
+        EXPECT_DOUBLE_EQ(older.storage->checksum_gbps, Storage::kMeasuredChecksumGbps);
+    }
+    const Mesh mesh = make_mesh(config.parallel, 128);
+    const double params = model_parameter_count(config.model);
+    h100.storage->checksum_gbps = Storage::kMeasuredChecksumGbps;
+    const CheckpointTime measured = predict_checkpoint_time(config, mesh, h100, params);
+    h100.storage->checksum_gbps = 2 * Storage::kMeasuredChecksumGbps;
+    const CheckpointTime twice = predict_checkpoint_time(config, mesh, h100, params);
+    EXPECT_DOUBLE_EQ(twice.checksum_seconds, measured.checksum_seconds / 2);
+    EXPECT_DOUBLE_EQ(measured.background_seconds - twice.background_seconds, measured.checksum_seconds / 2);
+    EXPECT_DOUBLE_EQ(measured.blocked_seconds, twice.blocked_seconds) << "the host copy is not checksummed";
 }
 
 TEST(StepModel, CheckpointTimesWithoutStorage_NameTheClusterFileAndTheSection) {

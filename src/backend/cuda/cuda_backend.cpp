@@ -207,6 +207,23 @@ void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
     wait_for_stream("copy_to_host");
 }
 
+// cudaHostRegister can fail where page-locked memory is limited (ulimit -l, a container's
+// memlock): the save still works through pageable memory, at a fraction of the rate, and the
+// run is told once.
+std::shared_ptr<void> CudaBackend::pin_host_memory(void* p, size_t bytes) {
+    if (!p || bytes == 0) return nullptr;
+    const cudaError_t code = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (code != cudaSuccess) {
+        cudaGetLastError();  // not sticky: clear it for the next check
+        if (!pin_failure_said_)
+            log_warn("cudaHostRegister of ", bytes, " bytes of host memory failed (", cudaGetErrorString(code),
+                     "): checkpoint copies go through pageable memory, slower (raise the locked-memory limit: ulimit -l)");
+        pin_failure_said_ = true;
+        return nullptr;
+    }
+    return std::shared_ptr<void>(p, [](void* q) { cudaHostUnregister(q); });
+}
+
 void CudaBackend::synchronize() {
     wait_for_stream("synchronize");
     resolve_profile();

@@ -51,6 +51,7 @@ public:
     Memory allocate(size_t bytes) override;
     void copy_from_host(const Tensor& dst, const void* src) override;
     void copy_to_host(void* dst, const Tensor& src) override;
+    std::shared_ptr<void> pin_host_memory(void* p, size_t bytes) override;
     void synchronize() override;
     void* device_stream() const override { return stream_; }
     size_t workspace_bytes() const override;
@@ -129,6 +130,7 @@ private:
     std::unique_ptr<CudnnAttention> cudnn_;  // null: the native kernels only
     bool profiling_ = false;
     bool sync_check_ = false;
+    bool pin_failure_said_ = false;  // a failed cudaHostRegister is logged once
     struct PendingOp {
         Op op;
         cudaEvent_t start, stop;
