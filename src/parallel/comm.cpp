@@ -78,6 +78,83 @@ const std::string& Comm::describe() const {
     return description_;
 }
 
+std::vector<int64_t> all_to_all_v_offsets(const Comm& group, const Tensor& t, std::span<const int64_t> counts, const char* side) {
+    if (static_cast<int>(counts.size()) != group.size())
+        fail(ErrorKind::shape, "all_to_all_v in the ", group.describe(), ": ", counts.size(), " ", side, " counts for ", group.size(), " ranks");
+    std::vector<int64_t> offsets(counts.size() + 1, 0);
+    for (size_t r = 0; r < counts.size(); ++r) {
+        if (counts[r] < 0) fail(ErrorKind::shape, "all_to_all_v in the ", group.describe(), ": ", side, " count ", counts[r], " for rank ", r, " is negative");
+        offsets[r + 1] = offsets[r] + counts[r];
+    }
+    if (offsets.back() != t.numel())
+        fail(ErrorKind::shape, "all_to_all_v in the ", group.describe(), ": the ", side, " counts sum to ", offsets.back(), " elements, the ", side,
+             " tensor holds ", t.numel());
+    return offsets;
+}
+
+void check_all_to_all_v(const Comm& group, const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) {
+    if (out.dtype() != in.dtype())
+        fail(ErrorKind::shape, "all_to_all_v in the ", group.describe(), ": sends ", dtype_name(in.dtype()), ", receives into ", dtype_name(out.dtype()));
+    all_to_all_v_offsets(group, out, recv_counts, "receive");
+    all_to_all_v_offsets(group, in, send_counts, "send");
+    const auto self = static_cast<size_t>(group.rank());
+    if (recv_counts[self] != send_counts[self])
+        fail(ErrorKind::shape, "all_to_all_v in the ", group.describe(), ": this rank sends itself ", send_counts[self], " elements and receives ",
+             recv_counts[self], " from itself");
+}
+
+Tensor flat_part(const Tensor& t, int64_t offset, int64_t count) {
+    return Tensor(static_cast<char*>(t.raw()) + static_cast<size_t>(offset) * dtype_size(t.dtype()), t.dtype(), {count}, t.device());
+}
+
+namespace {
+
+// The handles of an operation made of several: waiting waits for each.
+class AllOf final : public CommRequest {
+public:
+    explicit AllOf(std::vector<CommHandle> parts) : parts_(std::move(parts)) {}
+    void wait() override {
+        for (CommHandle& part : parts_) part.wait();
+    }
+    void progress() override {
+        for (CommHandle& part : parts_) part.progress();
+    }
+    bool done() override {
+        bool all = true;
+        for (CommHandle& part : parts_) all = part.done() && all;
+        return all;
+    }
+
+private:
+    std::vector<CommHandle> parts_;
+};
+
+}  // namespace
+
+// Sends first (a receive may be posted only when called, Comm::recv_async's default), then
+// the receives; this rank's own chunk is copied.
+CommHandle Comm::all_to_all_v_async(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) {
+    check_all_to_all_v(*this, out, recv_counts, in, send_counts);
+    if (in.device() != Device::cpu || out.device() != Device::cpu)
+        fail(ErrorKind::unsupported, "all_to_all_v in the ", describe(), " over point-to-point transfers takes host memory; ", device_name(in.device()),
+             " memory goes through the device's collectives");
+    const std::vector<int64_t> sent_at = all_to_all_v_offsets(*this, in, send_counts, "send");
+    const std::vector<int64_t> received_at = all_to_all_v_offsets(*this, out, recv_counts, "receive");
+    std::vector<CommHandle> parts;
+    for (int r = 0; r < size(); ++r) {
+        const auto i = static_cast<size_t>(r);
+        if (r != rank() && send_counts[i] > 0) parts.push_back(send_async(flat_part(in, sent_at[i], send_counts[i]), r));
+    }
+    for (int r = 0; r < size(); ++r) {
+        const auto i = static_cast<size_t>(r);
+        if (r != rank() && recv_counts[i] > 0) parts.push_back(recv_async(flat_part(out, received_at[i], recv_counts[i]), r));
+    }
+    const auto self = static_cast<size_t>(rank());
+    if (send_counts[self] > 0)
+        std::memmove(flat_part(out, received_at[self], 0).raw(), flat_part(in, sent_at[self], 0).raw(), static_cast<size_t>(send_counts[self]) * dtype_size(in.dtype()));
+    return CommHandle(std::make_unique<AllOf>(std::move(parts)));
+}
+
 namespace {
 
 class SelfComm final : public Comm {

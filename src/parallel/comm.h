@@ -11,6 +11,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,13 @@ public:
     // out arrives from rank r. Bytes move as they are (no arithmetic), whatever the dtype:
     // what compressed collectives (1-bit Adam's sign bits) send.
     virtual CommHandle all_to_all_async(const Tensor& out, const Tensor& in) = 0;
+    // Chunks of their own sizes (the routing of tokens to experts): in holds send_counts[r]
+    // elements for rank r, out receives recv_counts[r] from rank r, each side's chunks back to
+    // back in rank order; counts are in elements of the tensors' (shared) dtype and must agree
+    // (recv_counts[r] here = send_counts[this rank] on rank r: an all_to_all of the counts
+    // first tells them). Bytes move as they are. The default posts a send and a receive per
+    // peer with a nonzero count (host memory); MPI and the device paths use their own.
+    virtual CommHandle all_to_all_v_async(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts);
     virtual CommHandle send_async(const Tensor& data, int peer) = 0;
     virtual void recv(const Tensor& data, int peer) = 0;
     // A receive whose completion the handle waits for (the ring of context parallelism posts
@@ -106,6 +114,9 @@ public:
     void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum) { reduce_scatter_async(out, in, op).wait(); }
     void all_gather(const Tensor& data) { all_gather_async(data).wait(); }
     void all_to_all(const Tensor& out, const Tensor& in) { all_to_all_async(out, in).wait(); }
+    void all_to_all_v(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) {
+        all_to_all_v_async(out, recv_counts, in, send_counts).wait();
+    }
     void send(const Tensor& data, int peer) { send_async(data, peer).wait(); }
     // Sum (or max) of one number over the group.
     double all_reduce_scalar(double value, ReduceOp op);
@@ -119,6 +130,15 @@ private:
 
 // "0, 1, 2", "0-127", "0, 8, ..., 120 (stride 8)": world ranks in ascending runs.
 std::string describe_world_ranks(const std::vector<int>& ranks);
+
+// The element offsets of chunks of `counts` elements laid back to back (size() + 1 of them,
+// the last the total), after checking all_to_all_v's arguments: one count per rank of
+// `group`, none negative, summing to the tensor's elements; in and out of one dtype. Throws
+// Error(shape) naming the group and the side.
+std::vector<int64_t> all_to_all_v_offsets(const Comm& group, const Tensor& t, std::span<const int64_t> counts, const char* side);
+void check_all_to_all_v(const Comm& group, const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts);
+// Elements [offset, offset + count) of t, flattened.
+Tensor flat_part(const Tensor& t, int64_t offset, int64_t count);
 
 // A group of one rank: reductions and gathers leave the data as it is.
 std::unique_ptr<Comm> make_self_comm(const std::string& name);

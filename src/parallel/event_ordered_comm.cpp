@@ -227,6 +227,12 @@ CommHandle EventOrderedComm::all_to_all_async(const Tensor& out, const Tensor& i
     return ordered(CommOp::all_to_all, main_, [&](StreamCollectives& c, StreamId s) { c.all_to_all(out, in, s); });
 }
 
+CommHandle EventOrderedComm::all_to_all_v_async(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) {
+    if (in.device() == Device::cpu) return host_.all_to_all_v_async(out, recv_counts, in, send_counts);
+    check_all_to_all_v(*this, out, recv_counts, in, send_counts);
+    return ordered(CommOp::all_to_all, main_, [&](StreamCollectives& c, StreamId s) { c.all_to_all_v(out, recv_counts, in, send_counts, s); });
+}
+
 CommHandle EventOrderedComm::send_async(const Tensor& data, int peer) {
     if (data.device() == Device::cpu) return host_.send_async(data, peer);
     return ordered(CommOp::send, p2p_lane(peer, true), [&](StreamCollectives& c, StreamId s) { c.send(data, peer, s); }, peer);

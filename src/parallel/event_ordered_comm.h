@@ -133,6 +133,7 @@ public:
     CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override;
     CommHandle all_gather_async(const Tensor& data) override;
     CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override;
+    CommHandle all_to_all_v_async(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) override;
     CommHandle send_async(const Tensor& data, int peer) override;
     void recv(const Tensor& data, int peer) override;
     CommHandle recv_async(const Tensor& data, int peer) override;

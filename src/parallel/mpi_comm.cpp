@@ -227,6 +227,21 @@ public:
         check(MPI_Ialltoall(staged_in->data(), chunk, MPI_BYTE, staged_out->data(), chunk, MPI_BYTE, comm_, &r), started);
         return handle(r, started, std::move(staged_out), std::move(staged_in));
     }
+    // Counts and displacements in bytes: MPI's are int, so a chunk or an offset past 2^31 - 1
+    // bytes is refused (as the other collectives refuse their counts).
+    CommHandle all_to_all_v_async(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) override {
+        check_all_to_all_v(*this, out, recv_counts, in, send_counts);
+        const std::vector<int> send_bytes = byte_counts(in, send_counts), recv_bytes = byte_counts(out, recv_counts);
+        const std::vector<int> send_at = byte_offsets(send_bytes), recv_at = byte_offsets(recv_bytes);
+        auto staged_out = stage(out, false, false);
+        auto staged_in = stage(in, true, false);
+        MPI_Request r;
+        const Operation started = collective(CommOp::all_to_all);
+        check(MPI_Ialltoallv(staged_in->data(), send_bytes.data(), send_at.data(), MPI_BYTE, staged_out->data(), recv_bytes.data(), recv_at.data(), MPI_BYTE,
+                             comm_, &r),
+              started);
+        return handle(r, started, std::move(staged_out), std::move(staged_in));
+    }
     CommHandle send_async(const Tensor& data, int peer) override {
         auto staged = stage(data, true, false);
         MPI_Request r;
@@ -299,6 +314,23 @@ private:
         return CommHandle(std::make_unique<MpiRequest>(*this, r, op, std::move(result), std::move(input)));
     }
     // A collective entered: its sequence number in this group, published.
+    std::vector<int> byte_counts(const Tensor& t, std::span<const int64_t> counts) const {
+        std::vector<int> bytes(counts.size());
+        int64_t total = 0;
+        for (size_t r = 0; r < counts.size(); ++r) {
+            const int64_t b = counts[r] * static_cast<int64_t>(dtype_size(t.dtype()));
+            total += b;
+            if (total > std::numeric_limits<int>::max())
+                fail(ErrorKind::unsupported, "MPI all_to_all_v in the ", describe(), ": ", total, " bytes to rank ", r, " and before it exceed 2^31 - 1");
+            bytes[r] = static_cast<int>(b);
+        }
+        return bytes;
+    }
+    static std::vector<int> byte_offsets(const std::vector<int>& bytes) {
+        std::vector<int> at(bytes.size(), 0);
+        for (size_t r = 1; r < bytes.size(); ++r) at[r] = at[r - 1] + bytes[r - 1];
+        return at;
+    }
     Operation collective(CommOp op) {
         const Operation started{op, channel_.next_collective()};
         channel_.arrived(op, started.seq_or_peer);

@@ -96,6 +96,23 @@ public:
         }
         settle(ncclGroupEnd(), "all_to_all");
     }
+    // One group of a send and a receive per peer with a nonzero count.
+    void all_to_all_v(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts, StreamId stream) override {
+        expect_device("all_to_all_v", out);
+        expect_device("all_to_all_v", in);
+        const size_t element = dtype_size(in.dtype());
+        settle(ncclGroupStart(), "all_to_all_v");
+        size_t sent = 0, received = 0;
+        for (int peer = 0; peer < size_; ++peer) {
+            const auto send_bytes = static_cast<size_t>(send_counts[static_cast<size_t>(peer)]) * element;
+            const auto recv_bytes = static_cast<size_t>(recv_counts[static_cast<size_t>(peer)]) * element;
+            if (send_bytes > 0) settle(ncclSend(static_cast<const char*>(in.raw()) + sent, send_bytes, ncclUint8, peer, comm_, stream_of_(stream)), "all_to_all_v");
+            if (recv_bytes > 0) settle(ncclRecv(static_cast<char*>(out.raw()) + received, recv_bytes, ncclUint8, peer, comm_, stream_of_(stream)), "all_to_all_v");
+            sent += send_bytes;
+            received += recv_bytes;
+        }
+        settle(ncclGroupEnd(), "all_to_all_v");
+    }
     void send(const Tensor& data, int peer, StreamId stream) override {
         expect_device("send", data);
         settle(ncclSend(data.raw(), count(data), nccl_type(data.dtype(), false), peer, comm_, stream_of_(stream)), "send");
@@ -214,6 +231,11 @@ public:
     CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override {
         nccl_->all_to_all(out, in, 0);
         return record("all_to_all");
+    }
+    CommHandle all_to_all_v_async(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) override {
+        check_all_to_all_v(*this, out, recv_counts, in, send_counts);
+        nccl_->all_to_all_v(out, recv_counts, in, send_counts, 0);
+        return record("all_to_all_v");
     }
     CommHandle send_async(const Tensor& data, int peer) override {
         nccl_->send(data, peer, 0);

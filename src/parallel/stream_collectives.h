@@ -4,6 +4,8 @@
 // stream against the compute stream is the caller's business (EventOrderedComm).
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 
 #include "parallel/comm.h"
@@ -20,6 +22,8 @@ public:
     virtual void all_gather(const Tensor& data, StreamId stream) = 0;
     // Comm::all_to_all_async's bytes, on a stream.
     virtual void all_to_all(const Tensor& out, const Tensor& in, StreamId stream) = 0;
+    // Comm::all_to_all_v_async's chunks (checked by the caller), on a stream.
+    virtual void all_to_all_v(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts, StreamId stream) = 0;
     virtual void send(const Tensor& data, int peer, StreamId stream) = 0;
     virtual void recv(const Tensor& data, int peer, StreamId stream) = 0;
     virtual void broadcast(const Tensor& data, int root, StreamId stream) = 0;

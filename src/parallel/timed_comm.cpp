@@ -48,6 +48,9 @@ public:
     CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override {
         return timed_async(CommOp::all_to_all, [&] { return inner_->all_to_all_async(out, in); });
     }
+    CommHandle all_to_all_v_async(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) override {
+        return timed_async(CommOp::all_to_all, [&] { return inner_->all_to_all_v_async(out, recv_counts, in, send_counts); });
+    }
     CommHandle send_async(const Tensor& data, int peer) override {
         return timed_async(CommOp::send, [&] { return inner_->send_async(data, peer); });
     }

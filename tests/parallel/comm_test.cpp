@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -27,7 +29,73 @@ ParallelContext world_context(double timeout_seconds = 60) {
 
 Tensor view(std::vector<float>& v) { return Tensor(v.data(), DType::f32, {static_cast<int64_t>(v.size())}); }
 
+// A group that has only point-to-point transfers of its own: its all_to_all_v is Comm's default.
+class PointToPointOnly final : public Comm {
+public:
+    explicit PointToPointOnly(Comm& inner) : inner_(inner) {}
+    int rank() const override { return inner_.rank(); }
+    int size() const override { return inner_.size(); }
+    int world_rank(int rank) const override { return inner_.world_rank(rank); }
+    const std::string& name() const override { return inner_.name(); }
+    CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override { return inner_.all_reduce_async(data, op); }
+    CommHandle reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override { return inner_.reduce_scatter_async(out, in, op); }
+    CommHandle all_gather_async(const Tensor& data) override { return inner_.all_gather_async(data); }
+    CommHandle all_to_all_async(const Tensor& out, const Tensor& in) override { return inner_.all_to_all_async(out, in); }
+    CommHandle send_async(const Tensor& data, int peer) override { return inner_.send_async(data, peer); }
+    void recv(const Tensor& data, int peer) override { inner_.recv(data, peer); }
+    CommHandle recv_async(const Tensor& data, int peer) override { return inner_.recv_async(data, peer); }
+    void broadcast(const Tensor& data, int root) override { inner_.broadcast(data, root); }
+    void barrier() override { inner_.barrier(); }
+
+private:
+    Comm& inner_;
+};
+
+// Rank s sends rank d (s + d) % 3 elements (none from 0 to 0, two from 1 to 1, ...), each
+// naming its sender, its receiver and its place: every receiver finds them in rank order.
+void expect_chunks_routed(Comm& group) {
+    const int me = group.rank();
+    const auto count = [](int from, int to) { return static_cast<int64_t>((from + to) % 3); };
+    std::vector<int64_t> send_counts, recv_counts;
+    std::vector<float> in, expected;
+    for (int r = 0; r < group.size(); ++r) {
+        send_counts.push_back(count(me, r));
+        for (int64_t i = 0; i < count(me, r); ++i) in.push_back(static_cast<float>(100 * me + 10 * r + i));
+        recv_counts.push_back(count(r, me));
+        for (int64_t i = 0; i < count(r, me); ++i) expected.push_back(static_cast<float>(100 * r + 10 * me + i));
+    }
+    std::vector<float> out(expected.size(), -1);
+    group.all_to_all_v(view(out), recv_counts, view(in), send_counts);
+    EXPECT_EQ(out, expected);
+}
+
 }  // namespace
+
+PARALLEL_TEST(MpiCollectives, AllToAllV_ChunksOfTheirOwnSizesIncludingNone_ArriveInRankOrder, 3) {
+    ParallelContext ctx = world_context();
+    expect_chunks_routed(*ctx.world);
+    PointToPointOnly by_transfers(*ctx.world);
+    expect_chunks_routed(by_transfers);
+}
+
+PARALLEL_TEST(MpiCollectives, AllToAllV_CountsThatDoNotAddUp_AreRefusedNamingTheGroupAndTheSide, 3) {
+    ParallelContext ctx = world_context();
+    std::vector<float> in(3, 0), out(3, 0);
+    const std::vector<int64_t> ones{1, 1, 1}, short_by_one{1, 1, 0}, negative{2, 2, -1};
+    const auto refusal = [&](std::span<const int64_t> recv_counts, std::span<const int64_t> send_counts) {
+        try {
+            ctx.world->all_to_all_v(view(out), recv_counts, view(in), send_counts);
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("(accepted)");
+    };
+    EXPECT_NE(refusal(ones, short_by_one).find("all_to_all_v in the world group (world ranks 0, 1, 2): the send counts sum to 2 elements, the send tensor holds 3"),
+              std::string::npos);
+    EXPECT_NE(refusal(negative, ones).find("receive count -1 for rank 2 is negative"), std::string::npos);
+    EXPECT_NE(refusal(std::span<const int64_t>(ones).first(2), ones).find("2 receive counts for 3 ranks"), std::string::npos);
+    ctx.world->barrier();  // nothing was sent: the group is still in step
+}
 
 PARALLEL_TEST(MpiCollectives, AllReduceSumAndMax_GiveEveryRankTheSameResult, 3) {
     ParallelContext ctx = world_context();

@@ -149,6 +149,12 @@ void RecordedCollectives::all_to_all(const Tensor& out, const Tensor& in, Stream
     host_.all_to_all(on_host(out), on_host(in));
 }
 
+void RecordedCollectives::all_to_all_v(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts,
+                                       StreamId stream) {
+    order_.work(stream, named("all_to_all_v"), {in}, {out});
+    host_.all_to_all_v(on_host(out), recv_counts, on_host(in), send_counts);
+}
+
 // The bytes leave at once, from a copy; the transfer completes when the peer receives. On a
 // GPU a send and the opposite receive run on streams of their own, so two ranks may each
 // send to the other before either receives (context parallelism's ring): a blocking send

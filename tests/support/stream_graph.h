@@ -90,6 +90,7 @@ public:
     void reduce_scatter(const Tensor& out, const Tensor& in, StreamId stream) override;
     void all_gather(const Tensor& data, StreamId stream) override;
     void all_to_all(const Tensor& out, const Tensor& in, StreamId stream) override;
+    void all_to_all_v(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts, StreamId stream) override;
     void send(const Tensor& data, int peer, StreamId stream) override;
     void recv(const Tensor& data, int peer, StreamId stream) override;
     void broadcast(const Tensor& data, int root, StreamId stream) override;

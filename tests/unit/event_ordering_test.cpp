@@ -157,6 +157,21 @@ TEST(EventOrdering, TensorParallelAllReduce_WaitsForTheLayerAndTheNextOpWaitsFor
     EXPECT_EQ(count(rig.order.work_on(1), "all_reduce (tp)"), 3u);
 }
 
+// Routing tokens to experts: the all-to-all of chunks of their own sizes waits for the
+// permutation that wrote its input, and the experts' GEMM for it.
+TEST(EventOrdering, AllToAllV_WaitsForThePermutationAndTheExpertsWaitForIt) {
+    Rig rig("ep");
+    OwnedTensor tokens = device_tensor(DType::bf16, 12), routed = device_tensor(DType::bf16, 10);
+    const std::vector<int64_t> send_counts{5, 7}, recv_counts{5, 5};
+    for (int layer = 0; layer < 2; ++layer) {
+        rig.kernel(cat("permute tokens by expert, layer ", layer), {}, {tokens.view()});
+        rig.comm->all_to_all_v(routed.view(), recv_counts, tokens.view(), send_counts);
+        rig.kernel(cat("experts' GEMM, layer ", layer), {routed.view()}, {});
+    }
+    expect_no_races(rig);
+    EXPECT_EQ(count(rig.order.work_on(1), "all_to_all_v (ep)"), 2u);
+}
+
 TEST(EventOrdering, PipelineTransfers_TowardLowerRanksTakeTheirOwnStream) {
     Rig rig("pp", 1, 3, 300, true);
     OwnedTensor in = device_tensor(DType::bf16, 8), out = device_tensor(DType::bf16, 8);
