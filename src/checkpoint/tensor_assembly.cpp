@@ -1,6 +1,7 @@
 #include "checkpoint/tensor_assembly.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -58,15 +59,36 @@ nlohmann::json index_json(int file, const RankFileReader& reader) {
 }
 
 // Copies the sub-box `part` of a box `from` (its values row-major at `src`) into a box `to`
-// (row-major at `dst`): vectors and matrices, elements of `elem` bytes.
+// (row-major at `dst`), boxes of any rank, elements of `elem` bytes: one copy per run along
+// the last dimension, the runs visited in row-major order of the others.
 void copy_part(const char* src, const GlobalBox& from, char* dst, const GlobalBox& to, const GlobalBox& part, size_t elem) {
     const int rank = part.start.rank;
-    const int64_t rows = rank == 2 ? part.count[0] : 1, cols = rank == 2 ? part.count[1] : part.count[0];
-    const int64_t src_pitch = rank == 2 ? from.count[1] : 0, dst_pitch = rank == 2 ? to.count[1] : 0;
-    const int64_t src_at = rank == 2 ? (part.start[0] - from.start[0]) * src_pitch + part.start[1] - from.start[1] : part.start[0] - from.start[0];
-    const int64_t dst_at = rank == 2 ? (part.start[0] - to.start[0]) * dst_pitch + part.start[1] - to.start[1] : part.start[0] - to.start[0];
-    for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(dst + static_cast<size_t>(dst_at + r * dst_pitch) * elem, src + static_cast<size_t>(src_at + r * src_pitch) * elem, static_cast<size_t>(cols) * elem);
+    if (rank < 1) return;
+    std::array<int64_t, Shape::max_rank> src_stride{}, dst_stride{}, index{};
+    src_stride[static_cast<size_t>(rank - 1)] = dst_stride[static_cast<size_t>(rank - 1)] = 1;
+    for (int d = rank - 2; d >= 0; --d) {
+        const auto i = static_cast<size_t>(d);
+        src_stride[i] = src_stride[i + 1] * from.count[d + 1];
+        dst_stride[i] = dst_stride[i + 1] * to.count[d + 1];
+    }
+    int64_t runs = 1;
+    for (int d = 0; d < rank - 1; ++d) runs *= part.count[d];
+    const auto run_bytes = static_cast<size_t>(part.count[rank - 1]) * elem;
+    for (int64_t k = 0; k < runs; ++k) {
+        int64_t src_at = 0, dst_at = 0;
+        for (int d = 0; d < rank; ++d) {
+            const auto i = static_cast<size_t>(d);
+            const int64_t global = part.start[d] + index[i];
+            src_at += (global - from.start[d]) * src_stride[i];
+            dst_at += (global - to.start[d]) * dst_stride[i];
+        }
+        std::memcpy(dst + static_cast<size_t>(dst_at) * elem, src + static_cast<size_t>(src_at) * elem, run_bytes);
+        for (int d = rank - 2; d >= 0; --d) {  // the next run: an odometer over the leading dimensions
+            const auto i = static_cast<size_t>(d);
+            if (++index[i] < part.count[d]) break;
+            index[i] = 0;
+        }
+    }
 }
 
 Shape relative_start(const GlobalBox& part, const GlobalBox& within) {

@@ -1,6 +1,7 @@
 #include "parallel/placement.h"
 
 #include <algorithm>
+#include <array>
 
 #include "core/error.h"
 
@@ -67,10 +68,14 @@ struct LocalMatrix {
 
 LocalMatrix matrix_of(const TensorPlace& t) {
     const Shape& s = t.local_shape;
-    if (s.rank < 1 || s.rank > 2) fail(ErrorKind::runtime, "tensor '", t.name, "' of shape ", s.str(), ": placements hold vectors and matrices");
+    if (s.rank < 1) fail(ErrorKind::runtime, "tensor '", t.name, "' of shape ", s.str(), ": placements hold tensors of one dimension or more");
+    // A tensor of 3 or more dimensions ([experts, rows, cols]) is its rows() x cols() matrix;
+    // tensor parallelism splits vectors and matrices only.
+    if (s.rank > 2 && t.tp_size > 1 && t.split.kind != TpSplit::none)
+        fail(ErrorKind::runtime, "tensor '", t.name, "' of shape ", s.str(), ": tensor parallelism splits vectors and matrices, not tensors of ", s.rank, " dimensions");
     LocalMatrix m;
-    m.rows = s[0];
-    m.cols = s.rank == 2 ? s[1] : 1;
+    m.rows = s.rank == 1 ? s[0] : s.rows();
+    m.cols = s.rank == 1 ? 1 : s.cols();
     m.block_rows = m.block_stride = std::max<int64_t>(m.rows, 1);
     if (t.tp_size == 1 || t.split.kind == TpSplit::none) return m;
     if (t.split.kind == TpSplit::cols) {
@@ -82,6 +87,47 @@ LocalMatrix matrix_of(const TensorPlace& t) {
     m.block_stride = m.block_rows * t.tp_size;
     m.row_offset = static_cast<int64_t>(t.tp_rank) * m.block_rows;
     return m;
+}
+
+// Whole rows [row, row + rows) of an N-D tensor (N >= 3, held whole: global = local) as
+// boxes: rows are the tensor's leading dimensions in mixed radix, and each box takes, from
+// where it starts, as many whole units of the largest dimension aligned there as the range
+// holds (every dimension after it whole), so a range is at most 2 (N - 1) boxes.
+void append_row_boxes(const Shape& s, int64_t row, int64_t rows, std::vector<GlobalBox>& boxes) {
+    const int leading = s.rank - 1;
+    std::array<int64_t, Shape::max_rank> inner{};  // rows in one unit of leading dimension d
+    inner[static_cast<size_t>(leading - 1)] = 1;
+    for (int d = leading - 2; d >= 0; --d) inner[static_cast<size_t>(d)] = inner[static_cast<size_t>(d + 1)] * s[d + 1];
+    for (const int64_t end = row + rows; row < end;) {
+        int d = 0;  // the outermost dimension whose unit starts at row and fits the range
+        while (row % inner[static_cast<size_t>(d)] != 0 || row + inner[static_cast<size_t>(d)] > end) ++d;
+        const int64_t unit = inner[static_cast<size_t>(d)], at = row / unit % s[d];
+        const int64_t units = std::min(s[d] - at, (end - row) / unit);
+        GlobalBox box;
+        box.start.rank = box.count.rank = s.rank;
+        for (int k = 0; k < s.rank; ++k) {
+            const auto i = static_cast<size_t>(k);
+            if (k < d) box.start.dims[i] = row / inner[i] % s[k], box.count.dims[i] = 1;
+            else if (k == d) box.start.dims[i] = at, box.count.dims[i] = units;
+            else box.start.dims[i] = 0, box.count.dims[i] = s[k];
+        }
+        boxes.push_back(box);
+        row += units * unit;
+    }
+}
+
+// A part of one row [col, col + cols) of an N-D tensor: 1 in every leading dimension.
+GlobalBox row_part_box(const Shape& s, int64_t row, int64_t col, int64_t cols) {
+    GlobalBox box;
+    box.start.rank = box.count.rank = s.rank;
+    for (int k = s.rank - 2; k >= 0; --k) {
+        box.start.dims[static_cast<size_t>(k)] = row % s[k];
+        box.count.dims[static_cast<size_t>(k)] = 1;
+        row /= s[k];
+    }
+    box.start.dims[static_cast<size_t>(s.rank - 1)] = col;
+    box.count.dims[static_cast<size_t>(s.rank - 1)] = cols;
+    return box;
 }
 
 GlobalBox box_at(const TensorPlace& t, const LocalMatrix& m, int64_t row, int64_t rows, int64_t col, int64_t cols) {
@@ -109,14 +155,15 @@ std::vector<GlobalBox> boxes_of(const TensorPlace& t, FlatRange local) {
         if (col > 0 || local.end - at < m.cols) {
             // A partial row: from col to the range's end or the row's.
             const int64_t n = std::min(m.cols - col, local.end - at);
-            boxes.push_back(box_at(t, m, row, 1, col, n));
+            boxes.push_back(t.local_shape.rank > 2 ? row_part_box(t.local_shape, row, col, n) : box_at(t, m, row, 1, col, n));
             at += n;
             continue;
         }
         // Whole rows, up to the range's last whole row and the end of the row block.
         const int64_t last_whole = local.end / m.cols, block_end = (row / m.block_rows + 1) * m.block_rows;
         const int64_t rows = std::min(last_whole, block_end) - row;
-        boxes.push_back(box_at(t, m, row, rows, 0, m.cols));
+        if (t.local_shape.rank > 2) append_row_boxes(t.local_shape, row, rows, boxes);
+        else boxes.push_back(box_at(t, m, row, rows, 0, m.cols));
         at += rows * m.cols;
     }
     return boxes;

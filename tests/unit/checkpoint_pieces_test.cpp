@@ -20,11 +20,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Element g of the global tensor holds g: every value says where it came from.
+// Element g of the global tensor holds g (row-major, any rank): every value says where it
+// came from. i: the element's place in the box, row-major.
 float value_at(const Shape& global, const GlobalBox& box, int64_t i) {
-    const int64_t cols = global.rank == 2 ? global[1] : 1, box_cols = box.count.rank == 2 ? box.count[1] : 1;
-    const int64_t row = box.start[0] + i / box_cols, col = (box.start.rank == 2 ? box.start[1] : 0) + i % box_cols;
-    return static_cast<float>(row * cols + col);
+    int64_t g = 0, below = 1;
+    for (int d = box.count.rank - 1; d >= 0; --d) {
+        g += (box.start[d] + i % box.count[d]) * below;
+        i /= box.count[d];
+        below *= global[d];
+    }
+    return static_cast<float>(g);
 }
 
 // A checkpoint directory of one rank file per list of boxes of the tensor "w".
@@ -79,6 +84,20 @@ TEST(CheckpointPieces, AnotherLayoutsRange_IsReadFromTheBoxesItMeets) {
     checkpoint.read(TensorRole::weights, cols_half, range, out.data(), DType::f32);
     for (int64_t i = range.begin; i < range.end; ++i)
         EXPECT_EQ(out[static_cast<size_t>(i - range.begin)], static_cast<float>(tp_global_index({12, 2}, global, {TpSplit::cols, 1}, 1, 2, i))) << "local " << i;
+}
+
+// Expert weights, [experts, rows, cols]: saved as two experts in one file and one expert per
+// piece in another; any range of the whole tensor reads back every element from its box.
+TEST(CheckpointPieces, ThreeDimensionalTensor_IsReadFromPiecesCutByItsLeadingDimension) {
+    const Shape global{4, 3, 5};
+    const FakeCheckpoint c("experts", global, {{box({0, 0, 0}, {2, 3, 5})}, {box({2, 0, 0}, {1, 3, 5}), box({3, 0, 0}, {1, 3, 5})}});
+    const CheckpointTensors checkpoint(c.dir, c.manifest);
+    const TensorPlace whole{"w", global, global, {TpSplit::none, 1}, 0, 1, {0, 60}};
+    for (const FlatRange range : {FlatRange{0, 60}, FlatRange{7, 53}, FlatRange{15, 45}, FlatRange{29, 31}}) {
+        std::vector<float> out(static_cast<size_t>(range.size()), -1);
+        checkpoint.read(TensorRole::weights, whole, range, out.data(), DType::f32);
+        for (int64_t i = range.begin; i < range.end; ++i) EXPECT_EQ(out[static_cast<size_t>(i - range.begin)], static_cast<float>(i)) << "element " << i;
+    }
 }
 
 // A vocabulary padded to more rows: the saved rows as they were, the new ones zero.

@@ -122,6 +122,46 @@ TEST(Placement, BoxesOfWholeRows_AreOneBoxPerRowBlock) {
     EXPECT_EQ(partial[3].str(), "[15:16, 0:2]");
 }
 
+// [experts, rows, cols] and [a, b, c, cols]: a range's boxes hold its elements in order, each
+// box row-major, and whole leading units are one box (at most two per leading dimension).
+TEST(Placement, BoxesOfTensorsOfThreeAndFourDimensions_HoldTheRangeInOrderInFewBoxes) {
+    for (const Shape& shape : {Shape{4, 3, 5}, Shape{2, 3, 2, 4}}) {
+        SCOPED_TRACE(shape.str());
+        const TensorPlace t{"experts", shape, shape, {TpSplit::none, 1}, 0, 1, {0, shape.numel()}};
+        for (int64_t begin = 0; begin < shape.numel(); begin += 3)
+            for (int64_t end = begin + 1; end <= shape.numel(); end += 5) {
+                const std::vector<GlobalBox> boxes = boxes_of(t, {begin, end});
+                EXPECT_LE(boxes.size(), static_cast<size_t>(2 * (shape.rank - 1) + 2)) << "[" << begin << ", " << end << ")";
+                int64_t expected = begin;
+                for (const GlobalBox& box : boxes)
+                    for (int64_t i = 0; i < box.numel(); ++i) {
+                        int64_t g = 0, below = 1, rest = i;
+                        for (int d = shape.rank - 1; d >= 0; --d) {
+                            g += (box.start[d] + rest % box.count[d]) * below;
+                            rest /= box.count[d];
+                            below *= shape[d];
+                        }
+                        ASSERT_EQ(g, expected++) << "[" << begin << ", " << end << ") in " << box.str();
+                    }
+                EXPECT_EQ(expected, end);
+            }
+    }
+    const TensorPlace experts{"experts", {4, 3, 5}, {4, 3, 5}, {TpSplit::none, 1}, 0, 1, {0, 60}};
+    const std::vector<GlobalBox> two_experts = boxes_of(experts, {15, 45});
+    ASSERT_EQ(two_experts.size(), 1u);
+    EXPECT_EQ(two_experts[0].str(), "[1:3, 0:3, 0:5]");
+}
+
+TEST(Placement, TensorParallelSplitOfAThreeDimensionalTensor_IsRefusedNamingIt) {
+    const TensorPlace split{"experts", {4, 6, 5}, {4, 3, 5}, {TpSplit::rows, 1}, 0, 2, {0, 60}};
+    try {
+        boxes_of(split, {0, 60});
+        FAIL() << "expected a refusal";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("tensor 'experts' of shape [4, 3, 5]: tensor parallelism splits vectors and matrices"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Placement, Cuts_CoverTheBufferOnceWithEqualPieces) {
     const std::vector<FlatCut> buckets = bucket_cuts(60, 4, 3, 40);  // 40 bytes: 3 floats per rank, 9 per bucket
     int64_t covered = 0, shard_at = 0;
