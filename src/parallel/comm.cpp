@@ -92,15 +92,18 @@ std::vector<int64_t> all_to_all_v_offsets(const Comm& group, const Tensor& t, st
     return offsets;
 }
 
-void check_all_to_all_v(const Comm& group, const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) {
+AllToAllVOffsets check_all_to_all_v(const Comm& group, const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in,
+                                    std::span<const int64_t> send_counts) {
     if (out.dtype() != in.dtype())
         fail(ErrorKind::shape, "all_to_all_v in the ", group.describe(), ": sends ", dtype_name(in.dtype()), ", receives into ", dtype_name(out.dtype()));
-    all_to_all_v_offsets(group, out, recv_counts, "receive");
-    all_to_all_v_offsets(group, in, send_counts, "send");
+    AllToAllVOffsets offsets;
+    offsets.received_at = all_to_all_v_offsets(group, out, recv_counts, "receive");
+    offsets.sent_at = all_to_all_v_offsets(group, in, send_counts, "send");
     const auto self = static_cast<size_t>(group.rank());
     if (recv_counts[self] != send_counts[self])
         fail(ErrorKind::shape, "all_to_all_v in the ", group.describe(), ": this rank sends itself ", send_counts[self], " elements and receives ",
              recv_counts[self], " from itself");
+    return offsets;
 }
 
 Tensor flat_part(const Tensor& t, int64_t offset, int64_t count) {
@@ -134,12 +137,10 @@ private:
 // Sends first (a receive may be posted only when called, Comm::recv_async's default), then
 // the receives; this rank's own chunk is copied.
 CommHandle Comm::all_to_all_v_async(const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts) {
-    check_all_to_all_v(*this, out, recv_counts, in, send_counts);
+    const auto [sent_at, received_at] = check_all_to_all_v(*this, out, recv_counts, in, send_counts);
     if (in.device() != Device::cpu || out.device() != Device::cpu)
         fail(ErrorKind::unsupported, "all_to_all_v in the ", describe(), " over point-to-point transfers takes host memory; ", device_name(in.device()),
              " memory goes through the device's collectives");
-    const std::vector<int64_t> sent_at = all_to_all_v_offsets(*this, in, send_counts, "send");
-    const std::vector<int64_t> received_at = all_to_all_v_offsets(*this, out, recv_counts, "receive");
     std::vector<CommHandle> parts;
     for (int r = 0; r < size(); ++r) {
         const auto i = static_cast<size_t>(r);
@@ -150,8 +151,10 @@ CommHandle Comm::all_to_all_v_async(const Tensor& out, std::span<const int64_t> 
         if (r != rank() && recv_counts[i] > 0) parts.push_back(recv_async(flat_part(out, received_at[i], recv_counts[i]), r));
     }
     const auto self = static_cast<size_t>(rank());
-    if (send_counts[self] > 0)
-        std::memmove(flat_part(out, received_at[self], 0).raw(), flat_part(in, sent_at[self], 0).raw(), static_cast<size_t>(send_counts[self]) * dtype_size(in.dtype()));
+    if (send_counts[self] > 0) {
+        const Tensor own = flat_part(in, sent_at[self], send_counts[self]);
+        std::memmove(flat_part(out, received_at[self], send_counts[self]).raw(), own.raw(), own.bytes());
+    }
     return CommHandle(std::make_unique<AllOf>(std::move(parts)));
 }
 

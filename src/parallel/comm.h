@@ -136,7 +136,11 @@ std::string describe_world_ranks(const std::vector<int>& ranks);
 // `group`, none negative, summing to the tensor's elements; in and out of one dtype. Throws
 // Error(shape) naming the group and the side.
 std::vector<int64_t> all_to_all_v_offsets(const Comm& group, const Tensor& t, std::span<const int64_t> counts, const char* side);
-void check_all_to_all_v(const Comm& group, const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in, std::span<const int64_t> send_counts);
+struct AllToAllVOffsets {
+    std::vector<int64_t> sent_at, received_at;  // each side's chunk offsets, in elements
+};
+AllToAllVOffsets check_all_to_all_v(const Comm& group, const Tensor& out, std::span<const int64_t> recv_counts, const Tensor& in,
+                                    std::span<const int64_t> send_counts);
 // Elements [offset, offset + count) of t, flattened.
 Tensor flat_part(const Tensor& t, int64_t offset, int64_t count);
 
