@@ -192,4 +192,35 @@ enum class Element { f32, bf16, f16 };
 void launch_copy_columns(Element dst_type, void* dst, int64_t dst_width, Element src_type, const void* src, int64_t src_width, int64_t rows, int64_t cols,
                          cudaStream_t stream);
 
+// moe.cu: Mixture-of-Experts routing (backend.h's MoeRouteFwd ... MoeCombineBwd state the
+// math). Router tensors fp32, expert indices, rows and counts i32, activations Half.
+// An expert index outside [0, E) or a row or source outside its buffer is skipped, never
+// followed (the ops that produce them never write one).
+void launch_moe_route_fwd(int32_t* experts, float* gates, float* scores, const float* logits, const float* expert_bias, int64_t N, int64_t E, int64_t k,
+                          bool sigmoid, bool normalize, cudaStream_t stream);
+void launch_moe_route_bwd(float* d_logits, const float* d_gates, const float* gates, const float* scores, const int32_t* experts, int64_t N, int64_t E,
+                          int64_t k, bool sigmoid, bool normalize, bool accumulate, cudaStream_t stream);
+// G groups of S tokens.
+void launch_moe_load_stats(int32_t* counts, float* score_sums, const int32_t* experts, const float* scores, int64_t G, int64_t S, int64_t E, int64_t k,
+                           cudaStream_t stream);
+void launch_moe_aux_loss_fwd(float* loss, const int32_t* counts, const float* score_sums, int64_t G, int64_t E, int64_t tokens_per_group, int64_t top_k,
+                             double coeff, cudaStream_t stream);
+// d_logits += through the score function of d_scores[t, e] = scale counts[t / S, e].
+void launch_moe_aux_loss_bwd(float* d_logits, const float* scores, const int32_t* counts, int64_t N, int64_t E, int64_t S, float scale, bool sigmoid,
+                             cudaStream_t stream);
+void launch_moe_z_loss_fwd(float* loss, const float* logits, int64_t N, int64_t E, double coeff, cudaStream_t stream);
+// d_logits[t, e] += scale lse_t softmax(logits[t])_e.
+void launch_moe_z_loss_bwd(float* d_logits, const float* logits, int64_t N, int64_t E, float scale, cudaStream_t stream);
+// scratch: moe_permute_plan_scratch_bytes(N k, E) bytes. dropped may be null.
+size_t moe_permute_plan_scratch_bytes(int64_t assignments, int64_t E);
+void launch_moe_permute_plan(int32_t* rows, int32_t* sources, int32_t* counts, int32_t* dropped, const int32_t* experts, int64_t N, int64_t E, int64_t k,
+                             int64_t capacity, int64_t R, void* scratch, cudaStream_t stream);
+// A copy of 16-bit rows, whichever the type.
+void launch_moe_permute_fwd(void* x_perm, const void* x, const int32_t* sources, int64_t N, int64_t C, int64_t R, int64_t k, cudaStream_t stream);
+void launch_moe_permute_bwd(Half t, void* dx, const void* d_x_perm, const int32_t* rows, int64_t N, int64_t C, int64_t R, int64_t k, cudaStream_t stream);
+void launch_moe_combine_fwd(Half t, void* out, const void* y_perm, const float* gates, const int32_t* rows, int64_t N, int64_t C, int64_t R, int64_t k,
+                            cudaStream_t stream);
+void launch_moe_combine_bwd(Half t, void* d_y_perm, float* d_gates, const void* d_out, const void* y_perm, const float* gates, const int32_t* rows,
+                            const int32_t* sources, int64_t N, int64_t C, int64_t R, int64_t k, cudaStream_t stream);
+
 }  // namespace llmtrain::kernels

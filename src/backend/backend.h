@@ -38,7 +38,9 @@ namespace llmtrain {
     X(swiglu_bwd) X(add) X(xent_fwd) X(xent_bwd) X(logits_row_max) X(xent_partial)   \
     X(xent_combine) X(adamw) X(sum_squares) X(fill_zero) X(copy) X(matmul_gelu_fwd)        \
     X(gelu_matmul_bwd) X(accumulate_sum) X(accumulate_sum_squares) X(xent_fwd_bwd) X(add_norm_fwd) \
-    X(attention_block_fwd) X(attention_block_bwd) X(copy_columns)
+    X(attention_block_fwd) X(attention_block_bwd) X(copy_columns) X(moe_route_fwd) X(moe_route_bwd)     \
+    X(moe_load_stats) X(moe_aux_loss_fwd) X(moe_aux_loss_bwd) X(moe_z_loss_fwd) X(moe_z_loss_bwd)  \
+    X(moe_permute_plan) X(moe_permute_fwd) X(moe_permute_bwd) X(moe_combine_fwd) X(moe_combine_bwd)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -393,6 +395,157 @@ struct AddNormFwd {
     bool rms = false;
 };
 
+// ---- Mixture of Experts: routing, load balancing, permutation (Megatron-Core's MoE) ----
+// N tokens (rows), E experts, top_k = k chosen per token. The router GEMM (logits [N, E]) is
+// the caller's. Router-side tensors (logits, scores, gates, expert bias, losses) are fp32 on
+// CUDA and the CPU's f32 path, f64 on the CPU's f64 path; activations (x, y, out) are in the
+// compute dtype (CUDA bf16/f16, CPU f32/f64). Expert indices and rows are i32. No op reads a
+// value back to the host, and none adds floats in an order that depends on scheduling.
+
+// The router's score function over a token's E logits.
+enum class MoeScore {
+    softmax,  // s_e = exp(l_e) / sum_e' exp(l_e')  (Mixtral, Qwen2/3-MoE)
+    sigmoid,  // s_e = 1 / (1 + exp(-l_e))          (DeepSeek-V3)
+};
+
+// Forward routing. scores = score(logits); the chosen experts of token t are the k largest
+// values of scores[t, e] + expert_bias[e] (the bias is DeepSeek-V3's aux-loss-free balancing:
+// it changes which experts are chosen, never a gate), ties to the lower expert index, written
+// in descending order of that value. gates[t, j] = scores[t, experts[t, j]], divided by their
+// sum over j when normalize_top_k (DeepSeek-V3, Qwen3, Mixtral's softmax-then-renormalize),
+// as they are otherwise (Qwen2-MoE's norm_topk_prob = false). scores are kept for backward
+// and for the load statistics.
+struct MoeRouteFwd {
+    Tensor experts;      // [N, k] i32, overwritten
+    Tensor gates;        // [N, k], overwritten
+    Tensor scores;       // [N, E], overwritten
+    Tensor logits;       // [N, E]
+    Tensor expert_bias;  // [E], optional
+    MoeScore score = MoeScore::softmax;
+    bool normalize_top_k = true;
+};
+// Backward of the gates to the logits, through the chosen experts' gate paths. With
+// S = sum_j s_j over the chosen scores s_j = scores[t, experts[t, j]]:
+//   normalized: ds_j = (d_gates[t, j] - sum_i d_gates[t, i] gates[t, i]) / S;  else ds_j = d_gates[t, j]
+//   softmax:    d_logits[t, e] = s_e (ds_e - sum_j s_j ds_j)   (ds_e = 0 for an expert not chosen)
+//   sigmoid:    d_logits[t, e] = ds_e s_e (1 - s_e)
+// d_logits is overwritten, or added into when accumulate (the aux and z losses add theirs).
+struct MoeRouteBwd {
+    Tensor d_logits;  // [N, E]
+    Tensor d_gates;   // [N, k]
+    Tensor gates;     // [N, k], as forward wrote them
+    Tensor scores;    // [N, E], as forward wrote them
+    Tensor experts;   // [N, k] i32
+    MoeScore score = MoeScore::softmax;
+    bool normalize_top_k = true;
+    bool accumulate = false;
+};
+// Load statistics per group of seq_len consecutive tokens (G = N / seq_len groups; seq_len 0
+// means N, one group): counts[g, e] = the (token, slot) assignments of group g's tokens to e
+// (before any capacity drop), score_sums[g, e] = the sum over its tokens of scores[t, e]. A
+// caller reduces them over the ranks holding the rest of a batch or a sequence before
+// forming the aux loss. Both overwritten.
+struct MoeLoadStats {
+    Tensor counts;      // [G, E] i32 (a group's N k assignments fit: at most 2^31 - 1)
+    Tensor score_sums;  // [G, E], the scores' dtype
+    Tensor experts;     // [N, k] i32
+    Tensor scores;      // [N, E]
+    int64_t seq_len = 0;
+};
+// The load-balancing loss of Switch/GShard (Megatron's aux loss), per group and averaged over
+// the G groups: one group is the batch-level loss, one group per sequence DeepSeek-V3's
+// sequence-level loss. With T = tokens_per_group (the tokens the statistics were summed over,
+// all ranks included), f_ge = counts[g, e] / (T k) and P_ge = score_sums[g, e] / T:
+//   loss = coeff E / G sum_g sum_e f_ge P_ge   (overwritten; f carries no gradient)
+struct MoeAuxLossFwd {
+    Tensor loss;        // [1], the scores' dtype
+    Tensor counts;      // [G, E] i32
+    Tensor score_sums;  // [G, E]
+    int64_t tokens_per_group = 0;
+    int64_t top_k = 0;
+    double coeff = 0;
+};
+// Its gradient times dloss, added into d_logits through the score function: token t of
+// group g = t / seq_len (seq_len 0: N) gets d_scores[t, e] = dloss coeff E f_ge / (G T), then
+//   softmax: d_logits[t, e] += s_e (d_scores[t, e] - sum_e' s_e' d_scores[t, e'])
+//   sigmoid: d_logits[t, e] += d_scores[t, e] s_e (1 - s_e)
+struct MoeAuxLossBwd {
+    Tensor d_logits;  // [N, E], accumulated
+    Tensor scores;    // [N, E]
+    Tensor counts;    // [G, E] i32, as given to the forward
+    int64_t seq_len = 0;
+    int64_t tokens_per_group = 0;
+    int64_t top_k = 0;
+    double coeff = 0;
+    double dloss = 1;
+    MoeScore score = MoeScore::softmax;
+};
+// ST-MoE's router z-loss: loss = coeff mean_t (logsumexp_e logits[t, e])^2 (overwritten);
+// backward: d_logits[t, e] += dloss coeff 2 lse_t softmax(logits[t])_e / N.
+struct MoeZLossFwd {
+    Tensor loss;    // [1], the logits' dtype
+    Tensor logits;  // [N, E]
+    double coeff = 0;
+};
+struct MoeZLossBwd {
+    Tensor d_logits;  // [N, E], accumulated
+    Tensor logits;    // [N, E]
+    double coeff = 0;
+    double dloss = 1;
+};
+
+// The permutation of tokens by expert. Assignment (t, j) is token t's slot j; the permuted
+// buffer holds expert 0's rows, then expert 1's, ..., and within an expert its assignments
+// ordered by token, then slot (a stable order, the same on every run and backend).
+//  - capacity 0 (dropless): every assignment is kept; expert e's rows start at the sum of the
+//    earlier experts' counts, and the buffer has N k rows.
+//  - capacity c > 0: expert e's rows are [e c, e c + counts[e]) of a buffer of E c rows; its
+//    assignments beyond the first c in the stable order are dropped (rows[t, j] = -1, counted
+//    in dropped[e]) and the rows it leaves empty are padding (sources = -1).
+// rows[t, j] is the assignment's row in the buffer; sources[r] = t k + j of the assignment in
+// row r (-1: padding). counts[e] = the rows expert e holds (after drops).
+struct MoePermutePlan {
+    Tensor rows;     // [N, k] i32, overwritten
+    Tensor sources;  // [R] i32, overwritten: R = N k (dropless) or E capacity
+    Tensor counts;   // [E] i32, overwritten
+    Tensor dropped;  // [E] i32, optional, overwritten
+    Tensor experts;  // [N, k] i32, each in [0, E)
+    int64_t capacity = 0;
+};
+// x_perm[r] = x[sources[r] / k] (a gather; padding rows are zero).
+struct MoePermuteFwd {
+    Tensor x_perm;   // [R, C], overwritten
+    Tensor x;        // [N, C]
+    Tensor sources;  // [R] i32
+    int64_t top_k = 0;
+};
+// dx[t] = sum over token t's kept slots j, in slot order, of d_x_perm[rows[t, j]] (a gather;
+// zero for a token whose every slot was dropped). Overwritten.
+struct MoePermuteBwd {
+    Tensor dx;        // [N, C]
+    Tensor d_x_perm;  // [R, C]
+    Tensor rows;      // [N, k] i32
+};
+// out[t] = sum over kept slots j, in slot order, of gates[t, j] y_perm[rows[t, j]] (a dropped
+// slot contributes nothing). Overwritten.
+struct MoeCombineFwd {
+    Tensor out;     // [N, C]
+    Tensor y_perm;  // [R, C]
+    Tensor gates;   // [N, k]
+    Tensor rows;    // [N, k] i32
+};
+// d_y_perm[r] = gates[t, j] d_out[t] for the assignment (t, j) in row r (zero for padding);
+// d_gates[t, j] = dot(d_out[t], y_perm[rows[t, j]]) (zero for a dropped slot). Both overwritten.
+struct MoeCombineBwd {
+    Tensor d_y_perm;  // [R, C]
+    Tensor d_gates;   // [N, k]
+    Tensor d_out;     // [N, C]
+    Tensor y_perm;    // [R, C]
+    Tensor gates;     // [N, k]
+    Tensor rows;      // [N, k] i32
+    Tensor sources;   // [R] i32
+};
+
 // Seconds and calls per op, accumulated since the last reset, and the host synchronizations:
 // every time the host waited for the device (copy_to_host, synchronize, a workspace that had
 // to grow), counted whether or not per-op timing is on.
@@ -554,6 +707,20 @@ public:
     virtual void xent_fwd_bwd(const XentFwdBwd& args);
     // AddNormFwd above, in one pass where the backend can (the default is the two ops).
     virtual void add_norm_fwd(const AddNormFwd& args);
+
+    // Mixture of Experts (MoeRouteFwd ... MoeCombineBwd above state the math).
+    virtual void moe_route_fwd(const MoeRouteFwd& args) = 0;
+    virtual void moe_route_bwd(const MoeRouteBwd& args) = 0;
+    virtual void moe_load_stats(const MoeLoadStats& args) = 0;
+    virtual void moe_aux_loss_fwd(const MoeAuxLossFwd& args) = 0;
+    virtual void moe_aux_loss_bwd(const MoeAuxLossBwd& args) = 0;
+    virtual void moe_z_loss_fwd(const MoeZLossFwd& args) = 0;
+    virtual void moe_z_loss_bwd(const MoeZLossBwd& args) = 0;
+    virtual void moe_permute_plan(const MoePermutePlan& args) = 0;
+    virtual void moe_permute_fwd(const MoePermuteFwd& args) = 0;
+    virtual void moe_permute_bwd(const MoePermuteBwd& args) = 0;
+    virtual void moe_combine_fwd(const MoeCombineFwd& args) = 0;
+    virtual void moe_combine_bwd(const MoeCombineBwd& args) = 0;
 
     OpProfile& profile() { return profile_; }
 

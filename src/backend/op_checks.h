@@ -46,4 +46,38 @@ void expect_vocab_rows(const char* op, const VocabRows& rows);
 // `name`, when there is one.
 void expect_positions(const char* op, const char* name, const Tensor& table, int64_t seq_len);
 
+// Mixture of Experts (backend.h): N tokens, E experts, k chosen per token.
+struct MoeDims {
+    int64_t tokens, experts, top_k;
+};
+// experts [N, k] i32 in `device` memory, with E >= 1 and 1 <= k <= E.
+MoeDims expect_moe_experts(const char* op, const Tensor& experts, int64_t n_experts, Device device);
+// logits or scores [N, E >= 1] in `router` dtype and experts [N, k] i32 with 1 <= k <= E, both
+// in `device` memory; `router_name` names the [N, E] tensor.
+MoeDims expect_moe_routing(const char* op, Device device, DType router, const char* router_name, const Tensor& router_tensor, const Tensor& experts);
+// The groups of seq_len tokens among N (seq_len 0: one group of N); seq_len negative or not
+// dividing N is refused.
+int64_t moe_groups(const char* op, int64_t tokens, int64_t seq_len);
+// counts [G, E] i32.
+void expect_moe_counts(const char* op, const Tensor& counts, int64_t groups, int64_t experts, Device device);
+// The aux loss's tokens_per_group (positive), top_k (in [1, E]) for E experts.
+void expect_moe_aux_loss(const char* op, int64_t tokens_per_group, int64_t top_k, int64_t experts);
+// Rows of the permuted buffer: N k (capacity 0, dropless) or E capacity; a negative capacity
+// or a buffer past 2^31 - 1 rows (rows are i32) is refused.
+int64_t moe_permuted_rows(const char* op, const MoeDims& dims, int64_t capacity);
+// rows [N, k] i32 with k >= 1, in `device` memory; returns N and k.
+std::pair<int64_t, int64_t> expect_moe_rows(const char* op, const Tensor& rows, Device device);
+
+// FP8 (backend.h): a scale, inverse scale or amax is [1] f32 in `device` memory.
+void expect_fp8_scalar(const char* op, const char* name, const Tensor& t, Device device);
+// Fp8Cast's tensors: out in e4m3 / e5m2 holding x's elements as [rows, cols] (cols: x's last
+// dimension), out_t [cols, rows] in out's format, the scalars. Returns {rows, cols}.
+std::pair<int64_t, int64_t> expect_fp8_cast(const char* op, const Fp8Cast& args, Device device);
+// MatmulFp8's: a [M, K] and b [N, K] in FP8 and not both e5m2, out [M, N] (its dtype is the
+// backend's to check), the inverse scales. Returns M, N, K.
+struct Fp8GemmDims {
+    int64_t m, n, k;
+};
+Fp8GemmDims expect_matmul_fp8(const char* op, const MatmulFp8& args, Device device);
+
 }  // namespace llmtrain

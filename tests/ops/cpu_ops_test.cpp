@@ -50,17 +50,6 @@ void expect_f32_matches_f64(const std::vector<const OwnedTensor*>& inputs_f64, c
     for (size_t i = 0; i < out64.size(); ++i) expect_close(("output " + std::to_string(i)).c_str(), out32[i], out64[i], rtol);
 }
 
-// `call` must throw an llmtrain::Error of `kind` whose message contains each of `words`.
-void expect_error(ErrorKind kind, const std::vector<std::string>& words, const std::function<void()>& call) {
-    try {
-        call();
-        ADD_FAILURE() << "no error thrown; expected one mentioning " << words.front();
-    } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), kind) << e.what();
-        for (const std::string& word : words) EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
-    }
-}
-
 }  // namespace
 
 // ---- f32 forwards against f64 ----

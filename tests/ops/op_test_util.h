@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -104,6 +105,17 @@ inline void expect_close(const char* name, const Tensor& actual, const Tensor& e
         const double a = get(actual, i), e = get(expected, i);
         if (!(std::abs(a - e) <= rtol * std::max(std::abs(e), 1.0)) && ++failures <= 5)
             ADD_FAILURE() << name << "[" << i << "]: " << a << " vs expected " << e;
+    }
+}
+
+// `call` must throw an llmtrain::Error of `kind` whose message contains each of `words`.
+inline void expect_error(ErrorKind kind, const std::vector<std::string>& words, const std::function<void()>& call) {
+    try {
+        call();
+        ADD_FAILURE() << "no error thrown; expected one mentioning " << words.front();
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), kind) << e.what();
+        for (const std::string& word : words) EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
     }
 }
 

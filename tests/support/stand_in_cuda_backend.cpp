@@ -350,6 +350,70 @@ private:
         else cpu_->rope_fwd(on_host);
         store(a.x, values);
     }
+    // Mixture of Experts: the router tensors are f32 (read in place), the activations 16-bit.
+    void moe_route_fwd(const MoeRouteFwd& a) override {
+        expect_f32("moe_route_fwd", "logits", a.logits); expect_f32("moe_route_fwd", "gates", a.gates); expect_ids("moe_route_fwd", "experts", a.experts);
+        cpu_->moe_route_fwd({.experts = host_view(a.experts), .gates = host_view(a.gates), .scores = host_view(a.scores), .logits = host_view(a.logits),
+                             .expert_bias = host_view(a.expert_bias), .score = a.score, .normalize_top_k = a.normalize_top_k});
+    }
+    void moe_route_bwd(const MoeRouteBwd& a) override {
+        expect_f32("moe_route_bwd", "d_logits", a.d_logits); expect_f32("moe_route_bwd", "scores", a.scores);
+        cpu_->moe_route_bwd({.d_logits = host_view(a.d_logits), .d_gates = host_view(a.d_gates), .gates = host_view(a.gates), .scores = host_view(a.scores),
+                             .experts = host_view(a.experts), .score = a.score, .normalize_top_k = a.normalize_top_k, .accumulate = a.accumulate});
+    }
+    void moe_load_stats(const MoeLoadStats& a) override {
+        expect_f32("moe_load_stats", "scores", a.scores);
+        cpu_->moe_load_stats({.counts = host_view(a.counts), .score_sums = host_view(a.score_sums), .experts = host_view(a.experts),
+                              .scores = host_view(a.scores), .seq_len = a.seq_len});
+    }
+    void moe_aux_loss_fwd(const MoeAuxLossFwd& a) override {
+        expect_f32("moe_aux_loss_fwd", "score_sums", a.score_sums);
+        cpu_->moe_aux_loss_fwd({.loss = host_view(a.loss), .counts = host_view(a.counts), .score_sums = host_view(a.score_sums),
+                                .tokens_per_group = a.tokens_per_group, .top_k = a.top_k, .coeff = a.coeff});
+    }
+    void moe_aux_loss_bwd(const MoeAuxLossBwd& a) override {
+        expect_f32("moe_aux_loss_bwd", "scores", a.scores);
+        cpu_->moe_aux_loss_bwd({.d_logits = host_view(a.d_logits), .scores = host_view(a.scores), .counts = host_view(a.counts), .seq_len = a.seq_len,
+                                .tokens_per_group = a.tokens_per_group, .top_k = a.top_k, .coeff = a.coeff, .dloss = a.dloss, .score = a.score});
+    }
+    void moe_z_loss_fwd(const MoeZLossFwd& a) override {
+        expect_f32("moe_z_loss_fwd", "logits", a.logits);
+        cpu_->moe_z_loss_fwd({.loss = host_view(a.loss), .logits = host_view(a.logits), .coeff = a.coeff});
+    }
+    void moe_z_loss_bwd(const MoeZLossBwd& a) override {
+        expect_f32("moe_z_loss_bwd", "logits", a.logits);
+        cpu_->moe_z_loss_bwd({.d_logits = host_view(a.d_logits), .logits = host_view(a.logits), .coeff = a.coeff, .dloss = a.dloss});
+    }
+    void moe_permute_plan(const MoePermutePlan& a) override {
+        expect_ids("moe_permute_plan", "experts", a.experts);
+        cpu_->moe_permute_plan({.rows = host_view(a.rows), .sources = host_view(a.sources), .counts = host_view(a.counts), .dropped = host_view(a.dropped),
+                                .experts = host_view(a.experts), .capacity = a.capacity});
+    }
+    void moe_permute_fwd(const MoePermuteFwd& a) override {
+        expect_half("moe_permute_fwd", "x", a.x); expect_half("moe_permute_fwd", "x_perm", a.x_perm);
+        const OwnedTensor result(DType::f32, a.x_perm.shape());
+        cpu_->moe_permute_fwd({.x_perm = result, .x = widened(a.x), .sources = host_view(a.sources), .top_k = a.top_k});
+        store(a.x_perm, result);
+    }
+    void moe_permute_bwd(const MoePermuteBwd& a) override {
+        expect_half("moe_permute_bwd", "dx", a.dx); expect_half("moe_permute_bwd", "d_x_perm", a.d_x_perm);
+        const OwnedTensor result(DType::f32, a.dx.shape());
+        cpu_->moe_permute_bwd({.dx = result, .d_x_perm = widened(a.d_x_perm), .rows = host_view(a.rows)});
+        store(a.dx, result);
+    }
+    void moe_combine_fwd(const MoeCombineFwd& a) override {
+        expect_half("moe_combine_fwd", "out", a.out); expect_half("moe_combine_fwd", "y_perm", a.y_perm); expect_f32("moe_combine_fwd", "gates", a.gates);
+        const OwnedTensor result(DType::f32, a.out.shape());
+        cpu_->moe_combine_fwd({.out = result, .y_perm = widened(a.y_perm), .gates = host_view(a.gates), .rows = host_view(a.rows)});
+        store(a.out, result);
+    }
+    void moe_combine_bwd(const MoeCombineBwd& a) override {
+        expect_half("moe_combine_bwd", "d_y_perm", a.d_y_perm); expect_half("moe_combine_bwd", "d_out", a.d_out); expect_f32("moe_combine_bwd", "d_gates", a.d_gates);
+        const OwnedTensor result(DType::f32, a.d_y_perm.shape());
+        cpu_->moe_combine_bwd({.d_y_perm = result, .d_gates = host_view(a.d_gates), .d_out = widened(a.d_out), .y_perm = widened(a.y_perm),
+                               .gates = host_view(a.gates), .rows = host_view(a.rows), .sources = host_view(a.sources)});
+        store(a.d_y_perm, result);
+    }
     template <class Fn>
     void unary(const char* op, const Tensor& out, const Tensor& x, Fn&& fn) {
         expect_half(op, "out", out); expect_half(op, "x", x);

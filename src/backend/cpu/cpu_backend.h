@@ -64,6 +64,19 @@ public:
     void fill_zero(const Tensor& x) override;
     void copy(const Tensor& out, const Tensor& in) override;
 
+    void moe_route_fwd(const MoeRouteFwd& args) override;
+    void moe_route_bwd(const MoeRouteBwd& args) override;
+    void moe_load_stats(const MoeLoadStats& args) override;
+    void moe_aux_loss_fwd(const MoeAuxLossFwd& args) override;
+    void moe_aux_loss_bwd(const MoeAuxLossBwd& args) override;
+    void moe_z_loss_fwd(const MoeZLossFwd& args) override;
+    void moe_z_loss_bwd(const MoeZLossBwd& args) override;
+    void moe_permute_plan(const MoePermutePlan& args) override;
+    void moe_permute_fwd(const MoePermuteFwd& args) override;
+    void moe_permute_bwd(const MoePermuteBwd& args) override;
+    void moe_combine_fwd(const MoeCombineFwd& args) override;
+    void moe_combine_bwd(const MoeCombineBwd& args) override;
+
 private:
     int threads_;
     // Bytes held through allocate() now: shared with the memory's deleters, which may outlive the backend.

@@ -853,4 +853,169 @@ void CudaBackend::copy(const Tensor& out, const Tensor& in) {
     }
 }
 
+// ---- Mixture of Experts (kernels/moe.cu): router tensors f32, activations 16-bit ----
+
+namespace {
+constexpr DType f32 = DType::f32;
+float* f32_ptr(const Tensor& t) { return static_cast<float*>(t.raw()); }
+int32_t* i32_ptr(const Tensor& t) { return static_cast<int32_t*>(t.raw()); }
+bool is_sigmoid(MoeScore score) { return score == MoeScore::sigmoid; }
+// A 16-bit activation of the given shape and dtype; returns its type.
+Half expect_activation(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype) {
+    expect(op, name, t, shape, dtype);
+    return half_of(op, name, t);
+}
+}  // namespace
+
+void CudaBackend::moe_route_fwd(const MoeRouteFwd& a) {
+    CudaOpScope scope(*this, Op::moe_route_fwd);
+    const char* op = scope.name();
+    const MoeDims d = expect_moe_routing(op, Device::cuda, f32, "logits", a.logits, a.experts);
+    expect(op, "gates", a.gates, {d.tokens, d.top_k}, f32);
+    expect(op, "scores", a.scores, {d.tokens, d.experts}, f32);
+    if (!a.expert_bias.empty()) expect(op, "expert_bias", a.expert_bias, {d.experts}, f32);
+    kernels::launch_moe_route_fwd(i32_ptr(a.experts), f32_ptr(a.gates), f32_ptr(a.scores), f32_ptr(a.logits), static_cast<float*>(ptr_or_null(a.expert_bias)),
+                                  d.tokens, d.experts, d.top_k, is_sigmoid(a.score), a.normalize_top_k, stream_);
+}
+
+void CudaBackend::moe_route_bwd(const MoeRouteBwd& a) {
+    CudaOpScope scope(*this, Op::moe_route_bwd);
+    const char* op = scope.name();
+    const MoeDims d = expect_moe_routing(op, Device::cuda, f32, "scores", a.scores, a.experts);
+    expect(op, "d_logits", a.d_logits, {d.tokens, d.experts}, f32);
+    expect(op, "d_gates", a.d_gates, {d.tokens, d.top_k}, f32);
+    expect(op, "gates", a.gates, {d.tokens, d.top_k}, f32);
+    kernels::launch_moe_route_bwd(f32_ptr(a.d_logits), f32_ptr(a.d_gates), f32_ptr(a.gates), f32_ptr(a.scores), i32_ptr(a.experts), d.tokens, d.experts,
+                                  d.top_k, is_sigmoid(a.score), a.normalize_top_k, a.accumulate, stream_);
+}
+
+void CudaBackend::moe_load_stats(const MoeLoadStats& a) {
+    CudaOpScope scope(*this, Op::moe_load_stats);
+    const char* op = scope.name();
+    const MoeDims d = expect_moe_routing(op, Device::cuda, f32, "scores", a.scores, a.experts);
+    const int64_t G = moe_groups(op, d.tokens, a.seq_len);
+    expect_moe_counts(op, a.counts, G, d.experts, Device::cuda);
+    expect(op, "score_sums", a.score_sums, {G, d.experts}, f32);
+    kernels::launch_moe_load_stats(i32_ptr(a.counts), f32_ptr(a.score_sums), i32_ptr(a.experts), f32_ptr(a.scores), G, d.tokens / G, d.experts, d.top_k,
+                                   stream_);
+}
+
+void CudaBackend::moe_aux_loss_fwd(const MoeAuxLossFwd& a) {
+    CudaOpScope scope(*this, Op::moe_aux_loss_fwd);
+    const char* op = scope.name();
+    expect_rank(op, "score_sums", a.score_sums, 2);
+    const int64_t G = a.score_sums.dim(0), E = a.score_sums.dim(1);
+    expect(op, "score_sums", a.score_sums, {G, E}, f32);
+    expect_moe_counts(op, a.counts, G, E, Device::cuda);
+    expect(op, "loss", a.loss, {1}, f32);
+    expect_moe_aux_loss(op, a.tokens_per_group, a.top_k, E);
+    kernels::launch_moe_aux_loss_fwd(f32_ptr(a.loss), i32_ptr(a.counts), f32_ptr(a.score_sums), G, E, a.tokens_per_group, a.top_k, a.coeff, stream_);
+}
+
+void CudaBackend::moe_aux_loss_bwd(const MoeAuxLossBwd& a) {
+    CudaOpScope scope(*this, Op::moe_aux_loss_bwd);
+    const char* op = scope.name();
+    expect_rank(op, "scores", a.scores, 2);
+    const int64_t N = a.scores.dim(0), E = a.scores.dim(1), G = moe_groups(op, N, a.seq_len);
+    expect(op, "scores", a.scores, {N, E}, f32);
+    expect(op, "d_logits", a.d_logits, {N, E}, f32);
+    expect_moe_counts(op, a.counts, G, E, Device::cuda);
+    expect_moe_aux_loss(op, a.tokens_per_group, a.top_k, E);
+    const double tokens = static_cast<double>(a.tokens_per_group);
+    const double scale = a.dloss * a.coeff * static_cast<double>(E) / (tokens * static_cast<double>(a.top_k)) / (static_cast<double>(G) * tokens);
+    kernels::launch_moe_aux_loss_bwd(f32_ptr(a.d_logits), f32_ptr(a.scores), i32_ptr(a.counts), N, E, G > 0 ? N / G : 1, static_cast<float>(scale),
+                                     is_sigmoid(a.score), stream_);
+}
+
+namespace {
+std::pair<int64_t, int64_t> expect_z_logits(const char* op, const Tensor& logits) {
+    expect_rank(op, "logits", logits, 2);
+    if (logits.dim(1) < 1) fail(ErrorKind::shape, op, ": logits has shape ", logits.shape().str(), ", expected at least one expert");
+    expect(op, "logits", logits, logits.shape(), f32);
+    return {logits.dim(0), logits.dim(1)};
+}
+}  // namespace
+
+void CudaBackend::moe_z_loss_fwd(const MoeZLossFwd& a) {
+    CudaOpScope scope(*this, Op::moe_z_loss_fwd);
+    const auto [N, E] = expect_z_logits(scope.name(), a.logits);
+    expect(scope.name(), "loss", a.loss, {1}, f32);
+    kernels::launch_moe_z_loss_fwd(f32_ptr(a.loss), f32_ptr(a.logits), N, E, a.coeff, stream_);
+}
+
+void CudaBackend::moe_z_loss_bwd(const MoeZLossBwd& a) {
+    CudaOpScope scope(*this, Op::moe_z_loss_bwd);
+    const auto [N, E] = expect_z_logits(scope.name(), a.logits);
+    expect(scope.name(), "d_logits", a.d_logits, {N, E}, f32);
+    const double scale = N > 0 ? a.dloss * a.coeff * 2.0 / static_cast<double>(N) : 0.0;
+    kernels::launch_moe_z_loss_bwd(f32_ptr(a.d_logits), f32_ptr(a.logits), N, E, static_cast<float>(scale), stream_);
+}
+
+void CudaBackend::moe_permute_plan(const MoePermutePlan& a) {
+    CudaOpScope scope(*this, Op::moe_permute_plan);
+    const char* op = scope.name();
+    expect_rank(op, "counts", a.counts, 1);
+    const MoeDims d = expect_moe_experts(op, a.experts, a.counts.dim(0), Device::cuda);
+    const int64_t R = moe_permuted_rows(op, d, a.capacity);
+    expect(op, "rows", a.rows, {d.tokens, d.top_k}, DType::i32);
+    expect(op, "sources", a.sources, {R}, DType::i32);
+    expect(op, "counts", a.counts, {d.experts}, DType::i32);
+    if (!a.dropped.empty()) expect(op, "dropped", a.dropped, {d.experts}, DType::i32);
+    void* scratch = workspace(kernels::moe_permute_plan_scratch_bytes(d.tokens * d.top_k, d.experts));
+    kernels::launch_moe_permute_plan(i32_ptr(a.rows), i32_ptr(a.sources), i32_ptr(a.counts), static_cast<int32_t*>(ptr_or_null(a.dropped)),
+                                     i32_ptr(a.experts), d.tokens, d.experts, d.top_k, a.capacity, R, scratch, stream_);
+}
+
+void CudaBackend::moe_permute_fwd(const MoePermuteFwd& a) {
+    CudaOpScope scope(*this, Op::moe_permute_fwd);
+    const char* op = scope.name();
+    expect_rank(op, "x", a.x, 2);
+    expect_rank(op, "sources", a.sources, 1);
+    const int64_t N = a.x.dim(0), C = a.x.dim(1), R = a.sources.dim(0);
+    if (a.top_k < 1) fail(ErrorKind::shape, op, ": top_k ", a.top_k, " must be at least 1");
+    expect_activation(op, "x", a.x, {N, C}, a.x.dtype());
+    expect_activation(op, "x_perm", a.x_perm, {R, C}, a.x.dtype());
+    expect(op, "sources", a.sources, {R}, DType::i32);
+    kernels::launch_moe_permute_fwd(a.x_perm.raw(), a.x.raw(), i32_ptr(a.sources), N, C, R, a.top_k, stream_);
+}
+
+void CudaBackend::moe_permute_bwd(const MoePermuteBwd& a) {
+    CudaOpScope scope(*this, Op::moe_permute_bwd);
+    const char* op = scope.name();
+    expect_rank(op, "d_x_perm", a.d_x_perm, 2);
+    const auto [N, k] = expect_moe_rows(op, a.rows, Device::cuda);
+    const int64_t R = a.d_x_perm.dim(0), C = a.d_x_perm.dim(1);
+    const Half t = expect_activation(op, "d_x_perm", a.d_x_perm, {R, C}, a.d_x_perm.dtype());
+    expect_activation(op, "dx", a.dx, {N, C}, a.d_x_perm.dtype());
+    kernels::launch_moe_permute_bwd(t, a.dx.raw(), a.d_x_perm.raw(), i32_ptr(a.rows), N, C, R, k, stream_);
+}
+
+void CudaBackend::moe_combine_fwd(const MoeCombineFwd& a) {
+    CudaOpScope scope(*this, Op::moe_combine_fwd);
+    const char* op = scope.name();
+    expect_rank(op, "y_perm", a.y_perm, 2);
+    const auto [N, k] = expect_moe_rows(op, a.rows, Device::cuda);
+    const int64_t R = a.y_perm.dim(0), C = a.y_perm.dim(1);
+    const Half t = expect_activation(op, "y_perm", a.y_perm, {R, C}, a.y_perm.dtype());
+    expect_activation(op, "out", a.out, {N, C}, a.y_perm.dtype());
+    expect(op, "gates", a.gates, {N, k}, f32);
+    kernels::launch_moe_combine_fwd(t, a.out.raw(), a.y_perm.raw(), f32_ptr(a.gates), i32_ptr(a.rows), N, C, R, k, stream_);
+}
+
+void CudaBackend::moe_combine_bwd(const MoeCombineBwd& a) {
+    CudaOpScope scope(*this, Op::moe_combine_bwd);
+    const char* op = scope.name();
+    expect_rank(op, "y_perm", a.y_perm, 2);
+    const auto [N, k] = expect_moe_rows(op, a.rows, Device::cuda);
+    const int64_t R = a.y_perm.dim(0), C = a.y_perm.dim(1);
+    const Half t = expect_activation(op, "y_perm", a.y_perm, {R, C}, a.y_perm.dtype());
+    expect_activation(op, "d_y_perm", a.d_y_perm, {R, C}, a.y_perm.dtype());
+    expect_activation(op, "d_out", a.d_out, {N, C}, a.y_perm.dtype());
+    expect(op, "gates", a.gates, {N, k}, f32);
+    expect(op, "d_gates", a.d_gates, {N, k}, f32);
+    expect(op, "sources", a.sources, {R}, DType::i32);
+    kernels::launch_moe_combine_bwd(t, a.d_y_perm.raw(), f32_ptr(a.d_gates), a.d_out.raw(), a.y_perm.raw(), f32_ptr(a.gates), i32_ptr(a.rows),
+                                    i32_ptr(a.sources), N, C, R, k, stream_);
+}
+
 }  // namespace llmtrain
