@@ -44,10 +44,10 @@ double gb(double bytes) { return bytes / 1e9; }
 nlohmann::json memory_json(const LayoutPlan& p) {
     const RankMemory& m = p.largest.memory;
     return {{"rank", p.largest.world_rank},
-            {"tp", p.largest.coord.tp},
-            {"dp", p.largest.coord.dp},
-            {"pp", p.largest.coord.pp},
-            {"cp", p.largest.coord.cp},
+            {"tp", p.largest.coord[mesh_dim::tp]},
+            {"dp", p.largest.coord[mesh_dim::dp]},
+            {"pp", p.largest.coord[mesh_dim::pp]},
+            {"cp", p.largest.coord[mesh_dim::cp]},
             {"parameter_bytes", m.parameter_bytes},
             {"gradient_bytes", m.gradient_bytes},
             {"optimizer_bytes", m.optimizer_bytes},
@@ -168,8 +168,8 @@ void print_layout(const LayoutPlan& p, int devices) {
 
 void print_memory(const LayoutPlan& p) {
     const RankMemory& m = p.largest.memory;
-    std::printf("memory per device (largest: rank %d, tp %d%s dp %d pp %d; as the trainer allocates):\n", p.largest.world_rank, p.largest.coord.tp,
-                p.cp > 1 ? cat(" cp ", p.largest.coord.cp).c_str() : "", p.largest.coord.dp, p.largest.coord.pp);
+    std::printf("memory per device (largest: rank %d, tp %d%s dp %d pp %d; as the trainer allocates):\n", p.largest.world_rank, p.largest.coord[mesh_dim::tp],
+                p.cp > 1 ? cat(" cp ", p.largest.coord[mesh_dim::cp]).c_str() : "", p.largest.coord[mesh_dim::dp], p.largest.coord[mesh_dim::pp]);
     std::printf("  %-44s %10.2f GB\n", "parameters (master, and 16-bit compute copy)", gb(static_cast<double>(m.parameter_bytes)));
     std::printf("  %-44s %10.2f GB\n", "gradients (and the ZeRO-1 reduced shard)", gb(static_cast<double>(m.gradient_bytes)));
     std::printf("  %-44s %10.2f GB\n", "optimizer state (AdamW moments owned)", gb(static_cast<double>(m.optimizer_bytes)));

@@ -96,7 +96,7 @@ RunMetrics::RunMetrics(Trainer& trainer, const Config& config, const std::string
     }
     if (!serves_metrics(config.metrics, ctx.mesh.world_size())) return;
     const MeshCoord at = ctx.coord();
-    MetricsLabels labels{job, host_name(), ctx.world_rank, at.tp, at.dp, at.pp, std::nullopt};
+    MetricsLabels labels{job, host_name(), ctx.world_rank, at[mesh_dim::tp], at[mesh_dim::dp], at[mesh_dim::pp], std::nullopt};
     if (config.train.device == ComputeDevice::cuda) labels.gpu = ctx.local_rank;
     MetricsRunFacts facts;
     facts.version = LLMTRAIN_VERSION;

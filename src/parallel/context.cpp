@@ -38,13 +38,13 @@ std::vector<int> context_group_ranks(const Mesh& mesh, int shard_size, const std
         for (int r = 0; r < mesh.world_size(); ++r) all[static_cast<size_t>(r)] = r;
         return all;
     }
-    if (group == "tp") return mesh.group(MeshDim::tp, world_rank);
+    if (group == "tp") return mesh.group(mesh_dim::tp, world_rank);
     if (group == "dp") return mesh.data_group(world_rank);  // with its cp ranks
-    if (group == "pp") return mesh.group(MeshDim::pp, world_rank);
-    if (group == "cp") return mesh.group(MeshDim::cp, world_rank);
+    if (group == "pp") return mesh.group(mesh_dim::pp, world_rank);
+    if (group == "cp") return mesh.group(mesh_dim::cp, world_rank);
     if (group == "embedding") {
-        const std::vector<int> column = mesh.group(MeshDim::pp, world_rank);
-        const int stage = mesh.coord(world_rank).pp;
+        const std::vector<int> column = mesh.group(mesh_dim::pp, world_rank);
+        const int stage = mesh.coord(world_rank)[mesh_dim::pp];
         if (mesh.pp() > 1 && (stage == 0 || stage == mesh.pp() - 1)) return {column.front(), column.back()};
         return {};
     }

@@ -36,8 +36,8 @@ struct ParallelContext {
     std::shared_ptr<ProgressBoard> progress;
 
     MeshCoord coord() const { return mesh.coord(world_rank); }
-    bool first_stage() const { return coord().pp == 0; }
-    bool last_stage() const { return coord().pp == mesh.pp() - 1; }
+    bool first_stage() const { return coord()[mesh_dim::pp] == 0; }
+    bool last_stage() const { return coord()[mesh_dim::pp] == mesh.pp() - 1; }
 };
 
 // The mesh of a world of world_size ranks; dp = 0 is derived (world / (tp * cp * pp)). Config errors name the keys

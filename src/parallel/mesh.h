@@ -1,65 +1,88 @@
-// Mesh: the world's ranks as a 4-D grid tp x cp x dp x pp. With the default order "tp-dp-pp"
-// (fastest first) consecutive world ranks differ in tp, so a tensor-parallel group stays
-// inside a node; then cp, then dp; pp is slowest, so pipeline neighbours are usually in
-// other nodes. Context parallelism (cp) always sits just inside dp, whatever the order names
-// (as in Megatron-Core's tp-cp-ep-dp-pp): its ring passes keys and values every layer, so it
-// should be as near as tp allows.
+// Mesh: the world's ranks as a grid of named dimensions, fastest first. The dense layers see
+// tp x cp x dp x pp; with the default order "tp-dp-pp" consecutive world ranks differ in tp, so
+// a tensor-parallel group stays inside a node; then cp, then dp; pp is slowest, so pipeline
+// neighbours are usually in other nodes. Context parallelism (cp) always sits just inside dp,
+// whatever the order names (as in Megatron-Core's tp-cp-ep-dp-pp): its ring passes keys and
+// values every layer, so it should be as near as tp allows.
 //
-//   world_rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))   (order tp-dp-pp)
+// A rank's coordinate on dimension d is (world_rank / stride_d) % size_d, where stride_d is the
+// product of the sizes of the dimensions before d in the list; so, with the order tp-dp-pp,
 //
-// The ranks sharing tp and pp coordinates (dp x cp of them) hold the same weights: they are
-// the data group, over which gradients are reduced and ZeRO shards the training state, in
-// the order cp_rank + cp * dp_rank (data_index). The cp ranks of one dp rank read the same
-// sequences, each its chunks of them.
+//   world_rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 //
-// Any group comes from one formula: the ranks that share every coordinate but one.
+// Every group comes from one formula: the ranks that share every coordinate but those of some
+// dimensions, which count through their values as one mixed-radix number (the first fastest).
+// The tp group varies tp; the ranks sharing tp and pp coordinates (cp x dp of them) hold the
+// same weights: they are the data group, over which gradients are reduced and ZeRO shards the
+// training state, in the order cp_rank + cp * dp_rank (data_index). The cp ranks of one dp
+// rank read the same sequences, each its chunks of them. Hybrid sharding cuts a group into
+// blocks of consecutive members: a rank's block, and its replicas at the same place in the
+// other blocks.
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace llmtrain {
 
-enum class MeshDim { tp = 0, dp = 1, pp = 2, cp = 3 };
-const char* mesh_dim_name(MeshDim dim);
+// The names of the mesh's dimensions, which also name their groups and communicators.
+namespace mesh_dim {
+inline constexpr std::string_view tp = "tp", cp = "cp", dp = "dp", pp = "pp";
+}  // namespace mesh_dim
 
-struct MeshCoord {
-    int tp = 0, dp = 0, pp = 0, cp = 0;
-    int operator[](MeshDim dim) const {
-        switch (dim) {
-            case MeshDim::tp: return tp;
-            case MeshDim::dp: return dp;
-            case MeshDim::pp: return pp;
-            case MeshDim::cp: return cp;
-        }
-        return 0;
-    }
-    int& operator[](MeshDim dim) { return dim == MeshDim::tp ? tp : dim == MeshDim::dp ? dp : dim == MeshDim::pp ? pp : cp; }
-    bool operator==(const MeshCoord&) const = default;
+// One dimension: its name (one of mesh_dim's) and its size.
+struct MeshDim {
+    std::string_view name;
+    int size = 1;
+};
+
+// A rank's coordinate on each dimension of its mesh, by name: coord[mesh_dim::pp]. Built from
+// {name, value} pairs in any order; a dimension left out is at 0.
+class MeshCoord {
+public:
+    static constexpr size_t kMaxDims = 6;
+    struct Entry {
+        std::string_view name;
+        int value = 0;
+    };
+    MeshCoord() = default;
+    MeshCoord(std::initializer_list<Entry> entries);
+    int operator[](std::string_view dim) const;
+    int& operator[](std::string_view dim);  // adds the dimension at 0 if absent
+    bool operator==(const MeshCoord& other) const;
+
+private:
+    const Entry* find(std::string_view dim) const;
+    std::array<Entry, kMaxDims> entries_{};
+    size_t count_ = 0;
 };
 
 class Mesh {
 public:
-    // order: the three dims fastest first, e.g. "tp-dp-pp" or "tp-pp-dp" (cp goes just before
+    // order: tp, dp and pp fastest first, e.g. "tp-dp-pp" or "tp-pp-dp" (cp goes just before
     // dp). Throws a config error if tp * cp * dp * pp != world_size or order is not a
     // permutation of tp, dp, pp.
     Mesh(int world_size, int tp, int dp, int pp, const std::string& order = "tp-dp-pp", int cp = 1);
 
     int world_size() const { return world_size_; }
-    int size(MeshDim dim) const { return sizes_[static_cast<size_t>(dim)]; }
-    int tp() const { return size(MeshDim::tp); }
-    int dp() const { return size(MeshDim::dp); }
-    int pp() const { return size(MeshDim::pp); }
-    int cp() const { return size(MeshDim::cp); }
+    // The dense layers' dimensions, fastest first.
+    const std::vector<MeshDim>& dims() const { return dims_; }
+    int size(std::string_view dim) const { return dims_[position(dim)].size; }
+    int tp() const { return size(mesh_dim::tp); }
+    int cp() const { return size(mesh_dim::cp); }
+    int dp() const { return size(mesh_dim::dp); }
+    int pp() const { return size(mesh_dim::pp); }
     // The data group's size: the ranks holding the same weights.
     int data_size() const { return dp() * cp(); }
-    int data_index(const MeshCoord& c) const { return c.cp + cp() * c.dp; }
+    int data_index(const MeshCoord& c) const { return c[mesh_dim::cp] + cp() * c[mesh_dim::dp]; }
 
     MeshCoord coord(int world_rank) const;
     int world_rank(const MeshCoord& coord) const;
     // World ranks of the group along dim that contains world_rank, in group-rank order.
-    std::vector<int> group(MeshDim dim, int world_rank) const;
+    std::vector<int> group(std::string_view dim, int world_rank) const;
     // The data group of world_rank (see above), in data_index order.
     std::vector<int> data_group(int world_rank) const;
     // Hybrid sharding: the data group cut into blocks of shard_size consecutive dp ranks (a
@@ -68,19 +91,25 @@ public:
     // (the shards' sums are all-reduced across it). shard_size = dp: one block, replicas alone.
     std::vector<int> shard_group(int world_rank, int shard_size) const;
     std::vector<int> replica_group(int world_rank, int shard_size) const;
+
     // "tp 1, dp 0, pp 1" (and ", cp 1" when cp > 1)
     std::string describe(int world_rank) const;
     // "tp 2 x dp 4 x pp 1"; "tp 2 x cp 2 x dp 1 x pp 1" with cp > 1
     std::string describe_sizes() const;
 
 private:
+    size_t position(std::string_view dim) const;
+    // The ranks sharing world_rank's coordinates but those at `positions` (of dims_), counted
+    // as one mixed-radix number over them, the first fastest: the formula of every group.
+    std::vector<int> ranks_varying(const std::vector<size_t>& positions, int world_rank) const;
+
     int world_size_;
-    std::array<int, 4> sizes_;       // indexed by MeshDim
-    std::array<MeshDim, 4> order_;   // fastest first
+    std::vector<MeshDim> dims_;  // fastest first
+    std::vector<int> strides_;   // of dims_
 };
 
-// Parses "tp-dp-pp"-style orders (three dims, fastest first); throws a config error naming
+// Parses "tp-dp-pp"-style orders (tp, dp and pp, fastest first); throws a config error naming
 // the allowed ones.
-std::array<MeshDim, 3> parse_mesh_order(const std::string& order);
+std::vector<std::string_view> parse_mesh_order(const std::string& order);
 
 }  // namespace llmtrain

@@ -27,7 +27,7 @@ size_t bytes_of(int64_t numel, DType dtype) { return static_cast<size_t>(numel) 
 // n_layers / (pp * V) layers; stage s holds chunks s, s + pp, ..., and each keeps the
 // activation sets its schedule has in flight at most.
 ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world_rank) {
-    const int64_t pp = mesh.pp(), stage = mesh.coord(world_rank).pp, chunks = config.parallel.virtual_stages;
+    const int64_t pp = mesh.pp(), stage = mesh.coord(world_rank)[mesh_dim::pp], chunks = config.parallel.virtual_stages;
     const int64_t micro_batches = micro_batches_per_step(config, mesh.dp());
     ModelPartition part;
     if (chunks > 1) {
@@ -51,7 +51,7 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     part.grad_storage = shards_gradients(config.parallel, mesh.data_size()) ? GradStorage::bound : GradStorage::flat;
     part.value_storage = shards_parameters(config.parallel, mesh.data_size()) ? ValueStorage::bound : ValueStorage::flat;
     part.cp_size = mesh.cp();
-    part.cp_rank = mesh.coord(world_rank).cp;
+    part.cp_rank = mesh.coord(world_rank)[mesh_dim::cp];
     part.sequence_parallel = config.parallel.sequence_parallel;
     part.tp_overlap = config.parallel.tp_overlap;
     part.recompute = config.train.recompute;
@@ -105,7 +105,7 @@ Placement state_placement(const Config& config, const Mesh& mesh, int world_rank
     const std::optional<size_t> embedding = model.embedding_param();
     if (config.model.tied_embeddings && mesh.pp() > 1 && embedding) {
         spec.tied = *embedding;
-        spec.tied_end = coord.pp == 0 ? 0 : 1;
+        spec.tied_end = coord[mesh_dim::pp] == 0 ? 0 : 1;
     }
     return Placement(std::move(spec));
 }
@@ -121,7 +121,7 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
     plan.device = compute_device(config.train);
     const DType compute = compute_dtype(config.train), master = master_dtype(compute);
     const ModelPartition part = stage_partition(config, mesh, world_rank);
-    const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord.tp, mesh.tp());
+    const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord[mesh_dim::tp], mesh.tp());
     const Placement placement = state_placement(config, mesh, world_rank, model, master);
     const int64_t padded = placement.padded_numel();
     RankMemory& m = plan.memory;
@@ -151,7 +151,7 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
 MemoryPlan largest_rank_plan(const Config& config, const Mesh& mesh) {
     MemoryPlan largest;
     for (int pp = 0; pp < mesh.pp(); ++pp) {
-        const MemoryPlan plan = plan_memory(config, mesh, mesh.world_rank({0, 0, pp}));
+        const MemoryPlan plan = plan_memory(config, mesh, mesh.world_rank({{mesh_dim::pp, pp}}));
         if (pp == 0 || plan.total() > largest.total()) largest = plan;
     }
     return largest;
@@ -179,7 +179,7 @@ std::string describe(const MemoryPlan& plan) {
     const RankMemory& m = plan.memory;
     return cat("parameters ", gigabytes(m.parameter_bytes), ", gradients ", gigabytes(m.gradient_bytes), ", optimizer ", gigabytes(m.optimizer_bytes),
                ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes), " (rank ", plan.world_rank, ": tp ",
-               plan.coord.tp, ", dp ", plan.coord.dp, ", pp ", plan.coord.pp, ")");
+               plan.coord[mesh_dim::tp], ", dp ", plan.coord[mesh_dim::dp], ", pp ", plan.coord[mesh_dim::pp], ")");
 }
 
 void check_memory_fits(const MemoryPlan& plan, size_t available_bytes) {

@@ -144,7 +144,7 @@ void add_layer_ring_sends(std::vector<RingSend>& sends, const Shapes& x, double 
     sends.push_back({dkv_bytes, layers, 0});
 }
 
-int first_rank_of_stage(const Mesh& mesh, int stage) { return mesh.world_rank({0, 0, stage}); }
+int first_rank_of_stage(const Mesh& mesh, int stage) { return mesh.world_rank({{mesh_dim::pp, stage}}); }
 
 // A GPU node holds one rank per device; a CPU node holds the job's ranks spread evenly over
 // the nodes, however many cores it has (ranks beyond the cores share them).
@@ -292,7 +292,7 @@ const Link& link_for(const Cluster& c, const Mesh& mesh, int span) { return span
 
 // The consecutive world ranks a group along dim spans, from its first to its last: a cp group
 // spans tp x cp ranks (tp x pp x cp with the order tp-pp-dp, pp being inside cp then).
-int group_span(const Mesh& mesh, MeshDim dim) {
+int group_span(const Mesh& mesh, std::string_view dim) {
     const std::vector<int> group = mesh.group(dim, 0);
     return group.back() - group.front() + 1;
 }
@@ -380,7 +380,7 @@ void zero_sharded_time(StageTime& t, const Config& config, const Mesh& mesh, con
 // that would compute move the bytes: all exposed.
 void ring_time(StageTime& t, const StageWork& w, const Mesh& mesh, const Cluster& c, double peak, double share) {
     if (w.cp_sends.empty()) return;
-    const Link link = shared_link(link_for(c, mesh, group_span(mesh, MeshDim::cp)), c, share);
+    const Link link = shared_link(link_for(c, mesh, group_span(mesh, mesh_dim::cp)), c, share);
     for (const RingSend& send : w.cp_sends) {
         const double seconds = link.latency_us * 1e-6 + send.bytes / (link.gbps * 1e9);
         const double behind = c.kind == ClusterKind::gpu ? send.behind_flops / (peak * attention_efficiency(c, mesh)) : 0;

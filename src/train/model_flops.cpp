@@ -4,7 +4,7 @@ namespace llmtrain {
 
 double total_parameters(Trainer& trainer) {
     const ParallelContext& ctx = trainer.context();
-    return ctx.world->all_reduce_scalar(ctx.coord().dp == 0 ? static_cast<double>(trainer.model().parameters().total_numel()) : 0.0, ReduceOp::sum);
+    return ctx.world->all_reduce_scalar(ctx.coord()[mesh_dim::dp] == 0 ? static_cast<double>(trainer.model().parameters().total_numel()) : 0.0, ReduceOp::sum);
 }
 
 }  // namespace llmtrain

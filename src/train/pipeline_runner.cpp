@@ -4,12 +4,12 @@ namespace llmtrain {
 
 PipelineRunner::PipelineRunner(Transformer& model, const ParallelContext& ctx, Comm& pp, int64_t micro_batches)
     : model_(model), ctx_(ctx), pp_(pp), chunks_(model.partition().chunks),
-      schedule_(interleaved_schedule(ctx.mesh.pp(), ctx.coord().pp, micro_batches, chunks_)) {
+      schedule_(interleaved_schedule(ctx.mesh.pp(), ctx.coord()[mesh_dim::pp], micro_batches, chunks_)) {
     int64_t sets = 0;
     for (int64_t c = 0; c < chunks_; ++c) {
         const int64_t held = model.partition().activation_sets[static_cast<size_t>(c)], needed = chunk_in_flight(schedule_, c);
         if (held < needed)
-            fail(ErrorKind::runtime, "pipeline stage ", ctx.coord().pp, " chunk ", c, " holds ", held, " activation sets; its schedule needs ", needed);
+            fail(ErrorKind::runtime, "pipeline stage ", ctx.coord()[mesh_dim::pp], " chunk ", c, " holds ", held, " activation sets; its schedule needs ", needed);
         sets += held;
     }
     activation_sends_.resize(static_cast<size_t>(sets));

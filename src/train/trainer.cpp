@@ -192,7 +192,7 @@ void Trainer::log_startup() const {
     const double params_max = max_over_ranks(mine.parameter_bytes), grads_max = max_over_ranks(mine.gradient_bytes);
     const double optim_max = max_over_ranks(mine.optimizer_bytes), act_max = max_over_ranks(mine.activation_bytes);
     const double total_params = ctx_->world->all_reduce_scalar(
-        ctx_->coord().dp == 0 && ctx_->coord().cp == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
+        ctx_->coord()[mesh_dim::dp] == 0 && ctx_->coord()[mesh_dim::cp] == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
     if (options_.quiet) return;
     log_info("model ", family_name(m.family), ": ", m.n_layers, " layers, d_model ", m.d_model, ", ", m.n_heads, " heads (", m.n_kv_heads,
              " kv), d_ff ", m.d_ff, ", vocab ", vocab_description(m, ctx_->mesh.tp()), " | ", fixed(total_params / 1e6, 3), "M parameters held over all tp x pp ranks",
@@ -613,7 +613,7 @@ bool Trainer::weights_finite() {
 // micro-batches sees the very same windows.
 void Trainer::forward_backward(int64_t step) {
     const TrainConfig& t = config_.train;
-    const int64_t M = t.grad_accum, dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
+    const int64_t M = t.grad_accum, dp = ctx_->mesh.dp(), dp_rank = ctx_->coord()[mesh_dim::dp];
     Parameters& params = model_->parameters();
     const std::optional<size_t> embedding = model_->embedding_param();
     const bool tied_across_stages = config_.model.tied_embeddings && ctx_->mesh.pp() > 1;
@@ -662,7 +662,7 @@ void Trainer::sync_tied_embedding() {
 // gradient, so dp rank 0 alone counts them (under hybrid sharding: the first block's ranks).
 bool Trainer::counts_in_norm(size_t param) const {
     const ParamInfo& info = model_->parameters().info(param);
-    if (info.replicated() && ctx_->coord().tp != 0) return false;
+    if (info.replicated() && ctx_->coord()[mesh_dim::tp] != 0) return false;
     const bool tied_copy = config_.model.tied_embeddings && !ctx_->first_stage() && model_->embedding_param() == param;
     return !tied_copy;
 }
@@ -677,7 +677,7 @@ void Trainer::close_step(StepRecord& s) {
     const Parameters& params = model_->parameters();
     const std::vector<OwnedPiece>& owned = sync_->owned();
     const Tensor scalars = step_scalars_.view();
-    const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
+    const bool reports_loss = ctx_->last_stage() && ctx_->coord()[mesh_dim::tp] == 0;
     // The last stage's copy of a tied embedding holds the first stage's summed gradient: counted there.
     const bool tied_copy_here = config_.model.tied_embeddings && !ctx_->first_stage();
     backend_->fill_zero(scalars);
@@ -770,7 +770,7 @@ double Trainer::evaluate() {
     // dp ranks run different numbers of forwards here: every gather completes first, on all.
     store_->settle();
     const TrainConfig& t = config_.train;
-    const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord().dp;
+    const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord()[mesh_dim::dp];
     const int64_t micro_batches = (t.eval_sequences + t.batch_size - 1) / t.batch_size;
     // ZeRO-3 gathers parameters in every forward, a collective over the dp group: every dp
     // rank runs as many forwards, those past the last micro-batch on the first one, unweighted.
@@ -784,7 +784,7 @@ double Trainer::evaluate() {
         const double loss = pipeline_->forward_only(micro_batch, rows, t.seq_len);
         if (counted) total += static_cast<double>(rows) * loss;
     }
-    const bool reports_loss = ctx_->last_stage() && ctx_->coord().tp == 0;
+    const bool reports_loss = ctx_->last_stage() && ctx_->coord()[mesh_dim::tp] == 0;
     // Every cp rank reports the mean over its chunks of the same sequences.
     return ctx_->world->all_reduce_scalar(reports_loss ? total : 0.0, ReduceOp::sum) / static_cast<double>(t.eval_sequences * ctx_->mesh.cp());
 }

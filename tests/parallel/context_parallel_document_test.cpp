@@ -35,7 +35,7 @@ Isolation isolate_document_b_over_cp(ModelFamily family, bool mask, bool reset) 
     const ModelConfig config = tiny(family);
     ModelPartition split = documents(mask, reset);
     split.cp_size = ctx.mesh.cp();
-    split.cp_rank = ctx.coord().cp;
+    split.cp_rank = ctx.coord()[mesh_dim::cp];
     Transformer over_cp(config, *backend, DType::f64, 1, config.max_seq_len, split, nullptr, ctx.cp.get());
     Transformer whole(config, *backend, DType::f64, 1, config.max_seq_len, documents(mask, reset));
     over_cp.initialize(7);

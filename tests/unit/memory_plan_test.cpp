@@ -24,9 +24,9 @@ ParallelContext rank_context(const Mesh& mesh, int rank) {
     const MeshCoord c = mesh.coord(rank);
     // Groups with no peers: a trainer's set-up reads only their sizes and ranks.
     ctx.world = test::make_idle_group("world", rank, mesh.world_size());
-    ctx.tp = test::make_idle_group("tp", c.tp, mesh.tp());
-    ctx.dp = test::make_idle_group("dp", c.dp, mesh.dp());
-    ctx.pp = test::make_idle_group("pp", c.pp, mesh.pp());
+    ctx.tp = test::make_idle_group("tp", c[mesh_dim::tp], mesh.tp());
+    ctx.dp = test::make_idle_group("dp", c[mesh_dim::dp], mesh.dp());
+    ctx.pp = test::make_idle_group("pp", c[mesh_dim::pp], mesh.pp());
     return ctx;
 }
 

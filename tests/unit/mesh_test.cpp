@@ -13,7 +13,9 @@ using namespace llmtrain;
 TEST(Mesh, DefaultOrderPutsTensorParallelFastestThenDataThenPipeline) {
     const Mesh mesh(8, 2, 2, 2);
     // world rank -> (tp, dp, pp)
-    const std::vector<MeshCoord> table = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}, {0, 0, 1}, {1, 0, 1}, {0, 1, 1}, {1, 1, 1}};
+    const std::vector<MeshCoord> table = {{{"tp", 0}, {"dp", 0}, {"pp", 0}}, {{"tp", 1}, {"dp", 0}, {"pp", 0}}, {{"tp", 0}, {"dp", 1}, {"pp", 0}},
+                                          {{"tp", 1}, {"dp", 1}, {"pp", 0}}, {{"tp", 0}, {"dp", 0}, {"pp", 1}}, {{"tp", 1}, {"dp", 0}, {"pp", 1}},
+                                          {{"tp", 0}, {"dp", 1}, {"pp", 1}}, {{"tp", 1}, {"dp", 1}, {"pp", 1}}};
     for (int r = 0; r < 8; ++r) {
         EXPECT_EQ(mesh.coord(r), table[static_cast<size_t>(r)]) << "rank " << r;
         EXPECT_EQ(mesh.world_rank(table[static_cast<size_t>(r)]), r);
@@ -22,37 +24,37 @@ TEST(Mesh, DefaultOrderPutsTensorParallelFastestThenDataThenPipeline) {
 
 TEST(Mesh, GroupsOfEachDimensionForTp2Dp3Pp2) {
     const Mesh mesh(12, 2, 3, 2);
-    EXPECT_EQ(mesh.group(MeshDim::tp, 7), (std::vector<int>{6, 7}));
-    EXPECT_EQ(mesh.group(MeshDim::dp, 7), (std::vector<int>{7, 9, 11}));
-    EXPECT_EQ(mesh.group(MeshDim::pp, 7), (std::vector<int>{1, 7}));
-    EXPECT_EQ(mesh.group(MeshDim::dp, 0), (std::vector<int>{0, 2, 4}));
+    EXPECT_EQ(mesh.group(mesh_dim::tp, 7), (std::vector<int>{6, 7}));
+    EXPECT_EQ(mesh.group(mesh_dim::dp, 7), (std::vector<int>{7, 9, 11}));
+    EXPECT_EQ(mesh.group(mesh_dim::pp, 7), (std::vector<int>{1, 7}));
+    EXPECT_EQ(mesh.group(mesh_dim::dp, 0), (std::vector<int>{0, 2, 4}));
     EXPECT_EQ(mesh.describe(7), "tp 1, dp 0, pp 1");
 }
 
 TEST(Mesh, PipelineFastestOrder) {
     const Mesh mesh(8, 2, 2, 2, "pp-tp-dp");
-    EXPECT_EQ(mesh.coord(1), (MeshCoord{0, 0, 1}));
-    EXPECT_EQ(mesh.coord(2), (MeshCoord{1, 0, 0}));
-    EXPECT_EQ(mesh.coord(4), (MeshCoord{0, 1, 0}));
-    EXPECT_EQ(mesh.group(MeshDim::pp, 2), (std::vector<int>{2, 3}));
-    EXPECT_EQ(mesh.group(MeshDim::dp, 3), (std::vector<int>{3, 7}));
+    EXPECT_EQ(mesh.coord(1), (MeshCoord{{"tp", 0}, {"dp", 0}, {"pp", 1}}));
+    EXPECT_EQ(mesh.coord(2), (MeshCoord{{"tp", 1}, {"dp", 0}, {"pp", 0}}));
+    EXPECT_EQ(mesh.coord(4), (MeshCoord{{"tp", 0}, {"dp", 1}, {"pp", 0}}));
+    EXPECT_EQ(mesh.group(mesh_dim::pp, 2), (std::vector<int>{2, 3}));
+    EXPECT_EQ(mesh.group(mesh_dim::dp, 3), (std::vector<int>{3, 7}));
 }
 
 TEST(Mesh, EveryRankIsInExactlyOneGroupOfEachDimension) {
     const Mesh mesh(24, 2, 3, 4, "dp-pp-tp");
-    for (MeshDim dim : {MeshDim::tp, MeshDim::dp, MeshDim::pp}) {
+    for (std::string_view dim : {mesh_dim::tp, mesh_dim::dp, mesh_dim::pp}) {
         std::vector<int> seen(24, 0);
         for (int r = 0; r < 24; ++r)
             if (mesh.group(dim, r).front() == r)
                 for (int member : mesh.group(dim, r)) ++seen[static_cast<size_t>(member)];
-        for (int r = 0; r < 24; ++r) EXPECT_EQ(seen[static_cast<size_t>(r)], 1) << mesh_dim_name(dim) << " rank " << r;
+        for (int r = 0; r < 24; ++r) EXPECT_EQ(seen[static_cast<size_t>(r)], 1) << dim << " rank " << r;
     }
 }
 
 // dp 4 of tp 2 x dp 4: dp ranks {0, 1} and {2, 3} shard together; 0 and 2, 1 and 3 replicate.
 TEST(Mesh, ShardAndReplicaGroupsOfHybridShardingForTp2Dp4) {
     const Mesh mesh(8, 2, 4, 1);
-    EXPECT_EQ(mesh.group(MeshDim::dp, 5), (std::vector<int>{1, 3, 5, 7}));
+    EXPECT_EQ(mesh.group(mesh_dim::dp, 5), (std::vector<int>{1, 3, 5, 7}));
     EXPECT_EQ(mesh.shard_group(5, 2), (std::vector<int>{5, 7}));
     EXPECT_EQ(mesh.replica_group(5, 2), (std::vector<int>{1, 5}));
     EXPECT_EQ(mesh.shard_group(0, 2), (std::vector<int>{0, 2}));
@@ -179,9 +181,9 @@ TEST(PipelineSchedule, OneStageAlternatesForwardAndBackward) {
 // the data group (the weights' replicas) runs cp fastest, then dp.
 TEST(Mesh, ContextParallelRanksSitJustInsideDataParallel) {
     const Mesh mesh(16, 2, 2, 2, "tp-dp-pp", 2);
-    EXPECT_EQ(mesh.coord(2), (MeshCoord{.tp = 0, .dp = 0, .pp = 0, .cp = 1}));
-    EXPECT_EQ(mesh.coord(4), (MeshCoord{.tp = 0, .dp = 1, .pp = 0, .cp = 0}));
-    EXPECT_EQ(mesh.group(MeshDim::cp, 5), (std::vector<int>{5, 7}));
+    EXPECT_EQ(mesh.coord(2), (MeshCoord{{"tp", 0}, {"dp", 0}, {"pp", 0}, {"cp", 1}}));
+    EXPECT_EQ(mesh.coord(4), (MeshCoord{{"tp", 0}, {"dp", 1}, {"pp", 0}, {"cp", 0}}));
+    EXPECT_EQ(mesh.group(mesh_dim::cp, 5), (std::vector<int>{5, 7}));
     EXPECT_EQ(mesh.data_group(1), (std::vector<int>{1, 3, 5, 7}));
     EXPECT_EQ(mesh.data_group(9), (std::vector<int>{9, 11, 13, 15}));
     EXPECT_EQ(mesh.data_index(mesh.coord(7)), 3);
@@ -190,8 +192,8 @@ TEST(Mesh, ContextParallelRanksSitJustInsideDataParallel) {
     EXPECT_EQ(mesh.replica_group(7, 1), (std::vector<int>{3, 7}));
     // With pp inside dp, cp still sits just before dp.
     const Mesh pp_inside(8, 1, 2, 2, "tp-pp-dp", 2);
-    EXPECT_EQ(pp_inside.group(MeshDim::cp, 0), (std::vector<int>{0, 2}));
-    EXPECT_EQ(pp_inside.group(MeshDim::dp, 0), (std::vector<int>{0, 4}));
+    EXPECT_EQ(pp_inside.group(mesh_dim::cp, 0), (std::vector<int>{0, 2}));
+    EXPECT_EQ(pp_inside.group(mesh_dim::dp, 0), (std::vector<int>{0, 4}));
 }
 
 TEST(Mesh, WorldSizeNotTheProductWithCp_NamesCp) {

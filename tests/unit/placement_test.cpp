@@ -50,7 +50,7 @@ std::vector<Placement> every_rank(const Config& config, const Mesh& mesh) {
     std::vector<Placement> placements;
     for (int rank = 0; rank < mesh.world_size(); ++rank) {
         const ModelPartition part = stage_partition(config, mesh, rank);
-        const TransformerLayout model(config.model, Device::cpu, DType::f32, config.train.batch_size, config.train.seq_len, part, mesh.coord(rank).tp,
+        const TransformerLayout model(config.model, Device::cpu, DType::f32, config.train.batch_size, config.train.seq_len, part, mesh.coord(rank)[mesh_dim::tp],
                                       mesh.tp());
         placements.push_back(state_placement(config, mesh, rank, model, DType::f32));
     }
