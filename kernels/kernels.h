@@ -64,6 +64,26 @@ void launch_bias_grad(Half t, float* dbias, const void* dout, int64_t N, int64_t
 // bias.cu: acc[i] += x[i] (fp32), e.g. a bias gradient a GEMM epilogue wrote into scratch.
 void launch_accumulate(float* acc, const float* x, int64_t n, cudaStream_t stream);
 
+// fp8.cu: casts to FP8 with per-tensor scales (core/fp8.h). Scales and amaxes are device fp32
+// scalars; an amax is overwritten (zeroed, then the maximum taken).
+enum class Fp8Source { bf16, f16, f32 };
+void launch_fp8_amax(float* amax, const void* x, Fp8Source type, int64_t n, cudaStream_t stream);
+// scale = format_max / amax / 2^margin (kept when amax is 0 or not finite); scale_inv = 1 / scale.
+void launch_fp8_update_scale(float* scale, float* scale_inv, const float* amax, float format_max, int margin, cudaStream_t stream);
+// out[rows, cols] = fp8(x * scale) (e4m3 or e5m2, nearest even, saturating); out_t (may be
+// null) the same transposed, [cols, rows]; amax (may be null) = max |x|.
+struct Fp8CastArgs {
+    uint8_t* out = nullptr;
+    uint8_t* out_t = nullptr;
+    float* amax = nullptr;
+    const void* x = nullptr;
+    Fp8Source source = Fp8Source::bf16;
+    const float* scale = nullptr;
+    int64_t rows = 0, cols = 0;
+    bool e4m3 = true;
+};
+void launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
+
 // gemm_fallback.cu: one GEMM as cuBLASLt would compute it (column-major; see the file's
 // header), for the shapes cuBLASLt cannot take.
 struct FallbackGemm {

@@ -40,7 +40,8 @@ namespace llmtrain {
     X(gelu_matmul_bwd) X(accumulate_sum) X(accumulate_sum_squares) X(xent_fwd_bwd) X(add_norm_fwd) \
     X(attention_block_fwd) X(attention_block_bwd) X(copy_columns) X(moe_route_fwd) X(moe_route_bwd)     \
     X(moe_load_stats) X(moe_aux_loss_fwd) X(moe_aux_loss_bwd) X(moe_z_loss_fwd) X(moe_z_loss_bwd)  \
-    X(moe_permute_plan) X(moe_permute_fwd) X(moe_permute_bwd) X(moe_combine_fwd) X(moe_combine_bwd)
+    X(moe_permute_plan) X(moe_permute_fwd) X(moe_permute_bwd) X(moe_combine_fwd) X(moe_combine_bwd)  \
+    X(fp8_amax) X(fp8_update_scale) X(fp8_cast) X(matmul_fp8)
 
 enum class Op {
 #define LLMTRAIN_OP_ENUM(name) name,
@@ -546,6 +547,54 @@ struct MoeCombineBwd {
     Tensor sources;   // [R] i32
 };
 
+// ---- FP8 (core/fp8.h): per-tensor scaled casts and GEMMs of FP8 operands ----
+// A tensor in FP8 is its bytes (dtype e4m3 or e5m2) and a scale: q = fp8(x scale), read as
+// q / scale. Scales, their inverses and amaxes are [1] f32 tensors on the device, so a step
+// computes an amax, a scale, the cast and the GEMM without the host waiting. The CPU backend
+// computes the same: its casts round exactly as the CUDA kernels (core/fp8.h), its GEMMs
+// multiply the decoded values in f32 (or f64) and scale the sums.
+
+// amax[0] = max |x| over the tensor (NaN when an element is NaN), overwritten.
+struct Fp8Amax {
+    Tensor amax;  // [1] f32
+    Tensor x;     // any shape, the compute dtype
+};
+// scale[0] = format's max / amax[0] / 2^margin, kept when amax[0] is zero or not finite
+// (fp8_scale_for_amax); scale_inv[0] = 1 / scale[0]. Current scaling runs it on this step's
+// amax; delayed scaling on its history's.
+struct Fp8UpdateScale {
+    Tensor scale;      // [1] f32, updated
+    Tensor scale_inv;  // [1] f32, overwritten
+    Tensor amax;       // [1] f32
+    DType format = DType::e4m3;
+    int margin = 0;
+};
+// out = fp8(x scale[0]) in out's format (round to nearest even, saturating at the format's
+// max; NaN stays NaN), x viewed as [rows, cols] (cols its last dimension). out_t, when given,
+// holds the same bytes transposed, [cols, rows] (Hopper's FP8 GEMMs take both operands with
+// the reduced dimension contiguous, so a backward GEMM needs the other layout); amax, when
+// given, receives max |x| from the same pass (what a delayed-scaling history records).
+struct Fp8Cast {
+    Tensor out;    // [rows, cols] e4m3 / e5m2, overwritten
+    Tensor out_t;  // [cols, rows], the same format, optional
+    Tensor x;      // [rows, cols] (or more dimensions, cols last), the compute dtype
+    Tensor scale;  // [1] f32
+    Tensor amax;   // [1] f32, optional
+};
+// out[M, N] = a_scale_inv[0] b_scale_inv[0] sum_k a[M, k] b[N, k] (+ out when accumulate): both
+// operands FP8 with k contiguous (a linear layer's forward: a = the input [tokens, in], b =
+// the weight [out, in]) and not both e5m2; out in the compute dtype or f32. fast_accumulate:
+// cuBLASLt's FAST_ACCUM (no periodic promotion of the partial sums; the CPU sums as always).
+struct MatmulFp8 {
+    Tensor out;          // [M, N]
+    Tensor a;            // [M, K] e4m3 / e5m2
+    Tensor a_scale_inv;  // [1] f32
+    Tensor b;            // [N, K] e4m3 / e5m2
+    Tensor b_scale_inv;  // [1] f32
+    bool accumulate = false;
+    bool fast_accumulate = false;
+};
+
 // Seconds and calls per op, accumulated since the last reset, and the host synchronizations:
 // every time the host waited for the device (copy_to_host, synchronize, a workspace that had
 // to grow), counted whether or not per-op timing is on.
@@ -721,6 +770,12 @@ public:
     virtual void moe_permute_bwd(const MoePermuteBwd& args) = 0;
     virtual void moe_combine_fwd(const MoeCombineFwd& args) = 0;
     virtual void moe_combine_bwd(const MoeCombineBwd& args) = 0;
+
+    // FP8 (Fp8Amax ... MatmulFp8 above state the math).
+    virtual void fp8_amax(const Fp8Amax& args) = 0;
+    virtual void fp8_update_scale(const Fp8UpdateScale& args) = 0;
+    virtual void fp8_cast(const Fp8Cast& args) = 0;
+    virtual void matmul_fp8(const MatmulFp8& args) = 0;
 
     OpProfile& profile() { return profile_; }
 

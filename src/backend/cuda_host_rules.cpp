@@ -28,6 +28,25 @@ std::string gemm_fallback_reason(const GemmFacts& f) {
     return "";
 }
 
+std::string fp8_gemm_problem(const GemmFacts& f) {
+    if (!is_fp8(f.a_dtype) && !is_fp8(f.b_dtype)) return "";
+    if (!is_fp8(f.a_dtype) || !is_fp8(f.b_dtype))
+        return cat("A is ", dtype_name(f.a_dtype), " and B ", dtype_name(f.b_dtype), ": an FP8 GEMM takes both operands in FP8");
+    if (f.a_dtype == DType::e5m2 && f.b_dtype == DType::e5m2) return "both operands are e5m2: one must be e4m3";
+    if (!f.transpose_a || f.transpose_b)
+        return cat("A is ", f.transpose_a ? "" : "not ", "transposed and B is ", f.transpose_b ? "" : "not ",
+                   "transposed: FP8 takes only A transposed and B not (\"TN\")");
+    if (f.k % 16 != 0) return cat("k = ", f.k, " is not a multiple of 16");
+    if (f.lda % 16 != 0 || f.ldb % 16 != 0) return cat("the leading dimensions (A ", f.lda, ", B ", f.ldb, ") are not multiples of 16");
+    if (f.a_alignment_bytes < 16 || f.b_alignment_bytes < 16)
+        return cat("A is ", f.a_alignment_bytes, "-byte and B ", f.b_alignment_bytes, "-byte aligned, not 16");
+    if (f.d_dtype != DType::bf16 && f.d_dtype != DType::f16 && f.d_dtype != DType::f32)
+        return cat("D is ", dtype_name(f.d_dtype), ": FP8 GEMMs write bf16, f16 or f32");
+    if (f.epilogue != GemmEpilogue::none && f.epilogue != GemmEpilogue::bias)
+        return cat("the ", gemm_epilogue_name(f.epilogue), " epilogue: FP8 GEMMs take none but the bias");
+    return "";
+}
+
 GemmEngine choose_gemm_engine(const GemmFacts& facts, int heuristic_algorithms) {
     if (!gemm_fallback_reason(facts).empty() || heuristic_algorithms < 1) return GemmEngine::fallback_kernel;
     return GemmEngine::cublaslt;

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace llmtrain {
 
 // What a GEMM does after the product (cuBLASLt's epilogues of the same names):
@@ -20,13 +22,28 @@ enum class GemmEpilogue { none, bias, gelu_aux_bias, dgelu_bgrad };
 const char* gemm_epilogue_name(GemmEpilogue epilogue);
 
 // What the engine choice looks at: the dimensions and, for the GELU epilogues, the aux
-// matrix's leading dimension (elements) and address alignment (bytes).
+// matrix's leading dimension (elements) and address alignment (bytes); for FP8 operands
+// their dtypes, transposes, leading dimensions (elements) and alignments (bytes).
 struct GemmFacts {
     int64_t m = 0, n = 0, k = 0;
     GemmEpilogue epilogue = GemmEpilogue::none;
     int64_t aux_ld = 0;
     int aux_alignment_bytes = 256;
+    DType a_dtype = DType::bf16, b_dtype = DType::bf16, d_dtype = DType::bf16;
+    bool transpose_a = false, transpose_b = false;
+    int64_t lda = 0, ldb = 0;
+    int a_alignment_bytes = 256, b_alignment_bytes = 256;
 };
+
+// Why cuBLASLt cannot run a GEMM with FP8 operands on Hopper ("" when it can, and for a GEMM
+// without FP8 operands). There is no fallback kernel for FP8: such a GEMM is refused with
+// this reason. cuBLASLt's FP8 rules: both A and B in FP8 and not both e5m2; "TN" (A
+// transposed, B not: for row-major weights [out, in] and inputs [tokens, in], the forward's
+// natural layout; the backward's GEMMs need transposed copies); 16-byte aligned operands
+// with leading dimensions of a multiple of 16 bytes; D in bf16, f16 or f32. Also ours: k a
+// multiple of 16 (as Transformer Engine requires of FP8 tensors' last dimension) and no
+// epilogue but the bias.
+std::string fp8_gemm_problem(const GemmFacts& facts);
 
 // Why cuBLASLt is not even asked for an algorithm ("" when it is): a dimension of 1 (a
 // one-token prompt while sampling gives n = 1; its heuristic may have nothing, or a kernel

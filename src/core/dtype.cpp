@@ -14,6 +14,8 @@ size_t dtype_size(DType dtype) {
         case DType::bf16:
         case DType::f16:
         case DType::u16: return 2;
+        case DType::e4m3:
+        case DType::e5m2: return 1;
     }
     return 0;
 }
@@ -26,6 +28,8 @@ const char* dtype_name(DType dtype) {
         case DType::f16: return "f16";
         case DType::i32: return "i32";
         case DType::u16: return "u16";
+        case DType::e4m3: return "e4m3";
+        case DType::e5m2: return "e5m2";
     }
     return "?";
 }

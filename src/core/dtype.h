@@ -10,13 +10,16 @@
 namespace llmtrain {
 
 // f64 serves the double-precision reference runs of the tests; training uses f32 (CPU) or
-// bf16/f16 compute with f32 master weights (GPU).
-enum class DType : uint8_t { f32, f64, bf16, f16, i32, u16 };
+// bf16/f16 compute with f32 master weights (GPU). e4m3 and e5m2 are the FP8 formats of GEMM
+// operands (core/fp8.h): bytes read with a scale, never a compute dtype of their own.
+enum class DType : uint8_t { f32, f64, bf16, f16, i32, u16, e4m3, e5m2 };
 enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 const char* device_name(Device device);
+// Whether it is one of the FP8 formats.
+inline bool is_fp8(DType dtype) { return dtype == DType::e4m3 || dtype == DType::e5m2; }
 // Accepts "f32", "f64", "bf16", "f16", "i32", "u16"; throws a config error otherwise.
 DType parse_dtype(const std::string& name);
 

@@ -42,6 +42,12 @@ uint8_t encode_exact(double value, const Fp8Layout& l) {
 
 const char* fp8_format_name(Fp8Format format) { return format == Fp8Format::e4m3 ? "e4m3" : "e5m2"; }
 
+Fp8Format fp8_format_of(DType dtype) {
+    if (dtype == DType::e4m3) return Fp8Format::e4m3;
+    if (dtype == DType::e5m2) return Fp8Format::e5m2;
+    fail(ErrorKind::runtime, "dtype ", dtype_name(dtype), " is not an FP8 format (e4m3, e5m2)");
+}
+
 float fp8_max(Fp8Format format) { return fp8_to_float(layout_of(format).max_bits, format); }
 
 // Rounds |value| on the grid of its binade: the spacing there is 2^(exponent - mbits), with

@@ -25,11 +25,15 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace llmtrain {
 
 enum class Fp8Format : uint8_t { e4m3, e5m2 };
 
 const char* fp8_format_name(Fp8Format format);
+// The format of an FP8 dtype (DType::e4m3, DType::e5m2); a runtime error for another dtype.
+Fp8Format fp8_format_of(DType dtype);
 // The largest finite value: 448 (e4m3), 57344 (e5m2).
 float fp8_max(Fp8Format format);
 

@@ -14,6 +14,17 @@
 // gelu is the tanh approximation, as in cuBLASLt. Products of 16-bit inputs are exact in fp32
 // and summed in fp32; the bias and aux vectors are of the bias / aux data type attribute
 // (D's type by default); aux is m x n with the aux leading dimension (a multiple of 8).
+//
+// FP8 (Hopper's rules as cuBLASLt documents them): A and B both e4m3 or e5m2 and not both
+// e5m2, A transposed and B not ("TN"), leading dimensions of A and B multiples of 16 and the
+// pointers 16-byte aligned, C = D in bf16, f16 or f32, epilogue DEFAULT or BIAS (a bias of D's
+// type); anything else is refused. X = alpha scale_a scale_b op(A) op(B) + beta C, with
+// scale_a and scale_b the fp32 values at A_SCALE_POINTER / B_SCALE_POINTER (1 when unset), and
+// AMAX_D_POINTER receives max |D| over the outputs before their rounding to D's type. The
+// FP8 values are decoded here from their bit fields (independently of the project's
+// converter) and their products summed in fp32; FAST_ACCUM is accepted and computes the same
+// (the stand-in does not model the device's lower-precision accumulation).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -38,6 +49,10 @@ struct cublasLtMatmulDescOpaque_t {
     void* aux = nullptr;
     int64_t aux_ld = 0;
     int bias_type = -1, aux_type = -1;  // -1: D's type
+    const float* a_scale = nullptr;
+    const float* b_scale = nullptr;
+    float* amax_d = nullptr;
+    int8_t fast_accum = 0;
     bool unsupported_attribute = false;
 };
 struct cublasLtMatrixLayoutOpaque_t {
@@ -66,11 +81,28 @@ bool read_attribute(T& out, const void* buf, size_t size) {
     return true;
 }
 
-size_t type_bytes(int type) { return type == CUDA_R_32F ? 4 : 2; }
+bool is_fp8(int type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
+
+size_t type_bytes(int type) { return type == CUDA_R_32F ? 4 : is_fp8(type) ? 1 : 2; }
+
+// An FP8 value from its fields: e4m3 (bias 7, no infinity, S.1111.111 NaN), e5m2 (bias 15,
+// IEEE-like).
+float decode_fp8(int type, uint8_t bits) {
+    const bool e4m3 = type == CUDA_R_8F_E4M3;
+    const int mantissa_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, top = e4m3 ? 15 : 31;
+    const int exponent = (bits & 0x7f) >> mantissa_bits, mantissa = bits & ((1 << mantissa_bits) - 1);
+    const float sign = (bits & 0x80) ? -1.0f : 1.0f;
+    if (e4m3 && exponent == top && mantissa == (1 << mantissa_bits) - 1) return NAN;
+    if (!e4m3 && exponent == top) return mantissa == 0 ? sign * INFINITY : NAN;
+    const float fraction = static_cast<float>(mantissa) / static_cast<float>(1 << mantissa_bits);
+    return exponent == 0 ? sign * std::ldexp(fraction, 1 - bias) : sign * std::ldexp(1.0f + fraction, exponent - bias);
+}
 
 float load(int type, const void* p, size_t i) {
     switch (type) {
         case CUDA_R_32F: return static_cast<const float*>(p)[i];
+        case CUDA_R_8F_E4M3:
+        case CUDA_R_8F_E5M2: return decode_fp8(type, static_cast<const uint8_t*>(p)[i]);
         case CUDA_R_16F: return __half2float(static_cast<const __half*>(p)[i]);
         default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     }
@@ -126,6 +158,21 @@ cublasStatus_t check_layout(const cublasLtMatrixLayoutOpaque_t* l, const char* n
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// Hopper's FP8 rules (see the top of this file).
+cublasStatus_t check_fp8(const cublasLtMatmulDescOpaque_t* d, const cublasLtMatrixLayoutOpaque_t* a, const cublasLtMatrixLayoutOpaque_t* b,
+                         const cublasLtMatrixLayoutOpaque_t* dd) {
+    if (!is_fp8(a->type) || !is_fp8(b->type)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "FP8: A and B must both be FP8");
+    if (a->type == CUDA_R_8F_E5M2 && b->type == CUDA_R_8F_E5M2) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "FP8: A and B both e5m2");
+    if (d->trans_a != CUBLAS_OP_T || d->trans_b != CUBLAS_OP_N) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "FP8: only A transposed and B not (TN)");
+    if (a->ld % 16 != 0 || b->ld % 16 != 0) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "FP8: leading dimensions of A and B must be multiples of 16");
+    if (dd->type != CUDA_R_16BF && dd->type != CUDA_R_16F && dd->type != CUDA_R_32F) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "FP8: D must be bf16, f16 or f32");
+    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS)
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "FP8: only the DEFAULT and BIAS epilogues are modelled");
+    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && d->bias_type >= 0 && d->bias_type != dd->type)
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "FP8: the bias must be of D's type");
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_t* d, const cublasLtMatrixLayoutOpaque_t* a, const cublasLtMatrixLayoutOpaque_t* b,
                              const cublasLtMatrixLayoutOpaque_t* c, const cublasLtMatrixLayoutOpaque_t* dd, Problem& p) {
     if (!d) return refuse(CUBLAS_STATUS_INVALID_VALUE, "no matmul descriptor");
@@ -137,8 +184,14 @@ cublasStatus_t check_problem(const cublasLtMatmulDescOpaque_t* d, const cublasLt
     if (!modelled(d->epilogue)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "epilogue " + std::to_string(d->epilogue) + " is not modelled");
     for (auto [l, name] : {std::pair{a, "A"}, std::pair{b, "B"}, std::pair{c, "C"}, std::pair{dd, "D"}})
         if (cublasStatus_t s = check_layout(l, name); s != CUBLAS_STATUS_SUCCESS) return s;
-    if (!is_16bit(a->type) || b->type != a->type) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A and B must both be f16 or both bf16");
-    if ((dd->type != a->type && dd->type != CUDA_R_32F) || c->type != dd->type)
+    if (is_fp8(a->type) || is_fp8(b->type)) {
+        if (cublasStatus_t s = check_fp8(d, a, b, dd); s != CUBLAS_STATUS_SUCCESS) return s;
+    } else if (!is_16bit(a->type) || b->type != a->type) {
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A and B must both be f16 or both bf16, or both FP8");
+    }
+    if (!is_fp8(a->type) && (d->a_scale || d->b_scale || d->amax_d))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "A/B scale or D amax pointers set for 16-bit operands");
+    if ((!is_fp8(a->type) && dd->type != a->type && dd->type != CUDA_R_32F) || c->type != dd->type)
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "C and D must be of one type: A's, or f32");
     const bool ta = d->trans_a == CUBLAS_OP_T, tb = d->trans_b == CUBLAS_OP_T;
     p.m = dd->rows;
@@ -254,6 +307,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
         case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: ok = read_attribute(d->aux_ld, buf, size); break;
         case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: ok = read_attribute(d->bias_type, buf, size); break;
         case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: ok = read_attribute(d->aux_type, buf, size); break;
+        case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: ok = read_attribute(d->a_scale, buf, size); break;
+        case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: ok = read_attribute(d->b_scale, buf, size); break;
+        case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: ok = read_attribute(d->amax_d, buf, size); break;
+        case CUBLASLT_MATMUL_DESC_FAST_ACCUM: ok = read_attribute(d->fast_accum, buf, size); break;
         case CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: break;  // a performance hint
         default:
             d->unsupported_attribute = true;
@@ -283,7 +340,7 @@ cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
 }
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld) {
-    if (type != CUDA_R_16F && type != CUDA_R_16BF && type != CUDA_R_32F) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "matrix type " + std::to_string(type));
+    if (type != CUDA_R_16F && type != CUDA_R_16BF && type != CUDA_R_32F && !is_fp8(type)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "matrix type " + std::to_string(type));
     *layout = new cublasLtMatrixLayoutOpaque_t{type, rows, cols, ld};
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -389,8 +446,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         (beta != 0.0f && !in_device_memory(C, span_bytes(p.m, p.n, c_desc->ld, c_desc->type), "C")) ||
         !in_device_memory(D, span_bytes(p.m, p.n, d_desc->ld, d_type), "D") ||
         (uses_bias(e) && !in_device_memory(d.bias, bias_length * type_bytes(bias_type), "bias")) ||
-        (uses_aux(e) && !in_device_memory(d.aux, span_bytes(p.m, p.n, d.aux_ld, aux_type), "aux")))
+        (uses_aux(e) && !in_device_memory(d.aux, span_bytes(p.m, p.n, d.aux_ld, aux_type), "aux")) ||
+        (d.a_scale && !in_device_memory(d.a_scale, sizeof(float), "A scale")) || (d.b_scale && !in_device_memory(d.b_scale, sizeof(float), "B scale")) ||
+        (d.amax_d && !in_device_memory(d.amax_d, sizeof(float), "D amax")))
         return CUBLAS_STATUS_INVALID_VALUE;
+    if (is_fp8(a_desc->type) && (alignment_of(A) < 16 || alignment_of(B) < 16)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "FP8: A and B must be 16-byte aligned");
+    // The operands' scales fold into alpha: alpha (scale_a A)(scale_b B) = (alpha scale_a scale_b) A B.
+    const float ab_scale = (d.a_scale ? *d.a_scale : 1.0f) * (d.b_scale ? *d.b_scale : 1.0f);
+    float amax = 0.0f;
 
     const std::vector<float> a_rows = rows_of_op(A, *a_desc, ta, p.m, p.k, false);
     const std::vector<float> b_rows = rows_of_op(B, *b_desc, tb, p.n, p.k, true);
@@ -399,7 +462,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     std::vector<double> bias_grad(bias_length, 0.0);
     for (uint64_t j = 0; j < p.n; ++j)
         for (uint64_t i = 0; i < p.m; ++i) {
-            float x = alpha * dot(&a_rows[i * p.k], &b_rows[j * p.k], p.k);
+            float x = alpha * ab_scale * dot(&a_rows[i * p.k], &b_rows[j * p.k], p.k);
             if (beta != 0.0f) x += beta * load(c_desc->type, C, j * static_cast<uint64_t>(c_desc->ld) + i);  // C is not read when beta = 0
             const size_t aux_index = j * static_cast<uint64_t>(d.aux_ld) + i;
             switch (e) {
@@ -420,7 +483,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                 default: break;
             }
             out[j * p.m + i] = x;
+            amax = std::isnan(x) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(x));
         }
+    if (d.amax_d) *d.amax_d = amax;
     if (e == CUBLASLT_EPILOGUE_BGRADA)
         for (uint64_t i = 0; i < p.m; ++i)
             for (uint64_t l = 0; l < p.k; ++l) bias_grad[i] += a_rows[i * p.k + l];

@@ -174,6 +174,20 @@ public:
         cpu_->matmul_fwd({.out = result, .x = widened(x), .w = widened(w), .bias = view_or_empty(b, bias)});
         store(out, result);
     }
+    // FP8: the scalars are f32 and the FP8 bytes read in place; x and out may be 16-bit.
+    void fp8_amax(const Fp8Amax& a) override { cpu_->fp8_amax({.amax = host_view(a.amax), .x = widened(a.x)}); }
+    void fp8_update_scale(const Fp8UpdateScale& a) override {
+        cpu_->fp8_update_scale({.scale = host_view(a.scale), .scale_inv = host_view(a.scale_inv), .amax = host_view(a.amax), .format = a.format, .margin = a.margin});
+    }
+    void fp8_cast(const Fp8Cast& a) override {
+        cpu_->fp8_cast({.out = host_view(a.out), .out_t = host_view(a.out_t), .x = widened(a.x), .scale = host_view(a.scale), .amax = host_view(a.amax)});
+    }
+    void matmul_fp8(const MatmulFp8& a) override {
+        const OwnedTensor result = widened(a.out);
+        cpu_->matmul_fp8({.out = result, .a = host_view(a.a), .a_scale_inv = host_view(a.a_scale_inv), .b = host_view(a.b),
+                          .b_scale_inv = host_view(a.b_scale_inv), .accumulate = a.accumulate, .fast_accumulate = a.fast_accumulate});
+        store(a.out, result);
+    }
     void matmul_bwd(const MatmulBwd& a) override {
         const Tensor &dx = a.dx, &dw = a.dw, &dbias = a.dbias, &dout = a.dout, &x = a.x, &w = a.w;
         const char* op = "matmul_bwd";

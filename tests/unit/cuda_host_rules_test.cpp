@@ -60,6 +60,42 @@ TEST(GemmEngine, GeluAuxMatrixCublasLtRefuses_RunsTheFallbackKernel) {
     EXPECT_EQ(choose_gemm_engine(facts(36, 8, 16, GemmEpilogue::bias, 36, 2), 1), GemmEngine::cublaslt);
 }
 
+// A forward linear layer in FP8: weights [64, 128] and inputs [32, 128], row-major.
+GemmFacts fp8_forward() {
+    GemmFacts f;
+    f.m = 64, f.n = 32, f.k = 128;
+    f.a_dtype = DType::e4m3, f.b_dtype = DType::e4m3, f.d_dtype = DType::bf16;
+    f.transpose_a = true, f.transpose_b = false;
+    f.lda = 128, f.ldb = 128;
+    return f;
+}
+
+TEST(Fp8GemmRules, TnWithAlignedOperands_IsServed_SixteenBitGemmsAreNotConcerned) {
+    EXPECT_EQ(fp8_gemm_problem(fp8_forward()), "");
+    GemmFacts gradients = fp8_forward();
+    gradients.b_dtype = DType::e5m2;
+    EXPECT_EQ(fp8_gemm_problem(gradients), "");
+    GemmFacts bf16;
+    bf16.m = 3, bf16.n = 5, bf16.k = 7;  // not TN, odd sizes: not an FP8 question
+    EXPECT_EQ(fp8_gemm_problem(bf16), "");
+}
+
+TEST(Fp8GemmRules, WhatHopperRefuses_IsNamed) {
+    const auto problem = [](auto change) {
+        GemmFacts f = fp8_forward();
+        change(f);
+        return fp8_gemm_problem(f);
+    };
+    EXPECT_NE(problem([](GemmFacts& f) { f.b_dtype = DType::bf16; }).find("both operands in FP8"), std::string::npos);
+    EXPECT_NE(problem([](GemmFacts& f) { f.a_dtype = f.b_dtype = DType::e5m2; }).find("both operands are e5m2"), std::string::npos);
+    EXPECT_NE(problem([](GemmFacts& f) { f.transpose_b = true; }).find("\"TN\""), std::string::npos);
+    EXPECT_NE(problem([](GemmFacts& f) { f.k = 120, f.lda = f.ldb = 120; }).find("k = 120"), std::string::npos);
+    EXPECT_NE(problem([](GemmFacts& f) { f.ldb = 136 + 4; }).find("leading dimensions"), std::string::npos);
+    EXPECT_NE(problem([](GemmFacts& f) { f.b_alignment_bytes = 8; }).find("8-byte"), std::string::npos);
+    EXPECT_NE(problem([](GemmFacts& f) { f.d_dtype = DType::e4m3; }).find("D is e4m3"), std::string::npos);
+    EXPECT_NE(problem([](GemmFacts& f) { f.epilogue = GemmEpilogue::dgelu_bgrad; }).find("dgelu_bgrad"), std::string::npos);
+}
+
 TEST(CudaDriverCheck, DriverAtLeastTheRuntime_IsAccepted) {
     EXPECT_EQ(cuda_driver_problem(12040, 12040), "");
     EXPECT_EQ(cuda_driver_problem(13000, 12040), "");

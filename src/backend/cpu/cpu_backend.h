@@ -77,6 +77,11 @@ public:
     void moe_combine_fwd(const MoeCombineFwd& args) override;
     void moe_combine_bwd(const MoeCombineBwd& args) override;
 
+    void fp8_amax(const Fp8Amax& args) override;
+    void fp8_update_scale(const Fp8UpdateScale& args) override;
+    void fp8_cast(const Fp8Cast& args) override;
+    void matmul_fp8(const MatmulFp8& args) override;
+
 private:
     int threads_;
     // Bytes held through allocate() now: shared with the memory's deleters, which may outlive the backend.

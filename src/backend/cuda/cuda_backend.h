@@ -107,6 +107,10 @@ public:
     void moe_permute_bwd(const MoePermuteBwd& args) override;
     void moe_combine_fwd(const MoeCombineFwd& args) override;
     void moe_combine_bwd(const MoeCombineBwd& args) override;
+    void fp8_amax(const Fp8Amax& args) override;
+    void fp8_update_scale(const Fp8UpdateScale& args) override;
+    void fp8_cast(const Fp8Cast& args) override;
+    void matmul_fp8(const MatmulFp8& args) override;
 
 private:
     friend class CudaOpScope;

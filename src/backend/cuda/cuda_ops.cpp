@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm_cublaslt.h"
+#include "core/fp8.h"
 #include "backend/cuda_host_rules.h"
 #include "backend/cudnn/cudnn_attention.h"
 #include "backend/op_checks.h"
@@ -241,7 +242,7 @@ GemmCall linear_fwd_gemm(const Tensor& out, const Tensor& x, const Tensor& w) {
     c.a = w.raw(), c.lda = IC;
     c.b = x.raw(), c.ldb = IC;
     c.d = out.raw(), c.ldd = OC;
-    c.ab_dtype = c.d_dtype = x.dtype();
+    c.a_dtype = c.b_dtype = c.d_dtype = x.dtype();
     return c;
 }
 
@@ -252,7 +253,7 @@ GemmCall linear_dx_gemm(const Tensor& dx, const Tensor& dout, const Tensor& w) {
     c.a = w.raw(), c.lda = IC;
     c.b = dout.raw(), c.ldb = OC;
     c.d = dx.raw(), c.ldd = IC;
-    c.ab_dtype = c.d_dtype = w.dtype();
+    c.a_dtype = c.b_dtype = c.d_dtype = w.dtype();
     return c;
 }
 
@@ -264,7 +265,7 @@ GemmCall linear_dw_gemm(const Tensor& dw, const Tensor& dout, const Tensor& x) {
     c.a = x.raw(), c.lda = IC;
     c.b = dout.raw(), c.ldb = OC;
     c.d = dw.raw(), c.ldd = IC;
-    c.ab_dtype = x.dtype();
+    c.a_dtype = c.b_dtype = x.dtype();
     c.d_dtype = DType::f32;
     c.accumulate = true;
     return c;
@@ -304,6 +305,69 @@ void CudaBackend::matmul_fwd(const MatmulFwd& a) {
     GemmCall c = linear_fwd_gemm(out, x, w);
     c.bias = ptr_or_null(bias);
     if (c.bias) c.epilogue = GemmEpilogue::bias;
+    gemm_->run(c, op);
+}
+
+// ---- FP8 (kernels/fp8.cu and cuBLASLt's FP8 GEMMs) ----
+namespace {
+kernels::Fp8Source fp8_source(const char* op, const Tensor& x) {
+    switch (x.dtype()) {
+        case DType::bf16: return kernels::Fp8Source::bf16;
+        case DType::f16: return kernels::Fp8Source::f16;
+        case DType::f32: return kernels::Fp8Source::f32;
+        default: fail(ErrorKind::unsupported, op, ": x has dtype ", dtype_name(x.dtype()), "; expected bf16, f16 or f32");
+    }
+}
+}  // namespace
+
+void CudaBackend::fp8_amax(const Fp8Amax& a) {
+    CudaOpScope scope(*this, Op::fp8_amax);
+    const char* op = scope.name();
+    expect_fp8_scalar(op, "amax", a.amax, Device::cuda);
+    expect_device(op, "x", a.x, Device::cuda);
+    kernels::launch_fp8_amax(ptr<float>(a.amax), a.x.raw(), fp8_source(op, a.x), a.x.numel(), stream_);
+}
+
+void CudaBackend::fp8_update_scale(const Fp8UpdateScale& a) {
+    CudaOpScope scope(*this, Op::fp8_update_scale);
+    const char* op = scope.name();
+    for (const auto& [name, t] : {std::pair{"scale", &a.scale}, {"scale_inv", &a.scale_inv}, {"amax", &a.amax}}) expect_fp8_scalar(op, name, *t, Device::cuda);
+    kernels::launch_fp8_update_scale(ptr<float>(a.scale), ptr<float>(a.scale_inv), ptr<float>(a.amax), fp8_max(fp8_format_of(a.format)), a.margin, stream_);
+}
+
+void CudaBackend::fp8_cast(const Fp8Cast& a) {
+    CudaOpScope scope(*this, Op::fp8_cast);
+    const char* op = scope.name();
+    const auto [rows, cols] = expect_fp8_cast(op, a, Device::cuda);
+    kernels::Fp8CastArgs k;
+    k.out = ptr<uint8_t>(a.out);
+    k.out_t = static_cast<uint8_t*>(ptr_or_null(a.out_t));
+    k.amax = f32_or_null(a.amax);
+    k.x = a.x.raw();
+    k.source = fp8_source(op, a.x);
+    k.scale = ptr<float>(a.scale);
+    k.rows = rows, k.cols = cols;
+    k.e4m3 = a.out.dtype() == DType::e4m3;
+    kernels::launch_fp8_cast(k, stream_);
+}
+
+// out[M, N] (row-major) is the column-major D [N, M] = op(A) B with A = b stored [K, N]
+// (transposed) and B = a stored [K, M]: the "TN" form Hopper's FP8 GEMMs take.
+void CudaBackend::matmul_fp8(const MatmulFp8& a) {
+    CudaOpScope scope(*this, Op::matmul_fp8);
+    const char* op = scope.name();
+    const Fp8GemmDims d = expect_matmul_fp8(op, a, Device::cuda);
+    if (a.out.dtype() != DType::bf16 && a.out.dtype() != DType::f16 && a.out.dtype() != DType::f32)
+        fail(ErrorKind::shape, op, ": out has dtype ", dtype_name(a.out.dtype()), ", expected bf16, f16 or f32");
+    GemmCall c;
+    c.m = d.n, c.n = d.m, c.k = d.k;
+    c.transpose_a = true, c.transpose_b = false;
+    c.a = a.b.raw(), c.b = a.a.raw(), c.d = a.out.raw();
+    c.lda = d.k, c.ldb = d.k, c.ldd = d.n;
+    c.a_dtype = a.b.dtype(), c.b_dtype = a.a.dtype(), c.d_dtype = a.out.dtype();
+    c.a_scale_inv = ptr<float>(a.b_scale_inv), c.b_scale_inv = ptr<float>(a.a_scale_inv);
+    c.accumulate = a.accumulate;
+    c.fast_accumulate = a.fast_accumulate;
     gemm_->run(c, op);
 }
 

@@ -20,6 +20,8 @@ cudaDataType_t cuda_type(DType dtype) {
         case DType::bf16: return CUDA_R_16BF;
         case DType::f16: return CUDA_R_16F;
         case DType::f32: return CUDA_R_32F;
+        case DType::e4m3: return CUDA_R_8F_E4M3;
+        case DType::e5m2: return CUDA_R_8F_E5M2;
         default: fail(ErrorKind::unsupported, "cuBLASLt GEMM: dtype ", dtype_name(dtype));
     }
 }
@@ -52,7 +54,17 @@ GemmFacts facts_of(const GemmCall& c) {
     f.epilogue = c.epilogue;
     f.aux_ld = c.ldaux;
     f.aux_alignment_bytes = uses_aux(c.epilogue) ? alignment_of(c.aux) : 256;
+    f.a_dtype = c.a_dtype, f.b_dtype = c.b_dtype, f.d_dtype = c.d_dtype;
+    f.transpose_a = c.transpose_a, f.transpose_b = c.transpose_b;
+    f.lda = c.lda, f.ldb = c.ldb;
+    f.a_alignment_bytes = alignment_of(c.a), f.b_alignment_bytes = alignment_of(c.b);
     return f;
+}
+
+// "m 64 x n 32 x k 128 (e4m3 x e4m3 -> bf16, epilogue none)"
+std::string describe(const GemmCall& c) {
+    const std::string ab = c.a_dtype == c.b_dtype ? dtype_name(c.a_dtype) : cat(dtype_name(c.a_dtype), " x ", dtype_name(c.b_dtype));
+    return cat("m ", c.m, " x n ", c.n, " x k ", c.k, " (", ab, " -> ", dtype_name(c.d_dtype), ", epilogue ", gemm_epilogue_name(c.epilogue), ")");
 }
 
 kernels::Half half_type(DType dtype, const char* op) {
@@ -80,9 +92,10 @@ CublasLtMatmul::~CublasLtMatmul() {
 }
 
 CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& c, const char* op) {
-    const Key key{c.m, c.n, c.k, c.transpose_a, c.transpose_b, c.lda, c.ldb, c.ldd, c.ab_dtype, c.d_dtype, c.bias != nullptr,
+    const Key key{c.m, c.n, c.k, c.transpose_a, c.transpose_b, c.lda, c.ldb, c.ldd, c.a_dtype, c.d_dtype, c.bias != nullptr,
                   alignment_of(c.a), alignment_of(c.b), alignment_of(c.d), c.bias ? alignment_of(c.bias) : 0,
-                  c.epilogue, c.bias_grad != nullptr, c.ldaux, uses_aux(c.epilogue) ? alignment_of(c.aux) : 0};
+                  c.epilogue, c.bias_grad != nullptr, c.ldaux, uses_aux(c.epilogue) ? alignment_of(c.aux) : 0,
+                  c.b_dtype, c.d_amax != nullptr, c.fast_accumulate};
     auto found = plans_.find(key);
     if (found != plans_.end()) return found->second;
     return plans_.emplace(key, build(c, key, op)).first->second;
@@ -91,7 +104,9 @@ CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& c, const char* op
 CublasLtMatmul::Plan CublasLtMatmul::build(const GemmCall& c, const Key& key, const char* op) {
     Plan p;
     const GemmFacts facts = facts_of(c);
-    if (const std::string reason = gemm_fallback_reason(facts); !reason.empty()) {
+    const bool fp8 = is_fp8(c.a_dtype) || is_fp8(c.b_dtype);
+    if (const std::string reason = fp8_gemm_problem(facts); !reason.empty()) fail(ErrorKind::unsupported, op, ": FP8 GEMM ", describe(c), ": ", reason);
+    if (const std::string reason = gemm_fallback_reason(facts); !fp8 && !reason.empty()) {
         log_debug(op, ": GEMM m ", c.m, " x n ", c.n, " x k ", c.k, " (", gemm_epilogue_name(c.epilogue), ") runs the fallback kernel: ", reason);
         p.engine = GemmEngine::fallback_kernel;
         return p;
@@ -107,6 +122,10 @@ CublasLtMatmul::Plan CublasLtMatmul::build(const GemmCall& c, const Key& key, co
         const int64_t ldaux = c.ldaux;
         check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof ldaux), op, "aux leading dimension");
     }
+    if (fp8) {
+        const int8_t fast = c.fast_accumulate ? 1 : 0;
+        check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), op, "FP8 fast accumulation");
+    }
     if (epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
         // The bias gradient in fp32 (by default it would take D's 16-bit type).
         const cudaDataType_t bias_type = CUDA_R_32F;
@@ -115,8 +134,8 @@ CublasLtMatmul::Plan CublasLtMatmul::build(const GemmCall& c, const Key& key, co
     // Stored (column-major) shapes: A is m x k, or k x m when transposed; likewise B.
     const auto rows_a = static_cast<uint64_t>(c.transpose_a ? c.k : c.m), cols_a = static_cast<uint64_t>(c.transpose_a ? c.m : c.k);
     const auto rows_b = static_cast<uint64_t>(c.transpose_b ? c.n : c.k), cols_b = static_cast<uint64_t>(c.transpose_b ? c.k : c.n);
-    check_lt(cublasLtMatrixLayoutCreate(&p.a, cuda_type(c.ab_dtype), rows_a, cols_a, c.lda), op, "layout A");
-    check_lt(cublasLtMatrixLayoutCreate(&p.b, cuda_type(c.ab_dtype), rows_b, cols_b, c.ldb), op, "layout B");
+    check_lt(cublasLtMatrixLayoutCreate(&p.a, cuda_type(c.a_dtype), rows_a, cols_a, c.lda), op, "layout A");
+    check_lt(cublasLtMatrixLayoutCreate(&p.b, cuda_type(c.b_dtype), rows_b, cols_b, c.ldb), op, "layout B");
     check_lt(cublasLtMatrixLayoutCreate(&p.d, cuda_type(c.d_dtype), static_cast<uint64_t>(c.m), static_cast<uint64_t>(c.n), c.ldd), op, "layout D");
 
     cublasLtMatmulPreference_t preference = nullptr;
@@ -135,12 +154,14 @@ CublasLtMatmul::Plan CublasLtMatmul::build(const GemmCall& c, const Key& key, co
     cublasLtMatmulPreferenceDestroy(preference);
     if (status != CUBLAS_STATUS_SUCCESS) found = 0;
     p.engine = choose_gemm_engine(facts, found);
+    if (fp8 && p.engine != GemmEngine::cublaslt)
+        fail(ErrorKind::unsupported, op, ": FP8 GEMM ", describe(c), ": cuBLASLt has no algorithm for it (status ", static_cast<int>(status),
+             ") and no other kernel computes FP8");
     // Hopper's cuBLASLt has no DGELU_BGRAD with an fp32 bias gradient: expected, and the
     // caller reduces the bias itself; any other gap is worth a warning.
     const bool expected_gap = c.epilogue == GemmEpilogue::dgelu_bgrad && c.bias_grad;
     if (p.engine == GemmEngine::fallback_kernel && !expected_gap)
-        log_warn(op, ": cuBLASLt has no algorithm for m ", c.m, " x n ", c.n, " x k ", c.k, " (", dtype_name(c.ab_dtype), " -> ", dtype_name(c.d_dtype),
-                 ", epilogue ", gemm_epilogue_name(c.epilogue), "); ",
+        log_warn(op, ": cuBLASLt has no algorithm for ", describe(c), "; ",
                  uses_aux(c.epilogue) ? "the op runs unfused (the plain GEMM, then the GELU kernel)" : "this GEMM runs the slower fallback kernel");
     for (int i = 0; i < found; ++i)
         if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
@@ -155,10 +176,19 @@ void CublasLtMatmul::launch(Plan& p, const GemmCall& c, const cublasLtMatmulAlgo
         check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &out.bias_grad_scratch, sizeof out.bias_grad_scratch), op,
                  "bias gradient pointer");
     if (uses_aux(c.epilogue)) check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &out.aux, sizeof out.aux), op, "aux pointer");
+    if (is_fp8(c.a_dtype)) set_fp8_pointers(p, c, op);
     const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
     // C is the call's own D (beta = 1 accumulates into it); the result goes to out.d.
     check_lt(cublasLtMatmul(handle_, p.desc, &alpha, c.a, p.a, c.b, p.b, &beta, c.d, p.d, out.d, p.d, &algo, workspace_, workspace_bytes_, stream_), op,
              "matmul");
+}
+
+// The scales and the amax are pointers into device memory that may change from call to call
+// (a plan is shared by every GEMM of its shape): set at each launch, as the bias is.
+void CublasLtMatmul::set_fp8_pointers(Plan& p, const GemmCall& c, const char* op) {
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c.a_scale_inv, sizeof c.a_scale_inv), op, "A scale pointer");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c.b_scale_inv, sizeof c.b_scale_inv), op, "B scale pointer");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &c.d_amax, sizeof c.d_amax), op, "D amax pointer");
 }
 
 namespace {
@@ -249,7 +279,7 @@ void CublasLtMatmul::run_fallback(const GemmCall& c) {
     g.transpose_a = c.transpose_a, g.transpose_b = c.transpose_b;
     g.a = c.a, g.b = c.b, g.d = c.d;
     g.lda = c.lda, g.ldb = c.ldb, g.ldd = c.ldd;
-    g.ab_type = half_type(c.ab_dtype, "matmul");
+    g.ab_type = half_type(c.a_dtype, "matmul");
     g.d_f32 = c.d_dtype == DType::f32;
     g.accumulate = c.accumulate;
     g.bias = c.bias;

@@ -14,8 +14,13 @@
 //
 // cuBLASLt attributes used: TRANSA, TRANSB, EPILOGUE (BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU,
 // DGELU_BGRAD), BIAS_POINTER, BIAS_DATA_TYPE (CUDA_R_32F for the bias gradient),
-// EPILOGUE_AUX_POINTER, EPILOGUE_AUX_LD; preferences MAX_WORKSPACE_BYTES and
+// EPILOGUE_AUX_POINTER, EPILOGUE_AUX_LD, and for FP8 operands A_SCALE_POINTER,
+// B_SCALE_POINTER, AMAX_D_POINTER and FAST_ACCUM; preferences MAX_WORKSPACE_BYTES and
 // MIN_ALIGNMENT_{A,B,C,D}_BYTES.
+//
+// FP8 (e4m3 / e5m2 operands with their inverse scales): no fallback kernel computes it, so a
+// call cuBLASLt cannot serve (fp8_gemm_problem in cuda_host_rules.h, or no algorithm from the
+// heuristic) is refused with the reason, naming the op.
 #pragma once
 
 #include <cublasLt.h>
@@ -42,7 +47,7 @@ struct GemmCall {
     const void* b = nullptr;
     void* d = nullptr;
     int64_t lda = 0, ldb = 0, ldd = 0;
-    DType ab_dtype = DType::bf16;  // A and B
+    DType a_dtype = DType::bf16, b_dtype = DType::bf16;  // 16-bit both, or FP8 both (fp8_gemm_problem)
     DType d_dtype = DType::bf16;   // C = D
     bool accumulate = false;       // beta = 1
     GemmEpilogue epilogue = GemmEpilogue::none;
@@ -51,6 +56,16 @@ struct GemmCall {
     int64_t ldaux = 0;
     float* bias_grad = nullptr;    // dgelu_bgrad: [m] fp32, accumulated (+=); null: none
     float* bias_grad_scratch = nullptr;  // [m] fp32 that cuBLASLt's epilogue overwrites first
+    // FP8 operands: D = (a_scale_inv * b_scale_inv) op(A) op(B) (+ D), each scale_inv the
+    // device fp32 that turns its operand's FP8 values back into the tensor's (1 / the scale
+    // it was cast with; null: 1). d_amax, when set, receives max |D| (before D's rounding to
+    // its dtype): the next cast's scale under current scaling of an output. fast_accumulate:
+    // cuBLASLt's FAST_ACCUM (no periodic promotion of the tensor cores' partial sums; faster,
+    // less accurate: Transformer Engine takes it in the forward GEMMs only).
+    const float* a_scale_inv = nullptr;
+    const float* b_scale_inv = nullptr;
+    float* d_amax = nullptr;
+    bool fast_accumulate = false;
 };
 
 // What the GEMMs need of the backend for tuning: temporary device memory and a count of the
@@ -77,7 +92,7 @@ public:
 
 private:
     using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, DType, DType, bool, int, int, int, int,
-                           GemmEpilogue, bool, int64_t, int>;
+                           GemmEpilogue, bool, int64_t, int, DType, bool, bool>;
     struct Plan {
         GemmEngine engine = GemmEngine::cublaslt;
         cublasLtMatmulDesc_t desc = nullptr;
@@ -95,6 +110,7 @@ private:
     Plan& plan_for(const GemmCall& call, const char* op);
     Plan build(const GemmCall& call, const Key& key, const char* op);
     void launch(Plan& p, const GemmCall& c, const cublasLtMatmulAlgo_t& algo, const Outputs& out, const char* op);
+    void set_fp8_pointers(Plan& p, const GemmCall& c, const char* op);
     void tune(Plan& p, const GemmCall& c, const char* op);
     void run_fallback(const GemmCall& call);
 
