@@ -105,7 +105,7 @@ struct Ring {
 
 // What both directions of the ring read: the shape, the widths of the query and key/value
 // columns, the two key/value buffers and each rank's chunk positions.
-Transformer::RingPass Transformer::ring_pass(const ActivationSet& a, const LayerSlots& s) const {
+Transformer::RingPass Transformer::ring_pass(const ActivationSet& a, const AttentionSlots& s) const {
     RingPass r;
     r.shape = attention_shape();
     r.q_width = r.shape.out_width();
@@ -117,10 +117,10 @@ Transformer::RingPass Transformer::ring_pass(const ActivationSet& a, const Layer
     return r;
 }
 
-void Transformer::ring_attention_fwd(const ActivationSet& a, const LayerSlots& s) {
+void Transformer::ring_attention_fwd(const ActivationSet& a, const AttentionSlots& s) {
     const RingPass r = ring_pass(a, s);
     const Ring ring{static_cast<int>(part_.cp_size), part_.cp_rank};
-    const Tensor acc = rows(ring_.acc), lse = att_saved(s.att_saved);
+    const Tensor acc = rows(ring_.acc), lse = att_saved(s.saved);
     backend_.copy_columns({.dst = r.kv[0], .dst_col = 0, .src = r.qkv, .src_col = r.q_width, .cols = r.kv_width});
     for (int step = 0; step < ring.size; ++step) {
         const Tensor& current = r.kv[static_cast<size_t>(step % 2)];
@@ -135,10 +135,10 @@ void Transformer::ring_attention_fwd(const ActivationSet& a, const LayerSlots& s
         received.wait();
         sent.wait();
     }
-    backend_.copy_columns({.dst = rows(s.att_out), .dst_col = 0, .src = acc, .src_col = 0, .cols = r.q_width});
+    backend_.copy_columns({.dst = rows(s.out), .dst_col = 0, .src = acc, .src_col = 0, .cols = r.q_width});
 }
 
-void Transformer::ring_attention_bwd(const ActivationSet& a, const LayerSlots& s) {
+void Transformer::ring_attention_bwd(const ActivationSet& a, const AttentionSlots& s) {
     const RingPass r = ring_pass(a, s);
     const Ring ring{static_cast<int>(part_.cp_size), part_.cp_rank};
     const Tensor dq = rows(ring_.acc), dkv_in = rows(ring_.dkv_in);
@@ -156,7 +156,7 @@ void Transformer::ring_attention_bwd(const ActivationSet& a, const LayerSlots& s
         // This rank's share of the block's gradient, in the buffer not in flight.
         const Tensor& share = dkv[static_cast<size_t>(step % 2)];
         backend_.fill_zero(share);
-        backend_.attention_block_bwd({.dq = dq, .dkv = share, .dout = rows(d_att_out_), .out = rows(s.att_out), .lse = att_saved(s.att_saved),
+        backend_.attention_block_bwd({.dq = dq, .dkv = share, .dout = rows(attention_grad_.d_out), .out = rows(s.out), .lse = att_saved(s.saved),
                                       .qkv = r.qkv, .kv = current, .shape = r.shape, .kv_len = seq_len_,
                                       .q_positions = r.positions_of(ring.rank, seq_len_), .kv_positions = r.positions_of(ring.holder(step), seq_len_),
                                       .q_first = r.first});
@@ -174,8 +174,8 @@ void Transformer::ring_attention_bwd(const ActivationSet& a, const LayerSlots& s
     // Every rank's share of this rank's own keys and values has come back around the ring.
     share_received.wait();
     share_sent.wait();
-    backend_.copy_columns({.dst = rows(d_qkv_), .dst_col = 0, .src = dq, .src_col = 0, .cols = r.q_width});
-    backend_.copy_columns({.dst = rows(d_qkv_), .dst_col = r.q_width, .src = dkv_in, .src_col = 0, .cols = r.kv_width});
+    backend_.copy_columns({.dst = rows(attention_grad_.d_qkv), .dst_col = 0, .src = dq, .src_col = 0, .cols = r.q_width});
+    backend_.copy_columns({.dst = rows(attention_grad_.d_qkv), .dst_col = r.q_width, .src = dkv_in, .src_col = 0, .cols = r.kv_width});
 }
 
 }  // namespace llmtrain

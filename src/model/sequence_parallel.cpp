@@ -99,15 +99,15 @@ void Transformer::column_parallel(const Tensor& local, const RowsMatmul& matmul)
     }
 }
 
-Tensor Transformer::row_parallel(const RowsMatmul& matmul, Arena::Slot local) {
+Tensor Transformer::row_parallel(const RowsMatmul& matmul) {
     const Tensor partial = rows(proj_out_);
     const int64_t tp = tp_size(), n = local_tokens(batch_, seq_len_), block = forward_row_block(n);
     const std::vector<Piece> pieces = sp_ && part_.tp_overlap ? overlap_pieces(n, tp) : std::vector<Piece>();
     if (pieces.empty()) {
         matmul(partial, 0, block);
-        return reduce_rows(partial, local);
+        return reduce_rows(partial, proj_local_);
     }
-    const Tensor mine = local_rows(local);
+    const Tensor mine = local_rows(proj_local_);
     std::vector<CommHandle> in_flight;
     for (const Piece& p : pieces) {
         const Tensor segments = partial.slice_rows(tp * p.begin, tp * p.rows);
@@ -121,18 +121,18 @@ Tensor Transformer::row_parallel(const RowsMatmul& matmul, Arena::Slot local) {
     return mine;
 }
 
-Tensor Transformer::column_parallel_bwd(MatmulBwd args, const Tensor& local_x, Arena::Slot dx_local) {
+Tensor Transformer::column_parallel_bwd(MatmulBwd args, const Tensor& local_x) {
     if (!sp_ || !part_.tp_overlap) {
         args.x = gather_rows(local_x, gathered_);
         backend_.matmul_bwd(args);
-        return reduce_rows(args.dx, dx_local);
+        return reduce_rows(args.dx, d_norm_local_);
     }
     const Tensor whole = rows(gathered_);
     CommHandle gather = start_gather(local_x, whole);
     // dx = dout w reads neither x nor what the gather writes.
     backend_.matmul_bwd({.dx = args.dx, .dw = Tensor(), .dbias = Tensor(), .dout = args.dout, .x = whole, .w = args.w});
     gather.wait();
-    const Tensor mine = local_rows(dx_local);
+    const Tensor mine = local_rows(d_norm_local_);
     CommHandle reduce = tp_->reduce_scatter_async(mine, args.dx);
     backend_.matmul_bwd({.dx = Tensor(), .dw = args.dw, .dbias = args.dbias, .dout = args.dout, .x = whole, .w = args.w});
     reduce.wait();

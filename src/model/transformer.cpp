@@ -9,8 +9,6 @@
 namespace llmtrain {
 
 namespace {
-std::string layer_name(const char* prefix, int64_t layer, const char* suffix) { return cat(prefix, layer, '.', suffix); }
-
 // Host values of any float dtype, as doubles.
 std::vector<double> host_doubles(Backend& backend, const Tensor& t) {
     std::vector<char> raw(t.bytes());
@@ -50,14 +48,13 @@ void copy_doubles_to(Backend& backend, const Tensor& t, const std::vector<double
 }
 
 constexpr TensorSplit kRows{TpSplit::rows, 1};
-constexpr TensorSplit kCols{TpSplit::cols, 1};
 }  // namespace
 
 DType master_dtype(DType compute) { return compute == DType::bf16 || compute == DType::f16 ? DType::f32 : compute; }
 
 TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, DType dtype, int64_t max_batch, int64_t max_seq_len,
                                      ModelPartition partition, int tp_group_rank, int tp_group_size)
-    : config_(config), device_(device), dtype_(dtype), stat_dtype_(statistics_dtype(dtype)), max_batch_(max_batch),
+    : config_(config), spec_(block_spec(config)), device_(device), dtype_(dtype), stat_dtype_(statistics_dtype(dtype)), max_batch_(max_batch),
       max_seq_len_(max_seq_len / std::max<int64_t>(1, partition.cp_size)),
       part_(partition), tp_rank_(tp_group_rank), tp_size_(tp_group_size), sp_(partition.sequence_parallel && tp_group_size > 1),
       params_(tp_group_rank, tp_group_size) {
@@ -83,8 +80,7 @@ TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, D
              " equal parts: batch_size * seq_len must be a multiple of tp");
     n_heads_ = config.n_heads / tp_size();
     n_kv_heads_ = config.n_kv_heads / tp_size();
-    if (is_llama()) register_llama_params();
-    else register_gpt2_params();
+    register_params();
     plan_activations();
 }
 
@@ -100,7 +96,7 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
              " needs the end-of-text token that ends each document; the run's tokenizer has none");
     params_.allocate(backend, master_dtype(dtype), dtype, part_.param_pad_multiple, part_.grad_storage, part_.value_storage);
     arena_.allocate(backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
-    if (is_llama()) {
+    if (spec_.positions == PositionScheme::rotary) {
         const Tensor table = arena_.tensor(rope_table_);
         const OwnedTensor host(table.dtype(), table.shape());
         fill_rope_table(host, config_.rope_theta);
@@ -108,23 +104,12 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
     }
 }
 
-TransformerLayout::ParamSpan TransformerLayout::add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split) {
-    const size_t index = params_.add(name, shape, init, decay, split);
-    return {index, index, true};
-}
-
 // A [padded vocabulary, d_model] table split by rows across tp: its rows from vocab_size
 // on are padding, initialized to zero (and kept there: no token reads them and the loss
 // gives them no gradient).
-TransformerLayout::ParamSpan TransformerLayout::add_vocab_rows(const std::string& name) {
-    const ParamSpan p = add(name, {padded_vocab_size(), config_.d_model}, ParamInit::normal, true, kRows);
+ParamSpan TransformerLayout::add_vocab_rows(const std::string& name) {
+    const ParamSpan p = param_adder().add(name, {padded_vocab_size(), config_.d_model}, ParamInit::normal, true, kRows);
     params_.set_real_rows(p.first, config_.vocab_size);
-    return p;
-}
-
-TransformerLayout::ParamSpan TransformerLayout::add_norm(const std::string& name, ParamInit init) {
-    const ParamSpan p = add(name, {config_.d_model}, init, false);
-    if (sp_) params_.mark_grad_partial_over_tp(p.first);
     return p;
 }
 
@@ -134,109 +119,59 @@ std::optional<size_t> TransformerLayout::embedding_param() const {
     return std::nullopt;
 }
 
-// Names follow Hugging Face GPT-2. Note: HF stores these Linear weights as Conv1D [in, out];
-// ours are [out, in] like torch.nn.Linear, so an export transposes them.
-void TransformerLayout::register_gpt2_params() {
-    const int64_t C = config_.d_model, F = config_.d_ff;
+// In the order of the flat buffer: the embedding (and learned positions), each layer's parts,
+// the final norm and the head; names and parts as the block spec says (model/block.cpp).
+void TransformerLayout::register_params() {
+    const ParamNames& names = spec_.names;
+    ParamAdder adder = param_adder();
     if (part_.has_embedding) {
-        wte_ = add_vocab_rows("transformer.wte.weight");
-        wpe_ = add("transformer.wpe.weight", {config_.max_seq_len, C}, ParamInit::normal, true);
+        wte_ = add_vocab_rows(names.embedding + ".weight");
+        if (spec_.positions == PositionScheme::learned)
+            wpe_ = adder.add(names.positions + ".weight", {config_.max_seq_len, config_.d_model}, ParamInit::normal, true);
     }
-    const char* h = "transformer.h.";
-    const TensorSplit qkv_rows{TpSplit::rows, 3};  // q, k and v blocks, each split by heads
-    for (const int64_t l : global_layers()) {
-        LayerParams p;
-        p.begin = params_.count();
-        p.norm1_w = add_norm(layer_name(h, l, "ln_1.weight"), ParamInit::ones);
-        p.norm1_b = add_norm(layer_name(h, l, "ln_1.bias"), ParamInit::zeros);
-        p.qkv_w = add(layer_name(h, l, "attn.c_attn.weight"), {3 * C, C}, ParamInit::normal, true, qkv_rows);
-        p.qkv_b = add(layer_name(h, l, "attn.c_attn.bias"), {3 * C}, ParamInit::zeros, false, qkv_rows);
-        p.attn_out_w = add(layer_name(h, l, "attn.c_proj.weight"), {C, C}, ParamInit::normal_residual, true, kCols);
-        p.attn_out_b = add(layer_name(h, l, "attn.c_proj.bias"), {C}, ParamInit::zeros, false);
-        p.norm2_w = add_norm(layer_name(h, l, "ln_2.weight"), ParamInit::ones);
-        p.norm2_b = add_norm(layer_name(h, l, "ln_2.bias"), ParamInit::zeros);
-        p.mlp_up_w = add(layer_name(h, l, "mlp.c_fc.weight"), {F, C}, ParamInit::normal, true, kRows);
-        p.mlp_up_b = add(layer_name(h, l, "mlp.c_fc.bias"), {F}, ParamInit::zeros, false, kRows);
-        p.mlp_down_w = add(layer_name(h, l, "mlp.c_proj.weight"), {C, F}, ParamInit::normal_residual, true, kCols);
-        p.mlp_down_b = add(layer_name(h, l, "mlp.c_proj.bias"), {C}, ParamInit::zeros, false);
-        p.end = params_.count();
-        layer_params_.push_back(p);
-    }
+    for (const int64_t l : global_layers()) layers_.push_back(register_layer(l));
     if (!part_.has_head) return;
     head_begin_ = params_.count();
-    norm_f_w_ = add_norm("transformer.ln_f.weight", ParamInit::ones);
-    norm_f_b_ = add_norm("transformer.ln_f.bias", ParamInit::zeros);
-    if (!config_.tied_embeddings) head_w_ = add_vocab_rows("lm_head.weight");
+    final_norm_ = Norm(spec_.norm, config_.norm_eps);
+    final_norm_.register_params(adder, names.final_norm, config_.d_model);
+    if (!config_.tied_embeddings) head_w_ = add_vocab_rows(names.head + ".weight");
     else if (part_.has_embedding) head_w_ = wte_;
-    else head_w_ = add_vocab_rows("transformer.wte.weight");  // the last stage's copy
+    else head_w_ = add_vocab_rows(names.embedding + ".weight");  // the last stage's copy
 }
 
-// Names follow Hugging Face Llama / Qwen2. q, k, v (and gate, up) are registered back to
-// back so that each group is also one fused matrix for a single GEMM.
-void TransformerLayout::register_llama_params() {
-    const int64_t C = config_.d_model, F = config_.d_ff, D = config_.head_dim();
-    const int64_t q_width = config_.n_heads * D, kv_width = config_.n_kv_heads * D;
-    if (part_.has_embedding) wte_ = add_vocab_rows("model.embed_tokens.weight");
-    const char* m = "model.layers.";
-    for (const int64_t l : global_layers()) {
-        LayerParams p;
-        p.begin = params_.count();
-        p.norm1_w = add_norm(layer_name(m, l, "input_layernorm.weight"), ParamInit::ones);
-        const ParamSpan q = add(layer_name(m, l, "self_attn.q_proj.weight"), {q_width, C}, ParamInit::normal, true, kRows);
-        add(layer_name(m, l, "self_attn.k_proj.weight"), {kv_width, C}, ParamInit::normal, true, kRows);
-        const ParamSpan v = add(layer_name(m, l, "self_attn.v_proj.weight"), {kv_width, C}, ParamInit::normal, true, kRows);
-        p.qkv_w = join(q, v);
-        if (config_.qkv_bias) {
-            const ParamSpan qb = add(layer_name(m, l, "self_attn.q_proj.bias"), {q_width}, ParamInit::zeros, false, kRows);
-            add(layer_name(m, l, "self_attn.k_proj.bias"), {kv_width}, ParamInit::zeros, false, kRows);
-            const ParamSpan vb = add(layer_name(m, l, "self_attn.v_proj.bias"), {kv_width}, ParamInit::zeros, false, kRows);
-            p.qkv_b = join(qb, vb);
-        }
-        p.attn_out_w = add(layer_name(m, l, "self_attn.o_proj.weight"), {C, q_width}, ParamInit::normal_residual, true, kCols);
-        p.norm2_w = add_norm(layer_name(m, l, "post_attention_layernorm.weight"), ParamInit::ones);
-        const ParamSpan gate = add(layer_name(m, l, "mlp.gate_proj.weight"), {F, C}, ParamInit::normal, true, kRows);
-        const ParamSpan up = add(layer_name(m, l, "mlp.up_proj.weight"), {F, C}, ParamInit::normal, true, kRows);
-        p.mlp_up_w = join(gate, up);
-        p.mlp_down_w = add(layer_name(m, l, "mlp.down_proj.weight"), {C, F}, ParamInit::normal_residual, true, kCols);
-        p.end = params_.count();
-        layer_params_.push_back(p);
-    }
-    if (!part_.has_head) return;
-    head_begin_ = params_.count();
-    norm_f_w_ = add_norm("model.norm.weight", ParamInit::ones);
-    if (!config_.tied_embeddings) head_w_ = add_vocab_rows("lm_head.weight");
-    else if (part_.has_embedding) head_w_ = wte_;
-    else head_w_ = add_vocab_rows("model.embed_tokens.weight");  // the last stage's copy
+TransformerLayout::LayerParts TransformerLayout::make_layer() const {
+    const Attention::Heads heads{.d_model = config_.d_model, .n_heads = config_.n_heads, .n_kv_heads = config_.n_kv_heads,
+                                 .head_dim = config_.head_dim(), .local_heads = n_heads_, .local_kv_heads = n_kv_heads_};
+    return {.norm1 = Norm(spec_.norm, config_.norm_eps), .attention = Attention(spec_, heads), .norm2 = Norm(spec_.norm, config_.norm_eps),
+            .mlp = make_mlp(spec_, {.d_model = config_.d_model, .d_ff = config_.d_ff, .tp_size = tp_size()}), .begin = 0, .end = 0};
 }
 
-TransformerLayout::NormSlots TransformerLayout::reserve_norm(const std::string& prefix) {
-    const int64_t N = local_tokens(max_batch_, max_seq_len_);
-    NormSlots s;
-    s.out = arena_.reserve(prefix + ".out", dtype_, {N, config_.d_model});
-    // RMSNorm has no mean; the slot is reserved anyway (one row of N values) to keep one layout.
-    s.mean = arena_.reserve(prefix + ".mean", stat_dtype_, {N});
-    s.rstd = arena_.reserve(prefix + ".rstd", stat_dtype_, {N});
-    return s;
+TransformerLayout::LayerParts TransformerLayout::register_layer(int64_t layer) {
+    const ParamNames& names = spec_.names;
+    ParamAdder adder = param_adder();
+    LayerParts p = make_layer();
+    p.begin = params_.count();
+    p.norm1.register_params(adder, names.in_layer(layer, names.norm1), config_.d_model);
+    p.attention.register_params(adder, names, layer);
+    p.norm2.register_params(adder, names.in_layer(layer, names.norm2), config_.d_model);
+    p.mlp->register_params(adder, names, layer);
+    p.end = params_.count();
+    return p;
 }
 
-// A layer's slots. With keep_recomputed false, the slots selective recomputation rebuilds
-// (the norms and the MLP activation) are the shared scratch set's instead of the layer's own.
-TransformerLayout::LayerSlots TransformerLayout::reserve_layer(const std::string& p, bool keep_recomputed) {
-    const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
-    const int64_t up_width = is_llama() ? 2 * F : F;
+// A layer's slots, part by part. With keep_recomputed false, the slots selective
+// recomputation rebuilds (the norms and the MLP activation) are the shared scratch set's.
+TransformerLayout::LayerSlots TransformerLayout::reserve_layer(const std::string& p, bool keep_recomputed, const LayerParts& parts) {
+    const SlotPlanner plan = slot_planner();
     const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
-    const int64_t local = local_tokens(max_batch_, max_seq_len_);
     LayerSlots ls = shared_layer_;
-    if (keep_recomputed) ls.norm1 = reserve_norm(p + ".norm1");
-    ls.qkv = arena_.reserve(p + ".qkv", dtype_, {N, full.qkv_width()});
+    if (keep_recomputed) ls.norm1 = parts.norm1.reserve(plan, p + ".norm1", config_.d_model);
     // Under context parallelism the ring keeps the merged log-sum-exp [B, H, T] whatever the device.
     const Shape saved = context_parallel() ? Shape{max_batch_, n_heads_, max_seq_len_} : attention_saved_shape(device_, full);
-    ls.att_saved = arena_.reserve(p + ".att_saved", stat_dtype_, saved);
-    ls.att_out = arena_.reserve(p + ".att_out", dtype_, {N, full.out_width()});
-    ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {local, C});
-    if (keep_recomputed) ls.norm2 = reserve_norm(p + ".norm2");
-    ls.mlp_up = arena_.reserve(p + ".mlp_up", dtype_, {N, up_width});
-    if (keep_recomputed) ls.mlp_act = arena_.reserve(p + ".mlp_act", dtype_, {N, F});
+    ls.attention = parts.attention.reserve(plan, p, saved);
+    ls.resid_mid = arena_.reserve(p + ".resid_mid", dtype_, {plan.local_rows, config_.d_model});
+    if (keep_recomputed) ls.norm2 = parts.norm2.reserve(plan, p + ".norm2", config_.d_model);
+    ls.mlp = parts.mlp->reserve(plan, p, keep_recomputed ? nullptr : &shared_layer_.mlp);
     return ls;
 }
 
@@ -269,9 +204,11 @@ TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set, int
     for (int64_t l = first; l <= first + chunk_layers(); ++l) a.residual.push_back(arena_.reserve(cat(s, "residual.", l), dtype_, {local, C}));
     // Under full recomputation a layer keeps only its input (the residual above).
     for (int64_t l = first; l < first + chunk_layers(); ++l)
-        a.layers.push_back(part_.recompute == Recompute::full ? shared_layer_ : reserve_layer(cat(s, "layer.", l), part_.recompute == Recompute::none));
+        a.layers.push_back(part_.recompute == Recompute::full ? shared_layer_
+                                                              : reserve_layer(cat(s, "layer.", l), part_.recompute == Recompute::none,
+                                                                              layers_[static_cast<size_t>(chunk * chunk_layers() + l - first)]));
     if (a.heads) {
-        a.norm_f = reserve_norm(s + "norm_f");
+        a.norm_f = final_norm_.reserve(slot_planner(), s + "norm_f", config_.d_model);
         a.logits = arena_.reserve(s + "logits", dtype_, {N, padded_vocab_size() / tp_size()});
         a.losses = arena_.reserve(s + "losses", stat_dtype_, {N});
         a.lse = arena_.reserve(s + "lse", stat_dtype_, {N});
@@ -281,17 +218,19 @@ TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set, int
     return a;
 }
 
+// The shared slots (the rope table, recomputation's scratch), every activation set, then the
+// layers' backward scratch. A layer of another kind than `model`'s would add its own.
 void TransformerLayout::plan_activations() {
-    const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model, F = config_.d_ff / tp_size();
-    const int64_t up_width = is_llama() ? 2 * F : F;
-    const AttentionShape full{max_batch_, max_seq_len_, n_heads_, n_kv_heads_, config_.head_dim()};
+    const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model;
+    const SlotPlanner plan = slot_planner();
+    const LayerParts model = make_layer();
     rope_table_ = arena_.reserve("rope_table", stat_dtype_, {config_.max_seq_len, config_.head_dim()});
     loss_sum_ = arena_.reserve("loss_sum", DType::f64, {1});
-    if (part_.recompute == Recompute::full) shared_layer_ = reserve_layer("recompute", true);
+    if (part_.recompute == Recompute::full) shared_layer_ = reserve_layer("recompute", true, model);
     if (part_.recompute == Recompute::selective) {
-        shared_layer_.norm1 = reserve_norm("recompute.norm1");
-        shared_layer_.norm2 = reserve_norm("recompute.norm2");
-        shared_layer_.mlp_act = arena_.reserve("recompute.mlp_act", dtype_, {N, F});
+        shared_layer_.norm1 = model.norm1.reserve(plan, "recompute.norm1", C);
+        shared_layer_.norm2 = model.norm2.reserve(plan, "recompute.norm2", C);
+        shared_layer_.mlp = model.mlp->reserve_recomputed(plan, "recompute");
     }
     for (int64_t c = 0; c < part_.chunks; ++c) {
         chunk_first_set_.push_back(static_cast<int64_t>(sets_.size()));
@@ -305,10 +244,8 @@ void TransformerLayout::plan_activations() {
     d_norm_ = arena_.reserve("grad.norm", dtype_, {N, C});
     d_norm_local_ = arena_.reserve("grad.norm_local", dtype_, {sp_ ? local : 0, C});
     d_gathered_ = arena_.reserve("grad.gathered", dtype_, {gathered, C});
-    d_att_out_ = arena_.reserve("grad.att_out", dtype_, {N, full.out_width()});
-    d_qkv_ = arena_.reserve("grad.qkv", dtype_, {N, full.qkv_width()});
-    d_mlp_act_ = arena_.reserve("grad.mlp_act", dtype_, {N, F});
-    d_mlp_up_ = arena_.reserve("grad.mlp_up", dtype_, {N, up_width});
+    attention_grad_ = model.attention.reserve_scratch(plan);
+    mlp_grad_ = model.mlp->reserve_scratch(plan);
     if (context_parallel()) plan_ring();
 }
 
@@ -364,8 +301,8 @@ std::vector<TransformerLayout::ParamGroup> Transformer::backward_groups(int64_t 
 std::vector<TransformerLayout::ParamGroup> TransformerLayout::gradient_groups() const {
     std::vector<ParamGroup> groups;
     if (part_.has_head) groups.push_back({head_begin_, params_.count()});
-    for (auto layer = layer_params_.rbegin(); layer != layer_params_.rend(); ++layer) groups.push_back({layer->begin, layer->end});
-    if (part_.has_embedding) groups.push_back({0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin});
+    for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) groups.push_back({layer->begin, layer->end});
+    if (part_.has_embedding) groups.push_back({0, layers_.empty() ? head_begin_ : layers_.front().begin});
     std::erase_if(groups, [](const ParamGroup& g) { return g.begin >= g.end; });
     return groups;
 }
@@ -419,19 +356,6 @@ double Transformer::mean_loss(const ActivationSet& a) const {
     double total = 0;
     for (double loss : host_doubles(backend_, rows(a.losses))) total += loss;
     return total / static_cast<double>(batch_ * seq_len_);
-}
-
-void Transformer::norm_fwd(const NormSlots& s, const Tensor& x, ParamSpan w, ParamSpan b) {
-    if (is_llama()) backend_.rmsnorm_fwd({.out = local_rows(s.out), .rstd = local_rows(s.rstd), .x = x, .w = value(w), .eps = config_.norm_eps});
-    else backend_.layernorm_fwd({.out = local_rows(s.out), .mean = local_rows(s.mean), .rstd = local_rows(s.rstd), .x = x, .w = value(w),
-                                 .b = value(b), .eps = config_.norm_eps});
-}
-
-void Transformer::norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& dout, const Tensor& x, const NormSlots& s, ParamSpan w, ParamSpan b) {
-    if (is_llama()) backend_.rmsnorm_bwd({.dx = dx, .dw = grad(w), .dout = dout, .x = x, .w = value(w), .rstd = local_rows(s.rstd),
-                                          .accumulate_dx = accumulate_dx});
-    else backend_.layernorm_bwd({.dx = dx, .dw = grad(w), .db = grad(b), .dout = dout, .x = x, .w = value(w), .mean = local_rows(s.mean),
-                                 .rstd = local_rows(s.rstd), .accumulate_dx = accumulate_dx});
 }
 
 double Transformer::forward(int64_t set, const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) {
@@ -514,7 +438,7 @@ void Transformer::embed(const ActivationSet& a, const KvCache* cache) {
 }
 
 void Transformer::head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale) {
-    norm_fwd(a.norm_f, local_rows(a.residual.back()), norm_f_w_, norm_f_b_);
+    final_norm_.forward(*this, a.norm_f, local_rows(a.residual.back()));
     const Tensor logits = rows(a.logits);
     column_parallel(local_rows(a.norm_f.out), [&](const Tensor& x, int64_t first, int64_t row_block) {
         backend_.matmul_fwd({.out = logits.slice_rows(first, x.dim(0)), .x = x, .w = value(head_w_), .bias = Tensor(), .row_block = row_block});
@@ -540,56 +464,39 @@ void Transformer::head_and_loss(ActivationSet& a, std::optional<double> backward
 }
 
 void Transformer::layer_fwd(const ActivationSet& a, int64_t l, KvCache* cache) {
-    const LayerParams& p = layer_params_[param_layer(a, l)];
+    const LayerParts& p = layers_[param_layer(a, l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     const Tensor x = local_rows(a.residual[static_cast<size_t>(l)]);
-
-    norm_fwd(s.norm1, x, p.norm1_w, p.norm1_b);
-    const Tensor qkv = rows(s.qkv), att_out = rows(s.att_out), mlp_up = rows(s.mlp_up), mlp_act = rows(s.mlp_act);
-    column_parallel(local_rows(s.norm1.out), [&](const Tensor& in, int64_t first, int64_t row_block) {
-        backend_.matmul_fwd({.out = qkv.slice_rows(first, in.dim(0)), .x = in, .w = value(p.qkv_w), .bias = value(p.qkv_b), .row_block = row_block});
-    });
-    attend(a, s, l, cache);
-    const Tensor attention = row_parallel([&](const Tensor& out, int64_t first, int64_t row_block) {
-        backend_.matmul_fwd({.out = out, .x = att_out.slice_rows(first, out.dim(0)), .w = value(p.attn_out_w),
-                             .bias = row_parallel_bias(p.attn_out_b), .row_block = row_block});
-    }, proj_local_);
-    // resid_mid = x + attention's output, and norm2 of it, in one pass.
-    backend_.add_norm_fwd({.sum = local_rows(s.resid_mid), .out = local_rows(s.norm2.out), .mean = is_llama() ? Tensor() : local_rows(s.norm2.mean),
-                           .rstd = local_rows(s.norm2.rstd), .a = x, .b = attention, .w = value(p.norm2_w), .bias = value(p.norm2_b),
-                           .eps = config_.norm_eps, .rms = is_llama()});
-    column_parallel(local_rows(s.norm2.out), [&](const Tensor& in, int64_t first, int64_t row_block) {
-        const int64_t count = in.dim(0);
-        if (is_llama())
-            backend_.matmul_fwd({.out = mlp_up.slice_rows(first, count), .x = in, .w = value(p.mlp_up_w), .bias = value(p.mlp_up_b),
-                                 .row_block = row_block});
-        else
-            backend_.matmul_gelu_fwd({.act = mlp_act.slice_rows(first, count), .pre = mlp_up.slice_rows(first, count), .x = in, .w = value(p.mlp_up_w),
-                                      .bias = value(p.mlp_up_b), .row_block = row_block});
-    });
-    if (is_llama()) backend_.swiglu_fwd(mlp_act, mlp_up);
-    const Tensor mlp = row_parallel([&](const Tensor& out, int64_t first, int64_t row_block) {
-        backend_.matmul_fwd({.out = out, .x = mlp_act.slice_rows(first, out.dim(0)), .w = value(p.mlp_down_w),
-                             .bias = row_parallel_bias(p.mlp_down_b), .row_block = row_block});
-    }, proj_local_);
+    p.norm1.forward(*this, s.norm1, x);
+    p.attention.project_qkv(*this, s.attention, local_rows(s.norm1.out));
+    p.attention.rotate(*this, s.attention, rope_positions(a, cache));
+    attend(a, s.attention, l, cache);
+    const Tensor attention = p.attention.project_out(*this, s.attention);
+    p.norm2.add_forward(*this, s.norm2, {.sum = local_rows(s.resid_mid), .a = x, .b = attention});
+    const Tensor mlp = p.mlp->forward(*this, s.mlp, local_rows(s.norm2.out));
     backend_.add(local_rows(a.residual[static_cast<size_t>(l + 1)]), local_rows(s.resid_mid), mlp);
 }
 
-void Transformer::attend(const ActivationSet& a, const LayerSlots& s, int64_t l, KvCache* cache) {
-    const AttentionShape shape = attention_shape();
-    const int64_t first_position = cache ? cache->length : 0;
-    // q and k heads are adjacent in the packed QKV rows: one rotation covers both.
-    // Explicit positions (context parallelism) index the whole table.
+// Explicit positions (context parallelism) index the whole table; decoding starts at the
+// cache's length.
+Rope Transformer::rope_positions(const ActivationSet& a, const KvCache* cache) const {
     const bool explicit_rows = context_parallel() && !cache;
-    if (is_llama())
-        backend_.rope_fwd({.x = rows(s.qkv),
-                           .table = explicit_rows ? arena_.tensor(rope_table_) : arena_.tensor(rope_table_).slice_rows(first_position, seq_len_),
-                           .seq_len = seq_len_, .n_heads = shape.n_heads + shape.n_kv_heads, .head_dim = shape.head_dim,
-                           .doc_starts = cache || explicit_rows ? Tensor() : position_doc_starts(a),
-                           .positions = explicit_rows ? explicit_positions(a) : Tensor()});
+    const Tensor table = arena_.tensor(rope_table_);
+    return {.x = Tensor(), .table = explicit_rows ? table : table.slice_rows(cache ? cache->length : 0, seq_len_), .seq_len = seq_len_,
+            .n_heads = 0, .head_dim = 0, .doc_starts = cache || explicit_rows ? Tensor() : position_doc_starts(a),
+            .positions = explicit_rows ? explicit_positions(a) : Tensor()};
+}
+
+Rope Transformer::rope_positions_bwd(const ActivationSet& a) const {
+    return {.x = Tensor(), .table = arena_.tensor(rope_table_), .seq_len = seq_len_, .n_heads = 0, .head_dim = 0,
+            .doc_starts = context_parallel() ? Tensor() : position_doc_starts(a), .positions = explicit_positions(a)};
+}
+
+void Transformer::attend(const ActivationSet& a, const AttentionSlots& s, int64_t l, KvCache* cache) {
+    const AttentionShape shape = attention_shape();
     if (context_parallel() && !cache) return ring_attention_fwd(a, s);
     if (!cache)
-        return backend_.attention_fwd({.out = rows(s.att_out), .saved = att_saved(s.att_saved), .qkv = rows(s.qkv), .shape = shape,
+        return backend_.attention_fwd({.out = rows(s.out), .saved = att_saved(s.saved), .qkv = rows(s.qkv), .shape = shape,
                                        .doc_starts = attention_doc_starts(a)});
     // One position: its key and value join the cache, its query attends to every cached one.
     const std::vector<double> qkv = host_doubles(backend_, rows(s.qkv));
@@ -599,7 +506,7 @@ void Transformer::attend(const ActivationSet& a, const LayerSlots& s, int64_t l,
     std::copy_n(qkv.begin() + q_width + cache->kv_width, cache->kv_width, cache->values[layer].begin() + at);
     std::vector<double> out(static_cast<size_t>(q_width));
     cached_attention(out.data(), qkv.data(), cache->keys[layer], cache->values[layer], cache->length + 1, shape.n_heads, shape.n_kv_heads, shape.head_dim);
-    copy_doubles_to(backend_, rows(s.att_out), out);
+    copy_doubles_to(backend_, rows(s.out), out);
 }
 
 KvCache Transformer::make_kv_cache() const { return KvCache(local_layers(), max_seq_len_, n_kv_heads_ * config_.head_dim()); }
@@ -641,7 +548,7 @@ void Transformer::backward(int64_t set, double loss_scale) {
     }
     const Tensor d_resid = local_rows(a.d_resid);
     for (int64_t l = chunk_layers() - 1; l >= 0; --l) {
-        const LayerParams& p = layer_params_[param_layer(a, l)];
+        const LayerParts& p = layers_[param_layer(a, l)];
         const GroupWeights weights = computing(pass, position++);
         writing(p.begin, p.end);
         layer_bwd(a, l, d_resid);
@@ -651,7 +558,7 @@ void Transformer::backward(int64_t set, double loss_scale) {
         const ParamGroup g = embedding_group();
         writing(g.begin, g.end);
         const Tensor dwpe = grad(wpe_);
-        backend_.embedding_bwd({.dwte = grad(wte_), .dwpe = dwpe, .dout = gather_rows(d_resid, d_gathered_), .tokens = rows(a.tokens),
+        backend_.embedding_bwd({.dwte = grad(wte_), .dwpe = dwpe, .dout = gather_output_grad(d_resid), .tokens = rows(a.tokens),
                                 .seq_len = seq_len_, .vocab = vocab_shard(),
                                 .doc_starts = dwpe.empty() || context_parallel() ? Tensor() : position_doc_starts(a),
                                 .positions = dwpe.empty() ? Tensor() : explicit_positions(a)});
@@ -670,56 +577,36 @@ void Transformer::head_backward(const ActivationSet& a, double loss_scale) {
                                                     .lse = rows(a.lse), .vocab = vocab_shard(), .dloss = loss_gradient(loss_scale)});
     const Tensor d_norm = column_parallel_bwd({.dx = rows(d_norm_), .dw = grad(head_w_), .dbias = Tensor(), .dout = rows(a.logits), .x = Tensor(),
                                                .w = value(head_w_)},
-                                              local_rows(a.norm_f.out), d_norm_local_);
-    norm_bwd(local_rows(a.d_resid), false, d_norm, local_rows(a.residual.back()), a.norm_f, norm_f_w_, norm_f_b_);
+                                              local_rows(a.norm_f.out));
+    final_norm_.backward(*this, a.norm_f, {.dx = local_rows(a.d_resid), .accumulate_dx = false, .dout = d_norm, .x = local_rows(a.residual.back())});
     // A head tied to this stage's embedding is parameter 0: it is reported with the embedding.
     ready(head_begin_, params_.count());
 }
 
 // Under sequence parallelism d_resid holds this rank's tokens: the row-parallel matmuls'
 // backward needs the whole rows (gathered), and the gradients of the column-parallel
-// matmuls' inputs are reduce-scattered back to this rank's tokens.
+// matmuls' inputs are reduce-scattered back to this rank's tokens. Each residual branch's
+// input gradient is added to d_resid by its norm's backward.
 void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_resid) {
-    const LayerParams& p = layer_params_[param_layer(a, l)];
+    const LayerParts& p = layers_[param_layer(a, l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
-    const AttentionShape shape = attention_shape();
-    const Tensor d_norm = rows(d_norm_);
+    const Tensor d_in = rows(d_norm_);
     recompute_layer(a, l);
+    // out = resid_mid + mlp(norm2(resid_mid))
+    const Tensor d_norm2 = p.mlp->backward(*this, s.mlp, mlp_grad_, d_resid, local_rows(s.norm2.out), d_in);
+    p.norm2.backward(*this, s.norm2, {.dx = d_resid, .accumulate_dx = true, .dout = d_norm2, .x = local_rows(s.resid_mid)});
+    // resid_mid = x + out_proj(attend(rotate(qkv(norm1(x)))))
+    p.attention.project_out_bwd(*this, s.attention, attention_grad_, d_resid);
+    attend_bwd(a, s.attention);
+    p.attention.rotate_bwd(*this, attention_grad_, rope_positions_bwd(a));
+    const Tensor d_norm1 = p.attention.project_qkv_bwd(*this, attention_grad_, local_rows(s.norm1.out), d_in);
+    p.norm1.backward(*this, s.norm1, {.dx = d_resid, .accumulate_dx = true, .dout = d_norm1, .x = local_rows(a.residual[static_cast<size_t>(l)])});
+}
 
-    // MLP block: out = resid_mid + down(act(up(norm2(resid_mid)))). down is row-parallel:
-    // its output gradient d_resid is whole on every rank; up is column-parallel: the gradient
-    // of its input is a partial sum per rank. GPT-2's GELU is fused into the down projection's
-    // backward, which also gives up's bias gradient.
-    const Tensor d_down = gather_rows(d_resid, d_gathered_);
-    if (is_llama()) {
-        backend_.matmul_bwd({.dx = rows(d_mlp_act_), .dw = grad(p.mlp_down_w), .dbias = grad(p.mlp_down_b), .dout = d_down, .x = rows(s.mlp_act),
-                             .w = value(p.mlp_down_w)});
-        backend_.swiglu_bwd(rows(d_mlp_up_), rows(d_mlp_act_), rows(s.mlp_up));
-    } else {
-        backend_.gelu_matmul_bwd({.d_pre = rows(d_mlp_up_), .d_pre_bias = grad(p.mlp_up_b), .dw = grad(p.mlp_down_w), .dbias = grad(p.mlp_down_b),
-                                  .dout = d_down, .act = rows(s.mlp_act), .pre = rows(s.mlp_up), .w = value(p.mlp_down_w)});
-    }
-    const Tensor d_norm2 = column_parallel_bwd({.dx = d_norm, .dw = grad(p.mlp_up_w), .dbias = is_llama() ? grad(p.mlp_up_b) : Tensor(),
-                                                .dout = rows(d_mlp_up_), .x = Tensor(), .w = value(p.mlp_up_w)},
-                                               local_rows(s.norm2.out), d_norm_local_);
-    norm_bwd(d_resid, true, d_norm2, local_rows(s.resid_mid), s.norm2, p.norm2_w, p.norm2_b);
-
-    // Attention block: resid_mid = x + o(attn(rope(qkv(norm1(x))))).
-    backend_.matmul_bwd({.dx = rows(d_att_out_), .dw = grad(p.attn_out_w), .dbias = grad(p.attn_out_b), .dout = gather_rows(d_resid, d_gathered_),
-                         .x = rows(s.att_out), .w = value(p.attn_out_w)});
-    if (context_parallel())
-        ring_attention_bwd(a, s);
-    else
-        backend_.attention_bwd({.dqkv = rows(d_qkv_), .dout = rows(d_att_out_), .qkv = rows(s.qkv), .out = rows(s.att_out),
-                                .saved = att_saved(s.att_saved), .shape = shape, .doc_starts = attention_doc_starts(a)});
-    if (is_llama())
-        backend_.rope_bwd({.x = rows(d_qkv_), .table = arena_.tensor(rope_table_), .seq_len = seq_len_, .n_heads = shape.n_heads + shape.n_kv_heads,
-                           .head_dim = shape.head_dim, .doc_starts = context_parallel() ? Tensor() : position_doc_starts(a),
-                           .positions = explicit_positions(a)});
-    const Tensor d_norm1 = column_parallel_bwd({.dx = d_norm, .dw = grad(p.qkv_w), .dbias = grad(p.qkv_b), .dout = rows(d_qkv_), .x = Tensor(),
-                                                .w = value(p.qkv_w)},
-                                               local_rows(s.norm1.out), d_norm_local_);
-    norm_bwd(d_resid, true, d_norm1, local_rows(a.residual[static_cast<size_t>(l)]), s.norm1, p.norm1_w, p.norm1_b);
+void Transformer::attend_bwd(const ActivationSet& a, const AttentionSlots& s) {
+    if (context_parallel()) return ring_attention_bwd(a, s);
+    backend_.attention_bwd({.dqkv = rows(attention_grad_.d_qkv), .dout = rows(attention_grad_.d_out), .qkv = rows(s.qkv), .out = rows(s.out),
+                            .saved = att_saved(s.saved), .shape = attention_shape(), .doc_starts = attention_doc_starts(a)});
 }
 
 // selective: the two norms and the MLP activation, from the kept inputs; full: the whole
@@ -727,12 +614,11 @@ void Transformer::layer_bwd(const ActivationSet& a, int64_t l, const Tensor& d_r
 void Transformer::recompute_layer(const ActivationSet& a, int64_t l) {
     if (part_.recompute == Recompute::none) return;
     if (part_.recompute == Recompute::full) return layer_fwd(a, l);
-    const LayerParams& p = layer_params_[param_layer(a, l)];
+    const LayerParts& p = layers_[param_layer(a, l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
-    norm_fwd(s.norm1, local_rows(a.residual[static_cast<size_t>(l)]), p.norm1_w, p.norm1_b);
-    norm_fwd(s.norm2, local_rows(s.resid_mid), p.norm2_w, p.norm2_b);
-    if (is_llama()) backend_.swiglu_fwd(rows(s.mlp_act), rows(s.mlp_up));
-    else backend_.gelu_fwd(rows(s.mlp_act), rows(s.mlp_up));
+    p.norm1.forward(*this, s.norm1, local_rows(a.residual[static_cast<size_t>(l)]));
+    p.norm2.forward(*this, s.norm2, local_rows(s.resid_mid));
+    p.mlp->recompute(*this, s.mlp);
 }
 
 }  // namespace llmtrain

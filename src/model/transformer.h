@@ -1,11 +1,18 @@
-// A decoder-only transformer in two families, with explicit forward and backward passes
-// over activations planned up front in an Arena.
+// A decoder-only transformer with explicit forward and backward passes over activations
+// planned up front in an Arena. Its layers are compositions of parts (model/block.h) that a
+// BlockSpec, derived once from the config, chooses:
 //
-//   gpt2:  x = wte[tok] + wpe[pos];  per layer: x += proj(attn(LN(x)));  x += proj(gelu(fc(LN(x))))
-//          LayerNorm, biases everywhere, learned positions, tied embeddings by default.
-//   llama: x = embed[tok];           per layer: x += o(attn(rope(qkv(RMS(x)))));  x += down(swiglu(gate_up(RMS(x))))
-//          RMSNorm, RoPE, SwiGLU, grouped-query attention, optional QKV bias (Qwen2), no other biases.
-//   both:  logits = head(norm(x)), head = wte when embeddings are tied; loss = mean cross-entropy.
+//   x = embed(tok) (+ learned positions);  per layer: h = x + Attention(Norm1(x));  x = h + Mlp(Norm2(h))
+//   logits = head(Norm_f(x)), head = the embedding when tied;  loss = mean cross-entropy.
+//
+//   gpt2:  LayerNorm, learned positions, biases everywhere, GELU MLP, tied embeddings by default.
+//   llama: RMSNorm, RoPE inside attention, grouped-query attention, optional QKV bias (Qwen2),
+//          SwiGLU MLP, no other biases.
+// Each part registers its parameters (in Hugging Face's names), plans its activation slots
+// and runs its forward and backward; the layer loop (layer_fwd, layer_bwd) calls them in
+// order and runs the attention proper between the attention part's projections (over the
+// micro-batch, around the context-parallel ring, or against a KV cache). Each layer holds its
+// own MLP part, so layers of another kind (experts) can sit beside dense ones.
 //
 // A Transformer may hold only part of the model (ModelPartition):
 //  - Pipeline parallel: the layers [first_layer, last_layer); the first stage embeds, the
@@ -52,12 +59,14 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "backend/backend.h"
 #include "config/config.h"
 #include "core/arena.h"
+#include "model/block.h"
 #include "model/kv_cache.h"
 #include "model/parameters.h"
 #include "parallel/comm.h"
@@ -148,22 +157,20 @@ public:
     std::vector<ParamGroup> gradient_groups() const;
 
 protected:
-    // A parameter, or several registered back to back and used as one (fused QKV, gate+up).
-    struct ParamSpan {
-        size_t first = 0, last = 0;
-        bool present = false;
-    };
-    struct LayerParams {
-        ParamSpan norm1_w, norm1_b, qkv_w, qkv_b, attn_out_w, attn_out_b;
-        ParamSpan norm2_w, norm2_b, mlp_up_w, mlp_up_b, mlp_down_w, mlp_down_b;
-        size_t begin = 0, end = 0;  // the layer's parameter indices
-    };
-    struct NormSlots {
-        Arena::Slot out, mean, rstd;
+    // A layer's parts (model/block.h), in the order they run, and its parameter indices.
+    struct LayerParts {
+        Norm norm1;
+        Attention attention;
+        Norm norm2;
+        std::unique_ptr<MlpPart> mlp;
+        size_t begin = 0, end = 0;
     };
     struct LayerSlots {
-        NormSlots norm1, norm2;
-        Arena::Slot qkv, att_saved, att_out, resid_mid, mlp_up, mlp_act;
+        NormSlots norm1;
+        AttentionSlots attention;
+        Arena::Slot resid_mid;  // x + attention's output
+        NormSlots norm2;
+        MlpSlots mlp;
     };
     // What one micro-batch keeps between its forward and its backward.
     struct ActivationSet {
@@ -185,28 +192,27 @@ protected:
         bool logits_hold_gradient = false;  // the fused classifier ran: backward starts from them
     };
 
-    void register_gpt2_params();
-    void register_llama_params();
-    ParamSpan add(const std::string& name, Shape shape, ParamInit init, bool decay, TensorSplit split = {});
+    // The embedding (with learned positions), each layer's parts, the final norm and the head.
+    void register_params();
+    LayerParts make_layer() const;  // the parts of a layer, their parameters not yet registered
+    LayerParts register_layer(int64_t layer);
+    ParamAdder param_adder() { return {params_, sp_}; }
     // The token embedding or the head: padded vocabulary rows, split by rows across tp.
     ParamSpan add_vocab_rows(const std::string& name);
-    // A norm's weight or bias: replicated, no decay; partial gradients under sequence parallelism.
-    ParamSpan add_norm(const std::string& name, ParamInit init);
-    ParamSpan join(ParamSpan first, ParamSpan last) const { return {first.first, last.last, true}; }
 
     void plan_activations();
     std::vector<int64_t> global_layers() const;  // the layers held, chunk by chunk
     ActivationSet reserve_set(int64_t set, int64_t chunk);
-    // The index in layer_params_ of a set's local layer l.
+    // The index in layers_ of a set's local layer l.
     size_t param_layer(const ActivationSet& a, int64_t l) const { return static_cast<size_t>(a.chunk * chunk_layers() + l); }
-    LayerSlots reserve_layer(const std::string& prefix, bool keep_recomputed);
-    NormSlots reserve_norm(const std::string& prefix);
+    LayerSlots reserve_layer(const std::string& prefix, bool keep_recomputed, const LayerParts& parts);
+    SlotPlanner slot_planner() { return {arena_, dtype_, stat_dtype_, max_batch_ * max_seq_len_, local_tokens(max_batch_, max_seq_len_)}; }
     int64_t local_tokens(int64_t batch, int64_t seq_len) const;
-    bool is_llama() const { return config_.family == ModelFamily::llama; }
     int tp_rank() const { return tp_rank_; }
     int tp_size() const { return tp_size_; }
 
     ModelConfig config_;
+    BlockSpec spec_;  // the parts a layer is made of
     Device device_;
     DType dtype_;       // activations and compute weights
     DType stat_dtype_;  // norm statistics, attention's saved values, losses
@@ -217,18 +223,20 @@ protected:
     int64_t n_heads_, n_kv_heads_;  // this rank's heads
 
     Parameters params_;
-    ParamSpan wte_, wpe_, norm_f_w_, norm_f_b_, head_w_;
+    ParamSpan wte_, wpe_, head_w_;  // wpe_: learned positions only
+    Norm final_norm_;
     size_t head_begin_ = 0;  // first parameter index of the final norm and head
-    std::vector<LayerParams> layer_params_;
+    std::vector<LayerParts> layers_;
 
     Arena arena_;
     Arena::Slot rope_table_;
     Arena::Slot loss_sum_;
     LayerSlots shared_layer_;  // recomputation's scratch (unused with Recompute::none)
+    AttentionScratch attention_grad_;  // the layers' backward scratch
+    MlpScratch mlp_grad_;
     std::vector<ActivationSet> sets_;  // chunk by chunk
     std::vector<int64_t> chunk_first_set_;
-    Arena::Slot proj_out_, proj_local_, gathered_, d_norm_, d_norm_local_, d_gathered_, d_att_out_, d_qkv_, d_mlp_act_,
-        d_mlp_up_;
+    Arena::Slot proj_out_, proj_local_, gathered_, d_norm_, d_norm_local_, d_gathered_;
     // Context parallelism's ring (context_parallel.cpp): two key/value blocks [B*T, 2*Hkv*D]
     // (the one computing, the one arriving), the f32 output (forward) or query-gradient
     // (backward) accumulator [B*T, H*D], two f32 key/value-gradient blocks being summed and
@@ -242,7 +250,9 @@ protected:
     void plan_ring();
 };
 
-class Transformer : public TransformerLayout {
+// The parts of a layer compute through LayerOps (model/block.h): the backend, the rows of
+// this micro-batch, the parameters and the tensor-parallel matmuls (sequence_parallel.cpp).
+class Transformer : public TransformerLayout, private LayerOps {
 public:
     // Activations are planned for micro-batches of up to max_batch sequences of up to
     // max_seq_len tokens (<= config.max_seq_len). tp: the tensor-parallel group (null: none).
@@ -296,7 +306,7 @@ public:
     // One row of those logits, on the host (from device memory and 16-bit as needed).
     std::vector<double> logits_row(int64_t row) const;
     VocabShard vocab_shard() const;
-    Backend& backend() { return backend_; }
+    Backend& backend() const override { return backend_; }
 
     // Incremental decoding (model/kv_cache.h): runs position cache.length of one sequence on
     // `token`, its attention reading the cached keys and values of the positions before it,
@@ -331,12 +341,12 @@ private:
     void load_ids(const char* what, Arena::Slot slot, const Tensor& ids);
     double mean_loss(const ActivationSet& a) const;
 
-    Tensor value(ParamSpan p) const { return p.present ? params_.value_span(p.first, p.last) : Tensor(); }
-    Tensor grad(ParamSpan p) const { return p.present ? params_.grad_span(p.first, p.last) : Tensor(); }
+    Tensor value(ParamSpan p) const override { return p.present ? params_.value_span(p.first, p.last) : Tensor(); }
+    Tensor grad(ParamSpan p) const override { return p.present ? params_.grad_span(p.first, p.last) : Tensor(); }
     // Row-parallel biases are added once: by tp rank 0, before the output's all-reduce.
-    Tensor row_parallel_bias(ParamSpan p) const { return tp_rank() == 0 ? value(p) : Tensor(); }
-    Tensor rows(Arena::Slot slot) const;        // the first batch * seq_len rows of a slot
-    Tensor local_rows(Arena::Slot slot) const;  // the first local_tokens() rows of a slot
+    Tensor row_parallel_bias(ParamSpan p) const override { return tp_rank() == 0 ? value(p) : Tensor(); }
+    Tensor rows(Arena::Slot slot) const override;        // the first batch * seq_len rows of a slot
+    Tensor local_rows(Arena::Slot slot) const override;  // the first local_tokens() rows of a slot
     // Starts gathering this rank's rows `local` into `whole` (rank r's at rows r * local.dim(0)).
     CommHandle start_gather(const Tensor& local, const Tensor& whole);
     // Whole rows for a column-parallel matmul from this rank's rows (sequence parallel:
@@ -345,10 +355,7 @@ private:
     // The sum over the tp ranks of a row-parallel output: this rank's rows of it (sequence
     // parallel: reduce-scattered into `local`; otherwise all-reduced in place).
     Tensor reduce_rows(const Tensor& partial, Arena::Slot local);
-    // A matmul over some of a micro-batch's token rows: `rows` holds rows [first, first +
-    // rows.dim(0)) of its input (column-parallel) or of its partial output (row-parallel);
-    // row_block goes to the backend's forward matmul (MatmulFwd::row_block).
-    using RowsMatmul = std::function<void(const Tensor& rows, int64_t first, int64_t row_block)>;
+    Tensor gather_output_grad(const Tensor& d_local) override { return gather_rows(d_local, d_gathered_); }
     // The row block of sequence parallelism's forward matmuls for n rows per rank: the
     // overlap's piece (n / tp rows) on a backend that keeps row blocks, so that the plain and
     // the overlapped matmuls sum alike; 0 otherwise.
@@ -356,16 +363,18 @@ private:
     // A column-parallel matmul of this rank's rows `local`: whole rows under sequence
     // parallelism, with parallel.tp_overlap gathered in tp pieces, each piece's all-gather in
     // flight while the previous piece multiplies (sequence_parallel.cpp).
-    void column_parallel(const Tensor& local, const RowsMatmul& matmul);
+    void column_parallel(const Tensor& local, const RowsMatmul& matmul) override;
     // A row-parallel matmul writing its partial output into proj_out_'s rows; returns this
-    // rank's rows of the sum over tp (reduce_rows). With parallel.tp_overlap the output is
-    // made in tp pieces, each piece reduce-scattered while the next multiplies.
-    Tensor row_parallel(const RowsMatmul& matmul, Arena::Slot local);
+    // rank's rows of the sum over tp (reduce_rows, into proj_local_ under sequence
+    // parallelism). With parallel.tp_overlap the output is made in tp pieces, each piece
+    // reduce-scattered while the next multiplies.
+    Tensor row_parallel(const RowsMatmul& matmul) override;
     // The backward of a column-parallel matmul whose input is this rank's rows `local_x`:
-    // args.dx (whole rows, partial over tp) reduced to this rank's rows in `dx_local`, and
-    // args.dw / args.dbias from the gathered input. With parallel.tp_overlap the input's
-    // all-gather runs behind the dx matmul and dx's reduce-scatter behind the dw matmul.
-    Tensor column_parallel_bwd(MatmulBwd args, const Tensor& local_x, Arena::Slot dx_local);
+    // args.dx (whole rows, partial over tp) reduced to this rank's rows (in d_norm_local_
+    // under sequence parallelism), and args.dw / args.dbias from the gathered input. With
+    // parallel.tp_overlap the input's all-gather runs behind the dx matmul and dx's
+    // reduce-scatter behind the dw matmul.
+    Tensor column_parallel_bwd(MatmulBwd args, const Tensor& local_x) override;
     Tensor att_saved(Arena::Slot slot) const;
     AttentionShape attention_shape() const;
     ActivationSet& use_set(int64_t set);
@@ -377,10 +386,10 @@ private:
     std::vector<size_t> hooked_pass(bool forward, int64_t set) const;
     ParamGroup head_group() const { return {head_begin_, params_.count()}; }
     ParamGroup layer_group(const ActivationSet& a, int64_t l) const {
-        const LayerParams& p = layer_params_[param_layer(a, l)];
+        const LayerParts& p = layers_[param_layer(a, l)];
         return {p.begin, p.end};
     }
-    ParamGroup embedding_group() const { return {0, layer_params_.empty() ? head_begin_ : layer_params_.front().begin}; }
+    ParamGroup embedding_group() const { return {0, layers_.empty() ? head_begin_ : layers_.front().begin}; }
 
     // Positions start at 0, or (decoding) at the cache's length.
     void embed(const ActivationSet& a, const KvCache* cache = nullptr);
@@ -398,9 +407,9 @@ private:
     void load_context_positions(const ActivationSet& a, const Tensor& whole_tokens, int64_t seq_len);
     // Position rows for rope and the embedding: the set's explicit positions under cp.
     Tensor explicit_positions(const ActivationSet& a) const { return context_parallel() ? rows(a.positions) : Tensor(); }
-    // Attention over the ring of cp ranks: s.att_out and the merged log-sum-exp in s.att_saved
-    // (forward); d_qkv_ from d_att_out_ (backward).
-    void ring_attention_fwd(const ActivationSet& a, const LayerSlots& s);
+    // Attention over the ring of cp ranks: s.out and the merged log-sum-exp in s.saved
+    // (forward); attention_grad_.d_qkv from its d_out (backward).
+    void ring_attention_fwd(const ActivationSet& a, const AttentionSlots& s);
     struct RingPass {
         AttentionShape shape;
         int64_t q_width = 0, kv_width = 0;
@@ -409,22 +418,27 @@ private:
         Tensor chunk_positions, first;
         Tensor positions_of(int rank, int64_t rows) const { return chunk_positions.slice_rows(rank * rows, rows); }
     };
-    RingPass ring_pass(const ActivationSet& a, const LayerSlots& s) const;
-    void ring_attention_bwd(const ActivationSet& a, const LayerSlots& s);
+    RingPass ring_pass(const ActivationSet& a, const AttentionSlots& s) const;
+    void ring_attention_bwd(const ActivationSet& a, const AttentionSlots& s);
     // The final norm, the head and (with targets) the loss, its mean added to loss_sum(); with
     // a backward loss scale the logits' gradient too (see forward_pass).
     void head_and_loss(ActivationSet& a, std::optional<double> backward_loss_scale = std::nullopt);
     void head_backward(const ActivationSet& a, double loss_scale);
     // d(loss_scale * mean loss) / d(loss_n) for each of the set's tokens.
     double loss_gradient(double loss_scale) const;
-    void norm_fwd(const NormSlots& slots, const Tensor& x, ParamSpan w, ParamSpan b);
-    // dx = d(norm)/dx^T dout (or dx += that); accumulates the norm's parameter gradients.
-    void norm_bwd(const Tensor& dx, bool accumulate_dx, const Tensor& dout, const Tensor& x, const NormSlots& slots, ParamSpan w, ParamSpan b);
-    // cache: decoding one position against it (else the whole sequence attends to itself).
+    // The layer's parts in order: norm1, attention (its projections around attend), the
+    // residual add fused with norm2, the MLP, the residual add. cache: decoding one position
+    // against it (else the whole sequence attends to itself).
     void layer_fwd(const ActivationSet& a, int64_t local, KvCache* cache = nullptr);
-    // Rotary positions and causal (or document-masked) attention over the layer's packed QKV
-    // rows into att_out. Decoding with a cache attends causally over its one sequence.
-    void attend(const ActivationSet& a, const LayerSlots& s, int64_t local, KvCache* cache);
+    // Causal (or document-masked) attention over the layer's packed, rotated QKV rows into
+    // s.out: over the micro-batch, around the cp ring, or (decoding with a cache) over the
+    // cached positions of its one sequence.
+    void attend(const ActivationSet& a, const AttentionSlots& s, int64_t local, KvCache* cache);
+    void attend_bwd(const ActivationSet& a, const AttentionSlots& s);
+    // The positions rotary embeddings rotate the set's rows by (all but Rope::x and the heads):
+    // from the cache's length when decoding, explicit under context parallelism.
+    Rope rope_positions(const ActivationSet& a, const KvCache* cache) const;
+    Rope rope_positions_bwd(const ActivationSet& a) const;
     // d_resid: on entry the gradient w.r.t. the layer's output, on exit w.r.t. its input.
     void layer_bwd(const ActivationSet& a, int64_t local, const Tensor& d_resid);
 

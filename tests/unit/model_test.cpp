@@ -121,6 +121,51 @@ TEST(Transformer, ParameterNamesFollowHuggingFace) {
     EXPECT_TRUE(l.info(l.index_of("model.layers.0.mlp.down_proj.weight")).weight_decay);
 }
 
+// The registration order is the flat buffer's layout, which checkpoints, ZeRO's shards and the
+// initial weights follow: each layer's parts (norm, attention, norm, MLP) register their
+// parameters in this order, with these tensor-parallel splits, whatever parts a model takes.
+namespace {
+std::vector<std::string> registered(const ModelConfig& config) {
+    auto backend = make_cpu_backend(1);
+    const Transformer model(config, *backend, DType::f32, 1, 4);
+    std::vector<std::string> out;
+    for (const ParamInfo& p : model.parameters().infos()) {
+        const char* split = p.split.kind == TpSplit::rows ? " rows" : p.split.kind == TpSplit::cols ? " cols" : "";
+        out.push_back(cat(p.name, split, p.split.blocks > 1 ? cat("/", p.split.blocks) : std::string()));
+    }
+    return out;
+}
+
+std::vector<std::string> per_layer(const std::string& prefix, int64_t layers, const std::vector<std::string>& names) {
+    std::vector<std::string> out;
+    for (int64_t l = 0; l < layers; ++l)
+        for (const std::string& name : names) out.push_back(cat(prefix, l, '.', name));
+    return out;
+}
+}  // namespace
+
+TEST(Transformer, LayerPartsRegisterInHuggingFaceOrder_Gpt2AndQwen2) {
+    std::vector<std::string> gpt2 = {"transformer.wte.weight rows", "transformer.wpe.weight"};
+    for (const std::string& name : per_layer("transformer.h.", 2, {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight rows/3", "attn.c_attn.bias rows/3",
+                                                                   "attn.c_proj.weight cols", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                                                                   "mlp.c_fc.weight rows", "mlp.c_fc.bias rows", "mlp.c_proj.weight cols", "mlp.c_proj.bias"}))
+        gpt2.push_back(name);
+    gpt2.insert(gpt2.end(), {"transformer.ln_f.weight", "transformer.ln_f.bias"});
+    EXPECT_EQ(registered(tiny_gpt2()), gpt2);
+
+    ModelConfig qwen2 = tiny_llama();
+    qwen2.qkv_bias = true;
+    qwen2.tied_embeddings = false;
+    std::vector<std::string> llama = {"model.embed_tokens.weight rows"};
+    for (const std::string& name :
+         per_layer("model.layers.", 2, {"input_layernorm.weight", "self_attn.q_proj.weight rows", "self_attn.k_proj.weight rows", "self_attn.v_proj.weight rows",
+                                        "self_attn.q_proj.bias rows", "self_attn.k_proj.bias rows", "self_attn.v_proj.bias rows", "self_attn.o_proj.weight cols",
+                                        "post_attention_layernorm.weight", "mlp.gate_proj.weight rows", "mlp.up_proj.weight rows", "mlp.down_proj.weight cols"}))
+        llama.push_back(name);
+    llama.insert(llama.end(), {"model.norm.weight", "lm_head.weight rows"});
+    EXPECT_EQ(registered(qwen2), llama);
+}
+
 TEST(Transformer, InitializationDependsOnlyOnSeedAndName) {
     // Another depth and an extra bias change every parameter's position in the flat
     // buffer, not its initial values.
