@@ -42,5 +42,7 @@ void register_bench_train(CLI::App& bench, CommandAction& action);
 void register_bench_tokenizer(CLI::App& bench, CommandAction& action);
 // `llmtrain bench attention [--shape B,T,H,Hkv,D ...] [--dtype both|bf16|fp16] [--iters N]`, on the `bench` app.
 void register_bench_attention(CLI::App& bench, CommandAction& action);
+// `llmtrain bench gemm [--shape M,N,K ...] [--device cuda|cpu] [--iters N]`, on the `bench` app.
+void register_bench_gemm(CLI::App& bench, CommandAction& action);
 
 }  // namespace llmtrain
