@@ -13,9 +13,9 @@
 #include <cstdio>
 #include <memory>
 #include <random>
-#include <sstream>
 
 #include "backend/backend.h"
+#include "cli/bench_support.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/attention_head_dims.h"
@@ -47,17 +47,7 @@ const std::vector<NamedShape> kShapes = {
 };
 
 AttentionShape parse_shape(const std::string& text) {
-    std::vector<int64_t> v;
-    std::stringstream in(text);
-    std::string part;
-    while (std::getline(in, part, ',')) {
-        try {
-            v.push_back(std::stoll(part));
-        } catch (const std::exception&) {
-            v.clear();
-            break;
-        }
-    }
+    const std::vector<int64_t> v = parse_int_list(text);
     if (v.size() != 5 || std::any_of(v.begin(), v.end(), [](int64_t x) { return x < 1; }) || v[2] % v[3] != 0)
         fail(ErrorKind::config, "--shape '", text, "': expected B,T,H,Hkv,D (positive, Hkv dividing H), e.g. 8,2048,32,8,64");
     return {v[0], v[1], v[2], v[3], v[4]};
@@ -75,29 +65,6 @@ std::vector<uint16_t> random_bits(DType dtype, int64_t n, uint64_t seed) {
     std::vector<uint16_t> bits(static_cast<size_t>(n));
     for (uint16_t& b : bits) b = dtype == DType::bf16 ? float_to_bf16(uniform(rng)) : float_to_f16(uniform(rng));
     return bits;
-}
-
-std::vector<float> values_of(Backend& be, const Tensor& t) {
-    std::vector<float> out(static_cast<size_t>(t.numel()));
-    if (t.dtype() == DType::f32) {
-        be.copy_to_host(out.data(), t);
-        return out;
-    }
-    std::vector<uint16_t> bits(out.size());
-    be.copy_to_host(bits.data(), t);
-    for (size_t i = 0; i < out.size(); ++i) out[i] = t.dtype() == DType::bf16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
-    return out;
-}
-
-// max |a - b| / max |b|; NaN where either has a non-finite value.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-    double worst = 0, scale = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::nan("");
-        worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-        scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-    }
-    return scale > 0 ? worst / scale : worst;
 }
 
 struct Buffers {
@@ -155,7 +122,7 @@ void bench_shape(Backend& native, Backend* cudnn, const NamedShape& named, DType
     if (native_runs) {
         native.attention_fwd({.out = n.out, .saved = n.saved, .qkv = n.qkv, .shape = s, .doc_starts = Tensor()});
         native.attention_bwd({.dqkv = n.dqkv, .dout = n.dout, .qkv = n.qkv, .out = n.out, .saved = n.saved, .shape = s, .doc_starts = Tensor()});
-        ref_out = values_of(native, n.out), ref_lse = values_of(native, n.saved), ref_dqkv = values_of(native, n.dqkv);
+        ref_out = device_values(native, n.out), ref_lse = device_values(native, n.saved), ref_dqkv = device_values(native, n.dqkv);
     }
     if (cudnn) {
         std::string how;
@@ -177,8 +144,8 @@ void bench_shape(Backend& native, Backend* cudnn, const NamedShape& named, DType
         cudnn->attention_fwd({.out = c.out, .saved = c.saved, .qkv = c.qkv, .shape = s, .doc_starts = Tensor()});
         cudnn->attention_bwd({.dqkv = c.dqkv, .dout = c.dout, .qkv = c.qkv, .out = c.out, .saved = c.saved, .shape = s, .doc_starts = Tensor()});
         if (native_runs)
-            std::printf("    cudnn against native: max |diff| / max |native|: out %.2e, lse %.2e, dqkv %.2e\n", relative_error(values_of(*cudnn, c.out), ref_out),
-                        relative_error(values_of(*cudnn, c.saved), ref_lse), relative_error(values_of(*cudnn, c.dqkv), ref_dqkv));
+            std::printf("    cudnn against native: max |diff| / max |native|: out %.2e, lse %.2e, dqkv %.2e\n", relative_error(device_values(*cudnn, c.out), ref_out),
+                        relative_error(device_values(*cudnn, c.saved), ref_lse), relative_error(device_values(*cudnn, c.dqkv), ref_dqkv));
         print_timing("cudnn", time_attention(*cudnn, c, s, args.warmup, args.iterations), s);
     } catch (const Error& e) {
         std::printf("    cudnn FAILED: %s\n", e.what());

@@ -13,9 +13,9 @@
 #include <cstdio>
 #include <memory>
 #include <random>
-#include <sstream>
 
 #include "backend/backend.h"
+#include "cli/bench_support.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
@@ -44,17 +44,7 @@ const std::vector<GemmShape> kShapes = {
 };
 
 GemmShape parse_shape(const std::string& text) {
-    std::vector<int64_t> v;
-    std::stringstream in(text);
-    std::string part;
-    while (std::getline(in, part, ',')) {
-        try {
-            v.push_back(std::stoll(part));
-        } catch (const std::exception&) {
-            v.clear();
-            break;
-        }
-    }
+    const std::vector<int64_t> v = parse_int_list(text);
     if (v.size() != 3 || std::any_of(v.begin(), v.end(), [](int64_t x) { return x < 1; }) || v[2] % 16 != 0)
         fail(ErrorKind::config, "--shape '", text, "': expected M,N,K (tokens, output and input features; positive, K a multiple of 16 as FP8 GEMMs need), e.g. 8192,4096,4096");
     return {"--shape " + text, v[0], v[1], v[2]};
@@ -81,29 +71,6 @@ OwnedTensor random_matrix(Backend& be, DType dtype, int64_t rows, int64_t cols, 
         be.copy_from_host(t, bits.data());
     }
     return t;
-}
-
-std::vector<float> values_of(Backend& be, const Tensor& t) {
-    std::vector<float> out(static_cast<size_t>(t.numel()));
-    if (t.dtype() == DType::f32) {
-        be.copy_to_host(out.data(), t);
-        return out;
-    }
-    std::vector<uint16_t> bits(out.size());
-    be.copy_to_host(bits.data(), t);
-    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(bits[i]);
-    return out;
-}
-
-// max |a - b| / max |b|.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-    double worst = 0, scale = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::nan("");
-        worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-        scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-    }
-    return scale > 0 ? worst / scale : worst;
 }
 
 // One FP8 operand: its bytes, scale, inverse scale and amax, all on the device.
@@ -165,7 +132,7 @@ void bench_shape(Backend& be, DType compute, const GemmShape& s, const BenchGemm
     std::printf("    e4m3 %-24s %9.3f ms %8.1f TFLOP/s   %.2fx\n", "GEMM + input amax, cast", gemm_ms + cast_ms, tflops(gemm_ms + cast_ms),
                 gemm_ms + cast_ms > 0 ? dense_ms / (gemm_ms + cast_ms) : 0.0);
     std::printf("    e4m3 against %s: max |diff| / max |%s| %.2e\n", dtype_name(compute), dtype_name(compute),
-                relative_error(values_of(be, out_fp8), values_of(be, out)));
+                relative_error(device_values(be, out_fp8), device_values(be, out)));
     std::fflush(stdout);
 }
 
