@@ -44,16 +44,7 @@ runs=("gpt2_1_process 1 ${gpt2[*]}"
       "qwen2_tp2_pp2 4 ${qwen2[*]} --set parallel.tp=2 --set parallel.pp=2 --set train.grad_accum=2"
       "llama_cp2_dp2 4 ${llama[*]} --set parallel.cp=2")
 
-# "step N LOSS GRAD_NORM" and "eval N VAL_LOSS" of a run's log.jsonl, in the log's order.
-figures() {
-    python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r["event"] == "step": print("step", r["step"], repr(r["loss"]), repr(r["grad_norm"]))
-    elif r["event"] == "eval": print("eval", r["step"], repr(r["val_loss"]))
-' "$1/log.jsonl"
-}
+figures() { python3 "$(dirname "$0")/log-figures.py" "$1"; }
 
 run() {  # BINARY RUN_DIR RANKS OVERRIDES...
     local bin=$1 dir=$2 ranks=$3

@@ -15,17 +15,8 @@ run() {  # NAME RANKS [--set ...]
     "$mpiexec" --oversubscribe -np "$ranks" "$bin" train "${config[@]}" "${common[@]}" "$@" --run-dir "$scratch/$name" >"$scratch/$name.out" 2>&1 ||
         { echo "FAIL: run $name failed:"; tail -5 "$scratch/$name.out"; exit 1; }
 }
-# "step N LOSS GRAD_NORM" and "eval N VAL_LOSS" as logged (the shortest text that reads back
-# to the same double: equal text is equal bits)
-figures() {
-    python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r["event"] == "step": print("step", r["step"], repr(r["loss"]), repr(r["grad_norm"]))
-    elif r["event"] == "eval": print("eval", r["step"], repr(r["val_loss"]))
-' "$1/log.jsonl"
-}
+# "step N LOSS GRAD_NORM" and "eval N VAL_LOSS" as logged (equal text is equal bits)
+figures() { python3 "$(dirname "${BASH_SOURCE[0]}")/../../scripts/log-figures.py" "$1"; }
 same() {  # WHAT A B
     if cmp -s "$2" "$3"; then
         echo "ok   $1: $(wc -l <"$2") records bitwise equal"
