@@ -86,11 +86,13 @@ int64_t moe_permuted_rows(const char* op, const MoeDims& dims, int64_t capacity)
     return rows;
 }
 
-std::pair<int64_t, int64_t> expect_moe_rows(const char* op, const Tensor& rows, Device device) {
+MoeSlots expect_moe_slots(const char* op, Device device, const Tensor& rows, const char* buffer_name, const Tensor& buffer) {
     expect_rank(op, "rows", rows, 2);
+    expect_rank(op, buffer_name, buffer, 2);
     if (rows.dim(1) < 1) fail(ErrorKind::shape, op, ": rows has shape ", rows.shape().str(), ", expected [N, k] with k >= 1");
     expect_tensor(op, "rows", rows, rows.shape(), DType::i32, device);
-    return {rows.dim(0), rows.dim(1)};
+    expect_device(op, buffer_name, buffer, device);
+    return {rows.dim(0), rows.dim(1), buffer.dim(0), buffer.dim(1)};
 }
 
 void expect_fp8_scalar(const char* op, const char* name, const Tensor& t, Device device) { expect_tensor(op, name, t, Shape{1}, DType::f32, device); }

@@ -65,8 +65,12 @@ void expect_moe_aux_loss(const char* op, int64_t tokens_per_group, int64_t top_k
 // Rows of the permuted buffer: N k (capacity 0, dropless) or E capacity; a negative capacity
 // or a buffer past 2^31 - 1 rows (rows are i32) is refused.
 int64_t moe_permuted_rows(const char* op, const MoeDims& dims, int64_t capacity);
-// rows [N, k] i32 with k >= 1, in `device` memory; returns N and k.
-std::pair<int64_t, int64_t> expect_moe_rows(const char* op, const Tensor& rows, Device device);
+// The slots and the permuted buffer of the permute and combine ops: rows [N, k] i32 with
+// k >= 1 and the [R, C] buffer `buffer_name`, both in `device` memory.
+struct MoeSlots {
+    int64_t tokens, top_k, rows, channels;  // N, k, R, C
+};
+MoeSlots expect_moe_slots(const char* op, Device device, const Tensor& rows, const char* buffer_name, const Tensor& buffer);
 
 // FP8 (backend.h): a scale, inverse scale or amax is [1] f32 in `device` memory.
 void expect_fp8_scalar(const char* op, const char* name, const Tensor& t, Device device);

@@ -268,13 +268,13 @@ TEST(CpuMoe, BadArguments_AreRefusedNamingTheOpAndTheValue) {
     });
     const OwnedTensor bad_experts = ints({6, 2}, {0, 1, 2, 3, 7, 0, 0, 1, 0, 1, 0, 1});
     expect_error(ErrorKind::data, {"moe_permute_plan", "expert 7 of token 2 slot 0", "[0, 4)"}, [&] {
-        be->moe_permute_plan({.rows = OwnedTensor(i32, {6, 2}), .sources = OwnedTensor(i32, {12}), .counts = OwnedTensor(i32, {4}), .experts = bad_experts});
+        be->moe_permute_plan({.rows = OwnedTensor(i32, {6, 2}), .sources = OwnedTensor(i32, {12}), .counts = OwnedTensor(i32, {4}), .dropped = Tensor(), .experts = bad_experts});
     });
     expect_error(ErrorKind::shape, {"moe_permute_plan", "capacity -1"}, [&] {
-        be->moe_permute_plan({.rows = OwnedTensor(i32, {6, 2}), .sources = OwnedTensor(i32, {12}), .counts = OwnedTensor(i32, {4}), .experts = experts2, .capacity = -1});
+        be->moe_permute_plan({.rows = OwnedTensor(i32, {6, 2}), .sources = OwnedTensor(i32, {12}), .counts = OwnedTensor(i32, {4}), .dropped = Tensor(), .experts = experts2, .capacity = -1});
     });
     expect_error(ErrorKind::shape, {"moe_permute_plan", "sources", "[8]"}, [&] {
-        be->moe_permute_plan({.rows = OwnedTensor(i32, {6, 2}), .sources = OwnedTensor(i32, {12}), .counts = OwnedTensor(i32, {4}), .experts = experts2, .capacity = 2});
+        be->moe_permute_plan({.rows = OwnedTensor(i32, {6, 2}), .sources = OwnedTensor(i32, {12}), .counts = OwnedTensor(i32, {4}), .dropped = Tensor(), .experts = experts2, .capacity = 2});
     });
     expect_error(ErrorKind::shape, {"moe_load_stats", "seq_len 4", "6 tokens"}, [&] {
         be->moe_load_stats({.counts = OwnedTensor(i32, {1, 4}), .score_sums = OwnedTensor(f32, {1, 4}), .experts = experts2, .scores = scores, .seq_len = 4});

@@ -74,6 +74,23 @@ void expect_indices(const char* op, const char* name, const int32_t* values, int
         if (values[i] < -1 || values[i] >= limit) fail(ErrorKind::data, op, ": ", name, "[", i, "] = ", values[i], " is outside [-1, ", limit, ")");
 }
 
+// out[t] = sum over token t's kept slots j, in slot order, of weights[t, j] (1 without
+// weights) times perm[rows[t, j]]: permute's backward and combine's forward.
+template <class T>
+void sum_kept_slots(T* out, const T* perm, const int32_t* rows, const T* weights, const MoeSlots& s, int threads) {
+    const int64_t N = s.tokens, k = s.top_k, C = s.channels;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < N; ++t)
+        for (int64_t c = 0; c < C; ++c) {
+            double sum = 0;
+            for (int64_t j = 0; j < k; ++j) {
+                const int32_t row = rows[t * k + j];
+                if (row >= 0) sum += (weights ? static_cast<double>(weights[t * k + j]) : 1.0) * static_cast<double>(perm[row * C + c]);
+            }
+            out[t * C + c] = static_cast<T>(sum);
+        }
+}
+
 }  // namespace
 
 void CpuBackend::moe_route_fwd(const MoeRouteFwd& a) {
@@ -346,23 +363,10 @@ void CpuBackend::moe_permute_bwd(const MoePermuteBwd& a) {
     cpu::OpTimer timer(profile_, Op::moe_permute_bwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "d_x_perm", a.d_x_perm, [&]<class T>() {
-        cpu::expect_rank(op, "d_x_perm", a.d_x_perm, 2);
-        const auto [tokens, top_k] = expect_moe_rows(op, a.rows, Device::cpu);
-        const int64_t N = tokens, k = top_k;  // variables: OpenMP regions cannot capture a binding (clang < 16)
-        const int64_t R = a.d_x_perm.dim(0), C = a.d_x_perm.dim(1), slots = k;
-        cpu::expect_tensor(op, "dx", a.dx, {N, C}, a.d_x_perm.dtype());
-        const int32_t* rows = a.rows.data<int32_t>();
-        expect_indices(op, "rows", rows, N * k, R);
-        const T* d_perm = a.d_x_perm.data<T>();
-        T* dx = a.dx.data<T>();
-#pragma omp parallel for num_threads(threads_) schedule(static)
-        for (int64_t t = 0; t < N; ++t)
-            for (int64_t c = 0; c < C; ++c) {
-                double sum = 0;
-                for (int64_t j = 0; j < slots; ++j)
-                    if (rows[t * slots + j] >= 0) sum += static_cast<double>(d_perm[rows[t * slots + j] * C + c]);
-                dx[t * C + c] = static_cast<T>(sum);
-            }
+        const MoeSlots s = expect_moe_slots(op, Device::cpu, a.rows, "d_x_perm", a.d_x_perm);
+        cpu::expect_tensor(op, "dx", a.dx, {s.tokens, s.channels}, a.d_x_perm.dtype());
+        expect_indices(op, "rows", a.rows.data<int32_t>(), s.tokens * s.top_k, s.rows);
+        sum_kept_slots<T>(a.dx.data<T>(), a.d_x_perm.data<T>(), a.rows.data<int32_t>(), nullptr, s, threads_);
     });
 }
 
@@ -370,25 +374,11 @@ void CpuBackend::moe_combine_fwd(const MoeCombineFwd& a) {
     cpu::OpTimer timer(profile_, Op::moe_combine_fwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "y_perm", a.y_perm, [&]<class T>() {
-        cpu::expect_rank(op, "y_perm", a.y_perm, 2);
-        const auto [tokens, top_k] = expect_moe_rows(op, a.rows, Device::cpu);
-        const int64_t N = tokens, k = top_k;  // variables: OpenMP regions cannot capture a binding (clang < 16)
-        const int64_t R = a.y_perm.dim(0), C = a.y_perm.dim(1), slots = k;
-        cpu::expect_tensor(op, "out", a.out, {N, C}, a.y_perm.dtype());
-        cpu::expect_tensor(op, "gates", a.gates, {N, k}, a.y_perm.dtype());
-        const int32_t* rows = a.rows.data<int32_t>();
-        expect_indices(op, "rows", rows, N * k, R);
-        const T* y = a.y_perm.data<T>();
-        const T* gates = a.gates.data<T>();
-        T* out = a.out.data<T>();
-#pragma omp parallel for num_threads(threads_) schedule(static)
-        for (int64_t t = 0; t < N; ++t)
-            for (int64_t c = 0; c < C; ++c) {
-                double sum = 0;
-                for (int64_t j = 0; j < slots; ++j)
-                    if (rows[t * slots + j] >= 0) sum += static_cast<double>(gates[t * slots + j]) * static_cast<double>(y[rows[t * slots + j] * C + c]);
-                out[t * C + c] = static_cast<T>(sum);
-            }
+        const MoeSlots s = expect_moe_slots(op, Device::cpu, a.rows, "y_perm", a.y_perm);
+        cpu::expect_tensor(op, "out", a.out, {s.tokens, s.channels}, a.y_perm.dtype());
+        cpu::expect_tensor(op, "gates", a.gates, {s.tokens, s.top_k}, a.y_perm.dtype());
+        expect_indices(op, "rows", a.rows.data<int32_t>(), s.tokens * s.top_k, s.rows);
+        sum_kept_slots(a.out.data<T>(), a.y_perm.data<T>(), a.rows.data<int32_t>(), a.gates.data<T>(), s, threads_);
     });
 }
 
@@ -396,10 +386,8 @@ void CpuBackend::moe_combine_bwd(const MoeCombineBwd& a) {
     cpu::OpTimer timer(profile_, Op::moe_combine_bwd);
     const char* op = timer.name();
     cpu::dispatch_float(op, "y_perm", a.y_perm, [&]<class T>() {
-        cpu::expect_rank(op, "y_perm", a.y_perm, 2);
-        const auto [tokens, top_k] = expect_moe_rows(op, a.rows, Device::cpu);
-        const int64_t N = tokens, k = top_k;  // variables: OpenMP regions cannot capture a binding (clang < 16)
-        const int64_t R = a.y_perm.dim(0), C = a.y_perm.dim(1), slots = k;
+        const MoeSlots s = expect_moe_slots(op, Device::cpu, a.rows, "y_perm", a.y_perm);
+        const int64_t N = s.tokens, k = s.top_k, R = s.rows, C = s.channels, slots = k;
         cpu::expect_tensor(op, "d_y_perm", a.d_y_perm, {R, C}, a.y_perm.dtype());
         cpu::expect_tensor(op, "d_gates", a.d_gates, {N, k}, a.y_perm.dtype());
         cpu::expect_tensor(op, "d_out", a.d_out, {N, C}, a.y_perm.dtype());

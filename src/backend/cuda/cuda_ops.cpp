@@ -1046,9 +1046,8 @@ void CudaBackend::moe_permute_fwd(const MoePermuteFwd& a) {
 void CudaBackend::moe_permute_bwd(const MoePermuteBwd& a) {
     CudaOpScope scope(*this, Op::moe_permute_bwd);
     const char* op = scope.name();
-    expect_rank(op, "d_x_perm", a.d_x_perm, 2);
-    const auto [N, k] = expect_moe_rows(op, a.rows, Device::cuda);
-    const int64_t R = a.d_x_perm.dim(0), C = a.d_x_perm.dim(1);
+    const MoeSlots s = expect_moe_slots(op, Device::cuda, a.rows, "d_x_perm", a.d_x_perm);
+    const int64_t N = s.tokens, k = s.top_k, R = s.rows, C = s.channels;
     const Half t = expect_activation(op, "d_x_perm", a.d_x_perm, {R, C}, a.d_x_perm.dtype());
     expect_activation(op, "dx", a.dx, {N, C}, a.d_x_perm.dtype());
     kernels::launch_moe_permute_bwd(t, a.dx.raw(), a.d_x_perm.raw(), i32_ptr(a.rows), N, C, R, k, stream_);
@@ -1057,9 +1056,8 @@ void CudaBackend::moe_permute_bwd(const MoePermuteBwd& a) {
 void CudaBackend::moe_combine_fwd(const MoeCombineFwd& a) {
     CudaOpScope scope(*this, Op::moe_combine_fwd);
     const char* op = scope.name();
-    expect_rank(op, "y_perm", a.y_perm, 2);
-    const auto [N, k] = expect_moe_rows(op, a.rows, Device::cuda);
-    const int64_t R = a.y_perm.dim(0), C = a.y_perm.dim(1);
+    const MoeSlots s = expect_moe_slots(op, Device::cuda, a.rows, "y_perm", a.y_perm);
+    const int64_t N = s.tokens, k = s.top_k, R = s.rows, C = s.channels;
     const Half t = expect_activation(op, "y_perm", a.y_perm, {R, C}, a.y_perm.dtype());
     expect_activation(op, "out", a.out, {N, C}, a.y_perm.dtype());
     expect(op, "gates", a.gates, {N, k}, f32);
@@ -1069,9 +1067,8 @@ void CudaBackend::moe_combine_fwd(const MoeCombineFwd& a) {
 void CudaBackend::moe_combine_bwd(const MoeCombineBwd& a) {
     CudaOpScope scope(*this, Op::moe_combine_bwd);
     const char* op = scope.name();
-    expect_rank(op, "y_perm", a.y_perm, 2);
-    const auto [N, k] = expect_moe_rows(op, a.rows, Device::cuda);
-    const int64_t R = a.y_perm.dim(0), C = a.y_perm.dim(1);
+    const MoeSlots s = expect_moe_slots(op, Device::cuda, a.rows, "y_perm", a.y_perm);
+    const int64_t N = s.tokens, k = s.top_k, R = s.rows, C = s.channels;
     const Half t = expect_activation(op, "y_perm", a.y_perm, {R, C}, a.y_perm.dtype());
     expect_activation(op, "d_y_perm", a.d_y_perm, {R, C}, a.y_perm.dtype());
     expect_activation(op, "d_out", a.d_out, {N, C}, a.y_perm.dtype());
