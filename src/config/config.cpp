@@ -344,6 +344,9 @@ const std::vector<Field>& schema() {
             .describe("context-parallel ranks: each sequence is cut into 2 x cp equal chunks and rank r of the cp group holds chunks r and 2cp - 1 - r "
                       "(balanced causal work); attention runs as a ring passing keys and values around the group, merged by log-sum-exp; the "
                       "cp ranks sit just inside dp in the mesh and read the same sequences; train.seq_len must be a multiple of 2 x cp"),
+        CONFIG_KEY(parallel, ep).integer(1, 65536)
+            .describe("expert-parallel ranks: the experts of a mixture-of-experts layer are split over ep ranks, which exchange tokens by all-to-all; "
+                      "the expert layers fold the tp x cp x dp ranks of a pipeline stage into ep x (tp * cp * dp / ep), ep dividing tp * cp * dp"),
         CONFIG_KEY(parallel, order).choice(kMeshOrderNames).describe("mesh dimensions, fastest-varying rank first"),
         CONFIG_KEY(parallel, zero_stage).integer(0, 3)
             .describe("0: replicated; 1: AdamW state sharded over dp (ZeRO-1); 2: gradients reduce-scattered and sharded too (ZeRO-2); 3: parameters "
@@ -944,6 +947,19 @@ constexpr Check kChecks[] = {
             if (action == HealthAction::rollback)
                 return Problem{key, "\"rollback\" restores the last checkpoint and needs checkpoint.every_steps > 0 (allowed without checkpoints: abort, skip, lower_lr)"};
         return std::nullopt;
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        // dp = 0 is derived from the world: make_mesh checks it then.
+        const int64_t ep = c.parallel.ep, stage = c.parallel.tp * c.parallel.cp * c.parallel.dp;
+        if (c.parallel.dp == 0 || stage % ep == 0) return std::nullopt;
+        return Problem{"parallel.ep", cat("= ", ep, " does not divide the ranks of a pipeline stage, tp * cp * dp = ", c.parallel.tp, " * ", c.parallel.cp,
+                                          " * ", c.parallel.dp, " = ", stage, " (allowed: a divisor of ", stage, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        // Experts are split over ep ranks; a model without them has nothing to split.
+        if (c.parallel.ep == 1) return std::nullopt;
+        return Problem{"parallel.ep", cat("= ", c.parallel.ep, " splits the experts of a mixture-of-experts model; this model (model.family = \"",
+                                          family_name(c.model.family), "\") has none (allowed: 1)")};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.pp <= c.model.n_layers) return std::nullopt;

@@ -157,6 +157,7 @@ struct ParallelConfig {
     int64_t pp = 1;
     int64_t dp = 0;                        // 0: world size / (tp * cp * pp)
     int64_t cp = 1;                        // context parallel: each sequence split over cp ranks in 2 x cp chunks
+    int64_t ep = 1;                        // expert parallel: each expert group of ep ranks splits a MoE layer's experts
     std::string order = "tp-dp-pp";        // mesh dims, fastest first
     int64_t zero_stage = 1;                // 0: none; 1: AdamW state sharded; 2: gradients too; 3: parameters too
     int64_t shard_size = 0;                // ZeRO-2/3: shard within groups of this many consecutive dp ranks, replicate across them; 0: dp

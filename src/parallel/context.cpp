@@ -27,7 +27,17 @@ Mesh make_mesh(const ParallelConfig& parallel, int world_size) {
     if (parallel.shard_size > 0 && dp % parallel.shard_size != 0)
         fail(ErrorKind::config, "parallel.shard_size = ", parallel.shard_size, " does not divide dp = ", dp,
              " (allowed: a divisor of dp, e.g. the dp ranks of a node; 0: dp)");
-    return Mesh(world_size, static_cast<int>(tp), static_cast<int>(dp), static_cast<int>(pp), parallel.order, static_cast<int>(cp));
+    const int64_t ep = parallel.ep, stage = tp * cp * dp;
+    if (ep < 1 || stage % ep != 0)
+        fail(ErrorKind::config, "parallel.ep = ", ep, " does not divide the ranks of a pipeline stage, tp * ", named_cp ? "cp * " : "", "dp = ", stage,
+             " (allowed: a divisor of ", stage, ")");
+    // Hybrid sharding keeps its dp / shard_size replica blocks for the experts' state too.
+    const int64_t blocks = parallel.shard_size > 0 ? dp / parallel.shard_size : 1;
+    if (ep > 1 && (stage / ep) % blocks != 0)
+        fail(ErrorKind::config, "parallel.shard_size = ", parallel.shard_size, " cuts dp = ", dp, " into ", blocks, " replica blocks, which do not divide the ",
+             stage / ep, " ranks holding the same experts (edp = tp * ", named_cp ? "cp * " : "", "dp / parallel.ep = ", stage, " / ", ep,
+             "; allowed: a shard_size with dp / shard_size dividing edp, or 0)");
+    return Mesh(world_size, static_cast<int>(tp), static_cast<int>(dp), static_cast<int>(pp), parallel.order, static_cast<int>(cp), static_cast<int>(ep));
 }
 
 int shard_size_of(const ParallelConfig& parallel, int dp) { return parallel.shard_size > 0 ? static_cast<int>(parallel.shard_size) : dp; }
@@ -48,6 +58,8 @@ std::vector<int> context_group_ranks(const Mesh& mesh, int shard_size, const std
         if (mesh.pp() > 1 && (stage == 0 || stage == mesh.pp() - 1)) return {column.front(), column.back()};
         return {};
     }
+    if (mesh.ep() > 1 && group == "ep") return mesh.expert_group(world_rank);
+    if (mesh.ep() > 1 && group == "edp") return mesh.expert_data_group(world_rank);
     if (shard_size < mesh.dp() && group == "shard") return mesh.shard_group(world_rank, shard_size);
     if (shard_size < mesh.dp() && group == "replica") return mesh.replica_group(world_rank, shard_size);
     return {};

@@ -58,7 +58,7 @@ std::vector<std::string_view> parse_mesh_order(const std::string& order) {
     return dims;
 }
 
-Mesh::Mesh(int world_size, int tp, int dp, int pp, const std::string& order, int cp) : world_size_(world_size) {
+Mesh::Mesh(int world_size, int tp, int dp, int pp, const std::string& order, int cp, int ep) : world_size_(world_size), ep_(ep) {
     const std::vector<std::string_view> ordered = parse_mesh_order(order);
     if (tp < 1 || dp < 1 || pp < 1 || cp < 1 || static_cast<long long>(tp) * cp * dp * pp != world_size)
         fail(ErrorKind::config, "world size ", world_size, " is not tp * ", cp > 1 ? "cp * " : "", "dp * pp = ", tp, " * ", cp > 1 ? cat(cp, " * ") : "", dp,
@@ -70,10 +70,13 @@ Mesh::Mesh(int world_size, int tp, int dp, int pp, const std::string& order, int
         dims_.push_back({name, size_of(name)});
     }
     int stride = 1;
-    for (const MeshDim& dim : dims_) {
+    for (size_t i = 0; i < dims_.size(); ++i) {
         strides_.push_back(stride);
-        stride *= dim.size;
+        stride *= dims_[i].size;
+        if (dims_[i].name != mesh_dim::pp) stage_positions_.push_back(i);
     }
+    if (ep < 1 || stage_size() % ep != 0)
+        fail(ErrorKind::config, "ep = ", ep, " does not divide the ", stage_size(), " ranks of a pipeline stage (tp * cp * dp = ", tp, " * ", cp, " * ", dp, ")");
 }
 
 size_t Mesh::position(std::string_view dim) const {
@@ -154,11 +157,45 @@ std::vector<int> Mesh::replica_group(int rank, int shard_size) const {
     return across_blocks(data_group(rank), data_index(coord(rank)), shard_size * cp());
 }
 
-std::string Mesh::describe(int rank) const {
+// s is the mixed-radix number of world_rank's coordinates on the stage's dimensions, in the
+// mesh's order: ranks of one stage differ only there, so s grows with the world rank.
+int Mesh::stage_index(int rank) const {
     const MeshCoord c = coord(rank);
-    return cat("tp ", c[mesh_dim::tp], ", dp ", c[mesh_dim::dp], ", pp ", c[mesh_dim::pp], cp() > 1 ? cat(", cp ", c[mesh_dim::cp]) : "");
+    int s = 0;
+    for (auto p = stage_positions_.rbegin(); p != stage_positions_.rend(); ++p) s = s * dims_[*p].size + c[dims_[*p].name];
+    return s;
 }
 
-std::string Mesh::describe_sizes() const { return cat("tp ", tp(), cp() > 1 ? cat(" x cp ", cp()) : "", " x dp ", dp(), " x pp ", pp()); }
+std::vector<int> Mesh::expert_group(int rank) const { return block_of(ranks_varying(stage_positions_, rank), stage_index(rank), ep_); }
+
+std::vector<int> Mesh::expert_data_group(int rank) const { return across_blocks(ranks_varying(stage_positions_, rank), stage_index(rank), ep_); }
+
+// The dense layout's dp / shard_size replica blocks, over the expert-data group.
+int Mesh::expert_shard_block(int shard_size) const {
+    check_shard_size(dp(), shard_size);
+    const int blocks = dp() / shard_size;
+    if (edp() % blocks != 0)
+        fail(ErrorKind::config, "shard size ", shard_size, " makes dp / shard_size = ", blocks, " replica blocks, which do not divide the ", edp(),
+             " ranks of an expert-data group (edp = tp * cp * dp / ep)");
+    return edp() / blocks;
+}
+
+std::vector<int> Mesh::expert_shard_group(int rank, int shard_size) const {
+    return block_of(expert_data_group(rank), edp_rank(rank), expert_shard_block(shard_size));
+}
+
+std::vector<int> Mesh::expert_replica_group(int rank, int shard_size) const {
+    return across_blocks(expert_data_group(rank), edp_rank(rank), expert_shard_block(shard_size));
+}
+
+std::string Mesh::describe(int rank) const {
+    const MeshCoord c = coord(rank);
+    return cat("tp ", c[mesh_dim::tp], ", dp ", c[mesh_dim::dp], ", pp ", c[mesh_dim::pp], cp() > 1 ? cat(", cp ", c[mesh_dim::cp]) : "",
+               ep_ > 1 ? cat(", ep ", ep_rank(rank), ", edp ", edp_rank(rank)) : "");
+}
+
+std::string Mesh::describe_sizes() const {
+    return cat("tp ", tp(), cp() > 1 ? cat(" x cp ", cp()) : "", " x dp ", dp(), " x pp ", pp(), ep_ > 1 ? cat(" (experts: ep ", ep_, " x edp ", edp(), ")") : "");
+}
 
 }  // namespace llmtrain

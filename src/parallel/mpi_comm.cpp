@@ -492,6 +492,10 @@ ParallelContext make_mpi_context(const ParallelConfig& parallel, std::shared_ptr
         ctx.shard = split("shard");
         ctx.replica = split("replica");
     }
+    if (ctx.mesh.ep() > 1) {
+        ctx.ep = split("ep");
+        ctx.edp = split("edp");
+    }
 
     MPI_Comm node = MPI_COMM_NULL;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);

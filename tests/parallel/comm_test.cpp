@@ -199,6 +199,30 @@ PARALLEL_TEST(MpiCollectives, MeshGroupsSplitTheWorldAsTheMeshSays, 3) {
     EXPECT_EQ(ctx.embedding, nullptr);  // pp = 1: no stage holds a second embedding
 }
 
+// parallel.ep = 2 on tp 2 x dp 2: the expert groups are ranks {0, 1} and {2, 3}, the
+// expert-data groups {0, 2} and {1, 3}; each communicator sums the world ranks of those
+// members. ep = 1 makes neither.
+PARALLEL_TEST(MpiCollectives, ExpertGroupsSplitTheWorldAsTheFoldingSays_OnlyWithEp, 4) {
+    ParallelConfig config;
+    config.tp = 2;
+    ParallelContext dense = make_mpi_context(config);
+    EXPECT_EQ(dense.ep, nullptr);
+    EXPECT_EQ(dense.edp, nullptr);
+    config.ep = 2;
+    ParallelContext ctx = make_mpi_context(config);
+    ASSERT_NE(ctx.ep, nullptr);
+    ASSERT_NE(ctx.edp, nullptr);
+    const int me = ctx.world_rank;
+    EXPECT_EQ(ctx.ep_rank(), me % 2);
+    EXPECT_EQ(ctx.edp_rank(), me / 2);
+    EXPECT_EQ(ctx.ep->rank(), me % 2);
+    EXPECT_EQ(ctx.edp->rank(), me / 2);
+    EXPECT_EQ(ctx.ep->describe(), me < 2 ? "ep group (world ranks 0, 1)" : "ep group (world ranks 2, 3)");
+    EXPECT_EQ(ctx.edp->describe(), me % 2 == 0 ? "edp group (world ranks 0, 2)" : "edp group (world ranks 1, 3)");
+    EXPECT_EQ(ctx.ep->all_reduce_scalar(me, ReduceOp::sum), me < 2 ? 0 + 1 : 2 + 3);
+    EXPECT_EQ(ctx.edp->all_reduce_scalar(me, ReduceOp::sum), me % 2 == 0 ? 0 + 2 : 1 + 3);
+}
+
 namespace {
 
 Tensor view(std::vector<uint16_t>& v, DType dtype, Device device = Device::cpu) {

@@ -955,6 +955,24 @@ TEST(Config, ShardSizeDefaultsToTheWholeDpGroupAndIsKeptInADump) {
     EXPECT_EQ(parse_config(dump_config(hybrid), "dumped.toml", {}).parallel.shard_size, 2);
 }
 
+// A dense model has no experts to split over ep ranks: refused at parsing, before anything
+// is allocated, saying why.
+TEST(Config, ExpertParallelOnADenseModel_IsRefusedNamingTheKeyAndWhy) {
+    EXPECT_EQ(parse(TomlText::llama()).parallel.ep, 1);
+    EXPECT_EQ(error_of(TomlText::llama(), {"parallel.ep=2"}),
+              "run.toml: --set parallel.ep=2: parallel.ep: = 2 splits the experts of a mixture-of-experts model; this model (model.family = \"llama\") has none "
+              "(allowed: 1)");
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.ep", "4")), "this model (model.family = \"gpt2\") has none"));
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.ep=0"}), "parallel.ep"));
+}
+
+// With dp given the stage's ranks are known at parsing: ep must divide tp * cp * dp.
+TEST(Config, ExpertParallelNotDividingTheStage_IsRefusedNamingTheKeyAndTheStage) {
+    const std::string message = error_of(TomlText::gpt2(), {"parallel.tp=2", "parallel.dp=2", "parallel.ep=3"});
+    EXPECT_TRUE(Contains(message, "parallel.ep: = 3 does not divide the ranks of a pipeline stage, tp * cp * dp = 2 * 1 * 2 = 4 (allowed: a divisor of 4)"))
+        << message;
+}
+
 TEST(Config, ShardSizeBelowStageTwoOrNegative_IsRefusedNamingTheKey) {
     for (const char* stage : {"parallel.zero_stage=0", "parallel.zero_stage=1"}) {
         const std::string message = error_of(TomlText::gpt2(), {stage, "parallel.shard_size=2"});
