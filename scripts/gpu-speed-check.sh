@@ -19,6 +19,9 @@
 #                  --before build's llmtrain the same way, then "native": before and after on
 #                  one GPU in one call
 #   sanitizer.log  (part sanitizer) compute-sanitizer memcheck over the attention op tests
+#   fp8-moe.log    (part fp8-moe) llmtrain bench gemm: the Llama projections in bf16 and in FP8
+#                  (TFLOP/s, speed-up, agreement); gpu_tests' FP8 and MoE ops against the CPU
+#                  (CudaFp8.*, CudaMoe.*), then under compute-sanitizer memcheck
 #
 # cuDNN, NCCL and cuBLASLt are looked for in the CUDA toolkit and in Python's NVIDIA wheels
 # (nvidia-cudnn-cu13 and friends); --libs names a folder of other shared libraries the
@@ -35,11 +38,11 @@ while [ $# -gt 0 ]; do
     --libs) libs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --part) parts="$parts $2"; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-speed-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-[ -n "$parts" ] || parts="attention tests bench sanitizer"
+[ -n "$parts" ] || parts="attention tests bench sanitizer fp8-moe"
 if [ ! -x "$bin/llmtrain" ] || [ ! -x "$bin/gpu_tests" ]; then
   echo "gpu-speed-check: --bin must name a folder holding llmtrain and gpu_tests" >&2
   exit 2
@@ -146,6 +149,17 @@ for part in $parts; do
         figures sanitizer.log "ERROR SUMMARY"
       else
         echo "compute-sanitizer not found: skipped" | tee -a "$summary"
+      fi
+      ;;
+    fp8-moe)
+      step "bench gemm (bf16 and FP8)" fp8-moe.log 240 "$bin/llmtrain" bench gemm --iters 10
+      figures fp8-moe.log "^llama|GEMM |against"
+      step "gpu tests: FP8 and MoE ops" fp8-moe.log 180 "$bin/gpu_tests" --gtest_filter='CudaFp8.*:CudaMoe.*'
+      figures fp8-moe.log "^\[  (PASSED|FAILED|SKIPPED) |tests ran"
+      if command -v compute-sanitizer >/dev/null; then
+        step "compute-sanitizer memcheck (FP8 and MoE ops)" fp8-moe.log 240 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
+          "$bin/gpu_tests" --gtest_filter='CudaFp8.*:CudaMoe.*'
+        figures fp8-moe.log "ERROR SUMMARY"
       fi
       ;;
     *) echo "gpu-speed-check: unknown part '$part'" | tee -a "$summary"; failed=1 ;;
