@@ -182,7 +182,7 @@ struct RmsNormBwd {
 
 // out[N, OC] = x[N, IC] w[OC, IC]^T + bias[OC] (the weight layout of torch.nn.Linear).
 struct MatmulFwd {
-    Tensor out;   // [N, OC], overwritten
+    Tensor out;   // [N, OC], overwritten; x's dtype, or f32 (16-bit x on CUDA, no bias: the fp32 accumulator as it is)
     Tensor x;     // [N, IC]
     Tensor w;     // [OC, IC]
     Tensor bias;  // [OC], optional

@@ -53,6 +53,8 @@ constexpr const char* kGradReduceDtypeNames[] = {"f32", "bf16"};
 constexpr const char* kMetricsServeNames[] = {"auto", "on", "off"};
 constexpr const char* kAttentionMaskNames[] = {"causal", "document"};
 constexpr const char* kCorruptBlockNames[] = {"abort", "skip"};
+constexpr const char* kMoeRouterNames[] = {"softmax", "sigmoid"};
+constexpr const char* kMoeBalancingNames[] = {"aux_loss", "seq_aux_loss", "none"};
 constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
 using Names = std::span<const char* const>;
@@ -72,6 +74,8 @@ Names names_of(GradReduceDtype) { return kGradReduceDtypeNames; }
 Names names_of(MetricsServe) { return kMetricsServeNames; }
 Names names_of(AttentionMask) { return kAttentionMaskNames; }
 Names names_of(CorruptBlockPolicy) { return kCorruptBlockNames; }
+Names names_of(MoeRouter) { return kMoeRouterNames; }
+Names names_of(MoeBalancing) { return kMoeBalancingNames; }
 
 // ---- Values and the rules they must satisfy ----
 
@@ -234,6 +238,8 @@ void default_d_ff(Config& c) {
     c.model.d_ff = (two_thirds_of_4d + 63) / 64 * 64;
 }
 
+void default_d_ff_expert(Config& c) { c.model.moe.d_ff_expert = c.model.d_ff; }
+
 void default_tied_embeddings(Config& c) { c.model.tied_embeddings = c.model.family == ModelFamily::gpt2; }
 
 // CONFIG_KEY(model, n_heads): accessors of config.model.n_heads under the key "model.n_heads",
@@ -270,6 +276,27 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(model, init_std).number(excl(0), incl(1)).describe("standard deviation of the initial weights"),
         CONFIG_KEY(model, attention).choice(kAttentionNames)
             .describe("CUDA attention kernels: auto (cuDNN's fused attention where libcudnn loads and takes the shape, else native), cudnn, native"),
+        CONFIG_SUBKEY(model, moe, n_experts).integer(0, 4096).family_only(ModelFamily::llama)
+            .describe("experts of each mixture-of-experts layer; 0: a dense model"),
+        CONFIG_SUBKEY(model, moe, top_k).integer(1, 64).family_only(ModelFamily::llama).describe("experts each token is routed to"),
+        CONFIG_SUBKEY(model, moe, d_ff_expert).integer(1, 1048576).derived(default_d_ff_expert).family_only(ModelFamily::llama)
+            .describe("each expert's SwiGLU hidden width; default model.d_ff"),
+        CONFIG_SUBKEY(model, moe, first_dense_layers).integer(0, 1024).family_only(ModelFamily::llama)
+            .describe("the first layers keep the dense MLP (DeepSeek-V3's first_k_dense_replace)"),
+        CONFIG_SUBKEY(model, moe, every).integer(1, 1024).family_only(ModelFamily::llama)
+            .describe("after the dense ones, every this-many-th layer is a mixture-of-experts layer, starting with the first"),
+        CONFIG_SUBKEY(model, moe, router).choice(kMoeRouterNames).family_only(ModelFamily::llama)
+            .describe("softmax over all experts (Mixtral, Qwen2-MoE) or a sigmoid per expert (DeepSeek-V3); in fp32"),
+        CONFIG_SUBKEY(model, moe, normalize_top_k).boolean().family_only(ModelFamily::llama)
+            .describe("gates are the chosen scores divided by their sum (Mixtral, Qwen3, DeepSeek-V3); false: the scores as they are (Qwen2-MoE)"),
+        CONFIG_SUBKEY(model, moe, load_balancing).choice(kMoeBalancingNames).family_only(ModelFamily::llama)
+            .describe("aux_loss: Switch/GShard's loss over each micro-batch's tokens; seq_aux_loss: the same per sequence (DeepSeek-V3); none"),
+        CONFIG_SUBKEY(model, moe, aux_loss_coeff).number(incl(0), incl(1e3)).family_only(ModelFamily::llama)
+            .describe("weight of the load-balancing loss in the training loss"),
+        CONFIG_SUBKEY(model, moe, z_loss_coeff).number(incl(0), incl(1e3)).family_only(ModelFamily::llama)
+            .describe("weight of the router z-loss, mean (logsumexp of the logits)^2 (ST-MoE); 0: off"),
+        CONFIG_SUBKEY(model, moe, capacity_factor).number(incl(0), incl(1e3)).family_only(ModelFamily::llama)
+            .describe("0: dropless; else each expert takes at most ceil(factor * tokens * top_k / n_experts) assignments, the rest dropped and counted"),
 
         CONFIG_KEY(data, format).choice(kFormatNames)
             .describe("text: bytes, vocabulary 256 + end-of-document; tokens: a flat file of token ids"),
@@ -958,8 +985,28 @@ constexpr Check kChecks[] = {
     [](const Config& c) -> std::optional<Problem> {
         // Experts are split over ep ranks; a model without them has nothing to split.
         if (c.parallel.ep == 1) return std::nullopt;
-        return Problem{"parallel.ep", cat("= ", c.parallel.ep, " splits the experts of a mixture-of-experts model; this model (model.family = \"",
-                                          family_name(c.model.family), "\") has none (allowed: 1)")};
+        if (!c.model.moe.enabled())
+            return Problem{"parallel.ep", cat("= ", c.parallel.ep, " splits the experts of a mixture-of-experts model; this model (model.family = \"",
+                                              family_name(c.model.family), "\"", c.model.family == ModelFamily::llama ? ", model.moe.n_experts = 0" : "",
+                                              ") has none (allowed: 1)")};
+        if (c.model.moe.n_experts % c.parallel.ep != 0)
+            return Problem{"parallel.ep", cat("= ", c.parallel.ep, " does not divide model.moe.n_experts = ", c.model.moe.n_experts,
+                                              " (allowed: a divisor of it; each ep rank holds n_experts / ep experts)")};
+        // The experts' own parameter group (reduced and sharded over the expert-data ranks)
+        // is what splitting them needs; this build keeps every expert on every rank.
+        return Problem{"parallel.ep", cat("= ", c.parallel.ep, ": this build trains mixture-of-experts models with every expert on every rank ",
+                                          "(allowed: 1; tp, cp, dp and pp apply as to a dense model)")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        const MoeConfig& moe = c.model.moe;
+        if (!moe.enabled() || moe.top_k <= moe.n_experts) return std::nullopt;
+        return Problem{"model.moe.top_k", cat("= ", moe.top_k, " is more than model.moe.n_experts = ", moe.n_experts, " (allowed: 1 to ", moe.n_experts, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        const MoeConfig& moe = c.model.moe;
+        if (!moe.enabled() || moe.first_dense_layers < c.model.n_layers) return std::nullopt;
+        return Problem{"model.moe.first_dense_layers", cat("= ", moe.first_dense_layers, " leaves no mixture-of-experts layer of model.n_layers = ",
+                                                           c.model.n_layers, " (allowed: 0 to ", c.model.n_layers - 1, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.pp <= c.model.n_layers) return std::nullopt;
@@ -1056,6 +1103,8 @@ std::string toml_literal(const Value& value) {
 }  // namespace
 
 const char* family_name(ModelFamily family) { return kFamilyNames[static_cast<size_t>(family)]; }
+const char* moe_router_name(MoeRouter router) { return kMoeRouterNames[static_cast<size_t>(router)]; }
+const char* moe_balancing_name(MoeBalancing balancing) { return kMoeBalancingNames[static_cast<size_t>(balancing)]; }
 const char* comm_backend_name(CommBackend comm) { return kCommNames[static_cast<size_t>(comm)]; }
 
 CommBackend comm_backend(const Config& config) {

@@ -21,6 +21,33 @@ const char* family_name(ModelFamily family);
 enum class AttentionImpl { automatic, cudnn, native };
 const char* attention_impl_name(AttentionImpl impl);
 
+// Mixture of Experts ([model.moe], llama family: Mixtral / Qwen2-MoE-shaped layers). The
+// router scores each token's experts (softmax over all E, as Mixtral and Qwen2-MoE; or sigmoid
+// per expert, as DeepSeek-V3), takes the top_k, and gates their outputs by the chosen scores,
+// renormalized over the k when normalize_top_k (Mixtral, Qwen3, DeepSeek-V3; Qwen2-MoE's
+// norm_topk_prob = false keeps them). Router math in fp32 on every backend.
+enum class MoeRouter { softmax, sigmoid };
+const char* moe_router_name(MoeRouter router);
+// aux_loss: Switch/GShard's loss over each micro-batch; seq_aux_loss: DeepSeek-V3's per
+// sequence; none: nothing but the statistics.
+enum class MoeBalancing { aux_loss, seq_aux_loss, none };
+const char* moe_balancing_name(MoeBalancing balancing);
+struct MoeConfig {
+    int64_t n_experts = 0;          // 0: a dense model
+    int64_t top_k = 2;
+    int64_t d_ff_expert = 0;        // each expert's SwiGLU width; default model.d_ff
+    int64_t first_dense_layers = 0; // layers [0, first_dense_layers) keep the dense MLP
+    int64_t every = 1;              // from there on, every `every`-th layer is a MoE layer
+    MoeRouter router = MoeRouter::softmax;
+    bool normalize_top_k = true;
+    MoeBalancing load_balancing = MoeBalancing::aux_loss;
+    double aux_loss_coeff = 0.01;
+    double z_loss_coeff = 0;        // ST-MoE's router z-loss; 0: off
+    double capacity_factor = 0;     // 0: dropless; else each expert takes ceil(factor * tokens * top_k / n_experts) assignments
+    bool enabled() const { return n_experts > 0; }
+    bool is_moe_layer(int64_t layer) const { return enabled() && layer >= first_dense_layers && (layer - first_dense_layers) % every == 0; }
+};
+
 struct ModelConfig {
     ModelFamily family = ModelFamily::gpt2;
     int64_t n_layers = 0;
@@ -37,6 +64,7 @@ struct ModelConfig {
     bool tied_embeddings = true;   // default: true for gpt2, false for llama
     double init_std = 0.02;
     AttentionImpl attention = AttentionImpl::automatic;  // CUDA: cuDNN's fused attention or the native kernels
+    MoeConfig moe;
     int64_t head_dim() const { return d_model / n_heads; }
     // Rows of the embedding and the LM head (Megatron's make-vocab-size-divisible-by): a
     // multiple of tp * pad_vocab_to, so that tensor parallelism splits them evenly. The rows

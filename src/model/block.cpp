@@ -49,8 +49,10 @@ ParamSpan ParamAdder::add(const std::string& name, Shape shape, ParamInit init, 
     return {index, index, true};
 }
 
-ParamSpan ParamAdder::add_norm(const std::string& name, int64_t width, ParamInit init) {
-    const ParamSpan p = add(name, {width}, init, false);
+ParamSpan ParamAdder::add_norm(const std::string& name, int64_t width, ParamInit init) { return add_per_token(name, {width}, init, false); }
+
+ParamSpan ParamAdder::add_per_token(const std::string& name, Shape shape, ParamInit init, bool decay) {
+    const ParamSpan p = add(name, std::move(shape), init, decay);
     if (sp_) params_.mark_grad_partial_over_tp(p.first);
     return p;
 }

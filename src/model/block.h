@@ -73,6 +73,9 @@ public:
     // A norm's weight or bias [width]: replicated, no decay; its gradient a partial sum over
     // the tp ranks under sequence parallelism (each rank normalizes its own tokens).
     ParamSpan add_norm(const std::string& name, int64_t width, ParamInit init);
+    // A replicated parameter that acts on each rank's own tokens (a norm, a MoE layer's router
+    // and experts): under sequence parallelism its gradient is a partial sum over the tp ranks.
+    ParamSpan add_per_token(const std::string& name, Shape shape, ParamInit init, bool decay);
     // Blocks of block_rows[i] rows each (of `cols` columns; vectors when cols is 0), split by
     // rows across tp block by block and used as one tensor: one parameter per name, or all
     // blocks in one parameter when there is one name. Weights decay; biases (cols 0) do not.
@@ -116,6 +119,18 @@ public:
     virtual Tensor column_parallel_bwd(MatmulBwd args, const Tensor& local_x) = 0;
     // The whole rows of a row-parallel output's gradient from this rank's rows.
     virtual Tensor gather_output_grad(const Tensor& d_local) = 0;
+    virtual Tensor planned(Arena::Slot slot) const = 0;  // a slot as planned (all its rows)
+    // Where a part that computes on this rank's rows alone writes its n rows of output (the
+    // layer adds it to the residual stream before the next part runs).
+    virtual Tensor part_output(int64_t n) const = 0;
+    // This rank's tokens of each sequence of the micro-batch (seq_len / cp).
+    virtual int64_t sequence_tokens() const = 0;
+    // The loss scale the backward running now was given: d(loss) of a loss term added to the
+    // mean cross-entropy (a MoE layer's balancing losses).
+    virtual double backward_loss_scale() const = 0;
+    // Adds a loss term (a [1] tensor) to the model's balancing losses, once per forward of a
+    // micro-batch: a recomputation's forward adds nothing.
+    virtual void add_balance_loss(const Tensor& loss) = 0;
 
 protected:
     ~LayerOps() = default;
@@ -198,11 +213,28 @@ private:
     ParamSpan qkv_w_, qkv_b_, out_w_, out_b_;
 };
 
+// A mixture-of-experts layer's (moe_mlp.h): the router's logits, scores [n, E] and choices
+// [n, k] (experts, gates, their rows in the permuted buffer), the plan (sources [R], counts
+// and dropped [E]), the permuted input [R, C], the experts' up projections [R, 2F] and
+// activations [R, F] and outputs [R, C].
+// The load statistics per group of tokens (load_counts, score_sums [G, E]) and the balancing
+// losses [2] (aux, z) are the layer's too.
+struct MoeSlots {
+    Arena::Slot logits, scores, experts, gates, rows, sources, counts, dropped;
+    Arena::Slot x_perm, up, act, y_perm;
+    Arena::Slot load_counts, score_sums, losses;
+};
+struct MoeScratch {
+    Arena::Slot d_y_perm, d_act, d_up, d_x_perm, d_gates, d_logits, d_logits_compute, d_x_router;
+};
+
 struct MlpSlots {
     Arena::Slot up, act;  // the up projection's output (pre-activation) and the activation
+    MoeSlots moe;         // a mixture-of-experts layer's instead
 };
 struct MlpScratch {
     Arena::Slot d_act, d_up;  // gradients, shared by every layer
+    MoeScratch moe;
 };
 
 // A layer's MLP: this rank's rows of x to this rank's rows of the output (summed over tp).
@@ -229,7 +261,8 @@ public:
 };
 
 // A dense MLP of the spec's kind. Each layer holds its own MlpPart, made where the layer is
-// registered (TransformerLayout::register_layer): a layer of experts would be chosen there.
+// registered (TransformerLayout::register_layer): a layer of experts is chosen there
+// (moe_mlp.h).
 std::unique_ptr<MlpPart> make_mlp(const BlockSpec& spec, MlpPart::Widths shape);
 
 }  // namespace llmtrain

@@ -6,6 +6,8 @@
 #include <limits>
 #include <optional>
 
+#include "model/moe_mlp.h"
+
 namespace llmtrain {
 
 namespace {
@@ -139,17 +141,47 @@ void TransformerLayout::register_params() {
     else head_w_ = add_vocab_rows(names.embedding + ".weight");  // the last stage's copy
 }
 
-TransformerLayout::LayerParts TransformerLayout::make_layer() const {
+TransformerLayout::LayerParts TransformerLayout::make_layer(int64_t layer) const {
     const Attention::Heads heads{.d_model = config_.d_model, .n_heads = config_.n_heads, .n_kv_heads = config_.n_kv_heads,
                                  .head_dim = config_.head_dim(), .local_heads = n_heads_, .local_kv_heads = n_kv_heads_};
+    const MoeConfig& moe = config_.moe;
+    std::unique_ptr<MlpPart> mlp = moe.is_moe_layer(layer) ? make_moe_mlp(moe, {.d_model = config_.d_model, .n_experts = moe.n_experts, .top_k = moe.top_k,
+                                                                               .d_ff = moe.d_ff_expert, .seq_len = max_seq_len_})
+                                                           : make_mlp(spec_, {.d_model = config_.d_model, .d_ff = config_.d_ff, .tp_size = tp_size()});
     return {.norm1 = Norm(spec_.norm, config_.norm_eps), .attention = Attention(spec_, heads), .norm2 = Norm(spec_.norm, config_.norm_eps),
-            .mlp = make_mlp(spec_, {.d_model = config_.d_model, .d_ff = config_.d_ff, .tp_size = tp_size()}), .begin = 0, .end = 0};
+            .mlp = std::move(mlp), .begin = 0, .end = 0, .experts = moe.is_moe_layer(layer)};
 }
+
+std::vector<TransformerLayout::LayerParts> TransformerLayout::layer_kinds() const {
+    std::vector<LayerParts> kinds;
+    const std::vector<int64_t> held = global_layers();
+    for (const bool experts : {false, true}) {
+        const auto it = std::find_if(held.begin(), held.end(), [&](int64_t l) { return config_.moe.is_moe_layer(l) == experts; });
+        if (it != held.end()) kinds.push_back(make_layer(*it));
+    }
+    if (kinds.empty()) kinds.push_back(make_layer(0));
+    return kinds;
+}
+
+namespace {
+// One set of shared slots serving several MLP kinds: a dense part plans up and act, a MoE
+// part its own (moe), each leaving the other's untouched.
+MlpSlots serving_both(MlpSlots shared, const MlpSlots& kind, bool experts) {
+    if (experts) shared.moe = kind.moe;
+    else shared.up = kind.up, shared.act = kind.act;
+    return shared;
+}
+MlpScratch serving_both(MlpScratch shared, const MlpScratch& kind, bool experts) {
+    if (experts) shared.moe = kind.moe;
+    else shared.d_act = kind.d_act, shared.d_up = kind.d_up;
+    return shared;
+}
+}  // namespace
 
 TransformerLayout::LayerParts TransformerLayout::register_layer(int64_t layer) {
     const ParamNames& names = spec_.names;
     ParamAdder adder = param_adder();
-    LayerParts p = make_layer();
+    LayerParts p = make_layer(layer);
     p.begin = params_.count();
     p.norm1.register_params(adder, names.in_layer(layer, names.norm1), config_.d_model);
     p.attention.register_params(adder, names, layer);
@@ -223,14 +255,20 @@ TransformerLayout::ActivationSet TransformerLayout::reserve_set(int64_t set, int
 void TransformerLayout::plan_activations() {
     const int64_t N = max_batch_ * max_seq_len_, C = config_.d_model;
     const SlotPlanner plan = slot_planner();
-    const LayerParts model = make_layer();
+    const std::vector<LayerParts> kinds = layer_kinds();
+    const LayerParts& model = kinds.front();
     rope_table_ = arena_.reserve("rope_table", stat_dtype_, {config_.max_seq_len, config_.head_dim()});
     loss_sum_ = arena_.reserve("loss_sum", DType::f64, {1});
-    if (part_.recompute == Recompute::full) shared_layer_ = reserve_layer("recompute", true, model);
+    balance_loss_sum_ = arena_.reserve("balance_loss_sum", DType::f64, {config_.moe.enabled() ? 1 : 0});
+    if (part_.recompute == Recompute::full) {
+        shared_layer_ = reserve_layer("recompute", true, model);
+        for (size_t k = 1; k < kinds.size(); ++k)
+            shared_layer_.mlp = serving_both(shared_layer_.mlp, kinds[k].mlp->reserve(plan, "recompute", nullptr), kinds[k].experts);
+    }
     if (part_.recompute == Recompute::selective) {
         shared_layer_.norm1 = model.norm1.reserve(plan, "recompute.norm1", C);
         shared_layer_.norm2 = model.norm2.reserve(plan, "recompute.norm2", C);
-        shared_layer_.mlp = model.mlp->reserve_recomputed(plan, "recompute");
+        for (const LayerParts& kind : kinds) shared_layer_.mlp = serving_both(shared_layer_.mlp, kind.mlp->reserve_recomputed(plan, "recompute"), kind.experts);
     }
     for (int64_t c = 0; c < part_.chunks; ++c) {
         chunk_first_set_.push_back(static_cast<int64_t>(sets_.size()));
@@ -245,12 +283,16 @@ void TransformerLayout::plan_activations() {
     d_norm_local_ = arena_.reserve("grad.norm_local", dtype_, {sp_ ? local : 0, C});
     d_gathered_ = arena_.reserve("grad.gathered", dtype_, {gathered, C});
     attention_grad_ = model.attention.reserve_scratch(plan);
-    mlp_grad_ = model.mlp->reserve_scratch(plan);
+    for (const LayerParts& kind : kinds) mlp_grad_ = serving_both(mlp_grad_, kind.mlp->reserve_scratch(plan), kind.experts);
     if (context_parallel()) plan_ring();
 }
 
 Tensor Transformer::rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, batch_ * seq_len_); }
 Tensor Transformer::local_rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, local_tokens(batch_, seq_len_)); }
+void Transformer::add_balance_loss(const Tensor& loss) {
+    if (!recomputing_) backend_.accumulate_sum(balance_loss_sum(), loss, 1.0);
+}
+Tensor Transformer::part_output(int64_t n) const { return arena_.tensor(sp_ ? proj_local_ : proj_out_).slice_rows(0, n); }
 int64_t TransformerLayout::local_tokens(int64_t batch, int64_t seq_len) const { return sp_ ? batch * seq_len / tp_size() : batch * seq_len; }
 
 Tensor Transformer::att_saved(Arena::Slot slot) const {
@@ -539,6 +581,7 @@ void Transformer::decode(int32_t token, KvCache& cache) {
 
 void Transformer::backward(int64_t set, double loss_scale) {
     const ActivationSet& a = use_set(set);
+    backward_loss_scale_ = loss_scale;
     const std::vector<size_t> pass = hooked_pass(false, set);
     size_t position = 0;
     if (a.heads) {
@@ -613,7 +656,12 @@ void Transformer::attend_bwd(const ActivationSet& a, const AttentionSlots& s) {
 // layer forward (its output, the next layer's kept input, is rewritten with equal values).
 void Transformer::recompute_layer(const ActivationSet& a, int64_t l) {
     if (part_.recompute == Recompute::none) return;
-    if (part_.recompute == Recompute::full) return layer_fwd(a, l);
+    if (part_.recompute == Recompute::full) {
+        recomputing_ = true;
+        layer_fwd(a, l);
+        recomputing_ = false;
+        return;
+    }
     const LayerParts& p = layers_[param_layer(a, l)];
     const LayerSlots& s = a.layers[static_cast<size_t>(l)];
     p.norm1.forward(*this, s.norm1, local_rows(a.residual[static_cast<size_t>(l)]));

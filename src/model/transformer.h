@@ -164,6 +164,7 @@ protected:
         Norm norm2;
         std::unique_ptr<MlpPart> mlp;
         size_t begin = 0, end = 0;
+        bool experts = false;  // the MLP is a mixture of experts (model.moe)
     };
     struct LayerSlots {
         NormSlots norm1;
@@ -194,7 +195,10 @@ protected:
 
     // The embedding (with learned positions), each layer's parts, the final norm and the head.
     void register_params();
-    LayerParts make_layer() const;  // the parts of a layer, their parameters not yet registered
+    LayerParts make_layer(int64_t layer) const;  // the parts of a layer, their parameters not yet registered
+    // One layer's parts of each MLP kind this part holds (dense, experts): the shared slots of
+    // recomputation and backward serve every kind.
+    std::vector<LayerParts> layer_kinds() const;
     LayerParts register_layer(int64_t layer);
     ParamAdder param_adder() { return {params_, sp_}; }
     // The token embedding or the head: padded vocabulary rows, split by rows across tp.
@@ -230,7 +234,7 @@ protected:
 
     Arena arena_;
     Arena::Slot rope_table_;
-    Arena::Slot loss_sum_;
+    Arena::Slot loss_sum_, balance_loss_sum_;
     LayerSlots shared_layer_;  // recomputation's scratch (unused with Recompute::none)
     AttentionScratch attention_grad_;  // the layers' backward scratch
     MlpScratch mlp_grad_;
@@ -283,7 +287,14 @@ public:
     // The sum of the mean losses of the forwards since reset_loss_sum(): f64 [1] in the
     // backend's memory (the training step's, read once when the step closes).
     Tensor loss_sum() const { return arena_.tensor(loss_sum_); }
-    void reset_loss_sum() { backend_.fill_zero(loss_sum()); }
+    // The sum of the balancing losses (a MoE layer's aux and z losses, with their
+    // coefficients) of the forwards since reset_loss_sum(): f64 [1], in the backend's memory.
+    // They are part of what backward differentiates, not of the mean loss. Empty for a dense model.
+    Tensor balance_loss_sum() const { return arena_.tensor(balance_loss_sum_); }
+    void reset_loss_sum() {
+        backend_.fill_zero(loss_sum());
+        if (config_.moe.enabled()) backend_.fill_zero(balance_loss_sum());
+    }
     // Accumulates d(loss_scale * mean loss)/d(parameters) of set's last forward into the
     // parameter gradients. A stage without the head first reads grad_output(); a stage
     // without the embedding leaves d(loss)/d(input) in grad_input(). Overwrites the logits.
@@ -347,6 +358,11 @@ private:
     Tensor row_parallel_bias(ParamSpan p) const override { return tp_rank() == 0 ? value(p) : Tensor(); }
     Tensor rows(Arena::Slot slot) const override;        // the first batch * seq_len rows of a slot
     Tensor local_rows(Arena::Slot slot) const override;  // the first local_tokens() rows of a slot
+    Tensor planned(Arena::Slot slot) const override { return arena_.tensor(slot); }
+    Tensor part_output(int64_t n) const override;  // proj_local_ (sequence parallel) or proj_out_
+    int64_t sequence_tokens() const override { return seq_len_; }
+    double backward_loss_scale() const override { return backward_loss_scale_; }
+    void add_balance_loss(const Tensor& loss) override;
     // Starts gathering this rank's rows `local` into `whole` (rank r's at rows r * local.dim(0)).
     CommHandle start_gather(const Tensor& local, const Tensor& whole);
     // Whole rows for a column-parallel matmul from this rank's rows (sequence parallel:
@@ -447,6 +463,8 @@ private:
     Comm* cp_;                      // null without context parallelism
     int64_t chunk_positions_len_ = 0;  // the sequence length ring_.chunk_positions was filled for
     int64_t batch_ = 0, seq_len_ = 0;
+    double backward_loss_scale_ = 1;  // the backward running now's
+    bool recomputing_ = false;        // full recomputation's forward of a layer
     std::function<void(size_t, size_t)> grads_ready_, grads_begin_;
     GroupWeightsSource group_weights_;
 };

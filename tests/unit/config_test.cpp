@@ -300,7 +300,7 @@ TEST(Config, UnknownKey_IsReportedBeforeTheMissingKeyItMisspells) {
 
 TEST(Config, UnknownSection_IsRejectedWithSuggestion) {
     const std::string message = error_of(TomlText::gpt2().set("trainer.steps", "3"));
-    EXPECT_TRUE(Contains(message, "run.toml: trainer: unknown section (known sections: model, data, train, optimizer, parallel, "
+    EXPECT_TRUE(Contains(message, "run.toml: trainer: unknown section (known sections: model, model.moe, data, train, optimizer, parallel, "
                                   "checkpoint, checkpoint.local, monitor, metrics); did you mean [train]?"));
 }
 
@@ -811,6 +811,10 @@ TEST(Config, DumpThenParse_EveryKeyChanged_YieldsEqualConfig) {
                               .set("model.n_kv_heads", "2").set("model.d_ff", "300").set("model.vocab_size", "70000").set("model.pad_vocab_to", "128")
                               .set("model.max_seq_len", "64").set("model.norm_eps", "1e-6").set("model.rope_theta", "500000.0")
                               .set("model.qkv_bias", "true").set("model.tied_embeddings", "true").set("model.init_std", "0.1")
+                              .set("model.moe.n_experts", "6").set("model.moe.top_k", "3").set("model.moe.d_ff_expert", "40")
+                              .set("model.moe.first_dense_layers", "1").set("model.moe.every", "2").set("model.moe.router", "\"sigmoid\"")
+                              .set("model.moe.normalize_top_k", "false").set("model.moe.load_balancing", "\"seq_aux_loss\"")
+                              .set("model.moe.aux_loss_coeff", "0.001").set("model.moe.z_loss_coeff", "0.002").set("model.moe.capacity_factor", "1.25")
                               .set("data.format", "\"tokens\"").set("data.val_path", literal(val_file()))
                               .set("data.val_fraction", "0.0").set("data.token_dtype", "\"i32\"")
                               .set("data.document_separator", "\"\\n%\\n 'quoted' \\\"double\\\" \\\\ \\t é\"")
@@ -960,8 +964,8 @@ TEST(Config, ShardSizeDefaultsToTheWholeDpGroupAndIsKeptInADump) {
 TEST(Config, ExpertParallelOnADenseModel_IsRefusedNamingTheKeyAndWhy) {
     EXPECT_EQ(parse(TomlText::llama()).parallel.ep, 1);
     EXPECT_EQ(error_of(TomlText::llama(), {"parallel.ep=2"}),
-              "run.toml: --set parallel.ep=2: parallel.ep: = 2 splits the experts of a mixture-of-experts model; this model (model.family = \"llama\") has none "
-              "(allowed: 1)");
+              "run.toml: --set parallel.ep=2: parallel.ep: = 2 splits the experts of a mixture-of-experts model; this model (model.family = \"llama\", "
+              "model.moe.n_experts = 0) has none (allowed: 1)");
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2().set("parallel.ep", "4")), "this model (model.family = \"gpt2\") has none"));
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.ep=0"}), "parallel.ep"));
 }

@@ -242,7 +242,8 @@ GemmCall linear_fwd_gemm(const Tensor& out, const Tensor& x, const Tensor& w) {
     c.a = w.raw(), c.lda = IC;
     c.b = x.raw(), c.ldb = IC;
     c.d = out.raw(), c.ldd = OC;
-    c.a_dtype = c.b_dtype = c.d_dtype = x.dtype();
+    c.a_dtype = c.b_dtype = x.dtype();
+    c.d_dtype = out.dtype();
     return c;
 }
 
@@ -300,7 +301,9 @@ void CudaBackend::matmul_fwd(const MatmulFwd& a) {
     const int64_t N = x.dim(0), IC = x.dim(1), OC = w.dim(0);
     expect(op, "x", x, {N, IC}, x.dtype());
     expect(op, "w", w, {OC, IC}, x.dtype());
-    expect(op, "out", out, {N, OC}, x.dtype());
+    // An f32 output (the fp32 accumulator written as it is: a MoE router's logits) takes no bias.
+    const bool f32_out = out.dtype() == DType::f32 && bias.empty();
+    expect(op, "out", out, {N, OC}, f32_out ? DType::f32 : x.dtype());
     if (!bias.empty()) expect(op, "bias", bias, {OC}, x.dtype());
     GemmCall c = linear_fwd_gemm(out, x, w);
     c.bias = ptr_or_null(bias);

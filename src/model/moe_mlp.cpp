@@ -1,0 +1,306 @@
+// The mixture-of-experts MLP (moe_mlp.h): routing, the experts' GEMMs and the balancing losses.
+#include "model/moe_mlp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+
+namespace llmtrain {
+
+int64_t moe_capacity(const MoeConfig& config, int64_t tokens) {
+    if (config.capacity_factor <= 0) return 0;
+    const double assignments = config.capacity_factor * static_cast<double>(tokens * config.top_k) / static_cast<double>(config.n_experts);
+    return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(assignments - 1e-9)));
+}
+
+int64_t moe_permuted_rows(const MoeConfig& config, int64_t tokens) {
+    const int64_t capacity = moe_capacity(config, tokens);
+    return capacity > 0 ? config.n_experts * capacity : tokens * config.top_k;
+}
+
+namespace {
+
+MoeScore score_of(MoeRouter router) { return router == MoeRouter::sigmoid ? MoeScore::sigmoid : MoeScore::softmax; }
+
+class MoeMlp final : public MlpPart {
+public:
+    MoeMlp(const MoeConfig& config, MoeShape shape) : config_(config), shape_(shape) {}
+
+    void register_params(ParamAdder& params, const ParamNames& names, int64_t layer) override {
+        const int64_t C = shape_.d_model, F = shape_.d_ff;
+        const std::string mlp = names.in_layer(layer, "mlp.");
+        router_ = params.add_per_token(mlp + "gate.weight", {shape_.n_experts, C}, ParamInit::normal, true);
+        for (int64_t e = 0; e < shape_.n_experts; ++e) {
+            const std::string expert = cat(mlp, "experts.", e, '.');
+            const ParamSpan gate = params.add_per_token(expert + "gate_proj.weight", {F, C}, ParamInit::normal, true);
+            const ParamSpan up = params.add_per_token(expert + "up_proj.weight", {F, C}, ParamInit::normal, true);
+            up_.push_back({gate.first, up.last, true});
+            down_.push_back(params.add_per_token(expert + "down_proj.weight", {C, F}, ParamInit::normal_residual, true));
+        }
+    }
+
+    MlpSlots reserve(const SlotPlanner& plan, const std::string& prefix, const MlpSlots* shared) const override {
+        const int64_t n = plan.local_rows, R = rows_for(n), E = shape_.n_experts, k = shape_.top_k, C = shape_.d_model, F = shape_.d_ff;
+        const DType router = plan.stat_dtype;
+        const std::string p = prefix + ".moe.";
+        MlpSlots s;
+        MoeSlots& m = s.moe;
+        m.logits = plan.arena.reserve(p + "logits", router, {n, E});
+        m.scores = plan.arena.reserve(p + "scores", router, {n, E});
+        m.gates = plan.arena.reserve(p + "gates", router, {n, k});
+        m.experts = plan.arena.reserve(p + "experts", DType::i32, {n, k});
+        m.rows = plan.arena.reserve(p + "rows", DType::i32, {n, k});
+        m.sources = plan.arena.reserve(p + "sources", DType::i32, {R});
+        m.counts = plan.arena.reserve(p + "counts", DType::i32, {E});
+        m.dropped = plan.arena.reserve(p + "dropped", DType::i32, {E});
+        m.x_perm = plan.arena.reserve(p + "x_perm", plan.dtype, {R, C});
+        m.up = plan.arena.reserve(p + "up", plan.dtype, {R, 2 * F});
+        m.act = shared ? shared->moe.act : plan.arena.reserve(p + "act", plan.dtype, {R, F});
+        m.y_perm = plan.arena.reserve(p + "y_perm", plan.dtype, {R, C});
+        const int64_t groups = config_.load_balancing == MoeBalancing::seq_aux_loss ? std::max<int64_t>(1, n / shape_.seq_len) : 1;
+        m.load_counts = plan.arena.reserve(p + "load_counts", DType::i32, {groups, E});
+        m.score_sums = plan.arena.reserve(p + "score_sums", router, {groups, E});
+        m.losses = plan.arena.reserve(p + "losses", router, {2});
+        return s;
+    }
+    MlpSlots reserve_recomputed(const SlotPlanner& plan, const std::string& prefix) const override {
+        MlpSlots s;
+        s.moe.act = plan.arena.reserve(prefix + ".moe.act", plan.dtype, {rows_for(plan.local_rows), shape_.d_ff});
+        return s;
+    }
+    MlpScratch reserve_scratch(const SlotPlanner& plan) const override {
+        const int64_t n = plan.local_rows, R = rows_for(n), E = shape_.n_experts, k = shape_.top_k, C = shape_.d_model, F = shape_.d_ff;
+        const DType router = plan.stat_dtype;
+        MlpScratch g;
+        MoeScratch& m = g.moe;
+        m.d_y_perm = plan.arena.reserve("grad.moe.y_perm", plan.dtype, {R, C});
+        m.d_act = plan.arena.reserve("grad.moe.act", plan.dtype, {R, F});
+        m.d_up = plan.arena.reserve("grad.moe.up", plan.dtype, {R, 2 * F});
+        m.d_x_perm = plan.arena.reserve("grad.moe.x_perm", plan.dtype, {R, C});
+        m.d_gates = plan.arena.reserve("grad.moe.gates", router, {n, k});
+        m.d_logits = plan.arena.reserve("grad.moe.logits", router, {n, E});
+        m.d_logits_compute = plan.arena.reserve("grad.moe.logits_compute", plan.dtype, {router == plan.dtype ? 0 : n, E});
+        m.d_x_router = plan.arena.reserve("grad.moe.x_router", plan.dtype, {n, C});
+        return g;
+    }
+
+    // The layer's output: this rank's rows, in the scratch (the caller adds it to the residual).
+    Tensor forward(LayerOps& ops, const MlpSlots& s, const Tensor& x_local) const override {
+        const Routed r = route(ops, s.moe, x_local);
+        Backend& b = ops.backend();
+        b.moe_permute_fwd({.x_perm = r.x_perm, .x = x_local, .sources = r.sources, .top_k = shape_.top_k});
+        const Tensor up = used(ops, s.moe.up, r), act = used(ops, s.moe.act, r), y = used(ops, s.moe.y_perm, r);
+        for_each_expert(r, [&](int64_t e, int64_t first, int64_t count) {
+            b.matmul_fwd({.out = up.slice_rows(first, count), .x = r.x_perm.slice_rows(first, count), .w = ops.value(up_[idx(e)]), .bias = Tensor(), .row_block = 0});
+        });
+        b.swiglu_fwd(act, up);
+        for_each_expert(r, [&](int64_t e, int64_t first, int64_t count) {
+            b.matmul_fwd({.out = y.slice_rows(first, count), .x = act.slice_rows(first, count), .w = ops.value(down_[idx(e)]), .bias = Tensor(), .row_block = 0});
+        });
+        const Tensor out = ops.part_output(r.n);
+        b.moe_combine_fwd({.out = out, .y_perm = y, .gates = r.gates, .rows = r.rows_of});
+        return out;
+    }
+
+    Tensor backward(LayerOps& ops, const MlpSlots& s, const MlpScratch& g, const Tensor& d_local, const Tensor& x_local,
+                    const Tensor& d_in) const override {
+        const Routed r = routed(ops, s.moe, x_local.dim(0));
+        const MoeScratch& m = g.moe;
+        Backend& b = ops.backend();
+        const Tensor up = used(ops, s.moe.up, r), act = used(ops, s.moe.act, r), y = used(ops, s.moe.y_perm, r);
+        const Tensor d_y = used(ops, m.d_y_perm, r), d_act = used(ops, m.d_act, r), d_up = used(ops, m.d_up, r), d_x_perm = used(ops, m.d_x_perm, r);
+        const Tensor d_gates = ops.planned(m.d_gates).slice_rows(0, r.n);
+        b.moe_combine_bwd({.d_y_perm = d_y, .d_gates = d_gates, .d_out = d_local, .y_perm = y, .gates = r.gates, .rows = r.rows_of, .sources = r.sources});
+        for_each_expert(r, [&](int64_t e, int64_t first, int64_t count) {
+            b.matmul_bwd({.dx = d_act.slice_rows(first, count), .dw = ops.grad(down_[idx(e)]), .dbias = Tensor(), .dout = d_y.slice_rows(first, count),
+                          .x = act.slice_rows(first, count), .w = ops.value(down_[idx(e)])});
+        });
+        b.swiglu_bwd(d_up, d_act, up);
+        for_each_expert(r, [&](int64_t e, int64_t first, int64_t count) {
+            b.matmul_bwd({.dx = d_x_perm.slice_rows(first, count), .dw = ops.grad(up_[idx(e)]), .dbias = Tensor(), .dout = d_up.slice_rows(first, count),
+                          .x = r.x_perm.slice_rows(first, count), .w = ops.value(up_[idx(e)])});
+        });
+        // Padding rows (capacity) are never combined: their input gradient is left as is,
+        // and the permutation's backward reads kept rows only.
+        const Tensor dx = d_in.slice_rows(0, r.n);
+        b.moe_permute_bwd({.dx = dx, .d_x_perm = d_x_perm, .rows = r.rows_of});
+        router_backward(ops, s.moe, m, r, d_gates, x_local, dx);
+        return dx;
+    }
+
+    void recompute(LayerOps& ops, const MlpSlots& s) const override {
+        const auto it = counts_.find(s.moe.counts);
+        if (it == counts_.end()) fail(ErrorKind::runtime, "MoE recompute before the layer's forward");
+        const int64_t R = it->second.rows;
+        ops.backend().swiglu_fwd(ops.planned(s.moe.act).slice_rows(0, R), ops.planned(s.moe.up).slice_rows(0, R));
+    }
+
+private:
+    // A forward's routing, as its backward reads it again.
+    struct Routed {
+        int64_t n = 0;             // tokens
+        int64_t capacity = 0;      // 0: dropless
+        int64_t rows = 0;          // the permuted buffer's rows in use
+        std::vector<int64_t> first, count;  // each expert's rows
+        Tensor gates, rows_of, experts, scores, logits, sources, x_perm;
+    };
+    struct ExpertRows {
+        int64_t rows = 0;
+        std::vector<int64_t> first, count;
+    };
+
+    static size_t idx(int64_t e) { return static_cast<size_t>(e); }
+    int64_t rows_for(int64_t tokens) const { return moe_permuted_rows(config_, tokens); }
+    Tensor used(const LayerOps& ops, Arena::Slot slot, const Routed& r) const { return ops.planned(slot).slice_rows(0, r.rows); }
+
+    template <class F>
+    static void for_each_expert(const Routed& r, F&& f) {
+        for (size_t e = 0; e < r.first.size(); ++e)
+            if (r.count[e] > 0) f(static_cast<int64_t>(e), r.first[e], r.count[e]);
+    }
+
+    // Router, top-k and the permutation plan for x's tokens; the expert rows on the host.
+    Routed route(LayerOps& ops, const MoeSlots& s, const Tensor& x) const {
+        Backend& b = ops.backend();
+        const int64_t n = x.dim(0);
+        Routed r = views(ops, s, n);
+        b.matmul_fwd({.out = r.logits, .x = x, .w = ops.value(router_), .bias = Tensor(), .row_block = 0});
+        b.moe_route_fwd({.experts = r.experts, .gates = r.gates, .scores = r.scores, .logits = r.logits, .expert_bias = Tensor(),
+                         .score = score_of(config_.router), .normalize_top_k = config_.normalize_top_k});
+        const Tensor counts = ops.planned(s.counts);
+        b.moe_permute_plan({.rows = r.rows_of, .sources = r.sources, .counts = counts, .dropped = ops.planned(s.dropped), .experts = r.experts,
+                            .capacity = r.capacity});
+        ExpertRows& rows = counts_[s.counts];
+        rows = expert_rows(b, counts, r.capacity);
+        balance_losses(ops, s, r);
+        return with_rows(r, rows);
+    }
+
+    // The load statistics (per micro-batch, or per sequence for seq_aux_loss) and the
+    // balancing losses of this forward, added to the model's.
+    void balance_losses(LayerOps& ops, const MoeSlots& s, const Routed& r) const {
+        Backend& b = ops.backend();
+        const Balance bal = balance(ops, s, r.n);
+        b.moe_load_stats({.counts = bal.counts, .score_sums = bal.score_sums, .experts = r.experts, .scores = r.scores, .seq_len = bal.group});
+        const Tensor losses = ops.planned(s.losses);
+        if (aux_loss_on()) {
+            b.moe_aux_loss_fwd({.loss = losses.slice_rows(0, 1), .counts = bal.counts, .score_sums = bal.score_sums, .tokens_per_group = bal.tokens,
+                                .top_k = shape_.top_k, .coeff = config_.aux_loss_coeff});
+            ops.add_balance_loss(losses.slice_rows(0, 1));
+        }
+        if (config_.z_loss_coeff > 0) {
+            b.moe_z_loss_fwd({.loss = losses.slice_rows(1, 1), .logits = r.logits, .coeff = config_.z_loss_coeff});
+            ops.add_balance_loss(losses.slice_rows(1, 1));
+        }
+    }
+
+    // seq_aux_loss: groups of one sequence's tokens; else the micro-batch's as one group.
+    struct Balance {
+        int64_t group = 0, tokens = 0;
+        Tensor counts, score_sums;
+    };
+    Balance balance(const LayerOps& ops, const MoeSlots& s, int64_t n) const {
+        Balance bal;
+        bal.group = config_.load_balancing == MoeBalancing::seq_aux_loss ? ops.sequence_tokens() : 0;
+        bal.tokens = bal.group > 0 ? bal.group : n;
+        const int64_t groups = bal.group > 0 ? n / bal.group : 1;
+        bal.counts = ops.planned(s.load_counts).slice_rows(0, groups);
+        bal.score_sums = ops.planned(s.score_sums).slice_rows(0, groups);
+        return bal;
+    }
+    bool aux_loss_on() const { return config_.load_balancing != MoeBalancing::none && config_.aux_loss_coeff > 0; }
+
+    Routed routed(const LayerOps& ops, const MoeSlots& s, int64_t n) const {
+        const auto it = counts_.find(s.counts);
+        if (it == counts_.end()) fail(ErrorKind::runtime, "MoE backward without the layer's forward");
+        return with_rows(views(ops, s, n), it->second);
+    }
+
+    Routed views(const LayerOps& ops, const MoeSlots& s, int64_t n) const {
+        Routed r;
+        r.n = n;
+        r.capacity = moe_capacity(config_, n);
+        r.logits = ops.planned(s.logits).slice_rows(0, n);
+        r.scores = ops.planned(s.scores).slice_rows(0, n);
+        r.gates = ops.planned(s.gates).slice_rows(0, n);
+        r.experts = ops.planned(s.experts).slice_rows(0, n);
+        r.rows_of = ops.planned(s.rows).slice_rows(0, n);
+        const int64_t R = rows_for(n);
+        r.sources = ops.planned(s.sources).slice_rows(0, R);
+        r.x_perm = ops.planned(s.x_perm).slice_rows(0, R);
+        r.rows = R;
+        return r;
+    }
+
+    static Routed with_rows(Routed r, const ExpertRows& rows) {
+        r.first = rows.first;
+        r.count = rows.count;
+        return r;
+    }
+
+    // Each expert's run of the permuted buffer: from the counts (read to the host: a
+    // synchronization on a device) when dropless, else capacity rows each.
+    ExpertRows expert_rows(Backend& b, const Tensor& counts, int64_t capacity) const {
+        const size_t E = static_cast<size_t>(shape_.n_experts);
+        ExpertRows rows;
+        rows.first.resize(E);
+        rows.count.resize(E);
+        if (capacity > 0) {
+            for (size_t e = 0; e < E; ++e) rows.first[e] = static_cast<int64_t>(e) * capacity, rows.count[e] = capacity;
+            rows.rows = static_cast<int64_t>(E) * capacity;
+            return rows;
+        }
+        std::vector<int32_t> host(E);
+        b.copy_to_host(host.data(), counts);
+        int64_t first = 0;
+        for (size_t e = 0; e < E; ++e) {
+            rows.first[e] = first;
+            rows.count[e] = host[e];
+            first += host[e];
+        }
+        rows.rows = first;
+        return rows;
+    }
+
+    // d(loss)/d(logits) from the gates' gradient and the balancing losses, then the router
+    // GEMM's backward: dx += d_logits Wr, dWr += d_logits^T x.
+    void router_backward(LayerOps& ops, const MoeSlots& s, const MoeScratch& m, const Routed& r, const Tensor& d_gates, const Tensor& x,
+                         const Tensor& dx) const {
+        Backend& b = ops.backend();
+        const MoeScore score = score_of(config_.router);
+        const Tensor d_logits = ops.planned(m.d_logits).slice_rows(0, r.n);
+        b.moe_route_bwd({.d_logits = d_logits, .d_gates = d_gates, .gates = r.gates, .scores = r.scores, .experts = r.experts, .score = score,
+                         .normalize_top_k = config_.normalize_top_k, .accumulate = false});
+        const double dloss = ops.backward_loss_scale();
+        if (aux_loss_on()) {
+            const Balance bal = balance(ops, s, r.n);
+            b.moe_aux_loss_bwd({.d_logits = d_logits, .scores = r.scores, .counts = bal.counts, .seq_len = bal.group, .tokens_per_group = bal.tokens,
+                                .top_k = shape_.top_k, .coeff = config_.aux_loss_coeff, .dloss = dloss, .score = score});
+        }
+        if (config_.z_loss_coeff > 0)
+            b.moe_z_loss_bwd({.d_logits = d_logits, .logits = r.logits, .coeff = config_.z_loss_coeff, .dloss = dloss});
+        Tensor d_logits_c = d_logits;
+        if (d_logits.dtype() != x.dtype()) {
+            d_logits_c = ops.planned(m.d_logits_compute).slice_rows(0, r.n);
+            b.copy(d_logits_c, d_logits);
+        }
+        const Tensor d_router_x = ops.planned(m.d_x_router).slice_rows(0, r.n);
+        b.matmul_bwd({.dx = d_router_x, .dw = ops.grad(router_), .dbias = Tensor(), .dout = d_logits_c, .x = x, .w = ops.value(router_)});
+        b.add(dx, dx, d_router_x);
+    }
+
+    MoeConfig config_;
+    MoeShape shape_;
+    ParamSpan router_;
+    std::vector<ParamSpan> up_, down_;  // per expert: [gate | up] fused, down
+    // Each activation set's expert rows (keyed by its counts slot), from its forward.
+    mutable std::unordered_map<Arena::Slot, ExpertRows> counts_;
+};
+
+}  // namespace
+
+std::unique_ptr<MlpPart> make_moe_mlp(const MoeConfig& config, MoeShape shape) { return std::make_unique<MoeMlp>(config, shape); }
+
+}  // namespace llmtrain

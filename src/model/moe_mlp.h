@@ -1,0 +1,56 @@
+// A mixture-of-experts MLP (model.moe): an MlpPart that routes each token to top_k of E
+// SwiGLU experts and sums their outputs weighted by the gates (Shazeer et al. 2017; Mixtral,
+// Qwen2-MoE, DeepSeek-V3; Megatron-Core's token-choice MoE layer):
+//
+//   logits = x Wr^T                  [n, E], fp32 (the router GEMM accumulates and writes fp32)
+//   experts, gates = top_k(score(logits))       (backend.h: MoeRouteFwd)
+//   x_perm = x's rows by expert, a stable order  (MoePermutePlan, MoePermuteFwd)
+//   y_perm[rows of e] = down_e(silu(gate_e x) * up_e x)   one GEMM per expert and projection
+//   out[t] = sum_j gates[t, j] y_perm[row of (t, j)]       (MoeCombineFwd)
+//
+// plus, for the gradient only, the load-balancing loss (Switch's aux loss over the layer's
+// tokens, or DeepSeek-V3's per sequence) and ST-MoE's router z-loss, each with its
+// coefficient and the backward's loss scale.
+//
+// Dropless (capacity_factor 0): expert e's rows are a run of the permuted buffer whose length
+// only the routing knows, so the experts' GEMMs read the counts on the host: one host
+// synchronization per MoE layer per forward (the backward reuses them). With a capacity c
+// every expert runs c rows (padding rows are zero and stay zero: SwiGLU(0) = 0, no biases),
+// the buffer is E c rows, nothing is read back, and assignments beyond c are dropped and
+// counted. Why one GEMM per expert: each is an ordinary matmul_fwd / matmul_bwd of the
+// backend (cuBLASLt on CUDA, with its algorithm cache), bitwise the same on every run, and a
+// zero-row expert costs nothing; a grouped GEMM would save the launches, not the FLOPs.
+//
+// Parallelism: every expert is on every rank (parallel.ep = 1). The part works on this rank's
+// tokens: the whole micro-batch, or its 1/tp under sequence parallelism, where the experts'
+// and the router's gradients are partial sums over the tp ranks (flagged, as the norms').
+// The load statistics are this rank's tokens' (Megatron-Core's per-micro-batch loss).
+//
+// Parameters, in Qwen2-MoE's names: mlp.gate.weight [E, d_model] (the router), then per
+// expert mlp.experts.{e}.gate_proj.weight, up_proj.weight [d_ff_expert, d_model] (one fused
+// [2 F, d_model] matrix) and down_proj.weight [d_model, d_ff_expert].
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "model/block.h"
+
+namespace llmtrain {
+
+struct MoeShape {
+    int64_t d_model = 0, n_experts = 0, top_k = 0, d_ff = 0;  // d_ff: each expert's
+    int64_t seq_len = 0;  // the planned tokens of a sequence on this rank (seq_aux_loss's groups)
+};
+
+std::unique_ptr<MlpPart> make_moe_mlp(const MoeConfig& config, MoeShape shape);
+
+// The planned rows of the permuted buffer for up to `tokens` tokens: tokens * top_k
+// (dropless) or n_experts * capacity(tokens).
+int64_t moe_permuted_rows(const MoeConfig& config, int64_t tokens);
+// Assignments each expert takes of `tokens` tokens: ceil(capacity_factor * tokens * top_k /
+// n_experts); 0 when dropless.
+int64_t moe_capacity(const MoeConfig& config, int64_t tokens);
+
+}  // namespace llmtrain
