@@ -21,7 +21,9 @@ const char* op_name(Op op) {
     return "?";
 }
 
-bool op_is_gemm(Op op) { return op == Op::matmul_fwd || op == Op::matmul_bwd || op == Op::matmul_gelu_fwd || op == Op::gelu_matmul_bwd; }
+bool op_is_gemm(Op op) {
+    return op == Op::matmul_fwd || op == Op::matmul_bwd || op == Op::matmul_gelu_fwd || op == Op::gelu_matmul_bwd || op == Op::matmul_fp8;
+}
 
 void Backend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
     matmul_fwd({.out = a.pre, .x = a.x, .w = a.w, .bias = a.bias, .row_block = a.row_block});
@@ -31,12 +33,15 @@ void Backend::matmul_gelu_fwd(const MatmulGeluFwd& a) {
 void Backend::gelu_matmul_bwd(const GeluMatmulBwd& a) {
     matmul_bwd({.dx = a.d_pre, .dw = a.dw, .dbias = a.dbias, .dout = a.dout, .x = a.act, .w = a.w});
     gelu_bwd(a.d_pre, a.d_pre, a.pre);
-    if (a.d_pre_bias.empty()) return;
-    // The column sums through matmul_bwd with neither dx nor dw wanted: its x and w enter only
-    // through their shapes ([N, 0] and [IC, 0] views), so no GEMM runs.
-    const int64_t N = a.d_pre.dim(0), IC = a.d_pre.dim(1);
-    const Tensor no_x(a.d_pre.raw(), a.d_pre.dtype(), {N, 0}, a.d_pre.device()), no_w(a.d_pre.raw(), a.d_pre.dtype(), {IC, 0}, a.d_pre.device());
-    matmul_bwd({.dx = Tensor(), .dw = Tensor(), .dbias = a.d_pre_bias, .dout = a.d_pre, .x = no_x, .w = no_w});
+    if (!a.d_pre_bias.empty()) add_column_sums(*this, a.d_pre_bias, a.d_pre);
+}
+
+// Through matmul_bwd with neither dx nor dw wanted: its x and w enter only through their
+// shapes ([N, 0] and [C, 0] views), so no GEMM runs.
+void add_column_sums(Backend& backend, const Tensor& sums, const Tensor& rows) {
+    const int64_t N = rows.dim(0), C = rows.dim(1);
+    const Tensor no_x(rows.raw(), rows.dtype(), {N, 0}, rows.device()), no_w(rows.raw(), rows.dtype(), {C, 0}, rows.device());
+    backend.matmul_bwd({.dx = Tensor(), .dw = Tensor(), .dbias = sums, .dout = rows, .x = no_x, .w = no_w});
 }
 
 void Backend::xent_fwd_bwd(const XentFwdBwd& a) {

@@ -581,7 +581,8 @@ struct Fp8Cast {
     Tensor scale;  // [1] f32
     Tensor amax;   // [1] f32, optional
 };
-// out[M, N] = a_scale_inv[0] b_scale_inv[0] sum_k a[M, k] b[N, k] (+ out when accumulate): both
+// out[M, N] = a_scale_inv[0] b_scale_inv[0] sum_k a[M, k] b[N, k] (+ out when accumulate)
+// (+ bias[N] on every row, cuBLASLt's BIAS epilogue: a linear layer's bias): both
 // operands FP8 with k contiguous (a linear layer's forward: a = the input [tokens, in], b =
 // the weight [out, in]) and not both e5m2; out in the compute dtype or f32. fast_accumulate:
 // cuBLASLt's FAST_ACCUM (no periodic promotion of the partial sums; the CPU sums as always).
@@ -591,6 +592,7 @@ struct MatmulFp8 {
     Tensor a_scale_inv;  // [1] f32
     Tensor b;            // [N, K] e4m3 / e5m2
     Tensor b_scale_inv;  // [1] f32
+    Tensor bias;         // [N], out's dtype, optional
     bool accumulate = false;
     bool fast_accumulate = false;
 };
@@ -785,6 +787,9 @@ protected:
     OpProfile profile_;
     size_t memory_limit_bytes_ = 0;
 };
+
+// sums[C] += the column sums of rows[N, C] (a bias gradient), by the backend's matmul_bwd.
+void add_column_sums(Backend& backend, const Tensor& sums, const Tensor& rows);
 
 // The rotary table [max_seq_len, head_dim] for base theta (computed in double).
 void fill_rope_table(const Tensor& table, double theta);

@@ -128,6 +128,7 @@ Fp8GemmDims expect_matmul_fp8(const char* op, const MatmulFp8& a, Device device)
     expect_device(op, "out", a.out, device);
     expect_fp8_scalar(op, "a_scale_inv", a.a_scale_inv, device);
     expect_fp8_scalar(op, "b_scale_inv", a.b_scale_inv, device);
+    if (!a.bias.empty()) expect_tensor(op, "bias", a.bias, Shape{d.n}, a.out.dtype(), device);
     return d;
 }
 

@@ -44,7 +44,10 @@ constexpr const char* kHealthActionNames[] = {"abort", "skip", "rollback", "lowe
 constexpr const char* kSaveErrorNames[] = {"warn", "abort"};
 constexpr const char* kSnapshotWhenBusyNames[] = {"defer", "wait"};
 constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
-constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16"};
+constexpr const char* kPrecisionNames[] = {"auto", "fp32", "bf16", "fp16", "fp8"};
+constexpr const char* kFp8RecipeNames[] = {"current", "delayed"};
+constexpr const char* kFp8FormatNames[] = {"hybrid", "e4m3"};
+constexpr const char* kFp8AmaxComputeNames[] = {"max", "most_recent"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
 constexpr const char* kAttentionNames[] = {"auto", "cudnn", "native"};
 constexpr const char* kTokenDtypeNames[] = {"u16", "i32"};
@@ -76,6 +79,9 @@ Names names_of(AttentionMask) { return kAttentionMaskNames; }
 Names names_of(CorruptBlockPolicy) { return kCorruptBlockNames; }
 Names names_of(MoeRouter) { return kMoeRouterNames; }
 Names names_of(MoeBalancing) { return kMoeBalancingNames; }
+Names names_of(Fp8Recipe) { return kFp8RecipeNames; }
+Names names_of(Fp8Formats) { return kFp8FormatNames; }
+Names names_of(Fp8AmaxCompute) { return kFp8AmaxComputeNames; }
 
 // ---- Values and the rules they must satisfy ----
 
@@ -339,7 +345,8 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(train, sample_temperature).number(excl(0), incl(10)).describe("sampling temperature"),
         CONFIG_KEY(train, device).choice(kDeviceNames).describe("cpu: the fp32 reference backend; cuda: one GPU per rank (the node-local rank's)"),
         CONFIG_KEY(train, precision).choice(kPrecisionNames)
-            .describe("compute dtype: auto (cpu fp32, cuda bf16), fp32 (cpu), bf16 or fp16 (cuda; fp16 with dynamic loss scaling)"),
+            .describe("compute dtype: auto (cpu fp32, cuda bf16), fp32 (cpu), bf16 or fp16 (cuda; fp16 with dynamic loss scaling), or fp8: auto's "
+                      "dtype with the blocks' linear layers in FP8 as [fp8] says (emulated exactly on the cpu)"),
         CONFIG_KEY(train, recompute).choice(kRecomputeNames)
             .describe("activation recomputation: none, selective (norms and MLP activation) or full (whole layers)"),
         CONFIG_KEY(train, loss_scale).number(incl(1), incl(16777216)).describe("fp16: initial dynamic loss scale"),
@@ -407,6 +414,17 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(parallel, grad_reduce_dtype).choice(kGradReduceDtypeNames)
             .describe("dtype of the data-parallel gradient reductions (all-reduce, reduce-scatter): f32, or bf16 for half the bytes (each rank still "
                       "accumulates its micro-batches in f32; the sum over dp is rounded to bf16)"),
+
+        CONFIG_KEY(fp8, recipe).choice(kFp8RecipeNames)
+            .describe("train.precision = \"fp8\": current (each tensor scaled from its own amax as it is cast) or delayed (activations and "
+                      "gradients from the amax history of the steps before; weights always from their own amax, cast once per step)"),
+        CONFIG_KEY(fp8, amax_history_len).integer(1, kMillion).describe("delayed: steps of amax history per tensor"),
+        CONFIG_KEY(fp8, amax_compute).choice(kFp8AmaxComputeNames).describe("delayed: the scale from the history's max or its most recent amax"),
+        CONFIG_KEY(fp8, margin).integer(0, 16).describe("scale = fp8 max / amax / 2^margin: binary orders of headroom"),
+        CONFIG_KEY(fp8, format).choice(kFp8FormatNames).describe("hybrid: e4m3 weights and activations, e5m2 gradients; e4m3: e4m3 everywhere"),
+        CONFIG_KEY(fp8, bf16_first_layers).integer(0, 1024).describe("first layers whose linears stay in the compute dtype"),
+        CONFIG_KEY(fp8, bf16_last_layers).integer(0, 1024).describe("last layers whose linears stay in the compute dtype"),
+        CONFIG_KEY(fp8, param_gather).boolean().describe("parallel.zero_stage = 3: gather the weights in FP8 (not built yet: refused)"),
 
         CONFIG_KEY(checkpoint, dir).string().describe("directory of checkpoints"),
         CONFIG_KEY(checkpoint, every_steps).integer(0, kTrillion).describe("steps between checkpoints; 0: none"),
@@ -766,6 +784,26 @@ GivenKeys read_keys(const toml::table& root, const Origin& origin, Config& confi
 
 // ---- Impossible combinations ----
 
+// The [fp8] keys are read (and dumped) only under train.precision = "fp8".
+bool fp8_key_applies(std::string_view key, const Config& c) { return !key.starts_with("fp8.") || c.train.precision == Precision::fp8; }
+
+// FP8 (train.precision = "fp8", [fp8]): what it cannot run with yet.
+std::optional<Problem> fp8_problem(const Config& c) {
+    if (c.train.precision != Precision::fp8) return std::nullopt;
+    if (c.model.moe.enabled())
+        return Problem{"train.precision", cat("= \"fp8\" runs the blocks' dense linears in FP8; a mixture-of-experts model (model.moe.n_experts = ",
+                                              c.model.moe.n_experts, ") is not built for it yet (allowed with it: auto, fp32, bf16)")};
+    if (c.fp8.param_gather)
+        return Problem{"fp8.param_gather", "= true (ZeRO-3 gathers in FP8) is not built: the weights are gathered in the compute dtype and cast "
+                                           "once per step after it (allowed: false)"};
+    // Overlapped, a linear's input and output gradient arrive in pieces: a current-scaling
+    // amax needs the whole tensor before its cast.
+    if (c.parallel.tp_overlap)
+        return Problem{"parallel.tp_overlap", "= true runs the tensor-parallel matmuls in pieces; train.precision = \"fp8\" scales each "
+                                              "tensor as a whole (allowed with it: false)"};
+    return std::nullopt;
+}
+
 // Why the global batch does not split into whole micro-batches of train.batch_size on dp
 // data-parallel ranks; nullopt if it does. dp = 0 (not known yet): only what must hold for
 // every dp is checked.
@@ -896,10 +934,11 @@ constexpr Check kChecks[] = {
     [](const Config& c) -> std::optional<Problem> {
         const bool cpu = c.train.device == ComputeDevice::cpu;
         const Precision p = c.train.precision;
-        if (p == Precision::automatic || (cpu ? p == Precision::fp32 : p != Precision::fp32)) return std::nullopt;
-        return Problem{"train.precision", cpu ? cat("\"", precision_name(p), "\" needs train.device = \"cuda\"; the CPU backend computes in fp32 (allowed: auto, fp32)")
-                                              : cat("\"fp32\" is the CPU backend's; train.device = \"cuda\" computes in bf16 or fp16 (allowed: auto, bf16, fp16)")};
+        if (p == Precision::automatic || p == Precision::fp8 || (cpu ? p == Precision::fp32 : p != Precision::fp32)) return std::nullopt;
+        return Problem{"train.precision", cpu ? cat("\"", precision_name(p), "\" needs train.device = \"cuda\"; the CPU backend computes in fp32 (allowed: auto, fp32, fp8)")
+                                              : cat("\"fp32\" is the CPU backend's; train.device = \"cuda\" computes in bf16 or fp16 (allowed: auto, bf16, fp16, fp8)")};
     },
+    [](const Config& c) { return fp8_problem(c); },
     [](const Config& c) -> std::optional<Problem> {
         // The native flash kernels are instantiated for a few head dimensions; cuDNN takes
         // multiples of 8 (core/attention_head_dims.h).
@@ -1059,6 +1098,10 @@ void reject_impossible_combinations(const Config& config, const GivenKeys& given
         origin.fail_at({std::string(field.path), cat("applies to family = \"", family_name(*field.only_for), "\" only (model.family = \"",
                                                      family_name(config.model.family), "\")")});
     }
+    // [fp8] without FP8 says so rather than being ignored.
+    for (const std::string_view key : given)
+        if (!fp8_key_applies(key, config))
+            origin.fail_at({std::string(key), cat("is read only under train.precision = \"fp8\" (got \"", precision_name(config.train.precision), "\")")});
     for (const Check check : kChecks)
         if (auto problem = check(config)) origin.fail_at(*problem);
 }
@@ -1116,6 +1159,7 @@ DType grad_reduce_dtype(const ParallelConfig& parallel, DType master) { return p
 const char* grad_reduce_dtype_name(GradReduceDtype dtype) { return kGradReduceDtypeNames[static_cast<size_t>(dtype)]; }
 
 const char* precision_name(Precision precision) { return kPrecisionNames[static_cast<size_t>(precision)]; }
+const char* fp8_recipe_name(Fp8Recipe recipe) { return kFp8RecipeNames[static_cast<size_t>(recipe)]; }
 const char* recompute_name(Recompute recompute) { return kRecomputeNames[static_cast<size_t>(recompute)]; }
 bool splits_documents(const DataConfig& data) { return data.attention_mask == AttentionMask::document || data.reset_position_ids; }
 const char* attention_mask_name(AttentionMask mask) { return kAttentionMaskNames[static_cast<size_t>(mask)]; }
@@ -1127,7 +1171,8 @@ DType compute_dtype(const TrainConfig& train) {
         case Precision::fp32: return DType::f32;
         case Precision::bf16: return DType::bf16;
         case Precision::fp16: return DType::f16;
-        case Precision::automatic: break;
+        case Precision::automatic:
+        case Precision::fp8: break;
     }
     return train.device == ComputeDevice::cuda ? DType::bf16 : DType::f32;
 }
@@ -1257,6 +1302,7 @@ std::string dump_config(const Config& config) {
     std::string_view section;
     for (const Field& field : schema()) {
         if (field.only_for && *field.only_for != config.model.family) continue;
+        if (!fp8_key_applies(field.path, config)) continue;
         if (field.section() != section) {
             out << (section.empty() ? "" : "\n") << "[" << field.section() << "]\n";
             section = field.section();

@@ -119,7 +119,9 @@ std::vector<WeightedPath> training_sources(const DataConfig& data);
 enum class ComputeDevice { cpu, cuda };
 // Compute dtype: auto is fp32 on the CPU and bf16 on CUDA; fp16 uses dynamic loss scaling.
 // Master weights, gradients and AdamW state are fp32 in every case.
-enum class Precision { automatic, fp32, bf16, fp16 };
+// fp8: the compute dtype of auto (bf16 on CUDA, f32 on the CPU), with the blocks' linear
+// layers in FP8 as [fp8] says (model/fp8_linear.h; emulated exactly on the CPU).
+enum class Precision { automatic, fp32, bf16, fp16, fp8 };
 // Activation recomputation (see model/transformer.h).
 enum class Recompute { none, selective, full };
 const char* precision_name(Precision precision);
@@ -150,6 +152,25 @@ struct TrainConfig {
     double loss_scale = 65536;             // fp16: initial dynamic loss scale
     int64_t loss_scale_window = 1000;      // fp16: finite steps before the scale doubles
     std::string init_from;                 // Hugging Face weights (model.safetensors or its directory) to start from
+};
+
+// FP8 linear layers (train.precision = "fp8"; model/fp8_linear.h states the recipes), with
+// Transformer Engine's names. current: each tensor scaled from its own amax as it is cast;
+// delayed: activations and gradients from the amax history of the steps before (weights, cast
+// once per step, always from their own amax). hybrid: e4m3 forward, e5m2 gradients.
+enum class Fp8Recipe { current, delayed };
+enum class Fp8Formats { hybrid, e4m3 };
+enum class Fp8AmaxCompute { max, most_recent };
+const char* fp8_recipe_name(Fp8Recipe recipe);
+struct Fp8Config {
+    Fp8Recipe recipe = Fp8Recipe::current;
+    int64_t amax_history_len = 1024;       // delayed: steps of amax kept (Transformer Engine's default)
+    Fp8AmaxCompute amax_compute = Fp8AmaxCompute::max;  // delayed: the history's max or its newest entry
+    int64_t margin = 0;                    // scale = fp8 max / amax / 2^margin
+    Fp8Formats format = Fp8Formats::hybrid;
+    int64_t bf16_first_layers = 1;         // the first and last layers keep their linears in the compute dtype
+    int64_t bf16_last_layers = 1;
+    bool param_gather = false;             // ZeRO-3: gather the weights in FP8 (not built: refused)
 };
 
 enum class LrDecay { cosine, linear, constant };
@@ -276,6 +297,7 @@ struct Config {
     CheckpointConfig checkpoint;
     MonitorConfig monitor;
     MetricsConfig metrics;
+    Fp8Config fp8;                         // read only under train.precision = "fp8"
     std::string source_path;               // the file it was read from
     // The keys the file or a --set gave ("train.global_batch_size"); every other key holds its
     // default or a value derived from the given ones.

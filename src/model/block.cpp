@@ -144,7 +144,7 @@ AttentionScratch Attention::reserve_scratch(const SlotPlanner& plan) const {
 void Attention::project_qkv(LayerOps& ops, const AttentionSlots& s, const Tensor& x_local) const {
     const Tensor qkv = ops.rows(s.qkv);
     ops.column_parallel(x_local, [&](const Tensor& in, int64_t first, int64_t row_block) {
-        ops.backend().matmul_fwd({.out = qkv.slice_rows(first, in.dim(0)), .x = in, .w = ops.value(qkv_w_), .bias = ops.value(qkv_b_), .row_block = row_block});
+        ops.linear_fwd(qkv_w_, {.out = qkv.slice_rows(first, in.dim(0)), .x = in, .w = ops.value(qkv_w_), .bias = ops.value(qkv_b_), .row_block = row_block});
     });
 }
 
@@ -163,14 +163,14 @@ void Attention::rotate(LayerOps& ops, const AttentionSlots& s, const Rope& posit
 Tensor Attention::project_out(LayerOps& ops, const AttentionSlots& s) const {
     const Tensor att = ops.rows(s.out);
     return ops.row_parallel([&](const Tensor& out, int64_t first, int64_t row_block) {
-        ops.backend().matmul_fwd({.out = out, .x = att.slice_rows(first, out.dim(0)), .w = ops.value(out_w_), .bias = ops.row_parallel_bias(out_b_),
-                                  .row_block = row_block});
+        ops.linear_fwd(out_w_, {.out = out, .x = att.slice_rows(first, out.dim(0)), .w = ops.value(out_w_), .bias = ops.row_parallel_bias(out_b_),
+                                .row_block = row_block});
     });
 }
 
 void Attention::project_out_bwd(LayerOps& ops, const AttentionSlots& s, const AttentionScratch& g, const Tensor& d_local) const {
-    ops.backend().matmul_bwd({.dx = ops.rows(g.d_out), .dw = ops.grad(out_w_), .dbias = ops.grad(out_b_), .dout = ops.gather_output_grad(d_local),
-                              .x = ops.rows(s.out), .w = ops.value(out_w_)});
+    ops.linear_bwd(out_w_, {.dx = ops.rows(g.d_out), .dw = ops.grad(out_w_), .dbias = ops.grad(out_b_), .dout = ops.gather_output_grad(d_local),
+                            .x = ops.rows(s.out), .w = ops.value(out_w_)});
 }
 
 void Attention::rotate_bwd(LayerOps& ops, const AttentionScratch& g, const Rope& positions) const {
@@ -180,7 +180,7 @@ void Attention::rotate_bwd(LayerOps& ops, const AttentionScratch& g, const Rope&
 Tensor Attention::project_qkv_bwd(LayerOps& ops, const AttentionScratch& g, const Tensor& x_local, const Tensor& d_in) const {
     return ops.column_parallel_bwd({.dx = d_in, .dw = ops.grad(qkv_w_), .dbias = ops.grad(qkv_b_), .dout = ops.rows(g.d_qkv), .x = Tensor(),
                                     .w = ops.value(qkv_w_)},
-                                   x_local);
+                                   x_local, qkv_w_);
 }
 
 // ---- Dense MLPs ----
@@ -224,8 +224,8 @@ public:
         up_forward(ops, s, x_local);
         const Tensor act = ops.rows(s.act);
         return ops.row_parallel([&](const Tensor& out, int64_t first, int64_t row_block) {
-            ops.backend().matmul_fwd({.out = out, .x = act.slice_rows(first, out.dim(0)), .w = ops.value(down_w_), .bias = ops.row_parallel_bias(down_b_),
-                                      .row_block = row_block});
+            ops.linear_fwd(down_w_, {.out = out, .x = act.slice_rows(first, out.dim(0)), .w = ops.value(down_w_), .bias = ops.row_parallel_bias(down_b_),
+                                     .row_block = row_block});
         });
     }
     Tensor backward(LayerOps& ops, const MlpSlots& s, const MlpScratch& g, const Tensor& d_local, const Tensor& x_local,
@@ -233,8 +233,9 @@ public:
         const Tensor up_dbias = down_backward(ops, s, g, ops.gather_output_grad(d_local));
         return ops.column_parallel_bwd({.dx = d_in, .dw = ops.grad(up_w_), .dbias = up_dbias, .dout = ops.rows(g.d_up), .x = Tensor(),
                                         .w = ops.value(up_w_)},
-                                       x_local);
+                                       x_local, up_w_);
     }
+    std::vector<LinearWeight> linears() const final { return {{up_w_, true}, {down_w_, false}}; }
 
 protected:
     int64_t up_width() const { return up_blocks_ * shape_.local_ff(); }
@@ -261,12 +262,12 @@ private:
         const Tensor up = ops.rows(s.up), act = ops.rows(s.act);
         ops.column_parallel(x_local, [&](const Tensor& in, int64_t first, int64_t row_block) {
             const int64_t count = in.dim(0);
-            ops.backend().matmul_gelu_fwd({.act = act.slice_rows(first, count), .pre = up.slice_rows(first, count), .x = in, .w = ops.value(up_w_),
-                                           .bias = ops.value(up_b_), .row_block = row_block});
+            ops.linear_gelu_fwd(up_w_, {.act = act.slice_rows(first, count), .pre = up.slice_rows(first, count), .x = in, .w = ops.value(up_w_),
+                                        .bias = ops.value(up_b_), .row_block = row_block});
         });
     }
     Tensor down_backward(LayerOps& ops, const MlpSlots& s, const MlpScratch& g, const Tensor& d_down) const override {
-        ops.backend().gelu_matmul_bwd({.d_pre = ops.rows(g.d_up), .d_pre_bias = ops.grad(up_b_), .dw = ops.grad(down_w_), .dbias = ops.grad(down_b_),
+        ops.gelu_linear_bwd(down_w_, {.d_pre = ops.rows(g.d_up), .d_pre_bias = ops.grad(up_b_), .dw = ops.grad(down_w_), .dbias = ops.grad(down_b_),
                                        .dout = d_down, .act = ops.rows(s.act), .pre = ops.rows(s.up), .w = ops.value(down_w_)});
         return Tensor();
     }
@@ -282,13 +283,13 @@ private:
     void up_forward(LayerOps& ops, const MlpSlots& s, const Tensor& x_local) const override {
         const Tensor up = ops.rows(s.up);
         ops.column_parallel(x_local, [&](const Tensor& in, int64_t first, int64_t row_block) {
-            ops.backend().matmul_fwd({.out = up.slice_rows(first, in.dim(0)), .x = in, .w = ops.value(up_w_), .bias = ops.value(up_b_), .row_block = row_block});
+            ops.linear_fwd(up_w_, {.out = up.slice_rows(first, in.dim(0)), .x = in, .w = ops.value(up_w_), .bias = ops.value(up_b_), .row_block = row_block});
         });
         ops.backend().swiglu_fwd(ops.rows(s.act), up);
     }
     Tensor down_backward(LayerOps& ops, const MlpSlots& s, const MlpScratch& g, const Tensor& d_down) const override {
-        ops.backend().matmul_bwd({.dx = ops.rows(g.d_act), .dw = ops.grad(down_w_), .dbias = ops.grad(down_b_), .dout = d_down, .x = ops.rows(s.act),
-                                  .w = ops.value(down_w_)});
+        ops.linear_bwd(down_w_, {.dx = ops.rows(g.d_act), .dw = ops.grad(down_w_), .dbias = ops.grad(down_b_), .dout = d_down, .x = ops.rows(s.act),
+                                 .w = ops.value(down_w_)});
         ops.backend().swiglu_bwd(ops.rows(g.d_up), ops.rows(g.d_act), ops.rows(s.up));
         return ops.grad(up_b_);
     }

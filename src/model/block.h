@@ -114,9 +114,18 @@ public:
     virtual void column_parallel(const Tensor& local, const RowsMatmul& matmul) = 0;
     // A row-parallel matmul; returns this rank's rows of its output summed over tp.
     virtual Tensor row_parallel(const RowsMatmul& matmul) = 0;
+    // A linear layer's GEMMs (MatmulFwd, MatmulBwd and the GELU MLP's fused forms): `w` names
+    // the weight, one of a part's linears(); in FP8 where the run's recipe casts that layer
+    // (model/fp8_linear.h), else the backend's matmul. The parts call these, never the
+    // backend's matmuls, for a linear: they hold no FP8 branch.
+    virtual void linear_fwd(ParamSpan w, const MatmulFwd& args) = 0;
+    virtual void linear_bwd(ParamSpan w, const MatmulBwd& args) = 0;
+    virtual void linear_gelu_fwd(ParamSpan w, const MatmulGeluFwd& args) = 0;
+    virtual void gelu_linear_bwd(ParamSpan w, const GeluMatmulBwd& args) = 0;
     // The backward of a column-parallel matmul whose input is this rank's rows `local_x`:
-    // args.dx (whole rows) reduced to this rank's rows, which it returns.
-    virtual Tensor column_parallel_bwd(MatmulBwd args, const Tensor& local_x) = 0;
+    // args.dx (whole rows) reduced to this rank's rows, which it returns. w: the linear's
+    // weight, as linear_bwd's (absent: the backend's matmul).
+    virtual Tensor column_parallel_bwd(MatmulBwd args, const Tensor& local_x, ParamSpan w = {}) = 0;
     // The whole rows of a row-parallel output's gradient from this rank's rows.
     virtual Tensor gather_output_grad(const Tensor& d_local) = 0;
     virtual Tensor planned(Arena::Slot slot) const = 0;  // a slot as planned (all its rows)
@@ -134,6 +143,13 @@ public:
 
 protected:
     ~LayerOps() = default;
+};
+
+// A part's linear layer: its weight and how tensor parallelism splits it (what FP8 scaling
+// needs to know of it, model/fp8_linear.h).
+struct LinearWeight {
+    ParamSpan w;
+    bool column_parallel = true;  // the weight's rows split over tp; else its columns (row-parallel)
 };
 
 struct NormSlots {
@@ -201,6 +217,7 @@ public:
     void rotate_bwd(LayerOps& ops, const AttentionScratch& g, const Rope& positions) const;
     // d(loss)/dx of this rank's rows from the scratch's d(qkv); d_in: whole rows' scratch.
     Tensor project_qkv_bwd(LayerOps& ops, const AttentionScratch& g, const Tensor& x_local, const Tensor& d_in) const;
+    std::vector<LinearWeight> linears() const { return {{qkv_w_, true}, {out_w_, false}}; }
 
 private:
     int64_t q_width() const { return shape_.n_heads * shape_.head_dim; }
@@ -258,6 +275,9 @@ public:
                             const Tensor& d_in) const = 0;
     // Selective recomputation: the activation again from the kept up projection.
     virtual void recompute(LayerOps& ops, const MlpSlots& s) const = 0;
+    // The linear layers FP8 may run (model/fp8_linear.h); none: the part stays out of FP8
+    // (a layer of experts).
+    virtual std::vector<LinearWeight> linears() const { return {}; }
 };
 
 // A dense MLP of the spec's kind. Each layer holds its own MlpPart, made where the layer is

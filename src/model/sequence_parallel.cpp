@@ -121,20 +121,20 @@ Tensor Transformer::row_parallel(const RowsMatmul& matmul) {
     return mine;
 }
 
-Tensor Transformer::column_parallel_bwd(MatmulBwd args, const Tensor& local_x) {
+Tensor Transformer::column_parallel_bwd(MatmulBwd args, const Tensor& local_x, ParamSpan w) {
     if (!sp_ || !part_.tp_overlap) {
         args.x = gather_rows(local_x, gathered_);
-        backend_.matmul_bwd(args);
+        linear_bwd(w, args);
         return reduce_rows(args.dx, d_norm_local_);
     }
     const Tensor whole = rows(gathered_);
     CommHandle gather = start_gather(local_x, whole);
     // dx = dout w reads neither x nor what the gather writes.
-    backend_.matmul_bwd({.dx = args.dx, .dw = Tensor(), .dbias = Tensor(), .dout = args.dout, .x = whole, .w = args.w});
+    linear_bwd(w, {.dx = args.dx, .dw = Tensor(), .dbias = Tensor(), .dout = args.dout, .x = whole, .w = args.w});
     gather.wait();
     const Tensor mine = local_rows(d_norm_local_);
     CommHandle reduce = tp_->reduce_scatter_async(mine, args.dx);
-    backend_.matmul_bwd({.dx = Tensor(), .dw = args.dw, .dbias = args.dbias, .dout = args.dout, .x = whole, .w = args.w});
+    linear_bwd(w, {.dx = Tensor(), .dw = args.dw, .dbias = args.dbias, .dout = args.dout, .x = whole, .w = args.w});
     reduce.wait();
     return mine;
 }

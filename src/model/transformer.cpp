@@ -104,6 +104,7 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
         fill_rope_table(host, config_.rope_theta);
         backend.copy_from_host(table, host.view().raw());
     }
+    plan_fp8();
 }
 
 // A [padded vocabulary, d_model] table split by rows across tp: its rows from vocab_size

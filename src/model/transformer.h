@@ -61,12 +61,14 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
 #include "config/config.h"
 #include "core/arena.h"
 #include "model/block.h"
+#include "model/fp8_linear.h"
 #include "model/kv_cache.h"
 #include "model/parameters.h"
 #include "parallel/comm.h"
@@ -101,6 +103,9 @@ struct ModelPartition {
     // (context_parallel.cpp); activations are planned for seq_len / cp_size tokens.
     int64_t cp_size = 1;
     int cp_rank = 0;
+    // train.precision = "fp8": the blocks' linears in FP8 as the recipe says (model/fp8_linear.h),
+    // but those of the first fp8.bf16_first_layers and last fp8.bf16_last_layers layers.
+    std::optional<Fp8Config> fp8;
 };
 
 // Megatron's reset_attention_mask convention: the end-of-text token is the last token of its
@@ -299,6 +304,9 @@ public:
     // parameter gradients. A stage without the head first reads grad_output(); a stage
     // without the embedding leaves d(loss)/d(input) in grad_input(). Overwrites the logits.
     void backward(int64_t set, double loss_scale);
+    // FP8 (partition.fp8; null otherwise): the linears' scaling state. After each optimizer
+    // step the trainer agrees on its step amaxes and closes its step (Fp8Linears::close_step).
+    Fp8Linears* fp8() const { return fp8_.get(); }
 
     // One micro-batch, set 0: the whole-model interface.
     double forward(const Tensor& tokens, const Tensor& targets, int64_t batch, int64_t seq_len) { return forward(0, tokens, targets, batch, seq_len); }
@@ -390,7 +398,17 @@ private:
     // under sequence parallelism), and args.dw / args.dbias from the gathered input. With
     // parallel.tp_overlap the input's all-gather runs behind the dx matmul and dx's
     // reduce-scatter behind the dw matmul.
-    Tensor column_parallel_bwd(MatmulBwd args, const Tensor& local_x) override;
+    Tensor column_parallel_bwd(MatmulBwd args, const Tensor& local_x, ParamSpan w = {}) override;
+    // The linears' seam (transformer_linear.cpp): FP8 for a weight fp8_ids_ holds, else the
+    // backend's matmuls.
+    void linear_fwd(ParamSpan w, const MatmulFwd& args) override;
+    void linear_bwd(ParamSpan w, const MatmulBwd& args) override;
+    void linear_gelu_fwd(ParamSpan w, const MatmulGeluFwd& args) override;
+    void gelu_linear_bwd(ParamSpan w, const GeluMatmulBwd& args) override;
+    // The FP8 linear of weight w, or -1 when it runs in the compute dtype.
+    int fp8_linear(ParamSpan w) const;
+    // Under partition.fp8: an FP8 linear for each linear of the layers the recipe casts.
+    void plan_fp8();
     Tensor att_saved(Arena::Slot slot) const;
     AttentionShape attention_shape() const;
     ActivationSet& use_set(int64_t set);
@@ -467,6 +485,8 @@ private:
     bool recomputing_ = false;        // full recomputation's forward of a layer
     std::function<void(size_t, size_t)> grads_ready_, grads_begin_;
     GroupWeightsSource group_weights_;
+    std::unique_ptr<Fp8Linears> fp8_;          // null unless partition.fp8
+    std::unordered_map<size_t, int> fp8_ids_;  // a linear's first weight parameter -> its FP8 linear
 };
 
 }  // namespace llmtrain

@@ -57,6 +57,7 @@ ModelPartition stage_partition(const Config& config, const Mesh& mesh, int world
     part.recompute = config.train.recompute;
     part.document_mask = config.data.attention_mask == AttentionMask::document;
     part.reset_position_ids = config.data.reset_position_ids;
+    if (config.train.precision == Precision::fp8) part.fp8 = config.fp8;
     return part;
 }
 

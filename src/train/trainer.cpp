@@ -231,6 +231,24 @@ void Trainer::log_schedule_notes() const {
         log_warn("pipeline: train.grad_accum = ", micro_batches, " micro-batches per step for parallel.pp = ", pp, " stages: each stage idles ",
                  std::lround(100.0 * static_cast<double>(pp - 1) / static_cast<double>(micro_batches + pp - 1)),
                  "% of the step (the 1F1B bubble, (pp - 1) / (grad_accum + pp - 1)); grad_accum >= pp, or a larger train.global_batch_size, fills it");
+    if (config_.train.precision == Precision::fp8) {
+        const Fp8Config& f = config_.fp8;
+        log_info("fp8: the blocks' linears of layers [", f.bf16_first_layers, ", ", config_.model.n_layers - f.bf16_last_layers, ") in FP8, recipe ",
+                 fp8_recipe_name(f.recipe), ", ", f.format == Fp8Formats::hybrid ? "e4m3 forward, e5m2 gradients" : "e4m3 everywhere",
+                 config_.train.device == ComputeDevice::cpu ? "; emulated on the CPU (exact FP8 rounding, f32 GEMMs): no speed-up here" : "");
+    }
+}
+
+// The delayed recipe's step amaxes agreed over every group that holds the same layers (max),
+// so every rank records what one process would; then the histories and the weights' casts
+// move to the next step.
+void Trainer::close_fp8_step() {
+    Fp8Linears* fp8 = model_->fp8();
+    if (!fp8) return;
+    if (fp8->delayed() && fp8->count() > 0)
+        for (Comm* group : {&comms_->tp(), comms_->cp(), &comms_->dp()})
+            if (group && group->size() > 1) group->all_reduce(fp8->step_amaxes(), ReduceOp::max);
+    fp8->close_step();
 }
 
 TrainResult Trainer::run() {
@@ -284,6 +302,7 @@ StepRecord Trainer::train_step(int64_t step) {
     compute_step(step, s);
     s.lr = learning_rate_at(config_.optimizer, step, t.steps) * lr_scale(s.step);
     update(s);
+    close_fp8_step();
     s.dp_bytes_sent = sync_->bytes_sent() + optimizer_->bytes_sent() - bytes_before;
     backend_->synchronize();  // the step's time is the device's
     comms_->check();

@@ -153,6 +153,7 @@ private:
     Trainer(const Config& config, TrainerOptions options, ParallelContext* shared_ctx);
     void log_startup() const;
     void log_schedule_notes() const;
+    void close_fp8_step();  // after the optimizer step (model/fp8_linear.h)
     // Applies the update of a step whose loss and gradient norm are known, or skips it, or
     // rolls back (as the guards decide).
     void update(StepRecord& s);

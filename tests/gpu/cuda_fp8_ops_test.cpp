@@ -74,9 +74,10 @@ TEST_F(CudaFp8, AmaxAndScale_EqualTheCpus) {
 
 // The CPU casts and multiplies; the GPU multiplies the CPU's bytes: the comparison measures
 // the GEMM alone.
-void matmul_case(Backend& cpu, Backend& gpu, DType a_format, DType b_format, DType out_dtype, bool accumulate) {
+// bias: a linear layer's forward, its bias added by the GEMM's epilogue.
+void matmul_case(Backend& cpu, Backend& gpu, DType a_format, DType b_format, DType out_dtype, bool accumulate, bool bias = false) {
     SCOPED_TRACE(::testing::Message() << dtype_name(a_format) << " x " << dtype_name(b_format) << " -> " << dtype_name(out_dtype)
-                                      << (accumulate ? " accumulating" : ""));
+                                      << (accumulate ? " accumulating" : "") << (bias ? " with bias" : ""));
     const int64_t M = 48, N = 32, K = 64;
     const OwnedTensor a_values = random_input(DType::f32, {M, K}, 21, -3, 3), b_values = random_input(DType::f32, {N, K}, 22, -0.02, 0.02);
     OwnedTensor a(a_format, {M, K}), b(b_format, {N, K});
@@ -89,13 +90,16 @@ void matmul_case(Backend& cpu, Backend& gpu, DType a_format, DType b_format, DTy
     }
     const OwnedTensor start = random_input(out_dtype, {M, N}, 23);
     const OwnedTensor out = rounded_to(start, DType::f32);
-    cpu.matmul_fp8({.out = out, .a = a, .a_scale_inv = a_inv, .b = b, .b_scale_inv = b_inv, .accumulate = accumulate});
+    const OwnedTensor bias_values = random_input(out_dtype, {N}, 24, -1, 1), cpu_bias = rounded_to(bias_values, DType::f32);
+    cpu.matmul_fp8({.out = out, .a = a, .a_scale_inv = a_inv, .b = b, .b_scale_inv = b_inv, .bias = bias ? cpu_bias.view() : Tensor(), .accumulate = accumulate});
 
     const OwnedTensor ga = device_tensor(gpu, a_format, {M, K}), gb = device_tensor(gpu, b_format, {N, K});
     upload_raw(gpu, ga, a.view().raw(), a.view().bytes());
     upload_raw(gpu, gb, b.view().raw(), b.view().bytes());
     const OwnedTensor g_a_inv = to_device(gpu, a_inv, DType::f32), g_b_inv = to_device(gpu, b_inv, DType::f32), g_out = to_device(gpu, start, out_dtype);
-    gpu.matmul_fp8({.out = g_out, .a = ga, .a_scale_inv = g_a_inv, .b = gb, .b_scale_inv = g_b_inv, .accumulate = accumulate, .fast_accumulate = true});
+    const OwnedTensor g_bias = to_device(gpu, bias_values, out_dtype);
+    gpu.matmul_fp8({.out = g_out, .a = ga, .a_scale_inv = g_a_inv, .b = gb, .b_scale_inv = g_b_inv, .bias = bias ? g_bias.view() : Tensor(),
+                    .accumulate = accumulate, .fast_accumulate = true});
     const std::vector<double> want = values_of(out), got = download(gpu, g_out);
     const double u = unit_roundoff(out_dtype), scale = max_abs(want);
     ASSERT_GT(scale, 0.0);
@@ -106,6 +110,7 @@ TEST_F(CudaFp8, Matmul_MatchesTheCpuForTheForwardAndBackwardFormats) {
     matmul_case(cpu(), gpu(), DType::e4m3, DType::e4m3, DType::bf16, false);
     matmul_case(cpu(), gpu(), DType::e4m3, DType::e4m3, DType::f32, false);
     matmul_case(cpu(), gpu(), DType::e5m2, DType::e4m3, DType::f32, true);
+    matmul_case(cpu(), gpu(), DType::e4m3, DType::e4m3, DType::bf16, false, true);
 }
 
 TEST_F(CudaFp8, CastTwice_IsBitwiseTheSame) {

@@ -301,7 +301,7 @@ TEST(Config, UnknownKey_IsReportedBeforeTheMissingKeyItMisspells) {
 TEST(Config, UnknownSection_IsRejectedWithSuggestion) {
     const std::string message = error_of(TomlText::gpt2().set("trainer.steps", "3"));
     EXPECT_TRUE(Contains(message, "run.toml: trainer: unknown section (known sections: model, model.moe, data, train, optimizer, parallel, "
-                                  "checkpoint, checkpoint.local, monitor, metrics); did you mean [train]?"));
+                                  "fp8, checkpoint, checkpoint.local, monitor, metrics); did you mean [train]?"));
 }
 
 TEST(Config, LocalSnapshotKeys_AreReadFromTheirTableInsideCheckpoint) {
@@ -984,4 +984,47 @@ TEST(Config, ShardSizeBelowStageTwoOrNegative_IsRefusedNamingTheKey) {
         EXPECT_TRUE(Contains(message, "needs parallel.zero_stage = 2")) << message;
     }
     EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"parallel.zero_stage=2", "parallel.shard_size=-1"}), "parallel.shard_size"));
+}
+
+TEST(Config, Fp8Precision_ParsesItsTableWithTransformerEnginesDefaults) {
+    const Config c = parse(TomlText::gpt2(), {"train.precision=\"fp8\""});
+    EXPECT_EQ(c.train.precision, Precision::fp8);
+    EXPECT_EQ(compute_dtype(c.train), DType::f32);  // the CPU's: only the linears are FP8
+    EXPECT_EQ(c.fp8.recipe, Fp8Recipe::current);
+    EXPECT_EQ(c.fp8.amax_history_len, 1024);
+    EXPECT_EQ(c.fp8.amax_compute, Fp8AmaxCompute::max);
+    EXPECT_EQ(c.fp8.format, Fp8Formats::hybrid);
+    EXPECT_EQ(c.fp8.bf16_first_layers, 1);
+    EXPECT_EQ(c.fp8.bf16_last_layers, 1);
+    const Config d = parse(TomlText::gpt2(), {"train.precision=\"fp8\"", "fp8.recipe=\"delayed\"", "fp8.amax_history_len=16",
+                                              "fp8.amax_compute=\"most_recent\"", "fp8.margin=2", "fp8.format=\"e4m3\""});
+    EXPECT_EQ(d.fp8.recipe, Fp8Recipe::delayed);
+    EXPECT_EQ(d.fp8.amax_history_len, 16);
+    EXPECT_EQ(d.fp8.amax_compute, Fp8AmaxCompute::most_recent);
+    EXPECT_EQ(d.fp8.margin, 2);
+    EXPECT_EQ(d.fp8.format, Fp8Formats::e4m3);
+    EXPECT_EQ(parse_config(dump_config(d), "dumped.toml", {}).fp8.amax_history_len, 16);
+}
+
+TEST(Config, Fp8BadValues_AreRefusedNamingTheKeyAndWhatIsExpected) {
+    const std::vector<std::string> fp8 = {"train.precision=\"fp8\""};
+    const auto refused = [&](const std::string& key_value, const std::string& expected) {
+        std::vector<std::string> overrides = fp8;
+        overrides.push_back(key_value);
+        const std::string message = error_of(TomlText::gpt2(), overrides);
+        EXPECT_TRUE(Contains(message, key_value.substr(0, key_value.find('=')))) << message;
+        EXPECT_TRUE(Contains(message, expected)) << message;
+    };
+    refused("fp8.recipe=\"lazy\"", "delayed");
+    refused("fp8.amax_compute=\"mean\"", "most_recent");
+    refused("fp8.format=\"e5m2\"", "hybrid");
+    refused("fp8.amax_history_len=0", "fp8.amax_history_len");
+    refused("fp8.margin=-1", "fp8.margin");
+    refused("fp8.bf16_first_layers=-1", "fp8.bf16_first_layers");
+    refused("fp8.param_gather=true", "allowed: false");
+    refused("parallel.tp_overlap=true", "train.precision = \"fp8\"");
+    const std::string moe = error_of(TomlText::llama(), {"train.precision=\"fp8\"", "model.moe.n_experts=4"});
+    EXPECT_TRUE(Contains(moe, "train.precision") && Contains(moe, "mixture-of-experts")) << moe;
+    // [fp8] without FP8 says so rather than being ignored.
+    EXPECT_TRUE(Contains(error_of(TomlText::gpt2(), {"fp8.recipe=\"delayed\""}), "read only under train.precision = \"fp8\""));
 }

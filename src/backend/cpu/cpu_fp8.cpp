@@ -91,15 +91,17 @@ void CpuBackend::matmul_fp8(const MatmulFp8& a) {
         const T alpha = static_cast<T>(scale), beta = a.accumulate ? T(1) : T(0);
         const int M = blas_int(timer.name(), d.m), N = blas_int(timer.name(), d.n), K = blas_int(timer.name(), d.k);
         if (M == 0 || N == 0) return;
-        if (K == 0) {
-            if (!a.accumulate) std::fill(out, out + d.m * d.n, T(0));
-            return;
-        }
+        if (K == 0 && !a.accumulate) std::fill(out, out + d.m * d.n, T(0));
         // out = alpha lhs rhs^T + beta out
-        if constexpr (std::is_same_v<T, float>)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, alpha, lhs.data(), K, rhs.data(), K, beta, out, N);
-        else
+        if constexpr (std::is_same_v<T, float>) {
+            if (K > 0) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, alpha, lhs.data(), K, rhs.data(), K, beta, out, N);
+        } else if (K > 0) {
             cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, alpha, lhs.data(), K, rhs.data(), K, beta, out, N);
+        }
+        if (a.bias.empty()) return;
+        const T* bias = a.bias.data<T>();
+        for (int64_t m = 0; m < d.m; ++m)
+            for (int64_t n = 0; n < d.n; ++n) out[m * d.n + n] += bias[n];
     });
 }
 

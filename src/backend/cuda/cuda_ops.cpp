@@ -371,6 +371,8 @@ void CudaBackend::matmul_fp8(const MatmulFp8& a) {
     c.a_scale_inv = ptr<float>(a.b_scale_inv), c.b_scale_inv = ptr<float>(a.a_scale_inv);
     c.accumulate = a.accumulate;
     c.fast_accumulate = a.fast_accumulate;
+    c.bias = ptr_or_null(a.bias);
+    if (c.bias) c.epilogue = GemmEpilogue::bias;
     gemm_->run(c, op);
 }
 

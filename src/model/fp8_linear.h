@@ -1,0 +1,133 @@
+// The blocks' linear layers in FP8 (train.precision = "fp8"): per-tensor scaling state and
+// the three GEMMs of one linear, out = x w^T + bias, on the backend's FP8 ops (backend.h):
+//
+//   forward   xq = fp8(x s_x), wq = fp8(w s_w)            (e4m3)
+//             out = (1 / s_x)(1 / s_w) xq wq^T + bias      (fast accumulation, as Transformer Engine)
+//   backward  gq = fp8(dout s_g)                           (e5m2 under "hybrid", else e4m3)
+//             dx  = (1 / s_g)(1 / s_w) gq (wq^T)^T         (wq^T: the weight cast's transposed copy)
+//             dw += (1 / s_g)(1 / s_x) (gq^T)(xq^T)^T      (both operands transposed: Hopper's GEMMs
+//                                                          take FP8 only with k contiguous, "TN")
+//             dbias += column sums of dout                 (the compute dtype, not FP8)
+// The compute dtype stays what it is (bf16 on CUDA, f32 on the CPU, whose FP8 ops emulate
+// the rounding exactly); only these GEMMs' operands are FP8.
+//
+// Scales (core/fp8.h: s = fp8 max / amax / 2^margin), per tensor of each linear (x, w, dout):
+//   weights   cast once per optimizer step, at their first use after close_step(), from their
+//             own amax (both recipes: the whole weight is there before the cast, so delaying
+//             its amax buys nothing); the FP8 copy and its transpose are kept for the step.
+//   current   x and dout scaled from their own amax as they are cast.
+//   delayed   x and dout scaled from their amax history (Transformer Engine's DelayedScaling):
+//             within a step the scale is fixed; each cast adds its amax to the step's running
+//             max, which close_step() records after the trainer agreed on it over the groups
+//             that hold the same layer (max over tp, cp and dp). A tensor with no history yet
+//             (the first step, or a run resumed without one) is scaled from its own amax.
+// The input is cast again in backward (not kept from forward): the same values with the same
+// scale give the same bytes, and no FP8 copy of the input lives across the step.
+//
+// Tensor parallelism: a tensor split over the tp group (a column-parallel weight's rows and
+// its output gradient's columns; a row-parallel weight's columns and its input's columns) has
+// one amax over the group, so every rank casts with the same scale and a tp run computes what
+// one process does. Under current scaling the amax must be known before the cast: one
+// all-reduce (max) over tp per such tensor per cast, and one over cp for an activation or a
+// gradient under context parallelism (each cp rank holds other tokens). The delayed recipe
+// needs none in the step: its running maxima are agreed once per step, all tensors in one
+// buffer (step_amaxes()).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "config/config.h"
+#include "core/fp8.h"
+#include "parallel/comm.h"
+
+namespace llmtrain {
+
+// How tensor parallelism splits a linear (Megatron-LM): column-parallel splits the weight's
+// rows (the input is whole, the output's columns split), row-parallel its columns (the input's
+// columns split, the output a partial sum, whole after the reduction).
+enum class LinearSplit { column_parallel, row_parallel };
+
+class Fp8Linears {
+public:
+    // The groups whose ranks hold parts of one tensor (null or of size 1: none).
+    struct Groups {
+        Comm* tp = nullptr;
+        Comm* cp = nullptr;
+    };
+    // compute: the compute dtype (not f16: FP8 does not go with fp16's loss scaling).
+    Fp8Linears(const Fp8Config& config, Backend& backend, DType compute, Groups groups);
+
+    // A linear whose weight is [out, in] (this rank's part); its id for forward / backward.
+    int add(int64_t out_features, int64_t in_features, LinearSplit split);
+    // Device memory for the state and the casts of up to max_rows token rows; after add().
+    void allocate(int64_t max_rows);
+
+    // MatmulFwd's out = x w^T + bias with x and w in FP8 (row_block is the plain matmul's).
+    void forward(int id, const MatmulFwd& args);
+    // MatmulBwd's dx = dout w (overwritten), dw += dout^T x, dbias += column sums of dout,
+    // each where given; x is the forward's input.
+    void backward(int id, const MatmulBwd& args);
+
+    bool delayed() const { return config_.recipe == Fp8Recipe::delayed; }
+    // The delayed recipe's running amax of every activation and gradient this step, f32 in
+    // the backend's memory: the trainer all-reduces it (max) over tp, cp and dp before
+    // close_step(), so that every rank records the same history as one process would.
+    Tensor step_amaxes() const;
+    // After the optimizer step (or a skipped one): the weights are cast again at their next
+    // use; under the delayed recipe each history records the step's amax (a non-finite one is
+    // not recorded) and sets the next step's scale.
+    void close_step();
+
+    // Host copies of a tensor's state, for tests and checkpoints: role 0 the input, 1 the
+    // weight, 2 the output gradient of linear `id`.
+    struct TensorState {
+        float scale = 1, scale_inv = 1;
+        std::vector<float> history;  // oldest first; empty under the current recipe
+    };
+    TensorState state(int id, int role) const;
+    int count() const { return static_cast<int>(linears_.size()); }
+
+private:
+    enum Role { input = 0, weight = 1, grad = 2 };
+    struct Scaled {
+        DType format = DType::e4m3;
+        bool agree_tp = false, agree_cp = false;  // split over the group: one amax over it
+        AmaxHistory history;
+        bool has_history = false;
+    };
+    struct Linear {
+        int64_t out_features = 0, in_features = 0;
+        Memory weight_memory;  // wq [out, in] and wq^T [in, out], e4m3
+        bool weight_cast = false;
+    };
+    int tensor(int id, Role role) const { return 3 * id + role; }
+    // Views of the device state: the step's running amax, this cast's amax (side by side, so
+    // that one fp8_amax over both gives the new running max, into the third), the scale, its
+    // inverse.
+    Tensor amaxes(int t) const;
+    Tensor amax_now(int t) const { return amaxes(t).slice_rows(1, 1); }
+    Tensor scale(int t) const;
+    Tensor scale_inv(int t) const;
+    // xq (and its transpose xt when given) = fp8(x s) with the tensor's scale set first as the
+    // recipe says.
+    void cast(int t, const Tensor& x, const Tensor& xq, const Tensor& xt);
+    void agree(int t);  // the current-scaling amax over the groups that split the tensor
+    void cast_weight(int id, const Tensor& w);
+    Tensor weight_q(int id) const;
+    Tensor weight_t(int id) const;
+    Tensor scratch(size_t which, DType dtype, Shape shape) const;
+
+    Fp8Config config_;
+    Backend& backend_;
+    DType compute_;
+    Groups groups_;
+    std::vector<Linear> linears_;
+    std::vector<Scaled> tensors_;
+    Memory state_memory_;  // f32: [3T] amaxes (running, now, merged), [T] scales, [T] inverse scales
+    std::vector<Memory> scratch_;  // input and gradient casts, both layouts
+    int64_t max_rows_ = 0, max_width_ = 0;
+};
+
+}  // namespace llmtrain
