@@ -105,6 +105,21 @@ TEST(CheckpointResume, StandInCudaLlamaFp16_RestoresTheLossScaleBitwise) {
         "llama_fp16");
 }
 
+// FP8 under current scaling keeps no state across steps but the weights' casts, which a
+// resumed run makes again from the restored weights at their first use: on the CPU's
+// emulation in f32 and on the CUDA path's host side in bf16 (FP8 GEMMs into bf16 and f32).
+TEST(CheckpointResume, CpuGpt2Fp8CurrentScaling_IsBitwiseIdenticalToUninterrupted) {
+    expect_resume_is_bitwise_uninterrupted(test::tiny_cuda_shaped_run("gpt2", "cpu", 2, 32, {"train.steps=20", "train.sample_tokens=0", "train.precision=\"fp8\"",
+                                                                                             "fp8.bf16_first_layers=0", "fp8.bf16_last_layers=0"}),
+                                           "gpt2_fp8");
+}
+
+TEST(CheckpointResume, StandInCudaLlamaFp8CurrentScaling_IsBitwiseIdenticalToUninterrupted) {
+    expect_resume_is_bitwise_uninterrupted(test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0", "train.precision=\"fp8\"",
+                                                                                               "fp8.bf16_first_layers=0", "fp8.bf16_last_layers=0"}),
+                                           "llama_fp8_bf16");
+}
+
 TEST(CheckpointResume, CpuLlamaDocumentMask_IsBitwiseIdenticalToUninterrupted) {
     expect_resume_is_bitwise_uninterrupted(
         test::tiny_cuda_shaped_run("llama", "cpu", 2, 32, {"train.steps=20", "train.sample_tokens=0", "data.attention_mask=\"document\"",
