@@ -1048,6 +1048,14 @@ constexpr Check kChecks[] = {
                                                            c.model.n_layers, " (allowed: 0 to ", c.model.n_layers - 1, ")")};
     },
     [](const Config& c) -> std::optional<Problem> {
+        // seq_aux_loss's groups are whole sequences; sequence parallelism cuts a micro-batch's
+        // rows across the tp ranks regardless of where its sequences end.
+        const MoeConfig& moe = c.model.moe;
+        if (!moe.enabled() || moe.load_balancing != MoeBalancing::seq_aux_loss || !c.parallel.sequence_parallel || c.parallel.tp == 1) return std::nullopt;
+        return Problem{"model.moe.load_balancing", cat("= \"seq_aux_loss\" balances each sequence's tokens, which parallel.sequence_parallel = true cuts "
+                                                       "across parallel.tp = ", c.parallel.tp, " ranks (allowed with sequence parallelism: \"aux_loss\" or \"none\")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.pp <= c.model.n_layers) return std::nullopt;
         return Problem{"parallel.pp", cat("more pipeline stages than model.n_layers = ", c.model.n_layers, " (got ", c.parallel.pp, ")")};
     },

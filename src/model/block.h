@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,12 +135,19 @@ public:
     virtual Tensor part_output(int64_t n) const = 0;
     // This rank's tokens of each sequence of the micro-batch (seq_len / cp).
     virtual int64_t sequence_tokens() const = 0;
-    // The loss scale the backward running now was given: d(loss) of a loss term added to the
-    // mean cross-entropy (a MoE layer's balancing losses).
+    // d(loss) of a loss term of the whole micro-batch (a MoE layer's balancing losses) in the
+    // backward running now: the loss scale it was given, times cp (that scale divides by the
+    // cp ranks, each of which takes the mean cross-entropy of its own tokens).
     virtual double backward_loss_scale() const = 0;
     // Adds a loss term (a [1] tensor) to the model's balancing losses, once per forward of a
     // micro-batch: a recomputation's forward adds nothing.
     virtual void add_balance_loss(const Tensor& loss) = 0;
+    // The ranks holding the micro-batch's tokens between them: the tp ranks under sequence
+    // parallelism, times the cp ranks (1: this rank holds every token). A MoE layer sums its
+    // load statistics over them before forming the aux loss (sum_over_token_shards, in place;
+    // every one of those ranks calls it with the same tensors).
+    virtual int64_t token_shards() const = 0;
+    virtual void sum_over_token_shards(std::initializer_list<Tensor> tensors) = 0;
 
 protected:
     ~LayerOps() = default;

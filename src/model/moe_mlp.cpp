@@ -178,12 +178,14 @@ private:
         return with_rows(r, rows);
     }
 
-    // The load statistics (per micro-batch, or per sequence for seq_aux_loss) and the
-    // balancing losses of this forward, added to the model's.
+    // The load statistics (per micro-batch, or per sequence for seq_aux_loss), summed over the
+    // ranks holding the micro-batch's other tokens, and the balancing losses of this forward,
+    // added to the model's.
     void balance_losses(LayerOps& ops, const MoeSlots& s, const Routed& r) const {
         Backend& b = ops.backend();
         const Balance bal = balance(ops, s, r.n);
         b.moe_load_stats({.counts = bal.counts, .score_sums = bal.score_sums, .experts = r.experts, .scores = r.scores, .seq_len = bal.group});
+        ops.sum_over_token_shards({bal.counts, bal.score_sums});
         const Tensor losses = ops.planned(s.losses);
         if (aux_loss_on()) {
             b.moe_aux_loss_fwd({.loss = losses.slice_rows(0, 1), .counts = bal.counts, .score_sums = bal.score_sums, .tokens_per_group = bal.tokens,
@@ -191,12 +193,13 @@ private:
             ops.add_balance_loss(losses.slice_rows(0, 1));
         }
         if (config_.z_loss_coeff > 0) {
-            b.moe_z_loss_fwd({.loss = losses.slice_rows(1, 1), .logits = r.logits, .coeff = config_.z_loss_coeff});
+            b.moe_z_loss_fwd({.loss = losses.slice_rows(1, 1), .logits = r.logits, .coeff = z_loss_coeff(ops)});
             ops.add_balance_loss(losses.slice_rows(1, 1));
         }
     }
 
-    // seq_aux_loss: groups of one sequence's tokens; else the micro-batch's as one group.
+    // seq_aux_loss: groups of one sequence's tokens; else the micro-batch's as one group. The
+    // statistics are the whole group's (all token shards): tokens counts them all.
     struct Balance {
         int64_t group = 0, tokens = 0;
         Tensor counts, score_sums;
@@ -204,12 +207,15 @@ private:
     Balance balance(const LayerOps& ops, const MoeSlots& s, int64_t n) const {
         Balance bal;
         bal.group = config_.load_balancing == MoeBalancing::seq_aux_loss ? ops.sequence_tokens() : 0;
-        bal.tokens = bal.group > 0 ? bal.group : n;
+        bal.tokens = (bal.group > 0 ? bal.group : n) * ops.token_shards();
         const int64_t groups = bal.group > 0 ? n / bal.group : 1;
         bal.counts = ops.planned(s.load_counts).slice_rows(0, groups);
         bal.score_sums = ops.planned(s.score_sums).slice_rows(0, groups);
         return bal;
     }
+    // The z-loss is a mean over the micro-batch's tokens: each token shard adds its own tokens'
+    // part (the op means over this rank's n = N / shards), and the parts sum to the mean.
+    double z_loss_coeff(const LayerOps& ops) const { return config_.z_loss_coeff / static_cast<double>(ops.token_shards()); }
     bool aux_loss_on() const { return config_.load_balancing != MoeBalancing::none && config_.aux_loss_coeff > 0; }
 
     Routed routed(const LayerOps& ops, const MoeSlots& s, int64_t n) const {
@@ -280,7 +286,7 @@ private:
                                 .top_k = shape_.top_k, .coeff = config_.aux_loss_coeff, .dloss = dloss, .score = score});
         }
         if (config_.z_loss_coeff > 0)
-            b.moe_z_loss_bwd({.d_logits = d_logits, .logits = r.logits, .coeff = config_.z_loss_coeff, .dloss = dloss});
+            b.moe_z_loss_bwd({.d_logits = d_logits, .logits = r.logits, .coeff = z_loss_coeff(ops), .dloss = dloss});
         Tensor d_logits_c = d_logits;
         if (d_logits.dtype() != x.dtype()) {
             d_logits_c = ops.planned(m.d_logits_compute).slice_rows(0, r.n);

@@ -23,8 +23,16 @@
 //
 // Parallelism: every expert is on every rank (parallel.ep = 1). The part works on this rank's
 // tokens: the whole micro-batch, or its 1/tp under sequence parallelism, where the experts'
-// and the router's gradients are partial sums over the tp ranks (flagged, as the norms').
-// The load statistics are this rank's tokens' (Megatron-Core's per-micro-batch loss).
+// and the router's gradients are partial sums over the tp ranks (flagged, as the norms'), and
+// its 1/cp under context parallelism. The balancing losses are the micro-batch's
+// (Megatron-Core's per-micro-batch loss: a dp run is one process accumulating the same
+// micro-batches): where the micro-batch's tokens are split (tp under sequence parallelism,
+// cp) the load statistics [G, E] are summed over the ranks holding them before the aux loss
+// is formed (its value is then the micro-batch's on each of them), and each rank adds its
+// tokens' part of the z-loss's mean. So a split run computes what the unsplit one does;
+// seq_aux_loss with sequence parallelism is refused (its rows cut sequences anywhere). A
+// capacity caps each rank's own tokens: under sequence or context parallelism it drops other
+// assignments than one process would (as in Megatron-Core).
 //
 // Parameters, in Qwen2-MoE's names: mlp.gate.weight [E, d_model] (the router), then per
 // expert mlp.experts.{e}.gate_proj.weight, up_proj.weight [d_ff_expert, d_model] (one fused

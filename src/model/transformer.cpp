@@ -293,6 +293,15 @@ Tensor Transformer::local_rows(Arena::Slot slot) const { return arena_.tensor(sl
 void Transformer::add_balance_loss(const Tensor& loss) {
     if (!recomputing_) backend_.accumulate_sum(balance_loss_sum(), loss, 1.0);
 }
+// Over tp (sequence parallelism), then cp: the sum over the tp x cp ranks of the micro-batch.
+void Transformer::sum_over_token_shards(std::initializer_list<Tensor> tensors) {
+    for (Comm* group : {sp_ ? tp_ : nullptr, cp_}) {
+        if (!group) continue;
+        std::vector<CommHandle> sums;
+        for (const Tensor& t : tensors) sums.push_back(group->all_reduce_async(t, ReduceOp::sum));
+        for (CommHandle& h : sums) h.wait();
+    }
+}
 Tensor Transformer::part_output(int64_t n) const { return arena_.tensor(sp_ ? proj_local_ : proj_out_).slice_rows(0, n); }
 int64_t TransformerLayout::local_tokens(int64_t batch, int64_t seq_len) const { return sp_ ? batch * seq_len / tp_size() : batch * seq_len; }
 

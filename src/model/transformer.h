@@ -369,7 +369,9 @@ private:
     Tensor planned(Arena::Slot slot) const override { return arena_.tensor(slot); }
     Tensor part_output(int64_t n) const override;  // proj_local_ (sequence parallel) or proj_out_
     int64_t sequence_tokens() const override { return seq_len_; }
-    double backward_loss_scale() const override { return backward_loss_scale_; }
+    double backward_loss_scale() const override { return backward_loss_scale_ * static_cast<double>(part_.cp_size); }
+    int64_t token_shards() const override { return (sp_ ? tp_size() : 1) * part_.cp_size; }
+    void sum_over_token_shards(std::initializer_list<Tensor> tensors) override;
     void add_balance_loss(const Tensor& loss) override;
     // Starts gathering this rank's rows `local` into `whole` (rank r's at rows r * local.dim(0)).
     CommHandle start_gather(const Tensor& local, const Tensor& whole);

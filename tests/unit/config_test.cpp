@@ -977,6 +977,17 @@ TEST(Config, ExpertParallelNotDividingTheStage_IsRefusedNamingTheKeyAndTheStage)
         << message;
 }
 
+// seq_aux_loss balances whole sequences, which sequence parallelism cuts across the tp ranks.
+TEST(Config, SequenceAuxLossWithSequenceParallelism_IsRefusedNamingBothKeys) {
+    const std::vector<std::string> moe = {"model.moe.n_experts=4", "model.moe.load_balancing=\"seq_aux_loss\"", "parallel.tp=2"};
+    std::vector<std::string> split = moe;
+    split.push_back("parallel.sequence_parallel=true");
+    const std::string message = error_of(TomlText::llama(), split);
+    EXPECT_TRUE(Contains(message, "model.moe.load_balancing: = \"seq_aux_loss\" balances each sequence's tokens, which parallel.sequence_parallel = true "
+                                  "cuts across parallel.tp = 2 ranks")) << message;
+    EXPECT_EQ(parse(TomlText::llama(), moe).model.moe.load_balancing, MoeBalancing::seq_aux_loss);
+}
+
 TEST(Config, ShardSizeBelowStageTwoOrNegative_IsRefusedNamingTheKey) {
     for (const char* stage : {"parallel.zero_stage=0", "parallel.zero_stage=1"}) {
         const std::string message = error_of(TomlText::gpt2(), {stage, "parallel.shard_size=2"});
