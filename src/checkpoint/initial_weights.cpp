@@ -4,6 +4,7 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/config_changes.h"
+#include "checkpoint/hf_mixtral.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 
@@ -22,6 +23,12 @@ void check_same_model(const std::string& path, const Manifest& manifest, const C
     fail(ErrorKind::config, "train.init_from: the checkpoint '", path, "' was saved by a model with ", c.key, " = ", c.saved, ", this config has ", c.now);
 }
 }  // namespace
+
+void check_initial_weights_fit(const Config& config) {
+    const std::string& path = config.train.init_from;
+    if (path.empty() || is_checkpoint_directory(path)) return;
+    check_hf_experts(SafetensorsFile(safetensors_file_of(path)), config.model);
+}
 
 std::string initial_weights_source(const std::string& path) { return is_checkpoint_directory(path) ? path : safetensors_file_of(path); }
 

@@ -18,6 +18,11 @@
 
 namespace llmtrain {
 
+// Before the model is allocated: Hugging Face weights at config.train.init_from whose experts
+// do not fit model.moe (their count, width, or which layers hold them) are refused naming the
+// key and the value they need (checkpoint/hf_mixtral.h). An llmtrain checkpoint's model is
+// checked by checkpoint_to_start_from, once its files are verified.
+void check_initial_weights_fit(const Config& config);
 // What a run starting from `path` reads: the checkpoint directory, or the .safetensors file.
 std::string initial_weights_source(const std::string& path);
 // When path is an llmtrain checkpoint directory: its manifest, once problem_of (a resume's

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/hf_mixtral.h"
 #include "checkpoint/tensor_assembly.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -83,9 +84,11 @@ nlohmann::ordered_json shape_to_json(const Shape& shape) {
     return dims;
 }
 
-// GPT-2 files saved from GPT2Model (the original openai-community/gpt2) lack "transformer.".
+// GPT-2 files saved from GPT2Model (the original openai-community/gpt2) lack "transformer.";
+// a MoE layer's tensors are ours (Qwen2-MoE's names) or Mixtral's.
 const SafetensorsEntry* find_hf_entry(const SafetensorsFile& file, const std::string& name) {
     if (const SafetensorsEntry* e = file.find(name)) return e;
+    if (const SafetensorsEntry* e = file.find(mixtral_name(name))) return e;
     if (name.starts_with("transformer.")) return file.find(name.substr(std::strlen("transformer.")));
     return nullptr;
 }
@@ -136,7 +139,11 @@ int64_t hf_index(const std::string& name, const Shape& global_shape, int64_t voc
 }
 
 std::string hf_config_json(const ModelConfig& model) {
-    return (model.family == ModelFamily::gpt2 ? gpt2_config(model) : llama_config(model)).dump(2) + "\n";
+    if (model.family == ModelFamily::gpt2) return gpt2_config(model).dump(2) + "\n";
+    if (!model.moe.enabled()) return llama_config(model).dump(2) + "\n";
+    if (const std::optional<std::string> problem = mixtral_export_problem(model))
+        fail(ErrorKind::unsupported, "no Hugging Face class computes this mixture-of-experts model: ", *problem);
+    return mixtral_config(llama_config(model), model).dump(2) + "\n";
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(path, std::ios::binary) {
@@ -278,12 +285,13 @@ ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const 
     const int64_t vocab = config.model.vocab_size;
     if (tokenizer && tokenizer->vocab_size() > vocab)
         fail(ErrorKind::config, "tokenizer '", tokenizer->source(), "' has ", tokenizer->vocab_size(), " tokens, more than the model's model.vocab_size = ", vocab);
+    const std::string config_json = export_config_json(config.model, tokenizer);  // refuses a model no Hugging Face class computes
     const CheckpointTensors checkpoint(checkpoint_path, manifest);
     std::vector<SafetensorsOutput> outputs;
     for (const std::string& name : checkpoint.names(TensorRole::weights)) {
         const Shape saved = checkpoint.saved_shape(TensorRole::weights, name);
         const Shape shape = hf_shape(name, saved, vocab);
-        outputs.push_back({name, shape, [&checkpoint, name, saved, shape, vocab] {
+        outputs.push_back({config.model.moe.enabled() ? mixtral_name(name) : name, shape, [&checkpoint, name, saved, shape, vocab] {
             const std::vector<double> global = assemble_global_tensor(checkpoint, TensorRole::weights, name, saved);
             std::vector<float> values(static_cast<size_t>(shape.numel()));
             for (int64_t g = 0; g < saved.numel(); ++g) {
@@ -298,12 +306,12 @@ ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const 
     if (ec) fail(ErrorKind::io, "cannot create '", out_dir, "': ", ec.message());
     const std::string weights_path = (fs::path(out_dir) / kWeightsFile).string();
     write_safetensors(weights_path, outputs);
-    write_text_file((fs::path(out_dir) / "config.json").string(), export_config_json(config.model, tokenizer));
+    write_text_file((fs::path(out_dir) / "config.json").string(), config_json);
     if (tokenizer) {
         write_text_file((fs::path(out_dir) / "tokenizer.json").string(), tokenizer->to_hf_json());
         write_text_file((fs::path(out_dir) / "tokenizer_config.json").string(), hf_tokenizer_config_json(*tokenizer, config.model));
     }
-    const nlohmann::json written = nlohmann::json::parse(hf_config_json(config.model));
+    const nlohmann::json written = nlohmann::json::parse(config_json);
     return {written.at("architectures").at(0).get<std::string>(), outputs.size(), fs::file_size(weights_path)};
 }
 

@@ -1,6 +1,7 @@
 // Hugging Face weights: export of a checkpoint as model.safetensors + config.json that
-// transformers loads as GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM (llama with
-// model.qkv_bias), and import of such weights into a fresh run (train.init_from).
+// transformers loads as GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM (llama with
+// model.qkv_bias) or MixtralForCausalLM (llama with model.moe: checkpoint/hf_mixtral.h), and
+// import of such weights into a fresh run (train.init_from).
 //
 // safetensors: 8 bytes, little-endian, the header's length N; N bytes of JSON
 //   {"<name>": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end)}, ...,
@@ -42,6 +43,8 @@ Shape hf_shape(const std::string& name, const Shape& global_shape, int64_t vocab
 int64_t hf_index(const std::string& name, const Shape& global_shape, int64_t vocab_size, int64_t g);
 
 // config.json for transformers: architectures, model_type and the model's dimensions.
+// Throws Error(unsupported) naming the key for a mixture-of-experts model that no class
+// computes (mixtral_export_problem).
 std::string hf_config_json(const ModelConfig& model);
 
 // One tensor of a safetensors file.

@@ -175,6 +175,8 @@ RunStart check_run_start(const TrainArgs& args, const std::string& run_dir, cons
     if (start.resume) {
         check_resume_config(*start.resume, config, report);
         keep_saved_global_batch(*start.resume, config, dp, report);
+    } else {
+        check_initial_weights_fit(config);
     }
     micro_batches_per_step(config, dp);  // a global batch that does not split stops the run before its directory exists
     if (record.holds_run && !run_dir.empty()) start.identity.config_changes = changes_from_record(run_dir, config);

@@ -66,6 +66,9 @@ std::string tiny_run(const std::string& dir, const std::string& family, const st
                         " --set data.train_path=" + window + " --set data.val_path=data/fortunes.txt"
                         " --set checkpoint.dir=" + dir + "/checkpoints --set model.family=" + family;
     if (family == "qwen2") flags = std::regex_replace(flags, std::regex("family=qwen2"), "family=llama --set model.qkv_bias=true --set model.n_kv_heads=2");
+    if (family == "moe")
+        flags = std::regex_replace(flags, std::regex("family=moe"), "family=llama --set model.n_kv_heads=2 --set model.moe.n_experts=4 --set model.moe.top_k=2"
+                                                                    " --set model.moe.d_ff_expert=48");
     return flags + " " + more;
 }
 
@@ -159,6 +162,26 @@ StFile read_safetensors_independently(const std::string& path) {
     }
     EXPECT_EQ(at, file.data.size()) << "the last tensor ends at the end of the file";
     return file;
+}
+
+// Writes a safetensors file of these tensors (name -> dtype, shape, bytes) as the format
+// describes it, without padding between tensors.
+struct StTensor {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    std::string bytes;
+};
+void write_safetensors_independently(const std::string& path, const std::map<std::string, StTensor>& tensors) {
+    nlohmann::ordered_json header;
+    std::string data;
+    for (const auto& [name, t] : tensors) {
+        header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+        data += t.bytes;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    const uint64_t n = text.size();
+    write_bytes(path, std::string(reinterpret_cast<const char*>(&n), 8) + text + data);
 }
 
 // The checkpoint's own values of a weight (one rank: whole tensors), [out, in] as trained.
@@ -332,21 +355,15 @@ TEST(CheckpointImport, Bf16WeightsWithoutTheTransformerPrefix_LoadIntoThisRanksP
     const std::string dir = scratch("bf16");
     train_and_export(dir, "gpt2");
     const StFile f32 = read_safetensors_independently(dir + "/hf/model.safetensors");
-    nlohmann::ordered_json header;
-    std::string data;
+    std::map<std::string, StTensor> bf16_tensors;
     for (const auto& [name, e] : f32.entries) {
-        const std::vector<float> values = f32.values(name);
-        const std::string short_name = name.substr(std::strlen("transformer."));
-        header[short_name] = {{"dtype", "BF16"}, {"shape", e.shape}, {"data_offsets", {data.size(), data.size() + 2 * values.size()}}};
-        for (float v : values) {
+        StTensor& t = bf16_tensors[name.substr(std::strlen("transformer."))] = {"BF16", e.shape, ""};
+        for (float v : f32.values(name)) {
             const uint16_t bits = float_to_bf16(v);
-            data.append(reinterpret_cast<const char*>(&bits), 2);
+            t.bytes.append(reinterpret_cast<const char*>(&bits), 2);
         }
     }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');
-    const uint64_t n = text.size();
-    write_bytes(dir + "/bf16.safetensors", std::string(reinterpret_cast<const char*>(&n), 8) + text + data);
+    write_safetensors_independently(dir + "/bf16.safetensors", bf16_tensors);
 
     const Config config = load_config("configs/tiny.toml", {"model.n_layers=2", "model.d_model=32", "train.batch_size=2", "train.seq_len=16",
                                                             "train.threads=1", "data.train_path=\"" + dir + "/one-window.txt\"", "data.val_path=\"data/fortunes.txt\""});
@@ -370,4 +387,194 @@ TEST(CheckpointImport, PaddedVocabularyRows_MapToNoHuggingFaceRow) {
     EXPECT_EQ(hf_index("lm_head.weight", {264, 32}, 257, 256 * 32 + 3), 256 * 32 + 3);
     EXPECT_EQ(hf_index("lm_head.weight", {264, 32}, 257, 257 * 32), -1);
     EXPECT_EQ(hf_index("transformer.h.0.mlp.c_fc.weight", {128, 32}, 257, 1 * 32 + 2), 2 * 128 + 1);
+}
+
+// ---- mixture-of-experts models as Mixtral ----
+
+namespace {
+
+// The logits of the tiny MoE model of tiny_run(dir, "moe") started from `weights` (a checkpoint
+// or Hugging Face weights, as train.init_from reads them; "": the random initialization) on
+// one fixed batch, f32 as computed.
+std::vector<float> moe_logits(const std::string& dir, const std::string& weights) {
+    const Config config = load_config("configs/tiny.toml", {"model.n_layers=2", "model.d_model=32", "model.family=\"llama\"", "model.n_kv_heads=2",
+                                                            "model.moe.n_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=48", "train.batch_size=2",
+                                                            "train.seq_len=16", "train.threads=1", "data.train_path=\"" + dir + "/one-window.txt\"",
+                                                            "data.val_path=\"data/fortunes.txt\""});
+    Trainer trainer(config, TrainerOptions{.dtype = DType::f32, .quiet = true});
+    if (!weights.empty()) trainer.load_initial_weights(weights);
+    const int64_t B = 2, T = 16;
+    OwnedTensor tokens(DType::i32, {B * T}), targets(DType::i32, {B * T});
+    for (int64_t i = 0; i < B * T; ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % 257), targets.data<int32_t>()[i] = static_cast<int32_t>(i % 257);
+    trainer.model().forward(tokens, targets, B, T);
+    const Tensor logits = trainer.model().logits();
+    EXPECT_EQ(logits.dtype(), DType::f32);
+    return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Mixtral's names back to ours (Qwen2-MoE's), written here from the two models' layouts.
+std::string qwen2_moe_name(const std::string& mixtral) {
+    std::string name = std::regex_replace(mixtral, std::regex(R"(\.block_sparse_moe\.)"), ".mlp.");
+    for (const auto& [theirs, ours] : {std::pair{"w1", "gate_proj"}, {"w3", "up_proj"}, {"w2", "down_proj"}})
+        name = std::regex_replace(name, std::regex(std::string(R"((\.experts\.[0-9]+\.))") + theirs + R"(\.weight$)"), std::string("$1") + ours + ".weight");
+    return name;
+}
+
+}  // namespace
+
+TEST(CheckpointExport, Moe_IsMixtralForCausalLM_ItsConfigKeysAndExpertTensorsNamedAsMixtrals) {
+    const std::string dir = scratch("export-moe");
+    train_and_export(dir, "moe");
+    const nlohmann::json config = nlohmann::json::parse(read_bytes(dir + "/hf/config.json"));
+    EXPECT_EQ(config.at("architectures"), nlohmann::json::array({"MixtralForCausalLM"}));
+    EXPECT_EQ(config.at("model_type"), "mixtral");
+    EXPECT_EQ(config.at("num_local_experts"), 4);
+    EXPECT_EQ(config.at("num_experts_per_tok"), 2);
+    EXPECT_EQ(config.at("intermediate_size"), 48) << "each expert's width (model.moe.d_ff_expert)";
+    EXPECT_DOUBLE_EQ(config.at("router_aux_loss_coef").get<double>(), 0.01);
+    EXPECT_EQ(config.at("output_router_logits"), false);
+    EXPECT_DOUBLE_EQ(config.at("router_jitter_noise").get<double>(), 0.0);
+    EXPECT_TRUE(config.at("sliding_window").is_null());
+    EXPECT_EQ(config.at("hidden_size"), 32);
+    EXPECT_EQ(config.at("num_hidden_layers"), 2);
+    EXPECT_EQ(config.at("num_attention_heads"), 4);
+    EXPECT_EQ(config.at("num_key_value_heads"), 2);
+    EXPECT_EQ(config.at("head_dim"), 8);
+    EXPECT_EQ(config.at("hidden_act"), "silu");
+    EXPECT_EQ(config.at("tie_word_embeddings"), false);
+    EXPECT_DOUBLE_EQ(config.at("rope_theta").get<double>(), 10000.0) << "Mixtral's default is 1e6: it must be written";
+    EXPECT_DOUBLE_EQ(config.at("rms_norm_eps").get<double>(), 1e-5);
+    EXPECT_FALSE(config.contains("attention_bias")) << "not a Mixtral key";
+
+    const StFile file = read_safetensors_independently(dir + "/hf/model.safetensors");
+    const int64_t C = 32, F = 48, E = 4;
+    const std::map<std::string, Shape64> expected = {
+        {"model.layers.0.block_sparse_moe.gate.weight", {E, C}},         {"model.layers.1.block_sparse_moe.experts.3.w1.weight", {F, C}},
+        {"model.layers.1.block_sparse_moe.experts.3.w3.weight", {F, C}}, {"model.layers.1.block_sparse_moe.experts.3.w2.weight", {C, F}},
+        {"model.layers.0.self_attn.k_proj.weight", {16, C}},             {"model.layers.0.post_attention_layernorm.weight", {C}}};
+    for (const auto& [name, shape] : expected) {
+        ASSERT_TRUE(file.entries.count(name)) << name;
+        EXPECT_EQ(file.entries.at(name).shape, shape) << name;
+    }
+    // embed, head, final norm; per layer 2 norms, 4 attention projections, the router, 3 per expert.
+    EXPECT_EQ(file.entries.size(), 3u + 2u * (2u + 4u + 1u + 3u * 4u));
+    for (const auto& [name, e] : file.entries) EXPECT_EQ(name.find(".mlp."), std::string::npos) << name << ": not one of Mixtral's names";
+    const std::string checkpoint = dir + "/checkpoints/step_00000002";
+    for (const auto& [ours, theirs] : std::map<std::string, std::string>{
+             {"model.layers.1.mlp.gate.weight", "model.layers.1.block_sparse_moe.gate.weight"},
+             {"model.layers.1.mlp.experts.2.gate_proj.weight", "model.layers.1.block_sparse_moe.experts.2.w1.weight"},
+             {"model.layers.1.mlp.experts.2.up_proj.weight", "model.layers.1.block_sparse_moe.experts.2.w3.weight"},
+             {"model.layers.0.mlp.experts.3.down_proj.weight", "model.layers.0.block_sparse_moe.experts.3.w2.weight"}}) {
+        const std::vector<double> trained = checkpoint_values(checkpoint, ours);
+        const std::vector<float> exported = file.values(theirs);
+        ASSERT_EQ(exported.size(), trained.size()) << theirs;
+        for (size_t i = 0; i < trained.size(); ++i) ASSERT_EQ(exported[i], static_cast<float>(trained[i])) << theirs << "[" << i << "]";
+    }
+}
+
+// The export read back by train.init_from, in Mixtral's names and in ours, computes the
+// checkpoint's logits bit for bit (f32); the random initialization's differ.
+TEST(CheckpointExport, Moe_InitFromTheExportInMixtralsOrOurNames_GivesTheCheckpointsLogitsBitwise) {
+    const std::string dir = scratch("init-from-moe");
+    train_and_export(dir, "moe");
+    const StFile mixtral = read_safetensors_independently(dir + "/hf/model.safetensors");
+    std::map<std::string, StTensor> ours;
+    for (const auto& [name, e] : mixtral.entries) ours[qwen2_moe_name(name)] = {"F32", e.shape, mixtral.data.substr(e.begin, e.end - e.begin)};
+    ASSERT_TRUE(ours.count("model.layers.1.mlp.experts.3.up_proj.weight"));
+    write_safetensors_independently(dir + "/ours.safetensors", ours);
+
+    const std::vector<float> checkpoint = moe_logits(dir, dir + "/checkpoints/step_00000002");
+    EXPECT_TRUE(bitwise_equal(moe_logits(dir, dir + "/hf"), checkpoint));
+    EXPECT_TRUE(bitwise_equal(moe_logits(dir, dir + "/ours.safetensors"), checkpoint));
+    EXPECT_FALSE(bitwise_equal(moe_logits(dir, ""), checkpoint)) << "the weights were loaded: the random initialization computes other logits";
+}
+
+// A model MixtralForCausalLM does not compute is refused with the key and the reason, before
+// anything is written; config.json alone says the same for every such key.
+TEST(CheckpointExport, MoeThatNoHuggingFaceClassComputes_IsRefusedNamingTheKeyAndWhy) {
+    const std::string dir = scratch("export-moe-sigmoid");
+    const Outcome a = llmtrain_cli(tiny_run(dir, "moe", "--set model.moe.router=sigmoid --set train.steps=2 --set checkpoint.every_steps=2 --run-dir " + dir + "/a"));
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    const Outcome e = llmtrain_cli("checkpoint export " + dir + "/checkpoints/step_00000002 " + dir + "/hf");
+    EXPECT_EQ(e.exit_code, 2) << e.output;
+    EXPECT_NE(e.output.find("model.moe.router = \"sigmoid\": MixtralForCausalLM routes by a softmax over all experts"), std::string::npos) << e.output;
+    EXPECT_FALSE(fs::exists(dir + "/hf")) << "nothing is left behind";
+
+    const Config base = load_config("configs/tiny.toml", {"model.family=\"llama\"", "model.moe.n_experts=4", "model.n_layers=2"}, DataFiles::unchecked);
+    EXPECT_EQ(nlohmann::json::parse(hf_config_json(base.model)).at("model_type"), "mixtral");
+    const std::vector<std::pair<std::string, std::string>> refused = {
+        {"model.moe.normalize_top_k=false", "model.moe.normalize_top_k = false: MixtralForCausalLM renormalizes the chosen experts' scores to sum to one "
+                                            "(Qwen2MoeForCausalLM, which need not, always adds a shared expert"},
+        {"model.moe.first_dense_layers=1", "model.moe.first_dense_layers = 1: every layer of MixtralForCausalLM is a mixture-of-experts layer"},
+        {"model.moe.every=2", "model.moe.every = 2: every layer of MixtralForCausalLM is a mixture-of-experts layer"},
+        {"model.qkv_bias=true", "model.qkv_bias = true: MixtralForCausalLM's attention has no biases"}};
+    for (const auto& [key, why] : refused) {
+        const Config config = load_config("configs/tiny.toml", {"model.family=\"llama\"", "model.moe.n_experts=4", "model.n_layers=2", key}, DataFiles::unchecked);
+        try {
+            hf_config_json(config.model);
+            ADD_FAILURE() << key << " was exported";
+        } catch (const Error& error) {
+            EXPECT_EQ(error.kind(), ErrorKind::unsupported) << key;
+            EXPECT_NE(std::string(error.what()).find(why), std::string::npos) << error.what();
+        }
+    }
+}
+
+// Weights whose experts do not fit model.moe stop the run before it starts (no log.jsonl),
+// naming the key and the value the weights need.
+TEST(CheckpointImport, MoeWeightsThatDoNotFitModelMoe_AreRefusedNamingTheKeyAndTheValueTheyNeed) {
+    const std::string dir = scratch("moe-mismatch");
+    train_and_export(dir, "moe");
+    const std::string hf = dir + "/hf";
+    const std::string file = hf + "/model.safetensors";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--set model.moe.n_experts=8", "model.moe.n_experts = 8 here: the weights of train.init_from '" + file +
+                                            "' hold 4 experts in layer 0 (model.layers.0.block_sparse_moe.experts.0.w1.weight); expected model.moe.n_experts = 4"},
+        {"--set model.moe.d_ff_expert=64", "model.moe.d_ff_expert = 64 here: the weights of train.init_from '" + file +
+                                               "' hold experts 48 wide (model.layers.0.block_sparse_moe.experts.0.w1.weight: [48, 32]); expected model.moe.d_ff_expert = 48"},
+        {"--set model.moe.first_dense_layers=1", "model.moe.first_dense_layers = 1 here: the weights of train.init_from '" + file +
+                                                     "' make layer 0 a mixture-of-experts layer, this config makes it dense; expected model.moe.first_dense_layers = 0"},
+        {"--set model.moe.n_experts=0", "model.moe.n_experts = 0 (a dense model) here: the weights of train.init_from '" + file +
+                                            "' hold 4 experts in layer 0 (model.layers.0.block_sparse_moe.experts.0.w1.weight); expected model.moe.n_experts = 4"}};
+    int i = 0;
+    for (const auto& [key, message] : cases) {
+        const std::string run = dir + "/run" + std::to_string(i++);
+        const Outcome o = llmtrain_cli(tiny_run(dir, "moe", "--set train.steps=1 " + key + " --set train.init_from=" + hf + " --run-dir " + run));
+        EXPECT_EQ(o.exit_code, 2) << key << "\n" << o.output;
+        EXPECT_NE(o.output.find("llmtrain: config error: " + message), std::string::npos) << key << "\n" << o.output;
+        EXPECT_FALSE(fs::exists(run + "/log.jsonl")) << key;
+    }
+    // A dense model's weights into a MoE config.
+    const std::string dense = scratch("moe-mismatch-dense");
+    train_and_export(dense, "llama");
+    const Outcome o = llmtrain_cli(tiny_run(dir, "moe", "--set train.steps=1 --set train.init_from=" + dense + "/hf --run-dir " + dir + "/from-dense"));
+    EXPECT_EQ(o.exit_code, 2) << o.output;
+    EXPECT_NE(o.output.find("model.moe.n_experts = 4 here: the weights of train.init_from '" + dense +
+                            "/hf/model.safetensors' hold no experts (a dense model's); expected model.moe.n_experts = 0"),
+              std::string::npos)
+        << o.output;
+}
+
+// A MoE checkpoint with another expert count: refused at resume, and as train.init_from,
+// naming model.moe.n_experts and both values.
+TEST(CheckpointCli, MoeCheckpointOfAnotherExpertCount_IsRefusedAtResumeAndAsInitFromNamingTheKey) {
+    const std::string dir = scratch("moe-resume-mismatch");
+    const Outcome a = llmtrain_cli(tiny_run(dir, "moe", "--set train.steps=2 --set checkpoint.every_steps=2 --run-dir " + dir + "/a"));
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    const std::string checkpoint = dir + "/checkpoints/step_00000002";
+    const Outcome resumed = llmtrain_cli(tiny_run(dir, "moe", "--set train.steps=4 --set model.moe.n_experts=8 --resume " + checkpoint + " --run-dir " + dir + "/b"));
+    EXPECT_EQ(resumed.exit_code, 2) << resumed.output;
+    EXPECT_NE(resumed.output.find("model.moe.n_experts: the checkpoint '" + checkpoint + "' was saved by a model with model.moe.n_experts = 4, this config has 8"),
+              std::string::npos)
+        << resumed.output;
+    EXPECT_FALSE(fs::exists(dir + "/b/log.jsonl"));
+    const Outcome started = llmtrain_cli(tiny_run(dir, "moe", "--set train.steps=1 --set model.moe.n_experts=8 --set train.init_from=" + checkpoint + " --run-dir " + dir + "/c"));
+    EXPECT_EQ(started.exit_code, 2) << started.output;
+    EXPECT_NE(started.output.find("train.init_from: the checkpoint '" + checkpoint + "' was saved by a model with model.moe.n_experts = 4, this config has 8"),
+              std::string::npos)
+        << started.output;
 }
