@@ -51,6 +51,7 @@ struct Manifest {
     int world_size = 1, tp = 1, dp = 1, pp = 1, cp = 1;  // cp: absent (1) in checkpoints saved before context parallelism
     int zero_stage = 0;               // as it applied (0 on one dp rank)
     std::string monitor_state;        // the health monitor's windows and counters (JSON); empty: none
+    std::string moe_state;            // the MoE layers' expert biases (JSON, train/moe_load.h); empty: none
     std::string config_toml;          // the effective config of the run that saved it
     std::string created;              // UTC time of the commit
     std::vector<CheckpointFile> files;

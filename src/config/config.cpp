@@ -57,7 +57,7 @@ constexpr const char* kMetricsServeNames[] = {"auto", "on", "off"};
 constexpr const char* kAttentionMaskNames[] = {"causal", "document"};
 constexpr const char* kCorruptBlockNames[] = {"abort", "skip"};
 constexpr const char* kMoeRouterNames[] = {"softmax", "sigmoid"};
-constexpr const char* kMoeBalancingNames[] = {"aux_loss", "seq_aux_loss", "none"};
+constexpr const char* kMoeBalancingNames[] = {"aux_loss", "seq_aux_loss", "expert_bias", "none"};
 constexpr const char* kMeshOrderNames[] = {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
 
 using Names = std::span<const char* const>;
@@ -296,7 +296,11 @@ const std::vector<Field>& schema() {
         CONFIG_SUBKEY(model, moe, normalize_top_k).boolean().family_only(ModelFamily::llama)
             .describe("gates are the chosen scores divided by their sum (Mixtral, Qwen3, DeepSeek-V3); false: the scores as they are (Qwen2-MoE)"),
         CONFIG_SUBKEY(model, moe, load_balancing).choice(kMoeBalancingNames).family_only(ModelFamily::llama)
-            .describe("aux_loss: Switch/GShard's loss over each micro-batch's tokens; seq_aux_loss: the same per sequence (DeepSeek-V3); none"),
+            .describe("aux_loss: Switch/GShard's loss over each micro-batch's tokens; seq_aux_loss: the same per sequence (DeepSeek-V3); "
+                      "expert_bias: a bias per expert on the choice only, moved towards the mean load after each step (DeepSeek-V3's "
+                      "auxiliary-loss-free balancing); none"),
+        CONFIG_SUBKEY(model, moe, bias_update_rate).number(excl(0), incl(1)).family_only(ModelFamily::llama)
+            .describe("expert_bias: each step, an expert's bias falls by this much if it took more than the mean load, rises if less"),
         CONFIG_SUBKEY(model, moe, aux_loss_coeff).number(incl(0), incl(1e3)).family_only(ModelFamily::llama)
             .describe("weight of the load-balancing loss in the training loss"),
         CONFIG_SUBKEY(model, moe, z_loss_coeff).number(incl(0), incl(1e3)).family_only(ModelFamily::llama)
@@ -1053,7 +1057,7 @@ constexpr Check kChecks[] = {
         const MoeConfig& moe = c.model.moe;
         if (!moe.enabled() || moe.load_balancing != MoeBalancing::seq_aux_loss || !c.parallel.sequence_parallel || c.parallel.tp == 1) return std::nullopt;
         return Problem{"model.moe.load_balancing", cat("= \"seq_aux_loss\" balances each sequence's tokens, which parallel.sequence_parallel = true cuts "
-                                                       "across parallel.tp = ", c.parallel.tp, " ranks (allowed with sequence parallelism: \"aux_loss\" or \"none\")")};
+                                                       "across parallel.tp = ", c.parallel.tp, " ranks (allowed with sequence parallelism: \"aux_loss\", \"expert_bias\" or \"none\")")};
     },
     [](const Config& c) -> std::optional<Problem> {
         if (c.parallel.pp <= c.model.n_layers) return std::nullopt;

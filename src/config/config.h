@@ -29,8 +29,10 @@ const char* attention_impl_name(AttentionImpl impl);
 enum class MoeRouter { softmax, sigmoid };
 const char* moe_router_name(MoeRouter router);
 // aux_loss: Switch/GShard's loss over each micro-batch; seq_aux_loss: DeepSeek-V3's per
-// sequence; none: nothing but the statistics.
-enum class MoeBalancing { aux_loss, seq_aux_loss, none };
+// sequence; expert_bias: DeepSeek-V3's auxiliary-loss-free balancing (a bias per expert added
+// to the scores when choosing, never to a gate, moved by bias_update_rate towards the mean
+// load after each step); none: nothing but the statistics.
+enum class MoeBalancing { aux_loss, seq_aux_loss, expert_bias, none };
 const char* moe_balancing_name(MoeBalancing balancing);
 struct MoeConfig {
     int64_t n_experts = 0;          // 0: a dense model
@@ -42,6 +44,7 @@ struct MoeConfig {
     bool normalize_top_k = true;
     MoeBalancing load_balancing = MoeBalancing::aux_loss;
     double aux_loss_coeff = 0.01;
+    double bias_update_rate = 0.001; // expert_bias: each step's change of a bias (DeepSeek-V3's gamma)
     double z_loss_coeff = 0;        // ST-MoE's router z-loss; 0: off
     double capacity_factor = 0;     // 0: dropless; else each expert takes ceil(factor * tokens * top_k / n_experts) assignments
     bool enabled() const { return n_experts > 0; }

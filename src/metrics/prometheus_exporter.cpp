@@ -189,6 +189,13 @@ MetricsExporter::MetricsExporter(const MetricsLabels& labels, const MetricsRunFa
     tokens_per_second_ = &gauge("llmtrain_tokens_per_second", "Tokens per second of the whole job over the last step.");
     if (facts.peak_tflops > 0 && facts.flops_per_token > 0)
         mfu_ = &gauge("llmtrain_mfu_ratio", "Model FLOPs utilization of the last step per device (PaLM formula 6N + 12*L*H*Q*T over the peak).");
+    moe_load_ = &prometheus::BuildGauge().Name("llmtrain_moe_load_max_over_mean")
+                     .Help("Mixture of experts: the last step's most loaded expert's assignments over the mean expert's, by layer (1: balanced).")
+                     .Labels(constant).Register(r);
+    moe_dropped_ = &prometheus::BuildGauge().Name("llmtrain_moe_dropped_fraction")
+                        .Help("Mixture of experts: the share of the last step's assignments a capacity dropped, by layer.").Labels(constant).Register(r);
+    moe_balance_loss_ = &prometheus::BuildGauge().Name("llmtrain_moe_balance_loss")
+                             .Help("Mixture of experts: the last step's load-balancing and z losses with their coefficients.").Labels(constant).Register(r);
     comm_family_ = &prometheus::BuildCounter().Name("llmtrain_communication_seconds_total")
                         .Help("Seconds this rank's step loop was blocked in communication, by group and op.").Labels(constant).Register(r);
     dp_bytes_ = &counter("llmtrain_dp_gradient_sent_bytes_total",
@@ -286,6 +293,11 @@ void MetricsExporter::after_step(const StepRecord& s) {
     if (s.skipped) skipped_->Increment();
     replaced_samples_->Increment(static_cast<double>(s.samples_replaced));
     if (static_cast<size_t>(rank_) < s.straggler_scores.size()) straggler_->Set(s.straggler_scores[static_cast<size_t>(rank_)]);
+    for (const MoeLayerRecord& l : s.moe) {
+        moe_load_->Add({{"layer", std::to_string(l.layer)}}).Set(l.load_max_over_mean);
+        moe_dropped_->Add({{"layer", std::to_string(l.layer)}}).Set(l.dropped_fraction);
+    }
+    if (!s.moe.empty()) moe_balance_loss_->Add({}).Set(s.balance_loss);
     last_step_time_->Set(unix_time_seconds());
 }
 

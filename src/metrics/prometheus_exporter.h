@@ -103,6 +103,9 @@ private:
     prometheus::Histogram* step_duration_;
     prometheus::Family<prometheus::Counter>* comm_family_;
     prometheus::Family<prometheus::Counter>* anomalies_;
+    prometheus::Family<prometheus::Gauge>* moe_load_;     // by layer
+    prometheus::Family<prometheus::Gauge>* moe_dropped_;  // by layer
+    prometheus::Family<prometheus::Gauge>* moe_balance_loss_;  // one child, made by the first MoE step
     std::map<std::pair<std::string, std::string>, prometheus::Counter*> comm_;
 };
 

@@ -59,12 +59,27 @@ bool RunLog::append_to(const std::string& path, const std::string& event, nlohma
     return written;
 }
 
+namespace {
+// MoE: per layer (global index) its expert load, max over mean, and the share dropped; the
+// balancing losses.
+nlohmann::json moe_fields(const StepRecord& s) {
+    nlohmann::json layers = nlohmann::json::array(), load = nlohmann::json::array(), dropped = nlohmann::json::array();
+    for (const MoeLayerRecord& l : s.moe) {
+        layers.push_back(l.layer);
+        load.push_back(l.load_max_over_mean);
+        dropped.push_back(l.dropped_fraction);
+    }
+    return {{"layers", layers}, {"load_max_over_mean", load}, {"dropped_fraction", dropped}, {"balance_loss", s.balance_loss}};
+}
+}  // namespace
+
 void RunLog::after_step(const StepRecord& s) {
     nlohmann::json fields = {{"step", s.step},         {"loss", s.loss},         {"lr", s.lr},
                              {"grad_norm", s.grad_norm}, {"step_ms", s.step_seconds * 1e3}, {"tokens_per_second", s.tokens_per_second},
                              {"skipped", s.skipped}, {"dp_bytes_sent", s.dp_bytes_sent}, {"host_syncs", s.rank.host_syncs}};
     if (s.dynamic_loss_scale) fields["loss_scale"] = s.loss_scale;
     if (s.samples_replaced > 0) fields["samples_replaced"] = s.samples_replaced;
+    if (!s.moe.empty()) fields["moe"] = moe_fields(s);
     write("step", fields);
 }
 

@@ -28,6 +28,13 @@ struct RankStepTimes {
     double compute_seconds(double step_seconds) const { return step_seconds > data_wait_seconds + comm_seconds ? step_seconds - data_wait_seconds - comm_seconds : 0; }
 };
 
+// A mixture-of-experts layer's routing in a step, over the whole job (train/moe_load.h).
+struct MoeLayerRecord {
+    int64_t layer = 0;                // global index
+    double load_max_over_mean = 0;    // the most loaded expert's assignments over the mean's
+    double dropped_fraction = 0;      // of the assignments, dropped by a capacity
+};
+
 struct StepRecord {
     int64_t step = 0;        // 1-based: the number of optimizer steps taken after it
     double loss = 0;         // mean over the step's micro-batches (all dp ranks)
@@ -46,6 +53,8 @@ struct StepRecord {
     // Samples of the step replaced because their window met a corrupt block of the training
     // data (data.on_corrupt_block = "skip"), over the whole job.
     int64_t samples_replaced = 0;
+    std::vector<MoeLayerRecord> moe;  // each MoE layer's; empty for a dense model
+    double balance_loss = 0;  // MoE: the aux and z losses with their coefficients (not in loss)
     RankStepTimes rank;      // this rank's
     // Every world rank's straggler score (the fastest rank's median compute time over its
     // own, 1 for the fastest), on the steps where it was measured; empty on the others.

@@ -26,6 +26,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -139,15 +140,18 @@ public:
     // backward running now: the loss scale it was given, times cp (that scale divides by the
     // cp ranks, each of which takes the mean cross-entropy of its own tokens).
     virtual double backward_loss_scale() const = 0;
-    // Adds a loss term (a [1] tensor) to the model's balancing losses, once per forward of a
-    // micro-batch: a recomputation's forward adds nothing.
-    virtual void add_balance_loss(const Tensor& loss) = 0;
     // The ranks holding the micro-batch's tokens between them: the tp ranks under sequence
     // parallelism, times the cp ranks (1: this rank holds every token). A MoE layer sums its
     // load statistics over them before forming the aux loss (sum_over_token_shards, in place;
     // every one of those ranks calls it with the same tensors).
     virtual int64_t token_shards() const = 0;
     virtual void sum_over_token_shards(std::initializer_list<Tensor> tensors) = 0;
+    // Adds scale times a loss term (a [1] tensor) to the model's balancing losses: summed over
+    // the token shards, a micro-batch's terms are added once.
+    virtual void add_balance_loss(const Tensor& loss, double scale) = 0;
+    // Whether the forward running is full recomputation's re-run of a layer (inside a
+    // backward): what it measures was measured already.
+    virtual bool recomputing() const = 0;
 
 protected:
     ~LayerOps() = default;
@@ -239,13 +243,13 @@ private:
 };
 
 // A mixture-of-experts layer's (moe_mlp.h): the router's logits, scores [n, E] and choices
-// [n, k] (experts, gates, their rows in the permuted buffer), the plan (sources [R], counts
-// and dropped [E]), the permuted input [R, C], the experts' up projections [R, 2F] and
+// [n, k] (experts, gates, their rows in the permuted buffer), the plan (sources [R], kept and
+// dropped assignments per expert), the permuted input [R, C], the experts' up projections [R, 2F] and
 // activations [R, F] and outputs [R, C].
 // The load statistics per group of tokens (load_counts, score_sums [G, E]) and the balancing
 // losses [2] (aux, z) are the layer's too.
 struct MoeSlots {
-    Arena::Slot logits, scores, experts, gates, rows, sources, counts, dropped;
+    Arena::Slot logits, scores, experts, gates, rows, sources, counts;  // counts [2, E]: kept, then dropped
     Arena::Slot x_perm, up, act, y_perm;
     Arena::Slot load_counts, score_sums, losses;
 };
@@ -260,6 +264,13 @@ struct MlpSlots {
 struct MlpScratch {
     Arena::Slot d_act, d_up;  // gradients, shared by every layer
     MoeScratch moe;
+};
+
+// A mixture-of-experts layer's routing since its last reset: assignments per expert (before
+// any capacity drop) and those dropped, over this rank's tokens.
+struct ExpertLoad {
+    std::vector<int64_t> routed;
+    int64_t dropped = 0;
 };
 
 // A layer's MLP: this rank's rows of x to this rank's rows of the output (summed over tp).
@@ -283,6 +294,13 @@ public:
                             const Tensor& d_in) const = 0;
     // Selective recomputation: the activation again from the kept up projection.
     virtual void recompute(LayerOps& ops, const MlpSlots& s) const = 0;
+    // State kept across steps, planned once per layer (a MoE layer's expert bias, in the
+    // router's dtype); and where it is, if the part has one.
+    virtual void reserve_state(Arena& /*arena*/, DType /*router*/, const std::string& /*prefix*/) {}
+    virtual std::optional<Arena::Slot> expert_bias() const { return std::nullopt; }
+    // The routing of the forwards since reset_load() (a layer of experts); null for a dense MLP.
+    virtual const ExpertLoad* load() const { return nullptr; }
+    virtual void reset_load() {}
     // The linear layers FP8 may run (model/fp8_linear.h); none: the part stays out of FP8
     // (a layer of experts).
     virtual std::vector<LinearWeight> linears() const { return {}; }

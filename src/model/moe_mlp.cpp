@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -53,8 +54,7 @@ public:
         m.experts = plan.arena.reserve(p + "experts", DType::i32, {n, k});
         m.rows = plan.arena.reserve(p + "rows", DType::i32, {n, k});
         m.sources = plan.arena.reserve(p + "sources", DType::i32, {R});
-        m.counts = plan.arena.reserve(p + "counts", DType::i32, {E});
-        m.dropped = plan.arena.reserve(p + "dropped", DType::i32, {E});
+        m.counts = plan.arena.reserve(p + "counts", DType::i32, {2, E});
         m.x_perm = plan.arena.reserve(p + "x_perm", plan.dtype, {R, C});
         m.up = plan.arena.reserve(p + "up", plan.dtype, {R, 2 * F});
         m.act = shared ? shared->moe.act : plan.arena.reserve(p + "act", plan.dtype, {R, F});
@@ -130,6 +130,13 @@ public:
         return dx;
     }
 
+    void reserve_state(Arena& arena, DType router, const std::string& prefix) override {
+        if (biased()) bias_ = arena.reserve(prefix + ".moe.expert_bias", router, {shape_.n_experts});
+    }
+    std::optional<Arena::Slot> expert_bias() const override { return biased() ? std::optional(bias_) : std::nullopt; }
+    const ExpertLoad* load() const override { return &load_; }
+    void reset_load() override { load_ = ExpertLoad{std::vector<int64_t>(static_cast<size_t>(shape_.n_experts), 0), 0}; }
+
     void recompute(LayerOps& ops, const MlpSlots& s) const override {
         const auto it = counts_.find(s.moe.counts);
         if (it == counts_.end()) fail(ErrorKind::runtime, "MoE recompute before the layer's forward");
@@ -149,6 +156,7 @@ private:
     struct ExpertRows {
         int64_t rows = 0;
         std::vector<int64_t> first, count;
+        std::vector<int32_t> host_counts;  // dropless: the plan's counts [2, E] as read
     };
 
     static size_t idx(int64_t e) { return static_cast<size_t>(e); }
@@ -167,34 +175,56 @@ private:
         const int64_t n = x.dim(0);
         Routed r = views(ops, s, n);
         b.matmul_fwd({.out = r.logits, .x = x, .w = ops.value(router_), .bias = Tensor(), .row_block = 0});
-        b.moe_route_fwd({.experts = r.experts, .gates = r.gates, .scores = r.scores, .logits = r.logits, .expert_bias = Tensor(),
+        b.moe_route_fwd({.experts = r.experts, .gates = r.gates, .scores = r.scores, .logits = r.logits,
+                         .expert_bias = biased() ? ops.planned(bias_) : Tensor(),
                          .score = score_of(config_.router), .normalize_top_k = config_.normalize_top_k});
         const Tensor counts = ops.planned(s.counts);
-        b.moe_permute_plan({.rows = r.rows_of, .sources = r.sources, .counts = counts, .dropped = ops.planned(s.dropped), .experts = r.experts,
-                            .capacity = r.capacity});
+        b.moe_permute_plan({.rows = r.rows_of, .sources = r.sources, .counts = counts.slice_rows(0, 1).reshape({shape_.n_experts}),
+                            .dropped = counts.slice_rows(1, 1).reshape({shape_.n_experts}), .experts = r.experts, .capacity = r.capacity});
         ExpertRows& rows = counts_[s.counts];
         rows = expert_rows(b, counts, r.capacity);
+        if (!ops.recomputing()) tally(b, counts, rows);
         balance_losses(ops, s, r);
         return with_rows(r, rows);
     }
 
+    // The forward's routing added to the load: the dropless path has the counts on the host
+    // already; a capacity reads its kept and dropped counts (one synchronization on a device).
+    void tally(Backend& b, const Tensor& counts, const ExpertRows& rows) const {
+        const size_t E = static_cast<size_t>(shape_.n_experts);
+        std::vector<int32_t> host(2 * E, 0);
+        if (rows.host_counts.empty()) b.copy_to_host(host.data(), counts);
+        else std::copy(rows.host_counts.begin(), rows.host_counts.end(), host.begin());
+        load_.routed.resize(E, 0);
+        for (size_t e = 0; e < E; ++e) {
+            load_.routed[e] += host[e] + host[E + e];
+            load_.dropped += host[E + e];
+        }
+    }
+
     // The load statistics (per micro-batch, or per sequence for seq_aux_loss), summed over the
     // ranks holding the micro-batch's other tokens, and the balancing losses of this forward,
-    // added to the model's.
+    // added to the model's. Full recomputation's re-run measures the statistics again (the
+    // backward reads them, and under full recomputation every layer shares their slots) but
+    // adds no loss.
     void balance_losses(LayerOps& ops, const MoeSlots& s, const Routed& r) const {
         Backend& b = ops.backend();
         const Balance bal = balance(ops, s, r.n);
-        b.moe_load_stats({.counts = bal.counts, .score_sums = bal.score_sums, .experts = r.experts, .scores = r.scores, .seq_len = bal.group});
-        ops.sum_over_token_shards({bal.counts, bal.score_sums});
+        if (aux_loss_on()) {
+            b.moe_load_stats({.counts = bal.counts, .score_sums = bal.score_sums, .experts = r.experts, .scores = r.scores, .seq_len = bal.group});
+            ops.sum_over_token_shards({bal.counts, bal.score_sums});
+        }
+        if (ops.recomputing()) return;
         const Tensor losses = ops.planned(s.losses);
         if (aux_loss_on()) {
             b.moe_aux_loss_fwd({.loss = losses.slice_rows(0, 1), .counts = bal.counts, .score_sums = bal.score_sums, .tokens_per_group = bal.tokens,
                                 .top_k = shape_.top_k, .coeff = config_.aux_loss_coeff});
-            ops.add_balance_loss(losses.slice_rows(0, 1));
+            // Every token shard forms the same aux loss (from the summed statistics): each adds its share.
+            ops.add_balance_loss(losses.slice_rows(0, 1), 1.0 / static_cast<double>(ops.token_shards()));
         }
         if (config_.z_loss_coeff > 0) {
             b.moe_z_loss_fwd({.loss = losses.slice_rows(1, 1), .logits = r.logits, .coeff = z_loss_coeff(ops)});
-            ops.add_balance_loss(losses.slice_rows(1, 1));
+            ops.add_balance_loss(losses.slice_rows(1, 1), 1.0);
         }
     }
 
@@ -216,7 +246,11 @@ private:
     // The z-loss is a mean over the micro-batch's tokens: each token shard adds its own tokens'
     // part (the op means over this rank's n = N / shards), and the parts sum to the mean.
     double z_loss_coeff(const LayerOps& ops) const { return config_.z_loss_coeff / static_cast<double>(ops.token_shards()); }
-    bool aux_loss_on() const { return config_.load_balancing != MoeBalancing::none && config_.aux_loss_coeff > 0; }
+    bool aux_loss_on() const {
+        const MoeBalancing b = config_.load_balancing;
+        return (b == MoeBalancing::aux_loss || b == MoeBalancing::seq_aux_loss) && config_.aux_loss_coeff > 0;
+    }
+    bool biased() const { return config_.load_balancing == MoeBalancing::expert_bias; }
 
     Routed routed(const LayerOps& ops, const MoeSlots& s, int64_t n) const {
         const auto it = counts_.find(s.counts);
@@ -258,13 +292,13 @@ private:
             rows.rows = static_cast<int64_t>(E) * capacity;
             return rows;
         }
-        std::vector<int32_t> host(E);
-        b.copy_to_host(host.data(), counts);
+        rows.host_counts.resize(2 * E);
+        b.copy_to_host(rows.host_counts.data(), counts);
         int64_t first = 0;
         for (size_t e = 0; e < E; ++e) {
             rows.first[e] = first;
-            rows.count[e] = host[e];
-            first += host[e];
+            rows.count[e] = rows.host_counts[e];
+            first += rows.host_counts[e];
         }
         rows.rows = first;
         return rows;
@@ -300,9 +334,11 @@ private:
     MoeConfig config_;
     MoeShape shape_;
     ParamSpan router_;
+    Arena::Slot bias_ = 0;  // expert_bias: [E], the router's dtype, kept across steps
     std::vector<ParamSpan> up_, down_;  // per expert: [gate | up] fused, down
     // Each activation set's expert rows (keyed by its counts slot), from its forward.
     mutable std::unordered_map<Arena::Slot, ExpertRows> counts_;
+    mutable ExpertLoad load_;  // since reset_load()
 };
 
 }  // namespace

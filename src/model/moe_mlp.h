@@ -14,10 +14,14 @@
 //
 // Dropless (capacity_factor 0): expert e's rows are a run of the permuted buffer whose length
 // only the routing knows, so the experts' GEMMs read the counts on the host: one host
-// synchronization per MoE layer per forward (the backward reuses them). With a capacity c
-// every expert runs c rows (padding rows are zero and stay zero: SwiGLU(0) = 0, no biases),
-// the buffer is E c rows, nothing is read back, and assignments beyond c are dropped and
-// counted. Why one GEMM per expert: each is an ordinary matmul_fwd / matmul_bwd of the
+// synchronization per MoE layer per forward (the backward reuses them, and so does the load
+// tally below). With a capacity c every expert runs c rows (padding rows are zero and stay
+// zero: SwiGLU(0) = 0, no biases), the buffer is E c rows, and assignments beyond c are
+// dropped and counted; the GEMMs need nothing from the host, and the one read of the kept and
+// dropped counts per forward is the load tally's.
+//
+// The load (load(): assignments per expert and those dropped, since reset_load()) is what
+// the trainer reports per layer; a full recomputation's re-run of the forward adds nothing. Why one GEMM per expert: each is an ordinary matmul_fwd / matmul_bwd of the
 // backend (cuBLASLt on CUDA, with its algorithm cache), bitwise the same on every run, and a
 // zero-row expert costs nothing; a grouped GEMM would save the launches, not the FLOPs.
 //

@@ -261,6 +261,8 @@ void TransformerLayout::plan_activations() {
     rope_table_ = arena_.reserve("rope_table", stat_dtype_, {config_.max_seq_len, config_.head_dim()});
     loss_sum_ = arena_.reserve("loss_sum", DType::f64, {1});
     balance_loss_sum_ = arena_.reserve("balance_loss_sum", DType::f64, {config_.moe.enabled() ? 1 : 0});
+    const std::vector<int64_t> held = global_layers();
+    for (size_t i = 0; i < layers_.size(); ++i) layers_[i].mlp->reserve_state(arena_, stat_dtype_, cat("layer.", held[i]));
     if (part_.recompute == Recompute::full) {
         shared_layer_ = reserve_layer("recompute", true, model);
         for (size_t k = 1; k < kinds.size(); ++k)
@@ -290,8 +292,33 @@ void TransformerLayout::plan_activations() {
 
 Tensor Transformer::rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, batch_ * seq_len_); }
 Tensor Transformer::local_rows(Arena::Slot slot) const { return arena_.tensor(slot).slice_rows(0, local_tokens(batch_, seq_len_)); }
-void Transformer::add_balance_loss(const Tensor& loss) {
-    if (!recomputing_) backend_.accumulate_sum(balance_loss_sum(), loss, 1.0);
+void Transformer::add_balance_loss(const Tensor& loss, double scale) { backend_.accumulate_sum(balance_loss_sum(), loss, scale); }
+
+void Transformer::reset_loss_sum() {
+    backend_.fill_zero(loss_sum());
+    if (!config_.moe.enabled()) return;
+    backend_.fill_zero(balance_loss_sum());
+    for (LayerParts& p : layers_) p.mlp->reset_load();
+}
+
+void Transformer::set_expert_bias(int64_t layer, const std::vector<float>& bias) {
+    const std::vector<int64_t> held = global_layers();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const std::optional<Arena::Slot> slot = layers_[i].mlp->expert_bias();
+        if (held[i] != layer || !slot) continue;
+        const Tensor t = arena_.tensor(*slot);
+        if (t.numel() != static_cast<int64_t>(bias.size())) fail(ErrorKind::shape, "layer ", layer, ": ", bias.size(), " expert biases for ", t.numel(), " experts");
+        std::vector<double> values(bias.begin(), bias.end());
+        copy_doubles_to(backend_, t, values);
+    }
+}
+
+std::vector<std::pair<int64_t, ExpertLoad>> Transformer::expert_loads() const {
+    std::vector<std::pair<int64_t, ExpertLoad>> loads;
+    const std::vector<int64_t> held = global_layers();
+    for (size_t i = 0; i < layers_.size(); ++i)
+        if (const ExpertLoad* load = layers_[i].mlp->load()) loads.emplace_back(held[i], *load);
+    return loads;
 }
 // Over tp (sequence parallelism), then cp: the sum over the tp x cp ranks of the micro-batch.
 void Transformer::sum_over_token_shards(std::initializer_list<Tensor> tensors) {

@@ -296,10 +296,12 @@ public:
     // coefficients) of the forwards since reset_loss_sum(): f64 [1], in the backend's memory.
     // They are part of what backward differentiates, not of the mean loss. Empty for a dense model.
     Tensor balance_loss_sum() const { return arena_.tensor(balance_loss_sum_); }
-    void reset_loss_sum() {
-        backend_.fill_zero(loss_sum());
-        if (config_.moe.enabled()) backend_.fill_zero(balance_loss_sum());
-    }
+    // Also the experts' loads (expert_loads), on every stage: a training step starts here.
+    void reset_loss_sum();
+    // Each MoE layer this part holds (its global index) with its routing since reset_loss_sum().
+    std::vector<std::pair<int64_t, ExpertLoad>> expert_loads() const;
+    // A MoE layer's expert biases (load_balancing = "expert_bias"), if this part holds it.
+    void set_expert_bias(int64_t layer, const std::vector<float>& bias);
     // Accumulates d(loss_scale * mean loss)/d(parameters) of set's last forward into the
     // parameter gradients. A stage without the head first reads grad_output(); a stage
     // without the embedding leaves d(loss)/d(input) in grad_input(). Overwrites the logits.
@@ -372,7 +374,8 @@ private:
     double backward_loss_scale() const override { return backward_loss_scale_ * static_cast<double>(part_.cp_size); }
     int64_t token_shards() const override { return (sp_ ? tp_size() : 1) * part_.cp_size; }
     void sum_over_token_shards(std::initializer_list<Tensor> tensors) override;
-    void add_balance_loss(const Tensor& loss) override;
+    void add_balance_loss(const Tensor& loss, double scale) override;
+    bool recomputing() const override { return recomputing_; }
     // Starts gathering this rank's rows `local` into `whole` (rank r's at rows r * local.dim(0)).
     CommHandle start_gather(const Tensor& local, const Tensor& whole);
     // Whole rows for a column-parallel matmul from this rank's rows (sequence parallel:

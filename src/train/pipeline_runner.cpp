@@ -18,7 +18,7 @@ PipelineRunner::PipelineRunner(Transformer& model, const ParallelContext& ctx, C
 
 void PipelineRunner::train_step(const std::function<MicroBatch(int64_t)>& batch_of, int64_t batch, int64_t seq_len, double loss_scale,
                                 const std::function<void(int64_t)>& before_backward) {
-    if (ctx_.last_stage()) model_.reset_loss_sum();
+    model_.reset_loss_sum();  // every stage: the MoE layers' loads and balancing losses too
     for (const PipeAction& action : schedule_) {
         if (action.op == PipeOp::forward) {
             forward(action, reads_data(action.chunk) ? batch_of(action.micro_batch) : MicroBatch{}, batch, seq_len, loss_scale);

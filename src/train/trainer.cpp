@@ -324,6 +324,7 @@ void Trainer::compute_step(int64_t step, StepRecord& s) {
     const double spike = options_.faults.spike_factor(data_step(step));
     if (spike != 1) scale_gradients(spike);
     close_step(s);
+    moe_balance_.close_step(*model_, *ctx_, s);
     if (spike != 1) {
         s.loss *= spike;
         local_loss_ *= spike;
@@ -370,6 +371,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.loss_scale_good_steps = loss_scale_.good_steps();
     m.data = data_->state_at(step, ctx_->mesh.dp());
     m.monitor_state = health_->state();
+    m.moe_state = moe_balance_.state();
     m.seed = config_.train.seed;
     m.global_batch = static_cast<int64_t>(global_batch());
     m.world_size = ctx_->mesh.world_size();
@@ -400,6 +402,7 @@ void Trainer::load_checkpoint(const std::string& path, const Manifest& manifest,
         load_state(rank_state(true), checkpoint_reader(checkpoint, *backend_));
     }
     optimizer_->set_steps_taken(manifest.optimizer_steps);
+    moe_balance_.restore(manifest.moe_state, path, *model_);
     restore_rank_local_state(path, manifest);
     const IoFigures figures = agree_io_figures(*ctx_->world, counter.bytes_read(), clock.seconds());
     if (!options_.quiet)

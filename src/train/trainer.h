@@ -36,6 +36,7 @@
 #include "model/transformer.h"
 #include "health/health_monitor.h"
 #include "health/update_guard.h"
+#include "train/moe_load.h"
 #include "optim/adamw.h"
 #include "optim/onebit_adam.h"
 #include "optim/loss_scale.h"
@@ -232,6 +233,7 @@ private:
     BatchBuffers batch_;
     DType dtype_;
     DynamicLossScale loss_scale_;    // dynamic under fp16; 1 otherwise
+    MoeBalance moe_balance_{config_};  // the MoE layers' step figures and expert biases
     int64_t start_step_ = 0;         // steps taken before this process (a resumed run)
     double first_step_seconds_ = 0;  // this run's first step: warm-up, left out of tokens/s
     int64_t tokens_seen_ = 0;        // over the whole job, since the run's first step

@@ -126,3 +126,22 @@ TEST(CheckpointResume, CpuLlamaDocumentMask_IsBitwiseIdenticalToUninterrupted) {
                                                            "data.reset_position_ids=true", "data.document_separator=\" \""}),
         "llama_document_mask");
 }
+
+// Mixture of experts with DeepSeek-V3's expert bias: the biases (moved after every step)
+// are saved in the manifest and restored exactly, so the resumed run routes as the
+// uninterrupted one did; on the CPU in f32 and on the CUDA path's host side in bf16.
+TEST(CheckpointResume, CpuMoeWithExpertBias_IsBitwiseIdenticalToUninterrupted) {
+    expect_resume_is_bitwise_uninterrupted(
+        test::tiny_cuda_shaped_run("llama", "cpu", 2, 32, {"train.steps=20", "train.sample_tokens=0", "model.moe.n_experts=4", "model.moe.top_k=2",
+                                                           "model.moe.d_ff_expert=64", "model.moe.router=\"sigmoid\"",
+                                                           "model.moe.load_balancing=\"expert_bias\"", "model.moe.bias_update_rate=0.01"}),
+        "moe_expert_bias");
+}
+
+TEST(CheckpointResume, StandInCudaMoeBf16_IsBitwiseIdenticalToUninterrupted) {
+    expect_resume_is_bitwise_uninterrupted(
+        test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0", "model.moe.n_experts=4", "model.moe.top_k=2",
+                                                            "model.moe.d_ff_expert=64", "model.moe.load_balancing=\"expert_bias\"",
+                                                            "model.moe.z_loss_coeff=0.001"}),
+        "moe_bf16");
+}

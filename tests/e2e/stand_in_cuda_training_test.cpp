@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "support/stand_in_cuda_backend.h"
@@ -88,4 +90,43 @@ TEST(StandInCudaTraining, LlamaBf16DocumentMask_TracksCpuFp32) {
     const std::vector<std::string> documents = {"data.attention_mask=\"document\"", "data.reset_position_ids=true", "data.document_separator=\" \""};
     test::expect_tracks_cpu(train(test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, documents)),
                             train(test::tiny_cuda_shaped_run("llama", "cpu", 2, 32, documents)));
+}
+
+namespace {
+Config tiny_moe_run(const std::string& device, const std::vector<std::string>& more = {}) {
+    std::vector<std::string> overrides = {"model.moe.n_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=64", "model.moe.z_loss_coeff=0.001"};
+    overrides.insert(overrides.end(), more.begin(), more.end());
+    return test::tiny_cuda_shaped_run("llama", device, 2, 32, overrides);
+}
+}  // namespace
+
+// A mixture-of-experts model on the CUDA path's host side: the router's fp32 logits from bf16
+// operands, the permutation and the experts' GEMMs in bf16. The bf16 run tracks the fp32 CPU
+// run (the routing may choose differently where two scores are within bf16's rounding) and
+// two runs are bitwise alike.
+TEST(StandInCudaTraining, MoeBf16_TracksCpuFp32AndTwoRunsAreBitwiseAlike) {
+    const TrainResult bf16 = train(tiny_moe_run("cuda"));
+    test::expect_tracks_cpu(bf16, train(tiny_moe_run("cpu")));
+    test::expect_bitwise_identical(bf16, train(tiny_moe_run("cuda")), "moe bf16");
+}
+
+// Dropless routing reads each MoE layer's counts once per micro-batch (the experts' GEMMs are
+// sized by them); the step reads its balancing losses once more: 2 + layers x micro-batches + 1.
+// A capacity needs no counts for its GEMMs; its load tally reads as many.
+TEST(StandInCudaTraining, MoeHostSynchronizations_AreOnePerMoeLayerPerMicroBatchMore) {
+    for (const std::string capacity : {"0", "1.0"}) {
+        SCOPED_TRACE("capacity_factor " + capacity);
+        Config config = tiny_moe_run("cuda", {"model.moe.capacity_factor=" + capacity});
+        config.train.steps = 3;
+        const TrainResult r = train(config);
+        const int64_t expected = 2 + config.model.n_layers * config.train.grad_accum + 1;
+        for (const StepRecord& s : r.steps) EXPECT_LE(s.rank.host_syncs, expected) << "step " << s.step;
+        for (const StepRecord& s : r.steps) EXPECT_GE(s.rank.host_syncs, expected - 1) << "step " << s.step;
+    }
+}
+
+// Full and selective recomputation re-run the routing bitwise as the forward ran it.
+TEST(StandInCudaTraining, MoeSelectiveAndFullRecompute_GiveBitwiseTheSameRun) {
+    const TrainResult none = train(tiny_moe_run("cuda"));
+    for (const std::string mode : {"selective", "full"}) test::expect_bitwise_identical(train(tiny_moe_run("cuda", {"train.recompute=\"" + mode + "\""})), none, mode);
 }

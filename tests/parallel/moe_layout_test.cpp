@@ -76,6 +76,22 @@ double max_relative_difference(const TrainResult& a, const TrainResult& b) {
     return worst;
 }
 
+// The step records' MoE figures (train/moe_load.h), reduced over the job: the same routing
+// gives the same expert loads, and the balancing losses agree as the losses do.
+void expect_same_moe_figures(const TrainResult& parallel, const TrainResult& single) {
+    ASSERT_EQ(parallel.steps.size(), single.steps.size());
+    for (size_t i = 0; i < single.steps.size(); ++i) {
+        const StepRecord &p = parallel.steps[i], &o = single.steps[i];
+        EXPECT_NEAR(p.balance_loss, o.balance_loss, kTolerance * std::abs(o.balance_loss)) << "step " << o.step;
+        ASSERT_EQ(p.moe.size(), o.moe.size()) << "step " << o.step;
+        for (size_t l = 0; l < o.moe.size(); ++l) {
+            EXPECT_EQ(p.moe[l].layer, o.moe[l].layer);
+            EXPECT_NEAR(p.moe[l].load_max_over_mean, o.moe[l].load_max_over_mean, 1e-12) << "step " << o.step << " layer " << o.moe[l].layer;
+            EXPECT_NEAR(p.moe[l].dropped_fraction, o.moe[l].dropped_fraction, 1e-12) << "step " << o.step << " layer " << o.moe[l].layer;
+        }
+    }
+}
+
 void expect_moe_layout_matches_single_process(int64_t micro_batches, const std::vector<std::string>& layout) {
     const Config config = tiny_moe(micro_batches, layout);
     ParallelContext ctx = make_mpi_context(config.parallel);
@@ -86,6 +102,7 @@ void expect_moe_layout_matches_single_process(int64_t micro_batches, const std::
     if (ctx.world->rank() == 0)
         std::printf("max relative difference from one process: %.3g\n", max_relative_difference(parallel, single));
     test::expect_matches_single_process(parallel, single, kTolerance, "moe");
+    expect_same_moe_figures(parallel, single);
 }
 
 }  // namespace
@@ -143,3 +160,16 @@ PARALLEL_TEST(MoeLayouts, ContextParallelSequenceAuxLoss_MatchesSingleProcess, 2
 PARALLEL_TEST(MoeLayouts, ContextTimesSequenceParallel_MatchesSingleProcess, 4) {
     expect_moe_layout_matches_single_process(1, long_sequences({"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}));
 }
+
+// DeepSeek-V3's expert bias moves after each step by the job's load: every layout reduces the
+// same load, so every rank moves the same biases and routes as one process does.
+const std::vector<std::string> kExpertBias = {"model.moe.load_balancing=\"expert_bias\"", "model.moe.bias_update_rate=0.05", "model.moe.router=\"sigmoid\""};
+std::vector<std::string> with_expert_bias(std::vector<std::string> layout) {
+    layout.insert(layout.end(), kExpertBias.begin(), kExpertBias.end());
+    return layout;
+}
+PARALLEL_TEST(MoeLayouts, ExpertBiasDataParallel_MatchesSingleProcess, 2) { expect_moe_layout_matches_single_process(2, with_expert_bias({})); }
+PARALLEL_TEST(MoeLayouts, ExpertBiasSequenceParallel_MatchesSingleProcess, 2) {
+    expect_moe_layout_matches_single_process(2, with_expert_bias({"parallel.tp=2", "parallel.sequence_parallel=true"}));
+}
+PARALLEL_TEST(MoeLayouts, ExpertBiasPipeline_MatchesSingleProcess, 2) { expect_moe_layout_matches_single_process(3, with_expert_bias({"parallel.pp=2"})); }
