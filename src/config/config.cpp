@@ -453,6 +453,12 @@ const std::vector<Field>& schema() {
             .describe("on a NaN or Inf loss or gradient on any rank: abort (exit 3), skip the update, rollback to the last checkpoint, or lower_lr"),
         CONFIG_KEY(monitor, on_spike).choice(kHealthActionNames).describe("on a loss or gradient-norm spike: abort, skip, rollback or lower_lr"),
         CONFIG_KEY(monitor, on_divergence).choice(kHealthActionNames).describe("on divergence: abort, skip, rollback or lower_lr"),
+        CONFIG_KEY(monitor, on_router_collapse).choice(kHealthActionNames)
+            .describe("mixture of experts: on a collapsed router (monitor.router_collapse_share of a layer's tokens on one expert for "
+                      "monitor.router_collapse_steps steps): abort, skip, rollback or lower_lr"),
+        CONFIG_KEY(monitor, router_collapse_share).number(excl(0), incl(1))
+            .describe("collapsed router: the share of a MoE layer's tokens its busiest expert takes (1: every token)"),
+        CONFIG_KEY(monitor, router_collapse_steps).integer(1, kMillion).describe("collapsed router: applied steps in a row"),
         CONFIG_KEY(monitor, window).integer(2, kMillion).describe("steps in the rolling window of the spike z-scores and of the divergence means"),
         CONFIG_KEY(monitor, warmup_steps).integer(0, kTrillion).describe("applied steps before the spike and divergence detectors judge"),
         CONFIG_KEY(monitor, loss_zscore).number(excl(0), incl(1e6)).describe("loss spike: standard deviations of the log loss above the window's mean"),
@@ -1013,7 +1019,8 @@ constexpr Check kChecks[] = {
         // A rollback restores the last checkpoint: there must be checkpoints.
         const MonitorConfig& m = c.monitor;
         if (c.checkpoint.every_steps > 0) return std::nullopt;
-        for (const auto& [key, action] : {std::pair{"monitor.on_nonfinite", m.on_nonfinite}, {"monitor.on_spike", m.on_spike}, {"monitor.on_divergence", m.on_divergence}})
+        for (const auto& [key, action] : {std::pair{"monitor.on_nonfinite", m.on_nonfinite}, {"monitor.on_spike", m.on_spike}, {"monitor.on_divergence", m.on_divergence},
+                                         {"monitor.on_router_collapse", m.on_router_collapse}})
             if (action == HealthAction::rollback)
                 return Problem{key, "\"rollback\" restores the last checkpoint and needs checkpoint.every_steps > 0 (allowed without checkpoints: abort, skip, lower_lr)"};
         return std::nullopt;

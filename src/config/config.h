@@ -268,6 +268,11 @@ struct MonitorConfig {
     double loss_zscore = 6;                // a log loss this many standard deviations above the window's mean is a spike
     double grad_zscore = 8;                // the same for the log gradient norm, whose tail is heavier
     double divergence_factor = 1.5;        // mean loss of the last window / mean of the window before it
+    // MoE: a layer whose busiest expert took at least router_collapse_share of the tokens for
+    // router_collapse_steps applied steps in a row has a collapsed router.
+    HealthAction on_router_collapse = HealthAction::abort;
+    double router_collapse_share = 0.9;
+    int64_t router_collapse_steps = 100;
     int64_t skip_batches = 0;              // rollback: global batches skipped beyond the offending step's
     double lr_factor = 0.5;                // lower_lr: the learning rate is multiplied by this from then on
     int64_t max_consecutive_skips = 5;     // that many skipped steps in a row: roll back

@@ -19,6 +19,7 @@ std::string with_digits(double value, int digits) {
 const char* key_of(const std::string& kind) {
     if (kind == "nonfinite") return "monitor.on_nonfinite";
     if (kind == "divergence") return "monitor.on_divergence";
+    if (kind == "router_collapse") return "monitor.on_router_collapse";
     return "monitor.on_spike";
 }
 
@@ -75,6 +76,7 @@ std::optional<HealthMonitor::Finding> HealthMonitor::detect(const StepRecord& s)
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
         return Finding{"nonfinite", 0, 0, cat("non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss", " (loss ", with_digits(s.loss, 4), ", grad norm ",
                                              with_digits(s.grad_norm, 4), ") on some rank"), config_.on_nonfinite};
+    if (std::optional<Finding> collapse = router_collapse(s)) return collapse;
     if (applied_ < config_.warmup_steps || losses_.size() < 2) return std::nullopt;
     const auto spread = [](const RollingWindow& w) {
         return cat(" against a window geometric mean of ", with_digits(std::exp(w.mean()), 4), " (spread x", with_digits(std::exp(w.stddev()), 4), ", ", w.size(), " steps)");
@@ -98,6 +100,23 @@ std::optional<HealthMonitor::Finding> HealthMonitor::detect(const StepRecord& s)
                                                                           " against ", with_digits(earlier / static_cast<double>(w), 4), " in the ", w, " before"),
                        config_.on_divergence};
     return std::nullopt;
+}
+
+bool HealthMonitor::collapsed(const StepRecord& s) const {
+    return std::any_of(s.moe.begin(), s.moe.end(), [&](const MoeLayerRecord& l) { return l.top_expert_token_share >= config_.router_collapse_share; });
+}
+
+// This step collapsed too, and the steps before it: the worst layer is named.
+std::optional<HealthMonitor::Finding> HealthMonitor::router_collapse(const StepRecord& s) const {
+    if (!collapsed(s) || collapsed_steps_ + 1 < config_.router_collapse_steps) return std::nullopt;
+    const auto worst = std::max_element(s.moe.begin(), s.moe.end(), [](const MoeLayerRecord& a, const MoeLayerRecord& b) {
+        return a.top_expert_token_share < b.top_expert_token_share;
+    });
+    return Finding{"router_collapse", worst->top_expert_token_share, config_.router_collapse_share,
+                   cat("MoE layer ", worst->layer, ": its busiest expert took ", with_digits(100 * worst->top_expert_token_share, 1), "% of the tokens (load ",
+                       with_digits(worst->load_max_over_mean, 2), " x the mean), for ", collapsed_steps_ + 1, " steps in a row (monitor.router_collapse_steps = ",
+                       config_.router_collapse_steps, ")"),
+                   config_.on_router_collapse};
 }
 
 int64_t HealthMonitor::rollbacks_within_window(int64_t step) const {
@@ -161,6 +180,7 @@ void HealthMonitor::after_verdict(const StepRecord& s, Verdict::Action action) {
         divergence_losses_.push(s.loss);
         ++applied_;
         consecutive_skips_ = 0;
+        collapsed_steps_ = collapsed(s) ? collapsed_steps_ + 1 : 0;
     } else if (action == Verdict::skip && skip_issued_) {
         ++consecutive_skips_;
     }
@@ -179,6 +199,7 @@ std::string HealthMonitor::state() const {
                                       {"applied_steps", applied_},
                                       {"consecutive_skips", consecutive_skips_},
                                       {"rollback_steps", rollback_steps_},
+                                      {"router_collapsed_steps", collapsed_steps_},
                                       {"lr_scale", lr_scale_}};
     return j.dump();
 }
@@ -194,6 +215,7 @@ void HealthMonitor::restore(const std::string& state) {
         applied_ = j.at("applied_steps").get<int64_t>();
         consecutive_skips_ = j.at("consecutive_skips").get<int64_t>();
         rollback_steps_ = j.at("rollback_steps").get<std::vector<int64_t>>();
+        collapsed_steps_ = j.value("router_collapsed_steps", int64_t{0});  // absent before MoE
         lr_scale_ = j.at("lr_scale").get<double>();
     } catch (const std::exception& e) {
         fail(ErrorKind::data, "checkpoint manifest: the monitor state is malformed (", e.what(), ")");

@@ -10,7 +10,12 @@
 //               fast is no fault);
 //   grad_spike  the same for the gradient norm and monitor.grad_zscore;
 //   divergence  mean(loss of the last window) > monitor.divergence_factor x mean(the window
-//               before it).
+//               before it);
+//   router_collapse  a mixture-of-experts layer's busiest expert took at least
+//               monitor.router_collapse_share of its tokens in each of the last
+//               monitor.router_collapse_steps applied steps (a router that sends nearly every
+//               token to one expert trains one expert's worth of parameters); judged from the
+//               first step, policy monitor.on_router_collapse.
 // The z-scores and divergence judge only after monitor.warmup_steps applied steps; a step
 // that was skipped or rolled back never enters a window.
 //
@@ -105,6 +110,8 @@ private:
         HealthAction action = HealthAction::skip;
     };
     std::optional<Finding> detect(const StepRecord& s) const;
+    std::optional<Finding> router_collapse(const StepRecord& s) const;
+    bool collapsed(const StepRecord& s) const;
     Verdict decide(const StepRecord& s, Finding finding);
     int64_t rollbacks_within_window(int64_t step) const;
 
@@ -115,6 +122,7 @@ private:
     RollingWindow divergence_losses_;  // the last 2 x window applied losses
     int64_t applied_ = 0;
     int64_t consecutive_skips_ = 0;
+    int64_t collapsed_steps_ = 0;  // applied steps in a row with a collapsed MoE router
     std::vector<int64_t> rollback_steps_;  // the offending step of every rollback
     double lr_scale_ = 1;
     bool skip_issued_ = false;          // the step just judged was skipped by this monitor

@@ -63,13 +63,14 @@ namespace {
 // MoE: per layer (global index) its expert load, max over mean, and the share dropped; the
 // balancing losses.
 nlohmann::json moe_fields(const StepRecord& s) {
-    nlohmann::json layers = nlohmann::json::array(), load = nlohmann::json::array(), dropped = nlohmann::json::array();
+    nlohmann::json layers = nlohmann::json::array(), load = nlohmann::json::array(), dropped = nlohmann::json::array(), share = nlohmann::json::array();
     for (const MoeLayerRecord& l : s.moe) {
         layers.push_back(l.layer);
         load.push_back(l.load_max_over_mean);
         dropped.push_back(l.dropped_fraction);
+        share.push_back(l.top_expert_token_share);
     }
-    return {{"layers", layers}, {"load_max_over_mean", load}, {"dropped_fraction", dropped}, {"balance_loss", s.balance_loss}};
+    return {{"layers", layers}, {"load_max_over_mean", load}, {"dropped_fraction", dropped}, {"top_expert_token_share", share}, {"balance_loss", s.balance_loss}};
 }
 }  // namespace
 

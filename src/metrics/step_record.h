@@ -33,6 +33,7 @@ struct MoeLayerRecord {
     int64_t layer = 0;                // global index
     double load_max_over_mean = 0;    // the most loaded expert's assignments over the mean's
     double dropped_fraction = 0;      // of the assignments, dropped by a capacity
+    double top_expert_token_share = 0;  // of the layer's tokens, those its busiest expert took (1: every token)
 };
 
 struct StepRecord {

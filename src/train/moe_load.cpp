@@ -58,8 +58,11 @@ void MoeBalance::close_step(Transformer& model, const ParallelContext& ctx, Step
         std::vector<double> load(r, r + E);
         for (double& v : load) v /= copies;
         const double routed = std::accumulate(load.begin(), load.end(), 0.0);
+        // Each token makes top_k assignments to distinct experts: routed / top_k tokens.
+        const double busiest = load.empty() ? 0 : *std::max_element(load.begin(), load.end());
         s.moe.push_back({.layer = static_cast<int64_t>(l), .load_max_over_mean = load_max_over_mean(load),
-                         .dropped_fraction = routed > 0 ? r[E] / copies / routed : 0.0});
+                         .dropped_fraction = routed > 0 ? r[E] / copies / routed : 0.0,
+                         .top_expert_token_share = routed > 0 ? busiest / (routed / static_cast<double>(moe.top_k)) : 0.0});
         const auto bias = bias_.find(static_cast<int64_t>(l));
         if (bias == bias_.end() || routed <= 0) continue;
         const double mean = routed / static_cast<double>(E);

@@ -258,9 +258,11 @@ def dashboard(scratch, dashboard_path):
             for variable, value in substitutions.items():
                 expr = expr.replace(variable, value)
             result = prom_query(state, expr, at)["result"]
-            if "llmtrain_gpu_" in expr:
+            if "llmtrain_gpu_" in expr or "llmtrain_moe_" in expr:
+                # No NVML here, and the scraped run is a dense model: metrics.moe_series_answer
+                # checks the mixture-of-experts panels on a MoE run.
                 if result:
-                    fail(f"{where} answers on a machine without NVML: {result[:1]}")
+                    fail(f"{where} answers on a machine without NVML or for a dense model: {result[:1]}")
                 checked += 1
                 continue
             if not result:
@@ -276,7 +278,7 @@ def dashboard(scratch, dashboard_path):
             if not by_rank and len(ranks) > 1:
                 fail(f"{where}: with k = 1 it draws {len(ranks)} ranks: a job panel shows aggregates and the worst k ranks")
             checked += 1
-    named = check_names_exported("the dashboard's queries", expressions, exported_series(scratch))
+    named = check_names_exported("the dashboard's queries", [e for e in expressions if "llmtrain_moe_" not in e], exported_series(scratch))
     # The labels every raw series carries.
     for series in prom_query(state, f'llmtrain_loss{{job="{state["job"]}"}}', at)["result"]:
         if not {"job", "rank", "tp", "dp", "pp", "host"} <= set(series["metric"]):
@@ -587,6 +589,41 @@ def nvml(scratch, llmtrain, fake_dir):
     print(f"ok: {len(expected)} GPU series carry the fake NVML's values; without NVML the run trains and says why once")
 
 
+# A mixture-of-experts run (8 experts, top-2, a capacity): every MoE series the dashboard
+# queries is served by every rank, per layer, with the values of the run's log.jsonl, and
+# the dashboard's MoE expressions name only served series.
+def moe_series(scratch, llmtrain, dashboard_path):
+    subprocess.run(["rm", "-rf", scratch])
+    os.makedirs(scratch)
+    steps = 6
+    run_dir, job = single_run(scratch, llmtrain, steps, ["--set", "model.family=\"llama\"", "--set", "model.moe.n_experts=8", "--set", "model.moe.top_k=2",
+                                                          "--set", "model.moe.capacity_factor=1.0", "--set", "metrics.port=0",
+                                                          "--set", "metrics.linger_seconds=3"])
+    targets = wait_for(lambda: read_targets(run_dir), 120, "metrics_targets.json")
+    wait_for(lambda: len(jsonl(run_dir, "step")) >= steps, 120, "the run's steps")
+    s = parse_exposition(http_get(f"http://{targets[0]}/metrics"))
+    job.wait(60)
+    if job.returncode != 0:
+        fail(f"the MoE run ended with {job.returncode}: " + open(os.path.join(scratch, "run.out")).read()[-2000:])
+    last = jsonl(run_dir, "step")[-1]["moe"]
+    for name, key in (("llmtrain_moe_load_max_over_mean", "load_max_over_mean"), ("llmtrain_moe_dropped_fraction", "dropped_fraction")):
+        for layer, want in zip(last["layers"], last[key]):
+            got = values(s, name, layer=str(layer))
+            if len(got) != 1 or abs(got[0] - want) > 1e-9 * max(1, abs(want)):
+                fail(f"{name}{{layer=\"{layer}\"}} = {got}, log.jsonl's last step says {want}")
+    got = values(s, "llmtrain_moe_balance_loss")
+    if len(got) != 1 or abs(got[0] - last["balance_loss"]) > 1e-9 or got[0] <= 0:
+        fail(f"llmtrain_moe_balance_loss = {got}, log.jsonl's last step says {last['balance_loss']}")
+    with open(dashboard_path) as f:
+        board = json.load(f)
+    expressions = [t["expr"] for _, p in dashboard_panels(board) for t in p.get("targets", []) if "llmtrain_moe_" in t["expr"]]
+    if not expressions:
+        fail("the dashboard has no mixture-of-experts panel")
+    check_names_exported("the dashboard's MoE queries", expressions, {n for (n, _) in s})
+    print(f"ok: {len(expressions)} MoE expressions name served series; layers {last['layers']}: load {last['load_max_over_mean']}, "
+          f"dropped {last['dropped_fraction']}, balancing loss {last['balance_loss']:.4g}, as log.jsonl says")
+
+
 def progress(scratch, llmtrain):
     subprocess.run(["rm", "-rf", scratch])
     os.makedirs(scratch)
@@ -613,5 +650,6 @@ if __name__ == "__main__":
               "counts": lambda: counts(scratch), "lint": lambda: lint(scratch, rest[0]), "stop": lambda: stop(scratch),
               "hostile": lambda: hostile(scratch, llmtrain), "port-in-use": lambda: port_in_use(scratch, llmtrain),
               "port-taken-auto": lambda: port_taken_auto(scratch, llmtrain, rest[0]),
-              "nvml": lambda: nvml(scratch, llmtrain, rest[0]), "progress": lambda: progress(scratch, llmtrain)}
+              "nvml": lambda: nvml(scratch, llmtrain, rest[0]), "progress": lambda: progress(scratch, llmtrain),
+              "moe-series": lambda: moe_series(scratch, llmtrain, rest[0])}
     checks[check]()

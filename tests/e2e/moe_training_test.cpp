@@ -76,7 +76,9 @@ TEST(MoeTraining, EightExpertsTopTwo_EndsBelowTheDenseModelOfTheSameActiveParame
 // sequences a step) brings the worst layer's load under 1.5 within 200 steps (the mean over
 // steps 181-200).
 TEST(MoeTraining, ExpertBias_BringsTheLoadUnderOneAndAHalfWhereNoBalancingDoesNot) {
-    const TrainResult none = train_quietly(tiny_llama(200, moe({"model.moe.router=\"sigmoid\"", "model.moe.load_balancing=\"none\"", "train.batch_size=16"})));
+    // The collapse is what the health monitor would stop (monitor.on_router_collapse): not here.
+    const TrainResult none = train_quietly(tiny_llama(200, moe({"model.moe.router=\"sigmoid\"", "model.moe.load_balancing=\"none\"", "train.batch_size=16",
+                                                                "monitor.router_collapse_steps=1000000"})));
     const TrainResult biased = train_quietly(tiny_llama(200, moe({"model.moe.router=\"sigmoid\"", "model.moe.load_balancing=\"expert_bias\"",
                                                                   "model.moe.bias_update_rate=0.005", "train.batch_size=16"})));
     const std::vector<double> unbalanced = worst_loads(none), balanced = worst_loads(biased);

@@ -198,3 +198,60 @@ TEST(HealthMonitor, CostPerStep_IsMicroseconds) {
 
 }  // namespace
 }  // namespace llmtrain
+
+namespace llmtrain {
+namespace {
+// A step whose MoE layers 1 and 3 sent these shares of their tokens to their busiest expert.
+StepRecord moe_step(int64_t n, double share_1, double share_3) {
+    StepRecord s = step(n, 3.0);
+    s.moe = {{.layer = 1, .load_max_over_mean = share_1 * 4, .dropped_fraction = 0, .top_expert_token_share = share_1},
+             {.layer = 3, .load_max_over_mean = share_3 * 4, .dropped_fraction = 0, .top_expert_token_share = share_3}};
+    return s;
+}
+}  // namespace
+
+// A router is collapsed when one layer's busiest expert takes monitor.router_collapse_share of
+// its tokens for monitor.router_collapse_steps steps in a row: the last of them is the event,
+// named after the layer, with its policy; a balanced step in between starts the count again.
+TEST(HealthMonitor, RouterCollapsedForTheConfiguredSteps_IsAnEventNamingTheLayer) {
+    MonitorConfig c = small_window();
+    c.router_collapse_share = 0.9;
+    c.router_collapse_steps = 4;
+    c.on_router_collapse = HealthAction::abort;
+    HealthMonitor m(c, false);
+    for (int64_t n = 1; n <= 3; ++n) ASSERT_EQ(run(m, moe_step(n, 0.5, 0.95)).action, Verdict::apply) << "step " << n;
+    ASSERT_EQ(run(m, moe_step(4, 0.5, 0.3)).action, Verdict::apply);  // balanced: the count starts again
+    for (int64_t n = 5; n <= 7; ++n) ASSERT_EQ(run(m, moe_step(n, 0.92, 0.3)).action, Verdict::apply) << "step " << n;
+    const Verdict v = run(m, moe_step(8, 0.97, 0.3));
+    EXPECT_EQ(v.action, Verdict::abort);
+    const std::optional<AnomalyRecord> e = m.take_event();
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->kind, "router_collapse");
+    EXPECT_DOUBLE_EQ(e->statistic, 0.97);
+    EXPECT_NE(e->detail.find("MoE layer 1: its busiest expert took 97.0% of the tokens"), std::string::npos) << e->detail;
+    EXPECT_NE(e->detail.find("monitor.on_router_collapse = \"abort\""), std::string::npos) << e->detail;
+}
+
+// The count is training state: a resumed run goes on counting where the checkpoint stopped.
+TEST(HealthMonitor, RouterCollapseCount_IsKeptInTheCheckpointState) {
+    MonitorConfig c = small_window();
+    c.router_collapse_steps = 3;
+    c.on_router_collapse = HealthAction::skip;
+    HealthMonitor m(c, false);
+    for (int64_t n = 1; n <= 2; ++n) ASSERT_EQ(run(m, moe_step(n, 1.0, 0.2)).action, Verdict::apply);
+    HealthMonitor resumed(c, false);
+    resumed.restore(m.state());
+    EXPECT_EQ(run(resumed, moe_step(3, 1.0, 0.2)).action, Verdict::skip);
+    HealthMonitor fresh(c, false);
+    EXPECT_EQ(run(fresh, moe_step(3, 1.0, 0.2)).action, Verdict::apply);
+}
+
+// Dense steps carry no MoE layers: never a collapse.
+TEST(HealthMonitor, DenseSteps_NeverCollapse) {
+    MonitorConfig c = small_window();
+    c.router_collapse_steps = 1;
+    HealthMonitor m(c, false);
+    steady(m, 1, 20);
+}
+
+}  // namespace llmtrain
