@@ -809,6 +809,26 @@ TEST_F(CudaOps, MatmulFwd_Bf16_MatchesCpuAtOddShapes) {
     }
 }
 
+// A MoE router's logits: bf16 (or f16) operands, the fp32 accumulator written as it is (no
+// rounding to 16 bits), so it matches the CPU within f32 GEMM accuracy; with a bias refused.
+TEST_F(CudaOps, MatmulFwd_F32OutputFromHalfOperands_IsTheAccumulatorUnrounded) {
+    for (const DType dt : {bf16, f16}) {
+        for (size_t i = 0; i < kMatmulCases.size(); ++i) {
+            const MatmulCase& c = kMatmulCases[i];
+            SCOPED_TRACE(c.str());
+            const OwnedTensor x = random_input(dt, {c.N, c.IC}, 1400 + 10 * i), w = random_input(dt, {c.OC, c.IC}, 1401 + 10 * i);
+            const OwnedTensor out(f32, {c.N, c.OC});
+            cpu().matmul_fwd({.out = out, .x = x, .w = w, .bias = Tensor()});
+            const OwnedTensor g_x = to_device(gpu(), x, dt), g_w = to_device(gpu(), w, dt), g_out = device_tensor(gpu(), f32, {c.N, c.OC});
+            gpu().matmul_fwd({.out = g_out, .x = g_x, .w = g_w, .bias = Tensor()});
+            expect_matches("out", gpu(), g_out, out, f32_gemm_tolerance);
+        }
+    }
+    const OwnedTensor g_x = device_tensor(gpu(), bf16, {4, 8}), g_w = device_tensor(gpu(), bf16, {3, 8}), g_bias = device_tensor(gpu(), bf16, {3});
+    const OwnedTensor g_out = device_tensor(gpu(), f32, {4, 3});
+    EXPECT_THROW(gpu().matmul_fwd({.out = g_out, .x = g_x, .w = g_w, .bias = g_bias}), Error);
+}
+
 TEST_F(CudaOps, MatmulFwd_F16_MatchesCpuAtOddShapes) {
     for (size_t i = 0; i < kMatmulCases.size(); ++i) matmul_fwd_case(f16, kMatmulCases[i], 1300 + 10 * i);
 }
