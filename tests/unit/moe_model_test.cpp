@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "model/moe_mlp.h"
 #include "model/transformer.h"
+#include "support/model_gradients.h"
 
 using namespace llmtrain;
 
@@ -37,16 +38,7 @@ ModelConfig tiny_moe() {
     return m;
 }
 
-struct Batch {
-    OwnedTensor tokens, targets;
-    Batch(int64_t n, int64_t vocab, uint32_t seed) : tokens(DType::i32, {n}), targets(DType::i32, {n}) {
-        std::mt19937 rng(seed);
-        for (int64_t i = 0; i < n; ++i) {
-            tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-            targets.data<int32_t>()[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-        }
-    }
-};
+using Batch = test::TokenBatch;
 
 // The objective backward differentiates: the mean cross-entropy plus the balancing losses.
 double objective(Transformer& model, const Batch& batch, int64_t B, int64_t T) {
@@ -57,34 +49,7 @@ double objective(Transformer& model, const Batch& batch, int64_t B, int64_t T) {
     return loss + balance;
 }
 
-// Checks d(objective)/d(theta) for a spread of elements of every parameter.
-void expect_gradients_match_finite_differences(const ModelConfig& config) {
-    const int64_t B = 2, T = config.max_seq_len - 1;
-    auto backend = make_cpu_backend(1);
-    Transformer model(config, *backend, DType::f64, B, T);
-    model.initialize(5);
-    Batch batch(B * T, config.vocab_size, 11);
-    Parameters& p = model.parameters();
-    objective(model, batch, B, T);
-    model.backward(1.0);
-    for (size_t i = 0; i < p.count(); ++i) {
-        double* values = p.value(i).data<double>();
-        const double* grads = p.grad(i).data<double>();
-        const int64_t n = p.value(i).numel();
-        for (int64_t k = 0; k < n; k += std::max<int64_t>(1, n / 5)) {
-            const double saved = values[k], h = 1e-5;
-            values[k] = saved + h;
-            const double up = objective(model, batch, B, T);
-            values[k] = saved - h;
-            const double down = objective(model, batch, B, T);
-            values[k] = saved;
-            const double numeric = (up - down) / (2 * h);
-            const double scale = std::max({std::abs(numeric), std::abs(grads[k]), 1e-4});
-            EXPECT_LT(std::abs(numeric - grads[k]) / scale, 1e-5)
-                << p.info(i).name << "[" << k << "]: analytic " << grads[k] << ", numeric " << numeric;
-        }
-    }
-}
+void expect_gradients_match_finite_differences(const ModelConfig& config) { test::expect_gradients_match_finite_differences(config, objective, 5); }
 
 }  // namespace
 
