@@ -134,12 +134,13 @@ int run_bench_comm(const BenchCommArgs& args) {
 }  // namespace
 
 void register_bench_command(CLI::App& app, CommandAction& action) {
-    CLI::App* bench = app.add_subcommand("bench", "Training throughput of a config (tokens/s, MFU, memory, time per op), or `bench comm` / `bench tokenizer` / `bench attention` / `bench gemm`");
+    CLI::App* bench = app.add_subcommand("bench", "Training throughput of a config (tokens/s, MFU, memory, time per op), or `bench comm` / `bench tokenizer` / `bench attention` / `bench gemm` / `bench moe`");
     bench->require_subcommand(0, 1);
     register_bench_train(*bench, action);
     register_bench_tokenizer(*bench, action);
     register_bench_attention(*bench, action);
     register_bench_gemm(*bench, action);
+    register_bench_moe(*bench, action);
     auto args = std::make_shared<BenchCommArgs>();
     CLI::App* comm = bench->add_subcommand("comm", "Collective bandwidth (all_reduce, reduce_scatter, all_gather) over message sizes; run under mpirun");
     comm->add_option("--backend", args->backend, "mpi (host memory) or nccl (GPU memory)")->capture_default_str();

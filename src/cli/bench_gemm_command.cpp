@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <random>
 
 #include "backend/backend.h"
 #include "cli/bench_support.h"
@@ -57,19 +56,8 @@ OwnedTensor make(Backend& be, DType dtype, Shape shape) {
 // Uniform values in [-1, 1) (weights scaled by 1 / sqrt(K), as an initialization would) in
 // the compute dtype: bf16 on the GPU, f32 on the CPU.
 OwnedTensor random_matrix(Backend& be, DType dtype, int64_t rows, int64_t cols, double scale, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     OwnedTensor t = make(be, dtype, {rows, cols});
-    const auto n = static_cast<size_t>(rows * cols);
-    if (dtype == DType::f32) {
-        std::vector<float> values(n);
-        for (float& v : values) v = static_cast<float>(uniform(rng) * scale);
-        be.copy_from_host(t, values.data());
-    } else {
-        std::vector<uint16_t> bits(n);
-        for (uint16_t& b : bits) b = float_to_bf16(static_cast<float>(uniform(rng) * scale));
-        be.copy_from_host(t, bits.data());
-    }
+    fill_uniform(be, t, scale, seed);
     return t;
 }
 

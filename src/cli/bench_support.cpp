@@ -2,9 +2,25 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <sstream>
 
 namespace llmtrain {
+
+void fill_uniform(Backend& be, const Tensor& t, double scale, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    const auto n = static_cast<size_t>(t.numel());
+    if (t.dtype() == DType::f32) {
+        std::vector<float> values(n);
+        for (float& v : values) v = static_cast<float>(uniform(rng) * scale);
+        be.copy_from_host(t, values.data());
+    } else {
+        std::vector<uint16_t> bits(n);
+        for (uint16_t& b : bits) b = float_to_bf16(static_cast<float>(uniform(rng) * scale));
+        be.copy_from_host(t, bits.data());
+    }
+}
 
 std::vector<int64_t> parse_int_list(const std::string& text) {
     std::vector<int64_t> values;

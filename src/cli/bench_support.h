@@ -1,5 +1,6 @@
-// What the op benchmarks (`bench attention`, `bench gemm`) share: reading a shape flag, a
-// device tensor's values on the host, and how far one result is from another.
+// What the op benchmarks (`bench attention`, `bench gemm`, `bench moe`) share: reading a shape
+// flag, random inputs, a device tensor's values on the host, and how far one result is from
+// another.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,9 @@ namespace llmtrain {
 // "8,2048,32" as integers; empty when a part is not an integer (the caller names the flag and
 // the form it expects).
 std::vector<int64_t> parse_int_list(const std::string& text);
+
+// Fills an f32 or bf16 tensor with uniform values in [-scale, scale) from seed.
+void fill_uniform(Backend& be, const Tensor& t, double scale, uint64_t seed);
 
 // The values of a bf16, f16 or f32 device tensor, as floats on the host (waits for it).
 std::vector<float> device_values(Backend& be, const Tensor& t);

@@ -44,5 +44,8 @@ void register_bench_tokenizer(CLI::App& bench, CommandAction& action);
 void register_bench_attention(CLI::App& bench, CommandAction& action);
 // `llmtrain bench gemm [--shape M,N,K ...] [--device cuda|cpu] [--iters N]`, on the `bench` app.
 void register_bench_gemm(CLI::App& bench, CommandAction& action);
+// `llmtrain bench moe [--device cuda|cpu] [--tokens N --d-model C --experts E --top-k k --d-ff-expert F]
+// [--capacity-factor c] [--balanced]`, on the `bench` app.
+void register_bench_moe(CLI::App& bench, CommandAction& action);
 
 }  // namespace llmtrain
