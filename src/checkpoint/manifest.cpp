@@ -73,6 +73,7 @@ std::string manifest_to_json(const Manifest& m) {
     j["data"] = m.data ? nlohmann::ordered_json{{"step", m.data->step}, {"cursor", m.data->cursor}, {"seed", m.data->seed}} : nlohmann::ordered_json();
     if (!m.monitor_state.empty()) j["monitor"] = nlohmann::ordered_json::parse(m.monitor_state);
     if (!m.moe_state.empty()) j["moe"] = nlohmann::ordered_json::parse(m.moe_state);
+    if (!m.fp8_state.empty()) j["fp8"] = nlohmann::ordered_json::parse(m.fp8_state);
     j["files"] = files;
     j["config"] = m.config_toml;
     j[kChecksumKey] = hex64(document_xxh64(j));
@@ -155,6 +156,7 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         m.config_toml = upgraded_config(get("config").get<std::string>());
         if (j.contains("monitor")) m.monitor_state = get("monitor").dump();
         if (j.contains("moe")) m.moe_state = get("moe").dump();
+        if (j.contains("fp8")) m.fp8_state = get("fp8").dump();
         if (m.step < 0 || m.world_size < 1 || static_cast<int>(m.files.size()) != m.world_size)
             fail(ErrorKind::data, "'", path, "': ", m.files.size(), " files listed for a world of ", m.world_size, " ranks");
         return m;

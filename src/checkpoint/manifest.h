@@ -52,6 +52,7 @@ struct Manifest {
     int zero_stage = 0;               // as it applied (0 on one dp rank)
     std::string monitor_state;        // the health monitor's windows and counters (JSON); empty: none
     std::string moe_state;            // the MoE layers' expert biases (JSON, train/moe_load.h); empty: none
+    std::string fp8_state;            // where the FP8 delayed recipe's state is (JSON, train/fp8_state.h); empty: none
     std::string config_toml;          // the effective config of the run that saved it
     std::string created;              // UTC time of the commit
     std::vector<CheckpointFile> files;

@@ -78,6 +78,11 @@ void capture_snapshot(const SnapshotSource& source, int64_t step, RankSnapshot& 
         host_copies.emplace_back(out.tensors.size(), state.values);
         out.tensors.push_back({rank_state_dataset(state.name), state.name, Shape{n}, DType::f32, {{whole_box(Shape{n}), 0}}, 0});
     }
+    for (const HostDataset& d : source.host_state) {
+        const auto n = static_cast<int64_t>(d.values.size());
+        host_copies.emplace_back(out.tensors.size(), &d.values);
+        out.tensors.push_back({d.dataset, d.dataset, Shape{n}, DType::f32, {{whole_box(Shape{n}), 0}}, 0});
+    }
     size_t bytes = 0;
     for (SavedTensor& t : out.tensors) {
         t.byte_offset = bytes;

@@ -12,6 +12,9 @@
 //   optimizer/exp_avg_sq/<name>[/<start>]
 //   optimizer/<state>                       state of this rank alone (1-bit Adam's error
 //                                           feedback, f32): every rank, for the same layout
+//   <dataset>                               small named state the caller gives whole, f32
+//                                           (SnapshotSource::host_state: the FP8 delayed
+//                                           recipe's histories, "fp8/<linear>/<tensor>_...")
 // A piece that is a whole tensor is named by the tensor alone; a part of one adds its box's
 // start ("model/transformer.wte.weight/128_0").
 #pragma once
@@ -71,6 +74,12 @@ struct RankSnapshot {
     RankSnapshot& operator=(const RankSnapshot&) = delete;
 };
 
+// A dataset of f32 values the caller names and holds on the host (written whole).
+struct HostDataset {
+    std::string dataset;
+    std::vector<float> values;
+};
+
 // What a rank holds, for capture_snapshot.
 struct SnapshotSource {
     const Placement& placement;
@@ -80,6 +89,7 @@ struct SnapshotSource {
     Backend& backend;                   // copies device memory to the host
     int world_rank = 0;
     DType dtype = DType::f32;           // the master weights' and moments'
+    std::vector<HostDataset> host_state;
 };
 
 // Fills out with this rank's share after step `step` (a blocking copy to host memory, into

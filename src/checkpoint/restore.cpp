@@ -49,4 +49,20 @@ bool load_rank_local_state(const std::string& path, const Manifest& manifest, in
     return loaded == states.size();
 }
 
+std::map<std::string, std::vector<float>> read_host_state(const std::string& path, const Manifest& manifest, const std::vector<int>& world_ranks,
+                                                          const std::string& prefix) {
+    std::map<std::string, std::vector<float>> out;
+    for (const int rank : world_ranks) {
+        if (rank < 0 || rank >= static_cast<int>(manifest.files.size()))
+            fail(ErrorKind::data, "'", path, "': state listed in rank ", rank, "'s file, but the checkpoint has ", manifest.files.size(), " rank files");
+        const RankFileReader file((std::filesystem::path(path) / rank_file_name(rank)).string());
+        for (const SavedTensor& t : file.tensors()) {
+            if (!t.dataset.starts_with(prefix)) continue;
+            const std::vector<double> values = file.read(t);
+            out[t.dataset] = std::vector<float>(values.begin(), values.end());
+        }
+    }
+    return out;
+}
+
 }  // namespace llmtrain

@@ -4,7 +4,9 @@
 // say where they sit in the global tensors.
 #pragma once
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "checkpoint/manifest.h"
@@ -30,5 +32,11 @@ void load_checkpoint_weights(const std::string& path, const Manifest& manifest, 
 // `manifest_of_run`); otherwise the state stays as it is (zero: a fresh error feedback).
 // Returns whether it was loaded.
 bool load_rank_local_state(const std::string& path, const Manifest& manifest, int world_rank, bool same_layout, AdamW& optimizer);
+// Every host-state dataset (SnapshotSource::host_state) whose path starts with `prefix` in the
+// files of world ranks `world_ranks`, by path: state a few ranks write for the whole job and
+// every rank of any layout reads. Throws Error(data) naming the file when one is missing,
+// damaged or of no such rank.
+std::map<std::string, std::vector<float>> read_host_state(const std::string& path, const Manifest& manifest, const std::vector<int>& world_ranks,
+                                                          const std::string& prefix);
 
 }  // namespace llmtrain

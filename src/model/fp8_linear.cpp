@@ -23,7 +23,7 @@ Fp8Linears::Fp8Linears(const Fp8Config& config, Backend& backend, DType compute,
     if (groups_.cp && groups_.cp->size() < 2) groups_.cp = nullptr;
 }
 
-int Fp8Linears::add(int64_t out_features, int64_t in_features, LinearSplit split) {
+int Fp8Linears::add(int64_t out_features, int64_t in_features, LinearSplit split, std::string name) {
     if (state_memory_) fail(ErrorKind::runtime, "Fp8Linears::add after allocate()");
     const int history = delayed() ? static_cast<int>(config_.amax_history_len) : 1;
     const AmaxHistory empty(history, amax_compute(config_.amax_compute));
@@ -32,7 +32,7 @@ int Fp8Linears::add(int64_t out_features, int64_t in_features, LinearSplit split
     tensors_.push_back({.format = DType::e4m3, .agree_tp = !column, .agree_cp = true, .history = empty});  // input: columns split when row-parallel
     tensors_.push_back({.format = DType::e4m3, .agree_tp = true, .agree_cp = false, .history = empty});   // weight: split either way
     tensors_.push_back({.format = grad_format, .agree_tp = column, .agree_cp = true, .history = empty});   // output gradient: columns split when column-parallel
-    linears_.push_back({.out_features = out_features, .in_features = in_features});
+    linears_.push_back({.out_features = out_features, .in_features = in_features, .name = std::move(name)});
     max_width_ = std::max({max_width_, out_features, in_features});
     return static_cast<int>(linears_.size()) - 1;
 }
@@ -42,8 +42,7 @@ void Fp8Linears::allocate(int64_t max_rows) {
     max_rows_ = max_rows;
     state_memory_ = backend_.allocate(5 * T * sizeof(float));
     const std::vector<float> ones(2 * T, 1.0f);
-    backend_.copy_from_host(Tensor(static_cast<float*>(state_memory_.get()) + 3 * T, DType::f32, {static_cast<int64_t>(2 * T)}, backend_.device()),
-                            ones.data());
+    backend_.copy_from_host(scales(), ones.data());
     for (Linear& l : linears_) l.weight_memory = backend_.allocate(static_cast<size_t>(2 * l.out_features * l.in_features));
     for (int i = 0; i < 4; ++i) scratch_.push_back(backend_.allocate(static_cast<size_t>(max_rows * max_width_)));
 }
@@ -54,6 +53,9 @@ Tensor Fp8Linears::scale(int t) const {
 }
 Tensor Fp8Linears::scale_inv(int t) const {
     return Tensor(static_cast<float*>(state_memory_.get()) + 4 * tensors_.size() + t, DType::f32, {1}, backend_.device());
+}
+Tensor Fp8Linears::scales() const {
+    return Tensor(static_cast<float*>(state_memory_.get()) + 3 * tensors_.size(), DType::f32, {static_cast<int64_t>(2 * tensors_.size())}, backend_.device());
 }
 Tensor Fp8Linears::step_amaxes() const {
     return Tensor(state_memory_.get(), DType::f32, {static_cast<int64_t>(3 * tensors_.size())}, backend_.device());
@@ -81,7 +83,7 @@ void Fp8Linears::cast(int t, const Tensor& x, const Tensor& xq, const Tensor& xt
         backend_.fp8_update_scale({.scale = scale(t), .scale_inv = scale_inv(t), .amax = amax_now(t), .format = s.format, .margin = static_cast<int>(config_.margin)});
     }
     backend_.fp8_cast({.out = xq, .out_t = xt, .x = x, .scale = scale(t), .amax = from_history ? amax_now(t) : Tensor()});
-    if (!delayed()) return;
+    if (!delayed() || !recording_) return;
     // The step's running max: max(|running|, |now|) into the third entry, then back.
     const Tensor a = amaxes(t);
     backend_.fp8_amax({.amax = a.slice_rows(2, 1), .x = a.slice_rows(0, 2)});
@@ -140,7 +142,7 @@ void Fp8Linears::close_step() {
     std::vector<float> host(3 * T);
     backend_.copy_to_host(host.data(), step_amaxes());
     std::vector<float> scales(2 * T);
-    backend_.copy_to_host(scales.data(), Tensor(static_cast<float*>(state_memory_.get()) + 3 * T, DType::f32, {static_cast<int64_t>(2 * T)}, backend_.device()));
+    backend_.copy_to_host(scales.data(), this->scales());
     for (size_t t = 0; t < T; ++t) {
         Scaled& s = tensors_[t];
         if (t % 3 == weight) continue;
@@ -151,8 +153,7 @@ void Fp8Linears::close_step() {
         scales[t] = s.history.scale();
         scales[T + t] = 1.0f / s.history.scale();
     }
-    backend_.copy_from_host(Tensor(static_cast<float*>(state_memory_.get()) + 3 * T, DType::f32, {static_cast<int64_t>(2 * T)}, backend_.device()),
-                            scales.data());
+    backend_.copy_from_host(this->scales(), scales.data());
     backend_.fill_zero(step_amaxes());
 }
 
@@ -163,6 +164,58 @@ Fp8Linears::TensorState Fp8Linears::state(int id, int role) const {
     backend_.copy_to_host(&out.scale_inv, scale_inv(t));
     if (delayed() && role != weight) out.history = tensors_[static_cast<size_t>(t)].history.entries();
     return out;
+}
+
+std::string Fp8Linears::state_name(int t) const { return linears_[static_cast<size_t>(t / 3)].name + (t % 3 == input ? "/input" : "/grad"); }
+
+std::vector<Fp8Linears::NamedState> Fp8Linears::scaling_state() const {
+    std::vector<NamedState> out;
+    if (!delayed() || tensors_.empty()) return out;
+    std::vector<float> scales(2 * tensors_.size());
+    backend_.copy_to_host(scales.data(), this->scales());
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+        const Scaled& s = tensors_[t];
+        if (t % 3 == weight || !s.has_history) continue;
+        const std::string name = state_name(static_cast<int>(t));
+        out.push_back({name + "_amax_history", s.history.entries()});
+        out.push_back({name + "_scale", {scales[t]}});
+    }
+    return out;
+}
+
+int Fp8Linears::restore_scaling_state(const std::map<std::string, std::vector<float>>& saved) {
+    if (!delayed() || tensors_.empty()) return 0;
+    const size_t T = tensors_.size();
+    std::vector<float> scales(2 * T, 1.0f);
+    int restored = 0;
+    for (size_t t = 0; t < T; ++t) {
+        Scaled& s = tensors_[t];
+        if (t % 3 == weight) continue;
+        const std::string name = state_name(static_cast<int>(t));
+        const auto history = saved.find(name + "_amax_history");
+        const auto scale = saved.find(name + "_scale");
+        const bool found = history != saved.end() && scale != saved.end();
+        s.has_history = found;
+        if (!found) {
+            s.history.restore(std::vector<float>(static_cast<size_t>(s.history.length()), 0.0f), 1.0f);
+            continue;
+        }
+        if (scale->second.size() != 1 || !(scale->second[0] > 0) || !std::isfinite(scale->second[0]))
+            fail(ErrorKind::data, "FP8 scaling state '", scale->first, "': expected one finite positive scale, found ", scale->second.size(), " values");
+        // The newest entries, as many as this run's history holds (zeros before them when it holds more).
+        const auto length = static_cast<size_t>(s.history.length());
+        std::vector<float> entries(length, 0.0f);
+        const std::vector<float>& from = history->second;
+        const size_t kept = std::min(length, from.size());
+        std::copy(from.end() - static_cast<std::ptrdiff_t>(kept), from.end(), entries.end() - static_cast<std::ptrdiff_t>(kept));
+        s.history.restore(entries, scale->second[0]);
+        scales[t] = scale->second[0];
+        scales[T + t] = 1.0f / scale->second[0];
+        ++restored;
+    }
+    backend_.copy_from_host(this->scales(), scales.data());
+    backend_.fill_zero(step_amaxes());
+    return restored;
 }
 
 }  // namespace llmtrain

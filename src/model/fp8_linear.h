@@ -35,6 +35,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -60,7 +62,8 @@ public:
     Fp8Linears(const Fp8Config& config, Backend& backend, DType compute, Groups groups);
 
     // A linear whose weight is [out, in] (this rank's part); its id for forward / backward.
-    int add(int64_t out_features, int64_t in_features, LinearSplit split);
+    // name: the global name of its (first) weight, which names its state in checkpoints.
+    int add(int64_t out_features, int64_t in_features, LinearSplit split, std::string name = {});
     // Device memory for the state and the casts of up to max_rows token rows; after add().
     void allocate(int64_t max_rows);
 
@@ -71,6 +74,11 @@ public:
     void backward(int id, const MatmulBwd& args);
 
     bool delayed() const { return config_.recipe == Fp8Recipe::delayed; }
+    // Off: the delayed recipe's casts add nothing to the step's running amaxes (evaluation and
+    // sampling read the scaling state, never move it: training then does not depend on
+    // train.eval_every, and a resumed run, which does not repeat the evaluation at its resume
+    // point, casts what the uninterrupted one does). On by default.
+    void set_recording(bool on) { recording_ = on; }
     // The delayed recipe's running amax of every activation and gradient this step, f32 in
     // the backend's memory: the trainer all-reduces it (max) over tp, cp and dp before
     // close_step(), so that every rank records the same history as one process would.
@@ -89,6 +97,23 @@ public:
     TensorState state(int id, int role) const;
     int count() const { return static_cast<int>(linears_.size()); }
 
+    // The delayed recipe's scaling state as a checkpoint holds it, under global names: for
+    // each input and output gradient with a history, "<weight name>/input_amax_history" (or
+    // grad_: amax_history_len f32, oldest first) and ".../input_scale" (1 f32, the scale the
+    // next step casts with). None under the current recipe, nor for a tensor without history.
+    // The weights' scales are not state: each step casts them from their own amax.
+    struct NamedState {
+        std::string name;
+        std::vector<float> values;
+    };
+    std::vector<NamedState> scaling_state() const;
+    // Sets every tensor's state from `saved` (name -> values, as scaling_state() gave them)
+    // bit-exact, or fresh (no history, scale 1) where saved has none. A history of another
+    // length keeps its newest entries (zeros before them); the scale is the saved one either
+    // way, and the next close_step() computes it from the history as always. Returns how many
+    // tensors were restored. Throws a data error naming the entry of a malformed state.
+    int restore_scaling_state(const std::map<std::string, std::vector<float>>& saved);
+
 private:
     enum Role { input = 0, weight = 1, grad = 2 };
     struct Scaled {
@@ -99,6 +124,7 @@ private:
     };
     struct Linear {
         int64_t out_features = 0, in_features = 0;
+        std::string name;
         Memory weight_memory;  // wq [out, in] and wq^T [in, out], e4m3
         bool weight_cast = false;
     };
@@ -118,6 +144,8 @@ private:
     Tensor weight_q(int id) const;
     Tensor weight_t(int id) const;
     Tensor scratch(size_t which, DType dtype, Shape shape) const;
+    std::string state_name(int t) const;  // "<weight name>/input" or "/grad"
+    Tensor scales() const;                // [T] scales then [T] inverse scales
 
     Fp8Config config_;
     Backend& backend_;
@@ -128,6 +156,23 @@ private:
     Memory state_memory_;  // f32: [3T] amaxes (running, now, merged), [T] scales, [T] inverse scales
     std::vector<Memory> scratch_;  // input and gradient casts, both layouts
     int64_t max_rows_ = 0, max_width_ = 0;
+    bool recording_ = true;
+};
+
+// Recording off while one lives (Fp8Linears::set_recording); fp8 may be null.
+class Fp8NotRecording {
+public:
+    explicit Fp8NotRecording(Fp8Linears* fp8) : fp8_(fp8) {
+        if (fp8_) fp8_->set_recording(false);
+    }
+    ~Fp8NotRecording() {
+        if (fp8_) fp8_->set_recording(true);
+    }
+    Fp8NotRecording(const Fp8NotRecording&) = delete;
+    Fp8NotRecording& operator=(const Fp8NotRecording&) = delete;
+
+private:
+    Fp8Linears* fp8_;
 };
 
 }  // namespace llmtrain

@@ -23,7 +23,7 @@ void Transformer::plan_fp8() {
             int64_t rows = 0;
             for (size_t p = l.w.first; p <= l.w.last; ++p) rows += params_.info(p).shape.dims[0];
             const int64_t cols = params_.info(l.w.first).shape.dims[1];
-            fp8_ids_[l.w.first] = fp8_->add(rows, cols, l.column_parallel ? LinearSplit::column_parallel : LinearSplit::row_parallel);
+            fp8_ids_[l.w.first] = fp8_->add(rows, cols, l.column_parallel ? LinearSplit::column_parallel : LinearSplit::row_parallel, params_.info(l.w.first).name);
         }
     }
     fp8_->allocate(max_batch_ * max_seq_len_);

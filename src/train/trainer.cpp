@@ -16,6 +16,7 @@
 #include "checkpoint/io_report.h"
 #include "checkpoint/restore.h"
 #include "checkpoint/safetensors.h"
+#include "train/fp8_state.h"
 #include "parallel/fully_sharded.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/sharded_gradients.h"
@@ -357,7 +358,7 @@ SnapshotSource Trainer::snapshot_source() {
             [&store, &optimizer](TensorRole role, FlatRange range) {
                 return role == TensorRole::weights ? store.master(range) : optimizer.moment(role == TensorRole::exp_avg_sq, range);
             },
-            optimizer.rank_local_state(), *backend_, ctx_->world_rank, params.dtype()};
+            optimizer.rank_local_state(), *backend_, ctx_->world_rank, params.dtype(), fp8_checkpoint_datasets(model_->fp8(), *ctx_)};
 }
 
 Manifest Trainer::manifest_at(int64_t step) const {
@@ -372,6 +373,7 @@ Manifest Trainer::manifest_at(int64_t step) const {
     m.data = data_->state_at(step, ctx_->mesh.dp());
     m.monitor_state = health_->state();
     m.moe_state = moe_balance_.state();
+    m.fp8_state = fp8_manifest_state(config_, ctx_->mesh);
     m.seed = config_.train.seed;
     m.global_batch = static_cast<int64_t>(global_batch());
     m.world_size = ctx_->mesh.world_size();
@@ -403,6 +405,8 @@ void Trainer::load_checkpoint(const std::string& path, const Manifest& manifest,
     }
     optimizer_->set_steps_taken(manifest.optimizer_steps);
     moe_balance_.restore(manifest.moe_state, path, *model_);
+    const std::string fp8_note = restore_fp8_state(model_->fp8(), path, manifest);
+    if (!fp8_note.empty() && !options_.quiet && is_logger()) log_info(fp8_note);
     restore_rank_local_state(path, manifest);
     const IoFigures figures = agree_io_figures(*ctx_->world, counter.bytes_read(), clock.seconds());
     if (!options_.quiet)
@@ -791,6 +795,7 @@ void Trainer::report_replaced_samples(StepRecord& s, const std::vector<ReplacedS
 double Trainer::evaluate() {
     // dp ranks run different numbers of forwards here: every gather completes first, on all.
     store_->settle();
+    const Fp8NotRecording fp8_reads_only(model_->fp8());
     const TrainConfig& t = config_.train;
     const int64_t dp = ctx_->mesh.dp(), dp_rank = ctx_->coord()[mesh_dim::dp];
     const int64_t micro_batches = (t.eval_sequences + t.batch_size - 1) / t.batch_size;
@@ -825,6 +830,7 @@ std::string Trainer::sample_text() {
         return "";
     }
     const std::vector<int32_t> context = data_->prompt_tokens(t.sample_prompt);
+    const Fp8NotRecording fp8_reads_only(model_->fp8());
     const std::vector<int32_t> generated = generate_tokens(*model_, context, t.sample_tokens, t.sample_temperature, t.seed);
     const std::string text = data_->printable(generated);
     if (!options_.quiet) log_info("sample (", t.sample_tokens, " tokens, temperature ", t.sample_temperature, "):\n", t.sample_prompt, text);

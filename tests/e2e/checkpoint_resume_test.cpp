@@ -6,6 +6,7 @@
 // run's losses, gradient norms and final master weights, bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <csignal>
 #include <deque>
 #include <filesystem>
@@ -118,6 +119,79 @@ TEST(CheckpointResume, StandInCudaLlamaFp8CurrentScaling_IsBitwiseIdenticalToUni
     expect_resume_is_bitwise_uninterrupted(test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.steps=20", "train.sample_tokens=0", "train.precision=\"fp8\"",
                                                                                                "fp8.bf16_first_layers=0", "fp8.bf16_last_layers=0"}),
                                            "llama_fp8_bf16");
+}
+
+// The delayed recipe's amax histories and scales are training state: saved with the
+// checkpoint and restored bit-exact, so the resumed run's first step casts with the scales of
+// the uninterrupted run's step 11 (a history of 4 steps: the window rolls within the run).
+std::vector<std::string> fp8_delayed(std::vector<std::string> more = {}) {
+    for (const char* key : {"train.steps=20", "train.sample_tokens=0", "train.precision=\"fp8\"", "fp8.recipe=\"delayed\"", "fp8.amax_history_len=4",
+                            "fp8.bf16_first_layers=0", "fp8.bf16_last_layers=0"})
+        more.emplace_back(key);
+    return more;
+}
+
+TEST(CheckpointResume, CpuGpt2Fp8DelayedScaling_IsBitwiseIdenticalToUninterrupted) {
+    expect_resume_is_bitwise_uninterrupted(test::tiny_cuda_shaped_run("gpt2", "cpu", 2, 32, fp8_delayed()), "gpt2_fp8_delayed");
+}
+
+TEST(CheckpointResume, StandInCudaLlamaFp8DelayedMostRecent_IsBitwiseIdenticalToUninterrupted) {
+    expect_resume_is_bitwise_uninterrupted(test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, fp8_delayed({"fp8.amax_compute=\"most_recent\""})),
+                                           "llama_fp8_delayed_bf16");
+}
+
+namespace {
+// A copy of the checkpoints in `from` resumed under `config` (each resume saves into its own copy).
+Outcome resume_copy(const Config& config, const std::string& from, const std::string& to) {
+    std::filesystem::remove_all(to);
+    std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+    return train_checkpointed(config, to, true, 0);
+}
+
+double relative(double a, double b) { return std::abs(a - b) / std::abs(b); }
+}  // namespace
+
+// A checkpoint of a run without FP8 resumes in FP8: the delayed recipe finds no histories
+// and scales its first step from each tensor's own amax, which is what current scaling does,
+// bit for bit; the casts change the losses (FP8 is on) by well under 1%.
+TEST(CheckpointResume, PlainCheckpointIntoFp8Delayed_StartsItsHistoriesAsANewRunDoes) {
+    const Config plain = test::tiny_cuda_shaped_run("gpt2", "cpu", 2, 32, {"train.steps=20", "train.sample_tokens=0"});
+    Config delayed = test::tiny_cuda_shaped_run("gpt2", "cpu", 2, 32, fp8_delayed());
+    Config current = delayed;
+    current.fp8.recipe = Fp8Recipe::current;
+    const std::string root = testing::TempDir() + "checkpoint_plain_into_fp8_" + std::to_string(::getpid());
+    std::filesystem::remove_all(root);
+    train_checkpointed(plain, root + "/saved", false, 12);
+    const Outcome as_plain = resume_copy(plain, root + "/saved", root + "/plain");
+    const Outcome as_delayed = resume_copy(delayed, root + "/saved", root + "/delayed");
+    const Outcome as_current = resume_copy(current, root + "/saved", root + "/current");
+    ASSERT_EQ(as_delayed.steps.size(), 10u);
+    ASSERT_EQ(as_plain.steps.size(), 10u);
+    EXPECT_EQ(as_delayed.steps[0].loss, as_current.steps[0].loss);
+    EXPECT_EQ(as_delayed.steps[0].grad_norm, as_current.steps[0].grad_norm);
+    EXPECT_NE(as_delayed.steps[0].loss, as_plain.steps[0].loss) << "the resumed run does not cast to FP8";
+    for (size_t i = 0; i < as_delayed.steps.size(); ++i) EXPECT_LT(relative(as_delayed.steps[i].loss, as_plain.steps[i].loss), 0.01) << "step " << i + 11;
+    std::filesystem::remove_all(root);
+}
+
+// And back: an FP8 checkpoint (delayed, its histories saved) resumes without FP8, from the
+// weights the FP8 run reached (its first loss within 1% of the FP8 run's step 11, far below
+// a new run's), leaving the scaling state unread.
+TEST(CheckpointResume, Fp8DelayedCheckpointIntoPlainPrecision_TrainsOnFromItsWeights) {
+    const Config delayed = test::tiny_cuda_shaped_run("gpt2", "cpu", 2, 32, fp8_delayed());
+    const Config plain = test::tiny_cuda_shaped_run("gpt2", "cpu", 2, 32, {"train.steps=20", "train.sample_tokens=0"});
+    const std::string root = testing::TempDir() + "checkpoint_fp8_into_plain_" + std::to_string(::getpid());
+    std::filesystem::remove_all(root);
+    const Outcome fp8 = train_checkpointed(delayed, root + "/saved", false, 12);
+    const Outcome as_plain = resume_copy(plain, root + "/saved", root + "/plain");
+    const Outcome fp8_again = resume_copy(delayed, root + "/saved", root + "/fp8");
+    ASSERT_EQ(as_plain.steps.size(), 10u);
+    EXPECT_EQ(fp8_again.steps[0].loss, fp8.steps[10].loss);
+    EXPECT_NE(as_plain.steps[0].loss, fp8.steps[10].loss) << "the resumed run still casts to FP8";
+    EXPECT_LT(relative(as_plain.steps[0].loss, fp8.steps[10].loss), 0.01);
+    EXPECT_LT(as_plain.steps[0].loss, 0.9 * fp8.steps[0].loss) << "the resumed run did not start from the checkpoint's weights";
+    EXPECT_LT(as_plain.steps.back().loss, as_plain.steps[0].loss);
+    std::filesystem::remove_all(root);
 }
 
 TEST(CheckpointResume, CpuLlamaDocumentMask_IsBitwiseIdenticalToUninterrupted) {
