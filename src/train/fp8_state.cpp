@@ -14,9 +14,9 @@ constexpr const char* kPrefix = "fp8/";
 bool first_of_stage(const MeshCoord& c) { return c[mesh_dim::tp] == 0 && c[mesh_dim::cp] == 0 && c[mesh_dim::dp] == 0; }
 }  // namespace
 
-std::vector<HostDataset> fp8_checkpoint_datasets(const Fp8Linears* fp8, const ParallelContext& ctx) {
+std::vector<HostDataset> fp8_checkpoint_datasets(const Fp8Linears* fp8) {
     std::vector<HostDataset> out;
-    if (!fp8 || !first_of_stage(ctx.coord())) return out;
+    if (!fp8) return out;
     for (Fp8Linears::NamedState& s : fp8->scaling_state()) out.push_back({kPrefix + s.name, std::move(s.values)});
     return out;
 }
@@ -30,10 +30,15 @@ std::string fp8_manifest_state(const Config& config, const Mesh& mesh) {
         .dump();
 }
 
-std::string restore_fp8_state(Fp8Linears* fp8, const std::string& path, const Manifest& manifest) {
+std::string restore_fp8_state(Fp8Linears* fp8, const ParallelContext& ctx, const std::string& path, const Manifest& manifest) {
     if (!fp8 || !fp8->delayed()) return "";
+    const Mesh& mesh = ctx.mesh;
+    const bool same_layout = manifest.world_size == mesh.world_size() && manifest.tp == mesh.tp() && manifest.dp == mesh.dp() && manifest.pp == mesh.pp() &&
+                             manifest.cp == mesh.cp();
     std::vector<int> ranks;
-    if (!manifest.fp8_state.empty()) {
+    if (!manifest.fp8_state.empty() && same_layout) {
+        ranks = {ctx.world_rank};  // its own file holds its layers' state
+    } else if (!manifest.fp8_state.empty()) {
         const nlohmann::json saved = nlohmann::json::parse(manifest.fp8_state);
         if (!saved.contains("state_ranks") || !saved.at("state_ranks").is_array())
             fail(ErrorKind::data, "'", path, "': the manifest's \"fp8\" entry has no \"state_ranks\" list");

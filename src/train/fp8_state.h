@@ -9,10 +9,13 @@
 // manifest (read and parsed by every rank at every resume) some 30 MB of text.
 //
 // Who writes it: close_step agrees every history over tp, cp and dp (max), so all ranks of
-// a pipeline stage hold the same histories for its layers; the stage's first rank (tp, cp and
-// dp ranks 0) writes them under "fp8/<weight name>/input_amax_history" and so on, and the
-// manifest lists those ranks ("fp8": {"recipe", "amax_history_len", "state_ranks"}). A resume
-// on any layout reads those files' "fp8/" datasets and takes what its layers need by name.
+// a pipeline stage hold the same histories for its layers. Every rank writes its layers'
+// under "fp8/<weight name>/input_amax_history" and so on (at 72B on pp 8, 0.3 MB beside its
+// gigabytes of weights and moments), so that a resume on the same layout reads its own file
+// alone, as a node-local snapshot, which holds no other node's files, must; the manifest
+// lists each stage's first rank (tp, cp and dp ranks 0; "fp8": {"recipe",
+// "amax_history_len", "state_ranks"}), whose files a resume on another layout reads, taking
+// what its layers need by name.
 #pragma once
 
 #include <string>
@@ -26,9 +29,8 @@
 
 namespace llmtrain {
 
-// This rank's datasets of the state (empty unless the recipe is delayed and this rank is its
-// stage's first).
-std::vector<HostDataset> fp8_checkpoint_datasets(const Fp8Linears* fp8, const ParallelContext& ctx);
+// This rank's datasets of the state (empty unless the recipe is delayed).
+std::vector<HostDataset> fp8_checkpoint_datasets(const Fp8Linears* fp8);
 // The manifest's "fp8" entry (JSON): the recipe and the ranks whose files hold the state;
 // empty unless train.precision = "fp8" with the delayed recipe.
 std::string fp8_manifest_state(const Config& config, const Mesh& mesh);
@@ -36,6 +38,6 @@ std::string fp8_manifest_state(const Config& config, const Mesh& mesh);
 // them, fresh ones where it has none (a bf16 checkpoint, or one of the current recipe). A
 // run without the delayed recipe leaves the saved state unread. Returns what to log (empty:
 // nothing to say).
-std::string restore_fp8_state(Fp8Linears* fp8, const std::string& path, const Manifest& manifest);
+std::string restore_fp8_state(Fp8Linears* fp8, const ParallelContext& ctx, const std::string& path, const Manifest& manifest);
 
 }  // namespace llmtrain

@@ -358,7 +358,7 @@ SnapshotSource Trainer::snapshot_source() {
             [&store, &optimizer](TensorRole role, FlatRange range) {
                 return role == TensorRole::weights ? store.master(range) : optimizer.moment(role == TensorRole::exp_avg_sq, range);
             },
-            optimizer.rank_local_state(), *backend_, ctx_->world_rank, params.dtype(), fp8_checkpoint_datasets(model_->fp8(), *ctx_)};
+            optimizer.rank_local_state(), *backend_, ctx_->world_rank, params.dtype(), fp8_checkpoint_datasets(model_->fp8())};
 }
 
 Manifest Trainer::manifest_at(int64_t step) const {
@@ -405,7 +405,7 @@ void Trainer::load_checkpoint(const std::string& path, const Manifest& manifest,
     }
     optimizer_->set_steps_taken(manifest.optimizer_steps);
     moe_balance_.restore(manifest.moe_state, path, *model_);
-    const std::string fp8_note = restore_fp8_state(model_->fp8(), path, manifest);
+    const std::string fp8_note = restore_fp8_state(model_->fp8(), *ctx_, path, manifest);
     if (!fp8_note.empty() && !options_.quiet && is_logger()) log_info(fp8_note);
     restore_rank_local_state(path, manifest);
     const IoFigures figures = agree_io_figures(*ctx_->world, counter.bytes_read(), clock.seconds());
