@@ -18,6 +18,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "plan/layout_plan.h"
+#include "plan/moe_plan.h"
 #include "parallel/context.h"
 
 namespace llmtrain {
@@ -67,12 +68,17 @@ nlohmann::json time_json(const StepTime& t) {
             {"cp_comm_seconds", t.cp_comm_seconds},
             {"cp_hidden_seconds", t.cp_hidden_seconds},
             {"pp_comm_seconds", t.pp_comm_seconds},
+            {"ep_comm_seconds", t.ep_comm_seconds},
+            {"ep_intra_node", t.ep_intra_node},
+            {"host_sync_seconds", t.host_sync_seconds},
+            {"host_syncs", t.host_syncs},
             {"bubble_seconds", t.bubble_seconds},
             {"dp_exposed_seconds", t.dp_exposed_seconds},
             {"optimizer_seconds", t.optimizer_seconds},
             {"tokens_per_step", t.tokens_per_step},
             {"tokens_per_second_per_device", t.tokens_per_second_per_device},
             {"model_flops_per_token", t.model_flops_per_token},
+            {"active_parameters", t.active_parameters},
             {"mfu", t.mfu}};
 }
 
@@ -123,6 +129,8 @@ nlohmann::json plan_json(const LayoutPlan& p) {
               {"micro_batches", p.micro_batches},
               {"seq_len", t.seq_len},
               {"recompute", recompute_name(t.recompute)},
+              {"ep", p.ep},
+              {"trainable", p.not_trainable.empty()},
               {"sequence_parallel", p.config.parallel.sequence_parallel && p.tp > 1},
               {"zero_stage", p.config.parallel.zero_stage},
               {"shard_size", shard_size_of(p.config.parallel, static_cast<int>(p.dp))},
@@ -147,9 +155,13 @@ std::string count_text(double count) {
 }
 
 void print_header(const Config& config, const Cluster& cluster, int devices, double parameters) {
+    const MoeConfig& moe = config.model.moe;
+    const std::string experts = moe.enabled() ? cat(" (", count_text(active_parameter_count(config.model, parameters)), " active: top ", moe.top_k, " of ", moe.n_experts,
+                                                    " experts)")
+                                              : "";
     // %g: a CPU core's 0.1 TFLOP/s prints as itself, not as 0.
-    std::printf("plan %s: %s, %s parameters, on %d of %s (%d nodes x %d %s, %g TFLOP/s, %g GB each)\n", config.source_path.c_str(),
-                family_name(config.model.family), count_text(parameters).c_str(), devices, cluster.source_path.c_str(), cluster.nodes, cluster.devices_per_node,
+    std::printf("plan %s: %s, %s parameters%s, on %d of %s (%d nodes x %d %s, %g TFLOP/s, %g GB each)\n", config.source_path.c_str(),
+                family_name(config.model.family), count_text(parameters).c_str(), experts.c_str(), devices, cluster.source_path.c_str(), cluster.nodes, cluster.devices_per_node,
                 cluster.device_name.c_str(), cluster.peak_tflops, cluster.memory_gb);
     std::printf("calibration: %s\n", cluster.calibration_path.empty() ? "none (the cluster file's assumed efficiencies)" : cluster.calibration_path.c_str());
 }
@@ -164,6 +176,16 @@ void print_layout(const LayoutPlan& p, int devices) {
                                              : "ZeRO off (dp 1: nothing to shard)";
     std::printf("layout: %d devices = %s, %lld tokens per micro-batch%s, %s\n", devices, layout_name(p).c_str(), static_cast<long long>(tokens), per_rank.c_str(),
                 zero.c_str());
+    const MoeConfig& moe = p.config.model.moe;
+    if (!moe.enabled()) return;
+    const int stage = p.tp * p.cp * p.dp;
+    const std::string routing = moe.capacity_factor > 0 ? cat("capacity factor ", moe.capacity_factor) : "dropless";
+    if (p.ep == 1) std::printf("experts: every expert on every rank (%lld per rank), %s\n", static_cast<long long>(moe.n_experts), routing.c_str());
+    else
+        std::printf("experts: ep %d x edp %d over each stage's %d ranks, %lld of %lld experts per rank, %s%s\n", p.ep, stage / p.ep, stage,
+                    static_cast<long long>(moe.n_experts / p.ep), static_cast<long long>(moe.n_experts), routing.c_str(),
+                    moe.capacity_factor > 0 ? "" : " (the rows each rank receives planned at the balanced load)");
+    if (!p.not_trainable.empty()) std::printf("%s\n", p.not_trainable.c_str());
 }
 
 void print_memory(const LayoutPlan& p) {
@@ -192,13 +214,16 @@ void print_time(const LayoutPlan& p, const PlanOptions& options) {
         std::printf("  %-44s %10.2f ms (behind attention blocks, not in the step)\n", "context-parallel ring sends (hidden)", t.cp_hidden_seconds * 1e3);
     }
     row("pipeline sends", t.pp_comm_seconds);
+    if (p.ep > 1) row(t.ep_intra_node ? "expert all-to-alls (exposed; ep in a node)" : "expert all-to-alls (exposed; ep across nodes)", t.ep_comm_seconds);
+    if (p.config.model.moe.enabled()) row(cat("MoE host synchronizations (", std::lround(t.host_syncs), " per step)").c_str(), t.host_sync_seconds);
     row("pipeline bubble", t.bubble_seconds);
     row("data-parallel traffic not hidden", t.dp_exposed_seconds);
     row("optimizer", t.optimizer_seconds);
     row("step", t.step_seconds);
     std::printf("%-46s %.0f\n", "tokens per step", t.tokens_per_step);
     std::printf("%-46s %.0f\n", "tokens/s per device", t.tokens_per_second_per_device);
-    std::printf("%-46s %.1f%% (PaLM: 6N + 12*L*H*Q*T = %.3g FLOPs per token)\n", "MFU", 100 * t.mfu, t.model_flops_per_token);
+    const std::string n = p.config.model.moe.enabled() ? cat(", N = ", count_text(t.active_parameters), " active parameters") : "";
+    std::printf("%-46s %.1f%% (PaLM: 6N + 12*L*H*Q*T%s = %.3g FLOPs per token)\n", "MFU", 100 * t.mfu, n.c_str(), t.model_flops_per_token);
     std::printf("%-46s %.3g tokens: %.2f days", "budget", p.tokens, p.days);
     if (options.gpu_hour_usd > 0) std::printf(", $%.0f at $%.2f per device-hour", p.cost_usd, options.gpu_hour_usd);
     std::printf("\n");
@@ -335,14 +360,17 @@ void print_run_command(const std::string& config_path, const std::vector<std::st
 }
 
 void print_search(const LayoutSearch& search, int top) {
+    const bool untrainable = std::any_of(search.ranked.begin(), search.ranked.begin() + std::min<size_t>(search.ranked.size(), static_cast<size_t>(top)),
+                                         [](const LayoutPlan& p) { return !p.not_trainable.empty(); });
     std::printf("search: %d layouts considered (%d cannot exist), %zu fit; global batch %.0f sequences\n", search.considered, search.invalid,
                 search.ranked.size(), search.global_batch);
     std::printf("  %-4s %-72s %10s %7s %9s %10s\n", "#", "layout", "tokens/s", "MFU", "step ms", "memory GB");
     for (size_t i = 0; i < search.ranked.size() && static_cast<int>(i) < top; ++i) {
         const LayoutPlan& p = search.ranked[i];
-        std::printf("  %-4zu %-72s %10.0f %6.1f%% %9.1f %10.2f\n", i + 1, layout_name(p).c_str(), p.time.tokens_per_second_per_device, 100 * p.time.mfu,
-                    p.time.step_seconds * 1e3, gb(p.total_bytes));
+        std::printf("  %-4zu %-72s %10.0f %6.1f%% %9.1f %10.2f%s\n", i + 1, layout_name(p).c_str(), p.time.tokens_per_second_per_device, 100 * p.time.mfu,
+                    p.time.step_seconds * 1e3, gb(p.total_bytes), p.not_trainable.empty() ? "" : " *");
     }
+    if (untrainable) std::printf("  * ep > 1: planned, not trainable in this build (it trains ep = 1, every expert on every rank)\n");
     std::printf("why: %s\n", why_best(search).c_str());
 }
 
@@ -369,7 +397,14 @@ int run_plan(const PlanArgs& args) {
         } else {
             print_header(config, cluster, devices, parameters);
             print_search(search, args.top);
-            if (!search.ranked.empty()) print_run_command(args.config_path, run_overrides(args.overrides, config, search.ranked.front()), search.ranked.front());
+            // The command runs the fastest layout this build trains.
+            const auto trainable = std::find_if(search.ranked.begin(), search.ranked.end(), [](const LayoutPlan& p) { return p.not_trainable.empty(); });
+            if (trainable != search.ranked.end()) {
+                if (trainable != search.ranked.begin())
+                    std::printf("the fastest layout this build trains: %s (%.0f tokens/s per device)\n", layout_name(*trainable).c_str(),
+                                trainable->time.tokens_per_second_per_device);
+                print_run_command(args.config_path, run_overrides(args.overrides, config, *trainable), *trainable);
+            }
         }
         if (search.ranked.empty()) {
             if (!search.smallest_unfit) fail(ErrorKind::config, "plan: no layout of ", devices, " devices can exist for this model (tp must divide the heads and d_ff, pp at most the layers, the global batch split over dp)");

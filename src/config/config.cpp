@@ -1042,10 +1042,8 @@ constexpr Check kChecks[] = {
         if (c.model.moe.n_experts % c.parallel.ep != 0)
             return Problem{"parallel.ep", cat("= ", c.parallel.ep, " does not divide model.moe.n_experts = ", c.model.moe.n_experts,
                                               " (allowed: a divisor of it; each ep rank holds n_experts / ep experts)")};
-        // The experts' own parameter group (reduced and sharded over the expert-data ranks)
-        // is what splitting them needs; this build keeps every expert on every rank.
-        return Problem{"parallel.ep", cat("= ", c.parallel.ep, ": this build trains mixture-of-experts models with every expert on every rank ",
-                                          "(allowed: 1; tp, cp, dp and pp apply as to a dense model)")};
+        // A valid layout: `plan` sizes it; the trainer refuses it (require_trainable_in_this_build).
+        return std::nullopt;
     },
     [](const Config& c) -> std::optional<Problem> {
         const MoeConfig& moe = c.model.moe;
@@ -1282,6 +1280,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     Config config = parse_config(text, path, overrides, data_files);
     config.source_path = path;
     return config;
+}
+
+std::string untrainable_in_this_build(const Config& config) {
+    // The experts' own parameter group (reduced and sharded over the expert-data ranks) is
+    // what splitting them needs; this build keeps every expert on every rank.
+    if (!config.model.moe.enabled() || config.parallel.ep == 1) return "";
+    return cat("parallel.ep: = ", config.parallel.ep, ": this build trains mixture-of-experts models with every expert on every rank ",
+               "(allowed: 1; tp, cp, dp and pp apply as to a dense model; `plan` sizes ep > 1 layouts)");
+}
+
+void require_trainable_in_this_build(const Config& config) {
+    const std::string why = untrainable_in_this_build(config);
+    if (!why.empty()) fail(ErrorKind::config, config.source_path.empty() ? "config" : config.source_path, ": ", why);
 }
 
 void require_possible_combination(const Config& config) {

@@ -353,6 +353,11 @@ void require_interleavable_micro_batches(const Config& config, int64_t dp);
 // Throws Error(config) naming the key at the first combination of values parse_config would
 // refuse: for a config made in code (`plan --search`'s layouts), checked as a file would be.
 void require_possible_combination(const Config& config);
+// Layouts the config accepts and `plan` sizes but this build does not train: parallel.ep > 1
+// on a mixture-of-experts model. The reason naming the key, or "" when it trains; the
+// trainer calls require_trainable_in_this_build (a config error) before allocating.
+std::string untrainable_in_this_build(const Config& config);
+void require_trainable_in_this_build(const Config& config);
 
 // The --set texts ("parallel.tp=8", "train.recompute=selective") that make `base`, given the
 // same file, into `target`: each key of `keys` whatever its value, and every other key whose

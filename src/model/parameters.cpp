@@ -23,8 +23,7 @@ Shape Parameters::local_shape(const std::string& name, const Shape& global, Tens
 
 size_t Parameters::add(std::string name, Shape global_shape, ParamInit init, bool weight_decay, TensorSplit split) {
     if (allocated_) fail(ErrorKind::runtime, "parameter '", name, "' registered after allocation");
-    for (const ParamInfo& existing : infos_)
-        if (existing.name == name) fail(ErrorKind::runtime, "parameter '", name, "' registered twice");
+    if (!index_by_name_.emplace(name, infos_.size()).second) fail(ErrorKind::runtime, "parameter '", name, "' registered twice");
     const Shape shape = local_shape(name, global_shape, split);
     infos_.push_back({std::move(name), shape, global_shape, split, init, weight_decay, total_numel_, false, 0});
     total_numel_ += shape.numel();
@@ -174,8 +173,7 @@ void Parameters::initialize_range(uint64_t seed, double std, int64_t n_layers, F
 }
 
 size_t Parameters::index_of(const std::string& name) const {
-    for (size_t i = 0; i < infos_.size(); ++i)
-        if (infos_[i].name == name) return i;
+    if (const auto it = index_by_name_.find(name); it != index_by_name_.end()) return it->second;
     fail(ErrorKind::runtime, "no parameter named '", name, "'");
 }
 

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -145,6 +146,9 @@ private:
     Shape local_shape(const std::string& name, const Shape& global_shape, TensorSplit split) const;
     int tp_rank_, tp_size_;
     std::vector<ParamInfo> infos_;
+    // Name -> index: a MoE model registers n_experts x 3 tensors per layer (18,000 for a
+    // Qwen3-30B-A3B shape), which `plan --search` registers again for every layout it weighs.
+    std::unordered_map<std::string, size_t> index_by_name_;
     int64_t total_numel_ = 0;
     int64_t padded_numel_ = 0;  // the flat buffers' length
     bool allocated_ = false;

@@ -1,6 +1,7 @@
 #include "plan/memory_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "backend/backend.h"
@@ -10,6 +11,7 @@
 #include "parallel/grad_buckets.h"
 #include "parallel/sharded_gradients.h"
 #include "parallel/pipeline_schedule.h"
+#include "plan/moe_plan.h"
 
 namespace llmtrain {
 
@@ -115,17 +117,12 @@ Placement state_placement(const Config& config, const Mesh& mesh, int world_rank
 // copy, gradients: padded to a multiple of dp; under ZeRO-2 no gradient buffer, under ZeRO-3
 // no parameter buffers) and its activation arena; the gradient sync's shards and working
 // buffers; ZeRO-3's parameter shards and gather buffers; AdamW's moments for what this rank owns.
-MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
-    MemoryPlan plan;
-    plan.world_rank = world_rank;
-    plan.coord = mesh.coord(world_rank);
-    plan.device = compute_device(config.train);
-    const DType compute = compute_dtype(config.train), master = master_dtype(compute);
-    const ModelPartition part = stage_partition(config, mesh, world_rank);
-    const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord[mesh_dim::tp], mesh.tp());
+namespace {
+
+// The weights, gradients and AdamW moments of `model` (world_rank's part) as the trainer allocates them.
+void add_model_state(RankMemory& m, const Config& config, const Mesh& mesh, int world_rank, const TransformerLayout& model, DType master, DType compute) {
     const Placement placement = state_placement(config, mesh, world_rank, model, master);
     const int64_t padded = placement.padded_numel();
-    RankMemory& m = plan.memory;
     m.parameter_bytes = placement.shards_parameters()
                             ? fully_sharded_value_bytes(placement, static_cast<int>(config.parallel.prefetch_layers), master, compute)
                             : bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
@@ -135,7 +132,79 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
                            : bytes_of(padded, master) + (placement.shards_optimizer() ? bytes_of(placement.shard_numel(), master) : 0) +
                                  GradBuckets::staging_bytes(placement.cuts(), placement.shards_optimizer(), mesh.data_size(), master, reduce);
     m.optimizer_bytes = AdamW::state_bytes_for(placement.optimizer_numel(), master);
-    m.activation_bytes = model.activation_bytes();
+}
+
+// parallel.ep > 1, planned but not built (moe_plan.h). The state is that of the part holding
+// n_experts / ep experts per MoE layer (its flat buffer, ZeRO pieces and gather buffers as
+// the trainer would allocate them), with two corrections: the router keeps all n_experts
+// rows, held as the dense weights are; and the experts' owned shards are cut over the
+// expert-data ranks (edp, in blocks of shard x edp / data ranks: Mesh::expert_shard_group)
+// rather than the data group. The activations are the ep = 1 part's (the routed buffers at
+// the rows moe_mlp plans for this rank's tokens: planned_routed_rows) and the all-to-all's
+// staging of one MoE layer at a time: the rows a rank sends before the dispatch and the
+// expert outputs it sends back before the combine. The ep = 1 part's activations grow with
+// n_experts only through the router's [tokens, n_experts] slots: they are those of the part
+// with n_experts / ep experts, plus the growth from there to twice as many, extrapolated
+// (no layout of all the experts is registered: 44,000 tensors for a DeepSeek-V3 shape).
+void plan_expert_parallel(RankMemory& m, const Config& config, const Mesh& mesh, int world_rank, const ModelPartition& part, DType master, DType compute) {
+    const ModelConfig& model = config.model;
+    const int64_t moe_layers = moe_layers_in(model, part), ep = mesh.ep();
+    Config local = config;
+    local.model.moe.n_experts = model.moe.n_experts / ep;
+    local.parallel.ep = 1;
+    ModelConfig twice = local.model;
+    twice.moe.n_experts *= 2;
+    const int tp_rank = mesh.coord(world_rank)[mesh_dim::tp];
+    const Device device = compute_device(config.train);
+    const TransformerLayout held(local.model, device, compute, config.train.batch_size, config.train.seq_len, part, tp_rank, mesh.tp());
+    const TransformerLayout doubled(twice, device, compute, config.train.batch_size, config.train.seq_len, part, tp_rank, mesh.tp());
+    RankMemory state;
+    add_model_state(state, local, mesh, world_rank, held, master, compute);
+    const int data = mesh.data_size(), zero = data > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;
+    const int64_t shard = zero >= 2 ? shard_size_of(config.parallel, mesh.dp()) * mesh.cp() : data, expert_shard = shard * mesh.edp() / data;
+    const int64_t mb = static_cast<int64_t>(dtype_size(master)), cb = compute != master ? static_cast<int64_t>(dtype_size(compute)) : 0;
+    // The router's other rows: held whole, sharded by ZeRO as the dense weights.
+    const int64_t router = moe_layers * (model.moe.n_experts - local.model.moe.n_experts) * model.d_model;
+    const int64_t router_owned = zero >= 1 ? router / shard : router;
+    int64_t parameters = zero >= 3 ? router_owned * mb : router * (mb + cb);
+    int64_t gradients = zero >= 2 ? router_owned * mb : router * mb + (zero == 1 ? router_owned * mb : 0);
+    int64_t owned = router_owned;
+    // The experts' owned shards: over expert_shard ranks instead of shard.
+    if (zero >= 1) {
+        const int64_t experts = static_cast<int64_t>(static_cast<double>(moe_layers) * expert_parameters_per_layer(local.model));
+        const int64_t more = experts / expert_shard - experts / shard;
+        owned += more;
+        gradients += more * mb;
+        if (zero >= 3) parameters += more * mb;
+    }
+    m.parameter_bytes = static_cast<size_t>(static_cast<int64_t>(state.parameter_bytes) + parameters);
+    m.gradient_bytes = static_cast<size_t>(static_cast<int64_t>(state.gradient_bytes) + gradients);
+    m.optimizer_bytes = static_cast<size_t>(static_cast<int64_t>(state.optimizer_bytes) + 2 * owned * mb);
+    const int64_t tokens = config.train.batch_size * config.train.seq_len / mesh.cp() / (config.parallel.sequence_parallel ? mesh.tp() : 1);
+    const double per_expert = (static_cast<double>(doubled.activation_bytes()) - static_cast<double>(held.activation_bytes())) /
+                              static_cast<double>(local.model.moe.n_experts);
+    const double all_experts = static_cast<double>(held.activation_bytes()) + per_expert * static_cast<double>(model.moe.n_experts - local.model.moe.n_experts);
+    m.activation_bytes = static_cast<size_t>(std::llround(all_experts)) +
+                         2 * static_cast<size_t>(planned_routed_rows(model.moe, tokens) * model.d_model) * dtype_size(compute);
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
+    MemoryPlan plan;
+    plan.world_rank = world_rank;
+    plan.coord = mesh.coord(world_rank);
+    plan.device = compute_device(config.train);
+    const DType compute = compute_dtype(config.train), master = master_dtype(compute);
+    const ModelPartition part = stage_partition(config, mesh, world_rank);
+    RankMemory& m = plan.memory;
+    if (config.model.moe.enabled() && mesh.ep() > 1 && moe_layers_in(config.model, part) > 0) {
+        plan_expert_parallel(m, config, mesh, world_rank, part, master, compute);
+    } else {
+        const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord[mesh_dim::tp], mesh.tp());
+        add_model_state(m, config, mesh, world_rank, model, master, compute);
+        m.activation_bytes = model.activation_bytes();
+    }
     // Attention's scratch at the micro-batch's shape (this rank's heads), on top of the
     // backend's own: cuDNN's bound unless model.attention = "native".
     const int64_t tp = mesh.tp();

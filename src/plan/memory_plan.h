@@ -6,7 +6,9 @@
 // the same code: the model's parameter registry and activation arena (TransformerLayout),
 // the padded flat buffer (Parameters::padded_length), the rank's state placement (its ZeRO
 // pieces and shards: parallel/placement.h), AdamW's moments (AdamW::state_bytes_for) and the
-// workspace the backend reserves when it is made (reserved_workspace_bytes). Not planned: the scratch the
+// workspace the backend reserves when it is made (reserved_workspace_bytes). A mixture of
+// experts with parallel.ep > 1, which this build does not train, is the design's estimate
+// instead (moe_plan.h; memory_plan.cpp, plan_expert_parallel). Not planned: the scratch the
 // CUDA ops add to that workspace during the first step (a few MB), the CUDA context, and
 // host memory outside the backend (data loader, MPI buffers).
 #pragma once

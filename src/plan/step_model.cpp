@@ -7,6 +7,7 @@
 #include "model/transformer.h"
 #include "parallel/placement.h"
 #include "plan/memory_plan.h"
+#include "plan/moe_plan.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace llmtrain {
@@ -19,6 +20,11 @@ struct Shapes {
     double t, compute_bytes, master_bytes, reduce_bytes;  // reduce_bytes: per element of the dp gradient collectives
     bool sequence_parallel, tp_overlap, llama;
     Recompute recompute;
+    // A MoE layer (moe_plan.h): its tokens on this rank (1/tp under sequence parallelism, else
+    // all of them on every tp rank), the permuted rows its experts run (planned_routed_rows),
+    // the experts, those this rank holds (n_experts / ep), each one's width.
+    double moe_tokens, routed_rows, experts, local_experts, f_expert, ep;
+    bool dropless;
 };
 
 Shapes shapes_of(const Config& config, const Mesh& mesh) {
@@ -44,6 +50,14 @@ Shapes shapes_of(const Config& config, const Mesh& mesh) {
     x.sequence_parallel = config.parallel.sequence_parallel && mesh.tp() > 1;
     x.tp_overlap = x.sequence_parallel && config.parallel.tp_overlap;
     x.recompute = config.train.recompute;
+    const MoeConfig& moe = m.moe;
+    x.moe_tokens = x.sequence_parallel ? x.n / x.t : x.n;
+    x.routed_rows = moe.enabled() ? static_cast<double>(planned_routed_rows(moe, static_cast<int64_t>(x.moe_tokens))) : 0;
+    x.experts = static_cast<double>(moe.n_experts);
+    x.ep = mesh.ep();
+    x.local_experts = moe.enabled() ? x.experts / x.ep : 0;
+    x.f_expert = static_cast<double>(moe.d_ff_expert);
+    x.dropless = moe.capacity_factor <= 0;
     return x;
 }
 
@@ -54,12 +68,25 @@ double gemm_passes(Recompute recompute) { return recompute == Recompute::full ? 
 void add_gemm(StageWork& w, double m, double k, double n, double passes) { w.gemm_flops[gemm_class(m, n, k)] += 2 * m * k * n * passes; }
 
 // One layer's GEMMs on one tp rank: QKV and MLP-up column-parallel, out and down row-parallel.
-void add_layer_gemms(StageWork& w, const Shapes& x) {
+// A MoE layer has the attention's, the router's (the layer's tokens by n_experts, fp32 out)
+// and its local experts': one GEMM per expert and projection (gate|up, down) on the rows
+// routed to it, the balanced load (routed rows / local experts) or a capacity's rows, each a
+// call of its own (StageWork::expert_gemm_calls: forward one, backward two, a full
+// recomputation's forward one more).
+void add_layer_gemms(StageWork& w, const Shapes& x, bool moe) {
     const double passes = gemm_passes(x.recompute);
     add_gemm(w, x.n, x.d, (x.h + 2 * x.kv) * x.hd / x.t, passes);
     add_gemm(w, x.n, x.h * x.hd / x.t, x.d, passes);
-    add_gemm(w, x.n, x.d, x.up / x.t, passes);
-    add_gemm(w, x.n, x.f / x.t, x.d, passes);
+    if (!moe) {
+        add_gemm(w, x.n, x.d, x.up / x.t, passes);
+        add_gemm(w, x.n, x.f / x.t, x.d, passes);
+        return;
+    }
+    add_gemm(w, x.moe_tokens, x.d, x.experts, passes);
+    const double rows = x.routed_rows / x.local_experts;
+    w.expert_gemm_flops[gemm_class(rows, 2 * x.f_expert, x.d)] += 2 * x.routed_rows * x.d * 2 * x.f_expert * passes;
+    w.expert_gemm_flops[gemm_class(rows, x.d, x.f_expert)] += 2 * x.routed_rows * x.f_expert * x.d * passes;
+    w.expert_gemm_calls += 2 * x.local_experts * passes;
 }
 
 // Causal attention does half of the 4 b s^2 hd FLOPs per head of the full score matrix;
@@ -73,10 +100,14 @@ double layer_attention_flops(const Shapes& x) { return layer_attention_forward_f
 // SwiGLU: two reads, a write), RoPE on Q and K. Norms and residuals act on this rank's
 // tokens under sequence parallelism. The backward moves about twice as much; selective
 // recomputation repeats the norms and the activation, full recomputation the whole forward.
-double layer_memory_bytes(const Shapes& x) {
+// A MoE layer's: the router's scores (read the logits, write the scores), the permutation
+// (read the routed rows of x, write them), SwiGLU on the routed rows and the combine (read
+// the experts' rows, write the layer's tokens).
+double layer_memory_bytes(const Shapes& x, bool moe) {
     const double rows = x.sequence_parallel ? x.n / x.t : x.n;
     const double norms = 2 * 2 * rows * x.d, residuals = 2 * 3 * rows * x.d;
-    const double activation = (x.llama ? 3 : 2) * x.n * x.f / x.t;
+    const double activation = !moe ? (x.llama ? 3 : 2) * x.n * x.f / x.t
+                                   : 2 * x.moe_tokens * x.experts + 3 * x.routed_rows * x.d + 3 * x.routed_rows * x.f_expert + x.moe_tokens * x.d;
     const double rope = x.llama ? 2 * x.n * (x.h + x.kv) * x.hd / x.t : 0;
     const double forward = norms + residuals + activation + rope;
     const double again = x.recompute == Recompute::full ? forward : x.recompute == Recompute::selective ? norms + activation : 0;
@@ -93,16 +124,20 @@ double layer_memory_bytes(const Shapes& x) {
 // column-parallel input's gather behind the input-gradient GEMM and the input gradient's
 // reduce-scatter behind the weight-gradient GEMM (the same FLOPs as the forward GEMM each);
 // the gathers of the row-parallel GEMMs' output gradients stay exposed.
-void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, double layers) {
-    if (x.t <= 1) return;
-    const double bytes = x.n * x.d * x.compute_bytes, forwards = x.recompute == Recompute::full ? 2 : 1;
+//
+// A MoE layer (moe = true) has the attention's half: its MLP works on the rank's own rows
+// under sequence parallelism, and without it every tp rank runs the whole layer on all the
+// tokens (moe_mlp.h), neither needing a tp collective.
+void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, double layers, bool moe) {
+    if (x.t <= 1 || layers <= 0) return;
+    const double bytes = x.n * x.d * x.compute_bytes, forwards = x.recompute == Recompute::full ? 2 : 1, parts = moe ? 1 : 2;
     if (!x.sequence_parallel) {
-        calls.push_back({Collective::all_reduce, bytes, layers * (2 * forwards + 2)});
+        calls.push_back({Collective::all_reduce, bytes, layers * parts * (forwards + 1)});
         return;
     }
     if (!x.tp_overlap) {
-        calls.push_back({Collective::all_gather, bytes, layers * (2 * forwards + 4)});
-        calls.push_back({Collective::reduce_scatter, bytes, layers * (2 * forwards + 2)});
+        calls.push_back({Collective::all_gather, bytes, layers * parts * (forwards + 2)});
+        calls.push_back({Collective::reduce_scatter, bytes, layers * parts * (forwards + 1)});
         return;
     }
     // Per rank: QKV and MLP-up (column-parallel), attention-out and MLP-down (row-parallel),
@@ -115,14 +150,30 @@ void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, 
     const Gemm qkv = gemm(x.d, (x.h + 2 * x.kv) * x.hd / x.t), up = gemm(x.d, x.up / x.t);
     const Gemm out = gemm(x.h * x.hd / x.t, x.d), down = gemm(x.f / x.t, x.d);
     const double piece = 1 / x.t, hidden_pieces = (x.t - 1) / x.t;
-    for (const Gemm& column : {qkv, up}) {
+    const std::vector<Gemm> columns = moe ? std::vector<Gemm>{qkv} : std::vector<Gemm>{qkv, up}, row_gemms = moe ? std::vector<Gemm>{out} : std::vector<Gemm>{out, down};
+    for (const Gemm& column : columns) {
         calls.push_back({Collective::all_gather, bytes, layers * forwards, column.flops * hidden_pieces, column.cls, piece});
         calls.push_back({Collective::all_gather, bytes, layers, column.flops, column.cls, 0});
         calls.push_back({Collective::reduce_scatter, bytes, layers, column.flops, column.cls, 0});
     }
-    for (const Gemm& row : {out, down})
+    for (const Gemm& row : row_gemms)
         calls.push_back({Collective::reduce_scatter, bytes, layers * forwards, row.flops * hidden_pieces, row.cls, piece});
-    calls.push_back({Collective::all_gather, bytes, layers * 2});
+    calls.push_back({Collective::all_gather, bytes, layers * parts});
+}
+
+// A MoE layer's traffic beyond the attention's, per micro-batch. With ep > 1 its tokens go to
+// their experts and back by an all-to-all over the ep group: dispatch and combine forward,
+// their gradients backward, the forward's again under full recomputation; each rank sends its
+// routed rows (d_model wide, compute dtype). Dropless routing reads the expert counts on the
+// host once per MoE layer per forward (a full recomputation's forward too); a capacity reads
+// its load tally once per forward (moe_mlp.h).
+void add_moe_layer_traffic(StageWork& w, const Shapes& x, double moe_layers) {
+    const double forwards = x.recompute == Recompute::full ? 2 : 1;
+    if (x.ep > 1) {
+        w.ep_all_to_all_bytes = x.routed_rows * x.d * x.compute_bytes;
+        w.ep_all_to_alls += moe_layers * 2 * (forwards + 1);
+    }
+    w.host_syncs += moe_layers * (x.dropless ? forwards : 1);
 }
 
 // Context parallelism's ring attention (Liu et al. 2023; Megatron-Core's p2p ring) of one layer
@@ -153,16 +204,33 @@ int ranks_per_node(const Mesh& mesh, const Cluster& cluster) {
     return std::max(1, (mesh.world_size() + cluster.nodes - 1) / cluster.nodes);
 }
 
+// With ep > 1 (moe_plan.h) a rank holds n_experts / ep experts of each MoE layer, reduced
+// over the edp ranks holding the same (StageWork::expert_*) and, under ZeRO, updated in 1/edp
+// pieces; the rest over the data group as without experts. With ep = 1 under sequence
+// parallelism the MoE layers' weights (router and experts, whole on each tp rank) saw only
+// the rank's tokens: their gradients are summed over tp, one all-reduce per tensor
+// (trainer.cpp's grads-ready hook), at the step's last micro-batch (every micro-batch under
+// ZeRO-2/3).
 void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int stage, const Shapes& x) {
     const ModelPartition part = stage_partition(config, mesh, first_rank_of_stage(mesh, stage));
-    const DType compute = compute_dtype(config.train);
-    const TransformerLayout layout(config.model, compute_device(config.train), compute, config.train.batch_size, config.train.seq_len, part, 0, mesh.tp());
-    const int64_t padded = Parameters::padded_length(layout.parameters().total_numel(), part.param_pad_multiple);
+    const int64_t padded = Parameters::padded_length(stage_parameter_count(config, part, mesh.tp()), part.param_pad_multiple);
+    const double moe_layers = static_cast<double>(moe_layers_in(config.model, part));
+    const double moe_weights = moe_layers * (expert_parameters_per_layer(config.model) + x.experts * x.d);
+    const double elsewhere = x.ep > 1 ? moe_layers * expert_parameters_per_layer(config.model) * (1 - 1 / x.ep) : 0;
+    const double expert_held = x.ep > 1 ? moe_layers * expert_parameters_per_layer(config.model) / x.ep : 0;
     // ZeRO (stage >= 1) updates 1/(dp cp) of the buffer on each rank of the data group: its
     // piece of every bucket or group.
     const bool sharded = config.parallel.zero_stage >= 1 && mesh.data_size() > 1;
-    const int64_t owned = sharded ? padded / mesh.data_size() : padded;
-    const double p = static_cast<double>(padded), o = static_cast<double>(owned);
+    const double dense = static_cast<double>(padded) - elsewhere - expert_held;
+    const double p = dense + expert_held, o = sharded ? dense / mesh.data_size() + expert_held / mesh.edp() : p;
+    if (x.ep > 1) {
+        w.expert_reduce_bytes = expert_held * x.reduce_bytes;
+        w.expert_parameter_bytes = sharded ? expert_held * x.master_bytes : 0;
+    } else if (x.sequence_parallel && moe_layers > 0) {
+        w.tp_gradient_sum_bytes = moe_weights * x.master_bytes;
+        w.tp_gradient_sums = moe_layers * (1 + 3 * x.experts) * 
+                          (config.parallel.zero_stage >= 2 && mesh.data_size() > 1 ? static_cast<double>(micro_batches_per_step(config, mesh.dp())) : 1);
+    }
     // AdamW reads the weight, gradient and two moments and writes three of them; every
     // gradient is zeroed (the flat buffer, or ZeRO-2/3's group buffers and shard), the norm
     // reads the owned ones only (each rank its reduced piece: the sum over ranks is the whole
@@ -172,10 +240,10 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     // A narrower reduction dtype rounds the gradients into their copy and widens what this
     // rank keeps of the sum back (counted once a step, though ZeRO-2/3 round every micro-batch's).
     if (x.reduce_bytes != x.master_bytes && mesh.data_size() > 1) w.gradient_pass_bytes += (p + o) * (x.master_bytes + x.reduce_bytes);
-    w.dp_gradient_bytes = p * x.master_bytes;
-    w.dp_reduce_bytes = p * x.reduce_bytes;
-    w.dp_parameter_bytes = sharded ? p * x.master_bytes : 0;
-    w.compute_parameter_bytes = p * x.compute_bytes;
+    w.dp_gradient_bytes = dense * x.master_bytes;
+    w.dp_reduce_bytes = dense * x.reduce_bytes;
+    w.dp_parameter_bytes = sharded ? dense * x.master_bytes : 0;
+    w.compute_parameter_bytes = dense * x.compute_bytes;
 }
 
 }  // namespace
@@ -190,11 +258,15 @@ StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
     const Shapes x = shapes_of(config, mesh);
     const std::vector<int64_t> per_stage = parse_stage_layers(config.parallel.stage_layers, mesh.pp(), config.model.n_layers);
     const double layers = static_cast<double>(per_stage[static_cast<size_t>(stage)]);
+    const double moe_layers = static_cast<double>(moe_layers_in(config.model, stage_partition(config, mesh, first_rank_of_stage(mesh, stage))));
+    const double dense_layers = layers - moe_layers;
     StageWork w;
-    for (int64_t l = 0; l < per_stage[static_cast<size_t>(stage)]; ++l) add_layer_gemms(w, x);
+    for (int64_t l = 0; l < per_stage[static_cast<size_t>(stage)]; ++l) add_layer_gemms(w, x, l < moe_layers);
     w.attention_flops = layers * layer_attention_flops(x);
-    w.memory_bytes = layers * layer_memory_bytes(x);
-    add_layer_collectives(w.tp_collectives, x, layers);
+    w.memory_bytes = dense_layers * layer_memory_bytes(x, false) + moe_layers * layer_memory_bytes(x, true);
+    add_layer_collectives(w.tp_collectives, x, dense_layers, false);
+    add_layer_collectives(w.tp_collectives, x, moe_layers, true);
+    add_moe_layer_traffic(w, x, moe_layers);
     add_layer_ring_sends(w.cp_sends, x, layers);
     const double rows = x.sequence_parallel ? x.n / x.t : x.n;
     if (stage == 0) {
@@ -273,15 +345,20 @@ struct StageTime {
     double compute = 0, tp = 0, pp = 0, dp = 0, optimizer = 0;
     double cp = 0, cp_hidden = 0;  // context-parallel ring sends of a micro-batch: exposed, behind attention
     double dp_micro = 0;  // ZeRO-2/3: data-parallel collectives of each micro-batch, exposed
-    double micro_batch() const { return compute + tp + cp + pp + dp_micro; }
+    double ep = 0, host_sync = 0, host_syncs = 0;  // a micro-batch's all-to-alls and host synchronizations (seconds, count)
+    double tp_step = 0;            // per step: the MoE gradients' sum over tp
+    bool ep_intra_node = true;
+    double micro_batch() const { return compute + tp + cp + pp + dp_micro + ep + host_sync; }
 };
 
 // Attention's share of peak: under context parallelism every block runs on the ring's kernels.
 double attention_efficiency(const Cluster& c, const Mesh& mesh) { return mesh.cp() > 1 ? c.efficiency.ring_attention_or_attention() : c.efficiency.attention; }
 
 double compute_seconds(const StageWork& w, const Cluster& c, const Mesh& mesh, double peak, double bandwidth) {
-    double seconds = 0;
+    double seconds = 0, experts = 0;
     for (const auto& [cls, flops] : w.gemm_flops) seconds += flops / (peak * c.efficiency.gemm_for(cls));
+    for (const auto& [cls, flops] : w.expert_gemm_flops) experts += flops / (peak * c.efficiency.gemm_for(cls));
+    seconds += c.kind == ClusterKind::gpu ? std::max(experts, w.expert_gemm_calls * kernel_launch_seconds) : experts;
     return seconds + w.attention_flops / (peak * attention_efficiency(c, mesh)) + w.memory_bytes / (bandwidth * c.efficiency.memory);
 }
 
@@ -390,6 +467,31 @@ void ring_time(StageTime& t, const StageWork& w, const Mesh& mesh, const Cluster
     }
 }
 
+// One all-to-all over the ep group, each rank sending `bytes` (1/ep of them to itself): the
+// peers in the rank's node over the intra-node link, those on other nodes over the
+// inter-node one, both at once; the sends go out together (one latency).
+double all_to_all_seconds(double bytes, const Mesh& mesh, const Cluster& c, double share, bool& intra_node) {
+    const std::vector<int> group = mesh.expert_group(0);
+    const int ep = static_cast<int>(group.size()), per_node = ranks_per_node(mesh, c);
+    intra_node = group.back() - group.front() + 1 <= per_node;
+    const Link intra = shared_link(c.intra_node, c, share), inter = shared_link(c.inter_node, c, share);
+    const double n = ep;
+    if (intra_node) return (n - 1) / n * bytes / (intra.gbps * 1e9) + intra.latency_us * 1e-6;
+    const double local = std::min(per_node, ep) - 1, remote = n - 1 - local;
+    return std::max(local / n * bytes / (intra.gbps * 1e9), remote / n * bytes / (inter.gbps * 1e9)) + inter.latency_us * 1e-6;
+}
+
+// ep > 1: the experts' gradients reduced (ZeRO: reduce-scattered, their weights gathered
+// back) over the edp ranks holding the same experts: every ep-th rank of the stage, so
+// spanning it. Counted after the dense data-parallel traffic, none of it hidden (an upper bound).
+double expert_data_seconds(const Config& config, const Mesh& mesh, const Cluster& c, const StageWork& w, double share) {
+    if (w.expert_reduce_bytes <= 0 || mesh.edp() <= 1) return 0;
+    const Link link = collective_link(c, mesh, mesh.edp(), mesh.tp() * mesh.data_size(), share);
+    const bool zero = config.parallel.zero_stage >= 1;
+    return collective_seconds({zero ? Collective::reduce_scatter : Collective::all_reduce, w.expert_reduce_bytes, 1}, mesh.edp(), link) +
+           collective_seconds({Collective::all_gather, w.expert_parameter_bytes, 1}, mesh.edp(), link);
+}
+
 StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, int stage, const DeviceShare& share) {
     const double peak = c.peak_tflops * 1e12 * share.pipeline, bandwidth = c.memory_bandwidth_gbps * 1e9 * share.pipeline;
     const StageWork w = stage_work(config, mesh, stage);
@@ -400,6 +502,13 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     ring_time(t, w, mesh, c, peak, share.pipeline);
     const Link pp_link = shared_link(link_for(c, mesh, mesh.world_size()), c, share.pipeline);
     t.pp = w.pp_sends * (pp_link.latency_us * 1e-6 + w.pp_send_bytes / (pp_link.gbps * 1e9));
+    if (w.ep_all_to_alls > 0) t.ep = w.ep_all_to_alls * all_to_all_seconds(w.ep_all_to_all_bytes, mesh, c, share.pipeline, t.ep_intra_node);
+    t.host_syncs = w.host_syncs;
+    if (c.kind == ClusterKind::gpu) t.host_sync = w.host_syncs * host_sync_seconds;
+    if (w.tp_gradient_sums > 0)
+        t.tp_step = collective_seconds({.op = Collective::all_reduce, .bytes = w.tp_gradient_sum_bytes, .count = 1, .message_bytes = w.tp_gradient_sum_bytes / w.tp_gradient_sums},
+                                       mesh.tp(), tp_link) +
+                    w.tp_gradient_sums * 2 * (mesh.tp() - 1) * tp_link.latency_us * 1e-6;
     // Buckets go out while the last micro-batch's backward (two thirds of its compute) runs;
     // at least the last bucket waits for the end of backward.
     const double buckets = std::max(1.0, std::ceil(w.dp_gradient_bytes / std::max(1.0, config.parallel.bucket_mb * 1e6)));
@@ -418,6 +527,7 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
                                                  data, dp_link);
         t.dp = std::max(reduce - hidden, reduce / buckets) + exposed_param_gather(config, c, t.compute, gather, buckets);
     }
+    t.dp += expert_data_seconds(config, mesh, c, w, share.step_end);
     // AdamW's update has its own efficiency (on a CPU its square root and division per element
     // make it slower per byte), and so do the plain streams over every gradient (zeroing,
     // the norm), which run nearer the bandwidth than the micro-batches' memory-bound ops.
@@ -435,7 +545,7 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     std::vector<StageTime> stages;
     for (int s = 0; s < mesh.pp(); ++s) stages.push_back(stage_time(config, mesh, cluster, s, share));
     const auto slowest = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.micro_batch() < b.micro_batch(); });
-    const auto last_to_finish = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.dp + a.optimizer < b.dp + b.optimizer; });
+    const auto last_to_finish = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.dp + a.tp_step + a.optimizer < b.dp + b.tp_step + b.optimizer; });
     const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
     StepTime r;
     r.slowest_stage = static_cast<int>(slowest - stages.begin());
@@ -444,16 +554,22 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     r.cp_comm_seconds = m * slowest->cp;
     r.cp_hidden_seconds = m * slowest->cp_hidden;
     r.pp_comm_seconds = m * slowest->pp;
+    r.ep_comm_seconds = m * slowest->ep;
+    r.ep_intra_node = slowest->ep_intra_node;
+    r.host_sync_seconds = m * slowest->host_sync;
+    r.host_syncs = m * slowest->host_syncs;
     // Interleaving idles pp - 1 chunk slots, each 1/V of a micro-batch's time on the stage.
     const double bubble_slots = static_cast<double>(mesh.pp() - 1) / static_cast<double>(config.parallel.virtual_stages);
     r.bubble_seconds = bubble_slots * slowest->micro_batch();
     r.dp_exposed_seconds = last_to_finish->dp + m * slowest->dp_micro;
     r.optimizer_seconds = last_to_finish->optimizer;
-    r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + last_to_finish->dp + r.optimizer_seconds;
+    r.tp_comm_seconds += last_to_finish->tp_step;
+    r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + last_to_finish->dp + last_to_finish->tp_step + r.optimizer_seconds;
     // The cp ranks of one dp rank share its sequences: the step's tokens are the dp ranks'.
     r.tokens_per_step = static_cast<double>(config.train.batch_size * config.train.seq_len) * m * mesh.dp();
     r.tokens_per_second_per_device = r.tokens_per_step / r.step_seconds / mesh.world_size();
-    r.model_flops_per_token = model_flops_per_token(config, parameters);
+    r.active_parameters = active_parameter_count(config.model, parameters);
+    r.model_flops_per_token = model_flops_per_token(config, r.active_parameters);
     r.mfu = r.tokens_per_second_per_device * r.model_flops_per_token / peak;
     return r;
 }

@@ -26,6 +26,14 @@
 //                     (DeviceShare), and collectives among them go over the node's shared memory
 //   collectives       ring: all-reduce 2(n-1)/n x bytes / busbw + 2(n-1) x latency; reduce-scatter
 //                     and all-gather (n-1)/n x bytes / busbw + (n-1) x latency (nccl-tests' busbw)
+//   mixture of experts (moe_plan.h) a MoE layer computes the attention, the router and its
+//                     local experts' GEMMs on the routed rows (top_k per token: the active FLOPs),
+//                     one call per expert and projection, each at least kernel_launch_seconds on
+//                     GPUs; the all-to-alls over the ep group (ep > 1) are exposed, at the
+//                     intra-node link while the group stays in a node, else the peers on other
+//                     nodes at the inter-node one; each host synchronization costs
+//                     host_sync_seconds on GPUs (the device drains its queue and waits for the
+//                     next launches). MFU: PaLM's formula with N the active parameters.
 // The same counts calibrate the cluster: `bench` divides them by what it measured.
 #pragma once
 
@@ -74,6 +82,14 @@ struct StageWork {
     double pp_send_bytes = 0;  // each pipeline send (activations forward, gradients backward)
     int pp_sends = 0;          // per micro-batch: 0, 2 (an end stage) or 4
     std::vector<RingSend> cp_sends;
+    // Mixture of experts (moe_plan.h): the experts' GEMMs apart from gemm_flops (one call per
+    // expert and projection: on GPUs a call takes at least a launch), the all-to-alls over
+    // the ep group (each rank sending ep_all_to_all_bytes), the host synchronizations.
+    std::map<GemmClass, double> expert_gemm_flops;
+    double expert_gemm_calls = 0;
+    double ep_all_to_all_bytes = 0;
+    double ep_all_to_alls = 0;
+    double host_syncs = 0;
     // Per step.
     double update_bytes = 0;         // what AdamW's update of the owned elements reads and writes
     double gradient_pass_bytes = 0;  // zeroing every gradient, reading their norm, refreshing a 16-bit copy
@@ -82,6 +98,10 @@ struct StageWork {
     double dp_reduce_bytes = 0;    // what the dp gradient collectives carry: that buffer in parallel.grad_reduce_dtype
     double dp_parameter_bytes = 0; // the parameters all-gathered over the data group after the update (ZeRO-1)
     double compute_parameter_bytes = 0;  // the parameters in the compute dtype (ZeRO-3 gathers them per micro-batch)
+    double expert_reduce_bytes = 0;      // ep > 1: the rank's experts' gradients, reduced over the edp ranks
+    double expert_parameter_bytes = 0;   // ep > 1 under ZeRO-1/2: their updated weights all-gathered over edp
+    double tp_gradient_sum_bytes = 0;    // ep = 1, sequence parallel: the MoE weights' gradients summed over tp
+    double tp_gradient_sums = 0;         // in this many all-reduces per step
     double total_gemm_flops() const;
 };
 
@@ -97,22 +117,27 @@ DeviceShare device_share(const Config& config, const Mesh& mesh, const Cluster& 
 
 struct StepTime {
     double compute_seconds = 0;     // m micro-batches of the slowest stage
-    double tp_comm_seconds = 0;     // tensor-parallel collectives, exposed (m micro-batches)
+    double tp_comm_seconds = 0;     // tensor-parallel collectives, exposed (m micro-batches; and the MoE gradients' sum over tp per step)
     double cp_comm_seconds = 0;     // context-parallel ring sends, exposed (m micro-batches)
     double cp_hidden_seconds = 0;   // context-parallel ring sends behind attention blocks (not in the step)
     double pp_comm_seconds = 0;     // pipeline sends on the critical path
     double bubble_seconds = 0;      // (pp - 1) / virtual_stages micro-batch times
-    double dp_exposed_seconds = 0;  // data-parallel traffic not hidden by backward
+    double dp_exposed_seconds = 0;  // data-parallel traffic not hidden by backward (with ep > 1, the experts' over edp too)
+    double ep_comm_seconds = 0;     // expert-parallel all-to-alls (exposed: the experts wait for their tokens, the next layer for theirs)
+    bool ep_intra_node = true;      // whether the ep group stays inside a node
+    double host_sync_seconds = 0;   // MoE routing's host synchronizations
+    double host_syncs = 0;          // of them per step
     double optimizer_seconds = 0;
     double step_seconds = 0;
     double tokens_per_step = 0;
     double tokens_per_second_per_device = 0;
-    double model_flops_per_token = 0;  // PaLM
+    double model_flops_per_token = 0;  // PaLM, N the active parameters (all of a dense model's)
+    double active_parameters = 0;
     double mfu = 0;                    // of the cluster's dense peak
     int slowest_stage = 0;
 };
 
-// parameters: model_parameter_count(config.model), for MFU.
+// parameters: model_parameter_count(config.model); MFU counts the active ones (moe_plan.h).
 StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
 
 // Model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6 N + 12 L H Q T, N all
@@ -152,6 +177,12 @@ CheckpointTime predict_checkpoint_time(const Config& config, const Mesh& mesh, c
 // ranks spread evenly), and the nodes the job takes.
 int planned_ranks_per_node(const Mesh& mesh, const Cluster& cluster);
 int planned_nodes(const Mesh& mesh, const Cluster& cluster);
+
+// Assumed, not measured: the least a GEMM call takes on a GPU (cuBLASLt's host-side launch),
+// and what one host synchronization costs the device (its queue drained, then idle until the
+// host launches again).
+inline constexpr double kernel_launch_seconds = 5e-6;
+inline constexpr double host_sync_seconds = 25e-6;
 
 // The seconds a collective takes on a link among n ranks.
 double collective_seconds(const CollectiveCall& call, int ranks, const Link& link);

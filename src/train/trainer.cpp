@@ -102,6 +102,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
         fail(ErrorKind::config, "parallel: the config asks for tp ", config_.parallel.tp, " x pp ", config_.parallel.pp,
              config_.parallel.cp > 1 ? cat(" x cp ", config_.parallel.cp) : "", " but the run's mesh is tp ", ctx.mesh.tp(), " x pp ", ctx.mesh.pp(),
              ctx.mesh.cp() > 1 ? cat(" x cp ", ctx.mesh.cp()) : "");
+    require_trainable_in_this_build(config_);
     check_optimizer_layout(config_.optimizer, config_.parallel, ctx.mesh.dp());
     ModelPartition partition = stage_partition(config_, ctx.mesh, ctx.world_rank);
     if (partition.splits_documents()) partition.document_end_token = document_end_token(config_);

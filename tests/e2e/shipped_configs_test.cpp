@@ -6,6 +6,8 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "plan/layout_plan.h"
+#include "plan/moe_plan.h"
 
 using namespace llmtrain;
 
@@ -77,4 +79,38 @@ TEST(ShippedConfigs, EveryConfigForMoreThanOneGpu_SavesCheckpoints) {
     }
     EXPECT_GE(gpu_configs, 4);
     EXPECT_EQ(load_config("configs/qwen2.5-72b.toml", {}, DataFiles::unchecked).checkpoint.every_steps, 500);
+}
+
+// The mixture-of-experts shapes (docs/planning.md): Qwen3-30B-A3B's and DeepSeek-V3's routed
+// experts with GQA attention, planned on H100s at the sizes the doc shows. Qwen3's layout as
+// shipped is one this build trains (every expert on every rank: tp 1 x pp 8 x dp 8) and fits 64 GPUs;
+// DeepSeek-V3's needs expert parallelism (ep 8 on 1,024 GPUs), which fits and is planned, not
+// trainable here.
+TEST(ShippedConfigs, MoeShapesParseAndPlanOnH100s) {
+    const Config qwen = load_config("configs/qwen3-30b-a3b.toml", {}, DataFiles::unchecked);
+    EXPECT_EQ(qwen.model.n_layers, 48);
+    EXPECT_EQ(qwen.model.moe.n_experts, 128);
+    EXPECT_EQ(qwen.model.moe.top_k, 8);
+    EXPECT_EQ(qwen.model.moe.d_ff_expert, 768);
+    EXPECT_EQ(qwen.model.vocab_size, 151936);
+    const Config deepseek = load_config("configs/deepseek-v3.toml", {}, DataFiles::unchecked);
+    EXPECT_EQ(deepseek.model.n_layers, 61);
+    EXPECT_EQ(deepseek.model.moe.n_experts, 256);
+    EXPECT_EQ(deepseek.model.moe.first_dense_layers, 3);
+    EXPECT_EQ(deepseek.model.moe.router, MoeRouter::sigmoid);
+    EXPECT_EQ(deepseek.model.moe.load_balancing, MoeBalancing::expert_bias);
+    Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    const double qwen_parameters = model_parameter_count(qwen.model), deepseek_parameters = model_parameter_count(deepseek.model);
+    EXPECT_NEAR(qwen_parameters / 1e9, 30.1, 0.1);
+    EXPECT_NEAR(active_parameter_count(qwen.model, qwen_parameters) / 1e9, 2.9, 0.1);
+    EXPECT_NEAR(deepseek_parameters / 1e9, 663.7, 0.1);
+    EXPECT_NEAR(active_parameter_count(deepseek.model, deepseek_parameters) / 1e9, 30.2, 0.1);
+    const LayoutPlan q = plan_layout(qwen, h100, 64, PlanOptions{}, qwen_parameters);
+    EXPECT_TRUE(q.fits) << q.total_bytes / 1e9 << " GB";
+    EXPECT_EQ(q.not_trainable, "");
+    h100.nodes = 128;
+    const LayoutPlan d = plan_layout(deepseek, h100, 1024, PlanOptions{}, deepseek_parameters);
+    EXPECT_EQ(d.ep, 8);
+    EXPECT_TRUE(d.fits) << d.total_bytes / 1e9 << " GB";
+    EXPECT_NE(d.not_trainable.find("planned, not trainable in this build"), std::string::npos);
 }

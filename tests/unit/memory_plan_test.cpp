@@ -62,6 +62,17 @@ void expect_plan_matches_every_rank(const Config& config, int tp, int dp, int pp
     EXPECT_EQ(largest_rank_plan(config, mesh).total(), largest);
 }
 
+
+// Mixture-of-experts layouts (every expert on every rank, parallel.ep = 1): the experts'
+// weights, their gradients and AdamW's moments are planned in the flat buffer as the trainer
+// registers them, and the routed activations at the rows the layer allocates: tokens x top_k
+// dropless, n_experts x the capacity with a capacity factor.
+Config small_moe(std::vector<std::string> extra = {}) {
+    std::vector<std::string> moe = {"model.moe.n_experts=4", "model.moe.top_k=2", "model.moe.d_ff_expert=24", "model.moe.first_dense_layers=1"};
+    moe.insert(moe.end(), extra.begin(), extra.end());
+    return small("llama", moe);
+}
+
 }  // namespace
 
 TEST(MemoryPlan, SingleProcess_EqualsTrainerMemory_ForBothFamiliesAndEveryRecomputeMode) {
@@ -187,4 +198,27 @@ TEST(MemoryPlan, ContextParallel_LongContextConfigHoldsUnderAQuarterOfTheActivat
     const RankMemory a8 = largest_rank_plan(cp8, make_mesh(cp8.parallel, 8)).memory, a1 = largest_rank_plan(cp1, make_mesh(cp1.parallel, 8)).memory;
     EXPECT_LT(a8.activation_bytes, a1.activation_bytes / 4);
     EXPECT_LT(a8.workspace_bytes, a1.workspace_bytes);
+}
+
+TEST(MemoryPlan, MoeSingleProcess_EqualsTrainerMemory_DroplessAndCapacityInEveryRecomputeMode) {
+    for (const std::string recompute : {"none", "selective", "full"})
+        for (const std::string capacity : {"0", "1.25"}) {
+            SCOPED_TRACE("recompute " + recompute + ", capacity_factor " + capacity);
+            expect_plan_matches_every_rank(small_moe({"train.recompute=\"" + recompute + "\"", "model.moe.capacity_factor=" + capacity}), 1, 1, 1);
+        }
+    // DeepSeek-V3's balancing: the per-expert bias is state the layer reserves.
+    expect_plan_matches_every_rank(small_moe({"model.moe.router=\"sigmoid\"", "model.moe.load_balancing=\"expert_bias\""}), 1, 1, 1);
+}
+
+TEST(MemoryPlan, MoeDataParallel_EqualsTrainerMemory_UnderZero1AndZero3) {
+    for (const std::string stage : {"1", "3"}) {
+        SCOPED_TRACE("zero_stage " + stage);
+        expect_plan_matches_every_rank(small_moe({"parallel.zero_stage=" + stage}), 1, 2, 1);
+    }
+}
+
+TEST(MemoryPlan, MoeTensorAndPipelineParallel_EqualTrainerMemory_OnEveryRank) {
+    expect_plan_matches_every_rank(small_moe({"parallel.tp=2", "parallel.sequence_parallel=true", "train.recompute=\"selective\""}), 2, 1, 1);
+    expect_plan_matches_every_rank(small_moe({"parallel.pp=2", "train.recompute=\"full\""}), 1, 1, 2);
+    expect_plan_matches_every_rank(small_moe({"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true", "model.moe.capacity_factor=1.0"}), 2, 2, 2);
 }
