@@ -457,6 +457,7 @@ int train_single_process(const TrainArgs& args, const Config& as_given, FaultPla
     Config config = as_given;
     const int ranks = layout_ranks(config.parallel);
     const Mesh mesh = make_mesh(config.parallel, ranks);
+    require_trainable_in_this_build(config);  // a layout plan sizes but this build does not train: also under --dry-run
     if (args.dry_run) print_effective_config_and_data(config);
     if (ranks > 1 && !args.dry_run)
         fail(ErrorKind::config, config.source_path, ": parallel: the layout asks for ", ranks, " ranks (tp ", config.parallel.tp,
@@ -554,6 +555,7 @@ int train_under_mpi(const TrainArgs& args) {
     std::optional<Mesh> mesh;
     check_on_every_rank(mpi, [&] {
         mesh.emplace(make_mesh(config.parallel, mpi.world_size()));
+        require_trainable_in_this_build(config);
         micro_batches_per_step(config, mesh->dp());
     });
     const RunRecord record = agree_on_run_record(mpi, run_dir);
