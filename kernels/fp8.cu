@@ -4,7 +4,10 @@
 //   update scale:  scale = max_format / amax / 2^margin, kept when amax is 0 or not finite;
 //                  scale_inv = 1 / scale                           (one thread: no host wait)
 //   cast:          out = fp8(x * scale), rounded to nearest even and saturating at +-max;
-//                  out_t = the same bytes transposed; amax = max |x| of this pass
+//                  out_t = the same bytes transposed; amax = max |x| of this pass;
+//                  counts += the elements saturated (rounding would leave the range: e4m3
+//                  above 464, e5m2 from 61440) and flushed (x != 0, out +-0): per block a sum of integers, one f64 atomicAdd of each; sums of
+//                  integers below 2^53 are exact in any order, so the result is deterministic
 //
 // The cast works on 32 x 32 tiles: each block reads a tile of x once (coalesced), writes its
 // FP8 bytes row-major, and through shared memory writes them again transposed (coalesced), so
@@ -66,19 +69,33 @@ __device__ inline float load_float<float>(const float* p, int64_t i) {
     return p[i];
 }
 
-// The block's largest |x| bits into *amax (atomicMax; *amax starts at 0).
-// lanes: shared memory of one unsigned per warp of the block.
-__device__ void block_max_into(unsigned* amax, unsigned mine, unsigned* lanes) {
-    for (int offset = 16; offset > 0; offset /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
+// Combines each thread's `mine` over the block (a warp's by shuffles, then the warps' by
+// thread 0) and hands the block's value to thread 0's `done`. lanes: shared memory of one
+// unsigned per warp of the block, used by no other reduction of the same kernel.
+template <class Combine, class Done>
+__device__ void block_reduce(unsigned mine, unsigned* lanes, Combine combine, Done done) {
+    for (int offset = 16; offset > 0; offset /= 2) mine = combine(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
     const int thread = threadIdx.x + threadIdx.y * blockDim.x;
     if (thread % 32 == 0) lanes[thread / 32] = mine;
     __syncthreads();
     if (thread == 0) {
-        unsigned block = 0;
+        unsigned block = lanes[0];
         const int warps = static_cast<int>(blockDim.x * blockDim.y) / 32;
-        for (int w = 0; w < warps; ++w) block = max(block, lanes[w]);
-        atomicMax(amax, block);
+        for (int w = 1; w < warps; ++w) block = combine(block, lanes[w]);
+        done(block);
     }
+}
+
+// The block's largest |x| bits into *amax (atomicMax; *amax starts at 0).
+__device__ void block_max_into(unsigned* amax, unsigned mine, unsigned* lanes) {
+    block_reduce(mine, lanes, [](unsigned a, unsigned b) { return max(a, b); }, [amax](unsigned block) { atomicMax(amax, block); });
+}
+
+// The block's sum of `mine` added to *total (one atomicAdd of an integer-valued double).
+__device__ void block_sum_into(double* total, unsigned mine, unsigned* lanes) {
+    block_reduce(mine, lanes, [](unsigned a, unsigned b) { return a + b; }, [total](unsigned block) {
+        if (block > 0) atomicAdd(total, static_cast<double>(block));
+    });
 }
 
 constexpr int kAmaxThreads = 256;
@@ -104,23 +121,31 @@ __global__ void __launch_bounds__(1) fp8_update_scale_kernel(float* scale, float
 
 template <class T>
 __global__ void __launch_bounds__(kTile* kTileRows)
-    fp8_cast_kernel(uint8_t* out, uint8_t* out_t, unsigned* amax, const T* x, const float* scale, int64_t rows, int64_t cols, bool e4m3) {
+    fp8_cast_kernel(uint8_t* out, uint8_t* out_t, unsigned* amax, double* counts, const T* x, const float* scale, int64_t rows, int64_t cols, bool e4m3) {
     __shared__ uint8_t tile[kTile][kTile + 4];
     __shared__ unsigned lanes[kTile * kTileRows / 32];
+    __shared__ unsigned count_lanes[2][kTile * kTileRows / 32];
     const float s = *scale;
     const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
-    unsigned mine = 0;
+    unsigned mine = 0, saturated = 0, flushed = 0;
     for (int r = threadIdx.y; r < kTile; r += kTileRows) {
         const int64_t row = row0 + r, col = col0 + threadIdx.x;
         if (row < rows && col < cols) {
-            const float v = load_float(x, row * cols + col);
+            const float v = load_float(x, row * cols + col), scaled = v * s;
             mine = max(mine, __float_as_uint(v) & 0x7fffffffu);
-            const uint8_t q = float_to_fp8_bits(v * s, e4m3);
+            const uint8_t q = float_to_fp8_bits(scaled, e4m3);
             out[row * cols + col] = q;
             tile[r][threadIdx.x] = q;
+            const float a = fabsf(scaled);
+            saturated += e4m3 ? a > 464.0f : a >= 61440.0f;  // rounding would leave the range (backend.h)
+            flushed += v != 0.0f && (q & 0x7f) == 0;
         }
     }
     if (amax) block_max_into(amax, mine, lanes);
+    if (counts) {
+        block_sum_into(counts, saturated, count_lanes[0]);
+        block_sum_into(counts + 1, flushed, count_lanes[1]);
+    }
     if (!out_t) return;
     __syncthreads();
     // out_t is [cols, rows]: thread x walks a row of it (a column of the tile).
@@ -143,8 +168,8 @@ void amax_as(unsigned* bits, const void* x, int64_t n, cudaStream_t stream) {
 template <class T>
 void cast_as(const Fp8CastArgs& a, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(ceil_div(a.cols, kTile)), static_cast<unsigned>(ceil_div(a.rows, kTile))), block(kTile, kTileRows);
-    fp8_cast_kernel<T><<<grid, block, 0, stream>>>(a.out, a.out_t, reinterpret_cast<unsigned*>(a.amax), static_cast<const T*>(a.x), a.scale, a.rows, a.cols,
-                                                   a.e4m3);
+    fp8_cast_kernel<T><<<grid, block, 0, stream>>>(a.out, a.out_t, reinterpret_cast<unsigned*>(a.amax), a.counts, static_cast<const T*>(a.x), a.scale, a.rows,
+                                                   a.cols, a.e4m3);
 }
 
 }  // namespace

@@ -76,6 +76,7 @@ struct Fp8CastArgs {
     uint8_t* out = nullptr;
     uint8_t* out_t = nullptr;
     float* amax = nullptr;
+    double* counts = nullptr;  // [2], added to: saturated, flushed (backend.h, Fp8Cast)
     const void* x = nullptr;
     Fp8Source source = Fp8Source::bf16;
     const float* scale = nullptr;

@@ -573,13 +573,19 @@ struct Fp8UpdateScale {
 // max; NaN stays NaN), x viewed as [rows, cols] (cols its last dimension). out_t, when given,
 // holds the same bytes transposed, [cols, rows] (Hopper's FP8 GEMMs take both operands with
 // the reduced dimension contiguous, so a backward GEMM needs the other layout); amax, when
-// given, receives max |x| from the same pass (what a delayed-scaling history records).
+// given, receives max |x| from the same pass (what a delayed-scaling history records);
+// counts, when given, has added to it (+=) the elements this cast saturated (|x scale| where
+// rounding to nearest even leaves the format's finite range, clamped to its largest value:
+// e4m3 above 464, e5m2 from 61440 on; infinities included, NaN not; a value that rounds to
+// the largest is no overflow) and those it flushed (x not 0, out +-0): f64 integers, exact
+// whatever order a device adds them in, to 2^53.
 struct Fp8Cast {
     Tensor out;    // [rows, cols] e4m3 / e5m2, overwritten
     Tensor out_t;  // [cols, rows], the same format, optional
     Tensor x;      // [rows, cols] (or more dimensions, cols last), the compute dtype
     Tensor scale;  // [1] f32
     Tensor amax;   // [1] f32, optional
+    Tensor counts; // [2] f64, optional: saturated, flushed
 };
 // out[M, N] = a_scale_inv[0] b_scale_inv[0] sum_k a[M, k] b[N, k] (+ out when accumulate)
 // (+ bias[N] on every row, cuBLASLt's BIAS epilogue: a linear layer's bias): both

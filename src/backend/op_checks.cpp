@@ -112,6 +112,7 @@ std::pair<int64_t, int64_t> expect_fp8_cast(const char* op, const Fp8Cast& a, De
     if (!a.out_t.empty()) expect_tensor(op, "out_t", a.out_t, Shape{cols, rows}, a.out.dtype(), device);
     expect_fp8_scalar(op, "scale", a.scale, device);
     if (!a.amax.empty()) expect_fp8_scalar(op, "amax", a.amax, device);
+    if (!a.counts.empty()) expect_tensor(op, "counts", a.counts, Shape{2}, DType::f64, device);
     return {rows, cols};
 }
 

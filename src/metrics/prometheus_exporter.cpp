@@ -196,6 +196,10 @@ MetricsExporter::MetricsExporter(const MetricsLabels& labels, const MetricsRunFa
                         .Help("Mixture of experts: the share of the last step's assignments a capacity dropped, by layer.").Labels(constant).Register(r);
     moe_balance_loss_ = &prometheus::BuildGauge().Name("llmtrain_moe_balance_loss")
                              .Help("Mixture of experts: the last step's load-balancing and z losses with their coefficients.").Labels(constant).Register(r);
+    fp8_saturated_ = &prometheus::BuildCounter().Name("llmtrain_fp8_saturated_total")
+                          .Help("FP8 training: elements the casts saturated at their format's largest value, over every rank's casts.").Labels(constant).Register(r);
+    fp8_flushed_ = &prometheus::BuildCounter().Name("llmtrain_fp8_flushed_total")
+                        .Help("FP8 training: nonzero elements the casts flushed to zero, over every rank's casts.").Labels(constant).Register(r);
     comm_family_ = &prometheus::BuildCounter().Name("llmtrain_communication_seconds_total")
                         .Help("Seconds this rank's step loop was blocked in communication, by group and op.").Labels(constant).Register(r);
     dp_bytes_ = &counter("llmtrain_dp_gradient_sent_bytes_total",
@@ -298,6 +302,10 @@ void MetricsExporter::after_step(const StepRecord& s) {
         moe_dropped_->Add({{"layer", std::to_string(l.layer)}}).Set(l.dropped_fraction);
     }
     if (!s.moe.empty()) moe_balance_loss_->Add({}).Set(s.balance_loss);
+    if (s.fp8) {
+        fp8_saturated_->Add({}).Increment(s.fp8_saturated);
+        fp8_flushed_->Add({}).Increment(s.fp8_flushed);
+    }
     last_step_time_->Set(unix_time_seconds());
 }
 

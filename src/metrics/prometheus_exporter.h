@@ -106,6 +106,8 @@ private:
     prometheus::Family<prometheus::Gauge>* moe_load_;     // by layer
     prometheus::Family<prometheus::Gauge>* moe_dropped_;  // by layer
     prometheus::Family<prometheus::Gauge>* moe_balance_loss_;  // one child, made by the first MoE step
+    prometheus::Family<prometheus::Counter>* fp8_saturated_;   // one child each, made by the first FP8 step
+    prometheus::Family<prometheus::Counter>* fp8_flushed_;
     std::map<std::pair<std::string, std::string>, prometheus::Counter*> comm_;
 };
 

@@ -81,6 +81,7 @@ void RunLog::after_step(const StepRecord& s) {
     if (s.dynamic_loss_scale) fields["loss_scale"] = s.loss_scale;
     if (s.samples_replaced > 0) fields["samples_replaced"] = s.samples_replaced;
     if (!s.moe.empty()) fields["moe"] = moe_fields(s);
+    if (s.fp8) fields["fp8"] = {{"saturated", s.fp8_saturated}, {"flushed", s.fp8_flushed}};
     write("step", fields);
 }
 

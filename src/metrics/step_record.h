@@ -56,6 +56,11 @@ struct StepRecord {
     int64_t samples_replaced = 0;
     std::vector<MoeLayerRecord> moe;  // each MoE layer's; empty for a dense model
     double balance_loss = 0;  // MoE: the aux and z losses with their coefficients (not in loss)
+    // train.precision = "fp8": the elements the FP8 casts saturated at their format's largest
+    // value and flushed to zero this step, summed over every rank's casts (a tensor each tp
+    // rank casts whole, as a column-parallel layer's input, counts once per tp rank).
+    bool fp8 = false;
+    double fp8_saturated = 0, fp8_flushed = 0;
     RankStepTimes rank;      // this rank's
     // Every world rank's straggler score (the fastest rank's median compute time over its
     // own, 1 for the fastest), on the steps where it was measured; empty on the others.

@@ -45,6 +45,8 @@ void Fp8Linears::allocate(int64_t max_rows) {
     backend_.copy_from_host(scales(), ones.data());
     for (Linear& l : linears_) l.weight_memory = backend_.allocate(static_cast<size_t>(2 * l.out_features * l.in_features));
     for (int i = 0; i < 4; ++i) scratch_.push_back(backend_.allocate(static_cast<size_t>(max_rows * max_width_)));
+    counts_memory_ = backend_.allocate(2 * sizeof(double));
+    backend_.fill_zero(cast_counts());
 }
 
 Tensor Fp8Linears::amaxes(int t) const { return Tensor(static_cast<float*>(state_memory_.get()) + 3 * t, DType::f32, {3}, backend_.device()); }
@@ -82,7 +84,8 @@ void Fp8Linears::cast(int t, const Tensor& x, const Tensor& xq, const Tensor& xt
         agree(t);
         backend_.fp8_update_scale({.scale = scale(t), .scale_inv = scale_inv(t), .amax = amax_now(t), .format = s.format, .margin = static_cast<int>(config_.margin)});
     }
-    backend_.fp8_cast({.out = xq, .out_t = xt, .x = x, .scale = scale(t), .amax = from_history ? amax_now(t) : Tensor()});
+    backend_.fp8_cast({.out = xq, .out_t = xt, .x = x, .scale = scale(t), .amax = from_history ? amax_now(t) : Tensor(),
+                      .counts = recording_ ? cast_counts() : Tensor()});
     if (!delayed() || !recording_) return;
     // The step's running max: max(|running|, |now|) into the third entry, then back.
     const Tensor a = amaxes(t);
@@ -137,6 +140,7 @@ void Fp8Linears::backward(int id, const MatmulBwd& a) {
 
 void Fp8Linears::close_step() {
     for (Linear& l : linears_) l.weight_cast = false;
+    if (counts_memory_) backend_.fill_zero(cast_counts());
     if (!delayed() || tensors_.empty()) return;
     const size_t T = tensors_.size();
     std::vector<float> host(3 * T);

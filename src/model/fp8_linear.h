@@ -74,8 +74,8 @@ public:
     void backward(int id, const MatmulBwd& args);
 
     bool delayed() const { return config_.recipe == Fp8Recipe::delayed; }
-    // Off: the delayed recipe's casts add nothing to the step's running amaxes (evaluation and
-    // sampling read the scaling state, never move it: training then does not depend on
+    // Off: the casts add nothing to the step's running amaxes (delayed recipe) nor to its cast
+    // counts (evaluation and sampling read the scaling state, never move it: training then does not depend on
     // train.eval_every, and a resumed run, which does not repeat the evaluation at its resume
     // point, casts what the uninterrupted one does). On by default.
     void set_recording(bool on) { recording_ = on; }
@@ -87,6 +87,11 @@ public:
     // use; under the delayed recipe each history records the step's amax (a non-finite one is
     // not recorded) and sets the next step's scale.
     void close_step();
+
+    // f64 [2] in the backend's memory: the elements this rank's casts saturated at their
+    // format's largest value and flushed to zero this step (Fp8Cast::counts; evaluation and
+    // sampling add none), zeroed by close_step(). The trainer reads it with the step's loss.
+    Tensor cast_counts() const { return Tensor(counts_memory_.get(), DType::f64, {2}, backend_.device()); }
 
     // Host copies of a tensor's state, for tests and checkpoints: role 0 the input, 1 the
     // weight, 2 the output gradient of linear `id`.
@@ -155,6 +160,7 @@ private:
     std::vector<Scaled> tensors_;
     Memory state_memory_;  // f32: [3T] amaxes (running, now, merged), [T] scales, [T] inverse scales
     std::vector<Memory> scratch_;  // input and gradient casts, both layouts
+    Memory counts_memory_;         // f64 [2]: saturated, flushed (Fp8Cast::counts)
     int64_t max_rows_ = 0, max_width_ = 0;
     bool recording_ = true;
 };

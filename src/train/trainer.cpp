@@ -125,7 +125,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     if (dtype_ == DType::f16) loss_scale_ = DynamicLossScale(config_.train.loss_scale, config_.train.loss_scale_window);
     pipeline_ = std::make_unique<PipelineRunner>(*model_, *ctx_, comms_->pp(), config_.train.grad_accum);
     Backend& backend = *backend_;
-    step_scalars_ = OwnedTensor(DType::f64, {3}, backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
+    step_scalars_ = OwnedTensor(DType::f64, {5}, backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
     // The fp16 overflow rule first: an overflow is not a fault for the non-finite policy.
     own_guards_.push_back(std::make_unique<LossScaleGuard>(loss_scale_, options_.quiet));
     auto health = std::make_unique<HealthMonitor>(config_.monitor, config_.checkpoint.every_steps > 0);
@@ -713,7 +713,10 @@ void Trainer::close_step(StepRecord& s) {
     backend_->accumulate_sum_squares(scalars.slice_rows(2, 1), gradient_runs(params, owned, [&](size_t i) {
         return !counts_in_norm(i) && !(tied_copy_here && model_->embedding_param() == i);
     }));
-    double device[3] = {};
+    // FP8: the casts' saturated and flushed counts ride the same read and the same reduction.
+    const Fp8Linears* fp8 = model_->fp8();
+    if (fp8) backend_->copy(scalars.slice_rows(3, 2), fp8->cast_counts());
+    double device[5] = {};
     backend_->copy_to_host(device, scalars);
 
     local_loss_ = device[0];
@@ -729,13 +732,14 @@ void Trainer::close_step(StepRecord& s) {
     }
     const int local_signal = options_.stop_signal ? options_.stop_signal() : 0;
     std::vector<ReplacedSample> replaced = data_->take_replaced_samples();
-    std::array<double, 4> closing{local_loss_, squares, static_cast<double>(local_signal != 0), static_cast<double>(replaced.size())};
-    if (ctx_->mesh.world_size() > 1) ctx_->world->all_reduce(Tensor(closing.data(), DType::f64, {4}), ReduceOp::sum);
+    std::array<double, 6> closing{local_loss_, squares, static_cast<double>(local_signal != 0), static_cast<double>(replaced.size()), device[3], device[4]};
+    if (ctx_->mesh.world_size() > 1) ctx_->world->all_reduce(Tensor(closing.data(), DType::f64, {6}), ReduceOp::sum);
     const TrainConfig& t = config_.train;
     s.loss = closing[0] / static_cast<double>(t.grad_accum * ctx_->mesh.dp() * ctx_->mesh.cp());
     s.grad_norm = std::sqrt(closing[1]);
     agreed_stop_signal_ = closing[2] > 0 ? agreed_stop_signal(local_signal) : 0;
     if (closing[3] > 0) report_replaced_samples(s, replaced);
+    if (config_.train.precision == Precision::fp8) s.fp8 = true, s.fp8_saturated = closing[4], s.fp8_flushed = closing[5];
 }
 
 // Rare (a corrupt block met): one reduction for the longest list, one all-gather of every

@@ -1,6 +1,7 @@
 // train.precision = "fp8" on the CPU's exact emulation: a tiny model learns with its blocks'
 // linears in FP8 (current and delayed scaling, GPT-2 and Llama) and stays within 1% of the f32
 // run step by step; with every layer left to the compute dtype it is the f32 run bit for bit.
+// The step records carry the casts' saturated and flushed counts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,4 +78,35 @@ TEST(Fp8Training, EveryLayerLeftToTheComputeDtype_IsTheF32RunBitwise) {
     const TrainResult f32 = train_quietly(tiny_run("gpt2", {"model.n_layers=2", "train.steps=4"}));
     const TrainResult fp8 = train_quietly(tiny_run("gpt2", {"model.n_layers=2", "train.steps=4", "train.precision=\"fp8\""}));
     test::expect_bitwise_identical(fp8, f32);
+}
+
+// The FP8 casts' overflow and underflow counts, in every step record of an FP8 run and of no
+// other: current scaling scales each tensor to its own amax and so never leaves the format's
+// range; the delayed recipe with a one-step history ("most_recent") scales from the step
+// before, and a tensor whose amax grew by more than the rounding's margin (464 / 448 for
+// e4m3) since then saturates. Both flush small gradient values to zero.
+TEST(Fp8Training, CastCounts_CurrentScalingNeverSaturatesAndDelayedScalingDoesWhenAmaxesGrow) {
+    const auto eight_steps = [](Config config) {
+        config.train.steps = 8;
+        return train_quietly(config);
+    };
+    const TrainResult current = eight_steps(tiny_run("gpt2", kEveryLayerFp8));
+    const TrainResult delayed =
+        eight_steps(tiny_run("gpt2", with(with(with(kEveryLayerFp8, "fp8.recipe=\"delayed\""), "fp8.amax_history_len=1"), "fp8.amax_compute=\"most_recent\"")));
+    const TrainResult plain = eight_steps(tiny_run("gpt2", {}));
+    double current_flushed = 0, delayed_saturated = 0;
+    for (const StepRecord& s : current.steps) {
+        EXPECT_TRUE(s.fp8) << "step " << s.step;
+        EXPECT_EQ(s.fp8_saturated, 0) << "step " << s.step;
+        current_flushed += s.fp8_flushed;
+    }
+    for (const StepRecord& s : delayed.steps) {
+        EXPECT_TRUE(s.fp8) << "step " << s.step;
+        EXPECT_EQ(s.fp8_saturated, std::floor(s.fp8_saturated));
+        delayed_saturated += s.fp8_saturated;
+    }
+    EXPECT_EQ(delayed.steps.front().fp8_saturated, 0) << "the first step scales every tensor from its own amax";
+    EXPECT_GT(delayed_saturated, 0);
+    EXPECT_GT(current_flushed, 0);
+    for (const StepRecord& s : plain.steps) EXPECT_FALSE(s.fp8);
 }

@@ -48,6 +48,36 @@ TEST_F(CudaFp8, CastOfBf16_GivesTheCpusBytesInBothLayoutsAndItsAmax) {
     }
 }
 
+// The saturated and flushed counts: added to what the counts held, equal to the CPU's, over
+// many tiles (each block adds its sums once) and twice over (the sums are integers: exact in
+// any order of the blocks' atomic adds).
+TEST_F(CudaFp8, CastCounts_EqualTheCpusOverManyTilesAndAddUp) {
+    for (const auto& [rows, cols, format] : {std::tuple{97, 130, DType::e4m3}, {64, 64, DType::e5m2}}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " " << dtype_name(format));
+        OwnedTensor x = random_input(DType::f32, {rows, cols}, 5 + rows, -1, 1);
+        float* v = x.data<float>();
+        for (int64_t i = 0; i < rows * cols; i += 7) v[i] *= 1e-6f;  // flushed at this scale
+        for (int64_t i = 3; i < rows * cols; i += 11) v[i] *= 1e5f;  // saturated
+        const float s = format == DType::e4m3 ? 16.0f : 1.0f;
+        OwnedTensor out(format, {rows, cols}), counts(DType::f64, {2});
+        counts.data<double>()[0] = counts.data<double>()[1] = 0;
+        const OwnedTensor scale = host_scalar(s);
+        cpu().fp8_cast({.out = out, .x = x, .scale = scale, .counts = counts});
+        cpu().fp8_cast({.out = out, .x = x, .scale = scale, .counts = counts});
+        EXPECT_GT(counts.data<double>()[0], 0);
+        EXPECT_GT(counts.data<double>()[1], 0);
+
+        const OwnedTensor gx = to_device(gpu(), x, DType::f32), g_out = device_tensor(gpu(), format, {rows, cols}), g_scale = device_scalar(s);
+        const OwnedTensor g_counts = device_tensor(gpu(), DType::f64, {2});
+        gpu().fill_zero(g_counts);
+        gpu().fp8_cast({.out = g_out, .x = gx, .scale = g_scale, .counts = g_counts});
+        gpu().fp8_cast({.out = g_out, .x = gx, .scale = g_scale, .counts = g_counts});
+        const std::vector<double> got = download(gpu(), g_counts);
+        EXPECT_EQ(got[0], counts.data<double>()[0]);
+        EXPECT_EQ(got[1], counts.data<double>()[1]);
+    }
+}
+
 TEST_F(CudaFp8, CastRoundsHalfwayValuesToEvenAndSaturatesLikeTheConverter) {
     // Halfway cases, subnormals, values beyond the format: each pattern exactly as core/fp8.h.
     const std::vector<float> values = {1.0625f, 1.1875f, -1.0625f, std::ldexp(1.0f, -10), 3 * std::ldexp(1.0f, -10), 500.0f, -1e9f, 447.0f, 0.0f, -0.0f};

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -59,6 +60,27 @@ TEST_F(CpuFp8, Cast_SaturatesBeyondTheFormat_AndANanInputMakesTheAmaxNan) {
     EXPECT_EQ(fp8_to_float(bytes(out)[1], Fp8Format::e5m2), -57344.0f);
     EXPECT_TRUE(std::isnan(fp8_to_float(bytes(out)[2], Fp8Format::e5m2)));
     EXPECT_TRUE(std::isnan(value_of(amax)));
+}
+
+// Saturated: where rounding leaves e4m3's range, above 464 (the tie between 448 and 480 rounds
+// to 448; 449 rounds to 448: no overflow); an infinity is, NaN is not. Flushed: below half the
+// smallest subnormal 2^-9 (x = 0 is not). The counts add up over casts.
+TEST_F(CpuFp8, Cast_CountsTheValuesItSaturatesAndFlushesToZero_AndAddsToTheCounts) {
+    const std::vector<float> values = {465.0f, -1e9f, INFINITY, 464.0f, 449.0f, NAN, std::ldexp(1.0f, -11), -std::ldexp(1.0f, -11), std::ldexp(1.0f, -9), 0.0f, 1.0f};
+    OwnedTensor x(DType::f32, {1, static_cast<int64_t>(values.size())});
+    std::copy(values.begin(), values.end(), x.view().data<float>());
+    OwnedTensor out(DType::e4m3, {1, static_cast<int64_t>(values.size())}), counts(DType::f64, {2});
+    counts.view().data<double>()[0] = 10, counts.view().data<double>()[1] = 20;
+    const OwnedTensor scale = scalar(1.0f);
+    cpu_->fp8_cast({.out = out, .x = x, .scale = scale, .counts = counts});
+    EXPECT_EQ(counts.view().data<double>()[0], 10 + 3);  // 465, -1e9, inf
+    EXPECT_EQ(counts.view().data<double>()[1], 20 + 2);  // +-2^-11 (2^-10, the halfway point, would round to even: zero too)
+    // The same values at half the scale: 465 no longer saturates; 2^-9 becomes 2^-10, halfway
+    // to the smallest subnormal, and rounds to even: zero.
+    const OwnedTensor half = scalar(0.5f);
+    cpu_->fp8_cast({.out = out, .x = x, .scale = half, .counts = counts});
+    EXPECT_EQ(counts.view().data<double>()[0], 13 + 2);
+    EXPECT_EQ(counts.view().data<double>()[1], 22 + 3);
 }
 
 TEST_F(CpuFp8, UpdateScale_FollowsTheAmaxAndKeepsTheScaleWithoutOne) {

@@ -68,17 +68,27 @@ void CpuBackend::fp8_cast(const Fp8Cast& a) {
     const float scale = *a.scale.data<float>();
     auto* out = static_cast<uint8_t*>(a.out.raw());
     auto* out_t = a.out_t.empty() ? nullptr : static_cast<uint8_t*>(a.out_t.raw());
+    const bool e4m3 = format == Fp8Format::e4m3;
+    int64_t saturated = 0, flushed = 0;
     cpu::dispatch_float(timer.name(), "x", a.x, [&]<class T>() {
         const T* x = a.x.data<T>();
         // x * scale in f32, as the kernel multiplies (an f64 reference rounds to f32 first).
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t c = 0; c < cols; ++c) {
-                const uint8_t q = float_to_fp8(static_cast<float>(x[r * cols + c]) * scale, format);
+                const float v = static_cast<float>(x[r * cols + c]), scaled = v * scale;
+                const uint8_t q = float_to_fp8(scaled, format);
                 out[r * cols + c] = q;
                 if (out_t) out_t[c * rows + r] = q;
+                const float a = std::abs(scaled);
+                saturated += e4m3 ? a > 464.0f : a >= 61440.0f;  // rounding would leave the range (backend.h)
+                flushed += v != 0 && (q & 0x7f) == 0;
             }
         if (!a.amax.empty()) *a.amax.data<float>() = amax_of(x, rows * cols);
     });
+    if (!a.counts.empty()) {
+        a.counts.data<double>()[0] += static_cast<double>(saturated);
+        a.counts.data<double>()[1] += static_cast<double>(flushed);
+    }
 }
 
 void CpuBackend::matmul_fp8(const MatmulFp8& a) {

@@ -346,6 +346,7 @@ void CudaBackend::fp8_cast(const Fp8Cast& a) {
     k.out = ptr<uint8_t>(a.out);
     k.out_t = static_cast<uint8_t*>(ptr_or_null(a.out_t));
     k.amax = f32_or_null(a.amax);
+    k.counts = static_cast<double*>(ptr_or_null(a.counts));
     k.x = a.x.raw();
     k.source = fp8_source(op, a.x);
     k.scale = ptr<float>(a.scale);
