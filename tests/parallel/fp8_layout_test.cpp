@@ -65,6 +65,14 @@ PARALLEL_TEST(Fp8Layouts, Gpt2TensorTimesDataParallelZero1DelayedScaling_Matches
     expect_fp8_layout_matches_single_process("gpt2", "delayed", {"parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=1"});
 }
 
+PARALLEL_TEST(Fp8Layouts, LlamaTensorTimesDataParallelZero3CurrentScaling_MatchesSingleProcess, 4) {
+    expect_fp8_layout_matches_single_process("llama", "current", {"parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=3"});
+}
+
+PARALLEL_TEST(Fp8Layouts, Gpt2TensorTimesDataParallelZero3DelayedScaling_MatchesSingleProcess, 4) {
+    expect_fp8_layout_matches_single_process("gpt2", "delayed", {"parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=3"});
+}
+
 PARALLEL_TEST(Fp8Layouts, LlamaPipelineAndContextParallelCurrentScaling_MatchesSingleProcess, 4) {
     expect_fp8_layout_matches_single_process("llama", "current", {"parallel.pp=2", "parallel.cp=2"});
 }
