@@ -88,7 +88,7 @@ void attention_lse(const Tensor& lse, const Tensor& qkv, const AttentionShape& s
 
 class StandInCudaBackend final : public Backend {
 public:
-    StandInCudaBackend() : cpu_(make_cpu_backend(1)) {}
+    explicit StandInCudaBackend(int cpu_threads) : cpu_(make_cpu_backend(cpu_threads)) {}
     std::string name() const override { return "stand-in cuda (CPU)"; }
     Device device() const override { return Device::cuda; }
     Memory allocate(size_t bytes) override { return allocate_host_memory(bytes); }
@@ -183,12 +183,15 @@ public:
         cpu_->fp8_update_scale({.scale = host_view(a.scale), .scale_inv = host_view(a.scale_inv), .amax = host_view(a.amax), .format = a.format, .margin = a.margin});
     }
     void fp8_cast(const Fp8Cast& a) override {
-        cpu_->fp8_cast({.out = host_view(a.out), .out_t = host_view(a.out_t), .x = widened(a.x), .scale = host_view(a.scale), .amax = host_view(a.amax)});
+        cpu_->fp8_cast({.out = host_view(a.out), .out_t = host_view(a.out_t), .x = widened(a.x), .scale = host_view(a.scale), .amax = host_view(a.amax),
+                        .counts = host_view(a.counts)});
     }
     void matmul_fp8(const MatmulFp8& a) override {
-        const OwnedTensor result = widened(a.out);
+        // The bias is added to the f32 product before the output's rounding, as cuBLASLt's epilogue does.
+        const OwnedTensor result = widened(a.out), bias = widened(a.bias);
         cpu_->matmul_fp8({.out = result, .a = host_view(a.a), .a_scale_inv = host_view(a.a_scale_inv), .b = host_view(a.b),
-                          .b_scale_inv = host_view(a.b_scale_inv), .accumulate = a.accumulate, .fast_accumulate = a.fast_accumulate});
+                          .b_scale_inv = host_view(a.b_scale_inv), .bias = view_or_empty(bias, a.bias), .accumulate = a.accumulate,
+                          .fast_accumulate = a.fast_accumulate});
         store(a.out, result);
     }
     void matmul_bwd(const MatmulBwd& a) override {
@@ -451,6 +454,6 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_stand_in_cuda_backend() { return std::make_unique<StandInCudaBackend>(); }
+std::unique_ptr<Backend> make_stand_in_cuda_backend(int cpu_threads) { return std::make_unique<StandInCudaBackend>(cpu_threads); }
 
 }  // namespace llmtrain::test

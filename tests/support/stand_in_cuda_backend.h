@@ -17,6 +17,7 @@
 
 namespace llmtrain::test {
 
-std::unique_ptr<Backend> make_stand_in_cuda_backend();
+// cpu_threads: the CPU reference's threads (<= 0: every core); its results do not depend on them.
+std::unique_ptr<Backend> make_stand_in_cuda_backend(int cpu_threads = 1);
 
 }  // namespace llmtrain::test
