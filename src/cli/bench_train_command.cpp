@@ -72,13 +72,16 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
     const DeviceShare share = device_share(config, mesh, cluster);
     const double peak = cluster.peak_tflops * 1e12 * share.pipeline, bandwidth = cluster.memory_bandwidth_gbps * 1e9;
-    const double total = profile.total_seconds(), gemm = profile.gemm_seconds();
+    // FP8 linears (train.precision = "fp8"): their GEMMs apart from the compute dtype's, their
+    // casts with the other memory-bound ops.
+    const double fp8 = profile.seconds[static_cast<size_t>(Op::matmul_fp8)];
+    const double total = profile.total_seconds(), gemm = profile.gemm_seconds() - fp8;
     const double attention = profile.seconds[static_cast<size_t>(Op::attention_fwd)] + profile.seconds[static_cast<size_t>(Op::attention_bwd)];
     const double update = profile.seconds[static_cast<size_t>(Op::adamw)];
     // The passes over every gradient: zeroing them and the norm's sum of squares.
     const double passes = profile.seconds[static_cast<size_t>(Op::fill_zero)] + profile.seconds[static_cast<size_t>(Op::sum_squares)] +
                           profile.seconds[static_cast<size_t>(Op::accumulate_sum_squares)];
-    const double rest = total - gemm - attention - update - passes;
+    const double rest = total - gemm - fp8 - attention - update - passes;
     if (total <= 0 || gemm <= 0 || attention <= 0 || update <= 0 || passes <= 0 || rest <= 0)
         fail(ErrorKind::runtime, "bench: the profiled step timed no GEMM, attention, AdamW, gradient pass or other op; cannot calibrate");
     ComputeCalibration c;
@@ -88,11 +91,16 @@ ComputeCalibration calibrate(const Config& config, const Mesh& mesh, const Clust
     // The micro-batches' memory-bound ops run at the pipeline's share of the core; AdamW's
     // update and the passes over every gradient (zeroing, the norm) at the step end's, each
     // measured on its own.
-    c.memory_efficiency = m * work.memory_bytes / share.pipeline / (step_seconds * rest / total * bandwidth);
+    c.memory_efficiency = (m * (work.memory_bytes + work.fp8_cast_bytes) + work.fp8_weight_cast_bytes) / share.pipeline / (step_seconds * rest / total * bandwidth);
+    if (fp8 > 0 && cluster.fp8_peak_tflops > 0)
+        c.fp8_gemm_efficiency = m * work.total_fp8_gemm_flops() / (step_seconds * fp8 / total * cluster.fp8_peak_tflops * 1e12 * share.pipeline);
     c.optimizer_efficiency = work.update_bytes / share.step_end / (step_seconds * update / total * bandwidth);
     c.gradient_pass_efficiency = work.gradient_pass_bytes / share.step_end / (step_seconds * passes / total * bandwidth);
     // A share of peak above one says the cluster file's peak is below what this device just
     // did: writing it would only make `plan` refuse the calibration later.
+    if (c.fp8_gemm_efficiency > 1)
+        fail(ErrorKind::config, cluster.source_path, ": device.fp8_peak_tflops: ", cluster.fp8_peak_tflops, " TFLOP/s is below what the FP8 GEMMs reached here (",
+             c.fp8_gemm_efficiency, " times it); give the device's true FP8 peak; no calibration written");
     for (const auto& [what, share_of_peak] : {std::pair{"the GEMMs", c.gemm_efficiency}, std::pair{"attention", c.attention_efficiency}})
         if (share_of_peak > 1)
             fail(ErrorKind::config, cluster.source_path, ": device.peak_tflops: ", cluster.peak_tflops, " TFLOP/s is below what ", what, " reached here (",
@@ -200,6 +208,27 @@ void print_top_ops(const OpProfile& profile, int top) {
         std::printf("  %-16s %10.3f %8lld %7.1f%%\n", op_name(static_cast<Op>(order[i])), profile.seconds[op] * 1e3,
                     static_cast<long long>(profile.calls[op]), total > 0 ? 100 * profile.seconds[op] / total : 0.0);
     }
+}
+
+// The GEMMs of the profiled step as TFLOP/s, by the plan's count of this rank's GEMM FLOPs
+// (stage 0's: step_model.h; 2 M N K each): those in the compute dtype and, under FP8, the FP8
+// linears' (Op::matmul_fp8) apart, with their casts' time (amax, scale, cast).
+void print_gemm_rates(const Config& config, const Mesh& mesh, const Backend& backend, DType dtype, const OpProfile& profile) {
+    const StageWork work = stage_work(config, mesh, 0);
+    const double m = static_cast<double>(micro_batches_per_step(config, mesh.dp()));
+    const auto seconds = [&profile](Op op) { return profile.seconds[static_cast<size_t>(op)]; };
+    const double fp8 = seconds(Op::matmul_fp8), compute = profile.gemm_seconds() - fp8;
+    double compute_flops = work.total_gemm_flops();
+    for (const auto& [cls, flops] : work.expert_gemm_flops) compute_flops += flops;
+    const auto rate = [m](double flops, double s) { return s > 0 ? m * flops / s / 1e12 : 0.0; };
+    std::printf("GEMMs: %s %.4g TFLOP/s", dtype_name(dtype), rate(compute_flops, compute));
+    if (config.train.precision == Precision::fp8) {
+        const double casts = seconds(Op::fp8_amax) + seconds(Op::fp8_update_scale) + seconds(Op::fp8_cast);
+        std::printf(", FP8 %.4g TFLOP/s (%lld calls; casts %.3f ms, %.3g GB/s)", rate(work.total_fp8_gemm_flops(), fp8),
+                    static_cast<long long>(profile.calls[static_cast<size_t>(Op::matmul_fp8)]), casts * 1e3,
+                    casts > 0 ? (m * work.fp8_cast_bytes + work.fp8_weight_cast_bytes) / casts / 1e9 : 0.0);
+    }
+    std::printf(" (FLOPs: the plan's count, 2*M*N*K%s)\n", config.train.precision == Precision::fp8 && backend.device() == Device::cpu ? "; FP8 emulated on the CPU" : "");
 }
 
 // Attention's share of the profiled step as TFLOP/s (FlashAttention's convention: forward
@@ -346,7 +375,8 @@ int run_bench_train(const BenchTrainArgs& args) {
     std::printf("%-26s %.3g (%.3g per device)\n", "model TFLOP/s", tflops, per_device);
     std::printf("%-26s 6N + 12*L*H*Q*T = %.3g FLOPs per token (PaLM; N = all parameters)\n", "FLOPs formula", f.flops_per_token);
     if (peak > 0)
-        std::printf("%-26s %.1f%% of %g TFLOP/s dense %s per device\n", "MFU", 100 * per_device / peak, peak, dtype_name(trainer.compute_dtype()));
+        std::printf("%-26s %.1f%% of %g TFLOP/s dense %s per device%s\n", "MFU", 100 * per_device / peak, peak, dtype_name(trainer.compute_dtype()),
+                    config.train.precision == Precision::fp8 ? " (the compute dtype's peak, also under FP8)" : "");
     else std::printf("%-26s n/a (peak of this device unknown: pass --peak-tflops)\n", "MFU");
     print_waits(f, ctx);
     std::printf("%-26s %.1f MB planned on rank 0 (parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f, workspaces %.1f)\n",
@@ -356,6 +386,7 @@ int run_bench_train(const BenchTrainArgs& args) {
     std::printf("%-26s %.1f MB (%s)\n", "peak memory", (device_peak > 0 ? device_peak : peak_host_rss_bytes()) / 1e6,
                 device_peak > 0 ? "device, allocated by this run" : "host resident set");
     print_top_ops(profile, args.top_ops);
+    print_gemm_rates(trainer.config(), ctx.mesh, backend, trainer.compute_dtype(), profile);
     print_attention_rate(trainer.config(), ctx.mesh, backend, trainer.compute_dtype(), profile);
     if (!args.calibration_path.empty()) {
         const ComputeCalibration c = calibrate(trainer.config(), ctx.mesh, load_cluster(args.cluster_path), profile, f.step_seconds);

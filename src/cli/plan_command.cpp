@@ -79,7 +79,11 @@ nlohmann::json time_json(const StepTime& t) {
             {"tokens_per_second_per_device", t.tokens_per_second_per_device},
             {"model_flops_per_token", t.model_flops_per_token},
             {"active_parameters", t.active_parameters},
-            {"mfu", t.mfu}};
+            {"mfu", t.mfu},
+            {"fp8", t.fp8},
+            {"fp8_gemm_seconds", t.fp8_gemm_seconds},
+            {"fp8_cast_seconds", t.fp8_cast_seconds},
+            {"fp8_weight_cast_seconds", t.fp8_weight_cast_seconds}};
 }
 
 nlohmann::json checkpoint_json(const LayoutPlan& p) {
@@ -208,6 +212,11 @@ void print_time(const LayoutPlan& p, const PlanOptions& options) {
     const auto row = [&](const char* name, double seconds) { std::printf("  %-44s %10.2f ms %6.1f%%\n", name, seconds * 1e3, 100 * seconds / t.step_seconds); };
     std::printf("step time (slowest stage %d):\n", t.slowest_stage);
     row("compute (GEMM, attention, memory-bound ops)", t.compute_seconds);
+    if (t.fp8) {
+        row("  of which FP8 GEMMs (the blocks' linears)", t.fp8_gemm_seconds);
+        row("  of which FP8 casts (activations, gradients)", t.fp8_cast_seconds);
+        row("FP8 weight casts (once per step)", t.fp8_weight_cast_seconds);
+    }
     row("tensor-parallel collectives", t.tp_comm_seconds);
     if (p.cp > 1) {
         row("context-parallel ring sends (exposed)", t.cp_comm_seconds);
@@ -223,7 +232,8 @@ void print_time(const LayoutPlan& p, const PlanOptions& options) {
     std::printf("%-46s %.0f\n", "tokens per step", t.tokens_per_step);
     std::printf("%-46s %.0f\n", "tokens/s per device", t.tokens_per_second_per_device);
     const std::string n = p.config.model.moe.enabled() ? cat(", N = ", count_text(t.active_parameters), " active parameters") : "";
-    std::printf("%-46s %.1f%% (PaLM: 6N + 12*L*H*Q*T%s = %.3g FLOPs per token)\n", "MFU", 100 * t.mfu, n.c_str(), t.model_flops_per_token);
+    const std::string of_peak = t.fp8 ? cat("of the ", dtype_name(compute_dtype(p.config.train)), " peak; ") : "";
+    std::printf("%-46s %.1f%% (%sPaLM: 6N + 12*L*H*Q*T%s = %.3g FLOPs per token)\n", "MFU", 100 * t.mfu, of_peak.c_str(), n.c_str(), t.model_flops_per_token);
     std::printf("%-46s %.3g tokens: %.2f days", "budget", p.tokens, p.days);
     if (options.gpu_hour_usd > 0) std::printf(", $%.0f at $%.2f per device-hour", p.cost_usd, options.gpu_hour_usd);
     std::printf("\n");
@@ -365,6 +375,8 @@ void print_search(const LayoutSearch& search, int top) {
     std::printf("search: %d layouts considered (%d cannot exist), %zu fit; global batch %.0f sequences\n", search.considered, search.invalid,
                 search.ranked.size(), search.global_batch);
     std::printf("  %-4s %-72s %10s %7s %9s %10s\n", "#", "layout", "tokens/s", "MFU", "step ms", "memory GB");
+    if (!search.ranked.empty() && search.ranked.front().time.fp8)
+        std::printf("  (FP8: MFU of the %s peak)\n", dtype_name(compute_dtype(search.ranked.front().config.train)));
     for (size_t i = 0; i < search.ranked.size() && static_cast<int>(i) < top; ++i) {
         const LayoutPlan& p = search.ranked[i];
         std::printf("  %-4zu %-72s %10.0f %6.1f%% %9.1f %10.2f%s\n", i + 1, layout_name(p).c_str(), p.time.tokens_per_second_per_device, 100 * p.time.mfu,

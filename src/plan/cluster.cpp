@@ -217,6 +217,11 @@ void apply_calibration(Cluster& cluster, const std::string& path) {
     cluster.efficiency.gradient_pass = keys.optional_number("compute.gradient_pass_efficiency",
                                                             "measured share of the memory bandwidth zeroing the gradients and reading their norm reach", 0, 4,
                                                             cluster.efficiency.gradient_pass);
+    if (keys.find("compute.fp8_gemm_efficiency")) {
+        if (cluster.fp8_peak_tflops <= 0)
+            fail(ErrorKind::config, path, ": compute.fp8_gemm_efficiency: the cluster (", cluster.source_path, ") has no device.fp8_peak_tflops to take a share of");
+        cluster.efficiency.fp8_gemm = keys.number("compute.fp8_gemm_efficiency", "measured share of device.fp8_peak_tflops", 0, 1);
+    }
     read_link_calibration(keys, "collectives.intra_node", cluster.intra_node);
     read_link_calibration(keys, "collectives.inter_node", cluster.inter_node);
     cluster.calibration_path = path;
@@ -234,6 +239,19 @@ double device_peak_tflops(const Keys& keys, ClusterKind kind) {
     if (text != "auto" || kind != ClusterKind::cpu)
         fail(ErrorKind::config, keys.path(), ": device.peak_tflops: \"", text, "\" (expected a number (", meaning, "), or \"auto\" on a kind = \"cpu\" cluster)");
     return measured_core_fp32_peak_tflops();
+}
+
+// device.fp8_peak_tflops and efficiency.fp8_gemm, both or neither: a GPU with FP8 tensor
+// cores. A CPU cluster has neither (the reference emulates FP8: no faster than f32).
+void read_fp8(const Keys& keys, Cluster& c) {
+    const bool peak = keys.find("device.fp8_peak_tflops") != nullptr, efficiency = keys.find("efficiency.fp8_gemm") != nullptr;
+    if (!peak && !efficiency) return;
+    if (c.kind == ClusterKind::cpu)
+        fail(ErrorKind::config, keys.path(), ": ", peak ? "device.fp8_peak_tflops" : "efficiency.fp8_gemm",
+             ": not on a kind = \"cpu\" cluster (the CPU emulates FP8: decode, then f32 GEMMs at device.peak_tflops)");
+    if (!efficiency) fail(ErrorKind::config, keys.path(), ": efficiency.fp8_gemm: missing (share of device.fp8_peak_tflops the FP8 GEMMs reach; device.fp8_peak_tflops is given)");
+    c.fp8_peak_tflops = keys.number("device.fp8_peak_tflops", "dense FP8 tensor-core peak per device, TFLOP/s", 0, 1e6);
+    c.efficiency.fp8_gemm = keys.number("efficiency.fp8_gemm", "share of device.fp8_peak_tflops the FP8 GEMMs reach", 0, 1);
 }
 
 }  // namespace
@@ -254,6 +272,7 @@ Cluster load_cluster(const std::string& path) {
     c.host_memory_gb = keys.optional_number("node.host_memory_gb", "host memory per node, GB", 0, 1e9, 0);
     c.device_name = keys.text("device.name", "the device's name");
     c.peak_tflops = device_peak_tflops(keys, c.kind);
+    read_fp8(keys, c);
     c.memory_gb = keys.number("device.memory_gb", "memory per device, GB", 0, 1e6);
     c.memory_bandwidth_gbps = keys.number("device.memory_bandwidth_gbps", "memory bandwidth per device, GB/s", 0, 1e7);
     c.reserved_gb = keys.number("device.reserved_gb", "memory the runtime and communication buffers take per device, GB", -1, 1e6);
@@ -292,6 +311,7 @@ void write_calibration(const std::string& path, const ComputeCalibration& comput
     section.insert_or_assign("memory_efficiency", compute.memory_efficiency);
     if (compute.optimizer_efficiency > 0) section.insert_or_assign("optimizer_efficiency", compute.optimizer_efficiency);
     if (compute.gradient_pass_efficiency > 0) section.insert_or_assign("gradient_pass_efficiency", compute.gradient_pass_efficiency);
+    if (compute.fp8_gemm_efficiency > 0) section.insert_or_assign("fp8_gemm_efficiency", compute.fp8_gemm_efficiency);
     write_toml(path, root);
 }
 

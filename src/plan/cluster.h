@@ -12,12 +12,15 @@
 //   [device]  name, peak_tflops (dense, in the compute dtype: bf16 on GPUs, f32 on the CPU;
 //             on a cpu cluster "auto": one core of the machine reading the file, measured),
 //             memory_gb, memory_bandwidth_gbps, reserved_gb (runtime context and
-//             communication buffers, outside what the run allocates)
+//             communication buffers, outside what the run allocates); fp8_peak_tflops
+//             (optional, GPUs only: the dense FP8 tensor-core peak; missing: the device has
+//             none, and the plan refuses train.precision = "fp8" on it as the run does)
 //   [network] intra_node_gbps, intra_node_latency_us, inter_node_gbps, inter_node_latency_us
 //             (bandwidth per device and direction, as nccl-tests' bus bandwidth)
 //   [efficiency] gemm, attention, memory: the shares of peak (memory: of the bandwidth)
 //             assumed where nothing was measured; ring_attention (optional, default
-//             attention): context parallelism's attention blocks
+//             attention): context parallelism's attention blocks; fp8_gemm (with
+//             device.fp8_peak_tflops, required by it): the FP8 GEMMs' share of the FP8 peak
 //   [storage] optional, the shared file system checkpoints go to: write_gbps, read_gbps
 //             (aggregate over the cluster), node_write_gbps, node_read_gbps (one node's
 //             link to it), host_copy_gbps (per device: the copy of its state into host
@@ -25,7 +28,7 @@
 //   calibration = "FILE.toml"      optional, relative to this file: measured figures that
 //                                  replace the assumed ones (the same tables as below)
 // A calibration file holds [compute] (gemm_efficiency.<shape class>, attention_efficiency,
-// memory_efficiency) and [collectives.intra_node] / [collectives.inter_node]
+// memory_efficiency, fp8_gemm_efficiency where FP8 GEMMs were measured) and [collectives.intra_node] / [collectives.inter_node]
 // (all_reduce_busbw_gbps, reduce_scatter_busbw_gbps, all_gather_busbw_gbps, latency_us, and
 // the ranks that measured them: the fewest measured), with every measurement also under
 // its number of ranks ([collectives.intra_node.ranks_4]).
@@ -88,6 +91,7 @@ struct ComputeEfficiency {
     // their own on the fp32 cores, not the flash kernels' tensor cores. 0: as `attention`.
     double ring_attention = 0;
     double memory = 0;
+    double fp8_gemm = 0;   // the FP8 GEMMs' share of Cluster::fp8_peak_tflops (0: no FP8 tensor cores)
     double optimizer = 0;  // AdamW's update, a share of the memory bandwidth; 0: as `memory`
     double gradient_pass = 0;  // zeroing the gradients and reading their norm (plain streams); 0: as `memory`
     double gemm_for(GemmClass c) const;
@@ -118,6 +122,9 @@ struct Cluster {
     int nodes = 0;
     std::string device_name;
     double peak_tflops = 0;
+    // Dense FP8 (e4m3 / e5m2 operands) per device; 0: no FP8 tensor cores (on a CPU cluster
+    // always 0: the reference emulates FP8 by decoding into f32 GEMMs, no faster than f32).
+    double fp8_peak_tflops = 0;
     double memory_gb = 0;
     double memory_bandwidth_gbps = 0;
     double reserved_gb = 0;
@@ -140,6 +147,7 @@ void apply_calibration(Cluster& cluster, const std::string& path);
 struct ComputeCalibration {
     GemmClass gemm_class = GemmClass::medium;
     double gemm_efficiency = 0, attention_efficiency = 0, memory_efficiency = 0, optimizer_efficiency = 0, gradient_pass_efficiency = 0;
+    double fp8_gemm_efficiency = 0;  // of device.fp8_peak_tflops, where FP8 GEMMs ran (0: none)
 };
 struct CollectiveCalibration {
     bool inter_node = false;

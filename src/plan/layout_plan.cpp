@@ -165,6 +165,7 @@ Config config_of(const Config& base, const Candidate& k, int64_t global_batch) {
 
 LayoutSearch search_layouts(const Config& config, const Cluster& cluster, int devices, const PlanOptions& options, double parameters) {
     LayoutSearch search;
+    require_fp8_tensor_cores(config, cluster);  // else every layout would be counted as one the model cannot take
     const int64_t batch = global_batch(config, devices);
     search.global_batch = static_cast<double>(batch);
     std::vector<LayoutPlan> unfit;

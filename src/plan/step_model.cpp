@@ -20,6 +20,10 @@ struct Shapes {
     double t, compute_bytes, master_bytes, reduce_bytes;  // reduce_bytes: per element of the dp gradient collectives
     bool sequence_parallel, tp_overlap, llama;
     Recompute recompute;
+    // train.precision = "fp8": the layers [fp8_first, fp8_end) run their linears in FP8
+    // (Transformer::plan_fp8); current scaling reads each activation and gradient once more for its amax.
+    bool fp8, fp8_current;
+    int64_t fp8_first, fp8_end;
     // A MoE layer (moe_plan.h): its tokens on this rank (1/tp under sequence parallelism, else
     // all of them on every tp rank), the permuted rows its experts run (planned_routed_rows),
     // the experts, those this rank holds (n_experts / ep), each one's width.
@@ -50,6 +54,10 @@ Shapes shapes_of(const Config& config, const Mesh& mesh) {
     x.sequence_parallel = config.parallel.sequence_parallel && mesh.tp() > 1;
     x.tp_overlap = x.sequence_parallel && config.parallel.tp_overlap;
     x.recompute = config.train.recompute;
+    x.fp8 = config.train.precision == Precision::fp8;
+    x.fp8_current = config.fp8.recipe == Fp8Recipe::current;
+    x.fp8_first = config.fp8.bf16_first_layers;
+    x.fp8_end = m.n_layers - config.fp8.bf16_last_layers;
     const MoeConfig& moe = m.moe;
     x.moe_tokens = x.sequence_parallel ? x.n / x.t : x.n;
     x.routed_rows = moe.enabled() ? static_cast<double>(planned_routed_rows(moe, static_cast<int64_t>(x.moe_tokens))) : 0;
@@ -65,24 +73,34 @@ Shapes shapes_of(const Config& config, const Mesh& mesh) {
 // recomputation, the forward again.
 double gemm_passes(Recompute recompute) { return recompute == Recompute::full ? 4 : 3; }
 
-void add_gemm(StageWork& w, double m, double k, double n, double passes) { w.gemm_flops[gemm_class(m, n, k)] += 2 * m * k * n * passes; }
+void add_gemm(std::map<GemmClass, double>& flops, double m, double k, double n, double passes) { flops[gemm_class(m, n, k)] += 2 * m * k * n * passes; }
+
+// A linear of the blocks: in the compute dtype, or in FP8 with its casts.
+void add_linear(StageWork& w, const Shapes& x, double k, double n, double passes, bool fp8) {
+    if (!fp8) return add_gemm(w.gemm_flops, x.n, k, n, passes);
+    add_gemm(w.fp8_gemm_flops, x.n, k, n, passes);
+    const Fp8CastBytes casts = fp8_cast_bytes_of(x.n, k, n, x.compute_bytes, x.fp8_current, x.recompute == Recompute::full ? 2 : 1);
+    w.fp8_cast_bytes += casts.per_micro_batch;
+    w.fp8_weight_cast_bytes += casts.per_step;
+}
 
 // One layer's GEMMs on one tp rank: QKV and MLP-up column-parallel, out and down row-parallel.
 // A MoE layer has the attention's, the router's (the layer's tokens by n_experts, fp32 out)
 // and its local experts': one GEMM per expert and projection (gate|up, down) on the rows
 // routed to it, the balanced load (routed rows / local experts) or a capacity's rows, each a
 // call of its own (StageWork::expert_gemm_calls: forward one, backward two, a full
-// recomputation's forward one more).
-void add_layer_gemms(StageWork& w, const Shapes& x, bool moe) {
+// recomputation's forward one more). Under FP8 (fp8 = true) the linears FP8 runs: QKV, out
+// and a dense MLP's; a MoE layer's router and experts stay in the compute dtype.
+void add_layer_gemms(StageWork& w, const Shapes& x, bool moe, bool fp8) {
     const double passes = gemm_passes(x.recompute);
-    add_gemm(w, x.n, x.d, (x.h + 2 * x.kv) * x.hd / x.t, passes);
-    add_gemm(w, x.n, x.h * x.hd / x.t, x.d, passes);
+    add_linear(w, x, x.d, (x.h + 2 * x.kv) * x.hd / x.t, passes, fp8);
+    add_linear(w, x, x.h * x.hd / x.t, x.d, passes, fp8);
     if (!moe) {
-        add_gemm(w, x.n, x.d, x.up / x.t, passes);
-        add_gemm(w, x.n, x.f / x.t, x.d, passes);
+        add_linear(w, x, x.d, x.up / x.t, passes, fp8);
+        add_linear(w, x, x.f / x.t, x.d, passes, fp8);
         return;
     }
-    add_gemm(w, x.moe_tokens, x.d, x.experts, passes);
+    add_gemm(w.gemm_flops, x.moe_tokens, x.d, x.experts, passes);
     const double rows = x.routed_rows / x.local_experts;
     w.expert_gemm_flops[gemm_class(rows, 2 * x.f_expert, x.d)] += 2 * x.routed_rows * x.d * 2 * x.f_expert * passes;
     w.expert_gemm_flops[gemm_class(rows, x.d, x.f_expert)] += 2 * x.routed_rows * x.f_expert * x.d * passes;
@@ -197,6 +215,15 @@ void add_layer_ring_sends(std::vector<RingSend>& sends, const Shapes& x, double 
 
 int first_rank_of_stage(const Mesh& mesh, int stage) { return mesh.world_rank({{mesh_dim::pp, stage}}); }
 
+// The global layers a stage holds, chunk by chunk (ModelPartition).
+std::vector<int64_t> held_layers(const ModelConfig& model, const ModelPartition& part) {
+    const int64_t last = part.last_layer < 0 ? model.n_layers : part.last_layer;
+    std::vector<int64_t> layers;
+    for (int64_t c = 0; c < part.chunks; ++c)
+        for (int64_t layer = part.first_layer; layer < last; ++layer) layers.push_back(layer + c * part.chunk_stride);
+    return layers;
+}
+
 // A GPU node holds one rank per device; a CPU node holds the job's ranks spread evenly over
 // the nodes, however many cores it has (ranks beyond the cores share them).
 int ranks_per_node(const Mesh& mesh, const Cluster& cluster) {
@@ -254,6 +281,17 @@ double StageWork::total_gemm_flops() const {
     return total;
 }
 
+double StageWork::total_fp8_gemm_flops() const {
+    double total = 0;
+    for (const auto& [c, flops] : fp8_gemm_flops) total += flops;
+    return total;
+}
+
+Fp8CastBytes fp8_cast_bytes_of(double m, double k, double n, double compute_bytes, bool current_scaling, double forwards) {
+    const double reads = (current_scaling ? 2 : 1) * compute_bytes;
+    return {.per_micro_batch = forwards * (reads + 1) * m * k + (reads + 2) * m * k + (reads + 2) * m * n, .per_step = (2 * compute_bytes + 2) * n * k};
+}
+
 StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
     const Shapes x = shapes_of(config, mesh);
     const std::vector<int64_t> per_stage = parse_stage_layers(config.parallel.stage_layers, mesh.pp(), config.model.n_layers);
@@ -261,7 +299,9 @@ StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
     const double moe_layers = static_cast<double>(moe_layers_in(config.model, stage_partition(config, mesh, first_rank_of_stage(mesh, stage))));
     const double dense_layers = layers - moe_layers;
     StageWork w;
-    for (int64_t l = 0; l < per_stage[static_cast<size_t>(stage)]; ++l) add_layer_gemms(w, x, l < moe_layers);
+    // (parallel.tp_overlap, whose collectives hide behind the GEMMs, is refused with FP8.)
+    for (const int64_t layer : held_layers(config.model, stage_partition(config, mesh, first_rank_of_stage(mesh, stage))))
+        add_layer_gemms(w, x, config.model.moe.is_moe_layer(layer), x.fp8 && layer >= x.fp8_first && layer < x.fp8_end);
     w.attention_flops = layers * layer_attention_flops(x);
     w.memory_bytes = dense_layers * layer_memory_bytes(x, false) + moe_layers * layer_memory_bytes(x, true);
     add_layer_collectives(w.tp_collectives, x, dense_layers, false);
@@ -275,7 +315,7 @@ StageWork stage_work(const Config& config, const Mesh& mesh, int stage) {
         if (x.t > 1) w.tp_collectives.push_back({x.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce, x.n * x.d * x.compute_bytes, 1});
     }
     if (stage == mesh.pp() - 1) {
-        add_gemm(w, x.n, x.d, x.vocab / x.t, 3);
+        add_gemm(w.gemm_flops, x.n, x.d, x.vocab / x.t, 3);
         // The final norm, then the fused cross-entropy: logits read twice, their gradient written.
         w.memory_bytes += 3 * 2 * rows * x.d * x.compute_bytes + 3 * x.n * (x.vocab / x.t) * x.compute_bytes;
         if (x.t > 1) w.tp_collectives.push_back({Collective::all_reduce, x.n * 4, 3});  // row max, sum of exponentials, target logit
@@ -347,6 +387,8 @@ struct StageTime {
     double dp_micro = 0;  // ZeRO-2/3: data-parallel collectives of each micro-batch, exposed
     double ep = 0, host_sync = 0, host_syncs = 0;  // a micro-batch's all-to-alls and host synchronizations (seconds, count)
     double tp_step = 0;            // per step: the MoE gradients' sum over tp
+    double fp8_gemm = 0, fp8_cast = 0;  // of compute: the FP8 GEMMs and casts of a micro-batch
+    double fp8_weights = 0;             // per step: the weights' FP8 casts
     bool ep_intra_node = true;
     double micro_batch() const { return compute + tp + cp + pp + dp_micro + ep + host_sync; }
 };
@@ -354,8 +396,18 @@ struct StageTime {
 // Attention's share of peak: under context parallelism every block runs on the ring's kernels.
 double attention_efficiency(const Cluster& c, const Mesh& mesh) { return mesh.cp() > 1 ? c.efficiency.ring_attention_or_attention() : c.efficiency.attention; }
 
+// The FP8 GEMMs' time: at the FP8 peak x efficiency.fp8_gemm on a GPU (peak: the compute
+// dtype's, at this rank's share of the device); on a CPU, which emulates FP8 by decoding into
+// f32 GEMMs, as the compute dtype's.
+double fp8_gemm_seconds(const StageWork& w, const Cluster& c, double peak) {
+    double seconds = 0;
+    for (const auto& [cls, flops] : w.fp8_gemm_flops)
+        seconds += c.kind == ClusterKind::gpu ? flops / (peak * c.fp8_peak_tflops / c.peak_tflops * c.efficiency.fp8_gemm) : flops / (peak * c.efficiency.gemm_for(cls));
+    return seconds;
+}
+
 double compute_seconds(const StageWork& w, const Cluster& c, const Mesh& mesh, double peak, double bandwidth) {
-    double seconds = 0, experts = 0;
+    double seconds = fp8_gemm_seconds(w, c, peak) + w.fp8_cast_bytes / (bandwidth * c.efficiency.memory), experts = 0;
     for (const auto& [cls, flops] : w.gemm_flops) seconds += flops / (peak * c.efficiency.gemm_for(cls));
     for (const auto& [cls, flops] : w.expert_gemm_flops) experts += flops / (peak * c.efficiency.gemm_for(cls));
     seconds += c.kind == ClusterKind::gpu ? std::max(experts, w.expert_gemm_calls * kernel_launch_seconds) : experts;
@@ -497,6 +549,9 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
     const StageWork w = stage_work(config, mesh, stage);
     StageTime t;
     t.compute = compute_seconds(w, c, mesh, peak, bandwidth);
+    t.fp8_gemm = fp8_gemm_seconds(w, c, peak);
+    t.fp8_cast = w.fp8_cast_bytes / (bandwidth * c.efficiency.memory);
+    t.fp8_weights = w.fp8_weight_cast_bytes / (bandwidth * c.efficiency.memory);
     const Link tp_link = collective_link(c, mesh, mesh.tp(), mesh.tp(), share.pipeline);
     for (const CollectiveCall& call : w.tp_collectives) t.tp += exposed_collective_seconds(call, mesh.tp(), tp_link, c, peak);
     ring_time(t, w, mesh, c, peak, share.pipeline);
@@ -539,7 +594,14 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
 
 }  // namespace
 
+void require_fp8_tensor_cores(const Config& config, const Cluster& cluster) {
+    if (config.train.precision != Precision::fp8 || cluster.kind != ClusterKind::gpu || cluster.fp8_peak_tflops > 0) return;
+    fail(ErrorKind::config, cluster.source_path, ": device.fp8_peak_tflops: missing, and train.precision = \"fp8\" needs FP8 tensor cores (sm_89 or later), which ",
+         cluster.device_name, " has not: training refuses it there too (plan it with train.precision = \"bf16\", or on a cluster with FP8)");
+}
+
 StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {
+    require_fp8_tensor_cores(config, cluster);
     const DeviceShare share = device_share(config, mesh, cluster);
     const double peak = cluster.peak_tflops * 1e12 * share.pipeline;
     std::vector<StageTime> stages;
@@ -564,7 +626,13 @@ StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster
     r.dp_exposed_seconds = last_to_finish->dp + m * slowest->dp_micro;
     r.optimizer_seconds = last_to_finish->optimizer;
     r.tp_comm_seconds += last_to_finish->tp_step;
-    r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + last_to_finish->dp + last_to_finish->tp_step + r.optimizer_seconds;
+    // The weights are cast at their first use in the step: each stage's first micro-batch waits
+    // for its own, and the slowest of them delays the pipeline.
+    r.fp8 = config.train.precision == Precision::fp8;
+    r.fp8_gemm_seconds = m * slowest->fp8_gemm;
+    r.fp8_cast_seconds = m * slowest->fp8_cast;
+    r.fp8_weight_cast_seconds = std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.fp8_weights < b.fp8_weights; })->fp8_weights;
+    r.step_seconds = (m + bubble_slots) * slowest->micro_batch() + last_to_finish->dp + last_to_finish->tp_step + r.optimizer_seconds + r.fp8_weight_cast_seconds;
     // The cp ranks of one dp rank share its sequences: the step's tokens are the dp ranks'.
     r.tokens_per_step = static_cast<double>(config.train.batch_size * config.train.seq_len) * m * mesh.dp();
     r.tokens_per_second_per_device = r.tokens_per_step / r.step_seconds / mesh.world_size();

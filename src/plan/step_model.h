@@ -26,6 +26,13 @@
 //                     (DeviceShare), and collectives among them go over the node's shared memory
 //   collectives       ring: all-reduce 2(n-1)/n x bytes / busbw + 2(n-1) x latency; reduce-scatter
 //                     and all-gather (n-1)/n x bytes / busbw + (n-1) x latency (nccl-tests' busbw)
+//   FP8               (train.precision = "fp8") the blocks' linears (QKV, out, a dense MLP's;
+//                     not in the fp8.bf16_first/last_layers, not attention, norms, embedding,
+//                     head, a MoE layer's router or experts) at the FP8 peak x efficiency.fp8_gemm
+//                     (a CPU emulates them: at its compute peak), plus their casts' bytes
+//                     (fp8_cast_bytes_of) at bandwidth x memory efficiency: the activations' and
+//                     gradients' in each micro-batch, the weights' once per step. MFU stays a
+//                     share of the compute dtype's (bf16) peak.
 //   mixture of experts (moe_plan.h) a MoE layer computes the attention, the router and its
 //                     local experts' GEMMs on the routed rows (top_k per token: the active FLOPs),
 //                     one call per expert and projection, each at least kernel_launch_seconds on
@@ -90,6 +97,12 @@ struct StageWork {
     double ep_all_to_all_bytes = 0;
     double ep_all_to_alls = 0;
     double host_syncs = 0;
+    // FP8 (train.precision = "fp8"): the FP8 linears' GEMMs apart from gemm_flops, and the
+    // bytes their casts move (fp8_cast_bytes_of below): the activations' and output
+    // gradients' per micro-batch, the weights' once per step.
+    std::map<GemmClass, double> fp8_gemm_flops;
+    double fp8_cast_bytes = 0;
+    double fp8_weight_cast_bytes = 0;  // per step
     // Per step.
     double update_bytes = 0;         // what AdamW's update of the owned elements reads and writes
     double gradient_pass_bytes = 0;  // zeroing every gradient, reading their norm, refreshing a 16-bit copy
@@ -102,8 +115,25 @@ struct StageWork {
     double expert_parameter_bytes = 0;   // ep > 1 under ZeRO-1/2: their updated weights all-gathered over edp
     double tp_gradient_sum_bytes = 0;    // ep = 1, sequence parallel: the MoE weights' gradients summed over tp
     double tp_gradient_sums = 0;         // in this many all-reduces per step
-    double total_gemm_flops() const;
+    double total_gemm_flops() const;  // the GEMMs in the compute dtype (not the FP8 ones)
+    double total_fp8_gemm_flops() const;
 };
+
+// The bytes the casts of one FP8 linear move (model/fp8_linear.h; backend.h's Fp8Amax and
+// Fp8Cast), its input x [m, k] and output gradient [m, n] in the compute dtype of c bytes,
+// the FP8 copies 1 byte per element:
+//   forward   x: an amax pass (read, current recipe only), the cast (read, write xq)
+//   backward  x again: amax pass (current), the cast (read, write xq and its transpose xq^T)
+//             dout: amax pass (current), the cast (read, write gq and gq^T)
+//   per step  the weight [n, k]: amax pass (both recipes: weights scale from their own amax),
+//             the cast (read, write wq and wq^T)
+// Per micro-batch (x's forward cast `forwards` times: 2 under full recomputation):
+//   forwards ((a + 1) c + 1) m k + ((a + 1) c + 2) m k + ((a + 1) c + 2) m n,  a = 1 current, 0 delayed
+// per step: (2 c + 2) n k. The GEMMs read the FP8 copies (their bytes are the GEMMs').
+struct Fp8CastBytes {
+    double per_micro_batch = 0, per_step = 0;
+};
+Fp8CastBytes fp8_cast_bytes_of(double m, double k, double n, double compute_bytes, bool current_scaling, double forwards);
 
 StageWork stage_work(const Config& config, const Mesh& mesh, int stage);
 // The share of one device a rank computes on: 1 on GPUs; on a CPU cluster its threads
@@ -128,17 +158,28 @@ struct StepTime {
     double host_sync_seconds = 0;   // MoE routing's host synchronizations
     double host_syncs = 0;          // of them per step
     double optimizer_seconds = 0;
+    // FP8 (train.precision = "fp8"): the FP8 linears' GEMMs, at the FP8 peak x
+    // efficiency.fp8_gemm on GPUs (the compute peak x GEMM efficiency on a CPU, which emulates
+    // them), and their casts' memory traffic; the first two are part of compute_seconds.
+    bool fp8 = false;
+    double fp8_gemm_seconds = 0;         // m micro-batches of the slowest stage
+    double fp8_cast_seconds = 0;         // likewise, the activations' and gradients' casts
+    double fp8_weight_cast_seconds = 0;  // the weights' casts, once per step (in the step beside compute)
     double step_seconds = 0;
     double tokens_per_step = 0;
     double tokens_per_second_per_device = 0;
     double model_flops_per_token = 0;  // PaLM, N the active parameters (all of a dense model's)
     double active_parameters = 0;
-    double mfu = 0;                    // of the cluster's dense peak
+    double mfu = 0;                    // of the cluster's dense peak in the compute dtype (bf16 on GPUs, also under FP8)
     int slowest_stage = 0;
 };
 
 // parameters: model_parameter_count(config.model); MFU counts the active ones (moe_plan.h).
+// Throws Error(config) naming the cluster file for train.precision = "fp8" on a GPU without
+// FP8 tensor cores (no device.fp8_peak_tflops), as training refuses it there.
 StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
+// The refusal above on its own: nothing when the run is not FP8 or the cluster has FP8 tensor cores.
+void require_fp8_tensor_cores(const Config& config, const Cluster& cluster);
 
 // Model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6 N + 12 L H Q T, N all
 // parameters (embeddings included, as llm.c counts), recomputation not counted.

@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/hdf5_file.h"
 #include "checkpoint/tensor_assembly.h"
+#include "support/error_text.h"
 
 using namespace llmtrain;
 
@@ -61,15 +62,6 @@ struct FakeCheckpoint {
 };
 
 GlobalBox box(std::initializer_list<int64_t> start, std::initializer_list<int64_t> count) { return {Shape(start), Shape(count)}; }
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "data/text_input.h"
 #include "test_paths.h"
+#include "support/error_text.h"
 
 using namespace llmtrain;
 
@@ -49,15 +50,6 @@ std::string text_of(int lines) {
     std::string text;
     for (int i = 0; i < lines; ++i) text += "line " + std::to_string(i) + " of some text, with ünïcödé and 🙂\n";
     return text;
-}
-
-std::string error_of(const std::function<void()>& work) {
-    try {
-        work();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
 }
 
 }  // namespace
