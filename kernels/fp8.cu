@@ -8,6 +8,7 @@
 //                  counts += the elements saturated (rounding would leave the range: e4m3
 //                  above 464, e5m2 from 61440) and flushed (x != 0, out +-0): per block a sum of integers, one f64 atomicAdd of each; sums of
 //                  integers below 2^53 are exact in any order, so the result is deterministic
+//   relayout:      x already FP8 (of out's format): out = x's bytes, out_t their transpose
 //
 // The cast works on 32 x 32 tiles: each block reads a tile of x once (coalesced), writes its
 // FP8 bytes row-major, and through shared memory writes them again transposed (coalesced), so
@@ -155,6 +156,26 @@ __global__ void __launch_bounds__(kTile* kTileRows)
     }
 }
 
+// The cast's tiles without the cast: bytes in, the same bytes out and transposed.
+__global__ void __launch_bounds__(kTile* kTileRows) fp8_relayout_kernel(uint8_t* out, uint8_t* out_t, const uint8_t* x, int64_t rows, int64_t cols) {
+    __shared__ uint8_t tile[kTile][kTile + 4];
+    const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+        const int64_t row = row0 + r, col = col0 + threadIdx.x;
+        if (row < rows && col < cols) {
+            const uint8_t q = x[row * cols + col];
+            if (out != x) out[row * cols + col] = q;
+            tile[r][threadIdx.x] = q;
+        }
+    }
+    if (!out_t) return;
+    __syncthreads();
+    for (int c = threadIdx.y; c < kTile; c += kTileRows) {
+        const int64_t col = col0 + c, row = row0 + threadIdx.x;
+        if (row < rows && col < cols) out_t[col * rows + row] = tile[threadIdx.x][c];
+    }
+}
+
 }  // namespace
 
 namespace {
@@ -199,6 +220,13 @@ void launch_fp8_cast(const Fp8CastArgs& a, cudaStream_t stream) {
         case Fp8Source::f16: cast_as<__half>(a, stream); break;
         case Fp8Source::f32: cast_as<float>(a, stream); break;
     }
+    check_launch("fp8_cast");
+}
+
+void launch_fp8_relayout(uint8_t* out, uint8_t* out_t, const uint8_t* x, int64_t rows, int64_t cols, cudaStream_t stream) {
+    if (rows == 0 || cols == 0) return;
+    const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile))), block(kTile, kTileRows);
+    fp8_relayout_kernel<<<grid, block, 0, stream>>>(out, out_t, x, rows, cols);
     check_launch("fp8_cast");
 }
 

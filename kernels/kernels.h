@@ -84,6 +84,8 @@ struct Fp8CastArgs {
     bool e4m3 = true;
 };
 void launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
+// FP8 bytes x[rows, cols] into out (skipped when out is x) and transposed into out_t (may be null).
+void launch_fp8_relayout(uint8_t* out, uint8_t* out_t, const uint8_t* x, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // gemm_fallback.cu: one GEMM as cuBLASLt would compute it (column-major; see the file's
 // header), for the shapes cuBLASLt cannot take.

@@ -579,11 +579,14 @@ struct Fp8UpdateScale {
 // e4m3 above 464, e5m2 from 61440 on; infinities included, NaN not; a value that rounds to
 // the largest is no overflow) and those it flushed (x not 0, out +-0): f64 integers, exact
 // whatever order a device adds them in, to 2^53.
+// x may instead hold FP8 bytes of out's format (scale, amax and counts then absent): out =
+// those bytes as they are, out_t their transpose, and out may be x itself (then only out_t is
+// written). A weight gathered in FP8 (fp8.param_gather) gets its transposed copy so.
 struct Fp8Cast {
     Tensor out;    // [rows, cols] e4m3 / e5m2, overwritten
     Tensor out_t;  // [cols, rows], the same format, optional
-    Tensor x;      // [rows, cols] (or more dimensions, cols last), the compute dtype
-    Tensor scale;  // [1] f32
+    Tensor x;      // [rows, cols] (or more dimensions, cols last), the compute dtype or out's FP8 format
+    Tensor scale;  // [1] f32 (absent when x is FP8)
     Tensor amax;   // [1] f32, optional
     Tensor counts; // [2] f64, optional: saturated, flushed
 };
@@ -751,7 +754,7 @@ public:
     virtual void accumulate_sum_squares(const Tensor& total, const std::vector<Tensor>& pieces) = 0;
     virtual void fill_zero(const Tensor& x) = 0;
     // out = in, same element count (they must not overlap); a dtype change converts (f32 to
-    // bf16/f16 rounds to nearest even).
+    // bf16/f16 rounds to nearest even); FP8 bytes copy as they are (same format only).
     virtual void copy(const Tensor& out, const Tensor& in) = 0;
 
     // The fused MLP steps (MatmulGeluFwd, GeluMatmulBwd above). The defaults compose the ops

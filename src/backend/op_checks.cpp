@@ -110,6 +110,14 @@ std::pair<int64_t, int64_t> expect_fp8_cast(const char* op, const Fp8Cast& a, De
     expect_fp8_dtype(op, "out", a.out);
     expect_tensor(op, "out", a.out, Shape{rows, cols}, a.out.dtype(), device);
     if (!a.out_t.empty()) expect_tensor(op, "out_t", a.out_t, Shape{cols, rows}, a.out.dtype(), device);
+    if (is_fp8(a.x.dtype())) {
+        // FP8 bytes relaid out, not cast: nothing to scale, measure or count.
+        if (a.x.dtype() != a.out.dtype())
+            fail(ErrorKind::shape, op, ": x holds ", dtype_name(a.x.dtype()), " bytes and out is ", dtype_name(a.out.dtype()), ": FP8 bytes are relaid out, not recast");
+        for (const auto& [name, t] : {std::pair{"scale", &a.scale}, {"amax", &a.amax}, {"counts", &a.counts}})
+            if (!t->empty()) fail(ErrorKind::shape, op, ": ", name, " given for x of FP8 bytes (expected none: they are copied as they are)");
+        return {rows, cols};
+    }
     expect_fp8_scalar(op, "scale", a.scale, device);
     if (!a.amax.empty()) expect_fp8_scalar(op, "amax", a.amax, device);
     if (!a.counts.empty()) expect_tensor(op, "counts", a.counts, Shape{2}, DType::f64, device);

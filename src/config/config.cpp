@@ -428,7 +428,7 @@ const std::vector<Field>& schema() {
         CONFIG_KEY(fp8, format).choice(kFp8FormatNames).describe("hybrid: e4m3 weights and activations, e5m2 gradients; e4m3: e4m3 everywhere"),
         CONFIG_KEY(fp8, bf16_first_layers).integer(0, 1024).describe("first layers whose linears stay in the compute dtype"),
         CONFIG_KEY(fp8, bf16_last_layers).integer(0, 1024).describe("last layers whose linears stay in the compute dtype"),
-        CONFIG_KEY(fp8, param_gather).boolean().describe("parallel.zero_stage = 3: gather the weights in FP8 (not built yet: refused)"),
+        CONFIG_KEY(fp8, param_gather).boolean().describe("parallel.zero_stage = 3: gather the FP8 linears' weights in FP8, one byte per element"),
 
         CONFIG_KEY(checkpoint, dir).string().describe("directory of checkpoints"),
         CONFIG_KEY(checkpoint, every_steps).integer(0, kTrillion).describe("steps between checkpoints; 0: none"),
@@ -803,9 +803,9 @@ std::optional<Problem> fp8_problem(const Config& c) {
     if (c.model.moe.enabled())
         return Problem{"train.precision", cat("= \"fp8\" runs the blocks' dense linears in FP8; a mixture-of-experts model (model.moe.n_experts = ",
                                               c.model.moe.n_experts, ") is not built for it yet (allowed with it: auto, fp32, bf16)")};
-    if (c.fp8.param_gather)
-        return Problem{"fp8.param_gather", "= true (ZeRO-3 gathers in FP8) is not built: the weights are gathered in the compute dtype and cast "
-                                           "once per step after it (allowed: false)"};
+    if (c.fp8.param_gather && c.parallel.zero_stage != 3)
+        return Problem{"fp8.param_gather", cat("= true gathers ZeRO-3's FP8 weights in FP8: it needs parallel.zero_stage = 3 (got ", c.parallel.zero_stage,
+                                               "; allowed with other stages: false)")};
     // Overlapped, a linear's input and output gradient arrive in pieces: a current-scaling
     // amax needs the whole tensor before its cast.
     if (c.parallel.tp_overlap)

@@ -173,7 +173,7 @@ struct Fp8Config {
     Fp8Formats format = Fp8Formats::hybrid;
     int64_t bf16_first_layers = 1;         // the first and last layers keep their linears in the compute dtype
     int64_t bf16_last_layers = 1;
-    bool param_gather = false;             // ZeRO-3: gather the weights in FP8 (not built: refused)
+    bool param_gather = false;             // ZeRO-3: gather the FP8 linears' weights in FP8 (parallel/fully_sharded.h)
 };
 
 enum class LrDecay { cosine, linear, constant };

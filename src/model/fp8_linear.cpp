@@ -47,6 +47,7 @@ void Fp8Linears::allocate(int64_t max_rows) {
     for (int i = 0; i < 4; ++i) scratch_.push_back(backend_.allocate(static_cast<size_t>(max_rows * max_width_)));
     counts_memory_ = backend_.allocate(2 * sizeof(double));
     backend_.fill_zero(cast_counts());
+    if (weights_gathered_) weight_amax_memory_ = backend_.allocate(std::max<size_t>(linears_.size(), 1) * sizeof(float));
 }
 
 Tensor Fp8Linears::amaxes(int t) const { return Tensor(static_cast<float*>(state_memory_.get()) + 3 * t, DType::f32, {3}, backend_.device()); }
@@ -107,8 +108,34 @@ void Fp8Linears::cast_weight(int id, const Tensor& w) {
     Linear& l = linears_[static_cast<size_t>(id)];
     if (l.weight_cast) return;
     expect_shape("fp8 linear", "w", w, {l.out_features, l.in_features});
-    cast(tensor(id, weight), w, weight_q(id), weight_t(id));
+    // Gathered in FP8: w's compute-dtype values were never gathered; the bytes are in wq.
+    if (weights_gathered_) backend_.fp8_cast({.out = weight_q(id), .out_t = weight_t(id), .x = weight_q(id)});
+    else cast(tensor(id, weight), w, weight_q(id), weight_t(id));
     l.weight_cast = true;
+}
+
+void Fp8Linears::cast_weight_pieces(const std::vector<Fp8ShardPiece>& pieces, Comm* shard) {
+    if (!weights_gathered_) fail(ErrorKind::runtime, "Fp8Linears::cast_weight_pieces without gather_weights_in_fp8()");
+    if (linears_.empty()) return;
+    const Tensor amaxes(weight_amax_memory_.get(), DType::f32, {count()}, backend_.device());
+    const auto amax_of = [&](size_t id) { return amaxes.slice_rows(static_cast<int64_t>(id), 1); };
+    backend_.fill_zero(amaxes);
+    std::vector<bool> seen(linears_.size(), false);
+    for (const Fp8ShardPiece& p : pieces) {
+        if (p.weight >= linears_.size() || seen[p.weight])
+            fail(ErrorKind::runtime, "FP8 weight pieces: weight ", p.weight, " of ", linears_.size(), " given twice or unknown");
+        seen[p.weight] = true;
+        backend_.fp8_amax({.amax = amax_of(p.weight), .x = p.source});  // overwrites: one piece per weight
+    }
+    for (Comm* group : {shard, groups_.tp})
+        if (group && group->size() > 1) group->all_reduce(amaxes, ReduceOp::max);
+    for (int id = 0; id < count(); ++id) {
+        const int t = tensor(id, weight);
+        backend_.fp8_update_scale({.scale = scale(t), .scale_inv = scale_inv(t), .amax = amax_of(static_cast<size_t>(id)), .format = DType::e4m3,
+                                   .margin = static_cast<int>(config_.margin)});
+    }
+    for (const Fp8ShardPiece& p : pieces)
+        backend_.fp8_cast({.out = p.out.reshape({1, p.out.numel()}), .x = p.source.reshape({1, p.source.numel()}), .scale = scale(tensor(static_cast<int>(p.weight), weight)), .counts = recording_ ? cast_counts() : Tensor()});
 }
 
 void Fp8Linears::forward(int id, const MatmulFwd& a) {

@@ -32,6 +32,19 @@
 // gradient under context parallelism (each cp rank holds other tokens). The delayed recipe
 // needs none in the step: its running maxima are agreed once per step, all tensors in one
 // buffer (step_amaxes()).
+//
+// fp8.param_gather (ZeRO-3, parallel/fully_sharded.h): the weights reach this rank already in
+// FP8. Once per update every rank casts only its shard of each weight, with one scale per
+// weight that every rank holding a piece of it agrees on before the cast (torchao's
+// enable_fsdp_float8_all_gather; the scale must be the same on every rank, or the gathered
+// bytes would mean different values):
+//     amax_w = max over the shard group and tp of each rank's max |w_piece|
+//     s_w = e4m3 max / amax_w / 2^margin,   wq_piece = fp8(w_piece s_w)
+// One all-reduce (max) over the shard group and one over tp for all weights together. The
+// store gathers the pieces' bytes into weight_bytes(id); the first use in the step makes the
+// transposed copy from them (a relayout of bytes, no cast). The amax is the whole weight's
+// and each element is cast with the same scale as before, so the bytes are those the cast of
+// the gathered compute-dtype weight would give: a run computes what it computes without.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +56,7 @@
 #include "config/config.h"
 #include "core/fp8.h"
 #include "parallel/comm.h"
+#include "parallel/fully_sharded.h"
 
 namespace llmtrain {
 
@@ -60,6 +74,17 @@ public:
     };
     // compute: the compute dtype (not f16: FP8 does not go with fp16's loss scaling).
     Fp8Linears(const Fp8Config& config, Backend& backend, DType compute, Groups groups);
+
+    // fp8.param_gather: the weights arrive in FP8 (weight_bytes) from the store, which casts
+    // its shard's pieces with cast_weight_pieces; no weight is cast here. Before allocate().
+    void gather_weights_in_fp8() { weights_gathered_ = true; }
+    bool weights_gathered() const { return weights_gathered_; }
+    // Where weight `id`'s gathered e4m3 bytes go: wq, [out * in] (after allocate()).
+    Tensor weight_bytes(int id) const { return weight_q(id).reshape({linears_[static_cast<size_t>(id)].out_features * linears_[static_cast<size_t>(id)].in_features}); }
+    // Each FP8 weight's scale from its amax over every rank's pieces, then this rank's pieces
+    // cast with it (the header's param_gather); piece.weight is a linear's id, at most one
+    // piece per weight. A collective over `shard` and the tp group.
+    void cast_weight_pieces(const std::vector<Fp8ShardPiece>& pieces, Comm* shard);
 
     // A linear whose weight is [out, in] (this rank's part); its id for forward / backward.
     // name: the global name of its (first) weight, which names its state in checkpoints.
@@ -161,8 +186,10 @@ private:
     Memory state_memory_;  // f32: [3T] amaxes (running, now, merged), [T] scales, [T] inverse scales
     std::vector<Memory> scratch_;  // input and gradient casts, both layouts
     Memory counts_memory_;         // f64 [2]: saturated, flushed (Fp8Cast::counts)
+    Memory weight_amax_memory_;    // f32 [linears]: param_gather's weight amaxes, agreed in one buffer
     int64_t max_rows_ = 0, max_width_ = 0;
     bool recording_ = true;
+    bool weights_gathered_ = false;
 };
 
 // Recording off while one lives (Fp8Linears::set_recording); fp8 may be null.

@@ -152,6 +152,10 @@ public:
     int64_t padded_vocab_size() const { return config_.padded_vocab_size(tp_size()); }
     // The index of the token embedding (shared with the head when tied), if this part has it.
     std::optional<size_t> embedding_param() const;
+    // Under partition.fp8: the linears the recipe casts (model/transformer_linear.cpp), in
+    // flat order (an FP8 linear's id is its index), and each one's weight's flat elements.
+    std::vector<LinearWeight> fp8_linears() const;
+    std::vector<FlatRange> fp8_weight_ranges() const;
     // Parameter indices [begin, end) whose gradients backward writes together, in the order
     // it writes them: the final norm and head, each layer from the last, the embedding part.
     // The hooks of a backward are called with exactly these groups. (A head tied to this

@@ -9,23 +9,40 @@ namespace llmtrain {
 // The layers [bf16_first_layers, n_layers - bf16_last_layers) run their linears in FP8
 // (Megatron's first_last_layers_bf16): the first and last layers are the most sensitive to
 // the rounding. A layer of experts lists no linears and stays in the compute dtype.
-void Transformer::plan_fp8() {
-    if (!part_.fp8) return;
-    const Fp8Config& fp8 = *part_.fp8;
-    fp8_ = std::make_unique<Fp8Linears>(fp8, backend_, dtype_, Fp8Linears::Groups{.tp = tp_, .cp = cp_});
+std::vector<LinearWeight> TransformerLayout::fp8_linears() const {
+    std::vector<LinearWeight> linears;
+    if (!part_.fp8) return linears;
     const std::vector<int64_t> held = global_layers();
-    const int64_t first = fp8.bf16_first_layers, end = config_.n_layers - fp8.bf16_last_layers;
+    const int64_t first = part_.fp8->bf16_first_layers, end = config_.n_layers - part_.fp8->bf16_last_layers;
     for (size_t i = 0; i < layers_.size(); ++i) {
         if (held[i] < first || held[i] >= end) continue;
-        std::vector<LinearWeight> linears = layers_[i].attention.linears();
+        for (const LinearWeight& l : layers_[i].attention.linears()) linears.push_back(l);
         for (const LinearWeight& l : layers_[i].mlp->linears()) linears.push_back(l);
-        for (const LinearWeight& l : linears) {
-            int64_t rows = 0;
-            for (size_t p = l.w.first; p <= l.w.last; ++p) rows += params_.info(p).shape.dims[0];
-            const int64_t cols = params_.info(l.w.first).shape.dims[1];
-            fp8_ids_[l.w.first] = fp8_->add(rows, cols, l.column_parallel ? LinearSplit::column_parallel : LinearSplit::row_parallel, params_.info(l.w.first).name);
-        }
     }
+    return linears;
+}
+
+// A linear's weight parameters lie one after the other in the flat buffer (the fused QKV).
+std::vector<FlatRange> TransformerLayout::fp8_weight_ranges() const {
+    std::vector<FlatRange> ranges;
+    for (const LinearWeight& l : fp8_linears()) {
+        const ParamInfo& last = params_.info(l.w.last);
+        ranges.push_back({params_.info(l.w.first).offset, last.offset + last.shape.numel()});
+    }
+    return ranges;
+}
+
+void Transformer::plan_fp8() {
+    if (!part_.fp8) return;
+    fp8_ = std::make_unique<Fp8Linears>(*part_.fp8, backend_, dtype_, Fp8Linears::Groups{.tp = tp_, .cp = cp_});
+    for (const LinearWeight& l : fp8_linears()) {
+        int64_t rows = 0;
+        for (size_t p = l.w.first; p <= l.w.last; ++p) rows += params_.info(p).shape.dims[0];
+        const int64_t cols = params_.info(l.w.first).shape.dims[1];
+        fp8_ids_[l.w.first] = fp8_->add(rows, cols, l.column_parallel ? LinearSplit::column_parallel : LinearSplit::row_parallel, params_.info(l.w.first).name);
+    }
+    // fp8.param_gather where ZeRO-3 binds the values per group (parallel/fully_sharded.h).
+    if (part_.fp8->param_gather && part_.value_storage == ValueStorage::bound) fp8_->gather_weights_in_fp8();
     fp8_->allocate(max_batch_ * max_seq_len_);
 }
 

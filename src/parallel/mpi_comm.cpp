@@ -31,6 +31,8 @@ MPI_Datatype mpi_type(DType dtype) {
         case DType::bf16:
         case DType::f16:
         case DType::u16: return MPI_UINT16_T;
+        case DType::e4m3:
+        case DType::e5m2: return MPI_BYTE;  // FP8 bytes: gathered, never reduced
     }
     return MPI_BYTE;
 }
@@ -64,7 +66,7 @@ MPI_Op sum_in_dtype_op() {
 }
 
 MPI_Op mpi_op(ReduceOp op, DType dtype) {
-    if (dtype == DType::u16) fail(ErrorKind::unsupported, "MPI reductions of u16 tensors");
+    if (dtype == DType::u16 || is_fp8(dtype)) fail(ErrorKind::unsupported, "MPI reductions of ", dtype_name(dtype), " tensors");
     if (op == ReduceOp::max) return MPI_MAX;
     if (op == ReduceOp::sum_in_dtype && dtype == DType::bf16) return sum_in_dtype_op<DType::bf16>();
     if (op == ReduceOp::sum_in_dtype && dtype == DType::f16) return sum_in_dtype_op<DType::f16>();

@@ -33,6 +33,10 @@ ncclDataType_t nccl_type(DType dtype, bool reduction) {
         case DType::u16:
             if (reduction) fail(ErrorKind::unsupported, "NCCL reductions of u16 tensors");
             return ncclFloat16;  // moved as 2-byte words, never added
+        case DType::e4m3:
+        case DType::e5m2:
+            if (reduction) fail(ErrorKind::unsupported, "NCCL reductions of FP8 bytes");
+            return ncclUint8;  // gathered as bytes (fp8.param_gather)
     }
     return ncclUint8;
 }

@@ -85,6 +85,9 @@ public:
     virtual void settle() {}
     // Bytes allocated for parameter values (master weights, compute copy, shards, gather buffers).
     virtual size_t value_bytes() const = 0;
+    // Bytes this rank has sent in ZeRO-3's parameter all-gathers since the start (ring
+    // all-gather: (parts - 1) / parts of each gathered buffer); 0 for the other stages.
+    virtual int64_t bytes_sent() const { return 0; }
     // For the start-up line; empty when there is nothing to say beyond the gradient sync.
     virtual std::string describe() const { return ""; }
 };

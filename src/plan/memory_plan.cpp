@@ -124,7 +124,9 @@ void add_model_state(RankMemory& m, const Config& config, const Mesh& mesh, int 
     const Placement placement = state_placement(config, mesh, world_rank, model, master);
     const int64_t padded = placement.padded_numel();
     m.parameter_bytes = placement.shards_parameters()
-                            ? fully_sharded_value_bytes(placement, static_cast<int>(config.parallel.prefetch_layers), master, compute)
+                            ? fully_sharded_value_bytes(placement, static_cast<int>(config.parallel.prefetch_layers), master, compute,
+                                                        model.partition().fp8 && model.partition().fp8->param_gather ? model.fp8_weight_ranges()
+                                                                                                                     : std::vector<FlatRange>{})
                             : bytes_of(padded, master) + (compute != master ? bytes_of(padded, compute) : 0);
     const DType reduce = grad_reduce_dtype(config.parallel, master);
     m.gradient_bytes = placement.shards_gradients()

@@ -164,10 +164,23 @@ std::unique_ptr<ParameterStore> Trainer::make_parameter_store() {
     }
     auto store = std::make_unique<FullyShardedParameters>(
         flat_parameters(params), *placement_, comms_->shard(), backend_ops(*backend_), params.compute_dtype(), static_cast<int>(config_.parallel.prefetch_layers),
-        [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) { params.bind_values(first, end, storage, offset); });
+        [&params](size_t first, size_t end, const Tensor& storage, int64_t offset) { params.bind_values(first, end, storage, offset); }, fp8_param_gather());
     ParameterStore& weights = *store;
     model_->set_group_weights([&weights](const std::vector<size_t>& pass, size_t position) { return weights.weights(pass, position); });
     return store;
+}
+
+// fp8.param_gather under ZeRO-3: the FP8 linears' weights gathered in FP8 into their FP8
+// copies, each rank's pieces cast by the linears with scales agreed over the shard group and tp.
+Fp8ParamGather Trainer::fp8_param_gather() {
+    Fp8Linears* fp8 = model_->fp8();
+    if (!fp8 || !fp8->weights_gathered()) return {};
+    Fp8ParamGather gather;
+    gather.weights = model_->fp8_weight_ranges();
+    for (int id = 0; id < fp8->count(); ++id) gather.bytes.push_back(fp8->weight_bytes(id));
+    Comm* shard = &comms_->shard();
+    gather.cast = [fp8, shard](const std::vector<Fp8ShardPiece>& pieces) { fp8->cast_weight_pieces(pieces, shard); };
+    return gather;
 }
 
 // Every load goes through here: no gather of the last update may still write the values.

@@ -42,6 +42,7 @@
 #include "optim/loss_scale.h"
 #include "checkpoint/state_load.h"
 #include "parallel/context.h"
+#include "parallel/fully_sharded.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/parameter_store.h"
 #include "parallel/placement.h"
@@ -119,6 +120,8 @@ public:
     const ParallelContext& context() const { return *ctx_; }
     // What this rank holds (what plan_memory predicts), for the start-up report and the tests.
     RankMemory memory() const;
+    // Bytes this rank sent in ZeRO-3's parameter all-gathers since the start (0 otherwise).
+    int64_t parameter_gather_bytes_sent() const { return store_->bytes_sent(); }
     DType compute_dtype() const { return dtype_; }
     // The config this run computes with: the user's, with train.grad_accum as this mesh
     // resolves it (never 0).
@@ -209,6 +212,7 @@ private:
     bool counts_in_norm(size_t param) const;
     std::unique_ptr<GradientSync> make_gradient_sync();
     std::unique_ptr<ParameterStore> make_parameter_store();
+    Fp8ParamGather fp8_param_gather();
     // This rank's state and the groups it shares it with, for a load.
     RankState rank_state(bool with_optimizer);
     // Loads the checkpoint at path into this rank's state (weights, moments, rank-local

@@ -90,6 +90,18 @@ PARALLEL_TEST(Fp8Checkpoints, TensorParallelDelayedScaling_ResumeIsBitwiseIdenti
     test::remove_shared_scratch(dir);
 }
 
+// fp8.param_gather under ZeRO-3: a resume loads the master shards and casts each rank's FP8
+// shard again at its first gather, as the uninterrupted run did after its update.
+PARALLEL_TEST(Fp8Checkpoints, Zero3Fp8ParamGatherDelayedScaling_ResumeIsBitwiseIdenticalToUninterrupted, 2) {
+    const std::string dir = test::shared_scratch("llmtrain_fp8_checkpoint_zero3_param_gather");
+    const Config config = tiny_delayed(dir, {"parallel.dp=2", "parallel.zero_stage=3", "fp8.param_gather=true"});
+    ParallelContext ctx = make_mpi_context(config.parallel);
+    const TrainResult uninterrupted = train_saving(config, &ctx);
+    const TrainResult resumed = resume_from_step_3(config, dir, &ctx);
+    expect_resumed_within(resumed, uninterrupted, 0.0, "dp2 ZeRO-3 fp8.param_gather resumed on the same layout");
+    test::remove_shared_scratch(dir);
+}
+
 // One process saves (each rank its own copy, rank 0's is resumed); the resumed layouts
 // compare with that process's uninterrupted run.
 PARALLEL_TEST(Fp8Checkpoints, DelayedScalingStateOnAnotherLayout_ResumesWithinOneInAHundredThousand, 2) {

@@ -47,6 +47,33 @@ void expect_fp8_layout_matches_single_process(const std::string& family, const s
     test::expect_matches_single_process(parallel, one, 1e-5, "fp8 " + recipe);
 }
 
+// fp8.param_gather against one process (as above) and against the same layout gathering in
+// the compute dtype: each rank casts its shard with the scale every holder of the weight
+// agreed on, which gives the bytes the cast of the gathered weight gives, so the two runs are
+// bitwise alike.
+void expect_fp8_param_gather_matches_single_process_and_the_plain_gather(const std::string& family, const std::string& recipe,
+                                                                         const std::vector<std::string>& layout) {
+    std::vector<std::string> gathering = layout;
+    gathering.push_back("fp8.param_gather=true");
+    const Config config = tiny_fp8(family, recipe, gathering);
+    ParallelContext ctx = make_mpi_context(config.parallel);
+    const TrainResult fp8_gathered = Trainer(config, TrainerOptions{.dtype = DType::f64, .quiet = true}, ctx).run();
+    ctx.world->barrier();
+    const TrainResult plain = Trainer(tiny_fp8(family, recipe, layout), TrainerOptions{.dtype = DType::f64, .quiet = true}, ctx).run();
+    ctx.world->barrier();
+    Config single = config;
+    single.train.grad_accum *= ctx.mesh.dp();
+    single.parallel = ParallelConfig{};
+    single.fp8.param_gather = false;
+    const TrainResult one = Trainer(single, TrainerOptions{.dtype = DType::f64, .quiet = true}).run();
+    test::expect_matches_single_process(fp8_gathered, one, 1e-5, "fp8 param_gather " + recipe);
+    ASSERT_EQ(fp8_gathered.steps.size(), plain.steps.size());
+    for (size_t i = 0; i < plain.steps.size(); ++i) {
+        EXPECT_EQ(fp8_gathered.steps[i].loss, plain.steps[i].loss) << "step " << i + 1;
+        EXPECT_EQ(fp8_gathered.steps[i].grad_norm, plain.steps[i].grad_norm) << "step " << i + 1;
+    }
+}
+
 }  // namespace
 
 PARALLEL_TEST(Fp8Layouts, Gpt2TensorParallelCurrentScaling_MatchesSingleProcess, 2) {
@@ -75,4 +102,12 @@ PARALLEL_TEST(Fp8Layouts, Gpt2TensorTimesDataParallelZero3DelayedScaling_Matches
 
 PARALLEL_TEST(Fp8Layouts, LlamaPipelineAndContextParallelCurrentScaling_MatchesSingleProcess, 4) {
     expect_fp8_layout_matches_single_process("llama", "current", {"parallel.pp=2", "parallel.cp=2"});
+}
+
+PARALLEL_TEST(Fp8Layouts, LlamaTensorTimesDataParallelZero3Fp8ParamGatherCurrentScaling_MatchesSingleProcessAndThePlainGatherBitwise, 4) {
+    expect_fp8_param_gather_matches_single_process_and_the_plain_gather("llama", "current", {"parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=3"});
+}
+
+PARALLEL_TEST(Fp8Layouts, Gpt2HybridShardsOfTwoZero3Fp8ParamGatherDelayedScaling_MatchesSingleProcessAndThePlainGatherBitwise, 4) {
+    expect_fp8_param_gather_matches_single_process_and_the_plain_gather("gpt2", "delayed", {"parallel.dp=4", "parallel.zero_stage=3", "parallel.shard_size=2"});
 }

@@ -11,9 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "parallel/context.h"
+#include "parallel/mpi_comm.h"
 #include "support/host_staging.h"
 #include "support/parallel_test.h"
 #include "support/run_comparisons.h"
@@ -45,6 +47,7 @@ struct StandInRun {
     std::vector<std::string> streams;        // the recording's streams (nccl)
     size_t collectives = 0;                  // work recorded on its communication streams
     std::vector<std::string> races;
+    int64_t gather_bytes = 0;  // sent in ZeRO-3's parameter all-gathers
 };
 
 StandInRun run_on_stand_in(const Config& config) {
@@ -62,6 +65,7 @@ StandInRun run_on_stand_in(const Config& config) {
     {
         Trainer trainer(config, options, ctx);
         run.result = trainer.run();
+        run.gather_bytes = trainer.parameter_gather_bytes_sent();
         if (recording) {
             run.streams = recording->stream_names();
             for (StreamId s = 1; s < static_cast<StreamId>(run.streams.size()); ++s) run.collectives += recording->work_on(s).size();
@@ -136,4 +140,28 @@ PARALLEL_TEST(StandInCudaLayouts, HybridZero2OverEventOrderedCollectives_TracksC
     for (const char* group : {"shard", "replica"})
         EXPECT_NE(std::find(run.streams.begin(), run.streams.end(), group), run.streams.end()) << "no stream of the " << group << " group's communicator";
     for (const std::string& race : run.races) ADD_FAILURE() << race;
+}
+
+// fp8.param_gather on the CUDA path's host side: ZeRO-3's FP8 weights travel as e4m3 bytes
+// over the event-ordered collectives, without a race between the streams; the run is bitwise
+// the one gathering them in bf16, and its parameter all-gathers send under half the bytes.
+PARALLEL_TEST(StandInCudaLayouts, Fp8Zero3ParamGather_IsBitwiseTheBf16GatherAndSendsUnderHalfItsBytes, 2) {
+    const std::vector<std::string> fp8 = {"parallel.zero_stage=3", "parallel.comm=\"nccl\"", "train.precision=\"fp8\"", "fp8.bf16_first_layers=0",
+                                          "fp8.bf16_last_layers=0"};
+    std::vector<std::string> gathering = fp8;
+    gathering.push_back("fp8.param_gather=true");
+    const StandInRun bf16 = run_on_stand_in(tiny("cuda", 2, fp8)), gathered = run_on_stand_in(tiny("cuda", 2, gathering));
+    for (const std::string& race : gathered.races) ADD_FAILURE() << race;
+    ASSERT_EQ(gathered.result.steps.size(), bf16.result.steps.size());
+    for (size_t i = 0; i < bf16.result.steps.size(); ++i) {
+        EXPECT_EQ(gathered.result.steps[i].loss, bf16.result.steps[i].loss) << "step " << i + 1;
+        EXPECT_EQ(gathered.result.steps[i].grad_norm, bf16.result.steps[i].grad_norm) << "step " << i + 1;
+    }
+    ASSERT_GT(bf16.gather_bytes, 0);
+    const double ratio = static_cast<double>(gathered.gather_bytes) / static_cast<double>(bf16.gather_bytes);
+    EXPECT_GT(gathered.gather_bytes, 0);
+    EXPECT_LT(ratio, 0.5) << gathered.gather_bytes << " bytes against " << bf16.gather_bytes;
+    if (MpiSession().world_rank() == 0)
+        std::printf("[ fp8 gather ] parameter all-gather bytes sent per rank over %zu steps: bf16 %lld, fp8.param_gather %lld (%.3f)\n", bf16.result.steps.size(),
+                    static_cast<long long>(bf16.gather_bytes), static_cast<long long>(gathered.gather_bytes), ratio);
 }

@@ -223,3 +223,33 @@ TEST(FullySharded, OneRank_LossAndGradientsAreTheFlatModels) {
     }
     EXPECT_EQ(compared, flat.parameters().total_numel());
 }
+
+// fp8.param_gather's packing (fully_sharded.h): a group [norm 4 | weight 10 | bias 3 | weight 6]
+// over 3 ranks, pieces of 8: rank 0 holds the norm and 4 of the first weight, rank 1 the
+// rest of it and the bias's first 2, rank 2 the bias's last and the second weight's 6 (and
+// one padding element). Each rank's FP8 runs and compute runs lie in flat order in their
+// slots; the slots are the largest any rank needs (6 bytes, 4 elements), so a gather moves
+// 3 x (6 + 4 x 2) = 42 bytes against 3 x 8 x 2 = 48 in bf16: the bias and norm make half a
+// group's worth here, a few vectors in a real layer.
+TEST(FullySharded, Fp8ParamGather_PacksEachRanksRunsOfFp8WeightsAndTheRestInFlatOrder) {
+    FlatCut cut;
+    cut.flat = {100, 123};
+    cut.piece = 8;
+    const std::vector<FlatRange> fp8 = {{104, 114}, {117, 123}};
+    const FullyShardedParameters::PackedGroup g = FullyShardedParameters::packed_group(cut, 3, fp8);
+    const auto runs = [](const std::vector<FullyShardedParameters::Run>& rs) {
+        std::string out;
+        for (const auto& r : rs) out += cat("[", r.flat.begin, ",", r.flat.end, ")@", r.at, "w", r.weight, " ");
+        return out;
+    };
+    EXPECT_EQ(runs(g.fp8[0]), "[104,108)@0w0 ");
+    EXPECT_EQ(runs(g.compute[0]), "[100,104)@0w0 ");
+    EXPECT_EQ(runs(g.fp8[1]), "[108,114)@0w0 ");
+    EXPECT_EQ(runs(g.compute[1]), "[114,116)@0w0 ");
+    EXPECT_EQ(runs(g.fp8[2]), "[117,123)@0w1 ");
+    EXPECT_EQ(runs(g.compute[2]), "[116,117)@0w0 ");
+    EXPECT_EQ(g.fp8_slot, 6);
+    EXPECT_EQ(g.compute_slot, 4);
+    // A group with no FP8 weight keeps the plain gather.
+    EXPECT_EQ(FullyShardedParameters::packed_group(cut, 3, {{200, 210}}).fp8_slot, 0);
+}

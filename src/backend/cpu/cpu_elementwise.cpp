@@ -178,6 +178,12 @@ void CpuBackend::copy(const Tensor& out, const Tensor& in) {
         convert(op, out, in);
         return;
     }
+    if (is_fp8(in.dtype())) {
+        cpu::expect_host(op, "in", in);
+        cpu::expect_tensor(op, "out", out, in.shape(), in.dtype());
+        if (in.numel() > 0) std::memcpy(out.raw(), in.raw(), in.bytes());
+        return;
+    }
     cpu::dispatch_float(op, "in", in, [&]<class T>() {
         cpu::expect_tensor(op, "out", out, in.shape(), in.dtype());
         if (in.numel() > 0) std::memcpy(out.raw(), in.raw(), in.bytes());

@@ -44,6 +44,16 @@ int blas_int(const char* op, int64_t v) {
     return static_cast<int>(v);
 }
 
+// FP8 bytes as they are into out (unless out is x) and transposed into out_t.
+void relayout_fp8(const Fp8Cast& a, int64_t rows, int64_t cols) {
+    const auto* x = static_cast<const uint8_t*>(a.x.raw());
+    if (a.out.raw() != a.x.raw()) std::copy(x, x + rows * cols, static_cast<uint8_t*>(a.out.raw()));
+    if (a.out_t.empty()) return;
+    auto* out_t = static_cast<uint8_t*>(a.out_t.raw());
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) out_t[c * rows + r] = x[r * cols + c];
+}
+
 }  // namespace
 
 void CpuBackend::fp8_amax(const Fp8Amax& a) {
@@ -64,6 +74,10 @@ void CpuBackend::fp8_update_scale(const Fp8UpdateScale& a) {
 void CpuBackend::fp8_cast(const Fp8Cast& a) {
     cpu::OpTimer timer(profile_, Op::fp8_cast);
     const auto [rows, cols] = expect_fp8_cast(timer.name(), a, Device::cpu);
+    if (is_fp8(a.x.dtype())) {
+        relayout_fp8(a, rows, cols);
+        return;
+    }
     const Fp8Format format = fp8_format_of(a.out.dtype());
     const float scale = *a.scale.data<float>();
     auto* out = static_cast<uint8_t*>(a.out.raw());

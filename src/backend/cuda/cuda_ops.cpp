@@ -342,6 +342,10 @@ void CudaBackend::fp8_cast(const Fp8Cast& a) {
     CudaOpScope scope(*this, Op::fp8_cast);
     const char* op = scope.name();
     const auto [rows, cols] = expect_fp8_cast(op, a, Device::cuda);
+    if (is_fp8(a.x.dtype())) {
+        kernels::launch_fp8_relayout(ptr<uint8_t>(a.out), static_cast<uint8_t*>(ptr_or_null(a.out_t)), static_cast<const uint8_t*>(a.x.raw()), rows, cols, stream_);
+        return;
+    }
     kernels::Fp8CastArgs k;
     k.out = ptr<uint8_t>(a.out);
     k.out_t = static_cast<uint8_t*>(ptr_or_null(a.out_t));
