@@ -48,6 +48,30 @@ TEST_F(CudaFp8, CastOfBf16_GivesTheCpusBytesInBothLayoutsAndItsAmax) {
     }
 }
 
+// FP8 bytes as x (fp8.param_gather's gathered weights): copied as they are and transposed as
+// the CPU transposes them, into another tensor and in place (out = x, only out_t written).
+TEST_F(CudaFp8, RelayoutOfFp8Bytes_CopiesThemAndGivesTheCpusTransposeAlsoInPlace) {
+    for (const auto& [rows, cols, format] : {std::tuple{45, 70, DType::e4m3}, {64, 32, DType::e5m2}, {1, 5, DType::e4m3}}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " " << dtype_name(format));
+        const OwnedTensor x = random_input(DType::f32, {rows, cols}, 3 + rows, -6, 6);
+        const OwnedTensor bytes(format, {rows, cols}), out(format, {rows, cols}), out_t(format, {cols, rows}), scale = host_scalar(17.0f);
+        cpu().fp8_cast({.out = bytes, .x = x, .scale = scale});
+        cpu().fp8_cast({.out = out, .out_t = out_t, .x = bytes});
+        EXPECT_EQ(host_bytes(out.view()), host_bytes(bytes.view()));
+
+        const OwnedTensor g_bytes = device_tensor(gpu(), format, {rows, cols}), g_out = device_tensor(gpu(), format, {rows, cols});
+        const OwnedTensor g_out_t = device_tensor(gpu(), format, {cols, rows});
+        gpu().copy_from_host(g_bytes, bytes.view().raw());
+        gpu().fp8_cast({.out = g_out, .out_t = g_out_t, .x = g_bytes});
+        EXPECT_EQ(download_bytes(gpu(), g_out), host_bytes(bytes.view()));
+        EXPECT_EQ(download_bytes(gpu(), g_out_t), host_bytes(out_t.view()));
+        gpu().fill_zero(g_out_t);
+        gpu().fp8_cast({.out = g_bytes, .out_t = g_out_t, .x = g_bytes});
+        EXPECT_EQ(download_bytes(gpu(), g_bytes), host_bytes(bytes.view()));
+        EXPECT_EQ(download_bytes(gpu(), g_out_t), host_bytes(out_t.view()));
+    }
+}
+
 // The saturated and flushed counts: added to what the counts held, equal to the CPU's, over
 // many tiles (each block adds its sums once) and twice over (the sums are integers: exact in
 // any order of the blocks' atomic adds).
