@@ -172,3 +172,17 @@ TEST(Fp8Cluster, BadFp8Keys_AreRefusedNamingTheFileAndKey) {
     const std::string on_cpu = error_of([&] { load_cluster(cpu); });
     EXPECT_NE(on_cpu.find("fp8_cpu.toml: efficiency.fp8_gemm: not on a kind = \"cpu\" cluster"), std::string::npos) << on_cpu;
 }
+
+// A calibration measured under FP8 (bench --calibration-out) replaces the assumed FP8 GEMM
+// efficiency; on a cluster without an FP8 peak it has nothing to be a share of, and says so.
+TEST(Fp8Cluster, MeasuredFp8GemmEfficiency_ReplacesTheAssumedOne_AndNeedsAnFp8Peak) {
+    const std::string path = testing::TempDir() + "fp8_calibration.toml";
+    std::ofstream(path) << "[compute]\nfp8_gemm_efficiency = 0.42\n";
+    Cluster h100 = load_cluster("configs/clusters/h100-sxm.toml");
+    apply_calibration(h100, path);
+    EXPECT_DOUBLE_EQ(h100.efficiency.fp8_gemm, 0.42);
+    Cluster a100 = load_cluster("configs/clusters/a100-sxm.toml");
+    const std::string why = error_of([&] { apply_calibration(a100, path); });
+    EXPECT_NE(why.find("fp8_calibration.toml: compute.fp8_gemm_efficiency: the cluster"), std::string::npos) << why;
+    EXPECT_NE(why.find("has no device.fp8_peak_tflops"), std::string::npos) << why;
+}
