@@ -43,7 +43,7 @@ def svg(curves, path):
         v = lo + (hi - lo) * i / 5
         out.append(f'<line x1="{left - 4}" y1="{y(v):.1f}" x2="{width - right}" y2="{y(v):.1f}" stroke="#dddddd"/>')
         out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.3f}</text>')
-    for s in steps[:: max(1, len(steps) // 10)] + [steps[-1]]:
+    for s in sorted(set(steps[:: max(1, len(steps) // 10)] + [steps[-1]])):
         out.append(f'<text x="{x(s):.1f}" y="{height - bottom + 16}" text-anchor="middle">{s}</text>')
     for i, (label, curve) in enumerate(curves.items()):
         colour = COLOURS[i % len(COLOURS)]

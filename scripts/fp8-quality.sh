@@ -15,7 +15,7 @@
 # arguments. SVG=PATH also draws the curves there. Run from the repository root.
 #   env: STAND_IN_TRAIN (build/tests/stand_in_train), STEPS (500), EVAL_EVERY (25),
 #        TOLERANCE (0.01), THREADS (the machine's cores), SVG (none), FP8_EVERY_LAYER (0)
-# About 30 minutes on 2 cores: the stand-in copies every op's operands to f32 and back.
+# About 35 minutes on 2 cores: the stand-in copies every op's operands to f32 and back.
 set -u
 scratch=${1:-$(mktemp -d -t fp8-quality.XXXXXX)}
 [ $# -gt 0 ] && shift
