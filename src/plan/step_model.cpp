@@ -597,7 +597,7 @@ StageTime stage_time(const Config& config, const Mesh& mesh, const Cluster& c, i
 void require_fp8_tensor_cores(const Config& config, const Cluster& cluster) {
     if (config.train.precision != Precision::fp8 || cluster.kind != ClusterKind::gpu || cluster.fp8_peak_tflops > 0) return;
     fail(ErrorKind::config, cluster.source_path, ": device.fp8_peak_tflops: missing, and train.precision = \"fp8\" needs FP8 tensor cores (sm_89 or later), which ",
-         cluster.device_name, " has not: training refuses it there too (plan it with train.precision = \"bf16\", or on a cluster with FP8)");
+         cluster.device_name, " has not (plan it with train.precision = \"bf16\", or on a cluster with FP8)");
 }
 
 StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters) {

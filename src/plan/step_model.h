@@ -176,7 +176,7 @@ struct StepTime {
 
 // parameters: model_parameter_count(config.model); MFU counts the active ones (moe_plan.h).
 // Throws Error(config) naming the cluster file for train.precision = "fp8" on a GPU without
-// FP8 tensor cores (no device.fp8_peak_tflops), as training refuses it there.
+// FP8 tensor cores (no device.fp8_peak_tflops).
 StepTime predict_step_time(const Config& config, const Mesh& mesh, const Cluster& cluster, double parameters);
 // The refusal above on its own: nothing when the run is not FP8 or the cluster has FP8 tensor cores.
 void require_fp8_tensor_cores(const Config& config, const Cluster& cluster);

@@ -1,6 +1,6 @@
 // The plan under train.precision = "fp8": the blocks' linears at the FP8 peak x its
 // efficiency, their casts' memory traffic, MFU still against the bf16 peak, and the cluster
-// files' FP8 keys (a device without FP8 tensor cores refused as training refuses it).
+// files' FP8 keys (a device without FP8 tensor cores refused).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -138,7 +138,7 @@ TEST(Fp8StepModel, OnlyTheLinearsBetweenTheBf16FirstAndLastLayers_RunInFp8) {
 
 // The shipped GPU files carry the data sheets' dense FP8 peaks and an assumed efficiency;
 // the A100 has no FP8 tensor cores, and a plan of an FP8 run on it is refused naming the
-// file and the key, as training refuses it.
+// file and the key.
 TEST(Fp8Cluster, ShippedFiles_CarryTheDenseFp8Peaks_AndTheA100NoneSoFp8IsRefusedThere) {
     for (const auto& [file, peak] : {std::pair{"h100-sxm", 1979.0}, std::pair{"h200", 1979.0}, std::pair{"b200", 4500.0}, std::pair{"b300", 4500.0}}) {
         const Cluster c = load_cluster(std::string("configs/clusters/") + file + ".toml");
