@@ -4,7 +4,7 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/config_changes.h"
-#include "checkpoint/hf_mixtral.h"
+#include "checkpoint/hf_moe.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 

@@ -20,7 +20,7 @@ namespace llmtrain {
 
 // Before the model is allocated: Hugging Face weights at config.train.init_from whose experts
 // do not fit model.moe (their count, width, or which layers hold them) are refused naming the
-// key and the value they need (checkpoint/hf_mixtral.h). An llmtrain checkpoint's model is
+// key and the value they need (checkpoint/hf_moe.h). An llmtrain checkpoint's model is
 // checked by checkpoint_to_start_from, once its files are verified.
 void check_initial_weights_fit(const Config& config);
 // What a run starting from `path` reads: the checkpoint directory, or the .safetensors file.

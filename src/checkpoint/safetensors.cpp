@@ -7,7 +7,7 @@
 #include <xxhash.h>
 
 #include "checkpoint/checkpoint_store.h"
-#include "checkpoint/hf_mixtral.h"
+#include "checkpoint/hf_moe.h"
 #include "checkpoint/tensor_assembly.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -141,9 +141,9 @@ int64_t hf_index(const std::string& name, const Shape& global_shape, int64_t voc
 std::string hf_config_json(const ModelConfig& model) {
     if (model.family == ModelFamily::gpt2) return gpt2_config(model).dump(2) + "\n";
     if (!model.moe.enabled()) return llama_config(model).dump(2) + "\n";
-    if (const std::optional<std::string> problem = mixtral_export_problem(model))
+    if (const std::optional<std::string> problem = moe_export_problem(model))
         fail(ErrorKind::unsupported, "no Hugging Face class computes this mixture-of-experts model: ", *problem);
-    return mixtral_config(llama_config(model), model).dump(2) + "\n";
+    return moe_hf_config(llama_config(model), model).dump(2) + "\n";
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(path, std::ios::binary) {
@@ -291,7 +291,7 @@ ExportSummary export_checkpoint_to_hf(const std::string& checkpoint_path, const 
     for (const std::string& name : checkpoint.names(TensorRole::weights)) {
         const Shape saved = checkpoint.saved_shape(TensorRole::weights, name);
         const Shape shape = hf_shape(name, saved, vocab);
-        outputs.push_back({config.model.moe.enabled() ? mixtral_name(name) : name, shape, [&checkpoint, name, saved, shape, vocab] {
+        outputs.push_back({config.model.moe.enabled() ? moe_hf_name(config.model, name) : name, shape, [&checkpoint, name, saved, shape, vocab] {
             const std::vector<double> global = assemble_global_tensor(checkpoint, TensorRole::weights, name, saved);
             std::vector<float> values(static_cast<size_t>(shape.numel()));
             for (int64_t g = 0; g < saved.numel(); ++g) {

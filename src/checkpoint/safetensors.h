@@ -1,6 +1,7 @@
 // Hugging Face weights: export of a checkpoint as model.safetensors + config.json that
 // transformers loads as GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM (llama with
-// model.qkv_bias) or MixtralForCausalLM (llama with model.moe: checkpoint/hf_mixtral.h), and
+// model.qkv_bias), MixtralForCausalLM or Qwen2MoeForCausalLM (llama with model.moe, without
+// or with shared experts: checkpoint/hf_moe.h), and
 // import of such weights into a fresh run (train.init_from).
 //
 // safetensors: 8 bytes, little-endian, the header's length N; N bytes of JSON
@@ -44,7 +45,7 @@ int64_t hf_index(const std::string& name, const Shape& global_shape, int64_t voc
 
 // config.json for transformers: architectures, model_type and the model's dimensions.
 // Throws Error(unsupported) naming the key for a mixture-of-experts model that no class
-// computes (mixtral_export_problem).
+// computes (moe_export_problem).
 std::string hf_config_json(const ModelConfig& model);
 
 // One tensor of a safetensors file.

@@ -287,6 +287,11 @@ const std::vector<Field>& schema() {
         CONFIG_SUBKEY(model, moe, top_k).integer(1, 64).family_only(ModelFamily::llama).describe("experts each token is routed to"),
         CONFIG_SUBKEY(model, moe, d_ff_expert).integer(1, 1048576).derived(default_d_ff_expert).family_only(ModelFamily::llama)
             .describe("each expert's SwiGLU hidden width; default model.d_ff"),
+        CONFIG_SUBKEY(model, moe, n_shared_experts).integer(0, 64).family_only(ModelFamily::llama)
+            .describe("experts every token passes through beside its routed ones, as one SwiGLU MLP n_shared_experts * d_ff_expert wide "
+                      "(DeepSeek-V3, Qwen2-MoE); 0: none"),
+        CONFIG_SUBKEY(model, moe, shared_expert_gate).boolean().family_only(ModelFamily::llama)
+            .describe("the shared experts' output is scaled by sigmoid(x . w), a learned gate per token (Qwen2-MoE); false: added as it is (DeepSeek-V3)"),
         CONFIG_SUBKEY(model, moe, first_dense_layers).integer(0, 1024).family_only(ModelFamily::llama)
             .describe("the first layers keep the dense MLP (DeepSeek-V3's first_k_dense_replace)"),
         CONFIG_SUBKEY(model, moe, every).integer(1, 1024).family_only(ModelFamily::llama)
@@ -976,6 +981,18 @@ constexpr Check kChecks[] = {
         if (m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.d_ff % tp == 0) return std::nullopt;
         return Problem{"parallel.tp", cat("must divide model.n_heads = ", m.n_heads, ", model.n_kv_heads = ", m.n_kv_heads, " and model.d_ff = ",
                                           m.d_ff, " (got ", tp, ")")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        const MoeConfig& moe = c.model.moe;
+        if (!moe.enabled() || moe.n_shared_experts == 0 || moe.shared_d_ff() % c.parallel.tp == 0) return std::nullopt;
+        return Problem{"parallel.tp", cat("must divide the shared experts' width model.moe.n_shared_experts x model.moe.d_ff_expert = ", moe.n_shared_experts,
+                                          " x ", moe.d_ff_expert, " = ", moe.shared_d_ff(), " (got ", c.parallel.tp,
+                                          "; they are split over tp as a dense MLP is)")};
+    },
+    [](const Config& c) -> std::optional<Problem> {
+        const MoeConfig& moe = c.model.moe;
+        if (!moe.shared_expert_gate || moe.n_shared_experts > 0) return std::nullopt;
+        return Problem{"model.moe.shared_expert_gate", "= true gates the shared experts, but model.moe.n_shared_experts = 0 (allowed: false, or n_shared_experts >= 1)"};
     },
     [](const Config& c) -> std::optional<Problem> {
         const int64_t cp = c.parallel.cp, T = c.train.seq_len;

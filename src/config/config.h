@@ -38,6 +38,8 @@ struct MoeConfig {
     int64_t n_experts = 0;          // 0: a dense model
     int64_t top_k = 2;
     int64_t d_ff_expert = 0;        // each expert's SwiGLU width; default model.d_ff
+    int64_t n_shared_experts = 0;   // experts every token passes through, fused into one SwiGLU MLP n_shared_experts * d_ff_expert wide
+    bool shared_expert_gate = false; // the shared experts' output times sigmoid(x . w) (Qwen2-MoE); false: added as it is (DeepSeek-V3)
     int64_t first_dense_layers = 0; // layers [0, first_dense_layers) keep the dense MLP
     int64_t every = 1;              // from there on, every `every`-th layer is a MoE layer
     MoeRouter router = MoeRouter::softmax;
@@ -48,6 +50,7 @@ struct MoeConfig {
     double z_loss_coeff = 0;        // ST-MoE's router z-loss; 0: off
     double capacity_factor = 0;     // 0: dropless; else each expert takes ceil(factor * tokens * top_k / n_experts) assignments
     bool enabled() const { return n_experts > 0; }
+    int64_t shared_d_ff() const { return n_shared_experts * d_ff_expert; }
     bool is_moe_layer(int64_t layer) const { return enabled() && layer >= first_dense_layers && (layer - first_dense_layers) % every == 0; }
 };
 

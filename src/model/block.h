@@ -248,13 +248,19 @@ private:
 // activations [R, F] and outputs [R, C].
 // The load statistics per group of tokens (load_counts, score_sums [G, E]) and the balancing
 // losses [2] (aux, z) are the layer's too.
+// Shared experts (model.moe.n_shared_experts): the dense MLP's up projection and activation,
+// its output y [n, C]; with the gate, its logit, score, choice and the identity plan [n, 1]
+// of a one-expert sigmoid router, and the gated output [n, C].
 struct MoeSlots {
     Arena::Slot logits, scores, experts, gates, rows, sources, counts;  // counts [2, E]: kept, then dropped
     Arena::Slot x_perm, up, act, y_perm;
     Arena::Slot load_counts, score_sums, losses;
+    Arena::Slot shared_up, shared_act, shared_y;
+    Arena::Slot gate_logits, gate_scores, gate_experts, gate, gate_rows, gate_sources, gate_counts, gated;
 };
 struct MoeScratch {
     Arena::Slot d_y_perm, d_act, d_up, d_x_perm, d_gates, d_logits, d_logits_compute, d_x_router;
+    Arena::Slot shared_d_act, shared_d_up, shared_dx, d_shared_y, d_gate, d_gate_logits, d_gate_logits_compute;
 };
 
 struct MlpSlots {

@@ -27,7 +27,7 @@ MoeScore score_of(MoeRouter router) { return router == MoeRouter::sigmoid ? MoeS
 
 class MoeMlp final : public MlpPart {
 public:
-    MoeMlp(const MoeConfig& config, MoeShape shape) : config_(config), shape_(shape) {}
+    MoeMlp(const MoeConfig& config, MoeShape shape, std::unique_ptr<MlpPart> shared) : config_(config), shape_(shape), shared_(std::move(shared)) {}
 
     void register_params(ParamAdder& params, const ParamNames& names, int64_t layer) override {
         const int64_t C = shape_.d_model, F = shape_.d_ff;
@@ -40,6 +40,9 @@ public:
             up_.push_back({gate.first, up.last, true});
             down_.push_back(params.add_per_token(expert + "down_proj.weight", {C, F}, ParamInit::normal_residual, true));
         }
+        if (!shared_) return;
+        shared_->register_params(params, shared_names(names), layer);
+        if (config_.shared_expert_gate) gate_ = params.add_per_token(mlp + "shared_expert_gate.weight", {1, C}, ParamInit::normal, true);
     }
 
     MlpSlots reserve(const SlotPlanner& plan, const std::string& prefix, const MlpSlots* shared) const override {
@@ -63,11 +66,13 @@ public:
         m.load_counts = plan.arena.reserve(p + "load_counts", DType::i32, {groups, E});
         m.score_sums = plan.arena.reserve(p + "score_sums", router, {groups, E});
         m.losses = plan.arena.reserve(p + "losses", router, {2});
+        if (shared_) reserve_shared(plan, p, shared, m);
         return s;
     }
     MlpSlots reserve_recomputed(const SlotPlanner& plan, const std::string& prefix) const override {
         MlpSlots s;
         s.moe.act = plan.arena.reserve(prefix + ".moe.act", plan.dtype, {rows_for(plan.local_rows), shape_.d_ff});
+        if (shared_) s.moe.shared_act = shared_->reserve_recomputed(plan, prefix + ".moe.shared").act;
         return s;
     }
     MlpScratch reserve_scratch(const SlotPlanner& plan) const override {
@@ -83,11 +88,13 @@ public:
         m.d_logits = plan.arena.reserve("grad.moe.logits", router, {n, E});
         m.d_logits_compute = plan.arena.reserve("grad.moe.logits_compute", plan.dtype, {router == plan.dtype ? 0 : n, E});
         m.d_x_router = plan.arena.reserve("grad.moe.x_router", plan.dtype, {n, C});
+        if (shared_) reserve_shared_scratch(plan, m);
         return g;
     }
 
     // The layer's output: this rank's rows, in the scratch (the caller adds it to the residual).
     Tensor forward(LayerOps& ops, const MlpSlots& s, const Tensor& x_local) const override {
+        if (shared_) shared_forward(ops, s.moe, x_local);
         const Routed r = route(ops, s.moe, x_local);
         Backend& b = ops.backend();
         b.moe_permute_fwd({.x_perm = r.x_perm, .x = x_local, .sources = r.sources, .top_k = shape_.top_k});
@@ -101,6 +108,7 @@ public:
         });
         const Tensor out = ops.part_output(r.n);
         b.moe_combine_fwd({.out = out, .y_perm = y, .gates = r.gates, .rows = r.rows_of});
+        if (shared_) b.add(out, out, ops.planned(config_.shared_expert_gate ? s.moe.gated : s.moe.shared_y).slice_rows(0, r.n));
         return out;
     }
 
@@ -109,6 +117,8 @@ public:
         const Routed r = routed(ops, s.moe, x_local.dim(0));
         const MoeScratch& m = g.moe;
         Backend& b = ops.backend();
+        // The shared experts' first: their input gradient lands outside d_in (see shared_backward).
+        const Tensor d_shared_x = shared_ ? shared_backward(ops, s.moe, m, d_local, x_local) : Tensor();
         const Tensor up = used(ops, s.moe.up, r), act = used(ops, s.moe.act, r), y = used(ops, s.moe.y_perm, r);
         const Tensor d_y = used(ops, m.d_y_perm, r), d_act = used(ops, m.d_act, r), d_up = used(ops, m.d_up, r), d_x_perm = used(ops, m.d_x_perm, r);
         const Tensor d_gates = ops.planned(m.d_gates).slice_rows(0, r.n);
@@ -127,6 +137,7 @@ public:
         const Tensor dx = d_in.slice_rows(0, r.n);
         b.moe_permute_bwd({.dx = dx, .d_x_perm = d_x_perm, .rows = r.rows_of});
         router_backward(ops, s.moe, m, r, d_gates, x_local, dx);
+        if (shared_) b.add(dx, dx, d_shared_x);
         return dx;
     }
 
@@ -142,6 +153,7 @@ public:
         if (it == counts_.end()) fail(ErrorKind::runtime, "MoE recompute before the layer's forward");
         const int64_t R = it->second.rows;
         ops.backend().swiglu_fwd(ops.planned(s.moe.act).slice_rows(0, R), ops.planned(s.moe.up).slice_rows(0, R));
+        if (shared_) shared_->recompute(ops, shared_slots(s.moe));
     }
 
 private:
@@ -167,6 +179,109 @@ private:
     static void for_each_expert(const Routed& r, F&& f) {
         for (size_t e = 0; e < r.first.size(); ++e)
             if (r.count[e] > 0) f(static_cast<int64_t>(e), r.first[e], r.count[e]);
+    }
+
+    // ---- Shared experts ----
+    // The dense MLP's names inside this layer's: mlp.gate_proj -> mlp.shared_expert.gate_proj.
+    static ParamNames shared_names(const ParamNames& names) {
+        ParamNames shared = names;
+        const auto inside = [](const std::string& name) { return name.starts_with("mlp.") ? "mlp.shared_expert." + name.substr(4) : name; };
+        for (std::string& up : shared.mlp_up) up = inside(up);
+        shared.mlp_down = inside(shared.mlp_down);
+        return shared;
+    }
+    static MlpSlots shared_slots(const MoeSlots& m) { return {.up = m.shared_up, .act = m.shared_act, .moe = {}}; }
+
+    // recomputed: the slots selective recomputation rebuilds the activation into (or null).
+    void reserve_shared(const SlotPlanner& plan, const std::string& p, const MlpSlots* recomputed, MoeSlots& m) const {
+        const int64_t n = plan.local_rows, C = shape_.d_model;
+        MlpSlots kept;
+        if (recomputed) kept.act = recomputed->moe.shared_act;
+        const MlpSlots dense = shared_->reserve(plan, p + "shared", recomputed ? &kept : nullptr);
+        m.shared_up = dense.up, m.shared_act = dense.act;
+        m.shared_y = plan.arena.reserve(p + "shared_y", plan.dtype, {n, C});
+        if (!config_.shared_expert_gate) return;
+        const DType router = plan.stat_dtype;
+        m.gate_logits = plan.arena.reserve(p + "gate_logits", router, {n, 1});
+        m.gate_scores = plan.arena.reserve(p + "gate_scores", router, {n, 1});
+        m.gate = plan.arena.reserve(p + "gate", router, {n, 1});
+        m.gate_experts = plan.arena.reserve(p + "gate_experts", DType::i32, {n, 1});
+        m.gate_rows = plan.arena.reserve(p + "gate_rows", DType::i32, {n, 1});
+        m.gate_sources = plan.arena.reserve(p + "gate_sources", DType::i32, {n});
+        m.gate_counts = plan.arena.reserve(p + "gate_counts", DType::i32, {1});
+        m.gated = plan.arena.reserve(p + "gated", plan.dtype, {n, C});
+    }
+    void reserve_shared_scratch(const SlotPlanner& plan, MoeScratch& m) const {
+        const int64_t n = plan.local_rows, C = shape_.d_model;
+        const MlpScratch dense = shared_->reserve_scratch(plan);
+        m.shared_d_act = dense.d_act, m.shared_d_up = dense.d_up;
+        m.shared_dx = plan.arena.reserve("grad.moe.shared_dx", plan.dtype, {plan.rows, C});
+        if (!config_.shared_expert_gate) return;
+        const DType router = plan.stat_dtype;
+        m.d_shared_y = plan.arena.reserve("grad.moe.shared_y", plan.dtype, {n, C});
+        m.d_gate = plan.arena.reserve("grad.moe.gate", router, {n, 1});
+        m.d_gate_logits = plan.arena.reserve("grad.moe.gate_logits", router, {n, 1});
+        m.d_gate_logits_compute = plan.arena.reserve("grad.moe.gate_logits_compute", plan.dtype, {router == plan.dtype ? 0 : n, 1});
+    }
+
+    // The gate's views: a router of one expert.
+    struct Gate {
+        Tensor logits, scores, gate, experts, rows, sources, counts;
+    };
+    static Gate gate_views(const LayerOps& ops, const MoeSlots& s, int64_t n) {
+        return {ops.planned(s.gate_logits).slice_rows(0, n), ops.planned(s.gate_scores).slice_rows(0, n), ops.planned(s.gate).slice_rows(0, n),
+                ops.planned(s.gate_experts).slice_rows(0, n), ops.planned(s.gate_rows).slice_rows(0, n), ops.planned(s.gate_sources).slice_rows(0, n),
+                ops.planned(s.gate_counts)};
+    }
+
+    // shared_y = shared(x) (the dense MLP writes the part's output: copied out before the
+    // routed experts write theirs there); gated = sigmoid(x . w_g) shared_y with the gate.
+    void shared_forward(LayerOps& ops, const MoeSlots& s, const Tensor& x) const {
+        Backend& b = ops.backend();
+        const int64_t n = x.dim(0);
+        const Tensor y = ops.planned(s.shared_y).slice_rows(0, n);
+        b.copy(y, shared_->forward(ops, shared_slots(s), x));
+        if (!config_.shared_expert_gate) return;
+        const Gate g = gate_views(ops, s, n);
+        b.matmul_fwd({.out = g.logits, .x = x, .w = ops.value(gate_), .bias = Tensor(), .row_block = 0});
+        b.moe_route_fwd({.experts = g.experts, .gates = g.gate, .scores = g.scores, .logits = g.logits, .expert_bias = Tensor(),
+                         .score = MoeScore::sigmoid, .normalize_top_k = false});
+        b.moe_permute_plan({.rows = g.rows, .sources = g.sources, .counts = g.counts, .dropped = Tensor(), .experts = g.experts, .capacity = 0});
+        b.moe_combine_fwd({.out = ops.planned(s.gated).slice_rows(0, n), .y_perm = y, .gates = g.gate, .rows = g.rows});
+    }
+
+    // d(loss)/dx of this rank's rows through the shared experts and their gate, from d_out:
+    // in the dense MLP's own scratch (whole rows, or reduced to this rank's under sequence
+    // parallelism), with the gate's input gradient added.
+    Tensor shared_backward(LayerOps& ops, const MoeSlots& s, const MoeScratch& m, const Tensor& d_out, const Tensor& x) const {
+        Backend& b = ops.backend();
+        const int64_t n = x.dim(0);
+        Tensor d_y = d_out;
+        Tensor d_gate_x;
+        if (config_.shared_expert_gate) {
+            const Gate g = gate_views(ops, s, n);
+            d_y = ops.planned(m.d_shared_y).slice_rows(0, n);
+            const Tensor d_gate = ops.planned(m.d_gate).slice_rows(0, n), d_logits = ops.planned(m.d_gate_logits).slice_rows(0, n);
+            b.moe_combine_bwd({.d_y_perm = d_y, .d_gates = d_gate, .d_out = d_out, .y_perm = ops.planned(s.shared_y).slice_rows(0, n), .gates = g.gate,
+                               .rows = g.rows, .sources = g.sources});
+            b.moe_route_bwd({.d_logits = d_logits, .d_gates = d_gate, .gates = g.gate, .scores = g.scores, .experts = g.experts,
+                             .score = MoeScore::sigmoid, .normalize_top_k = false, .accumulate = false});
+            d_gate_x = ops.planned(m.d_x_router).slice_rows(0, n);
+            b.matmul_bwd({.dx = d_gate_x, .dw = ops.grad(gate_), .dbias = Tensor(), .dout = in_dtype(ops, d_logits, m.d_gate_logits_compute, x), .x = x,
+                          .w = ops.value(gate_)});
+        }
+        const MlpScratch dense{.d_act = m.shared_d_act, .d_up = m.shared_d_up, .moe = {}};
+        const Tensor dx = shared_->backward(ops, shared_slots(s), dense, d_y, x, ops.rows(m.shared_dx));
+        if (!d_gate_x.empty()) b.add(dx, dx, d_gate_x);
+        return dx;
+    }
+
+    // t in x's dtype: itself, or copied into `slot` (an fp32 logit gradient for a bf16 GEMM).
+    static Tensor in_dtype(const LayerOps& ops, const Tensor& t, Arena::Slot slot, const Tensor& x) {
+        if (t.dtype() == x.dtype()) return t;
+        const Tensor c = ops.planned(slot).slice_rows(0, t.dim(0));
+        ops.backend().copy(c, t);
+        return c;
     }
 
     // Router, top-k and the permutation plan for x's tokens; the expert rows on the host.
@@ -321,19 +436,16 @@ private:
         }
         if (config_.z_loss_coeff > 0)
             b.moe_z_loss_bwd({.d_logits = d_logits, .logits = r.logits, .coeff = z_loss_coeff(ops), .dloss = dloss});
-        Tensor d_logits_c = d_logits;
-        if (d_logits.dtype() != x.dtype()) {
-            d_logits_c = ops.planned(m.d_logits_compute).slice_rows(0, r.n);
-            b.copy(d_logits_c, d_logits);
-        }
         const Tensor d_router_x = ops.planned(m.d_x_router).slice_rows(0, r.n);
-        b.matmul_bwd({.dx = d_router_x, .dw = ops.grad(router_), .dbias = Tensor(), .dout = d_logits_c, .x = x, .w = ops.value(router_)});
+        b.matmul_bwd({.dx = d_router_x, .dw = ops.grad(router_), .dbias = Tensor(), .dout = in_dtype(ops, d_logits, m.d_logits_compute, x), .x = x,
+                      .w = ops.value(router_)});
         b.add(dx, dx, d_router_x);
     }
 
     MoeConfig config_;
     MoeShape shape_;
-    ParamSpan router_;
+    std::unique_ptr<MlpPart> shared_;  // the shared experts' dense MLP, or null
+    ParamSpan router_, gate_;          // gate_: the shared experts' (shared_expert_gate)
     Arena::Slot bias_ = 0;  // expert_bias: [E], the router's dtype, kept across steps
     std::vector<ParamSpan> up_, down_;  // per expert: [gate | up] fused, down
     // Each activation set's expert rows (keyed by its counts slot), from its forward.
@@ -343,6 +455,8 @@ private:
 
 }  // namespace
 
-std::unique_ptr<MlpPart> make_moe_mlp(const MoeConfig& config, MoeShape shape) { return std::make_unique<MoeMlp>(config, shape); }
+std::unique_ptr<MlpPart> make_moe_mlp(const MoeConfig& config, MoeShape shape, std::unique_ptr<MlpPart> shared_experts) {
+    return std::make_unique<MoeMlp>(config, shape, std::move(shared_experts));
+}
 
 }  // namespace llmtrain

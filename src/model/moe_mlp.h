@@ -25,6 +25,16 @@
 // backend (cuBLASLt on CUDA, with its algorithm cache), bitwise the same on every run, and a
 // zero-row expert costs nothing; a grouped GEMM would save the launches, not the FLOPs.
 //
+// Shared experts (model.moe.n_shared_experts, DeepSeek-V3 and Qwen2-MoE): every token also
+// passes through one dense SwiGLU MLP n_shared_experts * d_ff_expert wide (the shared experts
+// fused, as both models store them), split over tp as a dense layer's MLP is:
+//
+//   out[t] += g[t] shared(x)[t],   g[t] = sigmoid(x[t] . w_g)  (shared_expert_gate; else g = 1)
+//
+// The gate runs as a router of one expert with sigmoid scores, unnormalized: its logit GEMM
+// writes fp32, its score is the gate, and the combine of one choice per token weighs the
+// shared output by it; so its forward and backward are the routed path's verified ops.
+//
 // Parallelism: every expert is on every rank (parallel.ep = 1). The part works on this rank's
 // tokens: the whole micro-batch, or its 1/tp under sequence parallelism, where the experts'
 // and the router's gradients are partial sums over the tp ranks (flagged, as the norms'), and
@@ -40,7 +50,9 @@
 //
 // Parameters, in Qwen2-MoE's names: mlp.gate.weight [E, d_model] (the router), then per
 // expert mlp.experts.{e}.gate_proj.weight, up_proj.weight [d_ff_expert, d_model] (one fused
-// [2 F, d_model] matrix) and down_proj.weight [d_model, d_ff_expert].
+// [2 F, d_model] matrix) and down_proj.weight [d_model, d_ff_expert]; then the shared experts'
+// mlp.shared_expert.{gate_proj, up_proj, down_proj}.weight (S = n_shared_experts *
+// d_ff_expert rows) and their gate mlp.shared_expert_gate.weight [1, d_model].
 #pragma once
 
 #include <memory>
@@ -56,7 +68,9 @@ struct MoeShape {
     int64_t seq_len = 0;  // the planned tokens of a sequence on this rank (seq_aux_loss's groups)
 };
 
-std::unique_ptr<MlpPart> make_moe_mlp(const MoeConfig& config, MoeShape shape);
+// shared_experts: the dense MLP of the shared experts (make_mlp of width
+// config.shared_d_ff()), or null when config.n_shared_experts is 0.
+std::unique_ptr<MlpPart> make_moe_mlp(const MoeConfig& config, MoeShape shape, std::unique_ptr<MlpPart> shared_experts);
 
 // The planned rows of the permuted buffer for up to `tokens` tokens: tokens * top_k
 // (dropless) or n_experts * capacity(tokens).

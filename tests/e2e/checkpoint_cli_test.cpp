@@ -69,6 +69,12 @@ std::string tiny_run(const std::string& dir, const std::string& family, const st
     if (family == "moe")
         flags = std::regex_replace(flags, std::regex("family=moe"), "family=llama --set model.n_kv_heads=2 --set model.moe.n_experts=4 --set model.moe.top_k=2"
                                                                     " --set model.moe.d_ff_expert=48");
+    // Qwen2-MoE's shape: QKV biases, a dense first layer, a gated shared expert, unnormalized gates.
+    if (family == "qwen2moe")
+        flags = std::regex_replace(flags, std::regex("family=qwen2moe"),
+                                   "family=llama --set model.qkv_bias=true --set model.n_kv_heads=2 --set model.moe.n_experts=4 --set model.moe.top_k=2"
+                                   " --set model.moe.d_ff_expert=48 --set model.moe.first_dense_layers=1 --set model.moe.n_shared_experts=1"
+                                   " --set model.moe.shared_expert_gate=true --set model.moe.normalize_top_k=false");
     return flags + " " + more;
 }
 
@@ -577,4 +583,101 @@ TEST(CheckpointCli, MoeCheckpointOfAnotherExpertCount_IsRefusedAtResumeAndAsInit
     EXPECT_NE(started.output.find("train.init_from: the checkpoint '" + checkpoint + "' was saved by a model with model.moe.n_experts = 4, this config has 8"),
               std::string::npos)
         << started.output;
+}
+
+// ---- mixture-of-experts models with shared experts as Qwen2-MoE ----
+
+TEST(CheckpointExport, MoeWithASharedExpert_IsQwen2MoeForCausalLM_ItsConfigKeysAndTensorsInOurNames) {
+    const std::string dir = scratch("export-qwen2moe");
+    train_and_export(dir, "qwen2moe");
+    const nlohmann::json config = nlohmann::json::parse(read_bytes(dir + "/hf/config.json"));
+    EXPECT_EQ(config.at("architectures"), nlohmann::json::array({"Qwen2MoeForCausalLM"}));
+    EXPECT_EQ(config.at("model_type"), "qwen2_moe");
+    EXPECT_EQ(config.at("num_experts"), 4);
+    EXPECT_EQ(config.at("num_experts_per_tok"), 2);
+    EXPECT_EQ(config.at("moe_intermediate_size"), 48);
+    EXPECT_EQ(config.at("shared_expert_intermediate_size"), 48);
+    EXPECT_EQ(config.at("norm_topk_prob"), false);
+    EXPECT_EQ(config.at("decoder_sparse_step"), 1);
+    EXPECT_EQ(config.at("mlp_only_layers"), nlohmann::json::array({0})) << "layer 0 is dense (model.moe.first_dense_layers = 1)";
+    EXPECT_EQ(config.at("qkv_bias"), true);
+    EXPECT_EQ(config.at("use_sliding_window"), false);
+    EXPECT_EQ(config.at("output_router_logits"), false);
+    EXPECT_EQ(config.at("hidden_size"), 32);
+    EXPECT_EQ(config.at("num_key_value_heads"), 2);
+
+    const StFile file = read_safetensors_independently(dir + "/hf/model.safetensors");
+    const int64_t C = 32, F = 48, E = 4;
+    const std::map<std::string, Shape64> expected = {
+        {"model.layers.1.mlp.gate.weight", {E, C}},
+        {"model.layers.1.mlp.experts.3.gate_proj.weight", {F, C}},
+        {"model.layers.1.mlp.experts.3.down_proj.weight", {C, F}},
+        {"model.layers.1.mlp.shared_expert.gate_proj.weight", {F, C}},
+        {"model.layers.1.mlp.shared_expert.up_proj.weight", {F, C}},
+        {"model.layers.1.mlp.shared_expert.down_proj.weight", {C, F}},
+        {"model.layers.1.mlp.shared_expert_gate.weight", {1, C}},
+        {"model.layers.0.self_attn.q_proj.bias", {C}}};
+    for (const auto& [name, shape] : expected) {
+        ASSERT_TRUE(file.entries.count(name)) << name;
+        EXPECT_EQ(file.entries.at(name).shape, shape) << name;
+    }
+    EXPECT_TRUE(file.entries.count("model.layers.0.mlp.gate_proj.weight")) << "layer 0's dense MLP";
+    EXPECT_FALSE(file.entries.count("model.layers.0.mlp.gate.weight")) << "layer 0 has no router";
+    const std::string checkpoint = dir + "/checkpoints/step_00000002";
+    for (const std::string name : {"model.layers.1.mlp.shared_expert.down_proj.weight", "model.layers.1.mlp.shared_expert_gate.weight"}) {
+        const std::vector<double> trained = checkpoint_values(checkpoint, name);
+        const std::vector<float> exported = file.values(name);
+        ASSERT_EQ(exported.size(), trained.size()) << name;
+        for (size_t i = 0; i < trained.size(); ++i) ASSERT_EQ(exported[i], static_cast<float>(trained[i])) << name << "[" << i << "]";
+    }
+}
+
+TEST(CheckpointExport, MoeWithASharedExpert_InitFromTheExportMatchesTheResume) { expect_init_from_export_matches_resume("qwen2moe"); }
+
+// Shared experts Qwen2-MoE cannot express are refused with the key and the reason.
+TEST(CheckpointExport, SharedExpertsThatQwen2MoeDoesNotCompute_AreRefusedNamingTheKeyAndWhy) {
+    const std::vector<std::string> qwen2_moe = {"model.family=\"llama\"", "model.moe.n_experts=4", "model.n_layers=2", "model.qkv_bias=true",
+                                                "model.moe.n_shared_experts=1", "model.moe.shared_expert_gate=true"};
+    EXPECT_EQ(nlohmann::json::parse(hf_config_json(load_config("configs/tiny.toml", qwen2_moe, DataFiles::unchecked).model)).at("model_type"), "qwen2_moe");
+    const std::vector<std::pair<std::string, std::string>> refused = {
+        {"model.moe.shared_expert_gate=false", "model.moe.shared_expert_gate = false: Qwen2MoeForCausalLM weighs its shared expert by a sigmoid gate, "
+                                               "and MixtralForCausalLM has no shared expert (model.moe.n_shared_experts = 1)"},
+        {"model.qkv_bias=false", "model.qkv_bias = false: Qwen2MoeForCausalLM's attention has q, k and v biases"},
+        {"model.moe.router=\"sigmoid\"", "model.moe.router = \"sigmoid\": Qwen2MoeForCausalLM routes by a softmax over all experts"}};
+    for (const auto& [key, why] : refused) {
+        std::vector<std::string> overrides = qwen2_moe;
+        overrides.push_back(key);
+        try {
+            hf_config_json(load_config("configs/tiny.toml", overrides, DataFiles::unchecked).model);
+            ADD_FAILURE() << key << " was exported";
+        } catch (const Error& error) {
+            EXPECT_EQ(error.kind(), ErrorKind::unsupported) << key;
+            EXPECT_NE(std::string(error.what()).find(why), std::string::npos) << error.what();
+        }
+    }
+}
+
+// Qwen2-MoE weights whose shared expert does not fit model.moe stop the run before it starts.
+TEST(CheckpointImport, SharedExpertWeightsThatDoNotFitModelMoe_AreRefusedNamingTheKeyAndTheValueTheyNeed) {
+    const std::string dir = scratch("qwen2moe-mismatch");
+    train_and_export(dir, "qwen2moe");
+    const std::string hf = dir + "/hf", file = hf + "/model.safetensors";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--set model.moe.n_shared_experts=0 --set model.moe.shared_expert_gate=false",
+         "model.moe.n_shared_experts = 0 here: the weights of train.init_from '" + file +
+             "' hold a shared expert 48 wide in layer 1 (model.layers.1.mlp.shared_expert.gate_proj.weight); expected model.moe.n_shared_experts = 1"},
+        {"--set model.moe.n_shared_experts=2", "model.moe.n_shared_experts = 2 here: the weights of train.init_from '" + file +
+                                                   "' hold a shared expert 48 wide in layer 1 (model.layers.1.mlp.shared_expert.gate_proj.weight); "
+                                                   "expected model.moe.n_shared_experts = 1"},
+        {"--set model.moe.shared_expert_gate=false", "model.moe.shared_expert_gate = false here: the weights of train.init_from '" + file +
+                                                         "' gate layer 1's shared expert (model.layers.1.mlp.shared_expert_gate.weight); "
+                                                         "expected model.moe.shared_expert_gate = true"}};
+    int i = 0;
+    for (const auto& [key, message] : cases) {
+        const std::string run = dir + "/run" + std::to_string(i++);
+        const Outcome o = llmtrain_cli(tiny_run(dir, "qwen2moe", "--set train.steps=1 " + key + " --set train.init_from=" + hf + " --run-dir " + run));
+        EXPECT_EQ(o.exit_code, 2) << key << "\n" << o.output;
+        EXPECT_NE(o.output.find("llmtrain: config error: " + message), std::string::npos) << key << "\n" << o.output;
+        EXPECT_FALSE(fs::exists(run + "/log.jsonl")) << key;
+    }
 }

@@ -173,3 +173,26 @@ PARALLEL_TEST(MoeLayouts, ExpertBiasSequenceParallel_MatchesSingleProcess, 2) {
     expect_moe_layout_matches_single_process(2, with_expert_bias({"parallel.tp=2", "parallel.sequence_parallel=true"}));
 }
 PARALLEL_TEST(MoeLayouts, ExpertBiasPipeline_MatchesSingleProcess, 2) { expect_moe_layout_matches_single_process(3, with_expert_bias({"parallel.pp=2"})); }
+
+// Shared experts (Qwen2-MoE's, gated; DeepSeek-V3's, added as they are): their dense MLP is
+// split over tp as a dense layer's is, their gate acts on each rank's own tokens.
+std::vector<std::string> with_shared_experts(std::vector<std::string> layout, bool gated) {
+    layout.push_back(gated ? "model.moe.n_shared_experts=1" : "model.moe.n_shared_experts=2");
+    layout.push_back(gated ? "model.moe.shared_expert_gate=true" : "model.moe.shared_expert_gate=false");
+    return layout;
+}
+PARALLEL_TEST(MoeLayouts, GatedSharedExpertTensorParallel_MatchesSingleProcess, 2) {
+    expect_moe_layout_matches_single_process(2, with_shared_experts({"parallel.tp=2"}, true));
+}
+PARALLEL_TEST(MoeLayouts, GatedSharedExpertSequenceParallelSelectiveRecompute_MatchesSingleProcess, 2) {
+    expect_moe_layout_matches_single_process(2, with_shared_experts({"parallel.tp=2", "parallel.sequence_parallel=true", "train.recompute=\"selective\""}, true));
+}
+PARALLEL_TEST(MoeLayouts, SharedExpertsDataParallelZero3FullRecompute_MatchesSingleProcess, 2) {
+    expect_moe_layout_matches_single_process(2, with_shared_experts({"parallel.zero_stage=3", "train.recompute=\"full\""}, false));
+}
+PARALLEL_TEST(MoeLayouts, GatedSharedExpertPipeline_MatchesSingleProcess, 2) {
+    expect_moe_layout_matches_single_process(3, with_shared_experts({"parallel.pp=2"}, true));
+}
+PARALLEL_TEST(MoeLayouts, GatedSharedExpertContextParallel_MatchesSingleProcess, 2) {
+    expect_moe_layout_matches_single_process(1, long_sequences(with_shared_experts({"parallel.cp=2"}, true)));
+}

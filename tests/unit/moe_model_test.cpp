@@ -81,6 +81,75 @@ TEST(MoeModel, CapacityThatDropsAssignmentsGradients_MatchFiniteDifferences) {
     expect_gradients_match_finite_differences(m);
 }
 
+// DeepSeek-V3's shared experts: added as they are, beside a sigmoid router.
+TEST(MoeModel, SharedExpertsUngatedWithASigmoidRouterGradients_MatchFiniteDifferences) {
+    ModelConfig m = tiny_moe();
+    m.moe.n_shared_experts = 2;
+    m.moe.router = MoeRouter::sigmoid;
+    m.moe.load_balancing = MoeBalancing::none;
+    expect_gradients_match_finite_differences(m);
+}
+
+// Qwen2-MoE's: one shared expert weighed by its sigmoid gate, unnormalized top-k gates.
+TEST(MoeModel, SharedExpertWithItsSigmoidGateGradients_MatchFiniteDifferences) {
+    ModelConfig m = tiny_moe();
+    m.moe.n_shared_experts = 1;
+    m.moe.shared_expert_gate = true;
+    m.moe.normalize_top_k = false;
+    m.moe.z_loss_coeff = 0.05;
+    expect_gradients_match_finite_differences(m);
+}
+
+// The shared experts are a term of the output: zeroing their down projection gives the model
+// without them (same routed experts, same loss), and their gate's weight moves the loss.
+TEST(MoeModel, SharedExpertsWithZeroDownProjection_ComputeTheModelWithoutThem) {
+    const int64_t B = 2, T = 6;
+    ModelConfig plain = tiny_moe(), shared = tiny_moe();
+    shared.moe.n_shared_experts = 1;
+    shared.moe.shared_expert_gate = true;
+    auto backend = make_cpu_backend(1);
+    Transformer without(plain, *backend, DType::f64, B, T), with(shared, *backend, DType::f64, B, T);
+    without.initialize(3);
+    with.initialize(3);
+    Parameters &a = without.parameters(), &b = with.parameters();
+    for (size_t i = 0; i < a.count(); ++i) {
+        const Tensor from = a.value(i), to = b.value(b.index_of(a.info(i).name));
+        std::copy(from.data<double>(), from.data<double>() + from.numel(), to.data<double>());
+    }
+    const auto zero = [&](const std::string& name) {
+        const Tensor t = b.value(b.index_of(name));
+        std::fill(t.data<double>(), t.data<double>() + t.numel(), 0.0);
+    };
+    for (const int layer : {0, 1}) zero("model.layers." + std::to_string(layer) + ".mlp.shared_expert.down_proj.weight");
+    Batch batch(B * T, plain.vocab_size, 4);
+    const double loss_without = objective(without, batch, B, T);
+    EXPECT_EQ(objective(with, batch, B, T), loss_without);
+    // With its down projection back, the shared expert changes the loss.
+    with.initialize(3);
+    for (size_t i = 0; i < a.count(); ++i) {
+        const Tensor from = a.value(i), to = b.value(b.index_of(a.info(i).name));
+        std::copy(from.data<double>(), from.data<double>() + from.numel(), to.data<double>());
+    }
+    EXPECT_NE(objective(with, batch, B, T), loss_without);
+}
+
+TEST(MoeModel, SharedExperts_AreQwen2MoeNamedOneMlpNSharedTimesTheExpertWidthAndTheirGate) {
+    ModelConfig m = tiny_moe();
+    m.moe.n_shared_experts = 2;
+    m.moe.shared_expert_gate = true;
+    auto backend = make_cpu_backend(1);
+    Transformer model(m, *backend, DType::f32, 1, 4);
+    const Parameters& p = model.parameters();
+    const std::string mlp = "model.layers.1.mlp.";
+    EXPECT_EQ(p.info(p.index_of(mlp + "shared_expert.gate_proj.weight")).shape, (Shape{12, 8}));
+    EXPECT_EQ(p.info(p.index_of(mlp + "shared_expert.up_proj.weight")).shape, (Shape{12, 8}));
+    EXPECT_EQ(p.info(p.index_of(mlp + "shared_expert.down_proj.weight")).shape, (Shape{8, 12}));
+    EXPECT_EQ(p.info(p.index_of(mlp + "shared_expert_gate.weight")).shape, (Shape{1, 8}));
+    // Hugging Face's order: the router, the experts, the shared expert, its gate.
+    EXPECT_LT(p.index_of(mlp + "experts.3.down_proj.weight"), p.index_of(mlp + "shared_expert.gate_proj.weight"));
+    EXPECT_LT(p.index_of(mlp + "shared_expert.down_proj.weight"), p.index_of(mlp + "shared_expert_gate.weight"));
+}
+
 TEST(MoeModel, Parameters_AreQwen2MoeNamedRouterAndExpertsOnMoeLayersOnly) {
     ModelConfig m = tiny_moe();
     m.moe.first_dense_layers = 1;
