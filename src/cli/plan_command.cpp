@@ -54,6 +54,7 @@ nlohmann::json memory_json(const LayoutPlan& p) {
             {"optimizer_bytes", m.optimizer_bytes},
             {"activation_bytes", m.activation_bytes},
             {"workspace_bytes", m.workspace_bytes},
+            {"fp8_bytes", m.fp8_bytes},
             {"runtime_and_communication_bytes", p.runtime_bytes},
             {"checkpoint_staging_bytes", p.checkpoint_staging_bytes},
             {"total_bytes", p.total_bytes},
@@ -201,6 +202,7 @@ void print_memory(const LayoutPlan& p) {
     std::printf("  %-44s %10.2f GB\n", "optimizer state (AdamW moments owned)", gb(static_cast<double>(m.optimizer_bytes)));
     std::printf("  %-44s %10.2f GB\n", "activations (1F1B micro-batches in flight)", gb(static_cast<double>(m.activation_bytes)));
     std::printf("  %-44s %10.2f GB\n", "workspaces", gb(static_cast<double>(m.workspace_bytes)));
+    if (m.fp8_bytes > 0) std::printf("  %-44s %10.2f GB\n", "FP8 weight copies, cast scratch and scales", gb(static_cast<double>(m.fp8_bytes)));
     std::printf("  %-44s %10.2f GB\n", "runtime and communication buffers", gb(p.runtime_bytes));
     std::printf("  %-44s %10.2f GB\n", "checkpoint staging (host copy)", gb(p.checkpoint_staging_bytes));
     if (p.fits) std::printf("  %-44s %10.2f GB of %.2f GB: fits (%.2f GB free)\n", "total", gb(p.total_bytes), gb(p.capacity_bytes), gb(p.capacity_bytes - p.total_bytes));

@@ -37,17 +37,43 @@ int Fp8Linears::add(int64_t out_features, int64_t in_features, LinearSplit split
     return static_cast<int>(linears_.size()) - 1;
 }
 
+size_t Fp8Buffers::total() const {
+    size_t sum = state + 4 * scratch + counts + weight_amaxes;
+    for (const size_t w : weights) sum += w;
+    return sum;
+}
+
+Fp8Buffers fp8_buffers(const std::vector<Fp8LinearShape>& linears, int64_t max_rows, bool weights_gathered) {
+    Fp8Buffers b;
+    int64_t width = 0;
+    b.state = 5 * 3 * linears.size() * sizeof(float);
+    for (const Fp8LinearShape& l : linears) {
+        b.weights.push_back(static_cast<size_t>(2 * l.out_features * l.in_features));
+        width = std::max({width, l.out_features, l.in_features});
+    }
+    b.scratch = static_cast<size_t>(max_rows * width);
+    b.counts = 2 * sizeof(double);
+    if (weights_gathered) b.weight_amaxes = std::max<size_t>(linears.size(), 1) * sizeof(float);
+    return b;
+}
+
 void Fp8Linears::allocate(int64_t max_rows) {
-    const size_t T = tensors_.size();
+    std::vector<Fp8LinearShape> shapes;
+    for (const Linear& l : linears_) shapes.push_back({l.out_features, l.in_features});
+    const Fp8Buffers sizes = fp8_buffers(shapes, max_rows, weights_gathered_);
+    const auto take = [&](size_t bytes) {
+        allocated_bytes_ += bytes;
+        return backend_.allocate(bytes);
+    };
     max_rows_ = max_rows;
-    state_memory_ = backend_.allocate(5 * T * sizeof(float));
-    const std::vector<float> ones(2 * T, 1.0f);
+    state_memory_ = take(sizes.state);
+    const std::vector<float> ones(2 * tensors_.size(), 1.0f);
     backend_.copy_from_host(scales(), ones.data());
-    for (Linear& l : linears_) l.weight_memory = backend_.allocate(static_cast<size_t>(2 * l.out_features * l.in_features));
-    for (int i = 0; i < 4; ++i) scratch_.push_back(backend_.allocate(static_cast<size_t>(max_rows * max_width_)));
-    counts_memory_ = backend_.allocate(2 * sizeof(double));
+    for (size_t i = 0; i < linears_.size(); ++i) linears_[i].weight_memory = take(sizes.weights[i]);
+    for (int i = 0; i < 4; ++i) scratch_.push_back(take(sizes.scratch));
+    counts_memory_ = take(sizes.counts);
     backend_.fill_zero(cast_counts());
-    if (weights_gathered_) weight_amax_memory_ = backend_.allocate(std::max<size_t>(linears_.size(), 1) * sizeof(float));
+    if (weights_gathered_) weight_amax_memory_ = take(sizes.weight_amaxes);
 }
 
 Tensor Fp8Linears::amaxes(int t) const { return Tensor(static_cast<float*>(state_memory_.get()) + 3 * t, DType::f32, {3}, backend_.device()); }

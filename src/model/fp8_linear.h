@@ -65,6 +65,31 @@ namespace llmtrain {
 // columns split, the output a partial sum, whole after the reduction).
 enum class LinearSplit { column_parallel, row_parallel };
 
+// One FP8 linear's weight, [out, in] (this rank's part).
+struct Fp8LinearShape {
+    int64_t out_features = 0, in_features = 0;
+};
+
+// The device buffers Fp8Linears::allocate makes for `linears` and casts of up to max_rows
+// token rows, in bytes: the memory plan counts these (plan/memory_plan.h's fp8 category) and
+// allocate sizes its buffers from them, so the two cannot differ. For T = 3 x linears
+// scaled tensors (input, weight, output gradient of each) and W the widest in or out:
+//   state          f32 [5T]: amaxes (running, this cast's, merged), scales, inverse scales
+//   weights        per linear its e4m3 copy and the copy's transpose, 2 x out x in bytes
+//   scratch        4 x max_rows x W bytes: the input's and the gradient's casts, both layouts
+//   counts         f64 [2]: saturated, flushed
+//   weight_amaxes  fp8.param_gather only: f32 per linear (one at least)
+// The amax histories are host memory (AmaxHistory), not the backend's.
+struct Fp8Buffers {
+    size_t state = 0;
+    std::vector<size_t> weights;
+    size_t scratch = 0;  // each of the four
+    size_t counts = 0;
+    size_t weight_amaxes = 0;
+    size_t total() const;
+};
+Fp8Buffers fp8_buffers(const std::vector<Fp8LinearShape>& linears, int64_t max_rows, bool weights_gathered);
+
 class Fp8Linears {
 public:
     // The groups whose ranks hold parts of one tensor (null or of size 1: none).
@@ -89,8 +114,11 @@ public:
     // A linear whose weight is [out, in] (this rank's part); its id for forward / backward.
     // name: the global name of its (first) weight, which names its state in checkpoints.
     int add(int64_t out_features, int64_t in_features, LinearSplit split, std::string name = {});
-    // Device memory for the state and the casts of up to max_rows token rows; after add().
+    // Device memory for the state and the casts of up to max_rows token rows (fp8_buffers);
+    // after add() and gather_weights_in_fp8().
     void allocate(int64_t max_rows);
+    // The bytes allocate() took from the backend.
+    size_t allocated_bytes() const { return allocated_bytes_; }
 
     // MatmulFwd's out = x w^T + bias with x and w in FP8 (row_block is the plain matmul's).
     void forward(int id, const MatmulFwd& args);
@@ -188,6 +216,7 @@ private:
     Memory counts_memory_;         // f64 [2]: saturated, flushed (Fp8Cast::counts)
     Memory weight_amax_memory_;    // f32 [linears]: param_gather's weight amaxes, agreed in one buffer
     int64_t max_rows_ = 0, max_width_ = 0;
+    size_t allocated_bytes_ = 0;
     bool recording_ = true;
     bool weights_gathered_ = false;
 };

@@ -156,6 +156,12 @@ public:
     // flat order (an FP8 linear's id is its index), and each one's weight's flat elements.
     std::vector<LinearWeight> fp8_linears() const;
     std::vector<FlatRange> fp8_weight_ranges() const;
+    // Their weights' shapes (this rank's part; a fused QKV's rows summed), whether they arrive
+    // gathered in FP8 (fp8.param_gather where ZeRO-3 binds the values), and the bytes their
+    // Fp8Linears allocate (fp8_buffers; 0 without FP8).
+    std::vector<Fp8LinearShape> fp8_linear_shapes() const;
+    bool fp8_weights_gathered() const { return part_.fp8 && part_.fp8->param_gather && part_.value_storage == ValueStorage::bound; }
+    size_t fp8_bytes() const;
     // Parameter indices [begin, end) whose gradients backward writes together, in the order
     // it writes them: the final norm and head, each layer from the last, the embedding part.
     // The hooks of a backward are called with exactly these groups. (A head tied to this

@@ -32,17 +32,32 @@ std::vector<FlatRange> TransformerLayout::fp8_weight_ranges() const {
     return ranges;
 }
 
-void Transformer::plan_fp8() {
-    if (!part_.fp8) return;
-    fp8_ = std::make_unique<Fp8Linears>(*part_.fp8, backend_, dtype_, Fp8Linears::Groups{.tp = tp_, .cp = cp_});
+std::vector<Fp8LinearShape> TransformerLayout::fp8_linear_shapes() const {
+    std::vector<Fp8LinearShape> shapes;
     for (const LinearWeight& l : fp8_linears()) {
         int64_t rows = 0;
         for (size_t p = l.w.first; p <= l.w.last; ++p) rows += params_.info(p).shape.dims[0];
-        const int64_t cols = params_.info(l.w.first).shape.dims[1];
-        fp8_ids_[l.w.first] = fp8_->add(rows, cols, l.column_parallel ? LinearSplit::column_parallel : LinearSplit::row_parallel, params_.info(l.w.first).name);
+        shapes.push_back({rows, params_.info(l.w.first).shape.dims[1]});
+    }
+    return shapes;
+}
+
+size_t TransformerLayout::fp8_bytes() const {
+    return part_.fp8 ? fp8_buffers(fp8_linear_shapes(), max_batch_ * max_seq_len_, fp8_weights_gathered()).total() : 0;
+}
+
+void Transformer::plan_fp8() {
+    if (!part_.fp8) return;
+    fp8_ = std::make_unique<Fp8Linears>(*part_.fp8, backend_, dtype_, Fp8Linears::Groups{.tp = tp_, .cp = cp_});
+    const std::vector<LinearWeight> linears = fp8_linears();
+    const std::vector<Fp8LinearShape> shapes = fp8_linear_shapes();
+    for (size_t i = 0; i < linears.size(); ++i) {
+        const LinearWeight& l = linears[i];
+        fp8_ids_[l.w.first] = fp8_->add(shapes[i].out_features, shapes[i].in_features, l.column_parallel ? LinearSplit::column_parallel : LinearSplit::row_parallel,
+                                        params_.info(l.w.first).name);
     }
     // fp8.param_gather where ZeRO-3 binds the values per group (parallel/fully_sharded.h).
-    if (part_.fp8->param_gather && part_.value_storage == ValueStorage::bound) fp8_->gather_weights_in_fp8();
+    if (fp8_weights_gathered()) fp8_->gather_weights_in_fp8();
     fp8_->allocate(max_batch_ * max_seq_len_);
 }
 

@@ -186,6 +186,7 @@ void plan_expert_parallel(RankMemory& m, const Config& config, const Mesh& mesh,
     const double per_expert = (static_cast<double>(doubled.activation_bytes()) - static_cast<double>(held.activation_bytes())) /
                               static_cast<double>(local.model.moe.n_experts);
     const double all_experts = static_cast<double>(held.activation_bytes()) + per_expert * static_cast<double>(model.moe.n_experts - local.model.moe.n_experts);
+    m.fp8_bytes = held.fp8_bytes();  // routed experts list no FP8 linears: the held part's are all of them
     m.activation_bytes = static_cast<size_t>(std::llround(all_experts)) +
                          2 * static_cast<size_t>(planned_routed_rows(model.moe, tokens) * model.d_model) * dtype_size(compute);
 }
@@ -206,6 +207,7 @@ MemoryPlan plan_memory(const Config& config, const Mesh& mesh, int world_rank) {
         const TransformerLayout model(config.model, plan.device, compute, config.train.batch_size, config.train.seq_len, part, plan.coord[mesh_dim::tp], mesh.tp());
         add_model_state(m, config, mesh, world_rank, model, master, compute);
         m.activation_bytes = model.activation_bytes();
+        m.fp8_bytes = model.fp8_bytes();
     }
     // Attention's scratch at the micro-batch's shape (this rank's heads), on top of the
     // backend's own: cuDNN's bound unless model.attention = "native".
@@ -250,7 +252,8 @@ size_t available_memory_per_rank(const Config& config, int local_rank, int ranks
 std::string describe(const MemoryPlan& plan) {
     const RankMemory& m = plan.memory;
     return cat("parameters ", gigabytes(m.parameter_bytes), ", gradients ", gigabytes(m.gradient_bytes), ", optimizer ", gigabytes(m.optimizer_bytes),
-               ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes), " (rank ", plan.world_rank, ": tp ",
+               ", activations ", gigabytes(m.activation_bytes), ", workspace ", gigabytes(m.workspace_bytes),
+               m.fp8_bytes > 0 ? ", fp8 " + gigabytes(m.fp8_bytes) : std::string(), " (rank ", plan.world_rank, ": tp ",
                plan.coord[mesh_dim::tp], ", dp ", plan.coord[mesh_dim::dp], ", pp ", plan.coord[mesh_dim::pp], ")");
 }
 

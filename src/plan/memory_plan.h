@@ -6,7 +6,8 @@
 // the same code: the model's parameter registry and activation arena (TransformerLayout),
 // the padded flat buffer (Parameters::padded_length), the rank's state placement (its ZeRO
 // pieces and shards: parallel/placement.h), AdamW's moments (AdamW::state_bytes_for) and the
-// workspace the backend reserves when it is made (reserved_workspace_bytes). A mixture of
+// workspace the backend reserves when it is made (reserved_workspace_bytes), and under FP8
+// the buffers of the FP8 linears (fp8_buffers in model/fp8_linear.h). A mixture of
 // experts with parallel.ep > 1, which this build does not train, is the design's estimate
 // instead (moe_plan.h; memory_plan.cpp, plan_expert_parallel). Not planned: the scratch the
 // CUDA ops add to that workspace during the first step (a few MB), the CUDA context, and
@@ -32,7 +33,8 @@ struct RankMemory {
     size_t optimizer_bytes = 0;   // AdamW's m and v for what this rank updates
     size_t activation_bytes = 0;  // the activation arena
     size_t workspace_bytes = 0;   // the backend's scratch
-    size_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + workspace_bytes; }
+    size_t fp8_bytes = 0;         // train.precision = "fp8": the FP8 linears' weight copies, casts' scratch and scaling state (fp8_buffers)
+    size_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + workspace_bytes + fp8_bytes; }
     bool operator==(const RankMemory&) const = default;
 };
 
@@ -80,7 +82,7 @@ size_t available_memory_per_rank(const Config& config, int local_rank, int ranks
 size_t memory_limit_bytes(const TrainConfig& train);
 
 // "parameters 1.99 GB, gradients 1.99 GB, optimizer 3.98 GB, activations 12.10 GB,
-// workspace 0.03 GB (rank 3: tp 1, dp 1, pp 0)"
+// workspace 0.03 GB[, fp8 0.50 GB] (rank 3: tp 1, dp 1, pp 0)" (fp8 only under FP8)
 std::string describe(const MemoryPlan& plan);
 // Throws Error(ErrorKind::config) "... needs X GB per rank, has Y GB ..." with the breakdown
 // and what to change when the plan does not fit in available_bytes.

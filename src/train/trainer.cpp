@@ -192,7 +192,8 @@ RankState Trainer::rank_state(bool with_optimizer) {
 }
 
 RankMemory Trainer::memory() const {
-    return {store_->value_bytes(), sync_->gradient_bytes(), optimizer_->state_bytes(), model_->activation_bytes(), backend_->workspace_bytes()};
+    return {store_->value_bytes(), sync_->gradient_bytes(), optimizer_->state_bytes(), model_->activation_bytes(), backend_->workspace_bytes(),
+            model_->fp8() ? model_->fp8()->allocated_bytes() : 0};
 }
 
 void Trainer::log_startup() const {
@@ -206,6 +207,7 @@ void Trainer::log_startup() const {
     const auto max_over_ranks = [&](size_t bytes) { return ctx_->world->all_reduce_scalar(static_cast<double>(bytes), ReduceOp::max); };
     const double params_max = max_over_ranks(mine.parameter_bytes), grads_max = max_over_ranks(mine.gradient_bytes);
     const double optim_max = max_over_ranks(mine.optimizer_bytes), act_max = max_over_ranks(mine.activation_bytes);
+    const double fp8_max = max_over_ranks(mine.fp8_bytes);
     const double total_params = ctx_->world->all_reduce_scalar(
         ctx_->coord()[mesh_dim::dp] == 0 && ctx_->coord()[mesh_dim::cp] == 0 ? static_cast<double>(model_->parameters().total_numel()) : 0.0, ReduceOp::sum);
     if (options_.quiet) return;
@@ -219,7 +221,9 @@ void Trainer::log_startup() const {
     log_info("memory per rank (rank 0 / largest): parameters ", megabytes(static_cast<double>(mine.parameter_bytes)), " / ", megabytes(params_max),
              ", gradients ", megabytes(static_cast<double>(mine.gradient_bytes)), " / ", megabytes(grads_max), ", optimizer ",
              megabytes(static_cast<double>(mine.optimizer_bytes)), " / ", megabytes(optim_max), ", activations ",
-             megabytes(static_cast<double>(mine.activation_bytes)), " / ", megabytes(act_max), " (planned) | backend ", backend_->name(), " ",
+             megabytes(static_cast<double>(mine.activation_bytes)), " / ", megabytes(act_max),
+             mine.fp8_bytes > 0 ? cat(", fp8 ", megabytes(static_cast<double>(mine.fp8_bytes)), " / ", megabytes(fp8_max)) : std::string(),
+             " (planned) | backend ", backend_->name(), " ",
              dtype_name(dtype_), " compute, ", dtype_name(model_->parameters().dtype()), " master weights, recompute ",
              recompute_name(config_.train.recompute));
     const int64_t sequences_per_step = t.batch_size * t.grad_accum * mesh.dp();

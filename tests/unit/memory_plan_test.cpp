@@ -56,6 +56,7 @@ void expect_plan_matches_every_rank(const Config& config, int tp, int dp, int pp
         EXPECT_EQ(planned.optimizer_bytes, held.optimizer_bytes);
         EXPECT_EQ(planned.activation_bytes, held.activation_bytes);
         EXPECT_EQ(planned.workspace_bytes, held.workspace_bytes);
+        EXPECT_EQ(planned.fp8_bytes, held.fp8_bytes);
         EXPECT_GT(held.total(), 0u);
         largest = std::max(largest, held.total());
     }
@@ -221,4 +222,50 @@ TEST(MemoryPlan, MoeTensorAndPipelineParallel_EqualTrainerMemory_OnEveryRank) {
     expect_plan_matches_every_rank(small_moe({"parallel.tp=2", "parallel.sequence_parallel=true", "train.recompute=\"selective\""}), 2, 1, 1);
     expect_plan_matches_every_rank(small_moe({"parallel.pp=2", "train.recompute=\"full\""}), 1, 1, 2);
     expect_plan_matches_every_rank(small_moe({"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true", "model.moe.capacity_factor=1.0"}), 2, 2, 2);
+}
+
+// The FP8 linears' buffers, as fp8_buffers lays them out: for linears [6, 4] and [4, 8] and
+// 10 token rows, T = 6 scaled tensors' f32 state (5 x 6 x 4 = 120), each weight's e4m3 copy
+// and its transpose (48, 64), four casts' scratch of 10 rows x the widest 8 (4 x 80), the
+// counts (16) and, gathered in FP8, an amax per weight (8).
+TEST(MemoryPlan, Fp8Buffers_AreTheStateWeightCopiesScratchAndCounts) {
+    const Fp8Buffers gathered = fp8_buffers({{6, 4}, {4, 8}}, 10, true), cast = fp8_buffers({{6, 4}, {4, 8}}, 10, false);
+    EXPECT_EQ(gathered.state, 120u);
+    EXPECT_EQ(gathered.weights, (std::vector<size_t>{48, 64}));
+    EXPECT_EQ(gathered.scratch, 80u);
+    EXPECT_EQ(gathered.total(), 120u + 48 + 64 + 4 * 80 + 16 + 8);
+    EXPECT_EQ(cast.total(), gathered.total() - 8);
+    EXPECT_EQ(fp8_buffers({}, 10, false).total(), 16u) << "a part with no FP8 layer keeps only the counts";
+}
+
+// train.precision = "fp8" (emulated here): the FP8 linears' weight copies, casts' scratch and
+// scaling state are planned in their own category as the trainer's linears allocate them,
+// under both recipes and on every rank of tp 2 x dp 2 under ZeRO-1 and ZeRO-3 (with and
+// without fp8.param_gather); a bf16 run plans none.
+TEST(MemoryPlan, Fp8_EqualsTrainerMemory_BothRecipesAndTensorTimesDataUnderZero1AndZero3) {
+    const std::vector<std::string> fp8 = {"train.precision=\"fp8\"", "fp8.bf16_first_layers=1", "fp8.bf16_last_layers=0"};
+    const auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), fp8.begin(), fp8.end());
+        return extra;
+    };
+    for (const std::string family : {"gpt2", "llama"}) {
+        SCOPED_TRACE(family);
+        expect_plan_matches_every_rank(small(family, with({})), 1, 1, 1);
+        expect_plan_matches_every_rank(small(family, with({"fp8.recipe=\"delayed\"", "fp8.amax_history_len=16"})), 1, 1, 1);
+    }
+    expect_plan_matches_every_rank(small("llama", with({"parallel.tp=2", "parallel.zero_stage=1"})), 2, 2, 1);
+    for (const std::string gather : {"false", "true"}) {
+        SCOPED_TRACE("param_gather " + gather);
+        expect_plan_matches_every_rank(small("llama", with({"parallel.tp=2", "parallel.zero_stage=3", "fp8.param_gather=" + gather})), 2, 2, 1);
+    }
+    // At least the two e4m3 bytes per FP8 weight element (its copy and the transpose); none without FP8.
+    const Config config = small("gpt2", with({}));
+    const Mesh one(1, 1, 1, 1, config.parallel.order);
+    const TransformerLayout layout(config.model, Device::cpu, compute_dtype(config.train), config.train.batch_size, config.train.seq_len,
+                                   stage_partition(config, one, 0), 0, 1);
+    int64_t weight_elements = 0;
+    for (const FlatRange& r : layout.fp8_weight_ranges()) weight_elements += r.end - r.begin;
+    ASSERT_GT(weight_elements, 0);
+    EXPECT_GT(plan_memory(config, one, 0).memory.fp8_bytes, static_cast<size_t>(2 * weight_elements));
+    EXPECT_EQ(plan_memory(small("gpt2"), one, 0).memory.fp8_bytes, 0u);
 }
