@@ -23,6 +23,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -644,6 +645,13 @@ size_t host_available_memory_bytes();
 int cuda_device_count();
 size_t cuda_free_memory_bytes(int device_index);
 
+// A GPU as CUDA reports it: its name and compute capability (sm_80 the A100, sm_90 the H100).
+struct GpuDevice {
+    std::string name;
+    int sm_major = 0;
+    int sm_minor = 0;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -688,6 +696,8 @@ public:
     virtual bool keeps_row_blocks() const { return false; }
     // The device's dense bf16 peak in TFLOP/s from its data sheet (0: unknown), for MFU.
     virtual double peak_bf16_tflops() const { return 0; }
+    // The GPU this backend computes on; none on a backend that is not a GPU's.
+    virtual std::optional<GpuDevice> gpu_device() const { return std::nullopt; }
     // Which kernels run attention at this shape, and how ("native flash kernels", or cuDNN's
     // engines with their notes and workspace), planning it if it was not yet.
     virtual std::string describe_attention(const AttentionShape& /*shape*/, DType /*dtype*/) { return "native"; }

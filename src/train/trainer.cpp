@@ -30,6 +30,16 @@ namespace llmtrain {
 
 namespace {
 
+// FP8 tensor cores start at compute capability 8.9 (Ada; Hopper 9.0, Blackwell 10.x): on an
+// older GPU cuBLASLt has no FP8 GEMM, so an FP8 run is refused before anything of it is set
+// up. A CPU runs FP8 emulated.
+void refuse_fp8_without_tensor_cores(const TrainConfig& train, const Backend& backend) {
+    const std::optional<GpuDevice> gpu = backend.gpu_device();
+    if (train.precision != Precision::fp8 || !gpu || gpu->sm_major * 10 + gpu->sm_minor >= 89) return;
+    fail(ErrorKind::config, "train.precision = \"fp8\" needs FP8 tensor cores (sm_89 or later: Ada, Hopper, Blackwell), which ", gpu->name, " (sm_",
+         gpu->sm_major, gpu->sm_minor, ") has not: train on it with train.precision = \"bf16\", or on a GPU with FP8");
+}
+
 // total += after - before, op by op: the op time of the training steps alone, not evaluation.
 void add_profile_difference(OpProfile& total, const OpProfile& before, const OpProfile& after) {
     for (size_t i = 0; i < static_cast<size_t>(op_count); ++i) {
@@ -110,6 +120,7 @@ Trainer::Trainer(const Config& config, TrainerOptions options, ParallelContext* 
     if (options_.make_backend) backend_ = options_.make_backend(ctx.local_rank);
     else if (config_.train.device == ComputeDevice::cuda) backend_ = make_cuda_backend(ctx.local_rank, config_.model.attention);
     else backend_ = make_cpu_backend(threads_per_rank(config_.train, ctx));
+    refuse_fp8_without_tensor_cores(config_.train, *backend_);
     backend_->set_memory_limit(memory_limit_bytes(config_.train));
     comms_ = std::make_unique<TrainingComms>(config_, *ctx_, *backend_, options_.device_comms);
     data_ = options_.synthetic_data ? make_synthetic_batch_source(config_) : make_batch_source(config_);

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/error.h"
+#include "core/exit_code.h"
 #include "support/stand_in_cuda_backend.h"
 #include "support/run_comparisons.h"
 #include "train/trainer.h"
@@ -129,4 +131,43 @@ TEST(StandInCudaTraining, MoeHostSynchronizations_AreOnePerMoeLayerPerMicroBatch
 TEST(StandInCudaTraining, MoeSelectiveAndFullRecompute_GiveBitwiseTheSameRun) {
     const TrainResult none = train(tiny_moe_run("cuda"));
     for (const std::string mode : {"selective", "full"}) test::expect_bitwise_identical(train(tiny_moe_run("cuda", {"train.recompute=\"" + mode + "\""})), none, mode);
+}
+
+namespace {
+Config tiny_fp8_run() { return test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.precision=\"fp8\"", "fp8.bf16_first_layers=0", "fp8.bf16_last_layers=0", "train.steps=2"}); }
+Config tiny_bf16_run() { return test::tiny_cuda_shaped_run("llama", "cuda", 2, 32, {"train.precision=\"bf16\"", "train.steps=2"}); }
+
+TrainerOptions on_gpu(const GpuDevice& gpu) {
+    TrainerOptions options{.dtype = std::nullopt, .quiet = true};
+    options.make_backend = [gpu](int) { return test::make_stand_in_cuda_backend(1, gpu); };
+    return options;
+}
+}  // namespace
+
+// FP8 tensor cores start at sm_89: on an A100 (sm_80) train.precision = "fp8" is refused as
+// the trainer opens the device, before the model, its state or the data are set up, as a
+// config error (exit code 2) naming the key, the GPU and what FP8 needs. bf16 still trains there.
+TEST(StandInCudaTraining, Fp8OnAGpuBeforeSm89_IsRefusedNamingThePrecisionTheGpuAndSm89) {
+    const GpuDevice a100{"NVIDIA A100-SXM4-80GB", 8, 0};
+    try {
+        Trainer trainer(tiny_fp8_run(), on_gpu(a100));
+        FAIL() << "FP8 on sm_80 was not refused";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::config);
+        EXPECT_EQ(exit_code_for(e.kind()), exit_bad_input);
+        const std::string message = e.what();
+        for (const std::string part : {"train.precision = \"fp8\"", "NVIDIA A100-SXM4-80GB (sm_80)", "sm_89 or later"})
+            EXPECT_NE(message.find(part), std::string::npos) << "missing \"" << part << "\" in: " << message;
+    }
+    EXPECT_EQ(Trainer(tiny_bf16_run(), on_gpu(a100)).run().steps.size(), 2u);
+}
+
+// Ada (sm_89), Hopper (sm_90) and Blackwell (sm_100) have FP8 tensor cores: the run trains.
+TEST(StandInCudaTraining, Fp8OnSm89AndLater_Trains) {
+    for (const GpuDevice& gpu : {GpuDevice{"NVIDIA L40S", 8, 9}, GpuDevice{"NVIDIA H100 80GB HBM3", 9, 0}, GpuDevice{"NVIDIA B200", 10, 0}}) {
+        SCOPED_TRACE(gpu.name);
+        const TrainResult r = Trainer(tiny_fp8_run(), on_gpu(gpu)).run();
+        ASSERT_EQ(r.steps.size(), 2u);
+        EXPECT_TRUE(std::isfinite(r.steps.back().loss));
+    }
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "core/attention_head_dims.h"
 
@@ -88,8 +89,9 @@ void attention_lse(const Tensor& lse, const Tensor& qkv, const AttentionShape& s
 
 class StandInCudaBackend final : public Backend {
 public:
-    explicit StandInCudaBackend(int cpu_threads) : cpu_(make_cpu_backend(cpu_threads)) {}
+    StandInCudaBackend(int cpu_threads, GpuDevice gpu) : cpu_(make_cpu_backend(cpu_threads)), gpu_(std::move(gpu)) {}
     std::string name() const override { return "stand-in cuda (CPU)"; }
+    std::optional<GpuDevice> gpu_device() const override { return gpu_; }
     Device device() const override { return Device::cuda; }
     Memory allocate(size_t bytes) override { return allocate_host_memory(bytes); }
     void copy_from_host(const Tensor& dst, const void* src) override {
@@ -454,10 +456,11 @@ private:
     }
 
     std::unique_ptr<Backend> cpu_;
+    GpuDevice gpu_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_stand_in_cuda_backend(int cpu_threads) { return std::make_unique<StandInCudaBackend>(cpu_threads); }
+std::unique_ptr<Backend> make_stand_in_cuda_backend(int cpu_threads, GpuDevice gpu) { return std::make_unique<StandInCudaBackend>(cpu_threads, std::move(gpu)); }
 
 }  // namespace llmtrain::test

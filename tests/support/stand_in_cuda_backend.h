@@ -18,6 +18,8 @@
 namespace llmtrain::test {
 
 // cpu_threads: the CPU reference's threads (<= 0: every core); its results do not depend on them.
-std::unique_ptr<Backend> make_stand_in_cuda_backend(int cpu_threads = 1);
+// gpu: the GPU it reports (gpu_device()), a Hopper unless a test asks for another compute
+// capability; the ops compute the same on any.
+std::unique_ptr<Backend> make_stand_in_cuda_backend(int cpu_threads = 1, GpuDevice gpu = {"stand-in H100 (CPU)", 9, 0});
 
 }  // namespace llmtrain::test

@@ -58,6 +58,7 @@ public:
     void set_profiling(bool on) override { profiling_ = on; }
     size_t peak_memory_bytes() const override { return peak_allocated_bytes_; }
     double peak_bf16_tflops() const override;
+    std::optional<GpuDevice> gpu_device() const override { return GpuDevice{device_name_, sm_major_, sm_minor_}; }
     std::string describe_attention(const AttentionShape& shape, DType dtype) override;
 
     void embedding_fwd(const EmbeddingFwd& args) override;
