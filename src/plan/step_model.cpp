@@ -79,6 +79,7 @@ void add_gemm(std::map<GemmClass, double>& flops, double m, double k, double n, 
 void add_linear(StageWork& w, const Shapes& x, double k, double n, double passes, bool fp8) {
     if (!fp8) return add_gemm(w.gemm_flops, x.n, k, n, passes);
     add_gemm(w.fp8_gemm_flops, x.n, k, n, passes);
+    w.fp8_weight_elements += k * n;
     const Fp8CastBytes casts = fp8_cast_bytes_of(x.n, k, n, x.compute_bytes, x.fp8_current, x.recompute == Recompute::full ? 2 : 1);
     w.fp8_cast_bytes += casts.per_micro_batch;
     w.fp8_weight_cast_bytes += casts.per_step;
@@ -271,6 +272,8 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     w.dp_reduce_bytes = dense * x.reduce_bytes;
     w.dp_parameter_bytes = sharded ? dense * x.master_bytes : 0;
     w.compute_parameter_bytes = dense * x.compute_bytes;
+    // fp8.param_gather: ZeRO-3 gathers the FP8 linears' weights in e4m3, one byte per element.
+    if (x.fp8 && config.fp8.param_gather) w.compute_parameter_bytes -= w.fp8_weight_elements * (x.compute_bytes - 1);
 }
 
 }  // namespace

@@ -103,6 +103,7 @@ struct StageWork {
     std::map<GemmClass, double> fp8_gemm_flops;
     double fp8_cast_bytes = 0;
     double fp8_weight_cast_bytes = 0;  // per step
+    double fp8_weight_elements = 0;    // the FP8 linears' weights on one tp rank (fp8.param_gather gathers them in e4m3)
     // Per step.
     double update_bytes = 0;         // what AdamW's update of the owned elements reads and writes
     double gradient_pass_bytes = 0;  // zeroing every gradient, reading their norm, refreshing a 16-bit copy
@@ -110,7 +111,7 @@ struct StageWork {
     double dp_gradient_bytes = 0;  // the flat gradient buffer reduced over the data group, dp x cp ranks (in the master dtype: what its buckets are cut from)
     double dp_reduce_bytes = 0;    // what the dp gradient collectives carry: that buffer in parallel.grad_reduce_dtype
     double dp_parameter_bytes = 0; // the parameters all-gathered over the data group after the update (ZeRO-1)
-    double compute_parameter_bytes = 0;  // the parameters in the compute dtype (ZeRO-3 gathers them per micro-batch)
+    double compute_parameter_bytes = 0;  // what ZeRO-3 gathers per micro-batch: the parameters in the compute dtype, the FP8 linears' in e4m3 under fp8.param_gather
     double expert_reduce_bytes = 0;      // ep > 1: the rank's experts' gradients, reduced over the edp ranks
     double expert_parameter_bytes = 0;   // ep > 1 under ZeRO-1/2: their updated weights all-gathered over edp
     double tp_gradient_sum_bytes = 0;    // ep = 1, sequence parallel: the MoE weights' gradients summed over tp

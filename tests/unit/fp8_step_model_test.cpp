@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "plan/memory_plan.h"
 #include "plan/step_model.h"
 #include "parallel/context.h"
 #include "support/error_text.h"
@@ -185,4 +186,31 @@ TEST(Fp8Cluster, MeasuredFp8GemmEfficiency_ReplacesTheAssumedOne_AndNeedsAnFp8Pe
     const std::string why = error_of([&] { apply_calibration(a100, path); });
     EXPECT_NE(why.find("fp8_calibration.toml: compute.fp8_gemm_efficiency: the cluster"), std::string::npos) << why;
     EXPECT_NE(why.find("has no device.fp8_peak_tflops"), std::string::npos) << why;
+}
+
+// fp8.param_gather: ZeRO-3 gathers the FP8 linears' weights in e4m3, one byte per element
+// where the compute dtype takes c (4 in f32 on the CPU): the planned gather is c - 1 bytes
+// lighter per element of the FP8 weights the trainer's layout lists on a tp rank.
+TEST(Fp8StepModel, Zero3Fp8ParamGather_GathersTheFp8LinearsWeightsAtOneByteAnElement) {
+    const std::vector<std::string> layout = {"parallel.tp=2", "parallel.zero_stage=3", "train.precision=\"fp8\"", "fp8.bf16_first_layers=1",
+                                             "fp8.bf16_last_layers=0"};
+    const auto with = [&](const std::string& gather) {
+        std::vector<std::string> overrides = layout;
+        overrides.push_back("fp8.param_gather=" + gather);
+        return load_config("configs/tiny.toml", overrides, DataFiles::unchecked);
+    };
+    const Config plain = with("false"), gathered = with("true");
+    const Mesh mesh = make_mesh(plain.parallel, 4);
+    const TransformerLayout model(plain.model, Device::cpu, compute_dtype(plain.train), plain.train.batch_size, plain.train.seq_len,
+                                  stage_partition(plain, mesh, 0), 0, mesh.tp());
+    double elements = 0;
+    for (const FlatRange& r : model.fp8_weight_ranges()) elements += static_cast<double>(r.size());
+    ASSERT_GT(elements, 0);
+    const double c = static_cast<double>(dtype_size(compute_dtype(plain.train)));
+    const StageWork p = stage_work(plain, mesh, 0), g = stage_work(gathered, mesh, 0);
+    EXPECT_DOUBLE_EQ(p.fp8_weight_elements, elements);
+    EXPECT_DOUBLE_EQ(p.compute_parameter_bytes - g.compute_parameter_bytes, elements * (c - 1));
+    Config f32 = plain;
+    f32.train.precision = Precision::fp32;
+    EXPECT_DOUBLE_EQ(stage_work(f32, mesh, 0).compute_parameter_bytes, p.compute_parameter_bytes) << "without param_gather the gather is the compute dtype's";
 }
