@@ -26,9 +26,11 @@ struct Shapes {
     int64_t fp8_first, fp8_end;
     // A MoE layer (moe_plan.h): its tokens on this rank (1/tp under sequence parallelism, else
     // all of them on every tp rank), the permuted rows its experts run (planned_routed_rows),
-    // the experts, those this rank holds (n_experts / ep), each one's width.
-    double moe_tokens, routed_rows, experts, local_experts, f_expert, ep;
-    bool dropless;
+    // the experts, those this rank holds (n_experts / ep), each one's width; the shared
+    // experts' width (n_shared_experts x d_ff_expert, split over tp as a dense MLP; 0: none)
+    // and whether their gate runs.
+    double moe_tokens, routed_rows, experts, local_experts, f_expert, ep, f_shared;
+    bool dropless, shared_gate;
 };
 
 Shapes shapes_of(const Config& config, const Mesh& mesh) {
@@ -66,6 +68,8 @@ Shapes shapes_of(const Config& config, const Mesh& mesh) {
     x.local_experts = moe.enabled() ? x.experts / x.ep : 0;
     x.f_expert = static_cast<double>(moe.d_ff_expert);
     x.dropless = moe.capacity_factor <= 0;
+    x.f_shared = moe.enabled() ? static_cast<double>(moe.shared_d_ff()) : 0;
+    x.shared_gate = moe.enabled() && moe.shared_expert_gate;
     return x;
 }
 
@@ -90,8 +94,9 @@ void add_linear(StageWork& w, const Shapes& x, double k, double n, double passes
 // and its local experts': one GEMM per expert and projection (gate|up, down) on the rows
 // routed to it, the balanced load (routed rows / local experts) or a capacity's rows, each a
 // call of its own (StageWork::expert_gemm_calls: forward one, backward two, a full
-// recomputation's forward one more). Under FP8 (fp8 = true) the linears FP8 runs: QKV, out
-// and a dense MLP's; a MoE layer's router and experts stay in the compute dtype.
+// recomputation's forward one more); its shared experts' as a dense SwiGLU MLP's of their
+// width, and their gate's (the layer's tokens by one). Under FP8 (fp8 = true) the linears FP8
+// runs: QKV, out and a dense MLP's; a MoE layer's router and experts stay in the compute dtype.
 void add_layer_gemms(StageWork& w, const Shapes& x, bool moe, bool fp8) {
     const double passes = gemm_passes(x.recompute);
     add_linear(w, x, x.d, (x.h + 2 * x.kv) * x.hd / x.t, passes, fp8);
@@ -106,6 +111,10 @@ void add_layer_gemms(StageWork& w, const Shapes& x, bool moe, bool fp8) {
     w.expert_gemm_flops[gemm_class(rows, 2 * x.f_expert, x.d)] += 2 * x.routed_rows * x.d * 2 * x.f_expert * passes;
     w.expert_gemm_flops[gemm_class(rows, x.d, x.f_expert)] += 2 * x.routed_rows * x.f_expert * x.d * passes;
     w.expert_gemm_calls += 2 * x.local_experts * passes;
+    if (x.f_shared <= 0) return;
+    add_linear(w, x, x.d, 2 * x.f_shared / x.t, passes, false);
+    add_linear(w, x, x.f_shared / x.t, x.d, passes, false);
+    if (x.shared_gate) add_gemm(w.gemm_flops, x.moe_tokens, x.d, 1, passes);
 }
 
 // Causal attention does half of the 4 b s^2 hd FLOPs per head of the full score matrix;
@@ -121,12 +130,14 @@ double layer_attention_flops(const Shapes& x) { return layer_attention_forward_f
 // recomputation repeats the norms and the activation, full recomputation the whole forward.
 // A MoE layer's: the router's scores (read the logits, write the scores), the permutation
 // (read the routed rows of x, write them), SwiGLU on the routed rows and the combine (read
-// the experts' rows, write the layer's tokens).
+// the experts' rows, write the layer's tokens); shared experts add a SwiGLU of their width
+// and the add of their output (read two, write one; the gate's weighing reads and writes one more).
 double layer_memory_bytes(const Shapes& x, bool moe) {
     const double rows = x.sequence_parallel ? x.n / x.t : x.n;
     const double norms = 2 * 2 * rows * x.d, residuals = 2 * 3 * rows * x.d;
     const double activation = !moe ? (x.llama ? 3 : 2) * x.n * x.f / x.t
-                                   : 2 * x.moe_tokens * x.experts + 3 * x.routed_rows * x.d + 3 * x.routed_rows * x.f_expert + x.moe_tokens * x.d;
+                                   : 2 * x.moe_tokens * x.experts + 3 * x.routed_rows * x.d + 3 * x.routed_rows * x.f_expert + x.moe_tokens * x.d +
+                                         (x.f_shared > 0 ? 3 * x.n * x.f_shared / x.t + (x.shared_gate ? 5 : 3) * x.moe_tokens * x.d : 0);
     const double rope = x.llama ? 2 * x.n * (x.h + x.kv) * x.hd / x.t : 0;
     const double forward = norms + residuals + activation + rope;
     const double again = x.recompute == Recompute::full ? forward : x.recompute == Recompute::selective ? norms + activation : 0;
@@ -146,10 +157,12 @@ double layer_memory_bytes(const Shapes& x, bool moe) {
 //
 // A MoE layer (moe = true) has the attention's half: its MLP works on the rank's own rows
 // under sequence parallelism, and without it every tp rank runs the whole layer on all the
-// tokens (moe_mlp.h), neither needing a tp collective.
+// tokens (moe_mlp.h), neither needing a tp collective; its shared experts, split over tp as a
+// dense MLP, add that MLP's half at their width.
 void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, double layers, bool moe) {
     if (x.t <= 1 || layers <= 0) return;
-    const double bytes = x.n * x.d * x.compute_bytes, forwards = x.recompute == Recompute::full ? 2 : 1, parts = moe ? 1 : 2;
+    const bool split_mlp = !moe || x.f_shared > 0;
+    const double bytes = x.n * x.d * x.compute_bytes, forwards = x.recompute == Recompute::full ? 2 : 1, parts = split_mlp ? 2 : 1;
     if (!x.sequence_parallel) {
         calls.push_back({Collective::all_reduce, bytes, layers * parts * (forwards + 1)});
         return;
@@ -166,10 +179,12 @@ void add_layer_collectives(std::vector<CollectiveCall>& calls, const Shapes& x, 
         GemmClass cls;
     };
     const auto gemm = [&](double k, double n) { return Gemm{2 * x.n * k * n, gemm_class(x.n, n, k)}; };
-    const Gemm qkv = gemm(x.d, (x.h + 2 * x.kv) * x.hd / x.t), up = gemm(x.d, x.up / x.t);
-    const Gemm out = gemm(x.h * x.hd / x.t, x.d), down = gemm(x.f / x.t, x.d);
+    const double mlp_f = moe ? x.f_shared : x.f, mlp_up = moe ? 2 * x.f_shared : x.up;
+    const Gemm qkv = gemm(x.d, (x.h + 2 * x.kv) * x.hd / x.t), up = gemm(x.d, mlp_up / x.t);
+    const Gemm out = gemm(x.h * x.hd / x.t, x.d), down = gemm(mlp_f / x.t, x.d);
     const double piece = 1 / x.t, hidden_pieces = (x.t - 1) / x.t;
-    const std::vector<Gemm> columns = moe ? std::vector<Gemm>{qkv} : std::vector<Gemm>{qkv, up}, row_gemms = moe ? std::vector<Gemm>{out} : std::vector<Gemm>{out, down};
+    const std::vector<Gemm> columns = split_mlp ? std::vector<Gemm>{qkv, up} : std::vector<Gemm>{qkv},
+                            row_gemms = split_mlp ? std::vector<Gemm>{out, down} : std::vector<Gemm>{out};
     for (const Gemm& column : columns) {
         calls.push_back({Collective::all_gather, bytes, layers * forwards, column.flops * hidden_pieces, column.cls, piece});
         calls.push_back({Collective::all_gather, bytes, layers, column.flops, column.cls, 0});
@@ -243,7 +258,8 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
     const ModelPartition part = stage_partition(config, mesh, first_rank_of_stage(mesh, stage));
     const int64_t padded = Parameters::padded_length(stage_parameter_count(config, part, mesh.tp()), part.param_pad_multiple);
     const double moe_layers = static_cast<double>(moe_layers_in(config.model, part));
-    const double moe_weights = moe_layers * (expert_parameters_per_layer(config.model) + x.experts * x.d);
+    // The router, the experts and the shared experts' gate act on each rank's own tokens.
+    const double moe_weights = moe_layers * (expert_parameters_per_layer(config.model) + x.experts * x.d + (x.shared_gate ? x.d : 0));
     const double elsewhere = x.ep > 1 ? moe_layers * expert_parameters_per_layer(config.model) * (1 - 1 / x.ep) : 0;
     const double expert_held = x.ep > 1 ? moe_layers * expert_parameters_per_layer(config.model) / x.ep : 0;
     // ZeRO (stage >= 1) updates 1/(dp cp) of the buffer on each rank of the data group: its
@@ -256,7 +272,7 @@ void add_step_work(StageWork& w, const Config& config, const Mesh& mesh, int sta
         w.expert_parameter_bytes = sharded ? expert_held * x.master_bytes : 0;
     } else if (x.sequence_parallel && moe_layers > 0) {
         w.tp_gradient_sum_bytes = moe_weights * x.master_bytes;
-        w.tp_gradient_sums = moe_layers * (1 + 3 * x.experts) * 
+        w.tp_gradient_sums = moe_layers * (1 + 3 * x.experts + (x.shared_gate ? 1 : 0)) *
                           (config.parallel.zero_stage >= 2 && mesh.data_size() > 1 ? static_cast<double>(micro_batches_per_step(config, mesh.dp())) : 1);
     }
     // AdamW reads the weight, gradient and two moments and writes three of them; every

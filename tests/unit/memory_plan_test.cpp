@@ -218,6 +218,14 @@ TEST(MemoryPlan, MoeDataParallel_EqualsTrainerMemory_UnderZero1AndZero3) {
     }
 }
 
+// Shared experts: their dense MLP (split over tp), their output and their gate's slots.
+TEST(MemoryPlan, MoeSharedExperts_EqualTrainerMemory_GatedOrNotOnOneProcessAndTensorParallel) {
+    expect_plan_matches_every_rank(small_moe({"model.moe.n_shared_experts=2", "train.recompute=\"selective\""}), 1, 1, 1);
+    expect_plan_matches_every_rank(small_moe({"model.moe.n_shared_experts=1", "model.moe.shared_expert_gate=true", "parallel.tp=2",
+                                              "parallel.sequence_parallel=true", "train.recompute=\"full\""}),
+                                   2, 1, 1);
+}
+
 TEST(MemoryPlan, MoeTensorAndPipelineParallel_EqualTrainerMemory_OnEveryRank) {
     expect_plan_matches_every_rank(small_moe({"parallel.tp=2", "parallel.sequence_parallel=true", "train.recompute=\"selective\""}), 2, 1, 1);
     expect_plan_matches_every_rank(small_moe({"parallel.pp=2", "train.recompute=\"full\""}), 1, 1, 2);

@@ -89,6 +89,27 @@ TEST(MoePlan, ExpertFlops_AreTopKPerTokenWhateverTheExpertCount) {
     EXPECT_DOUBLE_EQ(expert_flops(stage_work(moe({"train.recompute=\"full\""}), one, 0)), expert_flops(a) * 4 / 3);
 }
 
+// Shared experts add a dense SwiGLU MLP of their width (n_shared_experts x d_ff_expert, split
+// over tp) and, with the gate, its GEMM of the layer's tokens by one, to each MoE layer; the
+// stage's parameters count them as the layout registers them.
+TEST(MoePlan, SharedExperts_AddTheirMlpAndGateGemmsAndParameters) {
+    const Config plain = moe(), shared = moe({"model.moe.n_shared_experts=2", "model.moe.shared_expert_gate=true"});
+    const Mesh one = make_mesh(plain.parallel, 1);
+    const double tokens = 2 * 256, F = 2 * 64, passes = 3;
+    const double mlp = 2 * tokens * 128 * 2 * F + 2 * tokens * F * 128, gate = 2 * tokens * 128 * 1;
+    EXPECT_DOUBLE_EQ(stage_work(shared, one, 0).total_gemm_flops() - stage_work(plain, one, 0).total_gemm_flops(), 5 * passes * (mlp + gate));
+    EXPECT_DOUBLE_EQ(expert_flops(stage_work(shared, one, 0)), expert_flops(stage_work(plain, one, 0)));
+    const Config tp2 = moe({"model.moe.n_shared_experts=2", "parallel.tp=2"}), tp2_plain = moe({"parallel.tp=2"});
+    const Mesh two = make_mesh(tp2.parallel, 2);
+    EXPECT_DOUBLE_EQ(stage_work(tp2, two, 0).total_gemm_flops() - stage_work(tp2_plain, two, 0).total_gemm_flops(), 5 * passes * mlp / 2);
+    const ModelPartition part = stage_partition(shared, one, 0);
+    const TransformerLayout whole(shared.model, Device::cpu, DType::f32, 2, 256, part, 0, 1);
+    EXPECT_EQ(stage_parameter_count(shared, part, 1), whole.parameters().total_numel());
+    // Always active: MFU's N keeps them.
+    const double all = model_parameter_count(shared.model), expert = 3.0 * 64 * 128;
+    EXPECT_DOUBLE_EQ(active_parameter_count(shared.model, all), all - 5 * (16 - 2) * expert);
+}
+
 // Dropless routing reads the counts on the host once per MoE layer per forward (a full
 // recomputation's too); a capacity reads its tally once per forward, not when recomputing.
 TEST(MoePlan, HostSynchronizations_OnePerMoeLayerPerForward) {
