@@ -146,13 +146,13 @@ TransformerLayout::LayerParts TransformerLayout::make_layer(int64_t layer) const
     const Attention::Heads heads{.d_model = config_.d_model, .n_heads = config_.n_heads, .n_kv_heads = config_.n_kv_heads,
                                  .head_dim = config_.head_dim(), .local_heads = n_heads_, .local_kv_heads = n_kv_heads_};
     const MoeConfig& moe = config_.moe;
-    std::unique_ptr<MlpPart> mlp = make_mlp(spec_, {.d_model = config_.d_model, .d_ff = config_.d_ff, .tp_size = tp_size()});
-    if (moe.is_moe_layer(layer)) {
-        std::unique_ptr<MlpPart> shared =
-            moe.n_shared_experts > 0 ? make_mlp(spec_, {.d_model = config_.d_model, .d_ff = moe.shared_d_ff(), .tp_size = tp_size()}) : nullptr;
-        mlp = make_moe_mlp(moe, {.d_model = config_.d_model, .n_experts = moe.n_experts, .top_k = moe.top_k, .d_ff = moe.d_ff_expert, .seq_len = max_seq_len_},
-                           std::move(shared));
-    }
+    // A MoE layer's shared experts are a dense MLP of their width (moe_mlp.h).
+    const auto dense = [&](int64_t d_ff) { return make_mlp(spec_, {.d_model = config_.d_model, .d_ff = d_ff, .tp_size = tp_size()}); };
+    std::unique_ptr<MlpPart> mlp =
+        moe.is_moe_layer(layer)
+            ? make_moe_mlp(moe, {.d_model = config_.d_model, .n_experts = moe.n_experts, .top_k = moe.top_k, .d_ff = moe.d_ff_expert, .seq_len = max_seq_len_},
+                           moe.n_shared_experts > 0 ? dense(moe.shared_d_ff()) : nullptr)
+            : dense(config_.d_ff);
     return {.norm1 = Norm(spec_.norm, config_.norm_eps), .attention = Attention(spec_, heads), .norm2 = Norm(spec_.norm, config_.norm_eps),
             .mlp = std::move(mlp), .begin = 0, .end = 0, .experts = moe.is_moe_layer(layer)};
 }

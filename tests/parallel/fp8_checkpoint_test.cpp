@@ -80,26 +80,28 @@ void expect_resumed_within(const TrainResult& resumed, const TrainResult& uninte
 
 }  // namespace
 
-PARALLEL_TEST(Fp8Checkpoints, TensorParallelDelayedScaling_ResumeIsBitwiseIdenticalToUninterrupted, 2) {
-    const std::string dir = test::shared_scratch("llmtrain_fp8_checkpoint_tp2");
-    const Config config = tiny_delayed(dir, {"parallel.tp=2"});
+namespace {
+// Saves at step 3 on `layout`, resumes there on the same layout: bitwise the uninterrupted run.
+void expect_same_layout_resume_bitwise(const std::string& scratch, const std::vector<std::string>& layout, const std::string& label) {
+    const std::string dir = test::shared_scratch(scratch);
+    const Config config = tiny_delayed(dir, layout);
     ParallelContext ctx = make_mpi_context(config.parallel);
     const TrainResult uninterrupted = train_saving(config, &ctx);
     const TrainResult resumed = resume_from_step_3(config, dir, &ctx);
-    expect_resumed_within(resumed, uninterrupted, 0.0, "tp2 resumed on tp2");
+    expect_resumed_within(resumed, uninterrupted, 0.0, label);
     test::remove_shared_scratch(dir);
+}
+}  // namespace
+
+PARALLEL_TEST(Fp8Checkpoints, TensorParallelDelayedScaling_ResumeIsBitwiseIdenticalToUninterrupted, 2) {
+    expect_same_layout_resume_bitwise("llmtrain_fp8_checkpoint_tp2", {"parallel.tp=2"}, "tp2 resumed on tp2");
 }
 
 // fp8.param_gather under ZeRO-3: a resume loads the master shards and casts each rank's FP8
 // shard again at its first gather, as the uninterrupted run did after its update.
 PARALLEL_TEST(Fp8Checkpoints, Zero3Fp8ParamGatherDelayedScaling_ResumeIsBitwiseIdenticalToUninterrupted, 2) {
-    const std::string dir = test::shared_scratch("llmtrain_fp8_checkpoint_zero3_param_gather");
-    const Config config = tiny_delayed(dir, {"parallel.dp=2", "parallel.zero_stage=3", "fp8.param_gather=true"});
-    ParallelContext ctx = make_mpi_context(config.parallel);
-    const TrainResult uninterrupted = train_saving(config, &ctx);
-    const TrainResult resumed = resume_from_step_3(config, dir, &ctx);
-    expect_resumed_within(resumed, uninterrupted, 0.0, "dp2 ZeRO-3 fp8.param_gather resumed on the same layout");
-    test::remove_shared_scratch(dir);
+    expect_same_layout_resume_bitwise("llmtrain_fp8_checkpoint_zero3_param_gather", {"parallel.dp=2", "parallel.zero_stage=3", "fp8.param_gather=true"},
+                                      "dp2 ZeRO-3 fp8.param_gather resumed on the same layout");
 }
 
 // One process saves (each rank its own copy, rank 0's is resumed); the resumed layouts
