@@ -1300,8 +1300,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 std::string untrainable_in_this_build(const Config& config) {
-    // The experts' own parameter group (reduced and sharded over the expert-data ranks) is
-    // what splitting them needs; this build keeps every expert on every rank.
+    // The model splits the experts over an ep group and exchanges their rows (moe_mlp.h); what
+    // training them so still needs is the experts' own parameter group (reduced and sharded over
+    // the expert-data ranks, checkpointed by expert): this build keeps every expert on every rank.
     if (!config.model.moe.enabled() || config.parallel.ep == 1) return "";
     return cat("parallel.ep: = ", config.parallel.ep, ": this build trains mixture-of-experts models with every expert on every rank ",
                "(allowed: 1; tp, cp, dp and pp apply as to a dense model; `plan` sizes ep > 1 layouts)");

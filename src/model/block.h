@@ -33,6 +33,7 @@
 #include "backend/backend.h"
 #include "config/config.h"
 #include "core/arena.h"
+#include "parallel/comm.h"
 #include "model/parameters.h"
 
 namespace llmtrain {
@@ -146,6 +147,9 @@ public:
     // every one of those ranks calls it with the same tensors).
     virtual int64_t token_shards() const = 0;
     virtual void sum_over_token_shards(std::initializer_list<Tensor> tensors) = 0;
+    // The expert group (parallel.ep > 1): the ranks among which a MoE layer's experts are
+    // shared out and its routed rows travel by all-to-all; null when every expert is here.
+    virtual Comm* expert_group() const = 0;
     // Adds scale times a loss term (a [1] tensor) to the model's balancing losses: summed over
     // the token shards, a micro-batch's terms are added once.
     virtual void add_balance_loss(const Tensor& loss, double scale) = 0;
@@ -254,12 +258,17 @@ private:
 struct MoeSlots {
     Arena::Slot logits, scores, experts, gates, rows, sources, counts;  // counts [2, E]: kept, then dropped
     Arena::Slot x_perm, up, act, y_perm;
+    // Expert parallelism (ep > 1) only: the rows the ep group sent this rank's experts and
+    // their outputs, source by source, and every ep rank's counts [ep, 2 E] (this rank's row in
+    // place of counts).
+    Arena::Slot x_recv, y_recv, all_counts;
     Arena::Slot load_counts, score_sums, losses;
     Arena::Slot shared_up, shared_act, shared_y;
     Arena::Slot gate_logits, gate_scores, gate_experts, gate, gate_rows, gate_sources, gate_counts, gated;
 };
 struct MoeScratch {
     Arena::Slot d_y_perm, d_act, d_up, d_x_perm, d_gates, d_logits, d_logits_compute, d_x_router;
+    Arena::Slot d_y_recv, d_x_recv;  // ep > 1: the received rows' gradients
     Arena::Slot shared_d_act, shared_d_up, shared_dx, d_shared_y, d_gate, d_gate_logits, d_gate_logits_compute;
 };
 

@@ -33,7 +33,7 @@ public:
         const int64_t C = shape_.d_model, F = shape_.d_ff;
         const std::string mlp = names.in_layer(layer, "mlp.");
         router_ = params.add_per_token(mlp + "gate.weight", {shape_.n_experts, C}, ParamInit::normal, true);
-        for (int64_t e = 0; e < shape_.n_experts; ++e) {
+        for (int64_t e = shape_.first_expert(); e < shape_.first_expert() + shape_.local_experts(); ++e) {
             const std::string expert = cat(mlp, "experts.", e, '.');
             const ParamSpan gate = params.add_per_token(expert + "gate_proj.weight", {F, C}, ParamInit::normal, true);
             const ParamSpan up = params.add_per_token(expert + "up_proj.weight", {F, C}, ParamInit::normal, true);
@@ -46,7 +46,8 @@ public:
     }
 
     MlpSlots reserve(const SlotPlanner& plan, const std::string& prefix, const MlpSlots* shared) const override {
-        const int64_t n = plan.local_rows, R = rows_for(n), E = shape_.n_experts, k = shape_.top_k, C = shape_.d_model, F = shape_.d_ff;
+        const int64_t n = plan.local_rows, R = rows_for(n), X = expert_rows_for(n), E = shape_.n_experts, k = shape_.top_k, C = shape_.d_model,
+                      F = shape_.d_ff;
         const DType router = plan.stat_dtype;
         const std::string p = prefix + ".moe.";
         MlpSlots s;
@@ -59,8 +60,13 @@ public:
         m.sources = plan.arena.reserve(p + "sources", DType::i32, {R});
         m.counts = plan.arena.reserve(p + "counts", DType::i32, {2, E});
         m.x_perm = plan.arena.reserve(p + "x_perm", plan.dtype, {R, C});
-        m.up = plan.arena.reserve(p + "up", plan.dtype, {R, 2 * F});
-        m.act = shared ? shared->moe.act : plan.arena.reserve(p + "act", plan.dtype, {R, F});
+        if (dispatched()) {
+            m.x_recv = plan.arena.reserve(p + "x_recv", plan.dtype, {X, C});
+            m.y_recv = plan.arena.reserve(p + "y_recv", plan.dtype, {X, C});
+            m.all_counts = plan.arena.reserve(p + "all_counts", DType::i32, {shape_.ep_size, 2 * E});
+        }
+        m.up = plan.arena.reserve(p + "up", plan.dtype, {X, 2 * F});
+        m.act = shared ? shared->moe.act : plan.arena.reserve(p + "act", plan.dtype, {X, F});
         m.y_perm = plan.arena.reserve(p + "y_perm", plan.dtype, {R, C});
         const int64_t groups = config_.load_balancing == MoeBalancing::seq_aux_loss ? std::max<int64_t>(1, n / shape_.seq_len) : 1;
         m.load_counts = plan.arena.reserve(p + "load_counts", DType::i32, {groups, E});
@@ -71,19 +77,24 @@ public:
     }
     MlpSlots reserve_recomputed(const SlotPlanner& plan, const std::string& prefix) const override {
         MlpSlots s;
-        s.moe.act = plan.arena.reserve(prefix + ".moe.act", plan.dtype, {rows_for(plan.local_rows), shape_.d_ff});
+        s.moe.act = plan.arena.reserve(prefix + ".moe.act", plan.dtype, {expert_rows_for(plan.local_rows), shape_.d_ff});
         if (shared_) s.moe.shared_act = shared_->reserve_recomputed(plan, prefix + ".moe.shared").act;
         return s;
     }
     MlpScratch reserve_scratch(const SlotPlanner& plan) const override {
-        const int64_t n = plan.local_rows, R = rows_for(n), E = shape_.n_experts, k = shape_.top_k, C = shape_.d_model, F = shape_.d_ff;
+        const int64_t n = plan.local_rows, R = rows_for(n), X = expert_rows_for(n), E = shape_.n_experts, k = shape_.top_k, C = shape_.d_model,
+                      F = shape_.d_ff;
         const DType router = plan.stat_dtype;
         MlpScratch g;
         MoeScratch& m = g.moe;
         m.d_y_perm = plan.arena.reserve("grad.moe.y_perm", plan.dtype, {R, C});
-        m.d_act = plan.arena.reserve("grad.moe.act", plan.dtype, {R, F});
-        m.d_up = plan.arena.reserve("grad.moe.up", plan.dtype, {R, 2 * F});
+        m.d_act = plan.arena.reserve("grad.moe.act", plan.dtype, {X, F});
+        m.d_up = plan.arena.reserve("grad.moe.up", plan.dtype, {X, 2 * F});
         m.d_x_perm = plan.arena.reserve("grad.moe.x_perm", plan.dtype, {R, C});
+        if (dispatched()) {
+            m.d_y_recv = plan.arena.reserve("grad.moe.y_recv", plan.dtype, {X, C});
+            m.d_x_recv = plan.arena.reserve("grad.moe.x_recv", plan.dtype, {X, C});
+        }
         m.d_gates = plan.arena.reserve("grad.moe.gates", router, {n, k});
         m.d_logits = plan.arena.reserve("grad.moe.logits", router, {n, E});
         m.d_logits_compute = plan.arena.reserve("grad.moe.logits_compute", plan.dtype, {router == plan.dtype ? 0 : n, E});
@@ -98,14 +109,17 @@ public:
         const Routed r = route(ops, s.moe, x_local);
         Backend& b = ops.backend();
         b.moe_permute_fwd({.x_perm = r.x_perm, .x = x_local, .sources = r.sources, .top_k = shape_.top_k});
-        const Tensor up = used(ops, s.moe.up, r), act = used(ops, s.moe.act, r), y = used(ops, s.moe.y_perm, r);
-        for_each_expert(r, [&](int64_t e, int64_t first, int64_t count) {
-            b.matmul_fwd({.out = up.slice_rows(first, count), .x = r.x_perm.slice_rows(first, count), .w = ops.value(up_[idx(e)]), .bias = Tensor(), .row_block = 0});
+        const Tensor x_in = expert_side(ops, s.moe.x_recv, s.moe.x_perm, r), y_out = expert_side(ops, s.moe.y_recv, s.moe.y_perm, r);
+        if (dispatched()) to_experts(ops, r, x_in, r.x_perm);
+        const Tensor up = expert_side(ops, s.moe.up, r), act = expert_side(ops, s.moe.act, r), y = used(ops, s.moe.y_perm, r);
+        for_each_expert(r, [&](int64_t j, int64_t first, int64_t count) {
+            b.matmul_fwd({.out = up.slice_rows(first, count), .x = x_in.slice_rows(first, count), .w = ops.value(up_[idx(j)]), .bias = Tensor(), .row_block = 0});
         });
         b.swiglu_fwd(act, up);
-        for_each_expert(r, [&](int64_t e, int64_t first, int64_t count) {
-            b.matmul_fwd({.out = y.slice_rows(first, count), .x = act.slice_rows(first, count), .w = ops.value(down_[idx(e)]), .bias = Tensor(), .row_block = 0});
+        for_each_expert(r, [&](int64_t j, int64_t first, int64_t count) {
+            b.matmul_fwd({.out = y_out.slice_rows(first, count), .x = act.slice_rows(first, count), .w = ops.value(down_[idx(j)]), .bias = Tensor(), .row_block = 0});
         });
+        if (dispatched()) to_tokens(ops, r, y, y_out);
         const Tensor out = ops.part_output(r.n);
         b.moe_combine_fwd({.out = out, .y_perm = y, .gates = r.gates, .rows = r.rows_of});
         if (shared_) b.add(out, out, ops.planned(config_.shared_expert_gate ? s.moe.gated : s.moe.shared_y).slice_rows(0, r.n));
@@ -119,19 +133,24 @@ public:
         Backend& b = ops.backend();
         // The shared experts' first: their input gradient lands outside d_in (see shared_backward).
         const Tensor d_shared_x = shared_ ? shared_backward(ops, s.moe, m, d_local, x_local) : Tensor();
-        const Tensor up = used(ops, s.moe.up, r), act = used(ops, s.moe.act, r), y = used(ops, s.moe.y_perm, r);
-        const Tensor d_y = used(ops, m.d_y_perm, r), d_act = used(ops, m.d_act, r), d_up = used(ops, m.d_up, r), d_x_perm = used(ops, m.d_x_perm, r);
+        const Tensor up = expert_side(ops, s.moe.up, r), act = expert_side(ops, s.moe.act, r), y = used(ops, s.moe.y_perm, r);
+        const Tensor x_in = expert_side(ops, s.moe.x_recv, s.moe.x_perm, r);
+        const Tensor d_y = used(ops, m.d_y_perm, r), d_x_perm = used(ops, m.d_x_perm, r);
+        const Tensor d_act = expert_side(ops, m.d_act, r), d_up = expert_side(ops, m.d_up, r);
+        const Tensor d_y_in = expert_side(ops, m.d_y_recv, m.d_y_perm, r), d_x_in = expert_side(ops, m.d_x_recv, m.d_x_perm, r);
         const Tensor d_gates = ops.planned(m.d_gates).slice_rows(0, r.n);
         b.moe_combine_bwd({.d_y_perm = d_y, .d_gates = d_gates, .d_out = d_local, .y_perm = y, .gates = r.gates, .rows = r.rows_of, .sources = r.sources});
-        for_each_expert(r, [&](int64_t e, int64_t first, int64_t count) {
-            b.matmul_bwd({.dx = d_act.slice_rows(first, count), .dw = ops.grad(down_[idx(e)]), .dbias = Tensor(), .dout = d_y.slice_rows(first, count),
-                          .x = act.slice_rows(first, count), .w = ops.value(down_[idx(e)])});
+        if (dispatched()) to_experts(ops, r, d_y_in, d_y);
+        for_each_expert(r, [&](int64_t j, int64_t first, int64_t count) {
+            b.matmul_bwd({.dx = d_act.slice_rows(first, count), .dw = ops.grad(down_[idx(j)]), .dbias = Tensor(), .dout = d_y_in.slice_rows(first, count),
+                          .x = act.slice_rows(first, count), .w = ops.value(down_[idx(j)])});
         });
         b.swiglu_bwd(d_up, d_act, up);
-        for_each_expert(r, [&](int64_t e, int64_t first, int64_t count) {
-            b.matmul_bwd({.dx = d_x_perm.slice_rows(first, count), .dw = ops.grad(up_[idx(e)]), .dbias = Tensor(), .dout = d_up.slice_rows(first, count),
-                          .x = r.x_perm.slice_rows(first, count), .w = ops.value(up_[idx(e)])});
+        for_each_expert(r, [&](int64_t j, int64_t first, int64_t count) {
+            b.matmul_bwd({.dx = d_x_in.slice_rows(first, count), .dw = ops.grad(up_[idx(j)]), .dbias = Tensor(), .dout = d_up.slice_rows(first, count),
+                          .x = x_in.slice_rows(first, count), .w = ops.value(up_[idx(j)])});
         });
+        if (dispatched()) to_tokens(ops, r, d_x_perm, d_x_in);
         // Padding rows (capacity) are never combined: their input gradient is left as is,
         // and the permutation's backward reads kept rows only.
         const Tensor dx = d_in.slice_rows(0, r.n);
@@ -151,34 +170,57 @@ public:
     void recompute(LayerOps& ops, const MlpSlots& s) const override {
         const auto it = counts_.find(s.moe.counts);
         if (it == counts_.end()) fail(ErrorKind::runtime, "MoE recompute before the layer's forward");
-        const int64_t R = it->second.rows;
-        ops.backend().swiglu_fwd(ops.planned(s.moe.act).slice_rows(0, R), ops.planned(s.moe.up).slice_rows(0, R));
+        const int64_t X = it->second.expert_rows;
+        ops.backend().swiglu_fwd(ops.planned(s.moe.act).slice_rows(0, X), ops.planned(s.moe.up).slice_rows(0, X));
         if (shared_) shared_->recompute(ops, shared_slots(s.moe));
     }
 
 private:
+    // Rows [first, first + count) of the expert side's buffers that local expert `expert` runs.
+    struct Chunk {
+        int64_t expert = 0, first = 0, count = 0;
+    };
+    // Where each expert's rows are: on this rank's side (the permuted buffer, by expert) and
+    // on the experts' side (the same buffer with ep = 1; else the rows received, by source).
+    struct ExpertRows {
+        int64_t rows = 0;          // the permuted buffer's rows in use
+        int64_t expert_rows = 0;   // the rows the local experts run
+        std::vector<Chunk> chunks;  // in the order the experts' GEMMs run: by expert, then by source
+        std::vector<int64_t> send, recv;  // ep > 1: elements to and from each ep rank
+        std::vector<int32_t> host_counts;  // dropless: this rank's counts [2, E] as read
+    };
     // A forward's routing, as its backward reads it again.
-    struct Routed {
+    struct Routed : ExpertRows {
         int64_t n = 0;             // tokens
         int64_t capacity = 0;      // 0: dropless
-        int64_t rows = 0;          // the permuted buffer's rows in use
-        std::vector<int64_t> first, count;  // each expert's rows
         Tensor gates, rows_of, experts, scores, logits, sources, x_perm;
     };
-    struct ExpertRows {
-        int64_t rows = 0;
-        std::vector<int64_t> first, count;
-        std::vector<int32_t> host_counts;  // dropless: the plan's counts [2, E] as read
-    };
 
-    static size_t idx(int64_t e) { return static_cast<size_t>(e); }
+    static size_t idx(int64_t j) { return static_cast<size_t>(j); }
     int64_t rows_for(int64_t tokens) const { return moe_permuted_rows(config_, tokens); }
+    // The planned rows of the experts' side: the permuted buffer's, or with ep > 1 and no
+    // capacity the worst case of every ep rank sending all its rows here (a capacity receives
+    // E / P x capacity rows from each of the P ranks: the permuted buffer's E x capacity).
+    int64_t expert_rows_for(int64_t tokens) const { return dispatched() && config_.capacity_factor <= 0 ? shape_.ep_size * rows_for(tokens) : rows_for(tokens); }
+    bool dispatched() const { return shape_.ep_size > 1; }
     Tensor used(const LayerOps& ops, Arena::Slot slot, const Routed& r) const { return ops.planned(slot).slice_rows(0, r.rows); }
+    Tensor expert_side(const LayerOps& ops, Arena::Slot slot, const Routed& r) const { return ops.planned(slot).slice_rows(0, r.expert_rows); }
+    // The experts' side of a buffer: its own slot with ep > 1, else the permuted one's.
+    Tensor expert_side(const LayerOps& ops, Arena::Slot received, Arena::Slot permuted, const Routed& r) const {
+        return expert_side(ops, dispatched() ? received : permuted, r);
+    }
+    // The permuted rows to the ranks holding their experts, and back (ep > 1).
+    static void to_experts(const LayerOps& ops, const Routed& r, const Tensor& expert_rows, const Tensor& permuted) {
+        ops.expert_group()->all_to_all_v(expert_rows, r.recv, permuted, r.send);
+    }
+    static void to_tokens(const LayerOps& ops, const Routed& r, const Tensor& permuted, const Tensor& expert_rows) {
+        ops.expert_group()->all_to_all_v(permuted, r.send, expert_rows, r.recv);
+    }
 
     template <class F>
     static void for_each_expert(const Routed& r, F&& f) {
-        for (size_t e = 0; e < r.first.size(); ++e)
-            if (r.count[e] > 0) f(static_cast<int64_t>(e), r.first[e], r.count[e]);
+        for (const Chunk& c : r.chunks)
+            if (c.count > 0) f(c.expert, c.first, c.count);
     }
 
     // ---- Shared experts ----
@@ -293,11 +335,12 @@ private:
         b.moe_route_fwd({.experts = r.experts, .gates = r.gates, .scores = r.scores, .logits = r.logits,
                          .expert_bias = biased() ? ops.planned(bias_) : Tensor(),
                          .score = score_of(config_.router), .normalize_top_k = config_.normalize_top_k});
-        const Tensor counts = ops.planned(s.counts);
+        // With ep > 1 the counts go straight to this rank's row of the group's (gathered dropless).
+        const Tensor counts = dispatched() ? ops.planned(s.all_counts).slice_rows(shape_.ep_rank, 1).reshape({2, shape_.n_experts}) : ops.planned(s.counts);
         b.moe_permute_plan({.rows = r.rows_of, .sources = r.sources, .counts = counts.slice_rows(0, 1).reshape({shape_.n_experts}),
                             .dropped = counts.slice_rows(1, 1).reshape({shape_.n_experts}), .experts = r.experts, .capacity = r.capacity});
         ExpertRows& rows = counts_[s.counts];
-        rows = expert_rows(b, counts, r.capacity);
+        rows = expert_rows(ops, s, counts, r.capacity);
         if (!ops.recomputing()) tally(b, counts, rows);
         balance_losses(ops, s, r);
         return with_rows(r, rows);
@@ -385,38 +428,71 @@ private:
         const int64_t R = rows_for(n);
         r.sources = ops.planned(s.sources).slice_rows(0, R);
         r.x_perm = ops.planned(s.x_perm).slice_rows(0, R);
-        r.rows = R;
         return r;
     }
 
     static Routed with_rows(Routed r, const ExpertRows& rows) {
-        r.first = rows.first;
-        r.count = rows.count;
+        static_cast<ExpertRows&>(r) = rows;
         return r;
     }
 
-    // Each expert's run of the permuted buffer: from the counts (read to the host: a
-    // synchronization on a device) when dropless, else capacity rows each.
-    ExpertRows expert_rows(Backend& b, const Tensor& counts, int64_t capacity) const {
-        const size_t E = static_cast<size_t>(shape_.n_experts);
+    // Each expert's run of the permuted buffer, and the chunks the local experts run: from the
+    // counts when dropless (read to the host: a synchronization on a device), else capacity
+    // rows for each expert from each rank.
+    ExpertRows expert_rows(const LayerOps& ops, const MoeSlots& s, const Tensor& counts, int64_t capacity) const {
+        const size_t E = static_cast<size_t>(shape_.n_experts), P = static_cast<size_t>(shape_.ep_size);
+        // sent[q][e]: the rows ep rank q sends expert e (q is this rank alone with ep = 1).
+        std::vector<std::vector<int64_t>> sent(P, std::vector<int64_t>(E, capacity));
         ExpertRows rows;
-        rows.first.resize(E);
-        rows.count.resize(E);
-        if (capacity > 0) {
-            for (size_t e = 0; e < E; ++e) rows.first[e] = static_cast<int64_t>(e) * capacity, rows.count[e] = capacity;
-            rows.rows = static_cast<int64_t>(E) * capacity;
+        if (capacity == 0) rows.host_counts = read_counts(ops, s, counts, sent);
+        const std::vector<int64_t>& mine = sent[static_cast<size_t>(shape_.ep_rank)];
+        for (const int64_t c : mine) rows.rows += c;
+        if (!dispatched()) {
+            for (size_t e = 0, first = 0; e < E; first += static_cast<size_t>(mine[e]), ++e)
+                rows.chunks.push_back({static_cast<int64_t>(e), static_cast<int64_t>(first), mine[e]});
+            rows.expert_rows = rows.rows;
             return rows;
         }
-        rows.host_counts.resize(2 * E);
-        b.copy_to_host(rows.host_counts.data(), counts);
-        int64_t first = 0;
-        for (size_t e = 0; e < E; ++e) {
-            rows.first[e] = first;
-            rows.count[e] = rows.host_counts[e];
-            first += rows.host_counts[e];
+        // Rank q's experts are [q L, (q + 1) L): one run of every rank's permuted buffer. What
+        // arrives here is source 0's rows for my experts, then source 1's, ..., each by expert.
+        const size_t L = static_cast<size_t>(shape_.local_experts()), mine_first = static_cast<size_t>(shape_.first_expert());
+        rows.send.assign(P, 0);
+        rows.recv.assign(P, 0);
+        std::vector<int64_t> from(P, 0);
+        for (size_t q = 0; q < P; ++q) {
+            from[q] = rows.expert_rows;
+            for (size_t j = 0; j < L; ++j) {
+                rows.recv[q] += sent[q][mine_first + j];
+                rows.send[q] += mine[q * L + j];
+            }
+            rows.expert_rows += rows.recv[q];
         }
-        rows.rows = first;
+        for (size_t j = 0; j < L; ++j)
+            for (size_t q = 0; q < P; ++q) {
+                int64_t first = from[q];
+                for (size_t i = 0; i < j; ++i) first += sent[q][mine_first + i];
+                rows.chunks.push_back({static_cast<int64_t>(j), first, sent[q][mine_first + j]});
+            }
+        for (size_t q = 0; q < P; ++q) rows.send[q] *= shape_.d_model, rows.recv[q] *= shape_.d_model;
         return rows;
+    }
+
+    // Dropless: the kept counts of every ep rank into sent, in one host read; with ep > 1 the
+    // group's [2, E] counts are gathered on the device first. Returns this rank's [2, E].
+    std::vector<int32_t> read_counts(const LayerOps& ops, const MoeSlots& s, const Tensor& counts, std::vector<std::vector<int64_t>>& sent) const {
+        Backend& b = ops.backend();
+        const size_t E = static_cast<size_t>(shape_.n_experts), P = static_cast<size_t>(shape_.ep_size), me = static_cast<size_t>(shape_.ep_rank);
+        std::vector<int32_t> host(P * 2 * E);
+        if (dispatched()) {
+            const Tensor all = ops.planned(s.all_counts);  // counts is this rank's row of it
+            ops.expert_group()->all_gather(all);
+            b.copy_to_host(host.data(), all);
+        } else {
+            b.copy_to_host(host.data(), counts);
+        }
+        for (size_t q = 0; q < P; ++q)
+            for (size_t e = 0; e < E; ++e) sent[q][e] = host[q * 2 * E + e];
+        return {host.begin() + static_cast<std::ptrdiff_t>(me * 2 * E), host.begin() + static_cast<std::ptrdiff_t>((me + 1) * 2 * E)};
     }
 
     // d(loss)/d(logits) from the gates' gradient and the balancing losses, then the router

@@ -35,7 +35,26 @@
 // writes fp32, its score is the gate, and the combine of one choice per token weighs the
 // shared output by it; so its forward and backward are the routed path's verified ops.
 //
-// Parallelism: every expert is on every rank (parallel.ep = 1). The part works on this rank's
+// Expert parallelism (an ep group of P ranks, LayerOps::expert_group): rank p holds experts
+// [p E / P, (p + 1) E / P), their parameters under their global names. Each rank routes and
+// permutes its own tokens over all E experts as above; since x_perm is sorted by expert, the
+// rows for rank q's experts are one run of it, and an all-to-all with per-destination counts
+// sends each run to its rank (Megatron-Core's all-to-all token dispatcher):
+//
+//   x_recv = [rows from rank 0 for my experts | rows from rank 1 ... ], each block by expert
+//   y_recv[chunk (source s, my expert j)] = expert_j(x_recv[that chunk])
+//   y_perm = the reverse all-to-all of y_recv          (then combine, as above)
+//
+// The backward sends d_y_perm the same way, runs the experts' backward chunk by chunk (their
+// weight gradients accumulate over the sources in rank order: deterministic), and sends the
+// input gradients back. Dropless, the counts of the whole group are gathered (one all-gather
+// of [2, E] integers) before the one host read the layer makes anyway; the received rows are
+// planned for the worst case, every rank sending all its n k rows here (P n k). With a
+// capacity every rank sends E/P x capacity rows to each rank and no count is read.
+// The expert weights' gradients are this rank's tokens' and the other ranks' sent here: what
+// reduces them further is the ranks holding the same experts (the expert-data group).
+//
+// Parallelism within an expert group, and with ep = 1, the part works on this rank's
 // tokens: the whole micro-batch, or its 1/tp under sequence parallelism, where the experts'
 // and the router's gradients are partial sums over the tp ranks (flagged, as the norms'), and
 // its 1/cp under context parallelism. The balancing losses are the micro-batch's
@@ -66,6 +85,12 @@ namespace llmtrain {
 struct MoeShape {
     int64_t d_model = 0, n_experts = 0, top_k = 0, d_ff = 0;  // d_ff: each expert's
     int64_t seq_len = 0;  // the planned tokens of a sequence on this rank (seq_aux_loss's groups)
+    // Expert parallelism: the ep group's size, among whose ranks the experts are shared out in
+    // order, and this rank's place in it (the ep group's rank).
+    int64_t ep_size = 1;
+    int ep_rank = 0;
+    int64_t local_experts() const { return n_experts / ep_size; }
+    int64_t first_expert() const { return ep_rank * local_experts(); }
 };
 
 // shared_experts: the dense MLP of the shared experts (make_mlp of width

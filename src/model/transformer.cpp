@@ -66,6 +66,10 @@ TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, D
         (partition.cp_size > 1 && max_seq_len % (2 * partition.cp_size) != 0))
         fail(ErrorKind::config, "parallel.cp = ", partition.cp_size, " cuts sequences of ", max_seq_len, " tokens into 2 x cp equal chunks: the length must be a multiple of ",
              2 * partition.cp_size);
+    if (partition.ep_size < 1 || partition.ep_rank < 0 || partition.ep_rank >= partition.ep_size ||
+        (partition.ep_size > 1 && (!config.moe.enabled() || config.moe.n_experts % partition.ep_size != 0)))
+        fail(ErrorKind::config, "parallel.ep = ", partition.ep_size, " shares out the experts of each MoE layer: it must divide model.moe.n_experts = ",
+             config.moe.n_experts, " (and needs a mixture-of-experts model)");
     if (part_.last_layer < 0) part_.last_layer = config.n_layers;
     const int64_t last_chunk_end = part_.last_layer + (part_.chunks - 1) * part_.chunk_stride;
     const bool sets_ok = static_cast<int64_t>(part_.activation_sets.size()) == part_.chunks &&
@@ -87,12 +91,15 @@ TransformerLayout::TransformerLayout(const ModelConfig& config, Device device, D
 }
 
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
-                         ModelPartition partition, Comm* tp, Comm* cp)
+                         ModelPartition partition, Comm* tp, Comm* cp, Comm* ep)
     : TransformerLayout(config, backend.device(), dtype, max_batch, max_seq_len, partition, tp ? tp->rank() : 0, tp ? tp->size() : 1),
-      backend_(backend), tp_(tp && tp->size() > 1 ? tp : nullptr), cp_(cp && cp->size() > 1 ? cp : nullptr) {
+      backend_(backend), tp_(tp && tp->size() > 1 ? tp : nullptr), cp_(cp && cp->size() > 1 ? cp : nullptr), ep_(ep && ep->size() > 1 ? ep : nullptr) {
     if (context_parallel() != (cp_ != nullptr) || (cp_ && (cp_->size() != part_.cp_size || cp_->rank() != part_.cp_rank)))
         fail(ErrorKind::runtime, "model partition: context parallelism over ", part_.cp_size, " ranks (rank ", part_.cp_rank, ") but the cp group has ",
              cp_ ? cp_->size() : 1, " ranks");
+    if ((part_.ep_size > 1) != (ep_ != nullptr) || (ep_ && (ep_->size() != part_.ep_size || ep_->rank() != part_.ep_rank)))
+        fail(ErrorKind::runtime, "model partition: expert parallelism over ", part_.ep_size, " ranks (rank ", part_.ep_rank, ") but the ep group has ",
+             ep_ ? ep_->size() : 1, " ranks");
     if (part_.splits_documents() && part_.document_end_token < 0)
         fail(ErrorKind::config, part_.document_mask ? "data.attention_mask = \"document\"" : "data.reset_position_ids = true",
              " needs the end-of-text token that ends each document; the run's tokenizer has none");
@@ -150,7 +157,9 @@ TransformerLayout::LayerParts TransformerLayout::make_layer(int64_t layer) const
     const auto dense = [&](int64_t d_ff) { return make_mlp(spec_, {.d_model = config_.d_model, .d_ff = d_ff, .tp_size = tp_size()}); };
     std::unique_ptr<MlpPart> mlp =
         moe.is_moe_layer(layer)
-            ? make_moe_mlp(moe, {.d_model = config_.d_model, .n_experts = moe.n_experts, .top_k = moe.top_k, .d_ff = moe.d_ff_expert, .seq_len = max_seq_len_},
+            ? make_moe_mlp(moe,
+                           {.d_model = config_.d_model, .n_experts = moe.n_experts, .top_k = moe.top_k, .d_ff = moe.d_ff_expert, .seq_len = max_seq_len_,
+                            .ep_size = part_.ep_size, .ep_rank = part_.ep_rank},
                            moe.n_shared_experts > 0 ? dense(moe.shared_d_ff()) : nullptr)
             : dense(config_.d_ff);
     return {.norm1 = Norm(spec_.norm, config_.norm_eps), .attention = Attention(spec_, heads), .norm2 = Norm(spec_.norm, config_.norm_eps),

@@ -103,6 +103,10 @@ struct ModelPartition {
     // (context_parallel.cpp); activations are planned for seq_len / cp_size tokens.
     int64_t cp_size = 1;
     int cp_rank = 0;
+    // Expert parallelism (parallel.ep): each MoE layer holds its ep_rank-th share of the experts,
+    // n_experts / ep_size of them, and its routed rows travel over the ep group (moe_mlp.h).
+    int64_t ep_size = 1;
+    int ep_rank = 0;
     // train.precision = "fp8": the blocks' linears in FP8 as the recipe says (model/fp8_linear.h),
     // but those of the first fp8.bf16_first_layers and last fp8.bf16_last_layers layers.
     std::optional<Fp8Config> fp8;
@@ -277,9 +281,9 @@ public:
     // max_seq_len tokens (<= config.max_seq_len). tp: the tensor-parallel group (null: none).
     // dtype: the compute dtype; the master weights are f32 when it is a 16-bit type.
     // cp: the context-parallel group, whose size and rank are partition.cp_size and cp_rank
-    // (null: none).
+    // (null: none) ep: the expert group, whose size and rank are partition.ep_size and ep_rank (null: none).
     Transformer(const ModelConfig& config, Backend& backend, DType dtype, int64_t max_batch, int64_t max_seq_len,
-                ModelPartition partition = {}, Comm* tp = nullptr, Comm* cp = nullptr);
+                ModelPartition partition = {}, Comm* tp = nullptr, Comm* cp = nullptr, Comm* ep = nullptr);
 
     void initialize(uint64_t seed) { params_.initialize(seed, config_.init_std, config_.n_layers); }
     // The same initial master weights for flat elements `range` alone, into `out` (a shard of them).
@@ -384,6 +388,7 @@ private:
     double backward_loss_scale() const override { return backward_loss_scale_ * static_cast<double>(part_.cp_size); }
     int64_t token_shards() const override { return (sp_ ? tp_size() : 1) * part_.cp_size; }
     void sum_over_token_shards(std::initializer_list<Tensor> tensors) override;
+    Comm* expert_group() const override { return ep_; }
     void add_balance_loss(const Tensor& loss, double scale) override;
     bool recomputing() const override { return recomputing_; }
     // Starts gathering this rank's rows `local` into `whole` (rank r's at rows r * local.dim(0)).
@@ -494,6 +499,7 @@ private:
     Backend& backend_;
     Comm* tp_;                      // null without tensor parallelism
     Comm* cp_;                      // null without context parallelism
+    Comm* ep_;                      // null without expert parallelism
     int64_t chunk_positions_len_ = 0;  // the sequence length ring_.chunk_positions was filled for
     int64_t batch_ = 0, seq_len_ = 0;
     double backward_loss_scale_ = 1;  // the backward running now's

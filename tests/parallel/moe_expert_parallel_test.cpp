@@ -1,0 +1,164 @@
+// Expert parallelism inside the model (model/moe_mlp.h): on an ep group of P ranks, each holding
+// E / P experts of every MoE layer, a rank's loss equals that of one process holding every expert
+// on the same tokens, and so do its gradients: those of the parameters every rank holds (router,
+// attention, norms, embedding, head) are its own tokens', and those of its experts are the sum of
+// the group's (an expert runs every rank's rows routed to it). In f64 on the CPU, over the MPI
+// group of the mesh's ep dimension, dropless and with a capacity, with shared experts, both
+// recomputations, and a router that sends every row of the group to one rank.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/transformer.h"
+#include "parallel/context.h"
+#include "support/model_gradients.h"
+#include "support/parallel_test.h"
+
+using namespace llmtrain;
+
+namespace {
+
+constexpr int64_t kBatch = 2, kSeqLen = 6;
+
+ModelConfig tiny_moe() {
+    ModelConfig m;
+    m.family = ModelFamily::llama;
+    m.n_layers = 2;
+    m.d_model = 8;
+    m.n_heads = 2;
+    m.n_kv_heads = 1;
+    m.d_ff = 10;
+    m.vocab_size = 11;
+    m.max_seq_len = 7;
+    m.rope_theta = 100.0;
+    m.tied_embeddings = false;
+    m.init_std = 0.3;
+    m.moe.n_experts = 8;
+    m.moe.top_k = 2;
+    m.moe.d_ff_expert = 6;
+    return m;
+}
+
+// Every rank of the world in one expert group (dp = world, ep = world).
+ParallelContext expert_group_context() {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    ParallelConfig parallel;
+    parallel.ep = world;
+    return make_mpi_context(parallel);
+}
+
+struct Variant {
+    ModelConfig model = tiny_moe();
+    Recompute recompute = Recompute::none;
+    bool router_to_first_experts = false;  // a zero router: every row to experts 0 and 1 (ep rank 0's)
+};
+
+void zero_routers(Transformer& model) {
+    Parameters& p = model.parameters();
+    for (size_t i = 0; i < p.count(); ++i)
+        if (p.info(i).name.ends_with(".mlp.gate.weight")) std::fill(p.value(i).data<double>(), p.value(i).data<double>() + p.value(i).numel(), 0.0);
+}
+
+// Forward and backward of this rank's tokens; returns the loss plus the balancing losses.
+double forward_backward(Transformer& model, const test::TokenBatch& batch) {
+    model.reset_loss_sum();
+    const double loss = model.forward(batch.tokens, batch.targets, kBatch, kSeqLen);
+    double balance = 0;
+    model.backend().copy_to_host(&balance, model.balance_loss_sum());
+    model.backward(1.0);
+    return loss + balance;
+}
+
+// The largest gradient difference relative to the largest magnitude of the parameter's
+// reference gradient (1e-30 floor), over every parameter the expert-parallel model holds.
+void expect_matches_one_process(const Variant& v) {
+    const ParallelContext ctx = expert_group_context();
+    Comm& ep = *ctx.ep;
+    auto backend = make_cpu_backend(1);
+    ModelPartition part;
+    part.recompute = v.recompute;
+    Transformer one(v.model, *backend, DType::f64, kBatch, kSeqLen, part);
+    part.ep_size = ep.size();
+    part.ep_rank = ep.rank();
+    Transformer split(v.model, *backend, DType::f64, kBatch, kSeqLen, part, nullptr, nullptr, &ep);
+    one.initialize(5);
+    split.initialize(5);
+    if (v.router_to_first_experts) zero_routers(one), zero_routers(split);
+    const test::TokenBatch batch(kBatch * kSeqLen, v.model.vocab_size, static_cast<uint32_t>(31 + 7 * ctx.world_rank));
+    const double loss_one = forward_backward(one, batch), loss_split = forward_backward(split, batch);
+    EXPECT_NEAR(loss_split, loss_one, 1e-12 * std::abs(loss_one)) << "rank " << ctx.world_rank;
+
+    Parameters &p1 = one.parameters(), &ps = split.parameters();
+    EXPECT_EQ(ps.count(), p1.count() - static_cast<size_t>(3 * v.model.n_layers * v.model.moe.n_experts * (ep.size() - 1) / ep.size()))
+        << "the split model holds its share of the experts (three tensors each: gate, up and down projections)";
+    // The experts' reference gradients summed over the group: what each expert saw.
+    for (size_t i = 0; i < p1.count(); ++i)
+        if (p1.info(i).name.find(".experts.") != std::string::npos) ep.all_reduce(p1.grad(i), ReduceOp::sum);
+    for (size_t i = 0; i < ps.count(); ++i) {
+        const std::string& name = ps.info(i).name;
+        const Tensor want = p1.grad(p1.index_of(name)), got = ps.grad(i);
+        ASSERT_EQ(want.numel(), got.numel()) << name;
+        double scale = 1e-30, worst = 0;
+        for (int64_t k = 0; k < want.numel(); ++k) {
+            scale = std::max(scale, std::abs(want.data<double>()[k]));
+            worst = std::max(worst, std::abs(want.data<double>()[k] - got.data<double>()[k]));
+        }
+        EXPECT_LT(worst / scale, 1e-10) << "rank " << ctx.world_rank << ": " << name;
+    }
+}
+
+}  // namespace
+
+PARALLEL_TEST(MoeExpertParallel, DroplessOnTwoRanks_LossAndGradientsMatchOneProcess, 2) { expect_matches_one_process({}); }
+
+PARALLEL_TEST(MoeExpertParallel, DroplessOnFourRanks_LossAndGradientsMatchOneProcess, 4) { expect_matches_one_process({}); }
+
+// A capacity: every rank sends each rank E / P x capacity rows (padding included), no count read.
+PARALLEL_TEST(MoeExpertParallel, CapacityThatDropsOnTwoRanks_LossAndGradientsMatchOneProcess, 2) {
+    Variant v;
+    v.model.moe.capacity_factor = 0.5;
+    expect_matches_one_process(v);
+}
+
+PARALLEL_TEST(MoeExpertParallel, SigmoidRouterSharedExpertAndZLossOnFourRanks_MatchOneProcess, 4) {
+    Variant v;
+    v.model.moe.router = MoeRouter::sigmoid;
+    v.model.moe.n_shared_experts = 1;
+    v.model.moe.shared_expert_gate = true;
+    v.model.moe.z_loss_coeff = 0.05;
+    expect_matches_one_process(v);
+}
+
+// Selective recomputation rebuilds the experts' activation from the received rows; full
+// recomputation runs the layer's forward again inside the backward, all-to-alls included.
+PARALLEL_TEST(MoeExpertParallel, SelectiveRecomputeOnTwoRanks_MatchesOneProcess, 2) {
+    Variant v;
+    v.recompute = Recompute::selective;
+    expect_matches_one_process(v);
+}
+
+PARALLEL_TEST(MoeExpertParallel, FullRecomputeWithACapacityOnFourRanks_MatchesOneProcess, 4) {
+    Variant v;
+    v.recompute = Recompute::full;
+    v.model.moe.capacity_factor = 1.0;
+    expect_matches_one_process(v);
+}
+
+// The dropless worst case: every rank sends all its rows to ep rank 0 (experts 0 and 1), which
+// receives P n k rows, what its buffers are planned for; with a capacity the same routing drops.
+PARALLEL_TEST(MoeExpertParallel, EveryRowToOneRankDroplessAndWithACapacityOnFourRanks_MatchOneProcess, 4) {
+    for (const double capacity : {0.0, 1.0}) {
+        Variant v;
+        v.router_to_first_experts = true;
+        v.model.moe.capacity_factor = capacity;
+        SCOPED_TRACE(capacity);
+        expect_matches_one_process(v);
+    }
+}
