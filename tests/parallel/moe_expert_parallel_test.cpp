@@ -4,7 +4,9 @@
 // attention, norms, embedding, head) are its own tokens', and those of its experts are the sum of
 // the group's (an expert runs every rank's rows routed to it). In f64 on the CPU, over the MPI
 // group of the mesh's ep dimension, dropless and with a capacity, with shared experts, both
-// recomputations, and a router that sends every row of the group to one rank.
+// recomputations, and a router that sends every row of the group to one rank. Then the CUDA
+// path's host logic: bf16 on the CPU stand-in of the CUDA backend, the counts and rows moving
+// as device tensors through MPI's staging.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -17,8 +19,10 @@
 #include "backend/backend.h"
 #include "model/transformer.h"
 #include "parallel/context.h"
+#include "support/host_staging.h"
 #include "support/model_gradients.h"
 #include "support/parallel_test.h"
+#include "support/stand_in_cuda_backend.h"
 
 using namespace llmtrain;
 
@@ -46,12 +50,12 @@ ModelConfig tiny_moe() {
 }
 
 // Every rank of the world in one expert group (dp = world, ep = world).
-ParallelContext expert_group_context() {
+ParallelContext expert_group_context(std::shared_ptr<DeviceStaging> staging = nullptr) {
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     ParallelConfig parallel;
     parallel.ep = world;
-    return make_mpi_context(parallel);
+    return make_mpi_context(parallel, std::move(staging));
 }
 
 struct Variant {
@@ -160,5 +164,65 @@ PARALLEL_TEST(MoeExpertParallel, EveryRowToOneRankDroplessAndWithACapacityOnFour
         v.model.moe.capacity_factor = capacity;
         SCOPED_TRACE(capacity);
         expect_matches_one_process(v);
+    }
+}
+
+namespace {
+
+// A host tensor's copy in the backend's memory.
+OwnedTensor on_device(Backend& backend, const Tensor& host) {
+    OwnedTensor t(host.dtype(), host.shape(), backend.device(), [&backend](size_t bytes) { return backend.allocate(bytes); });
+    backend.copy_from_host(t.view(), host.raw());
+    return t;
+}
+
+std::vector<float> host_floats(Backend& backend, const Tensor& t) {
+    std::vector<float> out(static_cast<size_t>(t.numel()));
+    backend.copy_to_host(out.data(), t);
+    return out;
+}
+
+}  // namespace
+
+// bf16 activations, f32 gradients: the same rows meet the same weights on one rank or
+// another, so the loss is the one process's to rounding; the experts' weight gradients sum
+// their chunks in another order (1e-4 of the largest).
+PARALLEL_TEST(MoeExpertParallel, StandInCudaBf16DroplessOnTwoRanks_MatchesOneProcess, 2) {
+    const ParallelContext ctx = expert_group_context(std::make_shared<test::HostStaging>());
+    Comm& ep = *ctx.ep;
+    auto backend = test::make_stand_in_cuda_backend();
+    ModelConfig model = tiny_moe();
+    model.d_model = 64;  // heads of 32: the flash kernels' smallest
+    model.moe.d_ff_expert = 32;
+    ModelPartition part;
+    Transformer one(model, *backend, DType::bf16, kBatch, kSeqLen, part);
+    part.ep_size = ep.size();
+    part.ep_rank = ep.rank();
+    Transformer split(model, *backend, DType::bf16, kBatch, kSeqLen, part, nullptr, nullptr, &ep);
+    one.initialize(5);
+    split.initialize(5);
+    const test::TokenBatch batch(kBatch * kSeqLen, model.vocab_size, static_cast<uint32_t>(31 + 7 * ctx.world_rank));
+    const OwnedTensor tokens = on_device(*backend, batch.tokens), targets = on_device(*backend, batch.targets);
+    const auto step = [&](Transformer& m) {
+        m.reset_loss_sum();
+        const double loss = m.forward(tokens, targets, kBatch, kSeqLen);
+        m.backward(1.0);
+        return loss;
+    };
+    const double loss_one = step(one), loss_split = step(split);
+    EXPECT_NEAR(loss_split, loss_one, 1e-6 * std::abs(loss_one)) << "rank " << ctx.world_rank;
+    Parameters &p1 = one.parameters(), &ps = split.parameters();
+    for (size_t i = 0; i < p1.count(); ++i)
+        if (p1.info(i).name.find(".experts.") != std::string::npos) ep.all_reduce(p1.grad(i), ReduceOp::sum);
+    for (size_t i = 0; i < ps.count(); ++i) {
+        const std::string& name = ps.info(i).name;
+        const std::vector<float> want = host_floats(*backend, p1.grad(p1.index_of(name))), got = host_floats(*backend, ps.grad(i));
+        ASSERT_EQ(want.size(), got.size()) << name;
+        float scale = 1e-30f, worst = 0;
+        for (size_t k = 0; k < want.size(); ++k) {
+            scale = std::max(scale, std::abs(want[k]));
+            worst = std::max(worst, std::abs(want[k] - got[k]));
+        }
+        EXPECT_LT(worst / scale, 1e-4f) << "rank " << ctx.world_rank << ": " << name;
     }
 }
