@@ -199,9 +199,13 @@ private:
     static size_t idx(int64_t j) { return static_cast<size_t>(j); }
     int64_t rows_for(int64_t tokens) const { return moe_permuted_rows(config_, tokens); }
     // The planned rows of the experts' side: the permuted buffer's, or with ep > 1 and no
-    // capacity the worst case of every ep rank sending all its rows here (a capacity receives
-    // E / P x capacity rows from each of the P ranks: the permuted buffer's E x capacity).
-    int64_t expert_rows_for(int64_t tokens) const { return dispatched() && config_.capacity_factor <= 0 ? shape_.ep_size * rows_for(tokens) : rows_for(tokens); }
+    // capacity the worst case: a token's top_k experts are distinct, so it sends a rank at
+    // most min(top_k, E / P) rows, and every one of the P ranks' tokens may do so (a capacity
+    // receives E / P x capacity rows from each rank: the permuted buffer's E x capacity).
+    int64_t expert_rows_for(int64_t tokens) const {
+        if (!dispatched() || config_.capacity_factor > 0) return rows_for(tokens);
+        return shape_.ep_size * tokens * std::min(shape_.top_k, shape_.local_experts());
+    }
     bool dispatched() const { return shape_.ep_size > 1; }
     Tensor used(const LayerOps& ops, Arena::Slot slot, const Routed& r) const { return ops.planned(slot).slice_rows(0, r.rows); }
     Tensor expert_side(const LayerOps& ops, Arena::Slot slot, const Routed& r) const { return ops.planned(slot).slice_rows(0, r.expert_rows); }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "model/transformer.h"
 #include "parallel/context.h"
 #include "support/host_staging.h"
@@ -157,14 +158,18 @@ PARALLEL_TEST(MoeExpertParallel, FullRecomputeWithACapacityOnFourRanks_MatchesOn
 
 // The dropless worst case: every rank sends all its rows to ep rank 0 (experts 0 and 1), which
 // receives P n k rows, what its buffers are planned for; with a capacity the same routing drops.
+// With top_k 4 over ranks of 2 experts each, a token sends a rank at most 2 rows: ranks 0 and 1
+// receive P n 2 rows each, the planned bound (P n min(top_k, E / P)), and ranks 2 and 3 none.
 PARALLEL_TEST(MoeExpertParallel, EveryRowToOneRankDroplessAndWithACapacityOnFourRanks_MatchOneProcess, 4) {
-    for (const double capacity : {0.0, 1.0}) {
-        Variant v;
-        v.router_to_first_experts = true;
-        v.model.moe.capacity_factor = capacity;
-        SCOPED_TRACE(capacity);
-        expect_matches_one_process(v);
-    }
+    for (const int64_t top_k : {2, 4})
+        for (const double capacity : {0.0, 1.0}) {
+            Variant v;
+            v.router_to_first_experts = true;
+            v.model.moe.top_k = top_k;
+            v.model.moe.capacity_factor = capacity;
+            SCOPED_TRACE(cat("top_k ", top_k, ", capacity ", capacity));
+            expect_matches_one_process(v);
+        }
 }
 
 namespace {
