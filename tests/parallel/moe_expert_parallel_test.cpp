@@ -31,24 +31,7 @@ namespace {
 
 constexpr int64_t kBatch = 2, kSeqLen = 6;
 
-ModelConfig tiny_moe() {
-    ModelConfig m;
-    m.family = ModelFamily::llama;
-    m.n_layers = 2;
-    m.d_model = 8;
-    m.n_heads = 2;
-    m.n_kv_heads = 1;
-    m.d_ff = 10;
-    m.vocab_size = 11;
-    m.max_seq_len = 7;
-    m.rope_theta = 100.0;
-    m.tied_embeddings = false;
-    m.init_std = 0.3;
-    m.moe.n_experts = 8;
-    m.moe.top_k = 2;
-    m.moe.d_ff_expert = 6;
-    return m;
-}
+ModelConfig tiny_moe() { return test::tiny_moe_model(8); }
 
 // Every rank of the world in one expert group (dp = world, ep = world).
 ParallelContext expert_group_context(std::shared_ptr<DeviceStaging> staging = nullptr) {

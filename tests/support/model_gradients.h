@@ -26,6 +26,27 @@ struct TokenBatch {
     }
 };
 
+// A Llama with GQA whose MLPs are n_experts SwiGLU experts, top 2 (model.moe), small enough
+// for finite differences in f64: init_std 0.3 keeps every gradient well above rounding noise.
+inline ModelConfig tiny_moe_model(int64_t n_experts) {
+    ModelConfig m;
+    m.family = ModelFamily::llama;
+    m.n_layers = 2;
+    m.d_model = 8;
+    m.n_heads = 2;
+    m.n_kv_heads = 1;
+    m.d_ff = 10;
+    m.vocab_size = 11;
+    m.max_seq_len = 7;
+    m.rope_theta = 100.0;
+    m.tied_embeddings = false;
+    m.init_std = 0.3;
+    m.moe.n_experts = n_experts;
+    m.moe.top_k = 2;
+    m.moe.d_ff_expert = 6;
+    return m;
+}
+
 // What backward differentiates, computed by a forward of the batch (B sequences of T).
 using Objective = std::function<double(Transformer& model, const TokenBatch& batch, int64_t B, int64_t T)>;
 

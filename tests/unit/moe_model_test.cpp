@@ -19,24 +19,7 @@ using namespace llmtrain;
 
 namespace {
 
-ModelConfig tiny_moe() {
-    ModelConfig m;
-    m.family = ModelFamily::llama;
-    m.n_layers = 2;
-    m.d_model = 8;
-    m.n_heads = 2;
-    m.n_kv_heads = 1;
-    m.d_ff = 10;
-    m.vocab_size = 11;
-    m.max_seq_len = 7;
-    m.rope_theta = 100.0;
-    m.tied_embeddings = false;
-    m.init_std = 0.3;  // large enough that every gradient is well above rounding noise
-    m.moe.n_experts = 4;
-    m.moe.top_k = 2;
-    m.moe.d_ff_expert = 6;
-    return m;
-}
+ModelConfig tiny_moe() { return test::tiny_moe_model(4); }
 
 using Batch = test::TokenBatch;
 
