@@ -462,9 +462,9 @@ private:
         const size_t L = static_cast<size_t>(shape_.local_experts()), mine_first = static_cast<size_t>(shape_.first_expert());
         rows.send.assign(P, 0);
         rows.recv.assign(P, 0);
-        std::vector<int64_t> from(P, 0);
+        std::vector<int64_t> next(P, 0);  // where source q's block starts, then its next chunk
         for (size_t q = 0; q < P; ++q) {
-            from[q] = rows.expert_rows;
+            next[q] = rows.expert_rows;
             for (size_t j = 0; j < L; ++j) {
                 rows.recv[q] += sent[q][mine_first + j];
                 rows.send[q] += mine[q * L + j];
@@ -473,9 +473,8 @@ private:
         }
         for (size_t j = 0; j < L; ++j)
             for (size_t q = 0; q < P; ++q) {
-                int64_t first = from[q];
-                for (size_t i = 0; i < j; ++i) first += sent[q][mine_first + i];
-                rows.chunks.push_back({static_cast<int64_t>(j), first, sent[q][mine_first + j]});
+                rows.chunks.push_back({static_cast<int64_t>(j), next[q], sent[q][mine_first + j]});
+                next[q] += sent[q][mine_first + j];
             }
         for (size_t q = 0; q < P; ++q) rows.send[q] *= shape_.d_model, rows.recv[q] *= shape_.d_model;
         return rows;

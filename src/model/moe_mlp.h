@@ -50,8 +50,8 @@
 // input gradients back. Dropless, the counts of the whole group are gathered (one all-gather
 // of [2, E] integers) before the one host read the layer makes anyway; the received rows are
 // planned for the worst case, every rank's n tokens each sending min(k, E / P) rows here (a
-// token's k experts are distinct). With a
-// capacity every rank sends E/P x capacity rows to each rank and no count is read.
+// token's k experts are distinct). With a capacity every rank sends E/P x capacity rows to
+// each rank and no count is read.
 // The expert weights' gradients are this rank's tokens' and the other ranks' sent here: what
 // reduces them further is the ranks holding the same experts (the expert-data group).
 //
